@@ -1,0 +1,293 @@
+"""GPU cluster (SPEC.md §5.1, §5.3, §5.4): StatefulSet, services, routes, RBAC and dev-server access."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+import pulumi_random as random
+from pydantic import BaseModel, ConfigDict
+
+from components import crds, naming, pod
+from components.storage import WorkspaceStorage, WorkspaceStorageArgs
+from stacks.config import StackConfig
+
+OAUTH_REDIRECT = "serviceaccounts.openshift.io/oauth-redirectreference."
+
+
+class GpuClusterArgs(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    config: StackConfig
+    image: Any
+    """`pulumi.Input[str]`: the image the pods run (a configured reference, or the built runtime image)."""
+    secrets: dict[str, Any] = {}
+    """Secret config values (`pulumi.Output[str]`) by key."""
+    pod_annotations: dict[str, str] = {}
+    """Extra pod-template annotations (e.g. the image-change trigger)."""
+
+
+def labels(config: StackConfig) -> dict[str, str]:
+    return {
+        **selector_labels(config),
+        "app.kubernetes.io/part-of": "ml-dev-env",
+        "app.kubernetes.io/managed-by": "pulumi",
+        "ml-dev-env/cluster": config.cluster.name,
+    }
+
+
+def selector_labels(config: StackConfig) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "ml-dev-env", "app.kubernetes.io/instance": config.cluster.app_name}
+
+
+def scc_role_name(scc: str) -> str:
+    return f"system:openshift:scc:{scc}"
+
+
+class GpuCluster(pulumi.ComponentResource):
+    """One pod per GPU node with rank wiring, RDMA or TCP, storage and authenticated dev servers."""
+
+    statefulset: k8s.apps.v1.StatefulSet
+    urls: dict[str, str]
+    """Full https URL per exposed dev server."""
+    master_addr: str
+    pod_names: list[str]
+    world_size: int
+    network_mode: str
+    """Effective transport: 'rdma' or 'tcp' (after the RDMA→TCP fallback)."""
+
+    def __init__(self, name: str, args: GpuClusterArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("ml-dev-env:cluster:GpuCluster", name, None, opts)
+        cfg = args.config
+        app, ns = cfg.cluster.app_name, cfg.cluster.namespace
+        common = labels(cfg)
+        selector = selector_labels(cfg)
+        child = pulumi.ResourceOptions(parent=self)
+        rdma = cfg.network.effective_mode == "rdma"
+        memlock = cfg.security.memlock
+        oauth = cfg.access.auth == "oauth-proxy" and bool(cfg.access.servers)
+        depends: list[pulumi.Resource] = []
+
+        def meta(obj_name: str, **extra: object) -> k8s.meta.v1.ObjectMetaArgs:
+            return k8s.meta.v1.ObjectMetaArgs(name=obj_name, namespace=ns, labels=common, **extra)  # type: ignore[arg-type]
+
+        # --- identity -------------------------------------------------------------------------
+        sa_name = cfg.security.service_account
+        redirects = {
+            f"{OAUTH_REDIRECT}{server}": json.dumps(
+                {"kind": "OAuthRedirectReference", "apiVersion": "v1",
+                 "reference": {"kind": "Route", "name": naming.route_name(app, server)}},
+                separators=(",", ":"),
+            )
+            for server in (cfg.access.servers if oauth else [])
+        }
+        if cfg.security.create_service_account:
+            depends.append(k8s.core.v1.ServiceAccount(f"{name}-sa", metadata=meta(sa_name, annotations=redirects or None), opts=child))
+        elif redirects:
+            # Adopted service account: add only the OAuth redirect annotations (server-side apply patch).
+            depends.append(k8s.core.v1.ServiceAccountPatch(f"{name}-sa-oauth", metadata=meta(sa_name, annotations=redirects), opts=child))
+
+        # --- memlock privileges (RDMA only) ---------------------------------------------------
+        if rdma and memlock.mode in ("scc", "privileged"):
+            scc = memlock.scc_name if memlock.mode == "scc" else "privileged"
+            assert scc is not None  # guaranteed by MemlockConfig
+            role_kind = "ClusterRole"
+            if memlock.mode == "scc" and memlock.create_scc:
+                scc_obj = crds.TopLevelObject(
+                    f"{name}-scc",
+                    api_version="security.openshift.io/v1",
+                    kind="SecurityContextConstraints",
+                    metadata=k8s.meta.v1.ObjectMetaArgs(
+                        name=scc,
+                        labels=common,
+                        annotations={"kubernetes.io/description": "ml-dev-env: unlimited memlock for NCCL/RDMA (IPC_LOCK, SYS_RESOURCE)"},
+                    ),
+                    fields=crds.SccFields(allowed_capabilities=list(memlock.capabilities)).dump(),
+                    opts=child,
+                )
+                # A namespaced Role named like OpenShift's per-SCC ClusterRoles grants `use` of our SCC.
+                role_kind = "Role"
+                depends.append(
+                    k8s.rbac.v1.Role(
+                        f"{name}-scc-role",
+                        metadata=meta(scc_role_name(scc)),
+                        rules=[k8s.rbac.v1.PolicyRuleArgs(
+                            api_groups=["security.openshift.io"], resources=["securitycontextconstraints"],
+                            resource_names=[scc], verbs=["use"],
+                        )],
+                        opts=pulumi.ResourceOptions(parent=self, depends_on=[scc_obj]),
+                    )
+                )
+            depends.append(
+                k8s.rbac.v1.RoleBinding(
+                    f"{name}-scc-binding",
+                    metadata=meta(f"{app}-scc-{scc}"),
+                    role_ref=k8s.rbac.v1.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind=role_kind, name=scc_role_name(scc)),
+                    subjects=[k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=sa_name, namespace=ns)],
+                    opts=pulumi.ResourceOptions(parent=self, depends_on=list(depends)),
+                )
+            )
+
+        # --- SR-IOV attachments (optional) ----------------------------------------------------
+        if rdma and cfg.network.rdma.create_attachments:
+            r = cfg.network.rdma
+            for attachment, resource, subnet in zip(r.attachments, r.sriov_resources, r.subnets, strict=True):
+                depends.append(
+                    crds.custom_resource(
+                        f"{name}-nad-{attachment}",
+                        "k8s.cni.cncf.io/v1",
+                        "NetworkAttachmentDefinition",
+                        k8s.meta.v1.ObjectMetaArgs(
+                            name=attachment, namespace=r.attachment_namespace or ns, labels=common,
+                            annotations={"k8s.v1.cni.cncf.io/resourceName": resource},
+                        ),
+                        crds.NadSpec(config=crds.sriov_nad_config(attachment, subnet, r.mtu)),
+                        child,
+                    )
+                )
+
+        # --- storage ----------------------------------------------------------------------------
+        self.storage = WorkspaceStorage(
+            f"{name}-storage",
+            WorkspaceStorageArgs(app=app, namespace=ns, labels=common, storage=cfg.storage),
+            opts=child,
+        )
+
+        # --- startup script and secrets ------------------------------------------------------
+        script = pod.startup_script()
+        startup = k8s.core.v1.ConfigMap(f"{name}-startup", metadata=meta(f"{app}-startup"), data={"startup.sh": script}, opts=child)
+        depends.append(startup)
+        volumes = [
+            *self.storage.volumes,
+            k8s.core.v1.VolumeArgs(name="dshm", empty_dir=k8s.core.v1.EmptyDirVolumeSourceArgs(medium="Memory", size_limit=cfg.nodes.shm_size)),
+            k8s.core.v1.VolumeArgs(
+                name="startup", config_map=k8s.core.v1.ConfigMapVolumeSourceArgs(name=f"{app}-startup", default_mode=0o555)
+            ),
+        ]
+        tokens_secret = None
+        if oauth:
+            cookie = random.RandomPassword(f"{name}-oauth-cookie", length=32, special=False, opts=child)
+            depends.append(
+                k8s.core.v1.Secret(
+                    f"{name}-oauth-cookie",
+                    metadata=meta(f"{app}-oauth-cookie"),
+                    type="Opaque",
+                    string_data={"cookie-secret": cookie.result},
+                    opts=child,
+                )
+            )
+            volumes.append(
+                k8s.core.v1.VolumeArgs(name="oauth-cookie", secret=k8s.core.v1.SecretVolumeSourceArgs(secret_name=f"{app}-oauth-cookie"))
+            )
+        elif cfg.access.auth == "token" and cfg.access.servers:
+            tokens_secret = f"{app}-dev-tokens"
+            keys = {"vscodePassword": cfg.access.vscode, "jupyterToken": cfg.access.jupyter}
+            depends.append(
+                k8s.core.v1.Secret(
+                    f"{name}-dev-tokens",
+                    metadata=meta(tokens_secret),
+                    type="Opaque",
+                    string_data={k: args.secrets[k] for k, on in keys.items() if on},
+                    opts=child,
+                )
+            )
+
+        # --- headless service and StatefulSet ---------------------------------------------------
+        headless = k8s.core.v1.Service(
+            f"{name}-headless",
+            metadata=meta(naming.headless_service(app), annotations={"pulumi.com/skipAwait": "true"}),
+            spec=k8s.core.v1.ServiceSpecArgs(
+                cluster_ip="None",
+                publish_not_ready_addresses=True,
+                selector=selector,
+                ports=[k8s.core.v1.ServicePortArgs(name="master", port=naming.MASTER_PORT, target_port="master")],
+            ),
+            opts=child,
+        )
+        pod_annotations = {"ml-dev-env/startup-sha256": pod.content_hash(script), **args.pod_annotations}
+        if rdma:
+            pod_annotations["k8s.v1.cni.cncf.io/networks"] = pod.multus_annotation(cfg)
+        containers = [pod.main_container(cfg, args.image, self.storage.mounts, tokens_secret), *pod.proxy_containers(cfg, "oauth-cookie")]
+        pod_security = k8s.core.v1.PodSecurityContextArgs(
+            seccomp_profile=k8s.core.v1.SeccompProfileArgs(type="RuntimeDefault")
+        )
+        self.statefulset = k8s.apps.v1.StatefulSet(
+            f"{name}-statefulset",
+            metadata=meta(app, annotations={"pulumi.com/timeoutSeconds": "1800"}),
+            spec=k8s.apps.v1.StatefulSetSpecArgs(
+                service_name=naming.headless_service(app),
+                replicas=cfg.nodes.count,
+                pod_management_policy="Parallel",
+                selector=k8s.meta.v1.LabelSelectorArgs(match_labels=selector),
+                persistent_volume_claim_retention_policy=k8s.apps.v1.StatefulSetPersistentVolumeClaimRetentionPolicyArgs(
+                    when_deleted="Retain", when_scaled="Retain"
+                ),
+                volume_claim_templates=self.storage.claim_templates or None,
+                template=k8s.core.v1.PodTemplateSpecArgs(
+                    metadata=k8s.meta.v1.ObjectMetaArgs(labels=common, annotations=pod_annotations),
+                    spec=k8s.core.v1.PodSpecArgs(
+                        service_account_name=sa_name,
+                        restart_policy="Always",
+                        termination_grace_period_seconds=30,
+                        affinity=pod.affinity(cfg, selector),
+                        node_selector=pod.node_selector(cfg),
+                        tolerations=pod.tolerations(cfg),
+                        security_context=pod_security,
+                        containers=containers,
+                        volumes=volumes,
+                    ),
+                ),
+            ),
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                depends_on=[*depends, headless, self.storage],
+                # The name is fixed, so a replacement (e.g. a storage-layout change) must delete first;
+                # per-pod claims are retained and re-bound by the new StatefulSet.
+                delete_before_replace=True,
+            ),
+        )
+
+        # --- pod-0 service and routes ---------------------------------------------------------
+        self.urls = {}
+        if cfg.access.servers:
+            k8s.core.v1.Service(
+                f"{name}-dev",
+                metadata=meta(app),
+                spec=k8s.core.v1.ServiceSpecArgs(
+                    selector={**selector, "statefulset.kubernetes.io/pod-name": naming.pod_name(app, 0)},
+                    ports=[
+                        k8s.core.v1.ServicePortArgs(
+                            name=server,
+                            port=pod.SERVER_PORTS[server],
+                            target_port=pod.proxy_port_name(server) if oauth else server,
+                        )
+                        for server in cfg.access.servers
+                    ],
+                ),
+                opts=child,
+            )
+            for server in cfg.access.servers:
+                host = naming.route_host(app, server, ns, cfg.cluster.apps_domain)
+                crds.custom_resource(
+                    f"{name}-route-{server}",
+                    "route.openshift.io/v1",
+                    "Route",
+                    meta(naming.route_name(app, server)),
+                    crds.RouteSpec(host=host, to=crds.RouteTargetReference(name=app), port=crds.RoutePort(target_port=server)),
+                    child,
+                )
+                self.urls[server] = f"https://{host}"
+
+        self.master_addr = naming.pod_dns(app, ns, 0)
+        self.pod_names = naming.pod_names(app, cfg.nodes.count)
+        self.world_size = cfg.nodes.count * cfg.nodes.gpus_per_pod
+        self.network_mode = cfg.network.effective_mode
+        self.register_outputs({
+            "urls": self.urls,
+            "master_addr": self.master_addr,
+            "pod_names": self.pod_names,
+            "world_size": self.world_size,
+            "network_mode": self.network_mode,
+        })

@@ -1,0 +1,271 @@
+"""Pod template pieces of the GPU StatefulSet (pure builders of typed pulumi-kubernetes args)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from components import naming, nccl
+from stacks.config import StackConfig
+
+STARTUP_SCRIPT = Path(__file__).parent / "scripts" / "startup.sh"
+STARTUP_MOUNT = "/opt/ml-dev-env"
+STATE_DIR = "/tmp/ml-dev-env"
+SERVER_PORTS = {"vscode": 8080, "jupyter": 8888, "tensorboard": 6006}
+PROXY_PORTS = {"vscode": 18080, "jupyter": 18888, "tensorboard": 16006}
+COOKIE_MOUNT = "/etc/oauth-proxy"
+MAIN_CONTAINER = "ml-dev"
+POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
+
+
+def startup_script() -> str:
+    return STARTUP_SCRIPT.read_text()
+
+
+def content_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def proxy_port_name(server: str) -> str:
+    return f"p-{server}"  # container port names are at most 15 characters
+
+
+def effective_nccl_env(config: StackConfig) -> dict[str, str]:
+    net = config.network
+    if net.effective_mode == "rdma":
+        rdma = net.rdma
+        return nccl.rdma_env(
+            hcas=rdma.hcas if rdma.hca_mode == "explicit" else None,
+            socket_interfaces=rdma.socket_interfaces,
+            gid_index=rdma.gid_index,
+            gdr_level=rdma.gdr_level,
+            cross_nic=rdma.cross_nic,
+            overrides=net.nccl_env,
+        )
+    return nccl.tcp_env(
+        interface_exclude=net.tcp.interface_exclude, p2p_level=net.tcp.p2p_level, overrides=net.nccl_env
+    )
+
+
+def _field_env(name: str, path: str) -> k8s.core.v1.EnvVarArgs:
+    return k8s.core.v1.EnvVarArgs(
+        name=name, value_from=k8s.core.v1.EnvVarSourceArgs(field_ref=k8s.core.v1.ObjectFieldSelectorArgs(field_path=path))
+    )
+
+
+def _plain(name: str, value: str | int) -> k8s.core.v1.EnvVarArgs:
+    return k8s.core.v1.EnvVarArgs(name=name, value=str(value))
+
+
+def rank_env(config: StackConfig) -> list[k8s.core.v1.EnvVarArgs]:
+    """Rank wiring for torchrun (also via PET_* defaults) and DeepSpeed."""
+    app, ns = config.cluster.app_name, config.cluster.namespace
+    nodes, gpus = config.nodes.count, config.nodes.gpus_per_pod
+    master = naming.pod_dns(app, ns, 0)
+    workspace = next((v.mount_path for v in config.storage.volumes if v.name == "workspace"), config.storage.volumes[0].mount_path)
+    return [
+        _field_env("POD_NAME", "metadata.name"),
+        _field_env("POD_NAMESPACE", "metadata.namespace"),
+        _field_env("POD_IP", "status.podIP"),
+        _field_env("NODE_RANK", f"metadata.labels['{POD_INDEX_LABEL}']"),
+        _plain("NNODES", nodes),
+        _plain("GPUS_PER_NODE", gpus),
+        _plain("WORLD_SIZE", nodes * gpus),
+        _plain("MASTER_ADDR", master),
+        _plain("MASTER_PORT", naming.MASTER_PORT),
+        # torchrun reads PET_<FLAG> as the default of --<flag>: plain `torchrun train.py` works in every pod.
+        _plain("PET_NNODES", nodes),
+        _plain("PET_NPROC_PER_NODE", gpus),
+        _field_env("PET_NODE_RANK", f"metadata.labels['{POD_INDEX_LABEL}']"),
+        _plain("PET_MASTER_ADDR", master),
+        _plain("PET_MASTER_PORT", naming.MASTER_PORT),
+        _plain("APP_NAME", app),
+        _plain("HEADLESS_SERVICE", naming.headless_service(app)),
+        _plain("ML_DEV_WORKSPACE", workspace),
+        _plain("DEEPSPEED_HOSTFILE", f"{workspace}/.deepspeed/hostfile"),
+        _plain("ML_DEV_STATE_DIR", STATE_DIR),
+    ]
+
+
+def server_env(config: StackConfig, tokens_secret: str | None) -> list[k8s.core.v1.EnvVarArgs]:
+    access = config.access
+    env = [
+        _plain("ML_DEV_SERVERS", " ".join(access.servers)),
+        _plain("ML_DEV_AUTH", access.auth),
+        _plain("TENSORBOARD_LOGDIR", access.tensorboard_log_dir),
+        _plain("ML_DEV_MEMLOCK", config.security.memlock.mode if config.network.effective_mode == "rdma" else "none"),
+        _plain("ML_DEV_HCA_MODE", config.network.rdma.hca_mode if config.network.effective_mode == "rdma" else "explicit"),
+    ]
+    if access.auth == "token" and tokens_secret:
+        for env_name, key, enabled in (("PASSWORD", "vscodePassword", access.vscode), ("JUPYTER_TOKEN", "jupyterToken", access.jupyter)):
+            if enabled:
+                env.append(
+                    k8s.core.v1.EnvVarArgs(
+                        name=env_name,
+                        value_from=k8s.core.v1.EnvVarSourceArgs(
+                            secret_key_ref=k8s.core.v1.SecretKeySelectorArgs(name=tokens_secret, key=key)
+                        ),
+                    )
+                )
+    return env
+
+
+RESTRICTED_CONTAINER = k8s.core.v1.SecurityContextArgs(
+    allow_privilege_escalation=False,
+    capabilities=k8s.core.v1.CapabilitiesArgs(drop=["ALL"]),
+)
+
+
+def main_security_context(config: StackConfig) -> k8s.core.v1.SecurityContextArgs:
+    """TCP: restricted-v2 admissible. RDMA: capabilities through the SCC, or privileged."""
+    if config.network.effective_mode == "tcp":
+        return RESTRICTED_CONTAINER
+    memlock = config.security.memlock
+    if memlock.mode == "privileged":
+        return k8s.core.v1.SecurityContextArgs(privileged=True)
+    if memlock.mode == "scc":
+        return k8s.core.v1.SecurityContextArgs(capabilities=k8s.core.v1.CapabilitiesArgs(add=list(memlock.capabilities)))
+    return RESTRICTED_CONTAINER
+
+
+def resources(config: StackConfig) -> k8s.core.v1.ResourceRequirementsArgs:
+    n = config.nodes
+    gpu = {"nvidia.com/gpu": str(n.gpus_per_pod)}
+    sriov: dict[str, str] = {}
+    if config.network.effective_mode == "rdma":
+        sriov = {r: str(config.network.rdma.sriov_resource_count) for r in config.network.rdma.sriov_resources}
+    return k8s.core.v1.ResourceRequirementsArgs(
+        requests={"cpu": n.resources.requests.cpu, "memory": n.resources.requests.memory, **gpu, **sriov},
+        limits={"cpu": n.resources.limits.cpu, "memory": n.resources.limits.memory, **gpu, **sriov},
+    )
+
+
+def main_container(
+    config: StackConfig,
+    image: pulumi.Input[str],
+    mounts: list[k8s.core.v1.VolumeMountArgs],
+    tokens_secret: str | None,
+) -> k8s.core.v1.ContainerArgs:
+    env = rank_env(config) + [_plain(k, v) for k, v in effective_nccl_env(config).items()] + server_env(config, tokens_secret)
+    ports = [k8s.core.v1.ContainerPortArgs(name="master", container_port=naming.MASTER_PORT)]
+    ports.append(k8s.core.v1.ContainerPortArgs(name="debug", container_port=naming.DEBUG_PORT))
+    if config.access.auth == "token":
+        ports += [k8s.core.v1.ContainerPortArgs(name=s, container_port=SERVER_PORTS[s]) for s in config.access.servers]
+    return k8s.core.v1.ContainerArgs(
+        name=MAIN_CONTAINER,
+        image=image,
+        image_pull_policy="IfNotPresent",
+        command=["/bin/bash", f"{STARTUP_MOUNT}/startup.sh"],
+        env=env,
+        ports=ports,
+        resources=resources(config),
+        security_context=main_security_context(config),
+        readiness_probe=k8s.core.v1.ProbeArgs(
+            exec_=k8s.core.v1.ExecActionArgs(command=["test", "-f", f"{STATE_DIR}/ready"]),
+            period_seconds=10,
+        ),
+        volume_mounts=[
+            *mounts,
+            k8s.core.v1.VolumeMountArgs(name="dshm", mount_path="/dev/shm"),
+            k8s.core.v1.VolumeMountArgs(name="startup", mount_path=STARTUP_MOUNT, read_only=True),
+        ],
+    )
+
+
+def oauth_sar(namespace: str) -> str:
+    """Who may pass the proxy: users allowed to create pods in the namespace (they could exec anyway)."""
+    return json.dumps({"namespace": namespace, "resource": "pods", "verb": "create"}, separators=(",", ":"))
+
+
+def proxy_containers(config: StackConfig, cookie_secret_volume: str) -> list[k8s.core.v1.ContainerArgs]:
+    """One OpenShift OAuth proxy per exposed server; the server itself listens on 127.0.0.1 only."""
+    if config.access.auth != "oauth-proxy":
+        return []
+    sa, ns = config.security.service_account, config.cluster.namespace
+    containers = []
+    for server in config.access.servers:
+        port = PROXY_PORTS[server]
+        containers.append(
+            k8s.core.v1.ContainerArgs(
+                name=f"{server}-proxy",
+                image=config.access.oauth_proxy_image,
+                image_pull_policy="IfNotPresent",
+                args=[
+                    "--provider=openshift",
+                    f"--http-address=:{port}",
+                    "--https-address=",
+                    f"--upstream=http://127.0.0.1:{SERVER_PORTS[server]}",
+                    f"--openshift-service-account={sa}",
+                    f"--cookie-secret-file={COOKIE_MOUNT}/cookie-secret",
+                    f"--cookie-name=_oauth_{server}",
+                    f"--openshift-sar={oauth_sar(ns)}",
+                    "--skip-provider-button",
+                    "--pass-basic-auth=false",
+                ],
+                ports=[k8s.core.v1.ContainerPortArgs(name=proxy_port_name(server), container_port=port)],
+                readiness_probe=k8s.core.v1.ProbeArgs(
+                    http_get=k8s.core.v1.HTTPGetActionArgs(path="/oauth/healthz", port=port), period_seconds=10
+                ),
+                resources=k8s.core.v1.ResourceRequirementsArgs(
+                    requests={"cpu": "50m", "memory": "64Mi"}, limits={"cpu": "500m", "memory": "256Mi"}
+                ),
+                security_context=RESTRICTED_CONTAINER,
+                volume_mounts=[k8s.core.v1.VolumeMountArgs(name=cookie_secret_volume, mount_path=COOKIE_MOUNT, read_only=True)],
+            )
+        )
+    return containers
+
+
+def affinity(config: StackConfig, selector: dict[str, str]) -> k8s.core.v1.AffinityArgs:
+    node_affinity = None
+    if config.nodes.gpu_nodes:
+        node_affinity = k8s.core.v1.NodeAffinityArgs(
+            required_during_scheduling_ignored_during_execution=k8s.core.v1.NodeSelectorArgs(
+                node_selector_terms=[
+                    k8s.core.v1.NodeSelectorTermArgs(
+                        match_expressions=[
+                            k8s.core.v1.NodeSelectorRequirementArgs(
+                                key="kubernetes.io/hostname", operator="In", values=list(config.nodes.gpu_nodes)
+                            )
+                        ]
+                    )
+                ]
+            )
+        )
+    return k8s.core.v1.AffinityArgs(
+        node_affinity=node_affinity,
+        pod_anti_affinity=k8s.core.v1.PodAntiAffinityArgs(
+            required_during_scheduling_ignored_during_execution=[
+                k8s.core.v1.PodAffinityTermArgs(
+                    label_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=selector),
+                    topology_key="kubernetes.io/hostname",
+                )
+            ]
+        ),
+    )
+
+
+def node_selector(config: StackConfig) -> dict[str, str]:
+    selector = dict(config.nodes.node_selector)
+    if config.nodes.gpu_product:
+        selector["nvidia.com/gpu.product"] = config.nodes.gpu_product
+    return selector
+
+
+def multus_annotation(config: StackConfig) -> str:
+    rdma = config.network.rdma
+    ns = rdma.attachment_namespace or config.cluster.namespace
+    return ", ".join(f"{ns}/{a}" for a in rdma.attachments)
+
+
+def tolerations(config: StackConfig) -> list[k8s.core.v1.TolerationArgs]:
+    return [
+        k8s.core.v1.TolerationArgs(
+            key=t.key, operator=t.operator, value=t.value, effect=t.effect, toleration_seconds=t.toleration_seconds
+        )
+        for t in config.nodes.tolerations
+    ]

@@ -1,0 +1,407 @@
+"""Typed stack configuration (SPEC.md §3): one pydantic model per `ml-dev-env:<key>` object.
+
+Keys are camelCase in `Pulumi.<stack>.yaml` (`pulumi config set --path 'ml-dev-env:nodes.count' 2`).
+Every model is frozen and rejects unknown keys; cross-field rules raise `ConfigProblem` so the error
+names the exact key path.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from components import nccl
+from components.quantity import parse_quantity
+from stacks.base import (
+    AbsPath,
+    Cidr,
+    ConfigProblem,
+    DnsLabel,
+    DnsSubdomain,
+    EnvValue,
+    ImageRef,
+    Model,
+    Quantity,
+    duplicates,
+)
+
+# --------------------------------------------------------------------------------------- cluster
+
+
+class ClusterConfig(Model):
+    """Where the environment lives."""
+
+    name: DnsLabel = Field(description="Cluster name (used in labels and messages).")
+    namespace: DnsLabel = Field(description="Namespace (project) the stack deploys into.")
+    create_namespace: bool = Field(
+        False, description="Create the namespace (kept on destroy) instead of adopting an existing one."
+    )
+    apps_domain: DnsSubdomain = Field(
+        description="OpenShift apps domain; Route hosts (and URL outputs) derive from it."
+    )
+    kube_context: str | None = Field(None, description="kubeconfig context; unset = current context.")
+    app_name: DnsLabel = Field("ml-dev-env", description="Name of the StatefulSet and prefix of every object.")
+    render_yaml_to_directory: str | None = Field(
+        None, description="GitOps mode: render manifests to this directory instead of applying them."
+    )
+
+    @model_validator(mode="after")
+    def _app_name_fits(self) -> ClusterConfig:
+        # pod names `<app>-<ordinal>` and `<app>-tensorboard-<namespace>` hosts must stay DNS labels.
+        if len(self.app_name) > 40:
+            raise ConfigProblem("appName", self.app_name, "at most 40 characters (pod and route names derive from it)")
+        return self
+
+
+# ----------------------------------------------------------------------------------------- nodes
+
+
+class Toleration(Model):
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] = "Exists"
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _value_matches_operator(self) -> Toleration:
+        if self.operator == "Exists" and self.value is not None:
+            raise ConfigProblem("value", self.value, "must be unset when operator is 'Exists'")
+        return self
+
+
+GPU_TOLERATION = Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")
+
+
+class CpuMemory(Model):
+    cpu: Quantity
+    memory: Quantity
+
+
+class Resources(Model):
+    requests: CpuMemory
+    limits: CpuMemory
+
+    @model_validator(mode="after")
+    def _requests_within_limits(self) -> Resources:
+        for kind in ("cpu", "memory"):
+            request = getattr(self.requests, kind)
+            limit = getattr(self.limits, kind)
+            if parse_quantity(request) > parse_quantity(limit):
+                raise ConfigProblem(
+                    f"requests.{kind}", request, f"must not exceed limits.{kind} ({limit})"
+                )
+        return self
+
+
+class NodesConfig(Model):
+    """GPU nodes, pods and their size."""
+
+    gpu_nodes: list[DnsSubdomain] = Field(
+        default_factory=list, description="Ordered GPU node names; empty = any GPU node."
+    )
+    count: int = Field(1, ge=1, le=64, description="Number of pods (one per node).")
+    gpus_per_pod: int = Field(1, ge=1, le=16, description="GPUs requested (= limit) by each pod.")
+    gpu_product: str | None = Field(
+        None, description="Value of the node label nvidia.com/gpu.product to require, e.g. NVIDIA-H100-80GB-HBM3."
+    )
+    resources: Resources = Field(description="CPU/memory requests and limits of the main container.")
+    shm_size: Quantity = Field("32Gi", description="Size of the memory-backed /dev/shm.")
+    node_selector: dict[str, str] = Field(
+        default_factory=lambda: {"nvidia.com/gpu.present": "true"}, description="GPU node selector."
+    )
+    tolerations: list[Toleration] = Field(default_factory=lambda: [GPU_TOLERATION])
+
+    @model_validator(mode="after")
+    def _node_list(self) -> NodesConfig:
+        dups = duplicates(self.gpu_nodes)
+        if dups:
+            raise ConfigProblem("gpuNodes", dups, "each node may be listed once")
+        if self.gpu_nodes and self.count > len(self.gpu_nodes):
+            raise ConfigProblem(
+                "count",
+                self.count,
+                f"at most {len(self.gpu_nodes)} (the number of listed gpuNodes): "
+                "pods use required anti-affinity, one pod per node",
+            )
+        return self
+
+
+# --------------------------------------------------------------------------------------- network
+
+_NCCL_KEY = re.compile(r"^(NCCL|TORCH_NCCL|UCX)_[A-Z0-9_]+$")
+_RESOURCE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_HCA = re.compile(r"^[A-Za-z0-9_]+(:[0-9]+)?$")
+_IFACE = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
+GDR_LEVELS = ("LOC", "PIX", "PXB", "PHB", "SYS")
+
+
+class RdmaConfig(Model):
+    """RoCE/InfiniBand over SR-IOV with Multus."""
+
+    enabled: bool = Field(True, description="Whether this cluster supports RDMA; false makes mode 'rdma' fall back to TCP.")
+    attachments: list[DnsLabel] = Field(default_factory=list, description="NetworkAttachmentDefinition names, one per NIC.")
+    attachment_namespace: DnsLabel | None = Field(None, description="Namespace of the attachments; default: the stack's.")
+    sriov_resources: list[str] = Field(default_factory=list, description="SR-IOV resource names, one per NIC.")
+    sriov_resource_count: int = Field(1, ge=1, le=8, description="VFs requested per SR-IOV resource.")
+    hca_mode: Literal["explicit", "auto"] = Field(
+        "explicit", description="explicit: NCCL_IB_HCA from `hcas`; auto: detected at pod start (opt-in)."
+    )
+    hcas: list[str] = Field(default_factory=list, description="RDMA devices (NCCL_IB_HCA), one per NIC.")
+    socket_interfaces: list[str] = Field(default_factory=list, description="Pod interfaces (NCCL_SOCKET_IFNAME).")
+    gid_index: int = Field(3, ge=0, le=255, description="NCCL_IB_GID_INDEX (3 = RoCEv2 IPv4).")
+    gdr_level: int | Literal["LOC", "PIX", "PXB", "PHB", "SYS"] = Field(5, description="NCCL_NET_GDR_LEVEL.")
+    cross_nic: Literal[0, 1, 2] = Field(0, description="NCCL_CROSS_NIC (0 for isolated per-NIC subnets).")
+    create_attachments: bool = Field(False, description="Create the NetworkAttachmentDefinitions in the namespace.")
+    subnets: list[Cidr] = Field(default_factory=list, description="Whereabouts range per NIC (with createAttachments).")
+    mtu: int = Field(9000, ge=1280, le=9216)
+
+    @model_validator(mode="after")
+    def _shapes(self) -> RdmaConfig:
+        for field, items, pattern, what in (
+            ("sriovResources", self.sriov_resources, _RESOURCE_NAME, "'<domain>/<name>' such as 'openshift.io/eno5np0rdma'"),
+            ("hcas", self.hcas, _HCA, "an RDMA device name such as 'mlx5_6' (optionally ':<port>')"),
+            ("socketInterfaces", self.socket_interfaces, _IFACE, "an interface name such as 'net1'"),
+        ):
+            for i, item in enumerate(items):
+                if not pattern.match(item):
+                    raise ConfigProblem(f"{field}[{i}]", item, f"must be {what}")
+        if isinstance(self.gdr_level, int) and not 0 <= self.gdr_level <= 5:
+            raise ConfigProblem("gdrLevel", self.gdr_level, f"0..5 or one of {', '.join(GDR_LEVELS)}")
+        return self
+
+    def check_usable(self) -> None:
+        """Rules that only apply when RDMA is the effective mode."""
+        n = len(self.attachments)
+        if n == 0:
+            raise ConfigProblem("attachments", self.attachments, "RDMA needs at least one NetworkAttachmentDefinition")
+        for field, items in (
+            ("attachments", self.attachments),
+            ("sriovResources", self.sriov_resources),
+            ("hcas", self.hcas),
+            ("socketInterfaces", self.socket_interfaces),
+        ):
+            dups = duplicates(items)
+            if dups:
+                raise ConfigProblem(field, dups, "entries must be unique")
+        if len(self.sriov_resources) != n:
+            raise ConfigProblem(
+                "sriovResources", self.sriov_resources,
+                f"one SR-IOV resource per attachment: expected {n} entries like attachments {self.attachments}",
+            )
+        if self.hca_mode == "explicit" and len(self.hcas) != n:
+            raise ConfigProblem(
+                "hcas", self.hcas,
+                f"with hcaMode 'explicit', one HCA per attachment: expected {n} entries "
+                "(auto-detection is opt-in with hcaMode: auto)",
+            )
+        if self.hca_mode == "auto" and self.hcas:
+            raise ConfigProblem("hcas", self.hcas, "must be empty with hcaMode 'auto' (the pod detects them)")
+        if len(self.socket_interfaces) != n:
+            raise ConfigProblem(
+                "socketInterfaces", self.socket_interfaces,
+                f"one pod interface per attachment: expected {n} entries (Multus names them net1..net{n})",
+            )
+        if self.create_attachments:
+            if len(self.subnets) != n:
+                raise ConfigProblem("subnets", self.subnets, f"createAttachments needs one subnet per attachment ({n})")
+            networks = [ipaddress.ip_network(s) for s in self.subnets]
+            for i, a in enumerate(networks):
+                for j in range(i):
+                    if a.overlaps(networks[j]):
+                        raise ConfigProblem(
+                            f"subnets[{i}]", self.subnets[i],
+                            f"overlaps subnets[{j}] ({self.subnets[j]}): each NIC needs its own subnet",
+                        )
+
+
+class TcpConfig(Model):
+    interface_exclude: str = Field("^lo,docker0", description="NCCL_SOCKET_IFNAME in TCP mode.")
+    p2p_level: Literal["LOC", "NVL", "PIX", "PXB", "PHB", "SYS"] = Field("NVL", alias="p2pLevel", description="NCCL_P2P_LEVEL in TCP mode.")
+
+
+class NetworkConfig(Model):
+    mode: Literal["tcp", "rdma"] = Field("tcp", description="Requested transport.")
+    rdma: RdmaConfig = Field(default_factory=RdmaConfig)
+    tcp: TcpConfig = Field(default_factory=TcpConfig)
+    nccl_env: dict[str, EnvValue] = Field(
+        default_factory=dict, description="NCCL overrides on top of the validated defaults (SPEC §6)."
+    )
+
+    @model_validator(mode="after")
+    def _env_keys(self) -> NetworkConfig:
+        for key in self.nccl_env:
+            if not _NCCL_KEY.match(key):
+                raise ConfigProblem(f"ncclEnv.{key}", self.nccl_env[key], "keys must be NCCL_*, TORCH_NCCL_* or UCX_* variables")
+        return self
+
+    @model_validator(mode="after")
+    def _env_not_twice(self) -> NetworkConfig:
+        typed = nccl.RDMA_TYPED_KEYS if self.effective_mode == "rdma" else nccl.TCP_TYPED_KEYS
+        for key, value in self.nccl_env.items():
+            if key in typed:
+                raise ConfigProblem(
+                    f"ncclEnv.{key}", value, f"{key} comes from {typed[key]} in {self.effective_mode} mode: set it there, once"
+                )
+        if self.effective_mode == "tcp" and self.nccl_env.get("NCCL_IB_DISABLE", "1") != "1":
+            raise ConfigProblem("ncclEnv.NCCL_IB_DISABLE", self.nccl_env["NCCL_IB_DISABLE"], "must be 1 in TCP mode")
+        return self
+
+    @property
+    def effective_mode(self) -> Literal["tcp", "rdma"]:
+        return "rdma" if self.mode == "rdma" and self.rdma.enabled else "tcp"
+
+
+# -------------------------------------------------------------------------------------- security
+
+Capability = Literal["IPC_LOCK", "SYS_RESOURCE"]
+
+
+class MemlockConfig(Model):
+    mode: Literal["none", "scc", "privileged"] = Field("none", description="How RDMA gets unlimited memlock.")
+    scc_name: DnsSubdomain | None = Field(None, description="SCC granting the capabilities (mode scc).")
+    create_scc: bool = Field(False, description="Create the SCC (cluster-admin) instead of binding to an existing one.")
+    capabilities: list[Capability] = Field(default_factory=lambda: ["IPC_LOCK", "SYS_RESOURCE"])
+
+    @model_validator(mode="after")
+    def _consistent(self) -> MemlockConfig:
+        if self.mode == "scc" and not self.scc_name:
+            raise ConfigProblem("sccName", self.scc_name, "required with mode 'scc' (e.g. 'nccl-rdma-scc')")
+        if self.mode != "scc" and self.create_scc:
+            raise ConfigProblem("createScc", self.create_scc, "only valid with mode 'scc'")
+        if self.mode == "scc" and not self.capabilities:
+            raise ConfigProblem("capabilities", self.capabilities, "mode 'scc' needs IPC_LOCK and/or SYS_RESOURCE")
+        return self
+
+
+class SecurityConfig(Model):
+    service_account: DnsLabel = Field("ml-dev-sa", description="ServiceAccount the pods run as.")
+    create_service_account: bool = Field(True, description="Create the ServiceAccount (else it must exist).")
+    memlock: MemlockConfig = Field(default_factory=MemlockConfig)
+
+
+# ---------------------------------------------------------------------------------------- access
+
+SERVERS = ("vscode", "jupyter", "tensorboard")
+
+
+class AccessConfig(Model):
+    vscode: bool = True
+    jupyter: bool = True
+    tensorboard: bool = True
+    auth: Literal["oauth-proxy", "token"] = Field(
+        "oauth-proxy", description="oauth-proxy: OpenShift login; token: per-server secrets (ml-dev-env:vscodePassword, jupyterToken)."
+    )
+    oauth_proxy_image: ImageRef = "quay.io/openshift/origin-oauth-proxy:4.20"
+    tensorboard_log_dir: AbsPath = "/workspace/tensorboard"
+
+    @model_validator(mode="after")
+    def _tensorboard_needs_proxy(self) -> AccessConfig:
+        if self.auth == "token" and self.tensorboard:
+            raise ConfigProblem(
+                "tensorboard", True,
+                "TensorBoard has no authentication of its own: with auth 'token' set tensorboard: false, "
+                "or use auth 'oauth-proxy'",
+            )
+        return self
+
+    @property
+    def servers(self) -> list[str]:
+        return [s for s in SERVERS if getattr(self, s)]
+
+
+# --------------------------------------------------------------------------------------- storage
+
+RESERVED_MOUNTS = ("/dev/shm", "/opt/ml-dev-env", "/tmp")
+
+
+class VolumeConfig(Model):
+    name: DnsLabel
+    mount_path: AbsPath
+    size: Quantity
+    storage_class: str | None = None
+    scope: Literal["shared", "per-pod"] | None = Field(
+        None, description="shared = one RWX PVC for all pods; per-pod = a volumeClaimTemplate (hybrid mode needs it)."
+    )
+    access_modes: list[Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"]] | None = None
+
+
+class StorageConfig(Model):
+    mode: Literal["shared", "per-pod", "hybrid"]
+    volumes: Annotated[list[VolumeConfig], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _volumes(self) -> StorageConfig:
+        for field, values in (("name", [v.name for v in self.volumes]), ("mountPath", [v.mount_path for v in self.volumes])):
+            dups = duplicates(values)
+            if dups:
+                raise ConfigProblem(f"volumes[].{field}", dups, "must be unique")
+        for i, volume in enumerate(self.volumes):
+            for reserved in RESERVED_MOUNTS:
+                if volume.mount_path == reserved or volume.mount_path.startswith(reserved + "/"):
+                    raise ConfigProblem(f"volumes[{i}].mountPath", volume.mount_path, f"{reserved} is reserved")
+            if self.mode == "hybrid" and volume.scope is None:
+                raise ConfigProblem(f"volumes[{i}].scope", None, "hybrid mode needs 'shared' or 'per-pod' on every volume")
+            if self.mode != "hybrid" and volume.scope not in (None, self.mode):
+                raise ConfigProblem(
+                    f"volumes[{i}].scope", volume.scope, f"must be unset or '{self.mode}' in mode '{self.mode}' (use mode 'hybrid' to mix)"
+                )
+            if self.scope_of(volume) == "shared" and volume.access_modes == ["ReadWriteOnce"]:
+                raise ConfigProblem(
+                    f"volumes[{i}].accessModes", volume.access_modes,
+                    "a shared volume is mounted by pods on different nodes: use ReadWriteMany",
+                )
+        return self
+
+    def scope_of(self, volume: VolumeConfig) -> Literal["shared", "per-pod"]:
+        if volume.scope is not None:
+            return volume.scope
+        return "shared" if self.mode == "shared" else "per-pod"
+
+
+# ----------------------------------------------------------------------------------------- image
+
+
+class BuildNodesConfig(Model):
+    """Where builds run (image builds and model packaging)."""
+
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list)
+
+
+class ImageConfig(Model):
+    reference: ImageRef | None = Field(None, description="Existing image for the pods (when the stack does not build).")
+
+    @model_validator(mode="after")
+    def _has_source(self) -> ImageConfig:
+        if self.reference is None:
+            raise ConfigProblem("reference", None, "set an image reference (registry/repo:tag or @sha256 digest)")
+        return self
+
+
+# ----------------------------------------------------------------------------------------- stack
+
+
+class StackConfig(Model):
+    """Everything under `ml-dev-env:` in a stack file."""
+
+    cluster: ClusterConfig
+    nodes: NodesConfig
+    network: NetworkConfig = Field(default_factory=NetworkConfig)
+    security: SecurityConfig = Field(default_factory=SecurityConfig)
+    access: AccessConfig = Field(default_factory=AccessConfig)
+    storage: StorageConfig
+    image: ImageConfig
+    build_nodes: BuildNodesConfig = Field(default_factory=BuildNodesConfig)
+
+    @model_validator(mode="after")
+    def _cross(self) -> StackConfig:
+        if self.network.effective_mode == "rdma":
+            try:
+                self.network.rdma.check_usable()
+            except ConfigProblem as problem:
+                raise ConfigProblem(f"network.rdma.{problem.field}", problem.value, problem.allowed) from None
+        return self

@@ -1,0 +1,192 @@
+"""Run the real Pulumi program offline through the SDK's mock engine and record every resource.
+
+Used by `make render` and by the tests: each run gets a fresh event loop, fresh config and a fresh
+root stack, so runs never leak into each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import runpy
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import yaml
+from pulumi.runtime import rpc, settings
+from pulumi.runtime.stack import run_pulumi_func
+
+ROOT = Path(__file__).resolve().parent.parent
+PROJECT = "ml-dev-env"
+REDACTED = "REDACTED"  # also valid base64, so redacted Secret.data stays schema-valid
+
+
+@dataclass
+class Recorded:
+    typ: str
+    name: str
+    inputs: dict[str, Any]
+    custom: bool
+
+    @property
+    def kind(self) -> str:
+        return self.typ.rsplit(":", 1)[-1]
+
+
+class RecordingMocks(pulumi.runtime.Mocks):
+    """Echo mocks that remember every registered resource with its (secret-redacted) inputs."""
+
+    def __init__(self) -> None:
+        self.resources: list[Recorded] = []
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
+        self.resources.append(Recorded(args.typ, args.name, redact(args.inputs), args.custom))
+        state = dict(args.inputs)
+        if args.typ == "random:index/randomPassword:RandomPassword":
+            state["result"] = rpc.wrap_rpc_secret("mock-random-password-0123456789ab")
+        return f"{args.name}-id", state
+
+    def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], list[tuple[str, str]] | None]:
+        return {}, None
+
+    def of_type(self, typ: str) -> list[Recorded]:
+        return [r for r in self.resources if r.typ == typ]
+
+
+def _is_secret(value: Any) -> bool:
+    return isinstance(value, dict) and value.get(rpc._special_sig_key) == rpc._special_secret_sig
+
+
+def redact(value: Any) -> Any:
+    """Replace every secret value with REDACTED and turn integral floats back into ints."""
+    if _is_secret(value):
+        return REDACTED
+    if isinstance(value, dict):
+        return {k: redact(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v) for v in value]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+class _Capture(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@dataclass
+class RunResult:
+    stack: str
+    resources: list[Recorded]
+    outputs: dict[str, Any]
+    secret_outputs: set[str]
+    warnings: list[str]
+    error: str | None = None
+    mocks: RecordingMocks = field(repr=False, default_factory=RecordingMocks)
+
+    def of_type(self, typ: str) -> list[Recorded]:
+        return [r for r in self.resources if r.typ == typ]
+
+    def one(self, typ: str, name_suffix: str = "") -> Recorded:
+        found = [r for r in self.of_type(typ) if r.name.endswith(name_suffix)]
+        if len(found) != 1:
+            raise AssertionError(f"expected one {typ} ending in {name_suffix!r}, found {[r.name for r in found]}")
+        return found[0]
+
+
+def stack_config(stack_file: Path) -> dict[str, Any]:
+    """The `config:` block of a stack file as Pulumi hands it to a program (objects as JSON text)."""
+    data = yaml.safe_load(stack_file.read_text()) or {}
+    return dict(data.get("config") or {})
+
+
+def flatten(config: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
+    """Pulumi's wire format: every value is a string; `secure:` values become secret placeholders."""
+    flat: dict[str, str] = {}
+    secret_keys: list[str] = []
+    for key, value in config.items():
+        if isinstance(value, dict) and set(value) == {"secure"}:
+            flat[key] = f"render-placeholder-{key.split(':', 1)[-1]}"
+            secret_keys.append(key)
+        elif isinstance(value, dict | list):
+            flat[key] = json.dumps(value)
+        elif isinstance(value, bool):
+            flat[key] = "true" if value else "false"
+        else:
+            flat[key] = str(value)
+    return flat, secret_keys
+
+
+def run_program(
+    stack: str,
+    config: dict[str, Any],
+    secrets: dict[str, str] | None = None,
+    main: Path = ROOT / "__main__.py",
+) -> RunResult:
+    """Run `main` for `stack` with `config` (stack-file shape) and plain-text `secrets` (marked secret)."""
+    flat, secret_keys = flatten(config)
+    for key, value in (secrets or {}).items():
+        full = key if ":" in key else f"{PROJECT}:{key}"
+        flat[full] = value
+        secret_keys.append(full)
+
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    capture = _Capture()
+    logger = logging.getLogger(f"ml-dev-env.render.{stack}")
+    logger.propagate = False
+    logger.handlers[:] = [capture]
+    mocks = RecordingMocks()
+    error: str | None = None
+    outputs: dict[str, Any] = {}
+    secret_outputs: set[str] = set()
+    try:
+        pulumi.runtime.set_all_config(flat, secret_keys)
+        settings.ROOT.set(None)
+        pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False, logger=logger)
+        root = settings.get_root_resource()
+        try:
+            loop.run_until_complete(run_pulumi_func(lambda: runpy.run_path(str(main), run_name="__main__")))
+        except pulumi.RunError as exc:
+            error = str(exc)
+        if error is None and root is not None:
+            for key, value in getattr(root, "outputs", {}).items():
+                output = pulumi.Output.from_input(value)
+                if loop.run_until_complete(output.is_secret()):
+                    secret_outputs.add(key)
+                outputs[key] = redact(loop.run_until_complete(output.future()))
+    finally:
+        settings.ROOT.set(None)
+        pulumi.runtime.set_all_config({}, [])
+        pending = asyncio.all_tasks(loop)
+        for task in pending:
+            task.cancel()
+        if pending:
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        loop.close()
+        asyncio.set_event_loop(None)
+    warnings = [r.getMessage() for r in capture.records if r.levelno >= logging.WARNING]
+    return RunResult(stack, mocks.resources, outputs, secret_outputs, warnings, error, mocks)
+
+
+def run_stack(stack: str, overrides: dict[str, Any] | None = None, secrets: dict[str, str] | None = None) -> RunResult:
+    """Run a committed stack file, optionally with some `ml-dev-env:<key>` objects replaced."""
+    config = stack_config(ROOT / f"Pulumi.{stack}.yaml")
+    for key, value in (overrides or {}).items():
+        full = key if ":" in key else f"{PROJECT}:{key}"
+        if value is None:
+            config.pop(full, None)
+        else:
+            config[full] = value
+    return run_program(stack, config, secrets)

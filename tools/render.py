@@ -1,0 +1,128 @@
+"""`make render STACK=<name>`: run the program offline and write every object as YAML.
+
+Writes `rendered/<stack>/<kind>-<name>.yaml`, prints the stack outputs and a summary table, then runs
+`../shared/tools/validate_manifests.py` on the result when it is present (and fails if it fails).
+Secret values never reach the files: they are redacted before anything is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tools.mock_engine import REDACTED, ROOT, Recorded, RunResult, run_program, stack_config  # noqa: E402
+
+VALIDATOR = ROOT.parent / "shared" / "tools" / "validate_manifests.py"
+PLACEHOLDER_SECRETS = ("vscodePassword", "jupyterToken")
+
+
+def manifest(resource: Recorded) -> dict[str, Any] | None:
+    """The Kubernetes object a recorded resource would apply (None for non-Kubernetes resources)."""
+    if not resource.typ.startswith("kubernetes:") or resource.typ.startswith("pulumi:providers"):
+        return None
+    obj = dict(resource.inputs)
+    if "apiVersion" not in obj or "kind" not in obj:
+        return None
+    if obj["kind"] == "Secret":
+        for key in ("data", "stringData"):
+            if key in obj:
+                obj[key] = {k: REDACTED for k in obj[key]}
+    ordered = {k: obj[k] for k in ("apiVersion", "kind", "metadata") if k in obj}
+    ordered.update({k: v for k, v in obj.items() if k not in ordered})
+    return ordered
+
+
+def file_name(obj: dict[str, Any], patch: bool) -> str:
+    name = obj.get("metadata", {}).get("name", "unnamed")
+    slug = re.sub(r"[^a-z0-9.-]+", "-", f"{obj['kind']}-{name}".lower()).strip("-")
+    return f"{slug}{'-patch' if patch else ''}.yaml"
+
+
+def write(result: RunResult, out_dir: Path) -> list[tuple[Recorded, dict[str, Any], Path]]:
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True)
+    written = []
+    for resource in result.resources:
+        obj = manifest(resource)
+        if obj is None:
+            continue
+        path = out_dir / file_name(obj, resource.typ.endswith("Patch"))
+        if path.exists():
+            raise SystemExit(f"error: two objects render to {path.name}")
+        path.write_text(yaml.safe_dump(obj, sort_keys=False, default_flow_style=False, width=120))
+        written.append((resource, obj, path))
+    return written
+
+
+def summary(written: list[tuple[Recorded, dict[str, Any], Path]], result: RunResult) -> str:
+    counts = Counter(obj["kind"] for _, obj, _ in written)
+    other = Counter(r.typ for r in result.resources if manifest(r) is None)
+    width = max([len(k) for k in counts] + [len(k) for k in other] + [4])
+    lines = [f"{'kind'.ljust(width)}  count", f"{'-' * width}  -----"]
+    lines += [f"{kind.ljust(width)}  {n:5d}" for kind, n in sorted(counts.items())]
+    lines += [f"{typ.ljust(width)}  {n:5d}" for typ, n in sorted(other.items())]
+    lines.append(f"{'total objects'.ljust(width)}  {sum(counts.values()):5d}")
+    return "\n".join(lines)
+
+
+def render(stack: str, out_root: Path, validate: bool = True) -> int:
+    stack_file = ROOT / f"Pulumi.{stack}.yaml"
+    if not stack_file.exists():
+        available = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in ROOT.glob("Pulumi.*.yaml"))
+        print(f"error: no stack file {stack_file.name}; available stacks: {', '.join(available)}", file=sys.stderr)
+        return 2
+    config = stack_config(stack_file)
+    # Secrets can't be decrypted offline: render with placeholders (redacted from every file).
+    placeholders = {k: f"render-placeholder-{k}" for k in PLACEHOLDER_SECRETS if f"ml-dev-env:{k}" not in config}
+    result = run_program(stack, config, placeholders)
+    for warning in result.warnings:
+        print(f"warning: {warning}")
+    if result.error:
+        print(f"error: {result.error}", file=sys.stderr)
+        return 2
+    out_dir = out_root / stack
+    written = write(result, out_dir)
+    print(f"\n== outputs ({stack})")
+    for key, value in sorted(result.outputs.items()):
+        shown = "[secret]" if key in result.secret_outputs else value
+        print(f"  {key}: {shown}")
+    print(f"\n== {len(written)} objects written to {out_dir.relative_to(ROOT) if out_dir.is_relative_to(ROOT) else out_dir}")
+    print(summary(written, result))
+    if validate and VALIDATOR.exists():
+        print(f"\n== schema check ({VALIDATOR})")
+        proc = subprocess.run([sys.executable, str(VALIDATOR), str(out_dir)], check=False)
+        if proc.returncode != 0:
+            print(f"error: rendered objects of stack {stack} fail the schema check", file=sys.stderr)
+            return 1
+    elif validate:
+        print(f"\nnote: {VALIDATOR} not found; schema check skipped")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("stacks", nargs="*", help="stack names (default: every Pulumi.<stack>.yaml)")
+    parser.add_argument("--out", default=str(ROOT / "rendered"))
+    parser.add_argument("--no-validate", action="store_true")
+    args = parser.parse_args(argv)
+    stacks = args.stacks or sorted(p.name[len("Pulumi."):-len(".yaml")] for p in ROOT.glob("Pulumi.*.yaml"))
+    status = 0
+    for stack in stacks:
+        print(f"==== stack {stack}")
+        status = max(status, render(stack, Path(args.out), validate=not args.no_validate))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
