@@ -161,7 +161,9 @@ class GpuCluster(pulumi.ComponentResource):
         depends.append(startup)
         volumes = [
             *self.storage.volumes,
-            k8s.core.v1.VolumeArgs(name="dshm", empty_dir=k8s.core.v1.EmptyDirVolumeSourceArgs(medium="Memory", size_limit=cfg.nodes.shm_size)),
+            k8s.core.v1.VolumeArgs(
+                name="dshm", empty_dir=k8s.core.v1.EmptyDirVolumeSourceArgs(medium="Memory", size_limit=cfg.nodes.shm_size)
+            ),
             k8s.core.v1.VolumeArgs(
                 name="startup", config_map=k8s.core.v1.ConfigMapVolumeSourceArgs(name=f"{app}-startup", default_mode=0o555)
             ),

@@ -104,7 +104,7 @@ def _check_cidr(value: str) -> str:
 
 
 def _check_abs_path(value: str) -> str:
-    if not value.startswith("/") or "//" in value or value != value.rstrip("/") and value != "/":
+    if not value.startswith("/") or "//" in value or (value != value.rstrip("/") and value != "/"):
         raise ValueError(f"{value!r} must be an absolute path without a trailing '/', e.g. '/workspace'")
     return value
 

@@ -18,6 +18,7 @@ from typing import Any
 import pulumi
 import yaml
 from pulumi.runtime import rpc, settings
+from pulumi.runtime.mocks import MockMonitor
 from pulumi.runtime.stack import run_pulumi_func
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,6 +32,8 @@ class Recorded:
     name: str
     inputs: dict[str, Any]
     custom: bool
+    options: dict[str, Any] = field(default_factory=dict)
+    """Resource options the engine saw: retain_on_delete, delete_before_replace, protect, parent."""
 
     @property
     def kind(self) -> str:
@@ -42,9 +45,11 @@ class RecordingMocks(pulumi.runtime.Mocks):
 
     def __init__(self) -> None:
         self.resources: list[Recorded] = []
+        self.pending_options: dict[tuple[str, str], dict[str, Any]] = {}
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
-        self.resources.append(Recorded(args.typ, args.name, redact(args.inputs), args.custom))
+        options = self.pending_options.pop((args.typ, args.name), {})
+        self.resources.append(Recorded(args.typ, args.name, redact(args.inputs), args.custom, options))
         state = dict(args.inputs)
         if args.typ == "random:index/randomPassword:RandomPassword":
             state["result"] = rpc.wrap_rpc_secret("mock-random-password-0123456789ab")
@@ -57,14 +62,41 @@ class RecordingMocks(pulumi.runtime.Mocks):
         return [r for r in self.resources if r.typ == typ]
 
 
+class RecordingMonitor(MockMonitor):
+    """Mock monitor that also hands each registration's resource options to the mocks."""
+
+    def __init__(self, mocks: RecordingMocks) -> None:
+        super().__init__(mocks)
+        self.recording = mocks
+
+    def RegisterResource(self, request: Any) -> Any:  # noqa: N802 - the gRPC method name
+        self.recording.pending_options[(request.type, request.name)] = {
+            "retain_on_delete": bool(request.retainOnDelete),
+            "delete_before_replace": bool(request.deleteBeforeReplace),
+            "protect": bool(request.protect),
+            "parent": request.parent,
+            "dependencies": list(request.dependencies),
+        }
+        return super().RegisterResource(request)
+
+
 def _is_secret(value: Any) -> bool:
     return isinstance(value, dict) and value.get(rpc._special_sig_key) == rpc._special_secret_sig
+
+
+def _blank(value: Any) -> Any:
+    """A secret's shape with every leaf replaced (keys of a secret map stay readable)."""
+    if isinstance(value, dict):
+        return {k: _blank(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_blank(v) for v in value]
+    return REDACTED
 
 
 def redact(value: Any) -> Any:
     """Replace every secret value with REDACTED and turn integral floats back into ints."""
     if _is_secret(value):
-        return REDACTED
+        return _blank(value["value"])
     if isinstance(value, dict):
         return {k: redact(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -154,7 +186,9 @@ def run_program(
     try:
         pulumi.runtime.set_all_config(flat, secret_keys)
         settings.ROOT.set(None)
-        pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False, logger=logger)
+        pulumi.runtime.set_mocks(
+            mocks, project=PROJECT, stack=stack, preview=False, logger=logger, monitor=RecordingMonitor(mocks)
+        )
         root = settings.get_root_resource()
         try:
             loop.run_until_complete(run_pulumi_func(lambda: runpy.run_path(str(main), run_name="__main__")))

@@ -20,7 +20,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tools.mock_engine import REDACTED, ROOT, Recorded, RunResult, run_program, stack_config  # noqa: E402
+from tools.mock_engine import REDACTED, ROOT, Recorded, RunResult, run_program, stack_config
 
 VALIDATOR = ROOT.parent / "shared" / "tools" / "validate_manifests.py"
 PLACEHOLDER_SECRETS = ("vscodePassword", "jupyterToken")
@@ -35,7 +35,7 @@ def manifest(resource: Recorded) -> dict[str, Any] | None:
         return None
     if obj["kind"] == "Secret":
         for key in ("data", "stringData"):
-            if key in obj:
+            if isinstance(obj.get(key), dict):
                 obj[key] = {k: REDACTED for k in obj[key]}
     ordered = {k: obj[k] for k in ("apiVersion", "kind", "metadata") if k in obj}
     ordered.update({k: v for k, v in obj.items() if k not in ordered})

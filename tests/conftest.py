@@ -1,0 +1,55 @@
+"""Shared fixtures: run the real program through the recording mock engine (fresh loop per run)."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tools.mock_engine import RunResult, run_program, stack_config  # noqa: E402
+
+STACKS = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in ROOT.glob("Pulumi.*.yaml"))
+VALIDATOR = ROOT.parent / "shared" / "tools" / "validate_manifests.py"
+
+
+def stack_objects(stack: str) -> dict[str, Any]:
+    """`ml-dev-env:<key>` objects of a committed stack file, keyed without the prefix (deep copy)."""
+    return {k.split(":", 1)[1]: copy.deepcopy(v) for k, v in stack_config(ROOT / f"Pulumi.{stack}.yaml").items()}
+
+
+def run_objects(stack: str, objects: dict[str, Any], secrets: dict[str, str] | None = None) -> RunResult:
+    return run_program(stack, {f"ml-dev-env:{k}": v for k, v in objects.items()}, secrets)
+
+
+@pytest.fixture
+def run() -> Callable[..., RunResult]:
+    """run(stack, mutate=None, secrets=None): load the stack file, let `mutate` edit it, run the program."""
+
+    def _run(stack: str, mutate: Callable[[dict[str, Any]], None] | None = None, secrets: dict[str, str] | None = None) -> RunResult:
+        objects = stack_objects(stack)
+        if mutate:
+            mutate(objects)
+        return run_objects(stack, objects, secrets)
+
+    return _run
+
+
+def tcp_shared_variant(objects: dict[str, Any]) -> None:
+    """barcelona, but TCP transport and shared RWX storage."""
+    objects["network"] = {"mode": "tcp"}
+    objects["security"] = {"serviceAccount": "ml-dev-sa", "memlock": {"mode": "none"}}
+    objects["storage"] = {
+        "mode": "shared",
+        "volumes": [
+            {"name": "workspace", "mountPath": "/workspace", "size": "100Gi", "storageClass": "nfs-csi"},
+            {"name": "datasets", "mountPath": "/datasets", "size": "500Gi", "storageClass": "nfs-csi"},
+        ],
+    }
