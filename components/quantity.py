@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from decimal import Decimal, InvalidOperation
 
@@ -49,5 +50,5 @@ def gib(value: str | int | float) -> Decimal:
 
 def format_gib(amount: Decimal | float | int) -> str:
     """Round a byte count up to whole GiB and format it as a quantity ('13Gi')."""
-    whole = int(-(-Decimal(amount) // _BINARY["Gi"]))
+    whole = math.ceil(Decimal(amount) / _BINARY["Gi"])
     return f"{max(whole, 1)}Gi"

@@ -76,10 +76,14 @@ def summary(written: list[tuple[Recorded, dict[str, Any], Path]], result: RunRes
     return "\n".join(lines)
 
 
-def render(stack: str, out_root: Path, validate: bool = True) -> int:
-    stack_file = ROOT / f"Pulumi.{stack}.yaml"
+def stacks_in(config_dir: Path) -> list[str]:
+    return sorted(p.name[len("Pulumi."):-len(".yaml")] for p in config_dir.glob("Pulumi.*.yaml"))
+
+
+def render(stack: str, out_root: Path, validate: bool = True, config_dir: Path = ROOT) -> int:
+    stack_file = config_dir / f"Pulumi.{stack}.yaml"
     if not stack_file.exists():
-        available = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in ROOT.glob("Pulumi.*.yaml"))
+        available = stacks_in(config_dir)
         print(f"error: no stack file {stack_file.name}; available stacks: {', '.join(available)}", file=sys.stderr)
         return 2
     config = stack_config(stack_file)
@@ -114,13 +118,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("stacks", nargs="*", help="stack names (default: every Pulumi.<stack>.yaml)")
     parser.add_argument("--out", default=str(ROOT / "rendered"))
+    parser.add_argument("--config-dir", default=str(ROOT), help="where the Pulumi.<stack>.yaml files are")
     parser.add_argument("--no-validate", action="store_true")
     args = parser.parse_args(argv)
-    stacks = args.stacks or sorted(p.name[len("Pulumi."):-len(".yaml")] for p in ROOT.glob("Pulumi.*.yaml"))
+    config_dir = Path(args.config_dir)
+    stacks = args.stacks or stacks_in(config_dir)
     status = 0
     for stack in stacks:
         print(f"==== stack {stack}")
-        status = max(status, render(stack, Path(args.out), validate=not args.no_validate))
+        status = max(status, render(stack, Path(args.out), validate=not args.no_validate, config_dir=config_dir))
     return status
 
 

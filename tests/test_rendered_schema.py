@@ -1,0 +1,65 @@
+"""Every rendered object of every stack (and of the tested variants) passes the strict schema check."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import STACKS, VALIDATOR, run_objects, stack_objects, tcp_shared_variant
+from tools import render
+
+
+def _token_variant(o: dict[str, Any]) -> None:
+    o["access"] = {"auth": "token", "tensorboard": False}
+
+
+def _privileged_variant(o: dict[str, Any]) -> None:
+    o["security"]["memlock"] = {"mode": "privileged"}
+    o["security"]["createServiceAccount"] = False
+    o["cluster"]["createNamespace"] = True
+    o["network"]["rdma"].update(createAttachments=True, subnets=["10.0.103.0/24", "10.0.104.0/24", "10.0.105.0/24", "10.0.106.0/24"])
+
+
+VARIANTS: dict[str, tuple[str, Callable[[dict[str, Any]], None] | None]] = {
+    **{stack: (stack, None) for stack in STACKS},
+    "barcelona-tcp-shared": ("barcelona", tcp_shared_variant),
+    "barcelona-token": ("barcelona", _token_variant),
+    "barcelona-privileged-nads": ("barcelona", _privileged_variant),
+}
+SECRET = "s3cret-value-that-must-not-leak"
+
+
+@pytest.mark.skipif(not VALIDATOR.exists(), reason="../shared/tools/validate_manifests.py is not beside the repository")
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_rendered_objects_pass_strict_schema_check(variant: str, tmp_path: Path) -> None:
+    stack, mutate = VARIANTS[variant]
+    objects = stack_objects(stack)
+    if mutate:
+        mutate(objects)
+    result = run_objects(stack, objects, {"vscodePassword": SECRET, "jupyterToken": SECRET})
+    assert result.error is None, result.error
+    written = render.write(result, tmp_path / variant)
+    assert len(written) >= 10
+    proc = subprocess.run([sys.executable, str(VALIDATOR), str(tmp_path / variant)], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"summary: {len(written)} ok, 0 invalid" in proc.stdout
+    # secrets never reach rendered files or outputs
+    for path in (tmp_path / variant).iterdir():
+        assert SECRET not in path.read_text(), path.name
+    assert SECRET not in json.dumps(result.outputs)
+
+
+def test_render_cli_writes_one_file_per_object(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, str(Path(render.__file__)), "nerc-production", "--out", str(tmp_path)],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    files = sorted(p.name for p in (tmp_path / "nerc-production").iterdir())
+    assert "statefulset-ml-dev-env.yaml" in files and "route-ml-dev-env-vscode.yaml" in files
+    assert "vscode_url: https://ml-dev-env-vscode-coops-767192.apps.shift.nerc.mghpcc.org" in proc.stdout
+    assert "total objects" in proc.stdout
