@@ -304,7 +304,8 @@ def test_every_route_reaches_an_oauth_proxy(barcelona: RunResult) -> None:
     assert env(barcelona)["ML_DEV_AUTH"] == "oauth-proxy"
     sa = barcelona.one("kubernetes:core/v1:ServiceAccount").inputs
     refs = {k: json.loads(v) for k, v in sa["metadata"]["annotations"].items()}
-    assert refs["serviceaccounts.openshift.io/oauth-redirectreference.vscode"]["reference"] == {"kind": "Route", "name": "ml-dev-env-vscode"}
+    vscode_ref = refs["serviceaccounts.openshift.io/oauth-redirectreference.vscode"]
+    assert vscode_ref["reference"] == {"kind": "Route", "name": "ml-dev-env-vscode"}
     cookie = barcelona.one("kubernetes:core/v1:Secret").inputs
     assert cookie["stringData"] == {"cookie-secret": "REDACTED"}
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import tempfile
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 

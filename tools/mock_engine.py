@@ -69,7 +69,7 @@ class RecordingMonitor(MockMonitor):
         super().__init__(mocks)
         self.recording = mocks
 
-    def RegisterResource(self, request: Any) -> Any:  # noqa: N802 - the gRPC method name
+    def RegisterResource(self, request: Any) -> Any:
         self.recording.pending_options[(request.type, request.name)] = {
             "retain_on_delete": bool(request.retainOnDelete),
             "delete_before_replace": bool(request.deleteBeforeReplace),
