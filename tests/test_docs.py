@@ -1,0 +1,18 @@
+"""The README's configuration reference is exactly what the models generate."""
+
+from __future__ import annotations
+
+from tests.conftest import ROOT
+from tools import config_reference
+
+
+def test_readme_config_reference_is_current() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert config_reference.generate() in readme, "README is stale: run `make docs`"
+
+
+def test_reference_covers_every_top_level_key() -> None:
+    block = config_reference.generate()
+    for key in ("cluster", "nodes", "network", "security", "access", "storage", "image", "buildNodes"):
+        assert f"| `{key}` |" in block
+    assert "`network.rdma.hcas`" in block and "`storage.volumes[].scope`" in block
