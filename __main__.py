@@ -4,6 +4,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from components.gpu_cluster import GpuCluster, GpuClusterArgs
+from components.image_build import ImageBuild, ImageBuildArgs, image_trigger_annotation
 from stacks import loader
 
 stack = loader.load(f"Pulumi.{pulumi.get_stack()}.yaml")
@@ -28,8 +29,26 @@ if cfg.cluster.create_namespace:
     )
     opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(depends_on=[namespace]))
 
-image = cfg.image.reference
-cluster = GpuCluster("gpu", GpuClusterArgs(config=cfg, image=image, secrets=stack.secrets), opts=opts)
+labels = {"app.kubernetes.io/part-of": "ml-dev-env", "app.kubernetes.io/managed-by": "pulumi", "ml-dev-env/cluster": cfg.cluster.name}
+sts_annotations: dict[str, str] = {}
+if cfg.image.build is not None:
+    images = ImageBuild(
+        "image",
+        ImageBuildArgs(namespace=cfg.cluster.namespace, labels=labels, build=cfg.image.build, build_nodes=cfg.build_nodes),
+        opts=opts,
+    )
+    image = images.runtime_image
+    if cfg.image.build.rollout_on_new_image:
+        sts_annotations = image_trigger_annotation(images.image_stream_tag, "ml-dev")
+    pulumi.export("base_image", images.base_image)
+    pulumi.export("runtime_image", images.runtime_image)
+    pulumi.export("build_command", images.start_build_command)
+    pulumi.export("build_logs_command", images.logs_command)
+else:
+    image = cfg.image.reference
+cluster = GpuCluster(
+    "gpu", GpuClusterArgs(config=cfg, image=image, secrets=stack.secrets, statefulset_annotations=sts_annotations), opts=opts
+)
 
 app, ns = cfg.cluster.app_name, cfg.cluster.namespace
 pulumi.export("vscode_url", cluster.urls.get("vscode", ""))

@@ -25,8 +25,8 @@ class GpuClusterArgs(BaseModel):
     """`pulumi.Input[str]`: the image the pods run (a configured reference, or the built runtime image)."""
     secrets: dict[str, Any] = {}
     """Secret config values (`pulumi.Output[str]`) by key."""
-    pod_annotations: dict[str, str] = {}
-    """Extra pod-template annotations (e.g. the image-change trigger)."""
+    statefulset_annotations: dict[str, str] = {}
+    """Extra StatefulSet annotations (e.g. OpenShift's image-change trigger)."""
 
 
 def labels(config: StackConfig) -> dict[str, str]:
@@ -208,7 +208,7 @@ class GpuCluster(pulumi.ComponentResource):
             ),
             opts=child,
         )
-        pod_annotations = {"ml-dev-env/startup-sha256": pod.content_hash(script), **args.pod_annotations}
+        pod_annotations = {"ml-dev-env/startup-sha256": pod.content_hash(script)}
         if rdma:
             pod_annotations["k8s.v1.cni.cncf.io/networks"] = pod.multus_annotation(cfg)
         containers = [pod.main_container(cfg, args.image, self.storage.mounts, tokens_secret), *pod.proxy_containers(cfg, "oauth-cookie")]
@@ -217,7 +217,7 @@ class GpuCluster(pulumi.ComponentResource):
         )
         self.statefulset = k8s.apps.v1.StatefulSet(
             f"{name}-statefulset",
-            metadata=meta(app, annotations={"pulumi.com/timeoutSeconds": "1800"}),
+            metadata=meta(app, annotations={"pulumi.com/timeoutSeconds": "1800", **args.statefulset_annotations}),
             spec=k8s.apps.v1.StatefulSetSpecArgs(
                 service_name=naming.headless_service(app),
                 replicas=cfg.nodes.count,

@@ -372,13 +372,68 @@ class BuildNodesConfig(Model):
     tolerations: list[Toleration] = Field(default_factory=list)
 
 
+class GitSource(Model):
+    uri: str = Field(description="Repository URL holding images/*.Containerfile.")
+    ref: str = Field("main", description="Branch, tag or commit to build.")
+    context_dir: str = Field("", description="Directory of the build context inside the repository.")
+
+
+class BuildResources(Model):
+    requests: CpuMemory = CpuMemory(cpu="4", memory="16Gi")
+    limits: CpuMemory = CpuMemory(cpu="16", memory="64Gi")
+
+    @model_validator(mode="after")
+    def _requests_within_limits(self) -> BuildResources:
+        Resources(requests=self.requests, limits=self.limits)
+        return self
+
+
+class ImageBuildConfig(Model):
+    """On-cluster two-stage build (SPEC §5.5): base (CUDA/PyTorch/FA/RDMA/dev servers) and runtime."""
+
+    preset: str | None = Field(None, description="Architecture preset from images/presets.yaml (default: its `default`).")
+    image_stream: DnsLabel = Field("ml-dev-env", description="ImageStream receiving both stages' tags.")
+    source: Literal["inline", "git"] = Field(
+        "inline", description="inline: Containerfiles embedded in the BuildConfig; git: built from `git`."
+    )
+    git: GitSource | None = None
+    runtime_requirements: list[str] = Field(
+        default_factory=list, description="Application pins for the runtime stage (inline source; git uses the context's requirements.txt)."
+    )
+    max_jobs: int = Field(8, ge=1, le=256, description="Flash-Attention compile parallelism (MAX_JOBS build arg).")
+    resources: BuildResources = Field(default_factory=BuildResources, description="Build pod requests/limits.")
+    completion_deadline_seconds: int = Field(3600, ge=600, le=6 * 3600, description="Build deadline (builds take 15–35 min).")
+    rollout_on_new_image: bool = Field(
+        False, description="Add the image-change trigger annotation so pods roll when a new runtime image is pushed."
+    )
+
+    @model_validator(mode="after")
+    def _source(self) -> ImageBuildConfig:
+        from components.image_build import presets_file  # the presets live with the Containerfiles
+
+        presets = sorted(presets_file()["presets"])
+        if self.preset is not None and self.preset not in presets:
+            raise ConfigProblem("preset", self.preset, f"allowed: {', '.join(presets)} (images/presets.yaml)")
+        if self.source == "git" and self.git is None:
+            raise ConfigProblem("git", None, "source 'git' needs git.uri (and ref/contextDir)")
+        if self.source == "inline" and self.git is not None:
+            raise ConfigProblem("git", "set", "only used with source 'git'")
+        for i, req in enumerate(self.runtime_requirements):
+            if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._\[\],-]*\s*(===?|~=|>=|<=|<|>|!=)\s*[A-Za-z0-9.*+!_-]+$", req):
+                raise ConfigProblem(f"runtimeRequirements[{i}]", req, "must be a pinned requirement such as 'peft==0.17.1'")
+        return self
+
+
 class ImageConfig(Model):
     reference: ImageRef | None = Field(None, description="Existing image for the pods (when the stack does not build).")
+    build: ImageBuildConfig | None = Field(None, description="Build the image on the cluster; the pods use the runtime stage.")
 
     @model_validator(mode="after")
     def _has_source(self) -> ImageConfig:
-        if self.reference is None:
-            raise ConfigProblem("reference", None, "set an image reference (registry/repo:tag or @sha256 digest)")
+        if self.reference is None and self.build is None:
+            raise ConfigProblem("reference", None, "set image.reference (registry/repo:tag or @sha256 digest) or image.build")
+        if self.reference is not None and self.build is not None:
+            raise ConfigProblem("reference", self.reference, "set either image.reference or image.build, not both")
         return self
 
 

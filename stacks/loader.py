@@ -89,6 +89,11 @@ def warnings_for(config: StackConfig) -> list[str]:
             "RDMA without security.memlock: pods keep the default 8 MiB memlock limit and NCCL may fail "
             "with IBV_WC_LOC_PROT_ERR; set memlock.mode 'scc'"
         )
+    if config.image.build is not None and config.build_nodes.tolerations:
+        out.append(
+            "buildNodes.tolerations do not apply to BuildConfigs (OpenShift has no per-build tolerations; "
+            "an admin sets them in build.config.openshift.io/cluster buildOverrides); nodeSelector does apply"
+        )
     return out
 
 
