@@ -5,6 +5,7 @@ import pulumi_kubernetes as k8s
 
 from components.gpu_cluster import GpuCluster, GpuClusterArgs
 from components.image_build import ImageBuild, ImageBuildArgs, image_trigger_annotation
+from components.model_pipeline import ModelPipeline, ModelPipelineArgs
 from stacks import loader
 
 stack = loader.load(f"Pulumi.{pulumi.get_stack()}.yaml")
@@ -49,6 +50,18 @@ else:
 cluster = GpuCluster(
     "gpu", GpuClusterArgs(config=cfg, image=image, secrets=stack.secrets, statefulset_annotations=sts_annotations), opts=opts
 )
+
+if cfg.models:
+    models = ModelPipeline(
+        "models",
+        ModelPipelineArgs(
+            namespace=cfg.cluster.namespace, labels=labels, pipeline=cfg.model_pipeline, models=cfg.models,
+            build_nodes=cfg.build_nodes, secrets=stack.secrets,
+        ),
+        opts=opts,
+    )
+    pulumi.export("model_pipeline_runs", models.run_names)
+    pulumi.export("model_images", models.internal_images)
 
 app, ns = cfg.cluster.app_name, cfg.cluster.namespace
 pulumi.export("vscode_url", cluster.urls.get("vscode", ""))

@@ -25,6 +25,8 @@ from stacks.config import BuildNodesConfig, ImageBuildConfig
 IMAGES = Path(__file__).resolve().parent.parent / "images"
 BASE_CONTAINERFILE = IMAGES / "base.Containerfile"
 RUNTIME_CONTAINERFILE = IMAGES / "runtime.Containerfile"
+TOOLS_CONTAINERFILE = IMAGES / "tools.Containerfile"
+STEP_REQUIREMENTS = IMAGES.parent / "steps" / "requirements.txt"
 
 
 @functools.cache
@@ -192,3 +194,69 @@ def image_trigger_annotation(image_stream_tag: str, container: str) -> dict[str,
         "fieldPath": f'spec.template.spec.containers[?(@.name=="{container}")].image',
     }]
     return {"image.openshift.io/triggers": json.dumps(trigger, separators=(",", ":"))}
+
+
+def step_requirements() -> list[str]:
+    """The step programs' pins, one per line in steps/requirements.txt (comments dropped)."""
+    lines = (line.split("#", 1)[0].strip() for line in STEP_REQUIREMENTS.read_text().splitlines())
+    return [line for line in lines if line]
+
+
+def tools_tag(base_image: str) -> str:
+    inputs = [base_image, TOOLS_CONTAINERFILE.read_text(), step_requirements()]
+    return "tools-" + naming.short_hash(json.dumps(inputs))
+
+
+def tools_spec(base_image: str, nodes: BuildNodesConfig, image_stream: str) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "runPolicy": "Serial",
+        "completionDeadlineSeconds": 1800,
+        "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"cpu": "2", "memory": "4Gi"}},
+        "successfulBuildsHistoryLimit": 3,
+        "failedBuildsHistoryLimit": 3,
+        "source": {"type": "Dockerfile", "dockerfile": TOOLS_CONTAINERFILE.read_text()},
+        "strategy": {
+            "type": "Docker",
+            "dockerStrategy": {
+                "dockerfilePath": "Dockerfile",
+                "from": {"kind": "DockerImage", "name": base_image},
+                "buildArgs": _build_args({"STEP_REQUIREMENTS": " ".join(step_requirements())}),
+            },
+        },
+        "output": {"to": {"kind": "ImageStreamTag", "name": f"{image_stream}:{tools_tag(base_image)}"}},
+        "triggers": [{"type": "ConfigChange"}],
+    }
+    if nodes.node_selector:
+        spec["nodeSelector"] = dict(nodes.node_selector)
+    return spec
+
+
+class ToolsImageArgs(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    namespace: str
+    labels: dict[str, str]
+    base_image: str
+    build_nodes: BuildNodesConfig
+    image_stream: str = "ml-dev-env-tools"
+
+
+class ToolsImage(pulumi.ComponentResource):
+    """The small image the model-pipeline steps run in (Python + pinned step deps + skopeo)."""
+
+    image: str
+
+    def __init__(self, name: str, args: ToolsImageArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("ml-dev-env:image:ToolsImage", name, None, opts)
+        meta = k8s.meta.v1.ObjectMetaArgs(name=args.image_stream, namespace=args.namespace, labels=args.labels)
+        stream = crds.custom_resource(
+            f"{name}-imagestream", "image.openshift.io/v1", "ImageStream", meta, {"lookupPolicy": {"local": True}},
+            pulumi.ResourceOptions(parent=self),
+        )
+        crds.custom_resource(
+            f"{name}-build", "build.openshift.io/v1", "BuildConfig", meta,
+            tools_spec(args.base_image, args.build_nodes, args.image_stream),
+            pulumi.ResourceOptions(parent=self, depends_on=[stream]),
+        )
+        self.image = naming.internal_image(args.namespace, args.image_stream, tools_tag(args.base_image))
+        self.register_outputs({"image": self.image})

@@ -437,6 +437,96 @@ class ImageConfig(Model):
         return self
 
 
+# ---------------------------------------------------------------------------------------- models
+
+_REPO = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)+$")
+_TAG = re.compile(r"^[\w][\w.-]{0,127}$")
+
+
+class HuggingFaceSource(Model):
+    repo: str = Field(description="Hugging Face repository, e.g. mistralai/Mistral-Small-24B-Instruct-2501.")
+    revision: str = Field("main", description="Branch, tag or commit (pin a commit for reproducible runs).")
+
+
+class S3Source(Model):
+    endpoint: str = Field(description="S3 endpoint URL, e.g. http://minio.model-storage.svc:9000.")
+    bucket: str
+    prefix: str = ""
+    region: str = "us-east-1"
+
+
+class ModelSource(Model):
+    hugging_face: HuggingFaceSource | None = None
+    s3: S3Source | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> ModelSource:
+        if (self.hugging_face is None) == (self.s3 is None):
+            raise ConfigProblem("huggingFace", "both" if self.hugging_face else None, "set exactly one of huggingFace or s3")
+        return self
+
+
+class Registration(Model):
+    model_name: str = Field(description="Registered model name in the model registry.")
+    version_name: str = Field(description="Model version name.")
+    description: str = ""
+    base_model: str | None = None
+
+
+class S3Upload(Model):
+    endpoint: str
+    bucket: str
+    prefix: str = Field(description="Key prefix the weight files are uploaded under.")
+    region: str = "us-east-1"
+
+
+class ModelConfig(Model):
+    """One model to package as a KServe modelcar (SPEC §5.6)."""
+
+    name: DnsLabel = Field(description="Short name; the PipelineRun and internal ImageStream derive from it.")
+    source: ModelSource
+    include: list[str] = Field(
+        default_factory=lambda: ["*.safetensors", "*.json", "*.txt", "*.model", "tokenizer*"],
+        description="File patterns to download (consolidated*.safetensors is skipped when sharded weights exist).",
+    )
+    size_gi: float = Field(gt=0, le=4096, description="Approximate size of the weights in GiB (sizes PVC and timeouts).")
+    quantization: str = Field("none", description="Quantization scheme recorded in the registry, e.g. w4a16 or none.")
+    quay_repository: str = Field(description="Destination repository, e.g. quay.io/org/mistral-small-24b.")
+    tag: str = Field(description="Image tag for both the Quay and the internal image.")
+    internal_image_stream: DnsLabel | None = Field(None, description="Internal ImageStream name (default: name).")
+    registration: Registration
+    upload_to_s3: S3Upload | None = Field(None, description="Also upload the weight files to S3.")
+    workspace_size: Quantity | None = Field(None, description="Workspace PVC size (default: computed from sizeGi).")
+
+    @model_validator(mode="after")
+    def _destination(self) -> ModelConfig:
+        if not _REPO.match(self.quay_repository):
+            raise ConfigProblem("quayRepository", self.quay_repository, "must be '<registry>/<org>/<repo>' without tag")
+        if not _TAG.match(self.tag) or self.tag == "latest":
+            raise ConfigProblem("tag", self.tag, "must be a version tag (not 'latest')")
+        return self
+
+
+class ModelPipelineConfig(Model):
+    """Shared settings of the model-packaging pipeline."""
+
+    service_account: DnsLabel = "model-pipeline"
+    modelcar_base_image: ImageRef = Field(
+        "registry.access.redhat.com/ubi9/ubi-micro:9.6", description="Runnable base (with a shell) of every modelcar."
+    )
+    tools_base_image: ImageRef = Field(
+        "registry.access.redhat.com/ubi9/python-311:9.6", description="Base of the step tools image (Python + skopeo)."
+    )
+    registry_url: str = Field(
+        "http://model-registry.rhoai-model-registries.svc.cluster.local:8080", description="Model registry REST endpoint."
+    )
+    storage_class: str | None = Field(None, description="Storage class of the per-run workspace PVC.")
+    node_ephemeral_free: Quantity = Field(
+        "13Gi", description="Smallest free node ephemeral storage on build nodes (preflight: step scratch must fit)."
+    )
+    chunk_threshold: Quantity = Field("20G", description="Blobs above this are uploaded in chunks (Quay refuses larger PUTs).")
+
+
 # ----------------------------------------------------------------------------------------- stack
 
 
@@ -451,6 +541,8 @@ class StackConfig(Model):
     storage: StorageConfig
     image: ImageConfig
     build_nodes: BuildNodesConfig = Field(default_factory=BuildNodesConfig)
+    model_pipeline: ModelPipelineConfig = Field(default_factory=ModelPipelineConfig)
+    models: list[ModelConfig] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _cross(self) -> StackConfig:
@@ -459,4 +551,13 @@ class StackConfig(Model):
                 self.network.rdma.check_usable()
             except ConfigProblem as problem:
                 raise ConfigProblem(f"network.rdma.{problem.field}", problem.value, problem.allowed) from None
+        names = [m.name for m in self.models]
+        if duplicates(names):
+            raise ConfigProblem("models[].name", duplicates(names), "model names must be unique")
+        from components.model_sizing import preflight  # pure sizing rules, shared with the component
+
+        for i, model in enumerate(self.models):
+            problem = preflight(model, self.model_pipeline)
+            if problem:
+                raise ConfigProblem(f"models[{i}]", model.name, problem)
         return self

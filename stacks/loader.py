@@ -21,6 +21,10 @@ from stacks.errors import PREFIX, format_validation_error
 SECRET_KEYS: dict[str, str] = {
     "vscodePassword": "code-server password (access.auth: token)",
     "jupyterToken": "Jupyter token (access.auth: token)",
+    "quayDockerConfigJson": "Quay push credentials, a dockerconfigjson document (models)",
+    "hfToken": "Hugging Face token (models with a huggingFace source)",
+    "s3AccessKeyId": "S3 access key id (models with an s3 source or uploadToS3)",
+    "s3SecretAccessKey": "S3 secret access key (models with an s3 source or uploadToS3)",
 }
 
 
@@ -131,4 +135,10 @@ def required_secrets(config: StackConfig) -> set[str]:
             needed.add("vscodePassword")
         if config.access.jupyter:
             needed.add("jupyterToken")
+    if config.models:
+        needed.add("quayDockerConfigJson")
+    if any(m.source.hugging_face for m in config.models):
+        needed.add("hfToken")
+    if any(m.source.s3 or m.upload_to_s3 for m in config.models):
+        needed |= {"s3AccessKeyId", "s3SecretAccessKey"}
     return needed

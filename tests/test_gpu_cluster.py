@@ -132,7 +132,7 @@ def test_memlock_through_declared_scc_binding(barcelona: RunResult) -> None:
     assert scc["metadata"]["name"] == "nccl-rdma-scc"
     assert scc["allowedCapabilities"] == ["IPC_LOCK", "SYS_RESOURCE"]
     assert scc["allowPrivilegedContainer"] is False and scc["allowHostNetwork"] is False
-    binding = barcelona.one(ROLEBINDING).inputs
+    binding = barcelona.one(ROLEBINDING, "gpu-scc-binding").inputs
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "system:openshift:scc:nccl-rdma-scc"}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "ml-dev-sa", "namespace": "nccl-test"}]
     role = barcelona.one("kubernetes:rbac.authorization.k8s.io/v1:Role").inputs
@@ -146,14 +146,14 @@ def test_existing_scc_is_bound_not_created(run) -> None:
 
     result = run("barcelona", mutate)
     assert result.of_type(SCC) == []
-    assert result.one(ROLEBINDING).inputs["roleRef"]["kind"] == "ClusterRole"
-    assert result.one(ROLEBINDING).inputs["roleRef"]["name"] == "system:openshift:scc:nccl-rdma-scc"
+    assert result.one(ROLEBINDING, "gpu-scc-binding").inputs["roleRef"]["kind"] == "ClusterRole"
+    assert result.one(ROLEBINDING, "gpu-scc-binding").inputs["roleRef"]["name"] == "system:openshift:scc:nccl-rdma-scc"
 
 
 def test_privileged_memlock_binds_privileged_scc(run) -> None:
     result = run("barcelona", lambda o: o["security"].update(memlock={"mode": "privileged"}))
     assert container(result)["securityContext"] == {"privileged": True}
-    assert result.one(ROLEBINDING).inputs["roleRef"]["name"] == "system:openshift:scc:privileged"
+    assert result.one(ROLEBINDING, "gpu-scc-binding").inputs["roleRef"]["name"] == "system:openshift:scc:privileged"
 
 
 def test_hca_autodetect_is_opt_in(run) -> None:
@@ -196,7 +196,7 @@ def assert_restricted(result: RunResult) -> None:
     for c in pod["containers"]:
         assert c["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}, c["name"]
     assert "hostNetwork" not in pod and "hostIPC" not in pod
-    assert result.of_type(ROLEBINDING) == [] and result.of_type(SCC) == []
+    assert [r for r in result.of_type(ROLEBINDING) if r.name.startswith("gpu-")] == [] and result.of_type(SCC) == []
 
 
 def test_nerc_production_is_tcp_and_restricted(nerc: RunResult) -> None:
@@ -302,11 +302,11 @@ def test_every_route_reaches_an_oauth_proxy(barcelona: RunResult) -> None:
         assert f"--upstream=http://127.0.0.1:{port['port']}" in args
     assert "ports" not in containers["ml-dev"] or {p["name"] for p in containers["ml-dev"]["ports"]} == {"master", "debug"}
     assert env(barcelona)["ML_DEV_AUTH"] == "oauth-proxy"
-    sa = barcelona.one("kubernetes:core/v1:ServiceAccount").inputs
+    sa = barcelona.one("kubernetes:core/v1:ServiceAccount", "gpu-sa").inputs
     refs = {k: json.loads(v) for k, v in sa["metadata"]["annotations"].items()}
     vscode_ref = refs["serviceaccounts.openshift.io/oauth-redirectreference.vscode"]
     assert vscode_ref["reference"] == {"kind": "Route", "name": "ml-dev-env-vscode"}
-    cookie = barcelona.one("kubernetes:core/v1:Secret").inputs
+    cookie = barcelona.one("kubernetes:core/v1:Secret", "gpu-oauth-cookie").inputs
     assert cookie["stringData"] == {"cookie-secret": "REDACTED"}
 
 
@@ -328,7 +328,7 @@ def test_token_mode_uses_pulumi_secrets(run) -> None:
 
 def test_adopted_service_account_gets_oauth_annotations_by_patch(run) -> None:
     result = run("barcelona", lambda o: o["security"].update(createServiceAccount=False))
-    assert result.of_type("kubernetes:core/v1:ServiceAccount") == []
+    assert [r for r in result.of_type("kubernetes:core/v1:ServiceAccount") if r.name.startswith("gpu-")] == []
     patch = result.one("kubernetes:core/v1:ServiceAccountPatch").inputs
     assert patch["metadata"]["name"] == "ml-dev-sa"
     assert set(patch["metadata"]["annotations"]) == {

@@ -30,14 +30,14 @@ def build_stack(**build: Any) -> RunResult:
 
 
 def configs(result: RunResult) -> dict[str, dict[str, Any]]:
-    return {r.inputs["metadata"]["name"]: r.inputs["spec"] for r in result.of_type(BC)}
+    return {r.inputs["metadata"]["name"]: r.inputs["spec"] for r in result.of_type(BC) if r.name.startswith("image-")}
 
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_preset_renders_two_stage_build(preset: str, tmp_path: Path) -> None:
     result = build_stack(preset=preset)
     p = image_build.presets_file()["presets"][preset]
-    stream = result.one(IS).inputs
+    stream = result.one(IS, "image-imagestream").inputs
     assert stream["metadata"]["name"] == "ml-dev-env" and stream["spec"] == {"lookupPolicy": {"local": True}}
     bcs = configs(result)
     base, runtime = bcs["ml-dev-env-base"], bcs["ml-dev-env-runtime"]
@@ -123,7 +123,7 @@ def test_rollout_on_new_image_is_opt_in() -> None:
 
 def test_stack_without_build_uses_the_configured_image() -> None:
     result = run_objects("nerc-production", stack_objects("nerc-production"))
-    assert result.of_type(BC) == [] and "runtime_image" not in result.outputs
+    assert configs(result) == {} and "runtime_image" not in result.outputs
     assert result.outputs["image"] == stack_objects("nerc-production")["image"]["reference"]
 
 

@@ -20,10 +20,10 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from stacks.loader import SECRET_KEYS
 from tools.mock_engine import REDACTED, ROOT, Recorded, RunResult, run_program, stack_config
 
 VALIDATOR = ROOT.parent / "shared" / "tools" / "validate_manifests.py"
-PLACEHOLDER_SECRETS = ("vscodePassword", "jupyterToken")
 
 
 def manifest(resource: Recorded) -> dict[str, Any] | None:
@@ -88,7 +88,7 @@ def render(stack: str, out_root: Path, validate: bool = True, config_dir: Path =
         return 2
     config = stack_config(stack_file)
     # Secrets can't be decrypted offline: render with placeholders (redacted from every file).
-    placeholders = {k: f"render-placeholder-{k}" for k in PLACEHOLDER_SECRETS if f"ml-dev-env:{k}" not in config}
+    placeholders = {k: f"render-placeholder-{k}" for k in SECRET_KEYS if f"ml-dev-env:{k}" not in config}
     result = run_program(stack, config, placeholders)
     for warning in result.warnings:
         print(f"warning: {warning}")

@@ -1,0 +1,354 @@
+"""Model-packaging pipeline (SPEC.md §5.6): LLM weights → KServe modelcar → Quay → internal registry → registry.
+
+Tekton v1 Tasks run the step programs of `steps/` (embedded verbatim as step scripts) in a small tools
+image the stack builds itself. One PipelineRun per configured model, named from a hash of its inputs
+(unchanged config re-creates nothing; a change starts a new run) and not awaited by Pulumi.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+from pydantic import BaseModel, ConfigDict
+
+from components import crds, model_sizing, naming, tekton
+from components.image_build import ToolsImage, ToolsImageArgs
+from stacks.config import BuildNodesConfig, ModelConfig, ModelPipelineConfig
+from steps.embed import step_script
+
+PIPELINE = "modelcar"
+TASKS = {
+    "download": "modelcar-download",
+    "package": "modelcar-package",
+    "mirror": "modelcar-mirror",
+    "register": "modelcar-register",
+    "upload-s3": "modelcar-upload-s3",
+}
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # holds service-ca.crt for the internal registry
+SA_TOKEN = f"{SA_DIR}/token"
+WEIGHTS = "$(workspaces.model.path)/weights"
+SECRET_NAMES = {"quay": "model-pipeline-quay", "hf": "model-pipeline-hf", "s3": "model-pipeline-s3"}
+STEP_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True}
+
+
+def _resources(task: str) -> tekton.ComputeResources:
+    cpu, mem, eph = model_sizing.CPU[task], model_sizing.MEMORY[task], model_sizing.EPHEMERAL[task]
+    return tekton.ComputeResources(
+        requests={"cpu": cpu[0], "memory": mem[0], "ephemeral-storage": eph[0]},
+        limits={"cpu": cpu[1], "memory": mem[1], "ephemeral-storage": eph[1]},
+    )
+
+
+def _secret_env(name: str, secret: str, key: str) -> tekton.EnvVar:
+    return tekton.EnvVar(name=name, value_from={"secretKeyRef": {"name": secret, "key": key}})
+
+
+def _p(*names: str) -> list[tekton.ParamSpec]:
+    return [tekton.ParamSpec(name=n) for n in names]
+
+
+def _step(task: str, script: str, image: str, args: list[str], env: list[tekton.EnvVar] | None = None) -> tekton.Step:
+    base = [tekton.EnvVar(name="PYTHONUNBUFFERED", value="1")]
+    if task != "register":
+        # caches and temporary files on the workspace PVC, never on the node
+        base += [tekton.EnvVar(name="HOME", value="$(workspaces.model.path)/.home"),
+                 tekton.EnvVar(name="TMPDIR", value="$(workspaces.model.path)")]
+    return tekton.Step(
+        name=task,
+        image=image,
+        script=step_script(script),
+        args=args,
+        env=base + (env or []),
+        compute_resources=_resources(task),
+        security_context=STEP_SECURITY,
+    )
+
+
+def task_specs(tools_image: str, secrets: set[str], chunk_threshold: str) -> dict[str, tekton.TaskSpec]:
+    """The five Tasks; `secrets` says which optional Secrets exist (hf, s3)."""
+    model_ws = tekton.WorkspaceDeclaration(name="model", description="PVC holding the downloaded weights")
+    quay_ws = tekton.WorkspaceDeclaration(name="quay-auth", description="Quay dockerconfigjson", read_only=True)
+    download_env = []
+    if "hf" in secrets:
+        download_env.append(_secret_env("HF_TOKEN", SECRET_NAMES["hf"], "HF_TOKEN"))
+    s3_env = []
+    if "s3" in secrets:
+        s3_env = [_secret_env("AWS_ACCESS_KEY_ID", SECRET_NAMES["s3"], "AWS_ACCESS_KEY_ID"),
+                  _secret_env("AWS_SECRET_ACCESS_KEY", SECRET_NAMES["s3"], "AWS_SECRET_ACCESS_KEY")]
+    return {
+        "download": tekton.TaskSpec(
+            description="Download the weights (Hugging Face or S3) onto the workspace PVC, verifying checksums.",
+            params=[*_p("source-uri", "revision", "endpoint-url", "region"), tekton.ParamSpec(name="include", type="array")],
+            results=[tekton.ResultSpec(name="BYTES", description="bytes downloaded")],
+            workspaces=[model_ws],
+            steps=[_step("download", "download", tools_image, [
+                "--source", "$(params.source-uri)", "--dest", WEIGHTS, "--revision", "$(params.revision)",
+                "--endpoint-url", "$(params.endpoint-url)", "--region", "$(params.region)",
+                "--digest-cache", "$(workspaces.model.path)/.download-digests.json",
+                "--result-size", "$(results.BYTES.path)",
+                "--include", "$(params.include[*])",
+            ], download_env + s3_env)],
+        ),
+        "package": tekton.TaskSpec(
+            description="Stream the weights into a modelcar (one uncompressed GNU tar layer per file) and push it to Quay.",
+            params=_p("image", "base-image"),
+            results=[tekton.ResultSpec(name="IMAGE_DIGEST"), tekton.ResultSpec(name="IMAGE_URL", description="repo@digest")],
+            workspaces=[model_ws, quay_ws],
+            steps=[_step("package", "package", tools_image, [
+                "--model-dir", WEIGHTS, "--image", "$(params.image)", "--base-image", "$(params.base-image)",
+                "--authfile", "$(workspaces.quay-auth.path)/.dockerconfigjson",
+                "--digest-cache", "$(workspaces.model.path)/.modelcar-digests.json",
+                "--chunk-threshold", chunk_threshold,
+                "--result-digest", "$(results.IMAGE_DIGEST.path)", "--result-image", "$(results.IMAGE_URL.path)",
+            ])],
+        ),
+        "mirror": tekton.TaskSpec(
+            description="Copy the image from Quay into the internal registry, preserving digests.",
+            params=_p("source-image", "destination"),
+            results=[tekton.ResultSpec(name="IMAGE_DIGEST"), tekton.ResultSpec(name="IMAGE_URL", description="repo@digest")],
+            workspaces=[model_ws, quay_ws],
+            steps=[_step("mirror", "mirror", tools_image, [
+                "--src", "$(params.source-image)", "--dest", "$(params.destination)",
+                "--src-authfile", "$(workspaces.quay-auth.path)/.dockerconfigjson",
+                # the service-account token is read right before the push (tokens expire in long runs)
+                "--dest-token-file", SA_TOKEN, "--dest-cert-dir", SA_DIR, "--tmpdir", "$(workspaces.model.path)",
+                "--result-digest", "$(results.IMAGE_DIGEST.path)", "--result-image", "$(results.IMAGE_URL.path)",
+            ])],
+        ),
+        "register": tekton.TaskSpec(
+            description="Register the model version with URI oci://<internal repo>@sha256:<digest>.",
+            params=_p("registry-url", "model-name", "version-name", "description", "image", "quantization", "base-model", "source"),
+            results=[tekton.ResultSpec(name="MODEL_ID"), tekton.ResultSpec(name="VERSION_ID")],
+            steps=[_step("register", "register", tools_image, [
+                "--registry-url", "$(params.registry-url)", "--token-file", SA_TOKEN,
+                "--model-name", "$(params.model-name)", "--version", "$(params.version-name)",
+                "--description", "$(params.description)", "--image", "$(params.image)",
+                "--quantization", "$(params.quantization)", "--base-model", "$(params.base-model)", "--source", "$(params.source)",
+                "--result-model-id", "$(results.MODEL_ID.path)", "--result-version-id", "$(results.VERSION_ID.path)",
+            ])],
+        ),
+        "upload-s3": tekton.TaskSpec(
+            description="Upload the weight files to S3.",
+            params=_p("destination", "endpoint-url", "region"),
+            results=[tekton.ResultSpec(name="URI")],
+            workspaces=[model_ws],
+            steps=[_step("upload-s3", "upload_s3", tools_image, [
+                "--src", WEIGHTS, "--dest", "$(params.destination)", "--endpoint-url", "$(params.endpoint-url)",
+                "--region", "$(params.region)", "--digest-cache", "$(workspaces.model.path)/.download-digests.json",
+                "--result-uri", "$(results.URI.path)",
+            ], s3_env)],
+        ),
+    }
+
+
+PIPELINE_PARAMS = [
+    "source-uri", "revision", "endpoint-url", "region", "quay-image", "internal-image",
+    "base-image", "registry-url", "model-name", "version-name", "description", "quantization", "base-model",
+    "upload-s3", "upload-destination", "upload-endpoint", "upload-region",
+]
+
+
+def pipeline_spec(size_gi_for_timeouts: float) -> tekton.PipelineSpec:
+    """Download → package → mirror → register (+ optional S3 upload); digests flow through results."""
+
+    def ref(task: str) -> dict[str, str]:
+        return {"kind": "Task", "name": TASKS[task]}
+
+    def param(name: str, value: str | list[str] | None = None) -> tekton.Param:
+        return tekton.Param(name=name, value=value if value is not None else f"$(params.{name})")
+
+    def t(task: str) -> str:
+        return model_sizing.duration(model_sizing.task_timeout_minutes(task, size_gi_for_timeouts))
+
+    model_ws = [tekton.WorkspaceBinding(name="model", workspace="model")]
+    quay_ws = [tekton.WorkspaceBinding(name="quay-auth", workspace="quay-auth")]
+    return tekton.PipelineSpec(
+        description="Package LLM weights as a KServe modelcar, push to Quay, mirror internally, register.",
+        params=[*[tekton.ParamSpec(name=n) for n in PIPELINE_PARAMS], tekton.ParamSpec(name="include", type="array")],
+        workspaces=[tekton.PipelineWorkspace(name="model"), tekton.PipelineWorkspace(name="quay-auth")],
+        tasks=[
+            tekton.PipelineTask(
+                name="download", task_ref=ref("download"), timeout=t("download"), workspaces=model_ws,
+                params=[param("source-uri"), param("revision"), param("endpoint-url"), param("region"),
+                        param("include", "$(params.include[*])")],
+            ),
+            tekton.PipelineTask(
+                name="package", task_ref=ref("package"), timeout=t("package"), run_after=["download"],
+                workspaces=model_ws + quay_ws, params=[param("image", "$(params.quay-image)"), param("base-image")],
+            ),
+            tekton.PipelineTask(
+                name="mirror", task_ref=ref("mirror"), timeout=t("mirror"), workspaces=model_ws + quay_ws,
+                params=[param("source-image", "$(tasks.package.results.IMAGE_URL)"), param("destination", "$(params.internal-image)")],
+            ),
+            tekton.PipelineTask(
+                name="register", task_ref=ref("register"), timeout=t("register"),
+                params=[param("registry-url"), param("model-name"), param("version-name"), param("description"),
+                        param("image", "$(tasks.mirror.results.IMAGE_URL)"), param("quantization"), param("base-model"),
+                        param("source", "$(params.source-uri)")],
+            ),
+            tekton.PipelineTask(
+                name="upload-s3", task_ref=ref("upload-s3"), timeout=t("upload-s3"), run_after=["download"],
+                workspaces=model_ws,
+                when=[tekton.WhenExpression(input="$(params.upload-s3)", operator="in", values=["true"])],
+                params=[param("destination", "$(params.upload-destination)"), param("endpoint-url", "$(params.upload-endpoint)"),
+                        param("region", "$(params.upload-region)")],
+            ),
+        ],
+        results=[
+            tekton.PipelineResult(name="QUAY_IMAGE", value="$(tasks.package.results.IMAGE_URL)"),
+            tekton.PipelineResult(name="INTERNAL_IMAGE", value="$(tasks.mirror.results.IMAGE_URL)"),
+        ],
+    )
+
+
+def run_params(model: ModelConfig, pipeline: ModelPipelineConfig, namespace: str) -> list[tekton.Param]:
+    src = model.source
+    hf, s3, up = src.hugging_face, src.s3, model.upload_to_s3
+    stream = model.internal_image_stream or model.name
+    values: dict[str, str | list[str]] = {
+        "source-uri": source_uri(model),
+        "revision": hf.revision if hf else "",
+        "endpoint-url": s3.endpoint if s3 else "",
+        "region": s3.region if s3 else "us-east-1",
+        "include": list(model.include),
+        "quay-image": f"{model.quay_repository}:{model.tag}",
+        "internal-image": naming.internal_image(namespace, stream, model.tag),
+        "base-image": pipeline.modelcar_base_image,
+        "registry-url": pipeline.registry_url,
+        "model-name": model.registration.model_name, "version-name": model.registration.version_name,
+        "description": model.registration.description, "quantization": model.quantization,
+        "base-model": model.registration.base_model or (hf.repo if hf else ""),
+        "upload-s3": "true" if up else "false",
+        "upload-destination": f"s3://{up.bucket}/{up.prefix.strip('/')}/" if up else "",
+        "upload-endpoint": up.endpoint if up else "", "upload-region": up.region if up else "",
+    }
+    return [tekton.Param(name=k, value=v) for k, v in values.items()]
+
+
+def source_uri(model: ModelConfig) -> str:
+    hf, s3 = model.source.hugging_face, model.source.s3
+    if hf:
+        return f"hf://{hf.repo}"
+    assert s3 is not None  # ModelSource has exactly one
+    return f"s3://{s3.bucket}/{s3.prefix}".rstrip("/")
+
+
+def run_name(model: ModelConfig, inputs_digest: str) -> str:
+    return f"modelcar-{model.name[:40].rstrip('-')}-{inputs_digest}"
+
+
+def run_spec(
+    model: ModelConfig, pipeline: ModelPipelineConfig, namespace: str, build_nodes: BuildNodesConfig
+) -> tekton.PipelineRunSpec:
+    claim: dict[str, Any] = {
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": model_sizing.workspace_size(model)}}}
+    }
+    if pipeline.storage_class:
+        claim["spec"]["storageClassName"] = pipeline.storage_class
+    pod_template = None
+    if build_nodes.node_selector or build_nodes.tolerations:
+        pod_template = tekton.PodTemplate(
+            node_selector=dict(build_nodes.node_selector) or None,
+            tolerations=[t.model_dump(by_alias=True, exclude_none=True) for t in build_nodes.tolerations] or None,
+        )
+    minutes = model_sizing.pipeline_timeout_minutes(model.size_gi, model.upload_to_s3 is not None)
+    return tekton.PipelineRunSpec(
+        pipeline_ref={"name": PIPELINE},
+        params=run_params(model, pipeline, namespace),
+        workspaces=[
+            tekton.RunWorkspace(name="model", volume_claim_template=claim),
+            tekton.RunWorkspace(name="quay-auth", secret={"secretName": SECRET_NAMES["quay"]}),
+        ],
+        # Build-node placement at the run level, so the affinity assistant shares it (no fsGroup: the SCC assigns it).
+        task_run_template=tekton.TaskRunTemplate(service_account_name=pipeline.service_account, pod_template=pod_template),
+        timeouts=tekton.Timeouts(pipeline=model_sizing.duration(minutes)),
+    )
+
+
+class ModelPipelineArgs(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    namespace: str
+    labels: dict[str, str]
+    pipeline: ModelPipelineConfig
+    models: list[ModelConfig]
+    build_nodes: BuildNodesConfig
+    secrets: dict[str, Any]
+    """Pulumi secrets by config key: quayDockerConfigJson (required), hfToken, s3AccessKeyId/s3SecretAccessKey."""
+
+
+class ModelPipeline(pulumi.ComponentResource):
+    """Tools image, SA + RBAC, Secrets, Tasks, Pipeline and one PipelineRun per model."""
+
+    run_names: dict[str, str]
+    """PipelineRun name per model."""
+    internal_images: dict[str, str]
+
+    def __init__(self, name: str, args: ModelPipelineArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("ml-dev-env:models:ModelPipeline", name, None, opts)
+        ns, cfg = args.namespace, args.pipeline
+        child = pulumi.ResourceOptions(parent=self)
+
+        def meta(obj: str, **extra: Any) -> k8s.meta.v1.ObjectMetaArgs:
+            return k8s.meta.v1.ObjectMetaArgs(name=obj, namespace=ns, labels=args.labels, **extra)
+
+        tools = ToolsImage(f"{name}-tools", ToolsImageArgs(namespace=ns, labels=args.labels, base_image=cfg.tools_base_image,
+                                                           build_nodes=args.build_nodes), opts=child)
+        deps: list[pulumi.Resource] = [tools]
+        deps.append(k8s.core.v1.ServiceAccount(f"{name}-sa", metadata=meta(cfg.service_account), opts=child))
+        deps.append(k8s.rbac.v1.RoleBinding(
+            f"{name}-image-builder",
+            metadata=meta(f"{cfg.service_account}-image-builder"),
+            role_ref=k8s.rbac.v1.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind="ClusterRole", name="system:image-builder"),
+            subjects=[k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=cfg.service_account, namespace=ns)],
+            opts=child,
+        ))
+        secrets = args.secrets
+        deps.append(k8s.core.v1.Secret(
+            f"{name}-quay", metadata=meta(SECRET_NAMES["quay"]), type="kubernetes.io/dockerconfigjson",
+            string_data={".dockerconfigjson": secrets["quayDockerConfigJson"]}, opts=child,
+        ))
+        present = set()
+        if "hfToken" in secrets:
+            present.add("hf")
+            deps.append(k8s.core.v1.Secret(f"{name}-hf", metadata=meta(SECRET_NAMES["hf"]), type="Opaque",
+                                           string_data={"HF_TOKEN": secrets["hfToken"]}, opts=child))
+        if "s3AccessKeyId" in secrets:
+            present.add("s3")
+            deps.append(k8s.core.v1.Secret(
+                f"{name}-s3", metadata=meta(SECRET_NAMES["s3"]), type="Opaque",
+                string_data={"AWS_ACCESS_KEY_ID": secrets["s3AccessKeyId"], "AWS_SECRET_ACCESS_KEY": secrets["s3SecretAccessKey"]},
+                opts=child,
+            ))
+
+        specs = task_specs(tools.image, present, cfg.chunk_threshold)
+        for task, spec in specs.items():
+            deps.append(crds.custom_resource(f"{name}-task-{task}", "tekton.dev/v1", "Task", meta(TASKS[task]), spec, child))
+        largest = max((m.size_gi for m in args.models), default=1.0)
+        pipeline = pipeline_spec(largest)
+        deps.append(crds.custom_resource(f"{name}-pipeline", "tekton.dev/v1", "Pipeline", meta(PIPELINE), pipeline, child))
+        definition = json.dumps([tools.image, {k: v.dump() for k, v in specs.items()}, pipeline.dump()], sort_keys=True)
+
+        self.run_names, self.internal_images = {}, {}
+        for model in args.models:
+            stream = model.internal_image_stream or model.name
+            deps.append(crds.custom_resource(
+                f"{name}-stream-{model.name}", "image.openshift.io/v1", "ImageStream", meta(stream),
+                {"lookupPolicy": {"local": True}}, child,
+            ))
+            spec = run_spec(model, cfg, ns, args.build_nodes)
+            digest = naming.short_hash(definition, json.dumps(spec.dump(), sort_keys=True))
+            run = run_name(model, digest)
+            crds.custom_resource(
+                f"{name}-run-{model.name}", "tekton.dev/v1", "PipelineRun",
+                meta(run, annotations={"pulumi.com/skipAwait": "true"}),
+                spec,
+                # Not awaited; kept on replace/destroy so run history and logs stay until Tekton's pruner removes them.
+                pulumi.ResourceOptions(parent=self, depends_on=list(deps), retain_on_delete=True),
+            )
+            self.run_names[model.name] = run
+            self.internal_images[model.name] = naming.internal_image(ns, stream, model.tag)
+        self.register_outputs({"run_names": self.run_names, "internal_images": self.internal_images})

@@ -1,0 +1,6 @@
+"""Tekton step programs of the model-packaging pipeline.
+
+Each step module runs as a standalone script (its sibling `common.py` is importable because the
+script's directory is on sys.path); `embed.step_script(name)` inlines both into the one script
+text that the Pulumi component puts into the Tekton step.
+"""

@@ -1,0 +1,402 @@
+"""Code shared by the model-packaging step programs.
+
+`embed.step_script()` inlines this module into every deployable step script, so it must stay
+stdlib-only and free of module-level side effects.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import fnmatch
+import json
+import os
+import re
+import sys
+import tarfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+# Exit codes shared by all steps (argparse itself exits with 2 on usage errors).
+EXIT_FAILED = 1
+EXIT_INTEGRITY = 3
+EXIT_AUTH = 4
+EXIT_NOT_FOUND = 5
+EXIT_REMOTE = 6
+
+MiB = 1 << 20
+READ_SIZE = 8 * MiB
+
+
+class StepError(Exception):
+    """An expected failure: reported as a single `ERROR:` line and exit code `code`."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def run_step(main: Callable[[Sequence[str] | None], None]) -> NoReturn:
+    """Run a step's `main`, turning expected failures into one line on stderr and an exit code."""
+    try:
+        main(None)
+    except StepError as exc:
+        print(f"ERROR: {exc}", file=sys.stderr, flush=True)
+        sys.exit(exc.code)
+    except KeyboardInterrupt:
+        print("ERROR: interrupted", file=sys.stderr, flush=True)
+        sys.exit(130)
+    sys.exit(0)
+
+
+def log(message: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} {message}", flush=True)
+
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+
+
+def parse_size(text: str) -> int:
+    """Parse `20GB` (decimal), `2GiB` (binary), `512MiB` or a plain byte count."""
+    match = _SIZE_RE.match(text)
+    if not match:
+        raise ValueError(f"not a size: {text!r} (examples: 20GB, 2GiB, 1048576)")
+    number, unit = match.group(1), (match.group(2) or "").upper()
+    binary = "I" in unit
+    unit = unit.replace("I", "").replace("B", "") or ""
+    factor = 1024 ** ("KMGT".index(unit) + 1) if binary and unit else _UNITS[unit]
+    return int(float(number) * factor)
+
+
+def human(num: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(num) < 1024:
+            return f"{num:.1f} {unit}" if unit != "B" else f"{int(num)} B"
+        num /= 1024
+    return f"{num:.2f} TiB"
+
+
+class Progress:
+    """Thread-safe byte counter that prints done/total, MB/s and ETA at most every `interval` s."""
+
+    def __init__(self, label: str, total: int, interval: float = 5.0) -> None:
+        self.label, self.total, self.interval = label, total, interval
+        self.done = 0
+        self.start = self._last = time.monotonic()
+        self._lock = threading.Lock()
+
+    def advance(self, num: int) -> None:
+        """Count `num` bytes (negative when an upload restarts and bytes are sent again)."""
+        with self._lock:
+            self.done += num
+            now = time.monotonic()
+            if now - self._last >= self.interval:
+                self._last = now
+                self._print(now)
+
+    def finish(self) -> None:
+        with self._lock:
+            self._print(time.monotonic(), final=True)
+
+    def _print(self, now: float, final: bool = False) -> None:
+        elapsed = max(now - self.start, 1e-6)
+        rate = self.done / elapsed
+        pct = 100.0 * self.done / self.total if self.total else 100.0
+        line = f"{self.label}: {human(self.done)} / {human(self.total)} ({pct:.1f}%) {rate / 1e6:.1f} MB/s"
+        if final:
+            line += f" in {elapsed:.1f}s"
+        elif rate > 0:
+            line += f" ETA {max(self.total - self.done, 0) / rate:.0f}s"
+        log(line)
+
+
+def write_result(path: str | None, value: str) -> None:
+    """Write a Tekton result (no trailing newline) when a result path was given."""
+    if path:
+        Path(path).write_text(value, encoding="utf-8")
+
+
+def env_secret(name: str) -> str | None:
+    value = os.environ.get(name, "").strip()
+    return value or None
+
+
+# --- S3 (boto3 is imported lazily: only the S3 steps' image paths need it) ---------------------
+
+
+def add_s3_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--endpoint-url", help="S3 endpoint URL (default: AWS_ENDPOINT_URL or AWS)")
+    parser.add_argument("--region", default=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"))
+    parser.add_argument("--s3-addressing", choices=("auto", "path", "virtual"), default="path")
+    parser.add_argument("--tls-verify", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--ca-file", help="CA bundle for the S3 endpoint")
+
+
+def s3_exceptions() -> tuple[type[Exception], ...]:
+    """What boto3/botocore raise for S3 failures (to catch and turn into `s3_error`)."""
+    from boto3.exceptions import Boto3Error
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    return BotoCoreError, ClientError, Boto3Error
+
+
+def s3_error(exc: Exception, what: str) -> StepError:
+    from boto3.exceptions import Boto3Error
+    from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, FlexibleChecksumError, NoCredentialsError
+
+    if isinstance(exc, Boto3Error) and isinstance(exc.__context__, (BotoCoreError, ClientError)):
+        exc = exc.__context__  # boto3's transfer manager wraps the S3 error it failed on
+    if isinstance(exc, FlexibleChecksumError):
+        return StepError(f"{what}: checksum mismatch ({exc}); corrupt download", EXIT_INTEGRITY)
+    if isinstance(exc, NoCredentialsError):
+        return StepError("no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY", EXIT_AUTH)
+    if isinstance(exc, EndpointConnectionError):
+        return StepError(f"{what}: cannot reach the S3 endpoint ({exc})", EXIT_REMOTE)
+    if isinstance(exc, ClientError):
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        message = exc.response.get("Error", {}).get("Message", "") or code
+        if code in ("NoSuchBucket", "NoSuchKey", "404"):
+            return StepError(f"{what}: {message} ({code})", EXIT_NOT_FOUND)
+        if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403", "InvalidToken", "ExpiredToken"):
+            return StepError(f"{what}: S3 rejected the credentials: {message} ({code})", EXIT_AUTH)
+        return StepError(f"{what}: {message} ({code})", EXIT_REMOTE)
+    cause = getattr(exc, "last_exception", None)  # boto3 transfer gave up after its retries
+    return StepError(f"{what}: {type(exc).__name__}: {exc}" + (f" (last error: {cause})" if cause else ""), EXIT_REMOTE)
+
+
+def s3_client(args: argparse.Namespace) -> Any:
+    """boto3 S3 client from the flags of `add_s3_args`; credentials come from AWS_* variables."""
+    import boto3
+    from botocore.config import Config
+
+    config = Config(retries={"max_attempts": 5, "mode": "standard"}, s3={"addressing_style": args.s3_addressing})
+    verify: bool | str = args.ca_file or args.tls_verify
+    return boto3.client("s3", endpoint_url=args.endpoint_url, region_name=args.region, verify=verify, config=config)
+
+
+# --- registry credentials (docker config.json / .dockerconfigjson) ---------------------------
+
+
+def _auth_key(key: str) -> str:
+    key = re.sub(r"^https?://", "", key).rstrip("/")
+    key = re.sub(r"/v[12]$", "", key)
+    return "docker.io" if key in ("index.docker.io", "registry-1.docker.io") else key
+
+
+def registry_credentials(authfile: str | None, registry: str, repository: str = "") -> tuple[str, str] | None:
+    """Find `(username, password)` for `registry/repository` in a docker/podman authfile.
+
+    Keys may carry a scheme, a `/v1/` suffix or a repository path (podman); the longest key that
+    is a prefix of `registry/repository` wins. No authfile or no entry means anonymous access.
+    """
+    if not authfile:
+        return None
+    try:
+        data = json.loads(Path(authfile).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise StepError(f"cannot read authfile {authfile}: {exc}", EXIT_AUTH) from exc
+    auths = data.get("auths", data) if isinstance(data, dict) else {}
+    target = f"{_auth_key(registry)}/{repository}".rstrip("/")
+    best: tuple[int, dict[str, Any]] | None = None
+    for key, entry in auths.items():
+        norm = _auth_key(key)
+        if isinstance(entry, dict) and (target == norm or target.startswith(norm + "/")):
+            if best is None or len(norm) > best[0]:
+                best = (len(norm), entry)
+    if best is None:
+        return None
+    entry = best[1]
+    if entry.get("auth"):
+        try:
+            user, _, password = base64.b64decode(entry["auth"]).decode("utf-8").partition(":")
+        except ValueError as exc:
+            raise StepError(f"authfile {authfile}: invalid base64 'auth' for {registry}", EXIT_AUTH) from exc
+        return user, password
+    if entry.get("username"):
+        return str(entry["username"]), str(entry.get("password", ""))
+    raise StepError(f"authfile {authfile}: entry for {registry} has no 'auth' or username/password", EXIT_AUTH)
+
+
+# --- image references -----------------------------------------------------------------------
+
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_REPO_RE = re.compile(rf"{_COMPONENT}(?:/{_COMPONENT})*")
+_TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    registry: str
+    repository: str
+    tag: str | None = None
+    digest: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> ImageRef:
+        name, _, digest = text.partition("@")
+        head, _, rest = name.partition("/")
+        if not rest or not ("." in head or ":" in head or head == "localhost"):
+            head, rest = "docker.io", name if rest else f"library/{name}"
+        repo, tag = rest, None
+        if ":" in rest.rsplit("/", 1)[-1]:
+            repo, tag = rest.rsplit(":", 1)
+        if not _REPO_RE.fullmatch(repo) or (tag is not None and not _TAG_RE.fullmatch(tag)):
+            raise StepError(f"invalid image reference {text!r}")
+        if digest and not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+            raise StepError(f"invalid digest in image reference {text!r}")
+        return cls(head, repo, tag, digest or None)
+
+    @property
+    def reference(self) -> str:
+        return self.digest or self.tag or "latest"
+
+    def __str__(self) -> str:
+        return f"{self.registry}/{self.repository}" + (f":{self.tag}" if self.tag else "") + (
+            f"@{self.digest}" if self.digest else ""
+        )
+
+
+# --- model files and their modelcar layers ---------------------------------------------------
+
+LAYER_MEDIA_TYPE = "application/vnd.oci.image.layer.v1.tar"
+LAYER_FORMAT = "gnu-tar/v1"  # bump when the bytes of a layer change, so cached digests are not reused
+MODEL_ROOT = "models"
+FILE_MODE = 0o644
+DIR_MODE = 0o775
+_BLOCK = tarfile.BLOCKSIZE
+_RECORD = tarfile.RECORDSIZE
+
+
+def model_files(model_dir: Path) -> list[tuple[str, Path]]:
+    """Regular files under `model_dir` as sorted `(relative posix path, path)`; hidden entries skipped."""
+    if not model_dir.is_dir():
+        raise StepError(f"model directory {model_dir} does not exist", EXIT_NOT_FOUND)
+    found: list[tuple[str, Path]] = []
+    for root, dirs, files in os.walk(model_dir):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for name in files:
+            path = Path(root) / name
+            if not name.startswith(".") and path.is_file():
+                found.append((path.relative_to(model_dir).as_posix(), path))
+    return sorted(found)
+
+
+def matches(relpath: str, patterns: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatchcase(relpath, p) or fnmatch.fnmatchcase(Path(relpath).name, p) for p in patterns)
+
+
+def _tar_header(name: str, size: int, is_dir: bool) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.type = tarfile.DIRTYPE if is_dir else tarfile.REGTYPE
+    info.mode = DIR_MODE if is_dir else FILE_MODE
+    info.size = 0 if is_dir else size
+    info.mtime = 0
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info.tobuf(tarfile.GNU_FORMAT, "utf-8", "surrogateescape")
+
+
+@dataclass(frozen=True)
+class LayerLayout:
+    """Byte layout of the single-file modelcar layer for one model file.
+
+    The layer is an uncompressed GNU tar: directory entries for `models/` and every parent of
+    the file, the file's header, its bytes, padding, and the end-of-archive blocks padded to a
+    full record exactly as Python's `tarfile` writes them. mtime 0, uid/gid 0 and fixed modes
+    make it a pure function of (relative path, content).
+    """
+
+    relpath: str
+    file_size: int
+    head: bytes
+    tail: bytes
+
+    @classmethod
+    def for_file(cls, relpath: str, file_size: int) -> LayerLayout:
+        parts = relpath.split("/")
+        dirs = ["/".join([MODEL_ROOT, *parts[:i]]) for i in range(len(parts))]
+        head = b"".join(_tar_header(d, 0, True) for d in dirs)
+        head += _tar_header(f"{MODEL_ROOT}/{relpath}", file_size, False)
+        end = len(head) + file_size
+        pad = -end % _BLOCK
+        end += pad + 2 * _BLOCK
+        return cls(relpath, file_size, head, bytes(pad + 2 * _BLOCK + (-end % _RECORD)))
+
+    @property
+    def size(self) -> int:
+        return len(self.head) + self.file_size + len(self.tail)
+
+    def read(self, path: Path, offset: int = 0, buf_size: int = READ_SIZE) -> Iterator[memoryview]:
+        """Yield the layer bytes from `offset` to the end, reading the file in `buf_size` pieces."""
+        head_len = len(self.head)
+        if offset < head_len:
+            yield memoryview(self.head)[offset:]
+            offset = head_len
+        file_end = head_len + self.file_size
+        if offset < file_end:
+            buf = bytearray(buf_size)
+            view = memoryview(buf)
+            with open(path, "rb", buffering=0) as fh:
+                fh.seek(offset - head_len)
+                remaining = file_end - offset
+                while remaining > 0:
+                    got = fh.readinto(view[: min(buf_size, remaining)])
+                    if not got:
+                        raise StepError(f"{path} shrank while being read", EXIT_INTEGRITY)
+                    remaining -= got
+                    yield view[:got]
+            offset = file_end
+        yield memoryview(self.tail)[offset - file_end :]
+
+
+# --- digest cache on the workspace -----------------------------------------------------------
+
+
+def default_digest_cache(model_dir: Path) -> Path:
+    """Where download and package keep the digest cache unless told otherwise: next to the model dir."""
+    return model_dir.parent / f".{model_dir.name}.digests.json"
+
+
+class DigestCache:
+    """Small JSON file on the PVC mapping model files to their layer digests.
+
+    Entries are keyed by relative path and valid only while (size, mtime_ns) match, so a second
+    package run can HEAD-check blobs without reading the weights again. Written atomically after
+    every change, so a crash never leaves a truncated cache.
+    """
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self.entries: dict[str, dict[str, Any]] = {}
+        if path and path.exists():
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+                self.entries = data.get("files", {}) if data.get("format") == LAYER_FORMAT else {}
+            except (OSError, ValueError):
+                log(f"WARNING: ignoring unreadable digest cache {path}")
+
+    @staticmethod
+    def _stamp(path: Path) -> dict[str, int]:
+        st = path.stat()
+        return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+    def get(self, relpath: str, path: Path) -> dict[str, Any] | None:
+        entry = self.entries.get(relpath)
+        if entry and all(entry.get(k) == v for k, v in self._stamp(path).items()):
+            return entry
+        return None
+
+    def put(self, relpath: str, path: Path, **values: Any) -> None:
+        """Record `values` for the file, keeping earlier values while the file is unchanged."""
+        with self._lock:
+            self.entries[relpath] = {**(self.get(relpath, path) or {}), **self._stamp(path), **values}
+            if self.path:
+                tmp = self.path.with_name(f".{self.path.name}.tmp")
+                tmp.write_text(json.dumps({"format": LAYER_FORMAT, "files": self.entries}, indent=1, sort_keys=True))
+                os.replace(tmp, self.path)

@@ -1,0 +1,351 @@
+"""Download model weights from S3 or Hugging Face into a directory and verify every file.
+
+S3 (`--source s3://bucket/prefix`): every object under the prefix, via boto3 (custom endpoint,
+path-style addressing for MinIO). Each file is checked against its size and checksum: the
+object's full-object ChecksumSHA256 when it has one, otherwise its ETag (the MD5 of a
+single-part upload, or the MD5 of part MD5s of a multipart upload).
+Hugging Face (`--source hf://org/name`): snapshot_download of the selected files at the
+resolved commit; LFS files are checked against their sha256, small files against their git
+blob id. `consolidated*.safetensors` / `consolidated*.pth` are skipped when sharded weights exist.
+
+A file that fails verification is deleted and the step exits non-zero. Verified files are
+recorded in the digest cache together with the digest of their modelcar layer (computed in the
+same read), so a re-run skips them and the package step can HEAD-check without reading them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import glob
+import hashlib
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from common import (
+    EXIT_AUTH,
+    EXIT_FAILED,
+    EXIT_INTEGRITY,
+    EXIT_NOT_FOUND,
+    EXIT_REMOTE,
+    READ_SIZE,
+    DigestCache,
+    LayerLayout,
+    MiB,
+    Progress,
+    StepError,
+    add_s3_args,
+    default_digest_cache,
+    env_secret,
+    human,
+    log,
+    matches,
+    run_step,
+    s3_client,
+    s3_error,
+    s3_exceptions,
+    write_result,
+)
+
+HF_DEFAULT_INCLUDE = ("*.safetensors", "*.bin", "*.json", "*.txt", "*.model", "*.py", "tokenizer*", "config*", "generation*")
+CONSOLIDATED = ("consolidated*.safetensors", "consolidated*.pth")
+SHARDED = ("*-of-*.safetensors", "*.safetensors.index.json", "*-of-*.bin", "*.bin.index.json")
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What a downloaded file must match: its size and a checksum.
+
+    kind: sha256 (hex, HF LFS), sha256-base64 (S3 ChecksumSHA256), md5 (single-part ETag),
+    md5-multipart (ETag `<md5 of part md5s>-<parts>`), git-sha1 (HF blob id), None (size only).
+    """
+
+    size: int
+    kind: str | None = None
+    value: str = ""
+    part_size: int = 0
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.value}" if self.kind else "size only"
+
+
+def select(relpaths: Sequence[str], include: Sequence[str], exclude: Sequence[str]) -> list[str]:
+    chosen = [r for r in relpaths if matches(r, include) and not matches(r, exclude)]
+    if any(matches(r, SHARDED) for r in chosen):
+        dropped = [r for r in chosen if matches(r, CONSOLIDATED)]
+        if dropped:
+            log(f"sharded weights present; skipping {', '.join(dropped)}")
+        chosen = [r for r in chosen if r not in dropped]
+    for rel in chosen:
+        if rel.startswith("/") or ".." in rel.split("/"):
+            raise StepError(f"refusing unsafe path {rel!r} in the source")
+    return sorted(chosen)
+
+
+def verify(path: Path, rel: str, expected: Expected) -> dict[str, Any]:
+    """Check size and checksum of `path`; return the digest-cache values (layer digest computed in the same read)."""
+    size = path.stat().st_size
+    if size != expected.size:
+        path.unlink()
+        raise StepError(f"{rel}: size {size} != expected {expected.size} (partial download); file removed", EXIT_INTEGRITY)
+    layout = LayerLayout.for_file(rel, size)
+    layer = hashlib.sha256(layout.head)
+    check: Any = None
+    parts: list[bytes] = []
+    if expected.kind == "git-sha1":
+        check = hashlib.sha1(f"blob {size}\0".encode(), usedforsecurity=False)  # git's object id
+    elif expected.kind in ("md5", "md5-multipart"):
+        check = hashlib.md5(usedforsecurity=False)  # S3 ETag
+    elif expected.kind in ("sha256", "sha256-base64"):
+        check = hashlib.sha256()
+    in_part = 0
+    with open(path, "rb", buffering=0) as fh:
+        buf = bytearray(READ_SIZE)
+        view = memoryview(buf)
+        while got := fh.readinto(buf):
+            data = view[:got]
+            layer.update(data)
+            if expected.kind != "md5-multipart":
+                if check is not None:
+                    check.update(data)
+                continue
+            while len(data):  # split the read at part boundaries
+                take = min(len(data), expected.part_size - in_part)
+                check.update(data[:take])
+                in_part += take
+                data = data[take:]
+                if in_part == expected.part_size:
+                    parts.append(check.digest())
+                    check, in_part = hashlib.md5(usedforsecurity=False), 0
+    layer.update(layout.tail)
+    if expected.kind == "md5-multipart":
+        if in_part or not parts:
+            parts.append(check.digest())
+        actual = f"{hashlib.md5(b''.join(parts), usedforsecurity=False).hexdigest()}-{len(parts)}"
+    elif expected.kind == "sha256-base64":
+        actual = base64.b64encode(check.digest()).decode()
+    else:
+        actual = check.hexdigest() if check is not None else ""
+    if expected.kind and actual != expected.value:
+        path.unlink()
+        raise StepError(
+            f"{rel}: checksum mismatch, expected {expected.describe()}, got {actual} (corrupt download); file removed", EXIT_INTEGRITY
+        )
+    return {"layer_digest": "sha256:" + layer.hexdigest(), "layer_size": layout.size}
+
+
+class Verifier:
+    """Verifies finished files in the background while the next one downloads."""
+
+    def __init__(self, cache: DigestCache, workers: int) -> None:
+        self.cache = cache
+        self.pool = ThreadPoolExecutor(max_workers=workers)
+        self.pending: list[Future[None]] = []
+
+    def submit(self, partial: Path, final: Path, rel: str, expected: Expected, source: str) -> None:
+        def work() -> None:
+            values = verify(partial, rel, expected)
+            os.replace(partial, final)
+            self.cache.put(rel, final, source=source, **values)
+            log(f"{rel}: verified ({expected.describe()})")
+
+        self.raise_failures()
+        self.pending.append(self.pool.submit(work))
+
+    def raise_failures(self) -> None:
+        for fut in self.pending:
+            if fut.done() and fut.exception() is not None:
+                self.pool.shutdown(cancel_futures=True)
+                fut.result()
+
+    def wait(self) -> None:
+        for fut in self.pending:
+            fut.result()
+        self.pool.shutdown()
+
+
+# --- S3 ----------------------------------------------------------------------------------------
+
+
+def s3_expected(client: Any, bucket: str, key: str, head: dict[str, Any]) -> Expected:
+    size, etag = int(head["ContentLength"]), str(head.get("ETag", "")).strip('"')
+    sha, multipart = head.get("ChecksumSHA256"), "-" in etag
+    # A multipart object's checksum is a checksum of part checksums unless S3 says FULL_OBJECT
+    # (some S3-compatible stores omit the `-<parts>` suffix that marks it as composite).
+    if sha and "-" not in sha and head.get("ChecksumType", "COMPOSITE" if multipart else "FULL_OBJECT") == "FULL_OBJECT":
+        return Expected(size, "sha256-base64", sha)
+    if head.get("ServerSideEncryption") == "aws:kms" or head.get("SSECustomerAlgorithm"):
+        log(f"WARNING: {key}: encrypted object, ETag is not an MD5; checking size only")
+        return Expected(size)
+    if len(etag) == 32 and not multipart:
+        return Expected(size, "md5", etag)
+    count = etag.partition("-")[2]
+    if count.isdigit():
+        part_size = int(client.head_object(Bucket=bucket, Key=key, PartNumber=1)["ContentLength"])
+        if part_size and -(-size // part_size) == int(count):
+            return Expected(size, "md5-multipart", etag, part_size)
+    log(f"WARNING: {key}: ETag {etag!r} cannot be verified; checking size only")
+    return Expected(size)
+
+
+def download_s3(args: argparse.Namespace, cache: DigestCache) -> int:
+    from boto3.s3.transfer import TransferConfig
+    bucket, _, prefix = args.source[len("s3://") :].partition("/")
+    prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+    client = s3_client(args)
+    where = f"s3://{bucket}/{prefix}"
+    try:
+        keys: dict[str, str] = {}
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            for obj in page.get("Contents", []):
+                rel = obj["Key"][len(prefix) :]
+                if rel and not rel.endswith("/"):
+                    keys[rel] = obj["Key"]
+    except s3_exceptions() as exc:
+        raise s3_error(exc, f"listing {where}") from exc
+    chosen = select(list(keys), args.include or ["*"], args.exclude)
+    if not chosen:
+        raise StepError(f"no objects to download under {where} (include={args.include or ['*']})", EXIT_NOT_FOUND)
+    try:
+        heads = {rel: client.head_object(Bucket=bucket, Key=keys[rel], ChecksumMode="ENABLED") for rel in chosen}
+        expected = {rel: s3_expected(client, bucket, keys[rel], heads[rel]) for rel in chosen}
+    except s3_exceptions() as exc:
+        raise s3_error(exc, f"reading object metadata under {where}") from exc
+    total = sum(e.size for e in expected.values())
+    log(f"downloading {len(chosen)} files ({human(total)}) from {where} to {args.dest}")
+    progress = Progress("download", total, args.progress_interval)
+    transfer = TransferConfig(max_concurrency=args.max_workers, multipart_threshold=64 * MiB, multipart_chunksize=64 * MiB)
+    verifier = Verifier(cache, workers=2)
+    for rel in chosen:
+        final = args.dest / rel
+        source = f"s3:{heads[rel].get('ETag', '')}:{expected[rel].size}"
+        if final.exists() and (cache.get(rel, final) or {}).get("source") == source:
+            log(f"{rel}: already downloaded and verified, skipped")
+            progress.advance(expected[rel].size)
+            continue
+        final.parent.mkdir(parents=True, exist_ok=True)
+        partial = final.with_name(f".{final.name}.partial")
+        try:
+            client.download_file(bucket, keys[rel], str(partial), Callback=progress.advance, Config=transfer)
+        except s3_exceptions() as exc:
+            partial.unlink(missing_ok=True)
+            raise s3_error(exc, f"downloading s3://{bucket}/{keys[rel]}") from exc
+        verifier.submit(partial, final, rel, expected[rel], source)
+    verifier.wait()
+    progress.finish()
+    return total
+
+
+# --- Hugging Face ------------------------------------------------------------------------------
+
+
+def _watch(dest: Path, progress: Progress, stop: threading.Event) -> None:
+    """Report download progress from the bytes on disk (huggingface_hub has no byte callback)."""
+    while not stop.wait(progress.interval):
+        done = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file())
+        progress.advance(min(done, progress.total) - progress.done)
+
+
+def download_hf(args: argparse.Namespace, cache: DigestCache) -> int:
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+    from huggingface_hub.hf_api import RepoFile
+
+    repo_id = args.source[len("hf://") :].strip("/")
+    token = env_secret("HF_TOKEN")
+    api = HfApi(endpoint=args.hf_endpoint, token=token)
+    try:
+        commit = api.repo_info(repo_id, revision=args.revision).sha
+        tree = {f.path: f for f in api.list_repo_tree(repo_id, revision=commit, recursive=True) if isinstance(f, RepoFile)}
+    except (GatedRepoError, RepositoryNotFoundError) as exc:
+        hint = "HF_TOKEN is set" if token else "HF_TOKEN is not set"
+        raise StepError(f"hf://{repo_id}: repository not found or not accessible ({hint})", EXIT_AUTH) from exc
+    except RevisionNotFoundError as exc:
+        raise StepError(f"hf://{repo_id}: revision {args.revision!r} not found", EXIT_NOT_FOUND) from exc
+    except Exception as exc:  # huggingface_hub raises HTTP-library errors for network failures
+        raise StepError(f"hf://{repo_id}: {type(exc).__name__}: {exc}", EXIT_REMOTE) from exc
+    chosen = select(list(tree), args.include or HF_DEFAULT_INCLUDE, args.exclude)
+    if not chosen:
+        raise StepError(f"hf://{repo_id}@{commit}: no files match the include patterns", EXIT_NOT_FOUND)
+    expected = {}
+    for rel in chosen:
+        entry = tree[rel]
+        lfs = entry.lfs
+        expected[rel] = Expected(entry.size, "sha256", lfs.sha256) if lfs else Expected(entry.size, "git-sha1", entry.blob_id)
+    sources = {rel: f"hf:{commit}:{expected[rel].value}" for rel in chosen}
+    todo = [r for r in chosen if not ((args.dest / r).exists() and (cache.get(r, args.dest / r) or {}).get("source") == sources[r])]
+    total = sum(e.size for e in expected.values())
+    log(f"downloading {len(todo)} of {len(chosen)} files ({human(total)}) from hf://{repo_id}@{commit} to {args.dest}")
+    progress = Progress("download", sum(expected[r].size for r in todo), args.progress_interval)
+    stop = threading.Event()
+    watcher = threading.Thread(target=_watch, args=(args.dest, progress, stop), daemon=True)
+    watcher.start()
+    try:
+        if todo:
+            snapshot_download(
+                repo_id,
+                revision=commit,
+                local_dir=args.dest,
+                allow_patterns=[glob.escape(r) for r in todo],
+                token=token,
+                max_workers=args.max_workers,
+                endpoint=args.hf_endpoint,
+            )
+    except Exception as exc:  # see above: network and HTTP failures surface as library-specific types
+        raise StepError(f"hf://{repo_id}: download failed: {type(exc).__name__}: {exc}", EXIT_REMOTE) from exc
+    finally:
+        stop.set()
+        watcher.join()
+    progress.advance(progress.total - progress.done)
+    progress.finish()
+    for rel in todo:
+        path = args.dest / rel
+        if not path.is_file():
+            raise StepError(f"{rel}: missing after download", EXIT_INTEGRITY)
+        cache.put(rel, path, source=sources[rel], **verify(path, rel, expected[rel]))
+        log(f"{rel}: verified ({expected[rel].describe()})")
+    return total
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--source", required=True, help="s3://bucket/prefix or hf://org/name")
+    p.add_argument("--dest", required=True, type=Path, help="directory to download into (on the workspace PVC)")
+    p.add_argument("--include", action="append", default=[], help="glob on the relative path or file name (repeatable)")
+    p.add_argument("--exclude", action="append", default=[], help="glob to skip (repeatable)")
+    p.add_argument("--revision", default="main", help="Hugging Face branch, tag or commit")
+    p.add_argument("--hf-endpoint", help="Hugging Face endpoint (default: HF_ENDPOINT or huggingface.co)")
+    add_s3_args(p)
+    p.add_argument("--max-workers", type=int, default=8, help="parallel connections")
+    p.add_argument("--digest-cache", type=Path, help="digest cache file (default: .<dest name>.digests.json next to --dest)")
+    p.add_argument("--progress-interval", type=float, default=5.0)
+    p.add_argument("--result-size", help="file to write the total size in bytes to (Tekton result)")
+    args = p.parse_args(argv)
+    if not args.source.startswith(("s3://", "hf://")) or len(args.source) <= len("s3://"):
+        p.error("--source must be s3://bucket[/prefix] or hf://org/name")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    try:
+        args.dest.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StepError(f"cannot create {args.dest}: {exc}", EXIT_FAILED) from exc
+    cache = DigestCache(args.digest_cache or default_digest_cache(args.dest))
+    started = time.monotonic()
+    fetch: Callable[[argparse.Namespace, DigestCache], int] = download_s3 if args.source.startswith("s3://") else download_hf
+    total = fetch(args, cache)
+    log(f"{human(total)} in {args.dest}, verified, in {time.monotonic() - started:.1f}s")
+    write_result(args.result_size, str(total))
+
+
+if __name__ == "__main__":
+    run_step(main)

@@ -1,0 +1,118 @@
+"""Mirror an image by digest to another registry with `skopeo copy --preserve-digests` and verify it.
+
+The destination credentials can be a service-account token file: the authfile
+(`serviceaccount:<token>`) is built right before each skopeo call, because tokens read at task
+start expire during long copies. After the copy the destination tag's manifest is read back and
+its digest must equal the source digest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import json
+import os
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from common import EXIT_AUTH, EXIT_INTEGRITY, EXIT_NOT_FOUND, EXIT_REMOTE, ImageRef, StepError, log, run_step, write_result
+
+AUTH_HINTS = ("unauthorized", "authentication required", "denied", "401", "403")
+
+
+def token_authfile(directory: Path, registry: str, username: str, token_file: Path) -> Path:
+    """Write a private authfile for `registry` from the token file's current content."""
+    try:
+        token = token_file.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise StepError(f"cannot read token file {token_file}: {exc}", EXIT_AUTH) from exc
+    if not token:
+        raise StepError(f"token file {token_file} is empty", EXIT_AUTH)
+    path = directory / "dest-auth.json"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump({"auths": {registry: {"auth": base64.b64encode(f"{username}:{token}".encode()).decode()}}}, fh)
+    return path
+
+
+def skopeo(args: list[str], what: str, env: dict[str, str], timeout: float) -> bytes:
+    try:
+        proc = subprocess.run(["skopeo", *args], capture_output=True, env=env, timeout=timeout)
+    except FileNotFoundError as exc:
+        raise StepError("skopeo is not installed in this image", EXIT_REMOTE) from exc
+    except subprocess.TimeoutExpired as exc:
+        raise StepError(f"{what}: skopeo did not finish within {timeout:.0f}s", EXIT_REMOTE) from exc
+    for line in proc.stderr.decode("utf-8", "replace").splitlines():
+        log(f"skopeo: {line}")
+    if proc.returncode != 0:
+        lines = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+        message = lines[-1] if lines else f"exit code {proc.returncode}"
+        lower = message.lower()
+        code = EXIT_AUTH if any(h in lower for h in AUTH_HINTS) else EXIT_NOT_FOUND if "manifest unknown" in lower else EXIT_REMOTE
+        raise StepError(f"{what} failed: {message}", code)
+    return proc.stdout
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--src", required=True, help="source image by digest: registry/repo@sha256:...")
+    p.add_argument("--dest", required=True, help="destination with tag, e.g. image-registry.openshift-image-registry.svc:5000/ns/model:v1")
+    p.add_argument("--src-authfile", help="authfile for the source registry (e.g. the Quay .dockerconfigjson)")
+    dest_auth = p.add_mutually_exclusive_group()
+    dest_auth.add_argument("--dest-authfile", help="authfile for the destination registry")
+    dest_auth.add_argument("--dest-token-file", type=Path, help="token file read right before use (service-account token)")
+    p.add_argument("--dest-username", default="serviceaccount", help="user name paired with --dest-token-file")
+    p.add_argument("--src-tls-verify", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--dest-tls-verify", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--src-cert-dir", help="directory with *.crt CA files for the source")
+    p.add_argument("--dest-cert-dir", help="directory with *.crt CA files for the destination (e.g. the service CA)")
+    p.add_argument("--retry-times", type=int, default=3, help="skopeo retries per operation")
+    p.add_argument("--timeout", type=float, default=4 * 3600.0, help="seconds before the copy is abandoned")
+    p.add_argument("--tmpdir", help="TMPDIR for skopeo (point at the workspace PVC, never the node disk)")
+    p.add_argument("--result-digest", help="file to write the destination digest to (Tekton result)")
+    p.add_argument("--result-image", help="file to write <dest registry>/<repo>@<digest> to (Tekton result)")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    src, dest = ImageRef.parse(args.src), ImageRef.parse(args.dest)
+    if not src.digest:
+        raise StepError(f"--src must name the image by digest (repo@sha256:...), got {args.src}")
+    if not dest.tag or dest.digest:
+        raise StepError(f"--dest needs a tag and no digest, got {args.dest}")
+    env = dict(os.environ)
+    if args.tmpdir:
+        Path(args.tmpdir).mkdir(parents=True, exist_ok=True)
+        env["TMPDIR"] = args.tmpdir
+    src_opts = [f"--src-tls-verify={str(args.src_tls_verify).lower()}"]
+    src_opts += ["--src-authfile", args.src_authfile] if args.src_authfile else []
+    src_opts += ["--src-cert-dir", args.src_cert_dir] if args.src_cert_dir else []
+    source, target = f"docker://{src.registry}/{src.repository}@{src.digest}", f"docker://{dest}"
+    with tempfile.TemporaryDirectory(prefix="mirror-auth-", dir=args.tmpdir) as private:
+
+        def dest_opts(prefix: str) -> list[str]:
+            authfile = args.dest_authfile
+            if args.dest_token_file:
+                authfile = str(token_authfile(Path(private), dest.registry, args.dest_username, args.dest_token_file))
+            opts = [f"--{prefix}tls-verify={str(args.dest_tls_verify).lower()}"]
+            opts += [f"--{prefix}authfile", authfile] if authfile else []
+            return opts + ([f"--{prefix}cert-dir", args.dest_cert_dir] if args.dest_cert_dir else [])
+
+        log(f"mirroring {source} to {target}")
+        copy = ["copy", "--all", "--preserve-digests", f"--retry-times={args.retry_times}", *src_opts, *dest_opts("dest-")]
+        skopeo([*copy, source, target], "skopeo copy", env, args.timeout)
+        raw = skopeo(["inspect", "--raw", f"--retry-times={args.retry_times}", *dest_opts(""), target], "skopeo inspect", env, 600)
+    digest = "sha256:" + hashlib.sha256(raw).hexdigest()
+    if digest != src.digest:
+        raise StepError(f"{dest} has digest {digest}, source is {src.digest}: digests were not preserved", EXIT_INTEGRITY)
+    log(f"{dest} verified: {digest}")
+    write_result(args.result_digest, digest)
+    write_result(args.result_image, f"{dest.registry}/{dest.repository}@{digest}")
+
+
+if __name__ == "__main__":
+    run_step(main)

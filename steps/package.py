@@ -1,0 +1,686 @@
+"""Package a model directory as a KServe modelcar image and push it straight into a registry.
+
+The image is the base image's layers and config plus one uncompressed GNU-tar layer per model
+file under /models. Every layer is streamed from the model file into the registry's blob upload
+(OCI distribution API: POST, PATCH, PUT ?digest=) while it is hashed, so nothing is staged on
+local disk. Layers are deterministic, so a re-run finds every blob with a HEAD request (digests
+come from the digest cache on the workspace) and uploads nothing. Blobs above the chunk threshold
+are sent as several PATCH requests; a dropped upload is resumed from the registry's reported
+offset or restarted. The tag is written last, after every blob is in the registry.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import http.client
+import json
+import re
+import ssl
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from common import (
+    EXIT_AUTH,
+    EXIT_INTEGRITY,
+    EXIT_NOT_FOUND,
+    EXIT_REMOTE,
+    LAYER_MEDIA_TYPE,
+    MODEL_ROOT,
+    DigestCache,
+    ImageRef,
+    LayerLayout,
+    Progress,
+    StepError,
+    default_digest_cache,
+    human,
+    log,
+    model_files,
+    parse_size,
+    registry_credentials,
+    run_step,
+    write_result,
+)
+
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+MANIFEST_ACCEPT = ", ".join((OCI_MANIFEST, OCI_INDEX, DOCKER_MANIFEST, DOCKER_LIST))
+# Base-image layers keep their bytes (and digests); Docker media types get their OCI names.
+LAYER_TYPES = {
+    "application/vnd.docker.image.rootfs.diff.tar.gzip": "application/vnd.oci.image.layer.v1.tar+gzip",
+    "application/vnd.docker.image.rootfs.diff.tar": LAYER_MEDIA_TYPE,
+    "application/vnd.oci.image.layer.v1.tar+gzip": "application/vnd.oci.image.layer.v1.tar+gzip",
+    "application/vnd.oci.image.layer.v1.tar+zstd": "application/vnd.oci.image.layer.v1.tar+zstd",
+    LAYER_MEDIA_TYPE: LAYER_MEDIA_TYPE,
+}
+STREAM_READ = 1 << 20
+_RANGE_RE = re.compile(r"^(?:bytes=)?(\d+)-(\d+)$")
+
+
+def sha256_digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+class TransientError(Exception):
+    """A dropped connection, timeout or 5xx: the operation may be retried or resumed."""
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: http.client.HTTPMessage
+    body: bytes
+
+    def header(self, name: str) -> str:
+        return self.headers.get(name) or ""
+
+    def error_text(self) -> str:
+        try:
+            errors = json.loads(self.body)["errors"]
+            return "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errors)
+        except (ValueError, KeyError, TypeError):
+            return self.body[:200].decode("utf-8", "replace").strip() or f"HTTP {self.status}"
+
+
+def _parse_challenge(header: str) -> tuple[str, dict[str, str]]:
+    scheme, _, rest = header.strip().partition(" ")
+    return scheme.lower(), dict(re.findall(r'(\w+)="([^"]*)"', rest))
+
+
+class RegistryClient:
+    """Minimal OCI distribution client on http.client: auth challenges, streaming bodies, retries."""
+
+    def __init__(
+        self,
+        registry: str,
+        credentials: tuple[str, str] | None,
+        scopes: Sequence[str],
+        *,
+        plain_http: bool,
+        tls_context: ssl.SSLContext,
+        timeout: float,
+    ) -> None:
+        host = "registry-1.docker.io" if registry == "docker.io" else registry
+        self.registry = registry
+        self.base = f"{'http' if plain_http else 'https'}://{host}"
+        self.credentials, self.scopes = credentials, list(scopes)
+        self.tls_context, self.timeout = tls_context, timeout
+        self._local = threading.local()
+        self._auth_lock = threading.Lock()
+        self._auth: str | None = None
+
+    # -- connections --------------------------------------------------------------------------
+    def _open(self, url: str) -> tuple[http.client.HTTPConnection, str]:
+        parts = urllib.parse.urlsplit(url if "://" in url else self.base + url)
+        path = parts.path + (f"?{parts.query}" if parts.query else "")
+        pool: dict[str, http.client.HTTPConnection] = self._local.__dict__.setdefault("pool", {})
+        key = f"{parts.scheme}://{parts.netloc}"
+        conn = pool.get(key)
+        if conn is None:
+            conn = self._new_connection(parts.scheme, parts.netloc)
+            pool[key] = conn
+        return conn, path
+
+    def _new_connection(self, scheme: str, netloc: str) -> http.client.HTTPConnection:
+        if scheme == "https":
+            return http.client.HTTPSConnection(netloc, timeout=self.timeout, context=self.tls_context)
+        return http.client.HTTPConnection(netloc, timeout=self.timeout)
+
+    def _discard(self, conn: http.client.HTTPConnection) -> None:
+        conn.close()
+        pool = self._local.__dict__.get("pool", {})
+        for key, value in list(pool.items()):
+            if value is conn:
+                del pool[key]
+
+    def _headers(self, url: str, extra: dict[str, str] | None) -> dict[str, str]:
+        headers = dict(extra or {})
+        if self._auth and (url.startswith("/") or url.startswith(self.base)):
+            headers["Authorization"] = self._auth
+        return headers
+
+    # -- requests -----------------------------------------------------------------------------
+    def request(self, method: str, url: str, headers: dict[str, str] | None = None, body: bytes = b"") -> Reply:
+        """Send a small request, answering auth challenges and retrying on a stale keep-alive."""
+        renewed, dropped = False, 0
+        while True:
+            conn, path = self._open(url)
+            sent_auth = self._auth
+            try:
+                conn.request(method, path, body=body, headers=self._headers(url, headers))
+                resp = conn.getresponse()
+                reply = Reply(resp.status, resp.headers, resp.read())
+            except (OSError, http.client.HTTPException) as exc:
+                self._discard(conn)
+                dropped += 1
+                if dropped == 3:
+                    raise TransientError(f"{method} {self.registry}: {exc or type(exc).__name__}") from exc
+                continue
+            if reply.status != 401:
+                return reply
+            if renewed:
+                raise StepError(
+                    f"{self.registry}: credentials rejected or not allowed (HTTP 401: {reply.error_text()})", EXIT_AUTH
+                )
+            self.authenticate(reply.header("WWW-Authenticate"), sent_auth)  # no-op if another thread did
+            renewed = True
+
+    def stream(
+        self,
+        method: str,
+        url: str,
+        headers: dict[str, str],
+        length: int,
+        chunks: Iterable[memoryview],
+        on_sent: Callable[[memoryview], None],
+    ) -> Reply:
+        """Send a request whose body of `length` bytes comes from `chunks`; connection errors are transient."""
+        conn, path = self._open(url)
+        sent = 0
+        try:
+            conn.putrequest(method, path, skip_accept_encoding=True)
+            for key, value in {**self._headers(url, headers), "Content-Length": str(length)}.items():
+                conn.putheader(key, value)
+            conn.endheaders()
+            for chunk in chunks:
+                conn.send(chunk)
+                sent += len(chunk)
+                on_sent(chunk)
+            resp = conn.getresponse()
+            reply = Reply(resp.status, resp.headers, resp.read())
+        except (OSError, http.client.HTTPException) as exc:
+            early = self._early_reply(conn) if sent < length else None
+            self._discard(conn)
+            if early is not None and early.status < 500:
+                return early
+            raise TransientError(f"connection to {self.registry} lost after {human(sent)}: {exc}") from exc
+        if reply.status >= 500:
+            raise TransientError(f"{method} {self.registry}: HTTP {reply.status} {reply.error_text()}")
+        if reply.status == 401:
+            self._auth = None  # token expired mid-upload: fetch a new one before the retry
+            raise TransientError(f"{method} {self.registry}: credentials expired (HTTP 401)")
+        return reply
+
+    @staticmethod
+    def _early_reply(conn: http.client.HTTPConnection) -> Reply | None:
+        """A registry that refuses a body (e.g. 413) answers before it has read it; fetch that answer."""
+        try:
+            resp = conn.getresponse()
+            return Reply(resp.status, resp.headers, resp.read())
+        except (OSError, http.client.HTTPException):
+            return None
+
+    def open_stream(self, url: str, offset: int) -> Iterator[memoryview]:
+        """Yield the body of a GET (following redirects) from byte `offset`, on its own connection."""
+        headers = self._headers(url, {"Range": f"bytes={offset}-"} if offset else None)
+        for _ in range(5):
+            parts = urllib.parse.urlsplit(url if "://" in url else self.base + url)
+            conn = self._new_connection(parts.scheme, parts.netloc)
+            try:
+                conn.request("GET", parts.path + (f"?{parts.query}" if parts.query else ""), headers=headers)
+                resp = conn.getresponse()
+                if resp.status in (301, 302, 303, 307, 308):
+                    url = urllib.parse.urljoin(url if "://" in url else self.base + url, resp.getheader("Location", ""))
+                    resp.read()
+                    headers = {k: v for k, v in headers.items() if k != "Authorization"}
+                    continue
+                if resp.status not in (200, 206):
+                    raise StepError(f"GET {url}: HTTP {resp.status}", EXIT_REMOTE)
+                skip = offset if resp.status == 200 else 0
+                buf = bytearray(STREAM_READ)
+                view = memoryview(buf)
+                while got := resp.readinto(buf):
+                    if skip >= got:
+                        skip -= got
+                        continue
+                    yield view[skip:got]
+                    skip = 0
+                return
+            except (OSError, http.client.HTTPException) as exc:
+                raise TransientError(f"download from {parts.netloc} failed: {exc}") from exc
+            finally:
+                conn.close()
+        raise StepError(f"GET {url}: too many redirects", EXIT_REMOTE)
+
+    # -- authentication -----------------------------------------------------------------------
+    def authenticate(self, challenge: str, rejected: str | None) -> None:
+        """Answer a 401 challenge: Basic credentials, or a Bearer token fetched from the realm."""
+        with self._auth_lock:
+            if self._auth != rejected:
+                return  # another thread already renewed it
+            scheme, params = _parse_challenge(challenge)
+            if scheme == "basic":
+                if not self.credentials:
+                    raise StepError(f"{self.registry}: authentication required, no credentials in the authfile", EXIT_AUTH)
+                self._auth = "Basic " + base64.b64encode(":".join(self.credentials).encode()).decode()
+            elif scheme == "bearer" and params.get("realm"):
+                self._auth = "Bearer " + self._fetch_token(params)
+            else:
+                raise StepError(f"{self.registry}: unsupported authentication challenge {challenge!r}", EXIT_AUTH)
+
+    def _fetch_token(self, params: dict[str, str]) -> str:
+        query = [("service", params.get("service", ""))] + [("scope", s) for s in self.scopes]
+        url = params["realm"] + ("&" if "?" in params["realm"] else "?") + urllib.parse.urlencode(query)
+        headers = {}
+        if self.credentials:
+            headers["Authorization"] = "Basic " + base64.b64encode(":".join(self.credentials).encode()).decode()
+        parts = urllib.parse.urlsplit(url)
+        conn = self._new_connection(parts.scheme, parts.netloc)
+        try:
+            conn.request("GET", f"{parts.path}?{parts.query}", headers=headers)
+            resp = conn.getresponse()
+            status, body = resp.status, resp.read()
+        except (OSError, http.client.HTTPException) as exc:
+            raise StepError(f"token service {parts.netloc} unreachable: {exc}", EXIT_REMOTE) from exc
+        finally:
+            conn.close()
+        if status in (401, 403):
+            raise StepError(f"{self.registry}: credentials rejected by token service (HTTP {status})", EXIT_AUTH)
+        try:
+            data = json.loads(body)
+            return str(data.get("token") or data["access_token"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StepError(f"token service {parts.netloc}: unexpected answer (HTTP {status})", EXIT_AUTH) from exc
+
+    # -- distribution API ---------------------------------------------------------------------
+    def check(self, reply: Reply, what: str, ok: Iterable[int]) -> Reply:
+        if reply.status in ok:
+            return reply
+        if reply.status >= 500:
+            raise TransientError(f"{what}: HTTP {reply.status} {reply.error_text()}")
+        code = {401: EXIT_AUTH, 403: EXIT_AUTH, 404: EXIT_NOT_FOUND}.get(reply.status, EXIT_REMOTE)
+        raise StepError(f"{what}: HTTP {reply.status} {reply.error_text()}", code)
+
+    def blob_exists(self, repo: str, digest: str) -> bool:
+        reply = self.check(self.request("HEAD", f"/v2/{repo}/blobs/{digest}"), f"HEAD blob {digest}", (200, 404))
+        return reply.status == 200
+
+    def get_manifest(self, repo: str, reference: str) -> tuple[bytes, str]:
+        reply = self.request("GET", f"/v2/{repo}/manifests/{reference}", {"Accept": MANIFEST_ACCEPT})
+        self.check(reply, f"manifest {self.registry}/{repo}:{reference}", (200,))
+        media_type = reply.header("Content-Type").split(";")[0].strip()
+        return reply.body, json.loads(reply.body).get("mediaType") or media_type
+
+    def get_blob(self, repo: str, digest: str) -> bytes:
+        data = b"".join(bytes(c) for c in self.open_stream(f"/v2/{repo}/blobs/{digest}", 0))
+        if sha256_digest(data) != digest:
+            raise StepError(f"blob {digest} from {self.registry}/{repo} failed verification", EXIT_INTEGRITY)
+        return data
+
+    def mount_blob(self, repo: str, digest: str, from_repo: str) -> bool:
+        query = urllib.parse.urlencode({"mount": digest, "from": from_repo})
+        reply = self.request("POST", f"/v2/{repo}/blobs/uploads/?{query}", body=b"")
+        self.check(reply, f"mount {digest}", (201, 202))
+        if reply.status == 202 and reply.header("Location"):
+            self.request("DELETE", reply.header("Location"))  # mount refused: drop the upload it opened
+        return reply.status == 201
+
+    def put_manifest(self, repo: str, reference: str, manifest: bytes, media_type: str) -> str:
+        reply = self.request("PUT", f"/v2/{repo}/manifests/{reference}", {"Content-Type": media_type}, manifest)
+        self.check(reply, f"PUT manifest {repo}:{reference}", (200, 201))
+        digest = sha256_digest(manifest)
+        if reply.header("Docker-Content-Digest") not in ("", digest):
+            raise StepError(f"registry stored manifest as {reply.header('Docker-Content-Digest')}, expected {digest}")
+        return digest
+
+
+@dataclass
+class UploadSettings:
+    chunk_threshold: int
+    chunk_size: int
+    retries: int
+    retry_delay: float
+
+
+class BlobPusher:
+    """Uploads blobs into one repository, hashing in the same pass and resuming dropped uploads."""
+
+    def __init__(self, client: RegistryClient, repo: str, settings: UploadSettings, progress: Progress) -> None:
+        self.client, self.repo, self.settings, self.progress = client, repo, settings, progress
+        self.uploaded = 0
+        self._count_lock = threading.Lock()
+
+    def push(self, name: str, size: int, reader: Callable[[int], Iterator[memoryview]]) -> str:
+        """Upload `size` bytes from `reader(offset)`; return the digest the registry accepted."""
+        chunk = size if size <= self.settings.chunk_threshold else self.settings.chunk_size
+        location: str | None = None
+        acked, hasher = 0, hashlib.sha256()
+        failures = 0
+        while True:
+            try:
+                if location is None:
+                    location, acked, hasher = self._start(), 0, hashlib.sha256()
+                while acked < size:
+                    end = min(acked + chunk, size)
+                    attempt = hasher.copy()
+                    location = self._patch(location, acked, end, reader, attempt)
+                    acked, hasher = end, attempt
+                self._finish(location, "sha256:" + hasher.hexdigest())
+                return self._done(hasher)
+            except TransientError as exc:
+                failures += 1
+                if failures > self.settings.retries:
+                    raise StepError(f"upload of {name} failed after {self.settings.retries} retries: {exc}", EXIT_REMOTE) from exc
+                delay = min(self.settings.retry_delay * 2 ** (failures - 1), 60.0)
+                log(f"{name}: {exc}; retry {failures}/{self.settings.retries} in {delay:.0f}s")
+                time.sleep(delay)
+                location, acked, hasher = self._recover(name, location, acked, hasher)
+
+    def _done(self, hasher: Any) -> str:
+        with self._count_lock:
+            self.uploaded += 1
+        return "sha256:" + hasher.hexdigest()
+
+
+    def _start(self) -> str:
+        reply = self.client.request("POST", f"/v2/{self.repo}/blobs/uploads/", body=b"")
+        self.client.check(reply, f"start upload to {self.client.registry}/{self.repo}", (202,))
+        return reply.header("Location")
+
+    def _patch(
+        self, location: str, start: int, end: int, reader: Callable[[int], Iterator[memoryview]], hasher: Any
+    ) -> str:
+        sent = 0
+
+        def count(chunk: memoryview) -> None:
+            nonlocal sent
+            hasher.update(chunk)
+            sent += len(chunk)
+            self.progress.advance(len(chunk))
+
+        headers = {"Content-Type": "application/octet-stream", "Content-Range": f"{start}-{end - 1}"}
+        try:
+            reply = self.client.stream("PATCH", location, headers, end - start, _limit(reader(start), end - start), count)
+        except TransientError:
+            self.progress.advance(-sent)
+            raise
+        if reply.status == 413:
+            raise StepError(
+                f"registry refused a {human(end - start)} request (HTTP 413); lower --chunk-threshold", EXIT_REMOTE
+            )
+        self.client.check(reply, f"PATCH blob upload ({start}-{end - 1})", (202,))
+        return reply.header("Location") or location
+
+    def _finish(self, location: str, digest: str) -> None:
+        sep = "&" if "?" in location else "?"
+        reply = self.client.request("PUT", f"{location}{sep}digest={digest}", {"Content-Length": "0"})
+        if reply.status == 404 and self.client.blob_exists(self.repo, digest):
+            log(f"{digest[:19]}: the final request had completed (its answer was lost)")
+            return
+        if reply.status == 400 and "DIGEST_INVALID" in reply.error_text():
+            raise TransientError(f"registry computed a different digest than {digest} (data changed in transit?)")
+        self.client.check(reply, f"complete upload {digest}", (201, 204))
+
+    def _status(self, location: str) -> tuple[str, int] | None:
+        """(upload URL, bytes the registry holds) for an upload session, or None if it is gone."""
+        try:
+            reply = self.client.request("GET", location)
+        except TransientError:
+            return None
+        match = _RANGE_RE.match(reply.header("Range")) if reply.status == 204 else None
+        return (reply.header("Location") or location, int(match.group(2)) + 1) if match else None
+
+    def _recover(self, name: str, location: str | None, acked: int, hasher: Any) -> tuple[str | None, int, Any]:
+        """After a failure ask the registry what it holds: continue at the acknowledged offset or start over.
+
+        A registry that kept part of the failed request (or, like distribution, cancels an
+        upload whose size no longer matches its state) gets the whole blob again.
+        """
+        status = self._status(location) if location is not None and acked > 0 else None
+        if status is not None and status[1] == acked:
+            log(f"{name}: resuming at byte {acked}")
+            return status[0], acked, hasher
+        self.progress.advance(-acked)
+        if acked:
+            log(f"{name}: upload session lost, restarting from byte 0")
+        return None, 0, hashlib.sha256()
+
+
+def _limit(chunks: Iterator[memoryview], length: int) -> Iterator[memoryview]:
+    """Yield exactly `length` bytes from `chunks`, then close the underlying reader."""
+    try:
+        for chunk in chunks:
+            if len(chunk) >= length:
+                yield chunk[:length]
+                return
+            yield chunk
+            length -= len(chunk)
+        raise TransientError("blob source ended early")
+    finally:
+        getattr(chunks, "close", lambda: None)()
+
+
+# --- image assembly ----------------------------------------------------------------------------
+
+
+def resolve_base(client: RegistryClient, ref: ImageRef, platform: str) -> tuple[dict[str, Any], str]:
+    """Return the base image's (single-platform) manifest and its digest."""
+    body, media_type = client.get_manifest(ref.repository, ref.reference)
+    if media_type in (OCI_INDEX, DOCKER_LIST):
+        os_name, _, arch = platform.partition("/")
+        arch, _, variant = arch.partition("/")
+        for entry in json.loads(body).get("manifests", []):
+            plat = entry.get("platform", {})
+            if (plat.get("os"), plat.get("architecture")) == (os_name, arch) and variant in ("", plat.get("variant")):
+                body, media_type = client.get_manifest(ref.repository, entry["digest"])
+                break
+        else:
+            raise StepError(f"base image {ref} has no {platform} manifest", EXIT_NOT_FOUND)
+    if media_type not in (OCI_MANIFEST, DOCKER_MANIFEST):
+        raise StepError(f"base image {ref}: unsupported manifest type {media_type}")
+    return json.loads(body), sha256_digest(body)
+
+
+def build_config(base_config: dict[str, Any], layers: list[tuple[str, str]]) -> bytes:
+    """The base config plus one diff_id and history entry per model layer `(relpath, digest)`."""
+    config = json.loads(json.dumps(base_config))
+    rootfs = config.setdefault("rootfs", {"type": "layers", "diff_ids": []})
+    rootfs["diff_ids"] = list(rootfs.get("diff_ids", [])) + [digest for _, digest in layers]
+    if "history" in config:
+        config["history"] = list(config["history"]) + [
+            {"created": "1970-01-01T00:00:00Z", "created_by": f"modelcar: /{MODEL_ROOT}/{rel}"} for rel, _ in layers
+        ]
+    return json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
+
+
+def build_manifest(
+    config: bytes, base_layers: list[dict[str, Any]], layers: list[tuple[str, str, int]], base: str, base_digest: str
+) -> bytes:
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": OCI_MANIFEST,
+        "config": {"mediaType": OCI_CONFIG, "digest": sha256_digest(config), "size": len(config)},
+        "layers": [
+            {"mediaType": LAYER_TYPES[d["mediaType"]], "digest": d["digest"], "size": d["size"]} for d in base_layers
+        ]
+        + [
+            {
+                "mediaType": LAYER_MEDIA_TYPE,
+                "digest": digest,
+                "size": size,
+                "annotations": {"org.opencontainers.image.title": rel},
+            }
+            for rel, digest, size in layers
+        ],
+        "annotations": {"org.opencontainers.image.base.name": base, "org.opencontainers.image.base.digest": base_digest},
+    }
+    return json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
+
+
+def tls_context(verify: bool, ca_file: str | None) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=ca_file)
+    if not verify:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model-dir", required=True, type=Path, help="directory with the model files")
+    p.add_argument("--image", required=True, help="destination, e.g. quay.io/org/model:tag")
+    p.add_argument("--base-image", required=True, help="runnable base with a shell, e.g. registry.access.redhat.com/ubi9/ubi-micro:9.5")
+    p.add_argument("--platform", default="linux/amd64", help="platform to pick from a multi-arch base")
+    p.add_argument("--authfile", help="docker config.json / .dockerconfigjson for the destination (and base)")
+    p.add_argument("--base-authfile", help="authfile for the base image registry (default: --authfile)")
+    p.add_argument("--plain-http", action="store_true", help="talk plain HTTP to the registries (local test registries)")
+    p.add_argument("--tls-verify", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--ca-file", help="CA bundle for the registries (e.g. the cluster service CA)")
+    p.add_argument("--digest-cache", type=Path, help="digest cache file (default: .<model-dir name>.digests.json next to it)")
+    p.add_argument("--chunk-threshold", type=parse_size, default="20GB", help="blobs larger than this are uploaded in chunks")
+    p.add_argument("--chunk-size", type=parse_size, default="1GiB", help="PATCH size for chunked uploads")
+    p.add_argument("--jobs", type=int, default=2, help="blobs uploaded in parallel")
+    p.add_argument("--retries", type=int, default=5, help="retries per blob after a dropped connection or 5xx")
+    p.add_argument("--retry-delay", type=float, default=2.0, help="first retry delay in seconds (doubles)")
+    p.add_argument("--timeout", type=float, default=600.0, help="socket timeout in seconds")
+    p.add_argument("--progress-interval", type=float, default=5.0, help="seconds between progress lines")
+    p.add_argument("--result-digest", help="file to write the manifest digest to (Tekton result)")
+    p.add_argument("--result-image", help="file to write <registry>/<repo>@<digest> to (Tekton result)")
+    args = p.parse_args(argv)
+    if args.chunk_size <= 0 or args.chunk_size > args.chunk_threshold:
+        p.error("--chunk-size must be positive and not larger than --chunk-threshold")
+    if args.jobs < 1 or args.retries < 0:
+        p.error("--jobs must be >= 1 and --retries >= 0")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    dest, base = ImageRef.parse(args.image), ImageRef.parse(args.base_image)
+    if dest.digest or not dest.tag:
+        raise StepError(f"--image needs a tag (and no digest): {args.image}")
+    files = model_files(args.model_dir)
+    if not files:
+        raise StepError(f"no model files in {args.model_dir}", EXIT_NOT_FOUND)
+    cache = DigestCache(args.digest_cache or default_digest_cache(args.model_dir))
+    ctx = tls_context(args.tls_verify, args.ca_file)
+    same_registry = base.registry == dest.registry
+    scopes = [f"repository:{dest.repository}:pull,push"]
+    if same_registry and base.repository != dest.repository:
+        scopes.append(f"repository:{base.repository}:pull")
+    client = RegistryClient(
+        dest.registry,
+        registry_credentials(args.authfile, dest.registry, dest.repository),
+        scopes,
+        plain_http=args.plain_http,
+        tls_context=ctx,
+        timeout=args.timeout,
+    )
+    source = client
+    if not same_registry:
+        source = RegistryClient(
+            base.registry,
+            registry_credentials(args.base_authfile or args.authfile, base.registry, base.repository),
+            [f"repository:{base.repository}:pull"],
+            plain_http=args.plain_http,
+            tls_context=ctx,
+            timeout=args.timeout,
+        )
+    started = time.monotonic()
+    try:
+        digest = package(args, dest, base, files, cache, client, source)
+    except TransientError as exc:
+        raise StepError(str(exc), EXIT_REMOTE) from exc
+    log(f"pushed {dest} as {digest} in {time.monotonic() - started:.1f}s")
+    write_result(args.result_digest, digest)
+    write_result(args.result_image, f"{dest.registry}/{dest.repository}@{digest}")
+
+
+def package(
+    args: argparse.Namespace,
+    dest: ImageRef,
+    base: ImageRef,
+    files: list[tuple[str, Path]],
+    cache: DigestCache,
+    client: RegistryClient,
+    source: RegistryClient,
+) -> str:
+    base_manifest, base_digest = resolve_base(source, base, args.platform)
+    for layer in base_manifest["layers"]:
+        if layer["mediaType"] not in LAYER_TYPES:
+            raise StepError(f"base image {base}: unsupported layer type {layer['mediaType']}")
+    base_config = json.loads(source.get_blob(base.repository, base_manifest["config"]["digest"]))
+    layouts = {rel: LayerLayout.for_file(rel, path.stat().st_size) for rel, path in files}
+    total = sum(d["size"] for d in base_manifest["layers"]) + sum(lay.size for lay in layouts.values())
+    log(f"packaging {len(files)} files ({human(total)} with base layers) from {args.model_dir} into {dest}")
+    progress = Progress("upload", total, args.progress_interval)
+    settings = UploadSettings(args.chunk_threshold, args.chunk_size, args.retries, args.retry_delay)
+    pusher = BlobPusher(client, dest.repository, settings, progress)
+
+    for layer in base_manifest["layers"]:
+        digest, size = layer["digest"], layer["size"]
+        if client.blob_exists(dest.repository, digest):
+            progress.advance(size)
+        elif source is client and client.mount_blob(dest.repository, digest, base.repository):
+            progress.advance(size)
+            log(f"base layer {digest[:19]}: mounted from {base.repository}")
+        else:
+            url = f"/v2/{base.repository}/blobs/{digest}"
+            got = pusher.push(f"base layer {digest[:19]}", size, lambda off, url=url: source.open_stream(url, off))
+            if got != digest:
+                raise StepError(f"base layer {digest} arrived as {got}", EXIT_INTEGRITY)
+
+    abort = threading.Event()  # set by the first failure: queued files are not started
+
+    def push_file(item: tuple[str, Path]) -> tuple[str, str, int]:
+        if abort.is_set():
+            raise StepError("aborted after an earlier failure")
+        try:
+            return push_one(*item)
+        except BaseException:
+            abort.set()
+            raise
+
+    def push_one(rel: str, path: Path) -> tuple[str, str, int]:
+        layout = layouts[rel]
+        entry = cache.get(rel, path)
+        known = entry.get("layer_digest") if entry and entry.get("layer_size") == layout.size else None
+        if known and client.blob_exists(dest.repository, known):
+            progress.advance(layout.size)
+            log(f"{rel}: {known[:19]} already in {dest.registry}, skipped")
+            return rel, known, layout.size
+        begun = time.monotonic()
+        digest = pusher.push(rel, layout.size, lambda off: layout.read(path, off))
+        if known and known != digest:
+            log(f"WARNING: {rel}: cached digest {known[:19]} was stale")
+        cache.put(rel, path, layer_digest=digest, layer_size=layout.size)
+        secs = time.monotonic() - begun
+        log(f"{rel}: uploaded {human(layout.size)} as {digest[:19]} in {secs:.1f}s ({layout.size / max(secs, 1e-6) / 1e6:.0f} MB/s)")
+        return rel, digest, layout.size
+
+    # Largest files first keeps the parallel uploads busy until the end.
+    order = sorted(files, key=lambda item: -layouts[item[0]].size)
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = [pool.submit(push_file, item) for item in order]
+        try:
+            pushed = {result[0]: result for result in (f.result() for f in as_completed(futures))}
+        except BaseException:
+            abort.set()  # queued uploads stop; a re-run skips finished blobs via the digest cache
+            for future in futures:
+                future.cancel()
+            raise
+    layers = [pushed[rel] for rel, _ in files]
+    progress.finish()
+    log(f"{pusher.uploaded} blobs uploaded, {len(files) + len(base_manifest['layers']) - pusher.uploaded} already present")
+
+    config = build_config(base_config, [(rel, digest) for rel, digest, _ in layers])
+    config_digest = sha256_digest(config)
+    if not client.blob_exists(dest.repository, config_digest):
+        pusher.push("config", len(config), lambda off: iter([memoryview(config)[off:]]))
+    manifest = build_manifest(config, base_manifest["layers"], layers, str(base), base_digest)
+    # Every blob is in the registry now; only this last request makes the tag point at the image.
+    return client.put_manifest(dest.repository, dest.tag or "", manifest, OCI_MANIFEST)
+
+
+if __name__ == "__main__":
+    run_step(main)

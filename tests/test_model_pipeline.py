@@ -1,0 +1,198 @@
+"""Model-packaging pipeline: Tekton v1 objects, sizing, secrets and preflight, on the recorded inputs."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+from components import model_sizing
+from steps.embed import step_script
+from tests.conftest import run_objects, stack_objects
+from tools.mock_engine import RunResult
+
+TASK = "kubernetes:tekton.dev/v1:Task"
+PIPELINE = "kubernetes:tekton.dev/v1:Pipeline"
+RUN = "kubernetes:tekton.dev/v1:PipelineRun"
+SECRET = "kubernetes:core/v1:Secret"
+SECRETS = {"quayDockerConfigJson": '{"auths":{"quay.io":{"auth":"dXNlcjpwYXNz"}}}', "hfToken": "hf_" + "x" * 34}
+
+
+@pytest.fixture(scope="module")
+def barcelona() -> RunResult:
+    result = run_objects("barcelona", stack_objects("barcelona"), SECRETS)
+    assert result.error is None, result.error
+    return result
+
+
+def tasks(result: RunResult) -> dict[str, dict[str, Any]]:
+    return {r.inputs["metadata"]["name"]: r.inputs["spec"] for r in result.of_type(TASK)}
+
+
+def runs(result: RunResult) -> dict[str, dict[str, Any]]:
+    return {r.inputs["metadata"]["name"]: r.inputs for r in result.of_type(RUN)}
+
+
+def run_for(result: RunResult, model: str) -> dict[str, Any]:
+    return runs(result)[result.outputs["model_pipeline_runs"][model]]
+
+
+def test_barcelona_declares_both_mistral_models(barcelona: RunResult) -> None:
+    assert set(barcelona.outputs["model_pipeline_runs"]) == {"mistral-small-24b-w4a16", "mistral-small-24b-fp16"}
+    full = {p["name"]: p["value"] for p in run_for(barcelona, "mistral-small-24b-fp16")["spec"]["params"]}
+    assert full["source-uri"] == "hf://mistralai/Mistral-Small-24B-Instruct-2501"
+    quant = {p["name"]: p["value"] for p in run_for(barcelona, "mistral-small-24b-w4a16")["spec"]["params"]}
+    assert quant["source-uri"] == "hf://RedHatAI/Mistral-Small-24B-Instruct-2501-quantized.w4a16"
+    assert quant["quantization"] == "w4a16" and full["quantization"] == "none"
+    assert full["internal-image"] == "image-registry.openshift-image-registry.svc:5000/nccl-test/mistral-small-24b-fp16:fp16-2501"
+
+
+def test_only_v1_compute_resources_and_steps_embed_the_step_programs(barcelona: RunResult) -> None:
+    specs = tasks(barcelona)
+    assert set(specs) == {"modelcar-download", "modelcar-package", "modelcar-mirror", "modelcar-register", "modelcar-upload-s3"}
+    scripts = {"modelcar-download": "download", "modelcar-package": "package", "modelcar-mirror": "mirror",
+               "modelcar-register": "register", "modelcar-upload-s3": "upload_s3"}
+    for name, spec in specs.items():
+        assert "stepTemplate" not in spec
+        (step,) = spec["steps"]
+        assert "resources" not in step
+        assert step["script"] == step_script(scripts[name]), name
+        assert step["image"].startswith("image-registry.openshift-image-registry.svc:5000/nccl-test/ml-dev-env-tools:tools-")
+        assert step["securityContext"]["allowPrivilegeEscalation"] is False and "privileged" not in step["securityContext"]
+        res = step["computeResources"]
+        assert set(res["requests"]) == set(res["limits"]) == {"cpu", "memory", "ephemeral-storage"}
+    download = specs["modelcar-download"]["steps"][0]["computeResources"]
+    assert download["limits"]["memory"] == "8Gi"  # 20-worker downloads were OOM-killed at 2Gi
+
+
+def test_scratch_is_constant_and_on_the_pvc(barcelona: RunResult) -> None:
+    for spec in tasks(barcelona).values():
+        step = spec["steps"][0]
+        limit = step["computeResources"]["limits"]["ephemeral-storage"]
+        assert limit in ("1Gi", "256Mi"), limit  # does not grow with the model
+        env = {e["name"]: e.get("value") for e in step["env"]}
+        if spec["workspaces"]:
+            assert env["TMPDIR"] == "$(workspaces.model.path)" and env["HOME"].startswith("$(workspaces.model.path)")
+
+
+def test_pipeline_wires_digests_through_results(barcelona: RunResult) -> None:
+    (pipeline,) = [r.inputs["spec"] for r in barcelona.of_type(PIPELINE)]
+    by_name = {t["name"]: t for t in pipeline["tasks"]}
+    mirror = {p["name"]: p["value"] for p in by_name["mirror"]["params"]}
+    register = {p["name"]: p["value"] for p in by_name["register"]["params"]}
+    assert mirror["source-image"] == "$(tasks.package.results.IMAGE_URL)"
+    assert register["image"] == "$(tasks.mirror.results.IMAGE_URL)"
+    args = tasks(barcelona)["modelcar-register"]["steps"][0]["args"]
+    assert args[args.index("--image") + 1] == "$(params.image)"  # repo@sha256:… → registered as oci://repo@sha256:…
+    assert by_name["upload-s3"]["when"] == [{"input": "$(params.upload-s3)", "operator": "in", "values": ["true"]}]
+    assert "timeouts" not in pipeline
+    for task in pipeline["tasks"]:
+        assert task["timeout"], task["name"]
+    # sized for the 48 GB model: 2 × transfer time at 25 MB/s
+    assert by_name["package"]["timeout"] == model_sizing.duration(model_sizing.task_timeout_minutes("package", 48))
+    assert by_name["package"]["timeout"] == "1h10m0s"
+
+
+def test_pipelinerun_scheduling_sizing_and_no_fsgroup(barcelona: RunResult) -> None:
+    full = run_for(barcelona, "mistral-small-24b-fp16")
+    spec = full["spec"]
+    assert full["metadata"]["annotations"] == {"pulumi.com/skipAwait": "true"}
+    template = spec["taskRunTemplate"]
+    assert template["serviceAccountName"] == "model-pipeline"
+    assert template["podTemplate"] == {"nodeSelector": {"kubernetes.io/hostname": "moc-r4pcc02u15-yunshi"}}
+    assert "securityContext" not in json.dumps(template)
+    ws = {w["name"]: w for w in spec["workspaces"]}
+    claim = ws["model"]["volumeClaimTemplate"]["spec"]
+    assert claim["resources"]["requests"]["storage"] == "60Gi"  # ceil(48 × 1.15 + 4)
+    assert claim["storageClassName"] == "ocs-external-storagecluster-ceph-rbd"
+    assert ws["quay-auth"]["secret"] == {"secretName": "model-pipeline-quay"}
+    assert spec["timeouts"]["pipeline"] == model_sizing.duration(model_sizing.pipeline_timeout_minutes(48, False))
+    quant = run_for(barcelona, "mistral-small-24b-w4a16")["spec"]
+    assert {w["name"]: w for w in quant["workspaces"]}["model"]["volumeClaimTemplate"]["spec"]["resources"]["requests"]["storage"] == "14Gi"
+
+
+def test_secrets_rbac_and_key_names_match_the_steps(barcelona: RunResult) -> None:
+    secrets = {r.inputs["metadata"]["name"]: r.inputs for r in barcelona.of_type(SECRET)}
+    assert secrets["model-pipeline-quay"]["type"] == "kubernetes.io/dockerconfigjson"
+    assert set(secrets["model-pipeline-quay"]["stringData"]) == {".dockerconfigjson"}
+    assert set(secrets["model-pipeline-hf"]["stringData"]) == {"HF_TOKEN"}
+    env = tasks(barcelona)["modelcar-download"]["steps"][0]["env"]
+    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "model-pipeline-hf", "key": "HF_TOKEN"}}} in env
+    assert "--authfile" in (args := tasks(barcelona)["modelcar-package"]["steps"][0]["args"])
+    assert "$(workspaces.quay-auth.path)/.dockerconfigjson" in args
+    binding = next(r.inputs for r in barcelona.of_type("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding")
+                   if r.inputs["metadata"]["name"] == "model-pipeline-image-builder")
+    assert binding["roleRef"]["name"] == "system:image-builder"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "model-pipeline", "namespace": "nccl-test"}]
+    dump = json.dumps([r.inputs for r in barcelona.resources])
+    assert SECRETS["hfToken"] not in dump and "dXNlcjpwYXNz" not in dump
+
+
+def test_tools_image_is_built_by_the_stack(barcelona: RunResult) -> None:
+    bc = next(r.inputs for r in barcelona.of_type("kubernetes:build.openshift.io/v1:BuildConfig")
+              if r.inputs["metadata"]["name"] == "ml-dev-env-tools")
+    args = {a["name"]: a["value"] for a in bc["spec"]["strategy"]["dockerStrategy"]["buildArgs"]}
+    assert "boto3==" in args["STEP_REQUIREMENTS"]
+    tag = bc["spec"]["output"]["to"]["name"].split(":")[1]
+    step_image = tasks(barcelona)["modelcar-package"]["steps"][0]["image"]
+    assert step_image.endswith(f"ml-dev-env-tools:{tag}")
+
+
+def _with_models(mutate: Any, secrets: dict[str, str] | None = None) -> RunResult:
+    objects = stack_objects("barcelona")
+    mutate(objects)
+    return run_objects("barcelona", objects, SECRETS if secrets is None else secrets)
+
+
+def test_run_name_is_a_hash_of_its_inputs(barcelona: RunResult) -> None:
+    same = _with_models(lambda o: None)
+    assert same.outputs["model_pipeline_runs"] == barcelona.outputs["model_pipeline_runs"]
+
+    def bump(o: dict[str, Any]) -> None:
+        o["models"][0]["source"]["huggingFace"]["revision"] = "0123abc"
+
+    changed = _with_models(bump)
+    before, after = barcelona.outputs["model_pipeline_runs"], changed.outputs["model_pipeline_runs"]
+    assert after["mistral-small-24b-w4a16"] != before["mistral-small-24b-w4a16"]
+    assert all(len(n) <= 63 for n in after.values())
+    assert all(r.options["retain_on_delete"] for r in changed.of_type(RUN))
+
+
+def test_s3_source_and_upload_need_s3_secrets() -> None:
+    def s3(o: dict[str, Any]) -> None:
+        model = copy.deepcopy(o["models"][0])
+        model["name"] = "from-s3"
+        model["source"] = {"s3": {"endpoint": "http://minio.model-storage.svc:9000", "bucket": "llm-models", "prefix": "mistral/w4a16"}}
+        model["uploadToS3"] = {"endpoint": "http://minio.model-storage.svc:9000", "bucket": "archive", "prefix": "w4a16"}
+        o["models"] = [model]
+
+    missing = _with_models(s3, {"quayDockerConfigJson": "{}"})
+    assert missing.error and "ml-dev-env:s3AccessKeyId: missing" in missing.error
+    ok = _with_models(s3, {"quayDockerConfigJson": "{}", "s3AccessKeyId": "AKIAEXAMPLE", "s3SecretAccessKey": "shh"})
+    assert ok.error is None, ok.error
+    params = {p["name"]: p["value"] for p in runs(ok)[ok.outputs["model_pipeline_runs"]["from-s3"]]["spec"]["params"]}
+    assert params["source-uri"] == "s3://llm-models/mistral/w4a16" and params["upload-s3"] == "true"
+    env = {e["name"] for e in tasks(ok)["modelcar-upload-s3"]["steps"][0]["env"]}
+    assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} <= env
+
+
+def test_preflight_pvc_too_small_is_one_clear_message() -> None:
+    result = _with_models(lambda o: o["models"][1].update(workspaceSize="40Gi"))
+    assert result.error is not None
+    assert ("ml-dev-env:models[1]: got 'mistral-small-24b-fp16'; needs a workspace PVC of at least 60Gi for ~48Gi of weights "
+            "(1.15 × size + 4Gi); workspaceSize is 40Gi") in result.error
+
+
+def test_preflight_scratch_does_not_fit_the_node() -> None:
+    result = _with_models(lambda o: o["modelPipeline"].update(nodeEphemeralFree="512Mi"))
+    assert result.error and "needs up to 1Gi of node ephemeral storage; modelPipeline.nodeEphemeralFree is 512Mi" in result.error
+
+
+def test_full_model_fits_a_node_with_13gb_free() -> None:
+    model = stack_objects("barcelona")["models"][1]
+    assert model["sizeGi"] == 48
+    from stacks.config import ModelConfig, ModelPipelineConfig
+
+    assert model_sizing.preflight(ModelConfig.model_validate(model), ModelPipelineConfig(nodeEphemeralFree="13Gi")) is None
