@@ -16,3 +16,7 @@ def test_reference_covers_every_top_level_key() -> None:
     for key in ("cluster", "nodes", "network", "security", "access", "storage", "image", "buildNodes"):
         assert f"| `{key}` |" in block
     assert "`network.rdma.hcas`" in block and "`storage.volumes[].scope`" in block
+
+
+def test_readme_presets_table_is_current() -> None:
+    assert config_reference.presets_table() in (ROOT / "README.md").read_text(), "README is stale: run `make docs`"

@@ -100,8 +100,24 @@ def generate() -> str:
     return "\n".join(lines)
 
 
-def replace_block(text: str, block: str) -> str:
-    start, end = text.index(START), text.index(END) + len(END)
+PRESETS_START, PRESETS_END = "<!-- presets:start -->", "<!-- presets:end -->"
+
+
+def presets_table() -> str:
+    from components.image_build import presets_file
+
+    data = presets_file()
+    lines = [PRESETS_START, "| preset | base image | CUDA | PyTorch | Flash-Attention | base tag |"]
+    lines.append("| --- | --- | --- | --- | --- | --- |")
+    for name, p in data["presets"].items():
+        default = " (default)" if name == data["default"] else ""
+        lines.append(f"| `{name}`{default} | `{p['base_image']}` | {p['cuda']} | {p['torch']} | {p['flash_attn']} | `{p['tag']}` |")
+    lines.append(PRESETS_END)
+    return "\n".join(lines)
+
+
+def replace_block(text: str, block: str, start_marker: str = START, end_marker: str = END) -> str:
+    start, end = text.index(start_marker), text.index(end_marker) + len(end_marker)
     return text[:start] + block + text[end:]
 
 
@@ -112,7 +128,8 @@ def main() -> int:
     block = generate()
     if args.write:
         path = Path(args.write)
-        path.write_text(replace_block(path.read_text(), block))
+        text = replace_block(path.read_text(), block)
+        path.write_text(replace_block(text, presets_table(), PRESETS_START, PRESETS_END))
     else:
         print(block)
     return 0
