@@ -47,9 +47,24 @@ def base_tag(build: ImageBuildConfig) -> str:
     return str(preset(build.preset)["tag"])
 
 
+RUNTIME_REQUIREMENTS = IMAGES / "runtime-requirements.txt"
+
+
+def _pins(path: Path) -> list[str]:
+    lines = (line.split("#", 1)[0].strip() for line in path.read_text().splitlines())
+    return [line for line in lines if line]
+
+
+def app_requirements(build: ImageBuildConfig) -> list[str]:
+    """Pins installed by the runtime stage through APP_REQUIREMENTS (inline source)."""
+    if build.runtime_requirements:
+        return list(build.runtime_requirements)
+    return _pins(RUNTIME_REQUIREMENTS) if build.source == "inline" else []
+
+
 def runtime_inputs(build: ImageBuildConfig) -> dict[str, Any]:
     """Everything the runtime stage's result depends on."""
-    inputs: dict[str, Any] = {"base": base_tag(build), "requirements": list(build.runtime_requirements)}
+    inputs: dict[str, Any] = {"base": base_tag(build), "requirements": app_requirements(build)}
     if build.source == "git" and build.git:
         inputs["git"] = build.git.model_dump()
     else:
@@ -63,8 +78,7 @@ def runtime_tag(build: ImageBuildConfig) -> str:
 
 def _source(build: ImageBuildConfig, containerfile: Path) -> dict[str, Any]:
     if build.source == "git" and build.git:
-        git: dict[str, Any] = {"uri": build.git.uri, "ref": build.git.ref}
-        source: dict[str, Any] = {"type": "Git", "git": git}
+        source: dict[str, Any] = {"type": "Git", "git": {"uri": build.git.uri, "ref": build.git.ref}}
         if build.git.context_dir:
             source["contextDir"] = build.git.context_dir
         return source
@@ -72,8 +86,8 @@ def _source(build: ImageBuildConfig, containerfile: Path) -> dict[str, Any]:
 
 
 def _dockerfile_path(build: ImageBuildConfig, containerfile: Path) -> str:
-    # Git builds read the file from the context; inline builds name the embedded file "Dockerfile".
-    return f"images/{containerfile.name}" if build.source == "git" else "Dockerfile"
+    # Git builds read the file from the context dir; inline builds name the embedded file "Dockerfile".
+    return containerfile.name if build.source == "git" else "Dockerfile"
 
 
 def _build_args(values: dict[str, Any]) -> list[dict[str, str]]:
@@ -101,9 +115,11 @@ def base_spec(build: ImageBuildConfig, nodes: BuildNodesConfig, image_stream: st
 
 def runtime_spec(build: ImageBuildConfig, nodes: BuildNodesConfig, image_stream: str) -> dict[str, Any]:
     base = f"{image_stream}:{base_tag(build)}"
-    args: dict[str, Any] = {"SOURCE_REF": build.git.ref if build.git else runtime_tag(build)}
-    if build.runtime_requirements:
-        args["APP_REQUIREMENTS"] = " ".join(build.runtime_requirements)
+    args: dict[str, Any] = {"BASE_IMAGE": base, "SOURCE_REF": build.git.ref if build.git else runtime_tag(build)}
+    # inline: no context files, requirements come in as pins; git: the context's requirements file
+    args["REQUIREMENTS_FILE"] = build.git.requirements_file if build.git else ""
+    if app_requirements(build):
+        args["APP_REQUIREMENTS"] = " ".join(app_requirements(build))
     return {
         **_common_spec(build, nodes),
         "source": _source(build, RUNTIME_CONTAINERFILE),
@@ -198,8 +214,7 @@ def image_trigger_annotation(image_stream_tag: str, container: str) -> dict[str,
 
 def step_requirements() -> list[str]:
     """The step programs' pins, one per line in steps/requirements.txt (comments dropped)."""
-    lines = (line.split("#", 1)[0].strip() for line in STEP_REQUIREMENTS.read_text().splitlines())
-    return [line for line in lines if line]
+    return _pins(STEP_REQUIREMENTS)
 
 
 def tools_tag(base_image: str) -> str:

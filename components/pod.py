@@ -128,7 +128,10 @@ def main_security_context(config: StackConfig) -> k8s.core.v1.SecurityContextArg
     if memlock.mode == "privileged":
         return k8s.core.v1.SecurityContextArgs(privileged=True)
     if memlock.mode == "scc":
-        return k8s.core.v1.SecurityContextArgs(capabilities=k8s.core.v1.CapabilitiesArgs(add=list(memlock.capabilities)))
+        # Capabilities an SCC grants are only effective for UID 0 (the SCC's RunAsAny admits it).
+        return k8s.core.v1.SecurityContextArgs(
+            run_as_user=0, capabilities=k8s.core.v1.CapabilitiesArgs(add=list(memlock.capabilities))
+        )
     return RESTRICTED_CONTAINER
 
 

@@ -373,9 +373,12 @@ class BuildNodesConfig(Model):
 
 
 class GitSource(Model):
-    uri: str = Field(description="Repository URL holding images/*.Containerfile.")
+    uri: str = Field(description="Repository (this one or a fork) holding the Containerfiles.")
     ref: str = Field("main", description="Branch, tag or commit to build.")
-    context_dir: str = Field("", description="Directory of the build context inside the repository.")
+    context_dir: str = Field("images", description="Build context inside the repository (holds <stage>.Containerfile).")
+    requirements_file: str = Field(
+        "runtime-requirements.txt", description="Application requirements file in the context, for the runtime stage."
+    )
 
 
 class BuildResources(Model):
@@ -398,7 +401,8 @@ class ImageBuildConfig(Model):
     )
     git: GitSource | None = None
     runtime_requirements: list[str] = Field(
-        default_factory=list, description="Application pins for the runtime stage (inline source; git uses the context's requirements.txt)."
+        default_factory=list,
+        description="Application pins for the runtime stage (default for inline source: images/runtime-requirements.txt).",
     )
     max_jobs: int = Field(8, ge=1, le=256, description="Flash-Attention compile parallelism (MAX_JOBS build arg).")
     resources: BuildResources = Field(default_factory=BuildResources, description="Build pod requests/limits.")

@@ -51,6 +51,9 @@ def test_preset_renders_two_stage_build(preset: str, tmp_path: Path) -> None:
     # runtime: FROM the base ImageStreamTag, rebuilt by an ImageChange trigger
     assert runtime["strategy"]["dockerStrategy"]["from"] == {"kind": "ImageStreamTag", "name": f"ml-dev-env:{p['tag']}"}
     assert runtime["triggers"] == [{"type": "ConfigChange"}, {"type": "ImageChange", "imageChange": {}}]
+    runtime_args = {a["name"]: a["value"] for a in runtime["strategy"]["dockerStrategy"]["buildArgs"]}
+    assert runtime_args["BASE_IMAGE"] == f"ml-dev-env:{p['tag']}" and runtime_args["REQUIREMENTS_FILE"] == ""
+    assert runtime_args["APP_REQUIREMENTS"] == "accelerate==1.10.1 peft==0.17.1"
     assert runtime["output"]["to"]["name"].startswith("ml-dev-env:runtime-")
     for spec in (base, runtime):
         assert spec["completionDeadlineSeconds"] == 3600
@@ -98,16 +101,18 @@ def test_base_input_change_changes_the_base_build_and_the_runtime_tag() -> None:
 
 def test_git_source_and_raised_resources() -> None:
     result = build_stack(
-        source="git", git={"uri": "https://github.com/example/ml-dev-env.git", "ref": "v1.2.0", "contextDir": "."},
+        source="git", git={"uri": "https://github.com/example/ml-dev-env.git", "ref": "v1.2.0"},
         resources={"requests": {"cpu": "8", "memory": "32Gi"}, "limits": {"cpu": "32", "memory": "128Gi"}},
         completionDeadlineSeconds=7200,
     )
     for name, spec in configs(result).items():
         assert spec["source"] == {"type": "Git", "git": {"uri": "https://github.com/example/ml-dev-env.git", "ref": "v1.2.0"},
-                                  "contextDir": "."}, name
+                                  "contextDir": "images"}, name
         stage = name.rsplit("-", 1)[1]
-        assert spec["strategy"]["dockerStrategy"]["dockerfilePath"] == f"images/{stage}.Containerfile"
+        assert spec["strategy"]["dockerStrategy"]["dockerfilePath"] == f"{stage}.Containerfile"
         assert spec["completionDeadlineSeconds"] == 7200 and spec["resources"]["limits"]["memory"] == "128Gi"
+    runtime = configs(result)["ml-dev-env-runtime"]["strategy"]["dockerStrategy"]
+    assert {a["name"]: a["value"] for a in runtime["buildArgs"]}["REQUIREMENTS_FILE"] == "runtime-requirements.txt"
 
 
 def test_rollout_on_new_image_is_opt_in() -> None:
@@ -146,3 +151,9 @@ def test_reference_and_build_are_exclusive() -> None:
     objects["image"]["reference"] = "quay.io/org/img:1.0"
     result = run_objects("barcelona", objects)
     assert result.error and "set either image.reference or image.build, not both" in result.error
+
+
+def test_inline_runtime_defaults_to_the_repository_requirements() -> None:
+    result = build_stack(runtimeRequirements=[])
+    args = {a["name"]: a["value"] for a in configs(result)["ml-dev-env-runtime"]["strategy"]["dockerStrategy"]["buildArgs"]}
+    assert args["APP_REQUIREMENTS"] == " ".join(image_build._pins(image_build.RUNTIME_REQUIREMENTS))
