@@ -8,13 +8,14 @@ STACK ?= barcelona
 APT_PACKAGES := docker-registry skopeo buildah apache2-utils
 REQUIREMENTS := requirements.txt requirements-dev.txt $(wildcard steps/requirements.txt)
 
-.PHONY: help venv system-deps render render-all test lint docs bench-package clean
+.PHONY: help venv system-deps render render-all test lint docs diagram policy-preview bench-package clean
 
 help:
 	@echo "make render STACK=<name>   render one stack offline into rendered/<name>/ (+ schema check)"
 	@echo "make render-all            render every Pulumi.<stack>.yaml"
 	@echo "make test                  lint + the whole test suite (installs what it needs)"
-	@echo "make docs                  regenerate the configuration reference in README.md"
+	@echo "make docs                  regenerate the configuration reference, presets and diagram in README.md"
+	@echo "make policy-preview        pulumi preview with the policy pack (needs the Pulumi CLI and a cluster)"
 	@echo "make bench-package         modelcar packaging benchmark (SIZE=2GiB)"
 
 $(VENV)/.installed: $(REQUIREMENTS)
@@ -45,6 +46,13 @@ lint: venv
 
 docs: venv
 	$(PY) tools/config_reference.py --write README.md
+	$(PY) tools/diagram.py --write README.md
+
+diagram: venv
+	$(PY) tools/diagram.py $(STACK)
+
+policy-preview: venv
+	pulumi preview --stack $(STACK) --policy-pack policy --diff
 
 test: venv system-deps lint
 	$(PY) -m pytest -q

@@ -63,3 +63,18 @@ def test_render_cli_writes_one_file_per_object(tmp_path: Path) -> None:
     assert "statefulset-ml-dev-env.yaml" in files and "route-ml-dev-env-vscode.yaml" in files
     assert "vscode_url: https://ml-dev-env-vscode-coops-767192.apps.shift.nerc.mghpcc.org" in proc.stdout
     assert "total objects" in proc.stdout
+
+
+def test_render_fails_on_a_mandatory_policy_violation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    real = render.run_program
+
+    def unpinned(*args: Any, **kwargs: Any):
+        result = real(*args, **kwargs)
+        sts = next(r for r in result.resources if r.typ == "kubernetes:apps/v1:StatefulSet")
+        sts.inputs["spec"]["template"]["spec"]["containers"][0]["image"] = "quay.io/org/ml-dev-env:latest"
+        return result
+
+    monkeypatch.setattr(render, "run_program", unpinned)
+    assert render.render("nerc-production", tmp_path, validate=False) == 1
+    out = capsys.readouterr()
+    assert "images-pinned" in out.out and "violates a mandatory policy" in out.err

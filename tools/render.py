@@ -20,6 +20,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from policy.rules import POLICIES, evaluate, format_report, has_mandatory
 from stacks.loader import SECRET_KEYS
 from tools.mock_engine import REDACTED, ROOT, Recorded, RunResult, run_program, stack_config
 
@@ -101,8 +102,14 @@ def render(stack: str, out_root: Path, validate: bool = True, config_dir: Path =
     for key, value in sorted(result.outputs.items()):
         shown = "[secret]" if key in result.secret_outputs else value
         print(f"  {key}: {shown}")
+    violations = evaluate((r.typ, r.inputs, r.options) for r in result.resources)
+    print(f"\n== policies ({len(POLICIES)} guard rails, policy/rules.py)")
+    print(format_report(violations))
     print(f"\n== {len(written)} objects written to {out_dir.relative_to(ROOT) if out_dir.is_relative_to(ROOT) else out_dir}")
     print(summary(written, result))
+    if has_mandatory(violations):
+        print(f"error: stack {stack} violates a mandatory policy (see above)", file=sys.stderr)
+        return 1
     if validate and VALIDATOR.exists():
         print(f"\n== schema check ({VALIDATOR})")
         proc = subprocess.run([sys.executable, str(VALIDATOR), str(out_dir)], check=False)
