@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STACK ?= barcelona
 # Debian packages the tests and benchmarks use for real (registry, skopeo, buildah, htpasswd).
 APT_PACKAGES := docker-registry skopeo buildah apache2-utils
-REQUIREMENTS := requirements.txt requirements-dev.txt $(wildcard steps/requirements.txt)
+REQUIREMENTS := requirements.txt requirements-dev.txt $(wildcard steps/requirements.txt steps/requirements-test.txt)
 
 .PHONY: help venv system-deps render render-all test lint docs diagram policy-preview bench-package clean
 

@@ -138,13 +138,21 @@ def runtime_spec(build: ImageBuildConfig, nodes: BuildNodesConfig, image_stream:
 
 
 def _common_spec(build: ImageBuildConfig, nodes: BuildNodesConfig) -> dict[str, Any]:
+    res = build.resources
+    return _run_spec(
+        build.completion_deadline_seconds,
+        {"cpu": res.requests.cpu, "memory": res.requests.memory},
+        {"cpu": res.limits.cpu, "memory": res.limits.memory},
+        nodes,
+    )
+
+
+def _run_spec(deadline: int, requests: dict[str, str], limits: dict[str, str], nodes: BuildNodesConfig) -> dict[str, Any]:
+    """How and where a build runs: serial, bounded in time and size, on the build nodes."""
     spec: dict[str, Any] = {
         "runPolicy": "Serial",
-        "completionDeadlineSeconds": build.completion_deadline_seconds,
-        "resources": {
-            "requests": {"cpu": build.resources.requests.cpu, "memory": build.resources.requests.memory},
-            "limits": {"cpu": build.resources.limits.cpu, "memory": build.resources.limits.memory},
-        },
+        "completionDeadlineSeconds": deadline,
+        "resources": {"requests": requests, "limits": limits},
         "successfulBuildsHistoryLimit": 3,
         "failedBuildsHistoryLimit": 3,
     }
@@ -223,12 +231,8 @@ def tools_tag(base_image: str) -> str:
 
 
 def tools_spec(base_image: str, nodes: BuildNodesConfig, image_stream: str) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "runPolicy": "Serial",
-        "completionDeadlineSeconds": 1800,
-        "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"cpu": "2", "memory": "4Gi"}},
-        "successfulBuildsHistoryLimit": 3,
-        "failedBuildsHistoryLimit": 3,
+    return {
+        **_run_spec(1800, {"cpu": "1", "memory": "2Gi"}, {"cpu": "2", "memory": "4Gi"}, nodes),
         "source": {"type": "Dockerfile", "dockerfile": TOOLS_CONTAINERFILE.read_text()},
         "strategy": {
             "type": "Docker",
@@ -241,9 +245,6 @@ def tools_spec(base_image: str, nodes: BuildNodesConfig, image_stream: str) -> d
         "output": {"to": {"kind": "ImageStreamTag", "name": f"{image_stream}:{tools_tag(base_image)}"}},
         "triggers": [{"type": "ConfigChange"}],
     }
-    if nodes.node_selector:
-        spec["nodeSelector"] = dict(nodes.node_selector)
-    return spec
 
 
 class ToolsImageArgs(BaseModel):
