@@ -101,6 +101,8 @@ class SccFields(Spec):
     fs_group: SccStrategy = SccStrategy(type="RunAsAny")
     supplemental_groups: SccStrategy = SccStrategy(type="RunAsAny")
     read_only_root_filesystem: bool = False
+    # empty would forbid the pods' RuntimeDefault seccomp profile
+    seccomp_profiles: list[str] = ["runtime/default"]
     volumes: list[str] = ["configMap", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim", "projected", "secret"]
     priority: int = 10
     users: list[str] = []

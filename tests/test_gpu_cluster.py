@@ -132,6 +132,7 @@ def test_memlock_through_declared_scc_binding(barcelona: RunResult) -> None:
     assert scc["metadata"]["name"] == "nccl-rdma-scc"
     assert scc["allowedCapabilities"] == ["IPC_LOCK", "SYS_RESOURCE"]
     assert scc["allowPrivilegedContainer"] is False and scc["allowHostNetwork"] is False
+    assert scc["seccompProfiles"] == ["runtime/default"]  # the pods ask for RuntimeDefault
     binding = barcelona.one(ROLEBINDING, "gpu-scc-binding").inputs
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "system:openshift:scc:nccl-rdma-scc"}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "ml-dev-sa", "namespace": "nccl-test"}]
