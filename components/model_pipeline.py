@@ -29,6 +29,7 @@ TASKS = {
 }
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # holds service-ca.crt for the internal registry
 SA_TOKEN = f"{SA_DIR}/token"
+# download, package and upload share the digest cache that lives next to this directory (their default)
 WEIGHTS = "$(workspaces.model.path)/weights"
 SECRET_NAMES = {"quay": "model-pipeline-quay", "hf": "model-pipeline-hf", "s3": "model-pipeline-s3"}
 STEP_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True}
@@ -87,7 +88,6 @@ def task_specs(tools_image: str, secrets: set[str], chunk_threshold: str) -> dic
             steps=[_step("download", "download", tools_image, [
                 "--source", "$(params.source-uri)", "--dest", WEIGHTS, "--revision", "$(params.revision)",
                 "--endpoint-url", "$(params.endpoint-url)", "--region", "$(params.region)",
-                "--digest-cache", "$(workspaces.model.path)/.download-digests.json",
                 "--result-size", "$(results.BYTES.path)",
                 "--include", "$(params.include[*])",
             ], download_env + s3_env)],
@@ -100,7 +100,6 @@ def task_specs(tools_image: str, secrets: set[str], chunk_threshold: str) -> dic
             steps=[_step("package", "package", tools_image, [
                 "--model-dir", WEIGHTS, "--image", "$(params.image)", "--base-image", "$(params.base-image)",
                 "--authfile", "$(workspaces.quay-auth.path)/.dockerconfigjson",
-                "--digest-cache", "$(workspaces.model.path)/.modelcar-digests.json",
                 "--chunk-threshold", chunk_threshold,
                 "--result-digest", "$(results.IMAGE_DIGEST.path)", "--result-image", "$(results.IMAGE_URL.path)",
             ])],
@@ -137,8 +136,7 @@ def task_specs(tools_image: str, secrets: set[str], chunk_threshold: str) -> dic
             workspaces=[model_ws],
             steps=[_step("upload-s3", "upload_s3", tools_image, [
                 "--src", WEIGHTS, "--dest", "$(params.destination)", "--endpoint-url", "$(params.endpoint-url)",
-                "--region", "$(params.region)", "--digest-cache", "$(workspaces.model.path)/.download-digests.json",
-                "--result-uri", "$(results.URI.path)",
+                "--region", "$(params.region)", "--result-uri", "$(results.URI.path)",
             ], s3_env)],
         ),
     }

@@ -176,7 +176,8 @@ def s3_client(args: argparse.Namespace) -> Any:
 
     config = Config(retries={"max_attempts": 5, "mode": "standard"}, s3={"addressing_style": args.s3_addressing})
     verify: bool | str = args.ca_file or args.tls_verify
-    return boto3.client("s3", endpoint_url=args.endpoint_url, region_name=args.region, verify=verify, config=config)
+    # Empty strings (unset Tekton params) mean "use the default", as if the flag were absent.
+    return boto3.client("s3", endpoint_url=args.endpoint_url or None, region_name=args.region or None, verify=verify, config=config)
 
 
 # --- registry credentials (docker config.json / .dockerconfigjson) ---------------------------

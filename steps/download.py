@@ -245,11 +245,21 @@ def download_s3(args: argparse.Namespace, cache: DigestCache) -> int:
 # --- Hugging Face ------------------------------------------------------------------------------
 
 
+def _bytes_under(directory: Path) -> int:
+    total = 0
+    for path in directory.rglob("*"):
+        try:
+            total += path.stat().st_size if path.is_file() else 0
+        except FileNotFoundError:  # renamed from .incomplete while we looked
+            pass
+    return total
+
+
 def _watch(dest: Path, progress: Progress, stop: threading.Event) -> None:
-    """Report download progress from the bytes on disk (huggingface_hub has no byte callback)."""
+    """Report download progress from the bytes arriving on disk (huggingface_hub has no byte callback)."""
+    start = _bytes_under(dest)
     while not stop.wait(progress.interval):
-        done = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file())
-        progress.advance(min(done, progress.total) - progress.done)
+        progress.advance(min(_bytes_under(dest) - start, progress.total) - progress.done)
 
 
 def download_hf(args: argparse.Namespace, cache: DigestCache) -> int:
@@ -262,7 +272,7 @@ def download_hf(args: argparse.Namespace, cache: DigestCache) -> int:
     token = env_secret("HF_TOKEN")
     api = HfApi(endpoint=args.hf_endpoint, token=token)
     try:
-        commit = api.repo_info(repo_id, revision=args.revision).sha
+        commit = api.repo_info(repo_id, revision=args.revision or None).sha
         tree = {f.path: f for f in api.list_repo_tree(repo_id, revision=commit, recursive=True) if isinstance(f, RepoFile)}
     except (GatedRepoError, RepositoryNotFoundError) as exc:
         hint = "HF_TOKEN is set" if token else "HF_TOKEN is not set"
@@ -283,12 +293,12 @@ def download_hf(args: argparse.Namespace, cache: DigestCache) -> int:
     todo = [r for r in chosen if not ((args.dest / r).exists() and (cache.get(r, args.dest / r) or {}).get("source") == sources[r])]
     total = sum(e.size for e in expected.values())
     log(f"downloading {len(todo)} of {len(chosen)} files ({human(total)}) from hf://{repo_id}@{commit} to {args.dest}")
-    progress = Progress("download", sum(expected[r].size for r in todo), args.progress_interval)
-    stop = threading.Event()
-    watcher = threading.Thread(target=_watch, args=(args.dest, progress, stop), daemon=True)
-    watcher.start()
-    try:
-        if todo:
+    if todo:
+        progress = Progress("download", sum(expected[r].size for r in todo), args.progress_interval)
+        stop = threading.Event()
+        watcher = threading.Thread(target=_watch, args=(args.dest, progress, stop), daemon=True)
+        watcher.start()
+        try:
             snapshot_download(
                 repo_id,
                 revision=commit,
@@ -298,13 +308,13 @@ def download_hf(args: argparse.Namespace, cache: DigestCache) -> int:
                 max_workers=args.max_workers,
                 endpoint=args.hf_endpoint,
             )
-    except Exception as exc:  # see above: network and HTTP failures surface as library-specific types
-        raise StepError(f"hf://{repo_id}: download failed: {type(exc).__name__}: {exc}", EXIT_REMOTE) from exc
-    finally:
-        stop.set()
-        watcher.join()
-    progress.advance(progress.total - progress.done)
-    progress.finish()
+        except Exception as exc:  # see above: network and HTTP failures surface as library-specific types
+            raise StepError(f"hf://{repo_id}: download failed: {type(exc).__name__}: {exc}", EXIT_REMOTE) from exc
+        finally:
+            stop.set()
+            watcher.join()
+        progress.advance(progress.total - progress.done)
+        progress.finish()
     for rel in todo:
         path = args.dest / rel
         if not path.is_file():
@@ -318,9 +328,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--source", required=True, help="s3://bucket/prefix or hf://org/name")
     p.add_argument("--dest", required=True, type=Path, help="directory to download into (on the workspace PVC)")
-    p.add_argument("--include", action="append", default=[], help="glob on the relative path or file name (repeatable)")
-    p.add_argument("--exclude", action="append", default=[], help="glob to skip (repeatable)")
-    p.add_argument("--revision", default="main", help="Hugging Face branch, tag or commit")
+    # nargs="*": a Tekton array param expands to several values after one flag (none when empty)
+    p.add_argument("--include", action="extend", nargs="*", default=[], help="globs on the relative path or file name")
+    p.add_argument("--exclude", action="extend", nargs="*", default=[], help="globs to skip")
+    p.add_argument("--revision", default="main", help="Hugging Face branch, tag or commit (empty: the default branch)")
     p.add_argument("--hf-endpoint", help="Hugging Face endpoint (default: HF_ENDPOINT or huggingface.co)")
     add_s3_args(p)
     p.add_argument("--max-workers", type=int, default=8, help="parallel connections")

@@ -222,13 +222,19 @@ class RegistryClient:
 
     def open_stream(self, url: str, offset: int) -> Iterator[memoryview]:
         """Yield the body of a GET (following redirects) from byte `offset`, on its own connection."""
-        headers = self._headers(url, {"Range": f"bytes={offset}-"} if offset else None)
+        wanted = {"Range": f"bytes={offset}-"} if offset else None
+        headers, renewed = self._headers(url, wanted), False
         for _ in range(5):
             parts = urllib.parse.urlsplit(url if "://" in url else self.base + url)
             conn = self._new_connection(parts.scheme, parts.netloc)
             try:
                 conn.request("GET", parts.path + (f"?{parts.query}" if parts.query else ""), headers=headers)
                 resp = conn.getresponse()
+                if resp.status == 401 and not renewed:  # token expired during a long upload
+                    resp.read()
+                    self.authenticate(resp.getheader("WWW-Authenticate", ""), headers.get("Authorization"))
+                    headers, renewed = self._headers(url, wanted), True
+                    continue
                 if resp.status in (301, 302, 303, 307, 308):
                     url = urllib.parse.urljoin(url if "://" in url else self.base + url, resp.getheader("Location", ""))
                     resp.read()

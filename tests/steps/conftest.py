@@ -1,0 +1,184 @@
+"""Fixtures for the step-program tests: the deployed script texts and real local services.
+
+Every step runs as the exact text `steps.embed.step_script(name)` returns, written to a file and
+executed with this interpreter. Services (docker-registry with token or htpasswd auth, moto S3,
+HTTP proxies, the model-registry stand-in, a fake Hugging Face Hub) listen on 127.0.0.1 ports
+and are torn down after use; tests skip only when a required binary is absent.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from steps.embed import STEPS, step_script
+from tests.fixtures.images import push_base, skopeo_available
+from tests.fixtures.model_registry import ModelRegistryStandIn, run_model_registry
+from tests.fixtures.proxy import HttpProxy, run_proxy
+from tests.fixtures.registry import Registry, registry_available, run_registry
+from tests.fixtures.s3 import S3Server, run_s3
+
+REGISTRY_MISSING = "needs /usr/bin/docker-registry and htpasswd (apt: docker-registry apache2-utils)"
+needs_registry = pytest.mark.skipif(not registry_available(), reason=REGISTRY_MISSING)
+needs_skopeo = pytest.mark.skipif(not skopeo_available(), reason="needs skopeo (apt: skopeo)")
+
+
+@dataclass
+class StepRun:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def error(self) -> str:
+        """The step's one-line error message (last stderr line)."""
+        lines = self.stderr.strip().splitlines()
+        return lines[-1] if lines else ""
+
+
+StepRunner = Callable[..., StepRun]
+
+
+@pytest.fixture(scope="session")
+def scripts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Each step's deployable script, written once, exactly as embedded into the Tekton Task."""
+    root = tmp_path_factory.mktemp("scripts")
+    paths = {}
+    for name in STEPS:
+        paths[name] = root / f"{name}.py"
+        paths[name].write_text(step_script(name))
+        paths[name].chmod(0o755)
+    return paths
+
+
+@pytest.fixture(scope="session")
+def run_step(scripts: dict[str, Path]) -> StepRunner:
+    """run_step(name, *args, env=None, timeout=120) runs the deployed script and returns its outcome."""
+
+    def run(name: str, *args: object, env: dict[str, str] | None = None, timeout: float = 120) -> StepRun:
+        proc = subprocess.run(
+            [sys.executable, str(scripts[name]), *map(str, args)],
+            capture_output=True,
+            text=True,
+            env=env if env is not None else dict(os.environ),
+            timeout=timeout,
+        )
+        return StepRun(proc.returncode, proc.stdout, proc.stderr)
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def deployed() -> Callable[[str], types.ModuleType]:
+    """The deployed text of a step loaded as a module (for unit checks of its pure helpers)."""
+
+    def load(name: str) -> types.ModuleType:
+        module_name = f"deployed_step_{name}"
+        if module_name not in sys.modules:
+            module = types.ModuleType(module_name)
+            sys.modules[module_name] = module  # dataclasses resolve annotations through sys.modules
+            exec(compile(step_script(name), f"<step_script({name!r})>", "exec"), module.__dict__)
+        return sys.modules[module_name]
+
+    return load
+
+
+@pytest.fixture(scope="session")
+def services_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("services")
+
+
+@pytest.fixture(scope="session")
+def quay(services_dir: Path) -> Iterator[Registry]:
+    """Stands in for Quay: bearer-token challenge, token service with user/password."""
+    if not registry_available():
+        pytest.skip(REGISTRY_MISSING)
+    with run_registry(services_dir, "quay", auth="token") as registry:
+        yield registry
+
+
+@pytest.fixture(scope="session")
+def internal(services_dir: Path) -> Iterator[Registry]:
+    """Stands in for the OpenShift internal registry: Basic auth, user `serviceaccount`, password = token."""
+    if not registry_available():
+        pytest.skip(REGISTRY_MISSING)
+    with run_registry(services_dir, "internal", auth="htpasswd", username="serviceaccount", password="sa-token-1") as registry:
+        yield registry
+
+
+@pytest.fixture(scope="session")
+def base_image(quay: Registry, services_dir: Path) -> str:
+    """A runnable base (shell, ln, sleep, ...) pushed to `quay` as a multi-arch index."""
+    if not skopeo_available():
+        pytest.skip("needs skopeo (apt: skopeo)")
+    return push_base(services_dir, quay, "base/shell:1")
+
+
+@pytest.fixture
+def quay_proxy(quay: Registry) -> Iterator[HttpProxy]:
+    """A counting, fault-injecting proxy in front of `quay` (fresh per test)."""
+    with run_proxy(quay.port) as proxy:
+        yield proxy
+
+
+@pytest.fixture(scope="session")
+def s3() -> Iterator[S3Server]:
+    with run_s3() as server:
+        yield server
+
+
+@pytest.fixture
+def model_registry() -> Iterator[ModelRegistryStandIn]:
+    with run_model_registry() as registry:
+        yield registry
+
+
+@pytest.fixture
+def repo_name(request: pytest.FixtureRequest) -> str:
+    """A repository name unique to the test, so tests never share blobs or tags."""
+    return "models/" + re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:60].strip("-")
+
+
+def write_model(directory: Path, sizes: dict[str, int], seed: int = 0) -> dict[str, bytes]:
+    """Create model files of the given sizes (random, incompressible) and return their contents."""
+    rng = random.Random(seed)
+    files = {}
+    for rel, size in sizes.items():
+        data = rng.randbytes(size)
+        path = directory / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        files[rel] = data
+    return files
+
+
+SMALL_MODEL = {
+    "config.json": 700,
+    "generation_config.json": 120,
+    "model-00001-of-00002.safetensors": 3 * 1024 * 1024 + 17,
+    "model-00002-of-00002.safetensors": 2 * 1024 * 1024 + 5,
+    "model.safetensors.index.json": 900,
+    "tokenizer/tokenizer.json": 4096,
+}
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
+    """A small synthetic model under <tmp>/ws/models (the workspace layout of the pipeline)."""
+    directory = tmp_path / "ws" / "models"
+    return directory, write_model(directory, SMALL_MODEL)
+
+
+@pytest.fixture(scope="session")
+def has_chroot() -> bool:
+    return os.geteuid() == 0 and shutil.which("chroot") is not None

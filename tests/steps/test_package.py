@@ -1,0 +1,270 @@
+"""package.py against docker-registry (token and Basic auth) through a fault-injecting proxy."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import math
+import subprocess
+import tarfile
+import types
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.images import pull
+from tests.fixtures.proxy import HttpProxy
+from tests.fixtures.registry import Registry
+from tests.steps.conftest import StepRunner, needs_registry, needs_skopeo
+
+pytestmark = [needs_registry, needs_skopeo]
+
+Model = tuple[Path, dict[str, bytes]]
+
+
+def package_args(tmp_path: Path, registry: Registry, host: str, base: str, repo: str, model: Path, *extra: object) -> list[object]:
+    authfile = registry.authfile(tmp_path / f"auth-{host.replace(':', '-')}.json", host=host)
+    return [
+        "--model-dir", model, "--image", f"{host}/{repo}:v1", "--base-image", base, "--authfile", authfile,
+        "--plain-http", "--retry-delay", "0.05", "--result-digest", tmp_path / "digest", *extra,
+    ]  # fmt: skip
+
+
+def via(proxy: HttpProxy, quay: Registry, base_image: str) -> str:
+    return base_image.replace(quay.host, proxy.host)
+
+
+def tag_exists(registry: Registry, image: str) -> bool:
+    proc = subprocess.run(
+        ["skopeo", "inspect", "--raw", "--tls-verify=false", "--creds", f"{registry.username}:{registry.password}", f"docker://{image}"],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0 and "manifest unknown" not in proc.stderr:
+        raise AssertionError(proc.stderr)
+    return proc.returncode == 0
+
+
+def assert_image_holds(registry: Registry, image: str, files: dict[str, bytes], dest: Path) -> None:
+    pulled = pull(registry, image, dest)
+    titles = {}
+    for layer in pulled.manifest["layers"][1:]:
+        with tarfile.open(fileobj=io.BytesIO(pulled.blob_path(layer["digest"]).read_bytes())) as tar:
+            entry = tar.getmembers()[-1]
+            data = tar.extractfile(entry)
+            assert data is not None
+            titles[entry.name.removeprefix("models/")] = hashlib.sha256(data.read()).hexdigest()
+    assert titles == {rel: hashlib.sha256(data).hexdigest() for rel, data in files.items()}
+
+
+def layer_sizes(deployed: Callable[[str], types.ModuleType], files: dict[str, bytes]) -> dict[str, int]:
+    layout = deployed("package").LayerLayout
+    return {rel: layout.for_file(rel, len(data)).size for rel, data in files.items()}
+
+
+def test_chunked_upload_above_threshold(
+    tmp_path: Path,
+    run_step: StepRunner,
+    quay: Registry,
+    quay_proxy: HttpProxy,
+    base_image: str,
+    model_dir: Model,
+    repo_name: str,
+    deployed: Callable[[str], types.ModuleType],
+) -> None:
+    model, files = model_dir
+    threshold, chunk = 1 << 20, 256 << 10
+    args = package_args(tmp_path, quay, quay_proxy.host, via(quay_proxy, quay, base_image), repo_name, model)
+    step = run_step("package", *args, "--chunk-threshold", threshold, "--chunk-size", chunk)
+    assert step.returncode == 0, step.stderr
+    sizes = layer_sizes(deployed, files)
+    expected = sum(math.ceil(s / chunk) if s > threshold else 1 for s in sizes.values()) + 1  # + config blob
+    assert quay_proxy.count("PATCH") == expected
+    assert sum(1 for s in sizes.values() if s > threshold) == 2
+    assert_image_holds(quay, f"{quay.host}/{repo_name}:v1", files, tmp_path / "pulled")
+
+
+def test_default_threshold_sends_one_patch_per_blob(
+    tmp_path: Path, run_step: StepRunner, quay: Registry, quay_proxy: HttpProxy, base_image: str, model_dir: Model, repo_name: str
+) -> None:
+    model, files = model_dir
+    step = run_step("package", *package_args(tmp_path, quay, quay_proxy.host, via(quay_proxy, quay, base_image), repo_name, model))
+    assert step.returncode == 0, step.stderr
+    assert quay_proxy.count("PATCH") == len(files) + 1
+    assert quay_proxy.count("PUT", "/blobs/uploads/") == len(files) + 1
+
+
+def test_same_input_same_digest(
+    tmp_path: Path, run_step: StepRunner, quay: Registry, base_image: str, model_dir: Model, repo_name: str
+) -> None:
+    model, _ = model_dir
+    digests = []
+    for suffix in ("a", "b"):
+        step = run_step("package", *package_args(tmp_path, quay, quay.host, base_image, f"{repo_name}-{suffix}", model))
+        assert step.returncode == 0, step.stderr
+        digests.append((tmp_path / "digest").read_text())
+    (model / "config.json").touch()  # new mtime: the cached digest is not trusted, the layer is re-hashed
+    step = run_step("package", *package_args(tmp_path, quay, quay.host, base_image, f"{repo_name}-c", model))
+    assert step.returncode == 0, step.stderr
+    digests.append((tmp_path / "digest").read_text())
+    assert len(set(digests)) == 1
+
+
+def test_dropped_connection_is_retried_in_the_same_run(
+    tmp_path: Path, run_step: StepRunner, quay: Registry, quay_proxy: HttpProxy, base_image: str, model_dir: Model, repo_name: str
+) -> None:
+    model, files = model_dir
+    quay_proxy.add_fault("drop_request", "PATCH", "/blobs/uploads/", at=1 << 20)
+    step = run_step("package", *package_args(tmp_path, quay, quay_proxy.host, via(quay_proxy, quay, base_image), repo_name, model))
+    assert quay_proxy.fired
+    assert step.returncode == 0, step.stderr
+    assert "retry 1/5" in step.stdout
+    assert_image_holds(quay, f"{quay.host}/{repo_name}:v1", files, tmp_path / "pulled")
+
+
+def test_crash_leaves_no_tag_and_rerun_skips_finished_blobs(
+    tmp_path: Path, run_step: StepRunner, quay: Registry, quay_proxy: HttpProxy, base_image: str, model_dir: Model, repo_name: str
+) -> None:
+    model, files = model_dir
+    args = package_args(tmp_path, quay, quay_proxy.host, via(quay_proxy, quay, base_image), repo_name, model, "--jobs", 1)
+    quay_proxy.add_fault("drop_request", "PATCH", "/blobs/uploads/", at=1 << 20, skip=1)  # the 2nd largest file
+    step = run_step("package", *args, "--retries", 0)
+    assert step.returncode == 6
+    assert "model-00002-of-00002.safetensors failed after 0 retries" in step.error
+    assert "Traceback" not in step.stderr
+    assert not tag_exists(quay, f"{quay.host}/{repo_name}:v1"), "no tag may point at a partial image"
+    assert quay_proxy.count("PATCH") == 2, "queued uploads stop after the failure"
+
+    quay_proxy.reset()
+    step = run_step("package", *args)
+    assert step.returncode == 0, step.stderr
+    assert "model-00001-of-00002.safetensors: sha256:" in step.stdout and "skipped" in step.stdout
+    assert quay_proxy.count("PATCH") == len(files) - 1 + 1  # all but the finished layer, plus the config
+    assert tag_exists(quay, f"{quay.host}/{repo_name}:v1")
+    assert_image_holds(quay, f"{quay.host}/{repo_name}:v1", files, tmp_path / "pulled")
+
+
+@pytest.mark.parametrize(("at", "log"), [(0, "resuming at byte"), (100_000, "restarting from byte 0")], ids=["resume", "restart"])
+def test_chunked_upload_resumes_or_restarts(
+    tmp_path: Path,
+    run_step: StepRunner,
+    quay: Registry,
+    quay_proxy: HttpProxy,
+    base_image: str,
+    model_dir: Model,
+    repo_name: str,
+    at: int,
+    log: str,
+) -> None:
+    """A chunk lost before any byte reached the registry resumes at the acknowledged offset; a chunk
+    that broke halfway leaves the registry's upload inconsistent, so the blob starts over."""
+    model, files = model_dir
+    args = package_args(tmp_path, quay, quay_proxy.host, via(quay_proxy, quay, base_image), repo_name, model, "--jobs", 1)
+    quay_proxy.add_fault("drop_request", "PATCH", "/blobs/uploads/", at=at, skip=2)  # 3rd chunk of the largest file
+    step = run_step("package", *args, "--chunk-threshold", "1MiB", "--chunk-size", "512KiB")
+    assert step.returncode == 0, step.stderr
+    assert log in step.stdout
+    sessions = sum(1 for method, path in quay_proxy.requests if method == "POST" and "mount=" not in path)
+    assert sessions == len(files) + 1 + (log == "restarting from byte 0")  # one per blob (+ config), + the restart
+    assert_image_holds(quay, f"{quay.host}/{repo_name}:v1", files, tmp_path / "pulled")
+
+
+def test_lost_answer_to_final_put(
+    tmp_path: Path, run_step: StepRunner, quay: Registry, quay_proxy: HttpProxy, base_image: str, model_dir: Model, repo_name: str
+) -> None:
+    model, files = model_dir
+    quay_proxy.add_fault("drop_response", "PUT", "/blobs/uploads/")
+    step = run_step("package", *package_args(tmp_path, quay, quay_proxy.host, via(quay_proxy, quay, base_image), repo_name, model))
+    assert step.returncode == 0, step.stderr
+    assert "the final request had completed" in step.stdout
+    assert quay_proxy.count("PATCH") == len(files) + 1, "nothing is sent twice"
+
+
+def unauthorized(registry: Registry) -> bytes:
+    """The answer a registry gives once a bearer token has expired."""
+    return f"HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: {registry.challenge}\r\nContent-Length: 0\r\n\r\n".encode()
+
+
+def test_token_expiring_mid_upload_is_renewed(
+    tmp_path: Path, run_step: StepRunner, quay: Registry, quay_proxy: HttpProxy, base_image: str, model_dir: Model, repo_name: str
+) -> None:
+    model, files = model_dir
+    quay_proxy.add_fault("reject_request", "PATCH", "/blobs/uploads/", skip=1, reply=unauthorized(quay))
+    tokens = len(quay.token_requests)
+    step = run_step("package", *package_args(tmp_path, quay, quay_proxy.host, via(quay_proxy, quay, base_image), repo_name, model))
+    assert step.returncode == 0, step.stderr
+    assert "credentials expired (HTTP 401)" in step.stdout
+    assert len(quay.token_requests) - tokens == 2, "one token at the start, one renewal"
+    assert_image_holds(quay, f"{quay.host}/{repo_name}:v1", files, tmp_path / "pulled")
+
+
+def test_token_expiring_while_reading_the_base_is_renewed(
+    tmp_path: Path, run_step: StepRunner, quay: Registry, quay_proxy: HttpProxy, internal: Registry, base_image: str, model_dir: Model
+) -> None:
+    model, _ = model_dir
+    quay_proxy.add_fault("reject_request", "GET", "/blobs/sha256:", reply=unauthorized(quay))
+    tokens = len(quay.token_requests)
+    args = package_args(tmp_path, internal, internal.host, via(quay_proxy, quay, base_image), "ns/renewed", model)
+    step = run_step("package", *args, "--base-authfile", quay.authfile(tmp_path / "base.json", host=quay_proxy.host))
+    assert step.returncode == 0, step.stderr
+    assert quay_proxy.fired
+    assert len(quay.token_requests) - tokens == 2
+
+
+def test_basic_auth_registry_with_base_streamed_from_another(
+    tmp_path: Path, run_step: StepRunner, quay: Registry, internal: Registry, base_image: str, model_dir: Model
+) -> None:
+    model, files = model_dir
+    args = package_args(tmp_path, internal, internal.host, base_image, "ns/model", model)
+    step = run_step("package", *args, "--base-authfile", quay.authfile(tmp_path / "base-auth.json"))
+    assert step.returncode == 0, step.stderr
+    assert_image_holds(internal, f"{internal.host}/ns/model:v1", files, tmp_path / "pulled")
+    source = pull(quay, base_image, tmp_path / "base")
+    target = pull(internal, f"{internal.host}/ns/model:v1", tmp_path / "target")
+    assert target.manifest["layers"][0]["digest"] == source.manifest["layers"][0]["digest"]
+    assert target.config["architecture"] == "amd64" and target.config["config"]["Cmd"] == ["/bin/sh"]
+
+
+@pytest.mark.parametrize(
+    ("target", "password", "message"),
+    [
+        ("quay", "wrong", "credentials rejected by token service"),
+        ("internal", "wrong", "credentials rejected"),
+        ("internal", None, "authentication required, no credentials in the authfile"),
+    ],
+)
+def test_wrong_credentials(
+    tmp_path: Path,
+    run_step: StepRunner,
+    quay: Registry,
+    internal: Registry,
+    base_image: str,
+    model_dir: Model,
+    target: str,
+    password: str | None,
+    message: str,
+) -> None:
+    registry = quay if target == "quay" else internal
+    authfile = registry.authfile(tmp_path / "auth.json", host=registry.host if password else "other.example:5000", password=password)
+    base_auth = quay.authfile(tmp_path / "base.json")
+    step = run_step(
+        "package", "--model-dir", model_dir[0], "--image", f"{registry.host}/x/y:v1", "--base-image", base_image,
+        "--authfile", authfile, "--base-authfile", base_auth, "--plain-http",
+    )  # fmt: skip
+    assert step.returncode == 4, step.stderr
+    assert message in step.error and "Traceback" not in step.stderr
+
+
+def test_usage_errors(tmp_path: Path, run_step: StepRunner) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    common = ["--base-image", "127.0.0.1:1/b:1", "--plain-http"]
+    step = run_step("package", "--model-dir", empty, "--image", "127.0.0.1:1/x/y:v1", *common)
+    assert step.returncode == 5 and "no model files" in step.error
+    step = run_step("package", "--model-dir", empty, "--image", "127.0.0.1:1/x/y", *common)
+    assert step.returncode == 1 and "needs a tag" in step.error
+    chunks = ["--chunk-threshold", "1MiB", "--chunk-size", "2MiB"]
+    step = run_step("package", "--model-dir", empty, "--image", "127.0.0.1:1/x/y:v1", *chunks, *common)
+    assert step.returncode == 2 and "--chunk-size" in step.stderr
+

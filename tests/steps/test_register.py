@@ -1,0 +1,95 @@
+"""register.py against the model-registry REST stand-in."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.model_registry import ModelRegistryStandIn, run_model_registry
+from tests.steps.conftest import StepRunner
+
+DIGEST_A = "sha256:" + "a" * 64
+DIGEST_B = "sha256:" + "b" * 64
+IMAGE = "image-registry.openshift-image-registry.svc:5000/ml-dev/mistral"
+
+
+def register(run_step: StepRunner, url: str, *extra: object, image: str = f"{IMAGE}@{DIGEST_A}") -> tuple[int, str]:
+    step = run_step(
+        "register", "--registry-url", url, "--model-name", "Mistral-Small-24B", "--version", "2501-w4a16", "--image", image,
+        "--base-model", "mistralai/Mistral-Small-24B-Instruct-2501", "--quantization", "w4a16", "--source", "hf://org/m", *extra,
+    )  # fmt: skip
+    return step.returncode, step.stderr if step.returncode else step.stdout
+
+
+def test_registers_then_rerun_is_a_no_op(tmp_path: Path, run_step: StepRunner, model_registry: ModelRegistryStandIn) -> None:
+    code, out = register(run_step, model_registry.url, "--result-model-id", tmp_path / "m", "--result-version-id", tmp_path / "v")
+    assert code == 0, out
+    (model,) = model_registry.objects["registered_model"].values()
+    (version,) = model_registry.objects["model_version"].values()
+    (artifact,) = model_registry.objects["model_artifact"].values()
+    assert (tmp_path / "m").read_text() == model["id"] and (tmp_path / "v").read_text() == version["id"]
+    assert artifact["uri"] == f"oci://{IMAGE}@{DIGEST_A}"
+    assert (artifact["modelFormatName"], artifact["modelFormatVersion"]) == ("ModelCar", "1")
+    props = {k: v["string_value"] for k, v in version["customProperties"].items()}
+    assert props == {"base_model": "mistralai/Mistral-Small-24B-Instruct-2501", "quantization": "w4a16", "source": "hf://org/m",
+                     "format": "ModelCar"}  # fmt: skip
+
+    writes = len(model_registry.writes())
+    code, out = register(run_step, model_registry.url)
+    assert code == 0, out
+    assert "up to date" in out and "already points at" in out
+    assert len(model_registry.writes()) == writes, "an unchanged re-run writes nothing"
+
+
+def test_rerun_with_new_digest_updates_the_artifact(run_step: StepRunner, model_registry: ModelRegistryStandIn) -> None:
+    assert register(run_step, model_registry.url)[0] == 0
+    code, out = register(run_step, model_registry.url, "--property", "note=rebuilt", image=f"{IMAGE}@{DIGEST_B}")
+    assert code == 0, out
+    (artifact,) = model_registry.objects["model_artifact"].values()
+    assert artifact["uri"] == f"oci://{IMAGE}@{DIGEST_B}"
+    assert len(model_registry.objects["model_version"]) == 1
+    (version,) = model_registry.objects["model_version"].values()
+    assert version["customProperties"]["note"]["string_value"] == "rebuilt"
+    assert [c[0] for c in model_registry.writes()][-2:] == ["PATCH", "PATCH"]
+
+
+@pytest.mark.parametrize("api_version", ["v1", "v1alpha3"])
+def test_api_version_and_bearer_token(tmp_path: Path, run_step: StepRunner, api_version: str) -> None:
+    token = tmp_path / "token"
+    token.write_text("sa-token\n")
+    with run_model_registry(api_version=api_version, token="sa-token") as registry:
+        code, out = register(run_step, registry.url, "--api-version", api_version, "--token-file", token)
+        assert code == 0, out
+        assert all(f"/api/model_registry/{api_version}/" in path for _, path, _ in registry.calls)
+        code, out = register(run_step, registry.url, "--api-version", api_version)
+        assert code == 4 and "HTTP 401" in out
+
+
+@pytest.mark.parametrize(
+    ("image_or_uri", "message"),
+    [
+        (("--image", f"{IMAGE}:latest"), "must pin a digest"),
+        (("--uri", "bucket/prefix/"), "needs a scheme"),
+    ],
+)
+def test_uri_must_be_pinned_and_have_a_scheme(
+    run_step: StepRunner, model_registry: ModelRegistryStandIn, image_or_uri: tuple[str, str], message: str
+) -> None:
+    step = run_step("register", "--registry-url", model_registry.url, "--model-name", "m", "--version", "1", *image_or_uri)
+    assert step.returncode == 1 and message in step.error
+    assert model_registry.calls == []
+
+
+def test_s3_uri(run_step: StepRunner, model_registry: ModelRegistryStandIn) -> None:
+    step = run_step("register", "--registry-url", model_registry.url, "--model-name", "m", "--version", "1",
+                    "--uri", "s3://llm-models/m/1/", "--model-format-name", "WeightsInS3")  # fmt: skip
+    assert step.returncode == 0, step.stderr
+    (artifact,) = model_registry.objects["model_artifact"].values()
+    assert (artifact["uri"], artifact["modelFormatName"]) == ("s3://llm-models/m/1/", "WeightsInS3")
+
+
+def test_unreachable_registry(run_step: StepRunner) -> None:
+    step = run_step("register", "--registry-url", "http://127.0.0.1:9", "--model-name", "m", "--version", "1",
+                    "--image", f"{IMAGE}@{DIGEST_A}", "--timeout", "2", "--retries", "1", "--retry-delay", "0")  # fmt: skip
+    assert step.returncode == 6 and "unreachable" in step.error

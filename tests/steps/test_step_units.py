@@ -1,0 +1,133 @@
+"""Pure helpers of the deployed step scripts: tar layout, references, authfiles, sizes."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import tarfile
+import types
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+Deployed = Callable[[str], types.ModuleType]
+INTERNAL = "image-registry.openshift-image-registry.svc:5000"
+
+
+@pytest.fixture(scope="module")
+def package(deployed: Deployed) -> types.ModuleType:
+    return deployed("package")
+
+
+def tarfile_layer(rel: str, data: bytes) -> bytes:
+    """The same layer written by Python's tarfile (GNU format): the reference for LayerLayout."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        parts = rel.split("/")
+        for i in range(len(parts)):
+            info = tarfile.TarInfo("/".join(["models", *parts[:i]]))
+            info.type, info.mode, info.mtime, info.uname, info.gname = tarfile.DIRTYPE, 0o775, 0, "", ""
+            tar.addfile(info)
+        info = tarfile.TarInfo(f"models/{rel}")
+        info.size, info.mode, info.mtime, info.uname, info.gname = len(data), 0o644, 0, "", ""
+        tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+@pytest.mark.parametrize(
+    "rel",
+    ["config.json", "sub/dir/tokenizer.model", "a" * 150 + ".safetensors", "ünïcode/wéights.bin"],
+    ids=["flat", "nested", "long-name", "unicode"],
+)
+@pytest.mark.parametrize("size", [0, 1, 511, 512, 10_000])
+def test_layer_bytes_match_gnu_tarfile(package: types.ModuleType, tmp_path: Path, rel: str, size: int) -> None:
+    data = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    layout = package.LayerLayout.for_file(rel, size)
+    for offset in (0, 100, len(layout.head) + size // 2, layout.size - 1):
+        produced = b"".join(bytes(c) for c in layout.read(path, offset, buf_size=4096))
+        assert produced == tarfile_layer(rel, data)[offset:]
+    assert layout.size == len(tarfile_layer(rel, data))
+
+
+def test_header_for_files_over_8_gib_is_gnu(package: types.ModuleType) -> None:
+    size = 9 * 1024**3 + 3
+    header = package.LayerLayout.for_file("model-00001-of-00002.safetensors", size).head[-512:]
+    assert header[257:265] == b"ustar  \0"
+    assert header[124] & 0x80, "size in GNU base-256, not a zero ustar field"
+    assert tarfile.TarInfo.frombuf(header, "utf-8", "surrogateescape").size == size
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("quay.io/org/model:v1", ("quay.io", "org/model", "v1", None)),
+        ("localhost:5000/m@sha256:" + "a" * 64, ("localhost:5000", "m", None, "sha256:" + "a" * 64)),
+        ("ubuntu:22.04", ("docker.io", "library/ubuntu", "22.04", None)),
+        ("image-registry.openshift-image-registry.svc:5000/ns/is:t", (INTERNAL, "ns/is", "t", None)),
+    ],
+)
+def test_image_ref_parse(package: types.ModuleType, text: str, expected: tuple[str, str, str | None, str | None]) -> None:
+    ref = package.ImageRef.parse(text)
+    assert (ref.registry, ref.repository, ref.tag, ref.digest) == expected
+    assert str(ref) == text or text.startswith("ubuntu")
+
+
+@pytest.mark.parametrize("text", ["quay.io/Org/model:v1", "quay.io/org/model@sha256:abc", "quay.io/org/model:bad tag"])
+def test_image_ref_rejects(package: types.ModuleType, text: str) -> None:
+    with pytest.raises(package.StepError):
+        package.ImageRef.parse(text)
+
+
+def b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def test_registry_credentials_lookup(package: types.ModuleType, tmp_path: Path) -> None:
+    authfile = tmp_path / "config.json"
+    authfile.write_text(json.dumps({"auths": {
+        "https://quay.io": {"auth": b64("robot+org:tok")},
+        "quay.io/special": {"auth": b64("special:pw:with:colons")},
+        "https://index.docker.io/v1/": {"username": "hub", "password": "pw"},
+        "registry.example:5000": {"identitytoken": "x"},
+    }}))  # fmt: skip
+    creds = package.registry_credentials
+    assert creds(str(authfile), "quay.io", "org/model") == ("robot+org", "tok")
+    assert creds(str(authfile), "quay.io", "special/model") == ("special", "pw:with:colons")
+    assert creds(str(authfile), "docker.io", "library/ubuntu") == ("hub", "pw")
+    assert creds(str(authfile), "other.io", "x") is None
+    assert creds(None, "quay.io", "x") is None
+    with pytest.raises(package.StepError, match="no 'auth'"):
+        creds(str(authfile), "registry.example:5000", "x")
+
+
+@pytest.mark.parametrize(("text", "value"), [("20GB", 20 * 10**9), ("2GiB", 2 * 1024**3), ("512MiB", 512 * 1024**2), ("1000", 1000)])
+def test_parse_size(package: types.ModuleType, text: str, value: int) -> None:
+    assert package.parse_size(text) == value
+
+
+def test_digest_cache_entries_follow_the_file(package: types.ModuleType, tmp_path: Path) -> None:
+    path = tmp_path / "w.bin"
+    path.write_bytes(b"abc")
+    cache_file = tmp_path / "cache.json"
+    cache = package.DigestCache(cache_file)
+    cache.put("w.bin", path, layer_digest="sha256:1")
+    cache.put("w.bin", path, source="s3:etag")
+    assert package.DigestCache(cache_file).get("w.bin", path) == {
+        "layer_digest": "sha256:1", "source": "s3:etag", "size": 3, "mtime_ns": path.stat().st_mtime_ns,
+    }  # fmt: skip
+    path.write_bytes(b"abcd")
+    assert package.DigestCache(cache_file).get("w.bin", path) is None
+
+
+def test_download_selection_drops_consolidated_only_when_sharded(deployed: Deployed) -> None:
+    select = deployed("download").select
+    sharded = ["consolidated.safetensors", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "config.json"]
+    assert select(sharded, ["*"], []) == sorted(sharded[1:])
+    assert select(["consolidated.safetensors", "params.json"], ["*"], []) == ["consolidated.safetensors", "params.json"]
+    assert select(sharded, ["*.json"], []) == ["config.json"]
+    with pytest.raises(deployed("download").StepError, match="unsafe path"):
+        select(["../etc/passwd"], ["*"], [])
