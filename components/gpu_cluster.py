@@ -42,6 +42,12 @@ def selector_labels(config: StackConfig) -> dict[str, str]:
     return {"app.kubernetes.io/name": "ml-dev-env", "app.kubernetes.io/instance": config.cluster.app_name}
 
 
+def rollout_timeout(config: StackConfig) -> int:
+    """Seconds `pulumi up` waits for the pods: image pulls, plus both image builds when the stack builds."""
+    build = config.image.build
+    return 1800 + (2 * build.completion_deadline_seconds if build else 0)
+
+
 def scc_role_name(scc: str) -> str:
     return f"system:openshift:scc:{scc}"
 
@@ -217,7 +223,7 @@ class GpuCluster(pulumi.ComponentResource):
         )
         self.statefulset = k8s.apps.v1.StatefulSet(
             f"{name}-statefulset",
-            metadata=meta(app, annotations={"pulumi.com/timeoutSeconds": "1800", **args.statefulset_annotations}),
+            metadata=meta(app, annotations={"pulumi.com/timeoutSeconds": str(rollout_timeout(cfg)), **args.statefulset_annotations}),
             spec=k8s.apps.v1.StatefulSetSpecArgs(
                 service_name=naming.headless_service(app),
                 replicas=cfg.nodes.count,

@@ -20,7 +20,10 @@ from stacks.config import BuildNodesConfig, ModelConfig, ModelPipelineConfig
 from steps.embed import step_script
 
 PIPELINE = "modelcar"
+# Bump when the pipeline's output changes meaning (e.g. the modelcar layout): every model re-runs.
+PIPELINE_VERSION = 1
 TASKS = {
+    "wait-tools": "modelcar-wait-tools",
     "download": "modelcar-download",
     "package": "modelcar-package",
     "mirror": "modelcar-mirror",
@@ -53,7 +56,7 @@ def _p(*names: str) -> list[tekton.ParamSpec]:
 
 def _step(task: str, script: str, image: str, args: list[str], env: list[tekton.EnvVar] | None = None) -> tekton.Step:
     base = [tekton.EnvVar(name="PYTHONUNBUFFERED", value="1")]
-    if task != "register":
+    if task not in ("register", "wait-tools"):
         # caches and temporary files on the workspace PVC, never on the node
         base += [tekton.EnvVar(name="HOME", value="$(workspaces.model.path)/.home"),
                  tekton.EnvVar(name="TMPDIR", value="$(workspaces.model.path)")]
@@ -68,8 +71,8 @@ def _step(task: str, script: str, image: str, args: list[str], env: list[tekton.
     )
 
 
-def task_specs(tools_image: str, secrets: set[str], chunk_threshold: str) -> dict[str, tekton.TaskSpec]:
-    """The five Tasks; `secrets` says which optional Secrets exist (hf, s3)."""
+def task_specs(tools_image: str, tools_base: str, secrets: set[str], chunk_threshold: str) -> dict[str, tekton.TaskSpec]:
+    """The six Tasks; `secrets` says which optional Secrets exist (hf, s3)."""
     model_ws = tekton.WorkspaceDeclaration(name="model", description="PVC holding the downloaded weights")
     quay_ws = tekton.WorkspaceDeclaration(name="quay-auth", description="Quay dockerconfigjson", read_only=True)
     download_env = []
@@ -80,6 +83,14 @@ def task_specs(tools_image: str, secrets: set[str], chunk_threshold: str) -> dic
         s3_env = [_secret_env("AWS_ACCESS_KEY_ID", SECRET_NAMES["s3"], "AWS_ACCESS_KEY_ID"),
                   _secret_env("AWS_SECRET_ACCESS_KEY", SECRET_NAMES["s3"], "AWS_SECRET_ACCESS_KEY")]
     return {
+        "wait-tools": tekton.TaskSpec(
+            description="Wait until the tools image is pushed (its build starts with the same `pulumi up`).",
+            params=_p("image"),
+            steps=[_step("wait-tools", "wait_image", tools_base, [
+                "--image", "$(params.image)", "--token-file", SA_TOKEN, "--ca-file", f"{SA_DIR}/service-ca.crt",
+                "--timeout", str(model_sizing.task_timeout_minutes("wait-tools", 0) * 60 - 60),
+            ])],
+        ),
         "download": tekton.TaskSpec(
             description="Download the weights (Hugging Face or S3) onto the workspace PVC, verifying checksums.",
             params=[*_p("source-uri", "revision", "endpoint-url", "region"), tekton.ParamSpec(name="include", type="array")],
@@ -143,7 +154,7 @@ def task_specs(tools_image: str, secrets: set[str], chunk_threshold: str) -> dic
 
 
 PIPELINE_PARAMS = [
-    "source-uri", "revision", "endpoint-url", "region", "quay-image", "internal-image",
+    "tools-image", "source-uri", "revision", "endpoint-url", "region", "quay-image", "internal-image",
     "base-image", "registry-url", "model-name", "version-name", "description", "quantization", "base-model",
     "upload-s3", "upload-destination", "upload-endpoint", "upload-region",
 ]
@@ -169,7 +180,10 @@ def pipeline_spec(size_gi_for_timeouts: float) -> tekton.PipelineSpec:
         workspaces=[tekton.PipelineWorkspace(name="model"), tekton.PipelineWorkspace(name="quay-auth")],
         tasks=[
             tekton.PipelineTask(
-                name="download", task_ref=ref("download"), timeout=t("download"), workspaces=model_ws,
+                name="wait-tools", task_ref=ref("wait-tools"), timeout=t("wait-tools"), params=[param("image", "$(params.tools-image)")],
+            ),
+            tekton.PipelineTask(
+                name="download", task_ref=ref("download"), timeout=t("download"), run_after=["wait-tools"], workspaces=model_ws,
                 params=[param("source-uri"), param("revision"), param("endpoint-url"), param("region"),
                         param("include", "$(params.include[*])")],
             ),
@@ -202,11 +216,12 @@ def pipeline_spec(size_gi_for_timeouts: float) -> tekton.PipelineSpec:
     )
 
 
-def run_params(model: ModelConfig, pipeline: ModelPipelineConfig, namespace: str) -> list[tekton.Param]:
+def run_params(model: ModelConfig, pipeline: ModelPipelineConfig, namespace: str, tools_image: str) -> list[tekton.Param]:
     src = model.source
     hf, s3, up = src.hugging_face, src.s3, model.upload_to_s3
     stream = model.internal_image_stream or model.name
     values: dict[str, str | list[str]] = {
+        "tools-image": tools_image,
         "source-uri": source_uri(model),
         "revision": hf.revision if hf else "",
         "endpoint-url": s3.endpoint if s3 else "",
@@ -239,7 +254,7 @@ def run_name(model: ModelConfig, inputs_digest: str) -> str:
 
 
 def run_spec(
-    model: ModelConfig, pipeline: ModelPipelineConfig, namespace: str, build_nodes: BuildNodesConfig
+    model: ModelConfig, pipeline: ModelPipelineConfig, namespace: str, build_nodes: BuildNodesConfig, tools_image: str
 ) -> tekton.PipelineRunSpec:
     claim: dict[str, Any] = {
         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": model_sizing.workspace_size(model)}}}
@@ -255,7 +270,7 @@ def run_spec(
     minutes = model_sizing.pipeline_timeout_minutes(model.size_gi, model.upload_to_s3 is not None)
     return tekton.PipelineRunSpec(
         pipeline_ref={"name": PIPELINE},
-        params=run_params(model, pipeline, namespace),
+        params=run_params(model, pipeline, namespace, tools_image),
         workspaces=[
             tekton.RunWorkspace(name="model", volume_claim_template=claim),
             tekton.RunWorkspace(name="quay-auth", secret={"secretName": SECRET_NAMES["quay"]}),
@@ -310,11 +325,11 @@ class ModelPipeline(pulumi.ComponentResource):
             string_data={".dockerconfigjson": secrets["quayDockerConfigJson"]}, opts=child,
         ))
         present = set()
-        if "hfToken" in secrets:
+        if any(m.source.hugging_face for m in args.models):
             present.add("hf")
             deps.append(k8s.core.v1.Secret(f"{name}-hf", metadata=meta(SECRET_NAMES["hf"]), type="Opaque",
                                            string_data={"HF_TOKEN": secrets["hfToken"]}, opts=child))
-        if "s3AccessKeyId" in secrets:
+        if any(m.source.s3 or m.upload_to_s3 for m in args.models):
             present.add("s3")
             deps.append(k8s.core.v1.Secret(
                 f"{name}-s3", metadata=meta(SECRET_NAMES["s3"]), type="Opaque",
@@ -322,13 +337,11 @@ class ModelPipeline(pulumi.ComponentResource):
                 opts=child,
             ))
 
-        specs = task_specs(tools.image, present, cfg.chunk_threshold)
+        specs = task_specs(tools.image, cfg.tools_base_image, present, cfg.chunk_threshold)
         for task, spec in specs.items():
             deps.append(crds.custom_resource(f"{name}-task-{task}", "tekton.dev/v1", "Task", meta(TASKS[task]), spec, child))
-        largest = max((m.size_gi for m in args.models), default=1.0)
-        pipeline = pipeline_spec(largest)
+        pipeline = pipeline_spec(cfg.max_model_size_gi)
         deps.append(crds.custom_resource(f"{name}-pipeline", "tekton.dev/v1", "Pipeline", meta(PIPELINE), pipeline, child))
-        definition = json.dumps([tools.image, {k: v.dump() for k, v in specs.items()}, pipeline.dump()], sort_keys=True)
 
         self.run_names, self.internal_images = {}, {}
         for model in args.models:
@@ -337,8 +350,10 @@ class ModelPipeline(pulumi.ComponentResource):
                 f"{name}-stream-{model.name}", "image.openshift.io/v1", "ImageStream", meta(stream),
                 {"lookupPolicy": {"local": True}}, child,
             ))
-            spec = run_spec(model, cfg, ns, args.build_nodes)
-            digest = naming.short_hash(definition, json.dumps(spec.dump(), sort_keys=True))
+            spec = run_spec(model, cfg, ns, args.build_nodes, tools.image)
+            # The run's own inputs (model, destinations, sizes, tools image, pipeline version): another model
+            # or an unchanged config never starts a new run of this one.
+            digest = naming.short_hash(str(PIPELINE_VERSION), json.dumps(spec.dump(), sort_keys=True))
             run = run_name(model, digest)
             crds.custom_resource(
                 f"{name}-run-{model.name}", "tekton.dev/v1", "PipelineRun",

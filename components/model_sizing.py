@@ -19,6 +19,7 @@ GIB = 2**30
 # Per-task node-ephemeral storage (requests, limits). Downloads, caches and skopeo's TMPDIR all live
 # on the workspace PVC; what remains is logs, Python bytecode and in-memory upload buffers.
 EPHEMERAL: dict[str, tuple[str, str]] = {
+    "wait-tools": ("16Mi", "64Mi"),
     "download": ("256Mi", "1Gi"),
     "package": ("256Mi", "1Gi"),
     "mirror": ("256Mi", "1Gi"),
@@ -26,6 +27,7 @@ EPHEMERAL: dict[str, tuple[str, str]] = {
     "upload-s3": ("256Mi", "1Gi"),
 }
 MEMORY: dict[str, tuple[str, str]] = {
+    "wait-tools": ("32Mi", "128Mi"),
     # 20 parallel download workers OOM-killed a 2Gi container in the original pipeline.
     "download": ("4Gi", "8Gi"),
     "package": ("1Gi", "4Gi"),
@@ -34,6 +36,7 @@ MEMORY: dict[str, tuple[str, str]] = {
     "upload-s3": ("1Gi", "4Gi"),
 }
 CPU: dict[str, tuple[str, str]] = {
+    "wait-tools": ("10m", "100m"),
     "download": ("1", "4"),
     "package": ("1", "4"),
     "mirror": ("500m", "2"),
@@ -42,7 +45,8 @@ CPU: dict[str, tuple[str, str]] = {
 }
 # Slowest sustained rates we plan for (bytes/s): timeouts are twice the transfer time at these.
 PLANNED_RATE = {"download": 25e6, "package": 25e6, "mirror": 25e6, "upload-s3": 25e6}
-MIN_TIMEOUT_MIN = {"download": 30, "package": 30, "mirror": 30, "upload-s3": 30, "register": 10}
+# wait-tools covers the tools-image build on the first `pulumi up` (a small image: minutes, not hours)
+MIN_TIMEOUT_MIN = {"wait-tools": 60, "download": 30, "package": 30, "mirror": 30, "upload-s3": 30, "register": 10}
 
 
 def workspace_gib(size_gi: float) -> int:
@@ -67,12 +71,17 @@ def duration(minutes: int) -> str:
 
 
 def pipeline_timeout_minutes(size_gi: float, upload_s3: bool) -> int:
-    tasks = ["download", "package", "mirror", "register"] + (["upload-s3"] if upload_s3 else [])
+    tasks = ["wait-tools", "download", "package", "mirror", "register"] + (["upload-s3"] if upload_s3 else [])
     return sum(task_timeout_minutes(t, size_gi) for t in tasks) + 30
 
 
 def preflight(model: ModelConfig, pipeline: ModelPipelineConfig) -> str | None:
     """None when the model fits; otherwise one sentence saying what is needed and what is configured."""
+    if model.size_gi > pipeline.max_model_size_gi:
+        return (
+            f"sizeGi {model.size_gi:g} is above modelPipeline.maxModelSizeGi ({pipeline.max_model_size_gi:g}), "
+            "which sizes the Pipeline's task timeouts; raise it"
+        )
     needed = workspace_gib(model.size_gi)
     if model.workspace_size is not None and parse_quantity(model.workspace_size) < needed * GIB:
         return (

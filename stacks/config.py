@@ -295,7 +295,10 @@ class AccessConfig(Model):
     auth: Literal["oauth-proxy", "token"] = Field(
         "oauth-proxy", description="oauth-proxy: OpenShift login; token: per-server secrets (ml-dev-env:vscodePassword, jupyterToken)."
     )
-    oauth_proxy_image: ImageRef = "quay.io/openshift/origin-oauth-proxy:4.20"
+    oauth_proxy_image: ImageRef = Field(
+        "registry.redhat.io/openshift4/ose-oauth-proxy-rhel9:v4.20",
+        description="OpenShift OAuth proxy image (the cluster's global pull secret covers registry.redhat.io).",
+    )
     tensorboard_log_dir: AbsPath = "/workspace/tensorboard"
 
     @model_validator(mode="after")
@@ -529,6 +532,9 @@ class ModelPipelineConfig(Model):
         "13Gi", description="Smallest free node ephemeral storage on build nodes (preflight: step scratch must fit)."
     )
     chunk_threshold: Quantity = Field("20G", description="Blobs above this are uploaded in chunks (Quay refuses larger PUTs).")
+    max_model_size_gi: float = Field(
+        64, gt=0, le=4096, description="Largest model the Pipeline's per-task timeouts are sized for (GiB)."
+    )
 
 
 # ----------------------------------------------------------------------------------------- stack
@@ -555,6 +561,13 @@ class StackConfig(Model):
                 self.network.rdma.check_usable()
             except ConfigProblem as problem:
                 raise ConfigProblem(f"network.rdma.{problem.field}", problem.value, problem.allowed) from None
+        longest = f"{self.cluster.app_name}-tensorboard-{self.cluster.namespace}"
+        if len(longest) > 63:
+            raise ConfigProblem(
+                "cluster.appName", self.cluster.app_name,
+                f"route hosts start with '<appName>-<server>-<namespace>', which must fit a 63-character DNS label "
+                f"('{longest}' has {len(longest)}); choose a shorter appName",
+            )
         names = [m.name for m in self.models]
         if duplicates(names):
             raise ConfigProblem("models[].name", duplicates(names), "model names must be unique")

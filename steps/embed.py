@@ -11,7 +11,7 @@ import ast
 from pathlib import Path
 
 STEPS_DIR = Path(__file__).resolve().parent
-STEPS = ("download", "package", "mirror", "register", "upload_s3")
+STEPS = ("download", "package", "mirror", "register", "upload_s3", "wait_image")
 
 
 def _body(source: str, keep_docstring: bool) -> tuple[str | None, str]:

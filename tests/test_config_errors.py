@@ -99,6 +99,8 @@ CASES: list[tuple[str, str, Mutation, str]] = [
      "ml-dev-env:cluster.appsDomain: required key is missing"),
     ("invalid namespace", "barcelona", setter("cluster.namespace", "NCCL_Test"),
      "ml-dev-env:cluster.namespace: got 'NCCL_Test'; 'NCCL_Test' is not a valid name"),
+    ("route host longer than a DNS label", "barcelona", setter("cluster.namespace", "a-very-long-namespace-name-for-the-team-x"),
+     "ml-dev-env:cluster.appName: got 'ml-dev-env'; route hosts start with '<appName>-<server>-<namespace>'"),
     ("TensorBoard with token auth", "barcelona", setter("access", {"auth": "token"}),
      "ml-dev-env:access.tensorboard: got True; TensorBoard has no authentication of its own"),
     ("token auth without its secrets", "barcelona", setter("access", {"auth": "token", "tensorboard": False, "vscode": False}),

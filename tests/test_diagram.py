@@ -113,5 +113,5 @@ def test_readme_architecture_block_is_current(capsys: pytest.CaptureFixture[str]
     readme = Path(__file__).resolve().parent.parent / "README.md"
     if diagram.START not in readme.read_text():
         pytest.skip("README.md has no architecture markers yet")
-    assert diagram.main(["--check", str(readme)]) == 0, "README diagram is stale: run `make diagram`"
+    assert diagram.main(["--check", str(readme)]) == 0, "README diagram is stale: run `make docs`"
     capsys.readouterr()

@@ -244,7 +244,8 @@ def test_hybrid_storage_barcelona(barcelona: RunResult) -> None:
     assert shared["metadata"]["name"] == "ml-dev-env-datasets"
     assert shared["spec"]["accessModes"] == ["ReadWriteMany"] and shared["spec"]["storageClassName"] == "nfs-csi"
     mounts = {m["name"]: m["mountPath"] for m in container(barcelona)["volumeMounts"]}
-    assert mounts | {} == mounts and mounts["workspace"] == "/workspace" and mounts["datasets"] == "/datasets"
+    assert mounts == {"workspace": "/workspace", "checkpoints": "/checkpoints", "datasets": "/datasets",
+                      "dshm": "/dev/shm", "startup": "/opt/ml-dev-env"}
     pod_volumes = {v["name"] for v in pod_spec(barcelona)["volumes"]}
     assert "datasets" in pod_volumes and "workspace" not in pod_volumes  # per-pod comes from the template
 
@@ -253,6 +254,8 @@ def test_data_survives_destroy_replace_and_scale(barcelona: RunResult, run) -> N
     sts = barcelona.one(STS)
     assert sts.inputs["spec"]["persistentVolumeClaimRetentionPolicy"] == {"whenDeleted": "Retain", "whenScaled": "Retain"}
     assert sts.options["delete_before_replace"] is True
+    # the first `pulumi up` also waits for the base and runtime builds (deadline 3600 s each)
+    assert sts.inputs["metadata"]["annotations"]["pulumi.com/timeoutSeconds"] == str(1800 + 2 * 3600)
     assert all(c.options["retain_on_delete"] for c in barcelona.of_type(PVC))
     created_ns = run("barcelona", lambda o: o["cluster"].update(createNamespace=True))
     namespace = created_ns.one("kubernetes:core/v1:Namespace")

@@ -51,15 +51,20 @@ def test_barcelona_declares_both_mistral_models(barcelona: RunResult) -> None:
 
 def test_only_v1_compute_resources_and_steps_embed_the_step_programs(barcelona: RunResult) -> None:
     specs = tasks(barcelona)
-    assert set(specs) == {"modelcar-download", "modelcar-package", "modelcar-mirror", "modelcar-register", "modelcar-upload-s3"}
     scripts = {"modelcar-download": "download", "modelcar-package": "package", "modelcar-mirror": "mirror",
-               "modelcar-register": "register", "modelcar-upload-s3": "upload_s3"}
+               "modelcar-register": "register", "modelcar-upload-s3": "upload_s3", "modelcar-wait-tools": "wait_image"}
+    assert set(specs) == set(scripts)
     for name, spec in specs.items():
         assert "stepTemplate" not in spec
         (step,) = spec["steps"]
         assert "resources" not in step
         assert step["script"] == step_script(scripts[name]), name
-        assert step["image"].startswith("image-registry.openshift-image-registry.svc:5000/nccl-test/ml-dev-env-tools:tools-")
+        tools = "image-registry.openshift-image-registry.svc:5000/nccl-test/ml-dev-env-tools:tools-"
+        if name == "modelcar-wait-tools":  # runs before the tools image exists: the public base, stdlib only
+            assert step["image"] == "registry.access.redhat.com/ubi9/python-311:9.6"
+            assert step["args"][:2] == ["--image", "$(params.image)"]
+        else:
+            assert step["image"].startswith(tools)
         assert step["securityContext"]["allowPrivilegeEscalation"] is False and "privileged" not in step["securityContext"]
         res = step["computeResources"]
         assert set(res["requests"]) == set(res["limits"]) == {"cpu", "memory", "ephemeral-storage"}
@@ -71,7 +76,7 @@ def test_scratch_is_constant_and_on_the_pvc(barcelona: RunResult) -> None:
     for spec in tasks(barcelona).values():
         step = spec["steps"][0]
         limit = step["computeResources"]["limits"]["ephemeral-storage"]
-        assert limit in ("1Gi", "256Mi"), limit  # does not grow with the model
+        assert limit in ("1Gi", "256Mi", "64Mi"), limit  # does not grow with the model
         env = {e["name"]: e.get("value") for e in step["env"]}
         if spec["workspaces"]:
             assert env["TMPDIR"] == "$(workspaces.model.path)" and env["HOME"].startswith("$(workspaces.model.path)")
@@ -88,6 +93,9 @@ def test_pipeline_wires_digests_through_results(barcelona: RunResult) -> None:
     assert args[args.index("--image") + 1] == "$(params.image)"  # repo@sha256:… → registered as oci://repo@sha256:…
     assert by_name["upload-s3"]["when"] == [{"input": "$(params.upload-s3)", "operator": "in", "values": ["true"]}]
     assert "timeouts" not in pipeline
+    assert by_name["download"]["runAfter"] == ["wait-tools"]
+    run_params = {p["name"]: p["value"] for p in run_for(barcelona, "mistral-small-24b-fp16")["spec"]["params"]}
+    assert run_params["tools-image"] == tasks(barcelona)["modelcar-package"]["steps"][0]["image"]
     for task in pipeline["tasks"]:
         assert task["timeout"], task["name"]
     # sized for the 48 GB model: 2 × transfer time at 25 MB/s
@@ -150,6 +158,14 @@ def test_run_name_is_a_hash_of_its_inputs(barcelona: RunResult) -> None:
     same = _with_models(lambda o: None)
     assert same.outputs["model_pipeline_runs"] == barcelona.outputs["model_pipeline_runs"]
 
+    def add_model(o: dict[str, Any]) -> None:
+        extra = copy.deepcopy(o["models"][0])
+        extra.update(name="another", sizeGi=40)
+        o["models"].append(extra)
+
+    more = _with_models(add_model).outputs["model_pipeline_runs"]
+    assert {k: more[k] for k in barcelona.outputs["model_pipeline_runs"]} == barcelona.outputs["model_pipeline_runs"]
+
     def bump(o: dict[str, Any]) -> None:
         o["models"][0]["source"]["huggingFace"]["revision"] = "0123abc"
 
@@ -185,6 +201,12 @@ def test_preflight_pvc_too_small_is_one_clear_message() -> None:
             "(1.15 × size + 4Gi); workspaceSize is 40Gi") in result.error
 
 
+def test_preflight_model_above_the_sized_maximum() -> None:
+    result = _with_models(lambda o: o["models"][1].update(sizeGi=60))
+    assert result.error and ("ml-dev-env:models[1]: got 'mistral-small-24b-fp16'; sizeGi 60 is above "
+                             "modelPipeline.maxModelSizeGi (48)") in result.error
+
+
 def test_preflight_scratch_does_not_fit_the_node() -> None:
     result = _with_models(lambda o: o["modelPipeline"].update(nodeEphemeralFree="512Mi"))
     assert result.error and "needs up to 1Gi of node ephemeral storage; modelPipeline.nodeEphemeralFree is 512Mi" in result.error
@@ -195,4 +217,5 @@ def test_full_model_fits_a_node_with_13gb_free() -> None:
     assert model["sizeGi"] == 48
     from stacks.config import ModelConfig, ModelPipelineConfig
 
-    assert model_sizing.preflight(ModelConfig.model_validate(model), ModelPipelineConfig(nodeEphemeralFree="13Gi")) is None
+    pipeline = ModelPipelineConfig(nodeEphemeralFree="13Gi", maxModelSizeGi=48)
+    assert model_sizing.preflight(ModelConfig.model_validate(model), pipeline) is None

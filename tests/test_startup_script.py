@@ -116,7 +116,7 @@ def test_pod0_computes_rank_writes_hostfile_and_starts_servers_on_loopback(tmp_p
     servers = {line.split()[0]: line for line in lines if not line.startswith("nvidia-smi")}
     assert set(servers) == {"code-server", "jupyter", "tensorboard"}
     assert "--bind-addr 127.0.0.1:8080 --auth none" in servers["code-server"]
-    assert "lab --no-browser --ip=127.0.0.1 --port=8888" in servers["jupyter"]
+    assert "lab --no-browser --allow-root --ip=127.0.0.1 --port=8888" in servers["jupyter"]
     assert "--host 127.0.0.1 --port 6006" in servers["tensorboard"]
     env_sh = (tmp_path / "state" / "env.sh").read_text()
     assert "export NODE_RANK=0 NNODES=2 GPUS_PER_NODE=4 WORLD_SIZE=8" in env_sh
@@ -192,3 +192,15 @@ def test_refused_memlock_cannot_kill_the_pod() -> None:
     shutil.rmtree(tmp_path)
     assert "WARNING: could not raise memlock (now 64 KiB)" in out
     assert "ready" in out
+
+
+def test_unwritable_workspace_does_not_kill_the_pod(tmp_path: Path, stubs: tuple[Path, Path]) -> None:
+    bin_dir, _ = stubs
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("a file where the workspace should be")
+    proc = start(base_env(tmp_path, bin_dir, "ml-dev-env-1", ML_DEV_WORKSPACE=str(blocked), HOME=str(blocked)))
+    wait_ready(proc, tmp_path / "state")
+    out = stop(proc)
+    assert f"WARNING: cannot write {blocked}/.deepspeed/hostfile" in out
+    assert (tmp_path / "state" / "hostfile").read_text() == naming.hostfile("ml-dev-env", "nccl-test", 2, 4)
+    assert f"DEEPSPEED_HOSTFILE={tmp_path}/state/hostfile" in (tmp_path / "state" / "env.sh").read_text()

@@ -73,7 +73,7 @@ def summary(written: list[tuple[Recorded, dict[str, Any], Path]], result: RunRes
     lines = [f"{'kind'.ljust(width)}  count", f"{'-' * width}  -----"]
     lines += [f"{kind.ljust(width)}  {n:5d}" for kind, n in sorted(counts.items())]
     lines += [f"{typ.ljust(width)}  {n:5d}" for typ, n in sorted(other.items())]
-    lines.append(f"{'total objects'.ljust(width)}  {sum(counts.values()):5d}")
+    lines.append(f"{'Kubernetes objects'.ljust(width)}  {sum(counts.values()):5d}")
     return "\n".join(lines)
 
 

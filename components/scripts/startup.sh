@@ -28,6 +28,12 @@ SERVERS="${ML_DEV_SERVERS:-}"
 AUTH="${ML_DEV_AUTH:-oauth-proxy}"
 mkdir -p "$STATE_DIR/logs"
 rm -f "$STATE_DIR/ready"
+# OpenShift may run an arbitrary UID whose HOME is not writable: give the servers a home of their own.
+if [ -z "${HOME:-}" ] || [ ! -w "${HOME}" ]; then
+  export HOME="$STATE_DIR/home"
+  mkdir -p "$HOME"
+fi
+export JUPYTER_RUNTIME_DIR="${JUPYTER_RUNTIME_DIR:-$STATE_DIR/jupyter-runtime}"
 
 # --- 1. memlock ---------------------------------------------------------------------------------
 case "${ML_DEV_MEMLOCK:-none}" in
@@ -73,12 +79,19 @@ if [ "${ML_DEV_HCA_MODE:-explicit}" = "auto" ] && [ -z "${NCCL_IB_HCA:-}" ]; the
 fi
 
 HOSTFILE="${DEEPSPEED_HOSTFILE:-$WORKSPACE/.deepspeed/hostfile}"
-mkdir -p "$(dirname "$HOSTFILE")"
-tmp="$(mktemp "$HOSTFILE.XXXXXX")"
-for ((i = 0; i < NNODES; i++)); do
-  printf '%s-%d.%s.%s.svc.cluster.local slots=%d\n' "$APP_NAME" "$i" "$HEADLESS_SERVICE" "$POD_NAMESPACE" "$GPUS_PER_NODE"
-done > "$tmp"
-mv -f "$tmp" "$HOSTFILE"
+write_hostfile() {
+  local tmp
+  mkdir -p "$(dirname "$HOSTFILE")" && tmp="$(mktemp "$HOSTFILE.XXXXXX")" || return 1
+  for ((i = 0; i < NNODES; i++)); do
+    printf '%s-%d.%s.%s.svc.cluster.local slots=%d\n' "$APP_NAME" "$i" "$HEADLESS_SERVICE" "$POD_NAMESPACE" "$GPUS_PER_NODE"
+  done > "$tmp" && mv -f "$tmp" "$HOSTFILE"
+}
+if ! write_hostfile 2>/dev/null; then
+  # an unwritable workspace must not crash-loop the pod; the hostfile goes to the state dir instead
+  log "WARNING: cannot write $HOSTFILE (is the workspace writable?); using $STATE_DIR/hostfile"
+  HOSTFILE="$STATE_DIR/hostfile"
+  write_hostfile
+fi
 
 {
   printf 'export NODE_RANK=%q NNODES=%q GPUS_PER_NODE=%q WORLD_SIZE=%q\n' "$NODE_RANK" "$NNODES" "$GPUS_PER_NODE" "$WORLD_SIZE"
@@ -117,10 +130,11 @@ if [ "$NODE_RANK" -eq 0 ]; then
       jupyter)
         if [ "$AUTH" = "token" ]; then
           : "${JUPYTER_TOKEN:?token mode needs JUPYTER_TOKEN}"
-          start jupyter jupyter lab --no-browser --ip="$BIND" --port=8888 --ServerApp.root_dir="$WORKSPACE" \
+          start jupyter jupyter lab --no-browser --allow-root --ip="$BIND" --port=8888 --ServerApp.root_dir="$WORKSPACE" \
             --IdentityProvider.token="$JUPYTER_TOKEN"
         else
-          start jupyter jupyter lab --no-browser --ip="$BIND" --port=8888 --ServerApp.root_dir="$WORKSPACE" \
+          # --allow-root: RDMA pods run as UID 0 (SCC capabilities only apply to root)
+          start jupyter jupyter lab --no-browser --allow-root --ip="$BIND" --port=8888 --ServerApp.root_dir="$WORKSPACE" \
             --IdentityProvider.token= --ServerApp.allow_remote_access=True --ServerApp.trust_xheaders=True
         fi
         ;;

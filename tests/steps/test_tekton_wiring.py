@@ -129,6 +129,12 @@ def test_rendered_tasks_run_end_to_end(
     assert mirror.returncode == 0, mirror.stderr
     assert tekton.results["mirror"]["IMAGE_URL"] == f"{internal.host}/nccl-test/wired@{digest}"
 
+    # the first task of a run: waits for the tools image (here: the image just mirrored)
+    tekton.run_params["tools-image"] = f"{internal.host}/nccl-test/wired:v1"
+    wait = tekton.run("wait-tools", ["--plain-http"], env)
+    assert wait.returncode == 0, wait.stderr
+    assert "is available" in wait.stdout
+
     register = tekton.run("register", [], env)
     assert register.returncode == 0, register.stderr
     (artifact,) = model_registry.objects["model_artifact"].values()
