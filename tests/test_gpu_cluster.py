@@ -245,7 +245,7 @@ def test_hybrid_storage_barcelona(barcelona: RunResult) -> None:
     assert shared["spec"]["accessModes"] == ["ReadWriteMany"] and shared["spec"]["storageClassName"] == "nfs-csi"
     mounts = {m["name"]: m["mountPath"] for m in container(barcelona)["volumeMounts"]}
     assert mounts == {"workspace": "/workspace", "checkpoints": "/checkpoints", "datasets": "/datasets",
-                      "dshm": "/dev/shm", "startup": "/opt/ml-dev-env"}
+                      "dshm": "/dev/shm", "startup": "/opt/ml-dev-env", "lifecycle": "/etc/ml-dev-env/lifecycle"}
     pod_volumes = {v["name"] for v in pod_spec(barcelona)["volumes"]}
     assert "datasets" in pod_volumes and "workspace" not in pod_volumes  # per-pod comes from the template
 
@@ -353,7 +353,7 @@ def test_outputs(barcelona: RunResult) -> None:
 def test_startup_script_is_embedded_from_the_repository(barcelona: RunResult) -> None:
     from components.pod import STARTUP_SCRIPT, content_hash
 
-    cm = barcelona.one("kubernetes:core/v1:ConfigMap").inputs
+    cm = barcelona.one("kubernetes:core/v1:ConfigMap", "gpu-startup").inputs
     assert cm["data"]["startup.sh"] == STARTUP_SCRIPT.read_text()
     annotations = barcelona.one(STS).inputs["spec"]["template"]["metadata"]["annotations"]
     assert annotations["ml-dev-env/startup-sha256"] == content_hash(STARTUP_SCRIPT.read_text())

@@ -149,6 +149,16 @@ else
   log "worker pod: no dev servers (they run on ${APP_NAME}-0)"
 fi
 
+# --- idle agent (lifecycle; every pod reports its activity, pod 0 decides) ---------------------
+# Settings: /etc/ml-dev-env/lifecycle/idle.json (updated in place); the agent is idle when it is off.
+if [ -f /opt/ml-dev-env/idle_agent.py ] && command -v python3 >/dev/null 2>&1; then
+  start idle-agent python3 /opt/ml-dev-env/idle_agent.py run
+  # interactive shells print the pending idle-stop warning at each prompt
+  if [ -w "$HOME" ] && ! grep -qs 'idle-warning.sh' "$HOME/.bashrc"; then
+    echo '[ -r /opt/ml-dev-env/idle-warning.sh ] && . /opt/ml-dev-env/idle-warning.sh' >> "$HOME/.bashrc"
+  fi
+fi
+
 # --- 5. ready, then wait ------------------------------------------------------------------------
 SLEEP_PID=""
 stop() {
