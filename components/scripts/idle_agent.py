@@ -260,9 +260,15 @@ def is_rank0() -> bool:
 # ---------------------------------------------------------------------------------- whole env
 
 
+def overridden(name: str) -> str:
+    """A test override: the value, or with '@<file>' the file's content (read each round; missing = error)."""
+    value = env(name)
+    return Path(value[1:]).read_text().strip() if value.startswith("@") else value
+
+
 def peers(settings: dict[str, Any]) -> list[tuple[str, str]]:
     """(pod, base URL) of every other pod, from rank.env (ML_DEV_PODS / ML_DEV_HOSTS, rank order)."""
-    override = env("ML_DEV_ACTIVITY_PEERS")  # "pod=host:port ..." (tests run simulated pods on loopback)
+    override = overridden("ML_DEV_ACTIVITY_PEERS")  # "pod=host:port ..." (tests run simulated pods on loopback)
     if override:
         return [(p.split("=", 1)[0], f"http://{p.split('=', 1)[1]}") for p in override.split()]
     rank = read_rank_env()
@@ -521,8 +527,8 @@ def serve(listen: str, decider: Decider | None) -> ThreadingHTTPServer:
 
 def follow_master(settings: dict[str, Any]) -> None:
     """Workers: mirror pod 0's warning (unreachable pod 0 = no warning shown; it decides anyway)."""
-    override = env("ML_DEV_MASTER_ACTIVITY")  # host:port, for simulated pods
     try:
+        override = overridden("ML_DEV_MASTER_ACTIVITY")  # host:port, for simulated pods
         base = f"http://{override}" if override else f"http://{read_rank_env()['MASTER_ADDR']}:{settings['activityPort']}"
         decision = fetch_json(f"{base}/decision", timeout=10)
     except (OSError, ValueError, KeyError, urllib.error.URLError):
