@@ -17,8 +17,10 @@ Signals (a probe that fails counts as ACTIVE: the agent never stops what it cann
              --format=csv,noheader,nounits`; busy when utilization.gpu or utilization.memory reaches its
              threshold; a missing/failing nvidia-smi or an `[N/A]` value is a failed probe
   terminals  last input on any /dev/pts/N (its atime, what `w` shows as IDLE)
-  ssh        `$ML_DEV_STATE_DIR/activity/ssh/<pid>` records whose pid is alive, else `sshd: user@…` processes
-  launcher   `$ML_DEV_STATE_DIR/activity/launcher.heartbeat` touched within 60 s by a live run
+  ssh        `$ML_DEV_STATE_DIR/activity/ssh/<pid>` or `ssh-sessions/<pid>` records whose pid is alive (and,
+             when the record's first line holds it, has the same start time), or `sshd: user@…` processes
+  launcher   `$ML_DEV_STATE_DIR/activity/launcher.heartbeat` or `heartbeat/*.json` rewritten within 60 s by a
+             live run (`ml-dev` rewrites its run/rank records every 10 s)
   vscode     code-server's heartbeat file (`<data dir>/code-server/heartbeat`, rewritten at most once a
              minute while code-server has activity or open connections: coder/code-server src/node/heart.ts)
   jupyter    `/api/status` last_activity, `/api/kernels` (a busy kernel is active), `/api/terminals`
@@ -170,11 +172,32 @@ def probe_terminals(now: float) -> dict[str, Any]:
     return signal("terminals", True, age=age, open=len(inputs))
 
 
+def proc_start_time(pid: int) -> str | None:
+    """Field 22 of /proc/<pid>/stat (start time in clock ticks): tells a reused PID from the original."""
+    try:
+        stat = Path(env("ML_DEV_PROC_DIR", "/proc"), str(pid), "stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[-1].split()[19] if ")" in stat else None
+
+
+def session_alive(record: Path) -> bool:
+    """An SSH session record named after its PID; a first line holding the start time guards PID reuse."""
+    if not record.name.isdigit() or not pid_alive(int(record.name)):
+        return False
+    try:
+        first = record.read_text().splitlines()[0].strip() if record.stat().st_size else ""
+    except (OSError, IndexError):
+        first = ""
+    return not first.isdigit() or proc_start_time(int(record.name)) in (None, first)
+
+
 def probe_ssh() -> dict[str, Any]:
-    records = state_dir() / "activity" / "ssh"
+    # activity/ssh/<pid> (the activity-records contract) and ssh-sessions/<pid> (the SSH fabric's ForceCommand)
     live = []
-    with contextlib.suppress(OSError):
-        live = [int(p.name) for p in records.iterdir() if p.name.isdigit() and pid_alive(int(p.name))]
+    for records in (state_dir() / "activity" / "ssh", state_dir() / "ssh-sessions"):
+        with contextlib.suppress(OSError):
+            live += [int(p.name) for p in records.iterdir() if session_alive(p)]
     sessions = []
     if env("ML_DEV_SSH_PROCESS_SCAN", "1") == "1":
         for proc in Path(env("ML_DEV_PROC_DIR", "/proc")).glob("[0-9]*"):
@@ -186,19 +209,25 @@ def probe_ssh() -> dict[str, Any]:
 
 
 def probe_launcher(now: float) -> dict[str, Any]:
-    beat = state_dir() / "activity" / "launcher.heartbeat"
-    try:
-        mtime = beat.stat().st_mtime
-    except FileNotFoundError:
-        return signal("launcher", True)
-    except OSError as exc:
-        return signal("launcher", False, error=str(exc))
-    pid = None
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        pid = int(json.loads(beat.read_text().strip().splitlines()[0])["pid"])
-    alive = pid is None or pid_alive(pid)
-    fresh = now - mtime <= LAUNCHER_FRESH_SECONDS
-    return signal("launcher", True, active=fresh and alive, age=now - mtime, pid=pid)
+    # activity/launcher.heartbeat (the contract) and heartbeat/{run,rank}-<pid>.json (the launcher, every 10 s)
+    beats = [state_dir() / "activity" / "launcher.heartbeat", *sorted((state_dir() / "heartbeat").glob("*.json"))]
+    active, ages, runs = False, [], []
+    for beat in beats:
+        try:
+            mtime = beat.stat().st_mtime
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            return signal("launcher", False, error=str(exc))
+        pid = None
+        with contextlib.suppress(OSError, ValueError, AttributeError, IndexError, KeyError, TypeError):
+            pid = int(json.loads(beat.read_text().strip().splitlines()[0])["pid"])
+        alive = pid is None or pid_alive(pid)
+        ages.append(now - mtime)
+        if alive and now - mtime <= LAUNCHER_FRESH_SECONDS:
+            active = True
+            runs.append(beat.name)
+    return signal("launcher", True, active=active, age=min(ages) if ages else None, runs=runs)
 
 
 def probe_vscode(now: float) -> dict[str, Any]:

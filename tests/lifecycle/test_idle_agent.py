@@ -250,6 +250,40 @@ def test_activity_records_real_processes_and_heartbeats(pods: list[SimPod], api:
     assert signals[f"{APP}-0/launcher"]["age"] >= 7000 and signals[f"{APP}-0/vscode"]["age"] >= 7000
 
 
+def test_the_ssh_fabric_and_launcher_record_formats(pods: list[SimPod], api: FakeApiServer,
+                                                     monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """ssh-sessions/<pid> (first line: the process start time) and heartbeat/{run,rank}-<pid>.json, as the
+    SSH fabric's ForceCommand and the `ml-dev` launcher write them."""
+    pod = pods[0]
+    pod.state.joinpath("rank.env").write_text(f"export NODE_RANK=0 ML_DEV_PODS='{APP}-0' ML_DEV_HOSTS='{APP}-0.x'\n")
+    settings = write_settings(tmp_path / "idle.json", servers=[])
+    sessions, beats = pod.state / "ssh-sessions", pod.state / "heartbeat"
+    sessions.mkdir()
+    beats.mkdir()
+    shell = subprocess.Popen(["sleep", "60"])
+    try:
+        start = Path(f"/proc/{shell.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        record = sessions / str(shell.pid)
+        record.write_text(f"{start}\ndev\n10.128.2.7 51234 22\n")
+        outcome, decider = decide(pod, settings, api, monkeypatch)
+        assert (outcome, decider.reason) == ("active", f"{APP}-0/ssh: active")
+        record.write_text(f"{int(start) + 1}\ndev\n10.128.2.7 51234 22\n")  # the PID was reused by another process
+        assert agent.probe_ssh()["active"] is False
+        record.unlink()
+        rank = beats / f"rank-{shell.pid}.json"
+        rank.write_text(json.dumps({"command": "python train.py", "cwd": "/workspace", "pid": shell.pid, "started": 1.0, "alive_at": 2.0}))
+        outcome, decider = decide(pod, settings, api, monkeypatch)
+        assert (outcome, decider.reason) == ("active", f"{APP}-0/launcher: active")
+        assert agent.probe_launcher(time.time())["detail"]["runs"] == [rank.name]
+    finally:
+        shell.kill()
+        shell.wait()
+    old = time.time() - 7200
+    os.utime(rank, (old, old))  # a record the launcher left behind (killed): stale, its process is gone
+    outcome, decider = decide(pod, settings, api, monkeypatch)
+    assert outcome == "stop", decider.reason
+
+
 def test_sshd_session_processes_count_without_records(pods: list[SimPod], api: FakeApiServer,
                                                       monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     pod = pods[0]
