@@ -165,6 +165,14 @@ class GpuCluster(pulumi.ComponentResource):
         script = pod.startup_script()
         startup = k8s.core.v1.ConfigMap(f"{name}-startup", metadata=meta(f"{app}-startup"), data={"startup.sh": script}, opts=child)
         depends.append(startup)
+        # Count-dependent facts (NNODES, …) live here, not in the pod template: a new `nodes.count`
+        # updates this ConfigMap in place and the StatefulSet's `replicas` (both in-place updates), so
+        # running pods are not restarted. Its content is deliberately not hashed into the template.
+        cluster_cm = k8s.core.v1.ConfigMap(
+            f"{name}-cluster", metadata=meta(f"{app}-cluster"), data={"cluster.env": pod.cluster_env(cfg)}, opts=child
+        )
+        # Updated before the StatefulSet (dependency order), so new pods of a scale-up read the new count.
+        depends.append(cluster_cm)
         volumes = [
             *self.storage.volumes,
             k8s.core.v1.VolumeArgs(
@@ -172,6 +180,9 @@ class GpuCluster(pulumi.ComponentResource):
             ),
             k8s.core.v1.VolumeArgs(
                 name="startup", config_map=k8s.core.v1.ConfigMapVolumeSourceArgs(name=f"{app}-startup", default_mode=0o555)
+            ),
+            k8s.core.v1.VolumeArgs(
+                name=pod.CLUSTER_VOLUME, config_map=k8s.core.v1.ConfigMapVolumeSourceArgs(name=f"{app}-cluster", default_mode=0o444)
             ),
         ]
         tokens_secret = None
@@ -226,6 +237,8 @@ class GpuCluster(pulumi.ComponentResource):
             metadata=meta(app, annotations={"pulumi.com/timeoutSeconds": str(rollout_timeout(cfg)), **args.statefulset_annotations}),
             spec=k8s.apps.v1.StatefulSetSpecArgs(
                 service_name=naming.headless_service(app),
+                # An in-place update: `.spec.replicas` is not among pulumi-kubernetes' force-new StatefulSet
+                # fields (provider/pkg/provider/diff.go, `statefulSet`), and the template does not change.
                 replicas=cfg.nodes.count,
                 pod_management_policy="Parallel",
                 selector=k8s.meta.v1.LabelSelectorArgs(match_labels=selector),
