@@ -97,10 +97,14 @@ class GpuCluster(pulumi.ComponentResource):
 
         # --- memlock privileges (RDMA only) ---------------------------------------------------
         if rdma and memlock.mode in ("scc", "privileged"):
-            scc = memlock.scc_name if memlock.mode == "scc" else "privileged"
-            assert scc is not None  # guaranteed by MemlockConfig
+            configured_scc = memlock.scc_name if memlock.mode == "scc" else "privileged"
+            assert configured_scc is not None  # guaranteed by MemlockConfig
+            scc = configured_scc
             role_kind = "ClusterRole"
             if memlock.mode == "scc" and memlock.create_scc:
+                # A created SCC is cluster-scoped: named per stack (namespace and app) so a second
+                # environment in the cluster neither collides with nor deletes this one's.
+                scc = naming.stack_scc_name(configured_scc, ns, app)
                 scc_obj = crds.TopLevelObject(
                     f"{name}-scc",
                     api_version="security.openshift.io/v1",
@@ -126,10 +130,13 @@ class GpuCluster(pulumi.ComponentResource):
                         opts=pulumi.ResourceOptions(parent=self, depends_on=[scc_obj]),
                     )
                 )
+            # The binding's name stays the configured one; a changed roleRef (immutable) makes
+            # pulumi-kubernetes replace it, deleting first since the name is unchanged
+            # (provider/pkg/provider/diff.go: roleBinding force-new `.roleRef`; provider.go, kubeProvider.Diff).
             depends.append(
                 k8s.rbac.v1.RoleBinding(
                     f"{name}-scc-binding",
-                    metadata=meta(f"{app}-scc-{scc}"),
+                    metadata=meta(f"{app}-scc-{configured_scc}"),
                     role_ref=k8s.rbac.v1.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind=role_kind, name=scc_role_name(scc)),
                     subjects=[k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=sa_name, namespace=ns)],
                     opts=pulumi.ResourceOptions(parent=self, depends_on=list(depends)),

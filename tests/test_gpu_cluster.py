@@ -192,16 +192,57 @@ def test_memlock_through_declared_scc_binding(barcelona: RunResult) -> None:
     assert container(barcelona)["securityContext"] == {"runAsUser": 0, "capabilities": {"add": ["IPC_LOCK", "SYS_RESOURCE"]}}
     assert env(barcelona)["ML_DEV_MEMLOCK"] == "scc"
     scc = barcelona.one(SCC).inputs
-    assert scc["metadata"]["name"] == "nccl-rdma-scc"
+    assert scc["metadata"]["name"] == "nccl-rdma-scc-nccl-test-ml-dev-env"  # per stack: SCCs are cluster-scoped
     assert scc["allowedCapabilities"] == ["IPC_LOCK", "SYS_RESOURCE"]
     assert scc["allowPrivilegedContainer"] is False and scc["allowHostNetwork"] is False
     assert scc["seccompProfiles"] == ["runtime/default"]  # the pods ask for RuntimeDefault
     binding = barcelona.one(ROLEBINDING, "gpu-scc-binding").inputs
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "system:openshift:scc:nccl-rdma-scc"}
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": "system:openshift:scc:nccl-rdma-scc-nccl-test-ml-dev-env"}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "ml-dev-sa", "namespace": "nccl-test"}]
+    assert binding["metadata"]["name"] == "ml-dev-env-scc-nccl-rdma-scc"
     role = barcelona.one("kubernetes:rbac.authorization.k8s.io/v1:Role").inputs
+    assert role["metadata"]["name"] == binding["roleRef"]["name"]
     assert role["rules"] == [{"apiGroups": ["security.openshift.io"], "resources": ["securitycontextconstraints"],
-                              "resourceNames": ["nccl-rdma-scc"], "verbs": ["use"]}]
+                              "resourceNames": [scc["metadata"]["name"]], "verbs": ["use"]}]
+
+
+def cluster_scoped(result: RunResult) -> set[tuple[str, str]]:
+    """(type, name) of every rendered Kubernetes object without a namespace."""
+    return {
+        (r.typ, r.inputs["metadata"]["name"])
+        for r in result.resources
+        if r.typ.startswith("kubernetes:") and isinstance(r.inputs.get("metadata"), dict) and "namespace" not in r.inputs["metadata"]
+    }
+
+
+def test_two_environments_in_one_cluster_have_disjoint_cluster_scoped_names(barcelona: RunResult, run) -> None:
+    def second_user(o: dict[str, Any]) -> None:
+        o["cluster"].update(namespace="alice-dev", appName="alice-env")
+
+    other = run("barcelona", second_user)
+    assert other.error is None, other.error
+    mine, theirs = cluster_scoped(barcelona), cluster_scoped(other)
+    assert (SCC, "nccl-rdma-scc-nccl-test-ml-dev-env") in mine and (SCC, "nccl-rdma-scc-alice-dev-alice-env") in theirs
+    assert mine.isdisjoint(theirs), mine & theirs
+    # the same holds with the namespace created by each stack
+    created = run("barcelona", lambda o: (second_user(o), o["cluster"].update(createNamespace=True)))
+    assert cluster_scoped(created).isdisjoint(cluster_scoped(run("barcelona", lambda o: o["cluster"].update(createNamespace=True))))
+
+
+def test_long_scc_names_stay_dns_subdomains() -> None:
+    from components.naming import DNS_SUBDOMAIN, stack_scc_name
+
+    long_a, long_b = stack_scc_name("s" * 250, "team-a", "app"), stack_scc_name("s" * 250, "team-b", "app")
+    assert DNS_SUBDOMAIN.match(long_a) and DNS_SUBDOMAIN.match(long_b) and long_a != long_b
+
+
+def test_attachments_in_another_namespace_warn(run) -> None:
+    result = run("barcelona", lambda o: o["network"]["rdma"].update(attachmentNamespace="shared-nics"))
+    assert result.error is None, result.error
+    assert any("network.rdma.attachmentNamespace 'shared-nics'" in w and "nccl-test" in w for w in result.warnings), result.warnings
+    same = run("barcelona", lambda o: o["network"]["rdma"].update(attachmentNamespace="nccl-test"))
+    assert not any("attachmentNamespace" in w for w in same.warnings), same.warnings
 
 
 def test_existing_scc_is_bound_not_created(run) -> None:
