@@ -19,7 +19,7 @@ from components.pod import STARTUP_SCRIPT
 SERVERS = ("code-server", "jupyter", "tensorboard")
 STUBS = {
     # dev servers: record argv and environment, then stay up like a server
-    **{name: f'env | sort > "$(dirname "$0")/../{name}.env"\nexec sleep 60' for name in SERVERS},
+    **{name: f'out="$(dirname "$0")/../{name}.env"; env | sort > "$out.tmp" && mv "$out.tmp" "$out"\nexec sleep 60' for name in SERVERS},
     "nvidia-smi": 'echo "0, NVIDIA H100 80GB HBM3, 81559 MiB"',
     "ibv_devinfo": r'printf "4 HCAs found:\n\tmlx5_7\n\tmlx5_6\n\tmlx5_9\n\tmlx5_8\n"',
 }
@@ -171,6 +171,7 @@ def test_pod0_computes_rank_writes_hostfile_and_starts_servers_on_loopback(tmp_p
     proc = start(env)
     wait_ready(proc, tmp_path / "state")
     lines = wait_for_calls(calls, 4)
+    assert wait_until(lambda: (tmp_path / "jupyter.env").exists(), timeout=5)
     out = stop(proc)
 
     hostfile = tmp_path / "workspace" / ".deepspeed" / "hostfile"
