@@ -93,6 +93,18 @@ def warnings_for(config: StackConfig) -> list[str]:
             "RDMA without security.memlock: pods keep the default 8 MiB memlock limit and NCCL may fail "
             "with IBV_WC_LOC_PROT_ERR; set memlock.mode 'scc'"
         )
+    attachment_ns = net.rdma.attachment_namespace
+    if net.effective_mode == "rdma" and attachment_ns and attachment_ns != config.cluster.namespace:
+        # OpenShift runs Multus with namespace isolation: a pod may only use attachments of its own
+        # namespace or a global one (openshift/cluster-network-operator bindata/network/multus/multus.yaml:
+        # "namespaceIsolation": true, "globalNamespaces": "default,openshift-multus,openshift-sriov-network-operator,…").
+        out.append(
+            f"network.rdma.attachmentNamespace '{attachment_ns}' is not the stack's namespace '{config.cluster.namespace}': "
+            "OpenShift's Multus only lets pods use attachments of their own namespace or a global one (default, "
+            "openshift-multus, openshift-sriov-network-operator), and attachments there are shared with every other "
+            "environment that names them"
+            + (" (createAttachments on two stacks would fight over them)" if net.rdma.create_attachments else "")
+        )
     if config.image.build is not None and config.build_nodes.tolerations:
         out.append(
             "buildNodes.tolerations do not apply to BuildConfigs (OpenShift has no per-build tolerations; "
