@@ -6,22 +6,22 @@ PY := $(VENV)/bin/python
 STACK ?= barcelona
 # Debian packages the tests and benchmarks use for real (registry, skopeo, buildah, htpasswd).
 APT_PACKAGES := docker-registry skopeo buildah apache2-utils
-REQUIREMENTS := requirements.txt requirements-dev.txt $(wildcard steps/requirements.txt steps/requirements-test.txt)
+# Hash-locked sets compiled from the *.in files by `make lock` (tools/lock.sh, uv); .venv gets the dev lock.
 
-.PHONY: help venv system-deps render render-all test lint docs diagram policy-preview bench-package clean
+.PHONY: lock lock-check typecheck help venv system-deps render render-all test lint docs diagram policy-preview bench-package clean
 
 help:
 	@echo "make render STACK=<name>   render one stack offline into rendered/<name>/ (+ schema check)"
 	@echo "make render-all            render every Pulumi.<stack>.yaml"
 	@echo "make test                  lint + the whole test suite (installs what it needs)"
+	@echo "make lock                  re-lock requirements*.txt (hashes) after editing requirements*.in"
 	@echo "make docs                  regenerate the configuration reference, presets and diagram in README.md"
 	@echo "make policy-preview        pulumi preview with the policy pack (needs the Pulumi CLI and a cluster)"
 	@echo "make bench-package         modelcar packaging benchmark (SIZE=2GiB)"
 
-$(VENV)/.installed: $(REQUIREMENTS)
+$(VENV)/.installed: requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet $(foreach r,$(filter-out requirements.txt,$(REQUIREMENTS)),-r $(r))
+	$(PY) -m pip install --quiet --require-hashes --no-deps -r requirements-dev.txt
 	touch $@
 
 venv: $(VENV)/.installed
@@ -43,6 +43,17 @@ render-all: venv
 
 lint: venv
 	$(PY) -m ruff check .
+
+typecheck: venv
+	$(PY) -m mypy
+
+# Re-lock after editing a *.in file (or steps/requirements*.txt): every transitive pin, with hashes.
+lock: venv
+	tools/lock.sh
+
+# Fails when a lock is out of date with its .in file (the pre-commit hook runs it).
+lock-check: venv
+	tools/lock.sh --check
 
 docs: venv
 	$(PY) tools/config_reference.py --write README.md
