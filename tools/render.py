@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from policy.rules import POLICIES, evaluate, format_report, has_mandatory
 from stacks.loader import SECRET_KEYS
-from tools.mock_engine import REDACTED, ROOT, Recorded, RunResult, run_program, stack_config
+from tools.mock_engine import REDACTED, ROOT, Recorded, RunResult, StackFileError, run_program, stack_config
 
 VALIDATOR = ROOT.parent / "shared" / "tools" / "validate_manifests.py"
 
@@ -87,7 +87,11 @@ def render(stack: str, out_root: Path, validate: bool = True, config_dir: Path =
         available = stacks_in(config_dir)
         print(f"error: no stack file {stack_file.name}; available stacks: {', '.join(available)}", file=sys.stderr)
         return 2
-    config = stack_config(stack_file)
+    try:
+        config = stack_config(stack_file)
+    except StackFileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     # Secrets can't be decrypted offline: render with placeholders (redacted from every file).
     placeholders = {k: f"render-placeholder-{k}" for k in SECRET_KEYS if f"ml-dev-env:{k}" not in config}
     result = run_program(stack, config, placeholders)
