@@ -1,8 +1,9 @@
 """Typed stack configuration (SPEC.md §3): one pydantic model per `ml-dev-env:<key>` object.
 
 Keys are camelCase in `Pulumi.<stack>.yaml` (`pulumi config set --path 'ml-dev-env:nodes.count' 2`).
-Every model is frozen and rejects unknown keys; cross-field rules raise `ConfigProblem` so the error
-names the exact key path.
+Every model is frozen and rejects unknown keys; cross-field rules (`@rule` methods) yield a
+`ConfigProblem` per mistake, naming the exact key path, and all of them are reported in one run
+(a `@model_validator` that raises one `ConfigProblem` also works, but stops that model at the first).
 """
 
 from __future__ import annotations
