@@ -58,6 +58,14 @@ class ClusterConfig(Model):
         # pod names `<app>-<ordinal>` and `<app>-tensorboard-<namespace>` hosts must stay DNS labels.
         if len(self.app_name) > 40:
             yield ConfigProblem("appName", self.app_name, "at most 40 characters (pod and route names derive from it)")
+            return
+        longest = f"{self.app_name}-tensorboard-{self.namespace}"
+        if len(longest) > 63:
+            yield ConfigProblem(
+                "appName", self.app_name,
+                f"route hosts start with '<appName>-<server>-<namespace>', which must fit a 63-character DNS label "
+                f"('{longest}' has {len(longest)}); choose a shorter appName",
+            )
 
 
 # ----------------------------------------------------------------------------------------- nodes
@@ -556,14 +564,8 @@ class StackConfig(Model):
 
     @rule
     def _cross(self) -> Iterator[ConfigProblem]:
-        # (the RDMA per-NIC rules run in NetworkConfig, so they are reported even when another key is wrong)
-        longest = f"{self.cluster.app_name}-tensorboard-{self.cluster.namespace}"
-        if len(longest) > 63:
-            yield ConfigProblem(
-                "cluster.appName", self.cluster.app_name,
-                f"route hosts start with '<appName>-<server>-<namespace>', which must fit a 63-character DNS label "
-                f"('{longest}' has {len(longest)}); choose a shorter appName",
-            )
+        # Rules of one object live in its model (route host length: ClusterConfig; RDMA per-NIC lists:
+        # NetworkConfig), so they are reported even when another object has a mistake.
         names = [m.name for m in self.models]
         if duplicates(names):
             yield ConfigProblem("models[].name", duplicates(names), "model names must be unique")

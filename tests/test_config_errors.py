@@ -190,9 +190,12 @@ def test_every_mistake_is_reported_in_one_run() -> None:
     objects["storage"]["volumes"][1]["mountPath"] = "/tmp"
     objects["storage"]["volumes"][2]["scope"] = None
     objects["security"]["memlock"] = {"mode": "none", "createScc": True}
+    objects["cluster"]["namespace"] = "a-very-long-namespace-name-for-the-team-x"
     result = run_objects("barcelona", objects)
     table = "per-NIC lists: attachments 4, sriovResources 4, hcas 3, socketInterfaces 2"
     assert problem_lines(result.error) == [
+        "ml-dev-env:cluster.appName: got 'ml-dev-env'; route hosts start with '<appName>-<server>-<namespace>', which must fit "
+        "a 63-character DNS label ('ml-dev-env-tensorboard-a-very-long-namespace-name-for-the-team-x' has 64); choose a shorter appName",
         "ml-dev-env:nodes.shmSize: got 64; a size needs a unit (a bare number means bytes): did you mean '64Gi'?",
         "ml-dev-env:network.ncclEnv.LD_PRELOAD: got '/x.so'; keys must be NCCL_*, TORCH_NCCL_* or UCX_* variables",
         f"ml-dev-env:network.rdma.hcas: got ['mlx5_6', 'mlx5_7', 'mlx5_8']; with hcaMode 'explicit', one HCA per attachment: "
@@ -203,7 +206,7 @@ def test_every_mistake_is_reported_in_one_run() -> None:
         "ml-dev-env:storage.volumes[1].mountPath: got '/tmp'; /tmp is reserved",
         "ml-dev-env:storage.volumes[2].scope: got None; hybrid mode needs 'shared' or 'per-pod' on every volume",
     ], result.error
-    assert result.error.startswith("invalid stack configuration in Pulumi.barcelona.yaml (7 problems):\n")
+    assert result.error.startswith("invalid stack configuration in Pulumi.barcelona.yaml (8 problems):\n")
 
 
 def test_key_errors_values_and_plain_secrets_come_together() -> None:
