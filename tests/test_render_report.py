@@ -198,3 +198,10 @@ def test_schema_check_detail_only_on_failure(tmp_path: Path, monkeypatch: pytest
     assert "schema check" in out.out and "FAILED" in out.out
     assert "replicaz" in out.out
     assert "fail the schema check" in out.err
+
+
+def test_attachments_in_another_namespace_are_listed_there() -> None:
+    config, objects = rendered("barcelona", lambda o: o["network"]["rdma"].update(attachmentNamespace="sriov-networks"))
+    [nads] = find(prerequisites(config, objects), "NetworkAttachmentDefinitions")
+    assert nads.what == f"NetworkAttachmentDefinitions in namespace sriov-networks: {', '.join(config.network.rdma.attachments)}"
+    assert nads.check == "oc get network-attachment-definitions -n sriov-networks"
