@@ -302,10 +302,11 @@ def admin_needs(objects: Sequence[Mapping[str, Any]], namespace: str) -> list[Ne
         elif other and other != namespace:
             out.append(Need(f"{_name(obj)} in namespace {other}", f"outside the stack's namespace {namespace}: needs admin in {other}"))
         elif _scc_grants(obj):
-            verb = "binds a role granting" if kind == "RoleBinding" else "grants"
+            binding = kind == "RoleBinding"
             out.append(Need(
                 _name(obj),
-                f"{verb} use of SCC {', '.join(_scc_grants(obj))}: its creator must hold that use already "
+                f"{'binds a role granting' if binding else 'grants'} use of SCC {', '.join(_scc_grants(obj))}: "
+                f"its creator must hold that use{', or `bind` on the role,' if binding else ''} already "
                 "(RBAC escalation check): cluster-admin, or an admin grants it first",
             ))
     return out
