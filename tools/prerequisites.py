@@ -80,11 +80,11 @@ def _name(obj: Mapping[str, Any]) -> str:
 
 
 def _users(names: Sequence[str]) -> str:
-    """`StatefulSet/x, 2 PipelineRuns`: objects by name, or counted per kind when a kind has several."""
+    """`StatefulSet/x, 4 PipelineRuns`: objects by name, or counted per kind when a kind has more than two."""
     by_kind: dict[str, list[str]] = {}
     for name in sorted(set(names)):
         by_kind.setdefault(name.split("/", 1)[0], []).append(name)
-    return ", ".join(found[0] if len(found) == 1 else f"{len(found)} {kind}s" for kind, found in by_kind.items())
+    return ", ".join(", ".join(found) if len(found) <= 2 else f"{len(found)} {kind}s" for kind, found in by_kind.items())
 
 
 def _pod_specs(obj: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
