@@ -4,7 +4,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from components.gpu_cluster import GpuCluster, GpuClusterArgs
-from components.image_build import ImageBuild, ImageBuildArgs, image_trigger_annotation
+from components.image_build import ImageBuild, ImageBuildArgs
 from components.model_pipeline import ModelPipeline, ModelPipelineArgs
 from stacks import loader
 
@@ -31,16 +31,15 @@ if cfg.cluster.create_namespace:
     opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(depends_on=[namespace]))
 
 labels = {"app.kubernetes.io/part-of": "ml-dev-env", "app.kubernetes.io/managed-by": "pulumi", "ml-dev-env/cluster": cfg.cluster.name}
-sts_annotations: dict[str, str] = {}
 if cfg.image.build is not None:
     images = ImageBuild(
         "image",
         ImageBuildArgs(namespace=cfg.cluster.namespace, labels=labels, build=cfg.image.build, build_nodes=cfg.build_nodes),
         opts=opts,
     )
+    # The pods run exactly the runtime tag this program computed; a new tag rolls them in the same `pulumi up`
+    # (no OpenShift image-change trigger annotation: it would hand the image field to another field manager).
     image = images.runtime_image
-    if cfg.image.build.rollout_on_new_image:
-        sts_annotations = image_trigger_annotation(images.image_stream_tag, "ml-dev")
     pulumi.export("base_image", images.base_image)
     pulumi.export("runtime_image", images.runtime_image)
     pulumi.export("build_command", images.start_build_command)
@@ -48,7 +47,7 @@ if cfg.image.build is not None:
 else:
     image = cfg.image.reference
 cluster = GpuCluster(
-    "gpu", GpuClusterArgs(config=cfg, image=image, secrets=stack.secrets, statefulset_annotations=sts_annotations), opts=opts
+    "gpu", GpuClusterArgs(config=cfg, image=image, secrets=stack.secrets), opts=opts
 )
 
 if cfg.models:
