@@ -262,7 +262,10 @@ class GpuCluster(pulumi.ComponentResource):
         if cfg.access.servers:
             k8s.core.v1.Service(
                 f"{name}-dev",
-                metadata=meta(app),
+                # Not awaited: pulumi-kubernetes waits (default 10 min) for a selector Service's endpoints
+                # (provider/pkg/await/service.go, serviceInitAwaiter.Await), i.e. for pod 0 to be ready, which the
+                # StatefulSet's own await already covers with the build-aware rollout_timeout().
+                metadata=meta(app, annotations={"pulumi.com/skipAwait": "true"}),
                 spec=k8s.core.v1.ServiceSpecArgs(
                     selector={**selector, "statefulset.kubernetes.io/pod-name": naming.pod_name(app, 0)},
                     ports=[
