@@ -71,12 +71,15 @@ labels = {"app.kubernetes.io/part-of": "ml-dev-env", "app.kubernetes.io/managed-
 if cfg.image.build is not None:
     images = ImageBuild(
         "image",
-        ImageBuildArgs(namespace=cfg.cluster.namespace, labels=labels, build=cfg.image.build, build_nodes=cfg.build_nodes),
+        ImageBuildArgs(
+            namespace=cfg.cluster.namespace, labels=labels, build=cfg.image.build, build_nodes=cfg.build_nodes,
+            wait_image=cfg.model_pipeline.tools_base_image,
+        ),
         opts=opts,
     )
-    # The pods run exactly the runtime tag this program computed; a new tag rolls them in the same `pulumi up`
-    # (no OpenShift image-change trigger annotation: it would hand the image field to another field manager).
-    image = images.runtime_image
+    # The pods run exactly the runtime tag this program computed; a new tag rolls them in the same `pulumi up`, once
+    # the tag exists (no OpenShift image-change trigger annotation: it would hand the image field to another manager).
+    image = images.runtime_ready
     pulumi.export("base_image", images.base_image)
     pulumi.export("runtime_image", images.runtime_image)
     pulumi.export("build_command", images.start_build_command)

@@ -254,6 +254,54 @@ class ImageBuildArgs(BaseModel):
     labels: dict[str, str]
     build: ImageBuildConfig
     build_nodes: BuildNodesConfig
+    wait_image: str | None = None
+    """Python image for the wait Job (`runtime_ready`); None: no Job, `runtime_ready` is the plain reference."""
+
+
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # token + service-ca.crt (the internal registry's CA)
+WAIT_MARGIN_SECONDS = 600  # queueing of the two build pods before their deadlines start
+
+
+def wait_seconds(build: ImageBuildConfig) -> int:
+    """Longest time until the runtime tag exists: both builds run to their deadline, one after the other."""
+    return 2 * build.completion_deadline_seconds + WAIT_MARGIN_SECONDS
+
+
+def wait_job_name(build: ImageBuildConfig) -> str:
+    return f"{build.image_stream[:40]}-wait-{runtime_hash(build)}"
+
+
+def wait_job_spec(build: ImageBuildConfig, image: str, python_image: str) -> k8s.batch.v1.JobSpecArgs:
+    """A Job that completes when `image` is in the registry (steps/wait_image.py, stdlib only, as the pipeline's wait-tools)."""
+    from steps.embed import step_script  # the steps package is the single source of the wait program
+
+    seconds = wait_seconds(build)
+    return k8s.batch.v1.JobSpecArgs(
+        backoff_limit=0,
+        active_deadline_seconds=seconds + 120,
+        template=k8s.core.v1.PodTemplateSpecArgs(
+            spec=k8s.core.v1.PodSpecArgs(
+                restart_policy="Never",
+                security_context=k8s.core.v1.PodSecurityContextArgs(
+                    run_as_non_root=True, seccomp_profile=k8s.core.v1.SeccompProfileArgs(type="RuntimeDefault")
+                ),
+                containers=[k8s.core.v1.ContainerArgs(
+                    name="wait",
+                    image=python_image,
+                    image_pull_policy="IfNotPresent",
+                    command=["python3", "-c", step_script("wait_image"),
+                             "--image", image, "--token-file", f"{SA_DIR}/token", "--ca-file", f"{SA_DIR}/service-ca.crt",
+                             "--timeout", str(seconds)],
+                    resources=k8s.core.v1.ResourceRequirementsArgs(
+                        requests={"cpu": "10m", "memory": "64Mi"}, limits={"cpu": "200m", "memory": "128Mi"}
+                    ),
+                    security_context=k8s.core.v1.SecurityContextArgs(
+                        allow_privilege_escalation=False, capabilities=k8s.core.v1.CapabilitiesArgs(drop=["ALL"])
+                    ),
+                )],
+            ),
+        ),
+    )
 
 
 class ImageBuild(pulumi.ComponentResource):
@@ -261,6 +309,8 @@ class ImageBuild(pulumi.ComponentResource):
 
     base_image: str
     runtime_image: str
+    runtime_ready: pulumi.Input[str]
+    """`runtime_image`, available once the wait Job saw it pushed (what the GPU pods should use)."""
     base_build_config: str
     runtime_build_config: str
     start_build_command: str
@@ -297,6 +347,25 @@ class ImageBuild(pulumi.ComponentResource):
         )
         self.base_image = naming.internal_image(ns, stream, base_tag(build))
         self.runtime_image = naming.internal_image(ns, stream, runtime_tag(build))
+        self.runtime_ready: pulumi.Input[str] = self.runtime_image
+        if args.wait_image:
+            # One Job per runtime hash that ends when the new runtime tag is pushed; pulumi-kubernetes awaits a Job
+            # until it completes or fails (provider/pkg/await/job.go, jobInitAwaiter.Await). `runtime_ready` carries
+            # the Job as a dependency, so the pods are switched to the new tag only once it exists: a rebuild never
+            # leaves a running pod replaced by one in ImagePullBackOff for the length of a build.
+            job = k8s.batch.v1.Job(
+                f"{name}-wait",
+                metadata=k8s.meta.v1.ObjectMetaArgs(
+                    name=wait_job_name(build), namespace=ns, labels={**args.labels, "ml-dev-env/stage": "wait"},
+                    annotations={"pulumi.com/timeoutSeconds": str(wait_seconds(build) + 300)},
+                ),
+                spec=wait_job_spec(build, self.runtime_image, args.wait_image),
+                opts=after_stream,
+            )
+            image = self.runtime_image
+            # The URN is known in a preview (the pods' new tag shows in the diff) and, in an update, resolves only
+            # when the Job's registration returns, i.e. after its await.
+            self.runtime_ready = job.urn.apply(lambda _: image)
         self.start_build_command = f"oc start-build {self.base_build_config} -n {ns} --follow"
         self.logs_command = f"oc logs -f bc/{self.base_build_config} -n {ns}; oc logs -f bc/{self.runtime_build_config} -n {ns}"
         self.register_outputs({"base_image": self.base_image, "runtime_image": self.runtime_image})

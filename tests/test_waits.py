@@ -62,10 +62,31 @@ def pod_template(r: Any) -> dict[str, Any]:
     return r.inputs["spec"] if r.kind == "Pod" else r.inputs["spec"]["template"]["spec"]
 
 
+def by_urn(result: RunResult, urn: str) -> Any:
+    typ, name = urn.split("::")[2].split("$")[-1], urn.rsplit("::", 1)[1]
+    (found,) = [r for r in result.resources if (r.typ, r.name) == (typ, name)]
+    return found
+
+
+def dependencies(result: RunResult, r: Any) -> list[Any]:
+    return [by_urn(result, urn) for urn in r.options.get("dependencies", [])]
+
+
+def waited_image(job: Any) -> str | None:
+    """The image a wait Job polls for (`--image <ref>` in its command), if it is one."""
+    (container,) = pod_template(job)["containers"]
+    args = container.get("command", []) + container.get("args", [])
+    return args[args.index("--image") + 1] if "--image" in args else None
+
+
 def pods_ready_bound(result: RunResult, workload: Any) -> int:
-    """What a pod-owning object waits on: its images (built by the stack or not) plus pulling and starting."""
+    """What a pod-owning object waits on: its images (built by the stack or not) plus pulling and starting.
+
+    An image that an awaited Job this object depends on waits for already exists when the object is applied.
+    """
+    ready = {waited_image(d) for d in dependencies(result, workload) if d.kind == "Job" and d in awaited(result)}
     images = [c["image"] for c in pod_template(workload).get("containers", [])]
-    return max(build_chain_seconds(result, image) for image in images) + MIN_PULL_SECONDS
+    return max(0 if image in ready else build_chain_seconds(result, image) for image in images) + MIN_PULL_SECONDS
 
 
 def selects(selector: dict[str, str], workload: Any) -> bool:
@@ -83,6 +104,8 @@ def selects(selector: dict[str, str], workload: Any) -> bool:
 
 def needed_seconds(result: RunResult, r: Any) -> int:
     """The slowest thing the awaited object `r` waits on."""
+    if r.kind == "Job" and waited_image(r):
+        return build_chain_seconds(result, waited_image(r) or "")
     if r.kind in POD_KINDS:
         return pods_ready_bound(result, r)
     if r.kind == "Service":
@@ -124,9 +147,17 @@ def test_every_await_outlasts_what_it_waits_on(variant: str) -> None:
 
 
 def longest_await_chain(result: RunResult) -> int:
-    """Upper bound of `pulumi up`'s waiting: the longest await plus every other await running before it."""
-    times = sorted((timeout(r) for r in awaited(result)), reverse=True)
-    return times[0] + (times[1] if len(times) > 1 else 0)
+    """Upper bound of `pulumi up`'s waiting: the longest path of awaits through the dependency graph."""
+    waiting = awaited(result)
+    memo: dict[tuple[str, str], int] = {}
+
+    def path(r: Any) -> int:
+        key = (r.typ, r.name)
+        if key not in memo:
+            memo[key] = (timeout(r) if r in waiting else 0) + max((path(d) for d in dependencies(result, r)), default=0)
+        return memo[key]
+
+    return max(path(r) for r in result.resources)
 
 
 def test_deploy_job_outlives_the_longest_await_of_every_stack() -> None:
@@ -145,4 +176,31 @@ def test_the_pod_zero_service_is_not_awaited_but_the_statefulset_is() -> None:
     assert annotations(dev)["pulumi.com/skipAwait"] == "true"
     sts = result.one("kubernetes:apps/v1:StatefulSet")
     assert "pulumi.com/skipAwait" not in annotations(sts)
-    assert timeout(sts) >= build_chain_seconds(result, result.outputs["runtime_image"]) + MIN_PULL_SECONDS
+    # the pods switch to a built tag only after the wait Job saw it pushed
+    job = result.one("kubernetes:batch/v1:Job")
+    assert job in dependencies(result, sts) and waited_image(job) == result.outputs["runtime_image"]
+    assert timeout(job) >= build_chain_seconds(result, result.outputs["runtime_image"])
+
+
+def test_the_wait_job_is_new_for_every_runtime_tag_and_runs_the_wait_program() -> None:
+    from steps.embed import step_script
+
+    before, after = render("barcelona"), render("barcelona 6 h build deadline")
+    job, job2 = before.one("kubernetes:batch/v1:Job"), after.one("kubernetes:batch/v1:Job")
+    assert job.name == job2.name == "image-wait"  # stable Pulumi identity
+    assert job.inputs["metadata"]["name"].endswith(before.outputs["runtime_image"].rsplit("-", 1)[1])
+    changed = render_with(lambda o: o["image"]["build"].update(runtimeRequirements=["peft==0.17.1"]))
+    new = changed.one("kubernetes:batch/v1:Job")
+    assert new.inputs["metadata"]["name"] != job.inputs["metadata"]["name"], "a new tag needs a new (never completed) Job"
+    (container,) = pod_template(job)["containers"]
+    assert container["command"][:3] == ["python3", "-c", step_script("wait_image")]
+    assert int(container["command"][container["command"].index("--timeout") + 1]) >= build_chain_seconds(before, waited_image(job) or "")
+    assert job.inputs["spec"]["backoffLimit"] == 0 and pod_template(job)["restartPolicy"] == "Never"
+
+
+def render_with(mutate: Any) -> RunResult:
+    objects = stack_objects("barcelona")
+    mutate(objects)
+    result = run_objects("barcelona", objects, SECRETS)
+    assert result.error is None, result.error
+    return result
