@@ -360,7 +360,10 @@ class ImageBuild(pulumi.ComponentResource):
                     annotations={"pulumi.com/timeoutSeconds": str(wait_seconds(build) + 300)},
                 ),
                 spec=wait_job_spec(build, self.runtime_image, args.wait_image),
-                opts=after_stream,
+                # A Job's template is immutable: a change that keeps the name (deadline, Python image, wait program)
+                # is a replacement, and create-before-delete of the same name would be an upsert onto the old Job
+                # (refused by the API server). Delete first; a new Job for an existing tag completes at once.
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[image_stream], delete_before_replace=True),
             )
             image = self.runtime_image
             # The URN is known in a preview (the pods' new tag shows in the diff) and, in an update, resolves only

@@ -196,6 +196,9 @@ def test_the_wait_job_is_new_for_every_runtime_tag_and_runs_the_wait_program() -
     assert container["command"][:3] == ["python3", "-c", step_script("wait_image")]
     assert int(container["command"][container["command"].index("--timeout") + 1]) >= build_chain_seconds(before, waited_image(job) or "")
     assert job.inputs["spec"]["backoffLimit"] == 0 and pod_template(job)["restartPolicy"] == "Never"
+    # same name, other template (here: the deadline) = replacement of an immutable Job: delete first
+    assert job2.inputs["metadata"]["name"] == job.inputs["metadata"]["name"] and job2.inputs["spec"] != job.inputs["spec"]
+    assert job.options["delete_before_replace"] is True
 
 
 def render_with(mutate: Any) -> RunResult:
