@@ -20,6 +20,11 @@ reference; an unchanged stage keeps its BuildConfig and tag untouched.
   the tag resolves and differs from the last triggered image) — exactly one build, no race with a
   ConfigChange instantiation.
 * tools `<stream>-<hash>` → `<stream>:tools-<hash>` (model pipeline), ConfigChange trigger.
+* a Job `<stream>-wait-<runtime hash>` that completes once the runtime tag is pushed; the pods get the new
+  tag through `runtime_ready`, which depends on it, so they roll only when the image exists.
+
+An old BuildConfig is deleted at the end of the `up` that replaced it (with its Builds and their logs);
+the ImageStream keeps the old tags.
 """
 
 from __future__ import annotations
