@@ -43,9 +43,12 @@ def selector_labels(config: StackConfig) -> dict[str, str]:
 
 
 def rollout_timeout(config: StackConfig) -> int:
-    """Seconds `pulumi up` waits for the pods: image pulls, plus both image builds when the stack builds."""
-    build = config.image.build
-    return 1800 + (2 * build.completion_deadline_seconds if build else 0)
+    """Seconds `pulumi up` waits for the pods: image pulls and start.
+
+    A stack that builds switches the pods to a new tag only once it exists (ImageBuild's wait Job, awaited
+    before the StatefulSet changes), so the builds are not part of this wait (tests/test_waits.py).
+    """
+    return 1800
 
 
 def scc_role_name(scc: str) -> str:
@@ -282,7 +285,10 @@ class GpuCluster(pulumi.ComponentResource):
         if cfg.access.servers:
             k8s.core.v1.Service(
                 f"{name}-dev",
-                metadata=meta(app),
+                # Not awaited: pulumi-kubernetes waits (default 10 min) for a selector Service's endpoints
+                # (provider/pkg/await/service.go, serviceInitAwaiter.Await), i.e. for pod 0 to be ready, which the
+                # StatefulSet's own await already covers with rollout_timeout().
+                metadata=meta(app, annotations={"pulumi.com/skipAwait": "true"}),
                 spec=k8s.core.v1.ServiceSpecArgs(
                     selector={**selector, "statefulset.kubernetes.io/pod-name": naming.pod_name(app, 0)},
                     ports=[
