@@ -43,9 +43,12 @@ def selector_labels(config: StackConfig) -> dict[str, str]:
 
 
 def rollout_timeout(config: StackConfig) -> int:
-    """Seconds `pulumi up` waits for the pods: image pulls, plus both image builds when the stack builds."""
-    build = config.image.build
-    return 1800 + (2 * build.completion_deadline_seconds if build else 0)
+    """Seconds `pulumi up` waits for the pods: image pulls and start.
+
+    A stack that builds switches the pods to a new tag only once it exists (ImageBuild's wait Job, awaited
+    before the StatefulSet changes), so the builds are not part of this wait (tests/test_waits.py).
+    """
+    return 1800
 
 
 def scc_role_name(scc: str) -> str:
@@ -62,9 +65,9 @@ class GpuCluster(pulumi.ComponentResource):
     pod_names: list[str]
     world_size: int
     network_mode: str
+    """Effective transport: 'rdma' or 'tcp' (after the RDMA→TCP fallback)."""
     lifecycle: dict[str, object]
     """Suspend state, what a suspend frees, how to resume (the `lifecycle` stack output)."""
-    """Effective transport: 'rdma' or 'tcp' (after the RDMA→TCP fallback)."""
 
     def __init__(self, name: str, args: GpuClusterArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("ml-dev-env:cluster:GpuCluster", name, None, opts)
@@ -99,10 +102,14 @@ class GpuCluster(pulumi.ComponentResource):
 
         # --- memlock privileges (RDMA only) ---------------------------------------------------
         if rdma and memlock.mode in ("scc", "privileged"):
-            scc = memlock.scc_name if memlock.mode == "scc" else "privileged"
-            assert scc is not None  # guaranteed by MemlockConfig
+            configured_scc = memlock.scc_name if memlock.mode == "scc" else "privileged"
+            assert configured_scc is not None  # guaranteed by MemlockConfig
+            scc = configured_scc
             role_kind = "ClusterRole"
             if memlock.mode == "scc" and memlock.create_scc:
+                # A created SCC is cluster-scoped: named per stack (namespace and app) so a second
+                # environment in the cluster neither collides with nor deletes this one's.
+                scc = naming.stack_scc_name(configured_scc, ns, app)
                 scc_obj = crds.TopLevelObject(
                     f"{name}-scc",
                     api_version="security.openshift.io/v1",
@@ -128,10 +135,13 @@ class GpuCluster(pulumi.ComponentResource):
                         opts=pulumi.ResourceOptions(parent=self, depends_on=[scc_obj]),
                     )
                 )
+            # The binding's name stays the configured one; a changed roleRef (immutable) makes
+            # pulumi-kubernetes replace it, deleting first since the name is unchanged
+            # (provider/pkg/provider/diff.go: roleBinding force-new `.roleRef`; provider.go, kubeProvider.Diff).
             depends.append(
                 k8s.rbac.v1.RoleBinding(
                     f"{name}-scc-binding",
-                    metadata=meta(f"{app}-scc-{scc}"),
+                    metadata=meta(f"{app}-scc-{configured_scc}"),
                     role_ref=k8s.rbac.v1.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind=role_kind, name=scc_role_name(scc)),
                     subjects=[k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=sa_name, namespace=ns)],
                     opts=pulumi.ResourceOptions(parent=self, depends_on=list(depends)),
@@ -169,6 +179,14 @@ class GpuCluster(pulumi.ComponentResource):
             f"{name}-startup", metadata=meta(f"{app}-startup"), data={"startup.sh": script, **lifecycle.scripts()}, opts=child
         )
         depends.append(startup)
+        # Count-dependent facts (NNODES, …) live here, not in the pod template: a new `nodes.count`
+        # updates this ConfigMap in place and the StatefulSet's `replicas` (both in-place updates), so
+        # running pods are not restarted. Its content is deliberately not hashed into the template.
+        cluster_cm = k8s.core.v1.ConfigMap(
+            f"{name}-cluster", metadata=meta(f"{app}-cluster"), data={"cluster.env": pod.cluster_env(cfg)}, opts=child
+        )
+        # Updated before the StatefulSet (dependency order), so new pods of a scale-up read the new count.
+        depends.append(cluster_cm)
         # --- lifecycle: idle-agent settings (in place, no restart), stop record, agent RBAC ----------
         depends.append(k8s.core.v1.ConfigMap(
             f"{name}-lifecycle", metadata=meta(lifecycle.settings_configmap(app)),
@@ -197,6 +215,9 @@ class GpuCluster(pulumi.ComponentResource):
             ),
             k8s.core.v1.VolumeArgs(
                 name="startup", config_map=k8s.core.v1.ConfigMapVolumeSourceArgs(name=f"{app}-startup", default_mode=0o555)
+            ),
+            k8s.core.v1.VolumeArgs(
+                name=pod.CLUSTER_VOLUME, config_map=k8s.core.v1.ConfigMapVolumeSourceArgs(name=f"{app}-cluster", default_mode=0o444)
             ),
             lifecycle.settings_volume(app),
         ]
@@ -265,7 +286,9 @@ class GpuCluster(pulumi.ComponentResource):
             ),
             spec=k8s.apps.v1.StatefulSetSpecArgs(
                 service_name=naming.headless_service(app),
-                replicas=lifecycle.replicas(cfg),
+                # An in-place update: `.spec.replicas` is not among pulumi-kubernetes' force-new StatefulSet
+                # fields (provider/pkg/provider/diff.go, `statefulSet`), and the template does not change.
+                replicas=lifecycle.replicas(cfg),  # 0 while suspended (lifecycle)
                 pod_management_policy="Parallel",
                 selector=k8s.meta.v1.LabelSelectorArgs(match_labels=selector),
                 persistent_volume_claim_retention_policy=k8s.apps.v1.StatefulSetPersistentVolumeClaimRetentionPolicyArgs(
@@ -301,7 +324,10 @@ class GpuCluster(pulumi.ComponentResource):
         if cfg.access.servers:
             k8s.core.v1.Service(
                 f"{name}-dev",
-                metadata=meta(app),
+                # Not awaited: pulumi-kubernetes waits (default 10 min) for a selector Service's endpoints
+                # (provider/pkg/await/service.go, serviceInitAwaiter.Await), i.e. for pod 0 to be ready, which the
+                # StatefulSet's own await already covers with rollout_timeout().
+                metadata=meta(app, annotations={"pulumi.com/skipAwait": "true"}),
                 spec=k8s.core.v1.ServiceSpecArgs(
                     selector={**selector, "statefulset.kubernetes.io/pod-name": naming.pod_name(app, 0)},
                     ports=[
