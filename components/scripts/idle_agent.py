@@ -471,19 +471,19 @@ def stop(settings: dict[str, Any], decider: Decider, idle: float, now: float) ->
                   {"data": record}, "application/merge-patch+json")
     except (OSError, urllib.error.URLError) as exc:
         log(f"WARNING: stop record not written: {exc}")
-    event = {
+    involved: dict[str, str] = {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": name, "namespace": ns}
+    if meta.get("uid"):
+        involved["uid"] = meta["uid"]
+    event: dict[str, Any] = {
         "apiVersion": "v1", "kind": "Event",
         "metadata": {"name": f"{name}.idle-stop.{int(now * 1000):x}", "namespace": ns},
-        "involvedObject": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": name, "namespace": ns,
-                           "uid": meta.get("uid", "")},
+        "involvedObject": involved,
         "reason": "IdleStop", "type": "Normal",
         "message": (message + " Signals: " + json.dumps(signals, sort_keys=True, separators=(",", ":")))[:1024],
         "source": {"component": AGENT, "host": env("POD_NAME") or env("HOSTNAME")},
         "reportingComponent": AGENT, "reportingInstance": env("POD_NAME") or env("HOSTNAME") or AGENT,
         "firstTimestamp": rfc3339(now), "lastTimestamp": rfc3339(now), "count": 1,
     }
-    if not event["involvedObject"]["uid"]:
-        del event["involvedObject"]["uid"]
     try:
         kube.call("POST", f"/api/v1/namespaces/{ns}/events", event)
     except (OSError, urllib.error.URLError) as exc:
@@ -549,7 +549,8 @@ def serve(listen: str, decider: Decider | None) -> ThreadingHTTPServer:
     host, _, port = listen.rpartition(":")
     handler = type("BoundHandler", (Handler,), {"decider": decider})
     server = ThreadingHTTPServer((host or "0.0.0.0", int(port)), handler)
-    (state_dir() / "activity.addr").write_text(f"{server.server_address[0]}:{server.server_address[1]}\n")
+    bound_host, bound_port = server.server_address[:2]
+    (state_dir() / "activity.addr").write_text(f"{bound_host!s}:{bound_port}\n")
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
