@@ -571,7 +571,7 @@ def run(listen: str | None, rounds: int | None = None) -> int:
     settings = load_settings()
     state_dir().mkdir(parents=True, exist_ok=True)
     decider = Decider()
-    serve(listen or f"0.0.0.0:{settings['activityPort']}", decider)
+    serve(listen or env("ML_DEV_ACTIVITY_LISTEN") or f"0.0.0.0:{settings['activityPort']}", decider)
     log(f"serving /activity; idle stop {'on' if settings['enabled'] else 'off'}")
     done, next_round = 0, time.monotonic()
     while rounds is None or done < rounds:

@@ -295,12 +295,16 @@ else
 fi
 
 # --- idle agent (lifecycle; every pod reports its activity, pod 0 decides) ---------------------
-# Settings: /etc/ml-dev-env/lifecycle/idle.json (updated in place); the agent is idle when it is off.
-if [ -f /opt/ml-dev-env/idle_agent.py ] && command -v python3 >/dev/null 2>&1; then
-  start idle-agent python3 /opt/ml-dev-env/idle_agent.py run
+# Started when its settings are mounted (/etc/ml-dev-env/lifecycle/idle.json, updated in place; the agent
+# only reports while idleStop is off). It ships next to this script in the startup ConfigMap.
+export ML_DEV_IDLE_SETTINGS="${ML_DEV_IDLE_SETTINGS:-/etc/ml-dev-env/lifecycle/idle.json}"
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+if [ -f "$ML_DEV_IDLE_SETTINGS" ] && [ -f "$SCRIPT_DIR/idle_agent.py" ] && command -v python3 >/dev/null 2>&1; then
+  start idle-agent python3 "$SCRIPT_DIR/idle_agent.py" run
   # interactive shells print the pending idle-stop warning at each prompt
-  if [ -w "$HOME" ] && ! grep -qs 'idle-warning.sh' "$HOME/.bashrc"; then
-    echo '[ -r /opt/ml-dev-env/idle-warning.sh ] && . /opt/ml-dev-env/idle-warning.sh' >> "$HOME/.bashrc"
+  if ! grep -qs 'idle-warning.sh' "$HOME/.bashrc"; then
+    printf '[ -r %s ] && . %s  # ml-dev-env: idle-stop warning\n' "$(q "$SCRIPT_DIR/idle-warning.sh")" "$(q "$SCRIPT_DIR/idle-warning.sh")" \
+      >> "$HOME/.bashrc" 2>/dev/null || warn "cannot add the idle-warning line to $HOME/.bashrc"
   fi
 fi
 
