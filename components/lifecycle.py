@@ -10,7 +10,9 @@ Pure builders used by `GpuCluster` (kept apart so the pod-template code stays re
   StatefulSet carries `pulumi.com/patchForce: "true"` (pulumi-kubernetes provider/pkg/await/await.go,
   `patchForce()` returns true for that annotation and `ssaUpdate()` sends it as `Force` in the apply
   PatchOptions). A plain `pulumi preview` after an auto-stop shows no change (the state still says N);
-  `pulumi preview --refresh` / `pulumi up --refresh` read the live 0 and bring N back.
+  `pulumi preview --refresh` / `pulumi up --refresh` read the live 0 and bring N back (the provider diffs
+  new inputs against the checkpoint's live object: provider/pkg/provider/provider.go `kubeProvider.Diff`,
+  `pruneLiveState`).
 * **Idle agent** (components/scripts/idle_agent.py) runs inside the main container of every pod
   (it needs that container's GPUs, processes and terminals); pod 0 decides for the whole environment.
   Its settings live in the `<app>-lifecycle` ConfigMap, mounted as a directory so that a settings

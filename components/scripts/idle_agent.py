@@ -583,6 +583,8 @@ def run(listen: str | None, rounds: int | None = None) -> int:
                     log(f"{outcome}: idle {int(time.time() - decider.last_active)}s; last: {decider.reason}")
             elif settings["enabled"]:
                 follow_master(settings)
+            else:
+                show_warning(None)
         except Exception as exc:  # the agent must never die and leave the environment unguarded
             log(f"ERROR: {type(exc).__name__}: {exc}")
         done += 1
