@@ -294,6 +294,20 @@ else
   log "worker pod: no dev servers (they run on the pod named ${C_APP_NAME:-${APP_NAME:-<app>}}-0)"
 fi
 
+# --- idle agent (lifecycle; every pod reports its activity, pod 0 decides) ---------------------
+# Started when its settings are mounted (/etc/ml-dev-env/lifecycle/idle.json, updated in place; the agent
+# only reports while idleStop is off). It ships next to this script in the startup ConfigMap.
+export ML_DEV_IDLE_SETTINGS="${ML_DEV_IDLE_SETTINGS:-/etc/ml-dev-env/lifecycle/idle.json}"
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+if [ -f "$ML_DEV_IDLE_SETTINGS" ] && [ -f "$SCRIPT_DIR/idle_agent.py" ] && command -v python3 >/dev/null 2>&1; then
+  start idle-agent python3 "$SCRIPT_DIR/idle_agent.py" run
+  # interactive shells print the pending idle-stop warning at each prompt
+  if ! grep -qs 'idle-warning.sh' "$HOME/.bashrc"; then
+    printf '[ -r %s ] && . %s  # ml-dev-env: idle-stop warning\n' "$(q "$SCRIPT_DIR/idle-warning.sh")" "$(q "$SCRIPT_DIR/idle-warning.sh")" \
+      >> "$HOME/.bashrc" 2>/dev/null || warn "cannot add the idle-warning line to $HOME/.bashrc"
+  fi
+fi
+
 # --- 5. ready, then follow the cluster ConfigMap -------------------------------------------------
 SLEEP_PID=""
 stop() {
