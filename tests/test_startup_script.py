@@ -480,7 +480,8 @@ def test_no_writable_state_dir_nor_tmpdir_still_runs(tmp_path: Path, stubs: tupl
     with log.open("w") as out:
         proc = subprocess.Popen(["bash", str(STARTUP_SCRIPT)], env=env, stdout=out, stderr=subprocess.STDOUT)
         try:
-            assert wait_until(lambda: "[ml-dev-env] ready" in log.read_text(), timeout=15), log.read_text()
+            # the last line before the poll loop (after "ready")
+            assert wait_until(lambda: f"cannot create {blocked}/state/ready" in log.read_text(), timeout=15), log.read_text()
             started = [line.split()[0] for line in wait_for_calls(calls, 4)]
             assert proc.poll() is None, log.read_text()
         finally:
