@@ -22,6 +22,12 @@ cfg = stack.config
 # preview, never on a real create unless enablePatchForce or the pulumi.com/patchForce annotation), so a
 # preview would pass and the `up` fail on fields another manager (kubectl, oc) set: enablePatchForce takes the
 # fields this program declares; fields it does not declare stay with their managers.
+# enableConfigMapMutable: without it a change of a ConfigMap's `data` forces a replacement
+# (pulumi/pulumi-kubernetes provider/pkg/provider/diff.go, `forceNewProperties`: `.data`/`.binaryData` of a
+# ConfigMap are replace-triggering unless `enableConfigMapMutable` is set, provider.go `Configure`), and a
+# fixed name makes that a delete-before-replace: a `nodes.count` change would delete `<app>-cluster` under the
+# running pods. With it, both ConfigMaps are updated in place (adding the flag is an update of the provider,
+# not a replacement: provider.go `DiffConfig` replaces only on cluster/context/kubeconfig/render-dir changes).
 provider = k8s.Provider(
     "k8s",
     context=cfg.cluster.kube_context,
@@ -30,6 +36,7 @@ provider = k8s.Provider(
     enable_server_side_apply=True,
     upsert_existing_objects=True,
     enable_patch_force=True,
+    enable_config_map_mutable=True,
 )
 opts = pulumi.ResourceOptions(providers=[provider])
 

@@ -180,8 +180,11 @@ class GpuCluster(pulumi.ComponentResource):
         )
         depends.append(startup)
         # Count-dependent facts (NNODES, …) live here, not in the pod template: a new `nodes.count`
-        # updates this ConfigMap in place and the StatefulSet's `replicas` (both in-place updates), so
-        # running pods are not restarted. Its content is deliberately not hashed into the template.
+        # updates this ConfigMap and the StatefulSet's `replicas`, so running pods are not restarted. Both
+        # are in-place updates only because the provider sets enableConfigMapMutable (__main__.py): by
+        # default pulumi-kubernetes replaces a ConfigMap whose data changed (diff.go `forceNewProperties`),
+        # which for this fixed name is a delete-before-replace under the running pods. Its content is
+        # deliberately not hashed into the template (the startup script's is: a script change rolls the pods).
         cluster_cm = k8s.core.v1.ConfigMap(
             f"{name}-cluster", metadata=meta(f"{app}-cluster"), data={"cluster.env": pod.cluster_env(cfg)}, opts=child
         )
