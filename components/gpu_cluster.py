@@ -10,7 +10,7 @@ import pulumi_kubernetes as k8s
 import pulumi_random as random
 from pydantic import BaseModel, ConfigDict
 
-from components import crds, naming, pod
+from components import crds, devloop, naming, pod
 from components.storage import WorkspaceStorage, WorkspaceStorageArgs
 from stacks.config import StackConfig
 
@@ -163,7 +163,12 @@ class GpuCluster(pulumi.ComponentResource):
 
         # --- startup script and secrets ------------------------------------------------------
         script = pod.startup_script()
-        startup = k8s.core.v1.ConfigMap(f"{name}-startup", metadata=meta(f"{app}-startup"), data={"startup.sh": script}, opts=child)
+        # dev loop (components/devloop.py): SSH keys Secret + SSH NetworkPolicy; sshd.sh and the launcher ride in this ConfigMap
+        self.ssh = devloop.SshFabric(f"{name}-ssh", cfg, common, selector, opts=child)
+        depends.append(self.ssh)
+        startup = k8s.core.v1.ConfigMap(
+            f"{name}-startup", metadata=meta(f"{app}-startup"), data={"startup.sh": script, **devloop.scripts(cfg)}, opts=child
+        )
         depends.append(startup)
         volumes = [
             *self.storage.volumes,
@@ -173,6 +178,7 @@ class GpuCluster(pulumi.ComponentResource):
             k8s.core.v1.VolumeArgs(
                 name="startup", config_map=k8s.core.v1.ConfigMapVolumeSourceArgs(name=f"{app}-startup", default_mode=0o555)
             ),
+            self.ssh.volume,
         ]
         tokens_secret = None
         if oauth:
@@ -214,10 +220,11 @@ class GpuCluster(pulumi.ComponentResource):
             ),
             opts=child,
         )
-        pod_annotations = {"ml-dev-env/startup-sha256": pod.content_hash(script)}
+        pod_annotations = {"ml-dev-env/startup-sha256": pod.content_hash(script), devloop.ANNOTATION_SSH_PORT: str(devloop.SSH_PORT)}
         if rdma:
             pod_annotations["k8s.v1.cni.cncf.io/networks"] = pod.multus_annotation(cfg)
-        containers = [pod.main_container(cfg, args.image, self.storage.mounts, tokens_secret), *pod.proxy_containers(cfg, "oauth-cookie")]
+        main = pod.main_container(cfg, args.image, [*self.storage.mounts, self.ssh.mount], tokens_secret)
+        containers = [main, *pod.proxy_containers(cfg, "oauth-cookie")]
         pod_security = k8s.core.v1.PodSecurityContextArgs(
             seccomp_profile=k8s.core.v1.SeccompProfileArgs(type="RuntimeDefault")
         )

@@ -537,6 +537,38 @@ class ModelPipelineConfig(Model):
     )
 
 
+
+# ------------------------------------------------------------------------------------------- ssh
+
+SSH_KEY_TYPES = (
+    "ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521", "ssh-rsa",
+    "sk-ssh-ed25519@openssh.com", "sk-ecdsa-sha2-nistp256@openssh.com",
+)
+SSH_PUBLIC_KEY = re.compile(r"^(?P<type>[a-z0-9@.-]+) (?P<blob>[A-Za-z0-9+/]+={0,2})( [^\n]*)?$")
+
+
+class SshConfig(Model):
+    """The SSH fabric between the pods (and from laptops through `oc`): who may log in besides the stack's own key."""
+
+    authorized_keys: list[str] = Field(
+        default_factory=list,
+        description="Users' OpenSSH public keys ('ssh-ed25519 AAAA... comment'), allowed to log in to every pod.",
+    )
+
+    @model_validator(mode="after")
+    def _keys(self) -> SshConfig:
+        for i, key in enumerate(self.authorized_keys):
+            m = SSH_PUBLIC_KEY.match(key.strip())
+            if not m or m["type"] not in SSH_KEY_TYPES:
+                shown = key if len(key) <= 40 else key[:37] + "..."
+                raise ConfigProblem(
+                    f"authorizedKeys[{i}]", shown,
+                    f"one OpenSSH public key line '<type> <base64> [comment]' (as in ~/.ssh/id_ed25519.pub) of type "
+                    f"{', '.join(SSH_KEY_TYPES)}; never a private key",
+                )
+        return self
+
+
 # ----------------------------------------------------------------------------------------- stack
 
 
@@ -553,6 +585,7 @@ class StackConfig(Model):
     build_nodes: BuildNodesConfig = Field(default_factory=BuildNodesConfig)
     model_pipeline: ModelPipelineConfig = Field(default_factory=ModelPipelineConfig)
     models: list[ModelConfig] = Field(default_factory=list)
+    ssh: SshConfig = Field(default_factory=SshConfig)
 
     @model_validator(mode="after")
     def _cross(self) -> StackConfig:
