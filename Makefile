@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STACK ?= barcelona
 # Debian packages the tests and benchmarks use for real (registry, skopeo, buildah, htpasswd).
-APT_PACKAGES := docker-registry skopeo buildah apache2-utils
+APT_PACKAGES := docker-registry skopeo buildah apache2-utils openssh-server openssh-client rsync pdsh libnss-wrapper
 REQUIREMENTS := requirements.txt requirements-dev.txt $(wildcard steps/requirements.txt steps/requirements-test.txt)
 
 .PHONY: help venv system-deps render render-all test lint docs diagram policy-preview bench-package clean
