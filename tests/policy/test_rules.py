@@ -580,6 +580,7 @@ def test_every_message_says_how_to_fix() -> None:
         pvc(), rdma_pod(), gpu_pod({"nvidia.com/gpu": "1"}, {"nvidia.com/gpu": "2"}),
         tekton("Task", "t", {"steps": [step(resources=RESOURCES)]}), config_map("c", {"token": "abcdefgh12345"}),
         route("app", "missing", "web", tls=None), deployment("img", [container(image="busybox")]),
+        statefulset("sshd", [container(ports=[{"name": "ssh", "containerPort": 2222}])]),
     ]
     found = evaluate(bad)
     assert {v.policy for v in found} == set(rules.POLICY_NAMES)
