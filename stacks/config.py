@@ -7,6 +7,8 @@ names the exact key path.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import ipaddress
 import re
 from typing import Annotated, Literal
@@ -547,6 +549,16 @@ SSH_KEY_TYPES = (
 SSH_PUBLIC_KEY = re.compile(r"^(?P<type>[a-z0-9@.-]+) (?P<blob>[A-Za-z0-9+/]+={0,2})( [^\n]*)?$")
 
 
+def _ssh_blob_type(blob: str) -> str | None:
+    """The key type an OpenSSH public key blob names in its first field (uint32 length + name)."""
+    try:
+        raw = base64.b64decode(blob, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    size = int.from_bytes(raw[:4], "big") if len(raw) >= 4 else -1
+    return raw[4:4 + size].decode("ascii", "replace") if 0 < size <= len(raw) - 4 else None
+
+
 class SshConfig(Model):
     """The SSH fabric between the pods (and from laptops through `oc`): who may log in besides the stack's own key."""
 
@@ -559,7 +571,7 @@ class SshConfig(Model):
     def _keys(self) -> SshConfig:
         for i, key in enumerate(self.authorized_keys):
             m = SSH_PUBLIC_KEY.match(key.strip())
-            if not m or m["type"] not in SSH_KEY_TYPES:
+            if not m or m["type"] not in SSH_KEY_TYPES or _ssh_blob_type(m["blob"]) != m["type"]:
                 shown = key if len(key) <= 40 else key[:37] + "..."
                 raise ConfigProblem(
                     f"authorizedKeys[{i}]", shown,
