@@ -16,6 +16,7 @@ arbitrary UID with GID 0, no capabilities, no_new_privs. Per pod:
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -89,7 +90,10 @@ class Pod:
 class Cluster:
     """`Cluster(n).start()`; `exec(i, cmd)` runs a shell command inside pod i as the pod user."""
 
-    def __init__(self, count: int = 4, gpus: int = 2, nss_pods: tuple[int, ...] = (), user_keys: list[str] | None = None) -> None:
+    def __init__(
+        self, count: int = 4, gpus: int = 2, nss_pods: tuple[int, ...] = (), user_keys: list[str] | None = None,
+        python_packages: tuple[str, ...] = (),
+    ) -> None:
         self.count, self.gpus = count, gpus
         self.base = Path(tempfile.mkdtemp(prefix="ml-dev-sim-", dir="/var/tmp"))
         self.base.chmod(0o755)
@@ -142,6 +146,17 @@ class Cluster:
         stub.write_text(f'#!/bin/bash\nfor i in $(seq 0 {gpus - 1}); do echo "NVIDIA H100 80GB HBM3"; done\n')
         stub.chmod(0o755)
         self.pods = [Pod(i, self.base / f"pod{i}", f"127.0.1.{i + 1}", nss=i in nss_pods) for i in range(count)]
+        # Python packages of the image (e.g. debugpy), copied from this interpreter where it has them
+        self.site = self.base / "site"
+        self.site.mkdir()
+        self.python_packages = []
+        for name in python_packages:
+            try:
+                module = importlib.import_module(name)
+            except ImportError:
+                continue
+            shutil.copytree(Path(module.__file__).parent, self.site / name)  # type: ignore[arg-type]
+            self.python_packages.append(name)
 
     # ------------------------------------------------------------------------------------ lifecycle
 
@@ -195,6 +210,7 @@ class Cluster:
             "ML_DEV_SSH_LISTEN": pod.addr,
             "HOME": "/home/ml-dev-image",  # the image's HOME, not writable here: the startup picks its own
             "LANG": "C.UTF-8",
+            "PYTHONPATH": str(self.site),
         }
         setup = f"""
 set -e

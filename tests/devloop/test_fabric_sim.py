@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -63,7 +64,7 @@ if mode == "sleep":
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    c = Cluster(4, gpus=2, nss_pods=(3,))
+    c = Cluster(4, gpus=2, nss_pods=(3,), python_packages=("debugpy",))
     try:
         c.start()
         c.write(0, "proj/prog.py", PROGRAM)
@@ -379,3 +380,59 @@ def test_the_pod_user_is_unprivileged(cluster: Cluster) -> None:
     assert key.stat().st_uid == UID and key.stat().st_mode & 0o777 == 0o600
     assert (cluster.pods[1].state / "ssh").stat().st_mode & 0o777 == 0o700
     assert STATE in (cluster.pods[1].state / "ssh" / "client.conf").read_text()
+
+
+def _dap(sock: socket.socket, seq: int, command: str, **arguments: object) -> None:
+    body = json.dumps({"seq": seq, "type": "request", "command": command, "arguments": arguments}).encode()
+    sock.sendall(b"Content-Length: %d\r\n\r\n" % len(body) + body)
+
+
+def _dap_read(sock: socket.socket, buf: bytearray) -> dict[str, object]:
+    while b"\r\n\r\n" not in buf:
+        buf += sock.recv(65536)
+    head, _, rest = bytes(buf).partition(b"\r\n\r\n")
+    size = int(re.search(rb"Content-Length: (\d+)", head).group(1))  # type: ignore[union-attr]
+    while len(rest) < size:
+        rest += sock.recv(65536)
+    buf[:] = rest[size:]
+    return json.loads(rest[:size])
+
+
+def test_debug_rank_waits_for_a_debugger_on_the_debug_port(cluster: Cluster) -> None:
+    if "debugpy" not in cluster.python_packages:
+        pytest.skip("needs debugpy importable here (requirements-dev.txt)")
+    clear_records(cluster)
+    proc = cluster.popen(0, f"exec {LAUNCHER} run --debug 1 -- python3 prog.py", cwd=PROJECT)
+    try:
+        deadline = time.monotonic() + 60
+        while len(records(cluster)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)
+        assert sorted(records(cluster)) == [0, 2, 3]  # rank 1 waits for the debugger before running the program
+        sock = None
+        while sock is None and time.monotonic() < deadline:
+            try:
+                sock = socket.create_connection(("127.0.1.2", naming.DEBUG_PORT), timeout=5)
+            except OSError:
+                time.sleep(0.2)
+        assert sock is not None, "debugpy never listened on rank 1's pod"
+        with sock:
+            buf = bytearray()
+            _dap(sock, 1, "initialize", adapterID="ml-dev-test", clientID="test", pathFormat="path")
+            _dap(sock, 2, "attach", justMyCode=True)
+            seen = []
+            while "initialized" not in seen:
+                msg = _dap_read(sock, buf)
+                seen.append(str(msg.get("event") or msg.get("command")))
+            _dap(sock, 3, "configurationDone")
+            while 1 not in records(cluster) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            _dap(sock, 4, "disconnect")
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, out
+    assert "[1] ml-dev: debugpy listening on port 5678" in out
+    assert "oc port-forward pod/ml-dev-env-1 5678:5678" in out
+    assert sorted(records(cluster)) == [0, 1, 2, 3]
