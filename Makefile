@@ -8,7 +8,7 @@ STACK ?= barcelona
 APT_PACKAGES := docker-registry skopeo buildah apache2-utils openssh-server openssh-client rsync pdsh libnss-wrapper
 REQUIREMENTS := requirements.txt requirements-dev.txt $(wildcard steps/requirements.txt steps/requirements-test.txt)
 
-.PHONY: help venv system-deps render render-all test lint docs diagram policy-preview bench-package clean
+.PHONY: help venv system-deps render render-all test lint docs diagram policy-preview bench-package bench-launch clean
 
 help:
 	@echo "make render STACK=<name>   render one stack offline into rendered/<name>/ (+ schema check)"
@@ -17,6 +17,7 @@ help:
 	@echo "make docs                  regenerate the configuration reference, presets and diagram in README.md"
 	@echo "make policy-preview        pulumi preview with the policy pack (needs the Pulumi CLI and a cluster)"
 	@echo "make bench-package         modelcar packaging benchmark (SIZE=2GiB)"
+	@echo "make bench-launch          ml-dev run on 4 simulated pods: time to all ranks running (SIZE=200MB, root)"
 
 $(VENV)/.installed: $(REQUIREMENTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -59,6 +60,9 @@ test: venv system-deps lint
 
 bench-package: venv system-deps
 	$(PY) bench/bench_package.py --size $(or $(SIZE),2GiB)
+
+bench-launch: venv system-deps
+	$(PY) bench/bench_launch.py --size $(or $(SIZE),200MB)
 
 clean:
 	rm -rf rendered .pytest_cache .ruff_cache

@@ -259,7 +259,8 @@ class NetworkConfig(Model):
 
 # -------------------------------------------------------------------------------------- security
 
-Capability = Literal["IPC_LOCK", "SYS_RESOURCE"]
+# SYS_CHROOT: root's sshd (dev-loop SSH fabric) chroots for privilege separation; CRI-O does not grant it by default.
+Capability = Literal["IPC_LOCK", "SYS_RESOURCE", "SYS_CHROOT"]
 
 
 class MemlockConfig(Model):

@@ -155,9 +155,26 @@ export -p | grep -Ev '^declare -x (HOME|PWD|OLDPWD|SHLVL|_|TERM|USER|LOGNAME|SHE
 chmod 0644 "$D/session.env"
 
 # --- sshd -------------------------------------------------------------------------------------
+# sshd applies only its first SetEnv line: one line for everything
 setenv=""
 if [ -f "$D/nss.env" ]; then
-  setenv="SetEnv LD_PRELOAD=$LD_PRELOAD NSS_WRAPPER_PASSWD=$NSS_WRAPPER_PASSWD NSS_WRAPPER_GROUP=$NSS_WRAPPER_GROUP"
+  setenv="LD_PRELOAD=$LD_PRELOAD NSS_WRAPPER_PASSWD=$NSS_WRAPPER_PASSWD NSS_WRAPPER_GROUP=$NSS_WRAPPER_GROUP"
+fi
+if [ -n "${HOME:-}" ] && [ "$HOME" != "$PW_DIR" ] && [ -d "$HOME" ] && [[ "$HOME" != *[[:space:]]* ]]; then
+  # sessions get the container's HOME (its dotfiles, like `oc exec`); the keys stay under $PW_DIR
+  setenv="${setenv:+$setenv }HOME=$HOME"
+fi
+if [ "$uid" = 0 ]; then
+  # Root's sshd chroots its pre-authentication child into /run/sshd (sshd-session.c/sshd-auth.c
+  # privsep_preauth_child: always when UID 0); an unprivileged sshd does not. CRI-O's default
+  # capabilities (internal/config/capabilities Default()) lack SYS_CHROOT, so UID-0 pods need it added.
+  capeff="$(awk '/^CapEff:/ {print $2}' /proc/self/status)"
+  if [ -n "$capeff" ] && (( ((16#$capeff >> 18) & 1) == 0 )); then
+    log "ERROR: this pod runs as root without CAP_SYS_CHROOT, which root's sshd needs (privilege separation): add SYS_CHROOT" \
+        "to ml-dev-env:security.memlock.capabilities (the SCC must allow it). No SSH fabric on this pod."
+    exec sleep infinity
+  fi
+  mkdir -p /run/sshd && chmod 0755 /run/sshd
 fi
 sftp=""
 for candidate in /usr/lib/openssh/sftp-server /usr/libexec/openssh/sftp-server /usr/lib/ssh/sftp-server; do
@@ -185,7 +202,7 @@ PrintMotd no
 MaxStartups 64:30:256
 LogLevel INFO
 ForceCommand /bin/bash $HERE/ssh-session.sh
-$setenv
+${setenv:+SetEnv $setenv}
 $sftp
 CONF
 chmod 0600 "$D/sshd_config"

@@ -35,6 +35,8 @@ UID = 1000770000
 WORKSPACE = "/tmp/workspace"
 STATE = "/tmp/ml-dev-env"
 HOST_MOUNTPOINTS = ("/etc/ml-dev-env/ssh", "/etc/ml-dev-env/cluster")
+# CRI-O's default capabilities (cri-o internal/config/capabilities/capabilities_linux.go Default())
+CRIO_DEFAULT_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FSETID", "FOWNER", "SETGID", "SETUID", "SETPCAP", "NET_BIND_SERVICE", "KILL")
 TOOLS = ("sshd", "ssh", "ssh-keygen", "rsync", "unshare", "nsenter", "setpriv")
 
 
@@ -92,9 +94,10 @@ class Cluster:
 
     def __init__(
         self, count: int = 4, gpus: int = 2, nss_pods: tuple[int, ...] = (), user_keys: list[str] | None = None,
-        python_packages: tuple[str, ...] = (),
+        python_packages: tuple[str, ...] = (), uid: int = UID, capabilities: tuple[str, ...] = (),
     ) -> None:
-        self.count, self.gpus = count, gpus
+        """uid 0: an RDMA pod of an SCC (root, CRI-O's default capabilities + `capabilities`)."""
+        self.count, self.gpus, self.uid, self.capabilities = count, gpus, uid, capabilities
         self.base = Path(tempfile.mkdtemp(prefix="ml-dev-sim-", dir="/var/tmp"))
         self.base.chmod(0o755)
         self.keys = self.base / "keys"
@@ -183,7 +186,7 @@ class Cluster:
     def _start_pod(self, pod: Pod) -> None:
         for d in (pod.root, pod.state, pod.workspace):
             d.mkdir(parents=True, exist_ok=True)
-            os.chown(d, UID, 0)
+            os.chown(d, self.uid, 0)
             d.chmod(0o775)
         pod.root.chmod(0o755)
         passwd = pod.root / "passwd"
@@ -212,11 +215,21 @@ class Cluster:
             "LANG": "C.UTF-8",
             "PYTHONPATH": str(self.site),
         }
+        if self.uid == 0:
+            caps = ",".join(f"+{c.lower()}" for c in (*CRIO_DEFAULT_CAPABILITIES, *self.capabilities))
+            drop = f"--reuid=0 --regid=0 --clear-groups --bounding-set=-all,{caps}"
+            (pod.root / "root").mkdir(mode=0o700, exist_ok=True)
+            root_home = f"mount --bind {pod.root}/root /root"
+        else:
+            drop = f"--reuid={self.uid} --regid=0 --clear-groups --no-new-privs --inh-caps=-all --bounding-set=-all"
+            root_home = ""
         setup = f"""
 set -e
 hostname {pod.name}
 mount --make-rprivate /
 mount -t tmpfs -o mode=1777 tmpfs /tmp
+mount -t tmpfs -o mode=755 tmpfs /run
+{root_home}
 mkdir -p {STATE} {WORKSPACE}
 mount --bind {pod.state} {STATE}
 mount --bind {pod.workspace} {WORKSPACE}
@@ -228,7 +241,7 @@ mount --bind {self.secret} /etc/ml-dev-env/ssh
 mount --bind {self.cluster_dir} /etc/ml-dev-env/cluster
 mount --bind {self.base}/hosts /etc/hosts
 mount --bind {passwd} /etc/passwd
-exec setpriv --reuid={UID} --regid=0 --clear-groups --no-new-privs --inh-caps=-all --bounding-set=-all \\
+exec setpriv {drop} \\
   env -i {' '.join(f'{k}={v}' for k, v in pod.env.items())} /bin/bash /opt/ml-dev-env/startup.sh
 """
         log = open(pod.log, "wb")
@@ -254,7 +267,7 @@ exec setpriv --reuid={UID} --regid=0 --clear-groups --no-new-privs --inh-caps=-a
         }
         tmp = pod.state / "rank.env.tmp"
         tmp.write_text("".join(f"export {k}='{v}'\n" for k, v in values.items()))
-        os.chown(tmp, UID, 0)
+        os.chown(tmp, self.uid, 0)
         tmp.replace(rank_env)
 
     def namespace_pids(self, pod: Pod) -> list[int]:
@@ -307,7 +320,7 @@ exec setpriv --reuid={UID} --regid=0 --clear-groups --no-new-privs --inh-caps=-a
         prefix = f". {STATE}/ssh/nss.env; " if nss.exists() else ""
         return [
             "nsenter", "-t", str(self.pid(pod)), "-u", "-m", "--",
-            "setpriv", f"--reuid={UID}", "--regid=0", "--clear-groups", "--no-new-privs",
+            "setpriv", f"--reuid={self.uid}", "--regid=0", "--clear-groups", "--no-new-privs",
             "env", "-i", *(f"{k}={v}" for k, v in penv.items()),
             "bash", "-c", f"{prefix}cd {cwd} && {script}",
         ]
@@ -328,10 +341,10 @@ exec setpriv --reuid={UID} --regid=0 --clear-groups --no-new-privs --inh-caps=-a
         for parent in [path.parent, *path.parent.parents]:
             if parent == self.pods[index].workspace.parent:
                 break
-            os.chown(parent, UID, 0)
+            os.chown(parent, self.uid, 0)
         path.write_text(text)
         path.chmod(mode)
-        os.chown(path, UID, 0)
+        os.chown(path, self.uid, 0)
         return path
 
     def sessions(self, index: int) -> list[dict[str, str]]:

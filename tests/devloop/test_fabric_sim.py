@@ -124,7 +124,7 @@ def test_run_starts_every_rank_with_its_rank_env_on_the_same_tree(cluster: Clust
     assert len({got[i]["tree"] for i in (1, 2, 3)}) == 1
     assert {"prog.py", "run.sh", "pkg/__init__.py", ".ml-devignore"} <= {f[0] for f in expected}  # untracked, not ignored: synced
     assert os.access(cluster.pods[2].workspace / "proj" / "run.sh", os.X_OK)  # modes travel
-    assert re.search(r"synced /tmp/workspace/proj \(\d+ files, tree [0-9a-f]{12}\) to 3 pods", res.stdout)
+    assert re.search(r"synced /tmp/workspace/proj \(\d+ files, tree [0-9a-f]{12}\) to 3 pods in [0-9.]+ s, \d+ bytes sent", res.stdout)
 
 
 def test_edits_on_pod0_reach_every_pod_before_launch_20_times(cluster: Cluster) -> None:
