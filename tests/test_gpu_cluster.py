@@ -126,11 +126,11 @@ def test_rank_wiring_for_torchrun_and_deepspeed(barcelona: RunResult) -> None:
 
 
 def test_memlock_through_declared_scc_binding(barcelona: RunResult) -> None:
-    assert container(barcelona)["securityContext"] == {"runAsUser": 0, "capabilities": {"add": ["IPC_LOCK", "SYS_RESOURCE"]}}
+    assert container(barcelona)["securityContext"] == {"runAsUser": 0, "capabilities": {"add": ["IPC_LOCK", "SYS_RESOURCE", "SYS_CHROOT"]}}
     assert env(barcelona)["ML_DEV_MEMLOCK"] == "scc"
     scc = barcelona.one(SCC).inputs
     assert scc["metadata"]["name"] == "nccl-rdma-scc"
-    assert scc["allowedCapabilities"] == ["IPC_LOCK", "SYS_RESOURCE"]
+    assert scc["allowedCapabilities"] == ["IPC_LOCK", "SYS_RESOURCE", "SYS_CHROOT"]
     assert scc["allowPrivilegedContainer"] is False and scc["allowHostNetwork"] is False
     assert scc["seccompProfiles"] == ["runtime/default"]  # the pods ask for RuntimeDefault
     binding = barcelona.one(ROLEBINDING, "gpu-scc-binding").inputs
