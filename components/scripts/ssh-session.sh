@@ -12,6 +12,9 @@ if [ -r "$STATE_DIR/ssh/session.env" ]; then
   . "$STATE_DIR/ssh/session.env"
 fi
 STATE_DIR="${ML_DEV_STATE_DIR:-$STATE_DIR}"
+# the launcher (`ml-dev`) and its helpers, next to this script in the startup ConfigMap
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+case ":$PATH:" in *":$HERE:"*) ;; *) export PATH="$PATH:$HERE" ;; esac
 sessions="$STATE_DIR/ssh-sessions"
 if [ -d "$sessions" ]; then
   read -r -a stat < "/proc/$$/stat" || stat=()

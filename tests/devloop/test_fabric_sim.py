@@ -248,6 +248,14 @@ def test_user_key_from_config_logs_in_and_an_unknown_key_is_refused(cluster: Clu
     # no password or keyboard-interactive method is offered, and root may not log in with a password
     pw = ssh("stranger", "-o", "PreferredAuthentications=password,keyboard-interactive")
     assert pw.returncode == 255 and "Permission denied (publickey)" in pw.stderr
+    # a laptop-style login runs the launcher by name (on PATH in SSH sessions)
+    status = subprocess.run(
+        ["ssh", "-F", "none", "-p", str(devloop.SSH_PORT), "-i", str(cluster.keys / "user"), "-o", "IdentitiesOnly=yes",
+         "-o", f"UserKnownHostsFile={known}", "-o", "BatchMode=yes", "ml-dev@127.0.1.2", "ml-dev status"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert "ml-dev-env-1" in status.stdout and "(this pod)" in status.stdout and "rank=3/4" in status.stdout
     config = (cluster.pods[1].state / "ssh" / "sshd_config").read_text()
     assert "PasswordAuthentication no" in config and "PermitRootLogin prohibit-password" in config and "StrictModes yes" in config
 
