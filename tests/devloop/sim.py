@@ -47,6 +47,9 @@ def missing_requirements() -> str | None:
     for tool in TOOLS:
         if not shutil.which(tool) and not Path("/usr/sbin", tool).exists():
             return f"needs {tool} (Debian: openssh-server openssh-client rsync util-linux)"
+    for tool in ("python3", "git", "bash"):
+        if not shutil.which(tool, path="/usr/local/bin:/usr/bin:/bin"):
+            return f"needs {tool} in /usr/local/bin, /usr/bin or /bin (the simulated pods' PATH)"
     try:
         subprocess.run(["unshare", "--uts", "--mount", "true"], check=True, capture_output=True)
     except (subprocess.CalledProcessError, OSError) as exc:
