@@ -223,3 +223,12 @@ def test_launcher_runs_with_plain_python3_and_explains_outside_a_pod(tmp_path: P
     )
     assert res.returncode == 1
     assert "rank.env has no ML_DEV_HOSTS: is this an ml-dev-env pod" in res.stderr
+
+
+def test_root_pods_without_sys_chroot_get_a_warning() -> None:
+    def drop(objects: dict[str, Any]) -> None:
+        objects["security"]["memlock"]["capabilities"] = ["IPC_LOCK", "SYS_RESOURCE"]
+
+    assert not any("SYS_CHROOT" in w for w in render("barcelona").warnings)
+    warned = [w for w in render("barcelona", drop).warnings if "SYS_CHROOT" in w]
+    assert len(warned) == 1 and "add it to security.memlock.capabilities" in warned[0]
