@@ -199,8 +199,10 @@ class SshFabric(pulumi.ComponentResource):
             spec=_policy_args(network_policy_spec(selector)),
             opts=child,
         )
-        # 0440: readable by the pod's group (fsGroup under restricted-v2, or root); sshd.sh copies the
-        # private keys to 0600 files it owns, as sshd and ssh require.
+        # 0440: readable by the pod's group: kubelet chgrps a Secret volume's files to the pod's fsGroup
+        # (restricted-v2 always assigns one) and ORs 0440 into read-only volumes (kubernetes
+        # pkg/volume/volume_linux.go SetVolumeOwnership, roMask); UID-0 pods read it anyway. sshd.sh copies
+        # the private keys to 0600 files it owns, as sshd and ssh require.
         self.volume = k8s.core.v1.VolumeArgs(
             name="ssh-keys", secret=k8s.core.v1.SecretVolumeSourceArgs(secret_name=secret_name(app), default_mode=0o440)
         )
