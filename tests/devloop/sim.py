@@ -315,12 +315,15 @@ exec setpriv {drop} \\
         children = Path(f"/proc/{pod.proc.pid}/task/{pod.proc.pid}/children").read_text().split()
         return int(children[0]) if children else pod.proc.pid
 
-    def command(self, index: int, script: str, cwd: str = WORKSPACE, env: dict[str, str] | None = None) -> list[str]:
-        """argv running `script` in pod `index` like `oc exec ... bash -lc` (the container env, the pod user)."""
+    def command(
+        self, index: int, script: str, cwd: str = WORKSPACE, env: dict[str, str] | None = None, nss: bool = True
+    ) -> list[str]:
+        """argv running `script` in pod `index` like `oc exec ... bash -lc` (the container env, the pod user);
+        nss=False: without the nss_wrapper environment, exactly as `oc exec` starts processes."""
         pod = self.pods[index]
         penv = {**pod.env, "HOME": f"{STATE}/home", **(env or {})}
-        nss = pod.state / "ssh" / "nss.env"
-        prefix = f". {STATE}/ssh/nss.env; " if nss.exists() else ""
+        nss_env = pod.state / "ssh" / "nss.env"
+        prefix = f". {STATE}/ssh/nss.env; " if nss and nss_env.exists() else ""
         return [
             "nsenter", "-t", str(self.pid(pod)), "-u", "-m", "--",
             "setpriv", f"--reuid={self.uid}", "--regid=0", "--clear-groups", "--no-new-privs",

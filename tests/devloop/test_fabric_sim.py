@@ -266,6 +266,11 @@ def test_nss_wrapper_pod_gives_every_ssh_process_a_passwd_entry(cluster: Cluster
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["ml-dev", "ml-dev", "ml-dev", "ml-dev"]
     assert (cluster.pods[3].state / "ssh" / "nss.env").exists()  # pod 3's /etc/passwd is read-only
+    # a shell `oc exec` starts there has no passwd entry, yet the launcher reaches every pod
+    plain = cluster.exec(3, f"id -un 2>&1; {LAUNCHER} exec -- hostname", nss=False, cwd="/tmp")
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    assert "cannot find name for user ID" in plain.stdout
+    assert sorted(ln for ln in plain.stdout.splitlines() if ln.startswith("[")) == [f"[{i}] ml-dev-env-{i}" for i in range(4)]
     assert not (cluster.pods[0].state / "ssh" / "nss.env").exists()  # pod 0's image layout: g=u /etc/passwd
 
 
