@@ -4,7 +4,9 @@ Each pod is a process tree in its own UTS and mount namespace (`unshare --uts --
 root only to build its mounts, then running the rendered startup script as OpenShift would: an
 arbitrary UID with GID 0, no capabilities, no_new_privs. Per pod:
 
-* hostname `<app>-<i>`; its sshd listens on its own loopback address 127.0.1.<i+1> (ML_DEV_SSH_LISTEN);
+* hostname `<app>-<i>`; its sshd listens on port 2222 of its own loopback address 127.A.B.<i+1>
+  (ML_DEV_SSH_LISTEN; A.B random per cluster, so concurrent test runs never meet), as does a debugger
+  (ML_DEV_DEBUG_HOST);
 * /etc/hosts (bind mount) maps every pod's cluster DNS name and short name to those addresses;
 * /opt/ml-dev-env = the rendered `<app>-startup` ConfigMap (read-only), /etc/ml-dev-env/ssh = the
   `<app>-ssh` Secret files (0440, GID 0), /etc/ml-dev-env/cluster = cluster.env of the rank contract;
@@ -19,6 +21,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -142,16 +145,18 @@ class Cluster:
             f"NNODES={count}\nGPUS_PER_NODE={gpus}\nAPP_NAME={APP}\nHEADLESS_SERVICE={naming.headless_service(APP)}\n"
             f"POD_NAMESPACE={NS}\nMASTER_PORT={naming.MASTER_PORT}\n"
         )
+        # a /24 of its own inside 127.0.0.0/8 (every address there is this machine's loopback)
+        block = f"127.{random.randint(2, 254)}.{random.randint(0, 255)}"
         hosts = ["127.0.0.1 localhost"]
         for i in range(count):
-            hosts.append(f"127.0.1.{i + 1} {naming.pod_dns(APP, NS, i)} {naming.pod_name(APP, i)}")
+            hosts.append(f"{block}.{i + 1} {naming.pod_dns(APP, NS, i)} {naming.pod_name(APP, i)}")
         (self.base / "hosts").write_text("\n".join(hosts) + "\n")
         self.bin = self.base / "bin"
         self.bin.mkdir()
         stub = self.bin / "nvidia-smi"
         stub.write_text(f'#!/bin/bash\nfor i in $(seq 0 {gpus - 1}); do echo "NVIDIA H100 80GB HBM3"; done\n')
         stub.chmod(0o755)
-        self.pods = [Pod(i, self.base / f"pod{i}", f"127.0.1.{i + 1}", nss=i in nss_pods) for i in range(count)]
+        self.pods = [Pod(i, self.base / f"pod{i}", f"{block}.{i + 1}", nss=i in nss_pods) for i in range(count)]
         # Python packages of the image (e.g. debugpy), copied from this interpreter where it has them
         self.site = self.base / "site"
         self.site.mkdir()
@@ -214,6 +219,7 @@ class Cluster:
             "ML_DEV_SERVERS": "",
             "ML_DEV_MEMLOCK": "none",
             "ML_DEV_SSH_LISTEN": pod.addr,
+            "ML_DEV_DEBUG_HOST": pod.addr,
             "HOME": "/home/ml-dev-image",  # the image's HOME, not writable here: the startup picks its own
             "LANG": "C.UTF-8",
             "PYTHONPATH": str(self.site),

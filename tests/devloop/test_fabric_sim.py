@@ -230,13 +230,13 @@ def test_shared_workspace_is_not_synced(cluster: Cluster) -> None:
 
 def test_user_key_from_config_logs_in_and_an_unknown_key_is_refused(cluster: Cluster, tmp_path: Path) -> None:
     known = tmp_path / "known_hosts"
-    known.write_text(f"[127.0.1.2]:{devloop.SSH_PORT} {cluster.host_pub}\n")
+    known.write_text(f"[{cluster.pods[1].addr}]:{devloop.SSH_PORT} {cluster.host_pub}\n")
 
     def ssh(key: str, *extra: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             ["ssh", "-F", "none", "-p", str(devloop.SSH_PORT), "-i", str(cluster.keys / key), "-o", "IdentitiesOnly=yes",
              "-o", f"UserKnownHostsFile={known}", "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", *extra,
-             "ml-dev@127.0.1.2", "hostname; python3 -c 'import getpass; print(getpass.getuser())'; echo $NODE_RANK"],
+             f"ml-dev@{cluster.pods[1].addr}", "hostname; python3 -c 'import getpass; print(getpass.getuser())'; echo $NODE_RANK"],
             capture_output=True, text=True, timeout=30,
         )
 
@@ -251,7 +251,7 @@ def test_user_key_from_config_logs_in_and_an_unknown_key_is_refused(cluster: Clu
     # a laptop-style login runs the launcher by name (on PATH in SSH sessions)
     status = subprocess.run(
         ["ssh", "-F", "none", "-p", str(devloop.SSH_PORT), "-i", str(cluster.keys / "user"), "-o", "IdentitiesOnly=yes",
-         "-o", f"UserKnownHostsFile={known}", "-o", "BatchMode=yes", "ml-dev@127.0.1.2", "ml-dev status"],
+         "-o", f"UserKnownHostsFile={known}", "-o", "BatchMode=yes", f"ml-dev@{cluster.pods[1].addr}", "ml-dev status"],
         capture_output=True, text=True, timeout=60,
     )
     assert status.returncode == 0, status.stdout + status.stderr
@@ -425,7 +425,7 @@ def test_debug_rank_waits_for_a_debugger_on_the_debug_port(cluster: Cluster) -> 
         sock = None
         while sock is None and time.monotonic() < deadline:
             try:
-                sock = socket.create_connection(("127.0.1.2", naming.DEBUG_PORT), timeout=5)
+                sock = socket.create_connection((cluster.pods[1].addr, naming.DEBUG_PORT), timeout=5)
             except OSError:
                 time.sleep(0.2)
         assert sock is not None, "debugpy never listened on rank 1's pod"

@@ -24,12 +24,12 @@ def test_root_pods_admit_keys_only_and_run_ranks_as_root(tmp_path: Path) -> None
         assert res.returncode == 0, res.stdout + res.stderr + (c.pods[1].state / "logs" / "sshd.log").read_text()
         assert sorted(res.stdout.split()) == ["0", "0", "[0]", "[1]"]
         known = tmp_path / "known_hosts"
-        known.write_text(f"[127.0.1.2]:{devloop.SSH_PORT} {c.host_pub}\n")
+        known.write_text(f"[{c.pods[1].addr}]:{devloop.SSH_PORT} {c.host_pub}\n")
 
         def ssh(key: str, *extra: str) -> subprocess.CompletedProcess[str]:
             return subprocess.run(
                 ["ssh", "-F", "none", "-p", str(devloop.SSH_PORT), "-i", str(c.keys / key), "-o", "IdentitiesOnly=yes",
-                 "-o", f"UserKnownHostsFile={known}", "-o", "BatchMode=yes", *extra, "root@127.0.1.2", "id -u; hostname"],
+                 "-o", f"UserKnownHostsFile={known}", "-o", "BatchMode=yes", *extra, f"root@{c.pods[1].addr}", "id -u; hostname"],
                 capture_output=True, text=True, timeout=30,
             )
 
