@@ -256,6 +256,15 @@ def test_user_key_from_config_logs_in_and_an_unknown_key_is_refused(cluster: Clu
     )
     assert status.returncode == 0, status.stdout + status.stderr
     assert "ml-dev-env-1" in status.stdout and "(this pod)" in status.stdout and "rank=3/4" in status.stdout
+    # sftp (IDEs, scp) goes through the session script too
+    batch = tmp_path / "sftp.batch"
+    batch.write_text("ls -a /tmp/workspace\n")
+    sftp = subprocess.run(
+        ["sftp", "-F", "none", "-P", str(devloop.SSH_PORT), "-i", str(cluster.keys / "user"), "-o", "IdentitiesOnly=yes",
+         "-o", f"UserKnownHostsFile={known}", "-o", "BatchMode=yes", "-b", str(batch), f"ml-dev@{cluster.pods[1].addr}"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert sftp.returncode == 0 and ".deepspeed" in sftp.stdout, sftp.stdout + sftp.stderr
     config = (cluster.pods[1].state / "ssh" / "sshd_config").read_text()
     assert "PasswordAuthentication no" in config and "PermitRootLogin prohibit-password" in config and "StrictModes yes" in config
 
