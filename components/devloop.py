@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ LAUNCHER = "ml-dev"
 TCP_USER = "ml-dev"
 ANNOTATION_SSH_PORT = "ml-dev-env/ssh-port"
 """Pod-template annotation marking pods that run the fabric's sshd (the policy rule keys on it)."""
+ANNOTATION_HASH = "ml-dev-env/devloop-sha256"
 
 
 def secret_name(app: str) -> str:
@@ -69,6 +71,12 @@ def scripts(config: StackConfig) -> dict[str, str]:
         LAUNCHER: (SCRIPTS / LAUNCHER).read_text(),
         "devloop.env": env,
     }
+
+
+def restart_hash(config: StackConfig) -> str:
+    """What sshd reads once at start (a change rolls the pods); `ml-dev` itself updates in place with the ConfigMap."""
+    data = scripts(config)
+    return hashlib.sha256("\0".join(data[k] for k in ("sshd.sh", "ssh-session.sh", "devloop.env")).encode()).hexdigest()[:16]
 
 
 def authorized_keys(stack_public_key: str, user_keys: list[str]) -> str:

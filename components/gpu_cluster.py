@@ -220,7 +220,10 @@ class GpuCluster(pulumi.ComponentResource):
             ),
             opts=child,
         )
-        pod_annotations = {"ml-dev-env/startup-sha256": pod.content_hash(script), devloop.ANNOTATION_SSH_PORT: str(devloop.SSH_PORT)}
+        pod_annotations = {
+            "ml-dev-env/startup-sha256": pod.content_hash(script),
+            devloop.ANNOTATION_SSH_PORT: str(devloop.SSH_PORT), devloop.ANNOTATION_HASH: devloop.restart_hash(cfg),
+        }
         if rdma:
             pod_annotations["k8s.v1.cni.cncf.io/networks"] = pod.multus_annotation(cfg)
         main = pod.main_container(cfg, args.image, [*self.storage.mounts, self.ssh.mount], tokens_secret)

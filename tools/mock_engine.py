@@ -56,7 +56,7 @@ class RecordingMocks(pulumi.runtime.Mocks):
         state = dict(args.inputs)
         if args.typ == "random:index/randomPassword:RandomPassword":
             state["result"] = rpc.wrap_rpc_secret("mock-random-password-0123456789ab")
-        if args.typ == "tls:index/privateKey:PrivateKey":  # components/devloop.py: a fixed, well-formed ED25519 key
+        if args.typ == "tls:index/privateKey:PrivateKey":  # components/devloop.py: a fixed stand-in key
             state["public_key_openssh"] = MOCK_SSH_PUBLIC_KEY + "\n"
             state["private_key_openssh"] = rpc.wrap_rpc_secret("mock-openssh-private-key")
         return f"{args.name}-id", state

@@ -82,7 +82,31 @@ def test_keys_secret_is_mounted_into_the_stacks_pods_only(stack: tuple[str, RunR
     assert {"name": "ssh-keys", "mountPath": devloop.SECRET_MOUNT, "readOnly": True} in main["volumeMounts"]
     # only the main container (where sshd runs) sees the keys, never the proxy sidecars
     assert all("ssh-keys" not in str(c.get("volumeMounts")) for c in spec["containers"] if c["name"] != "ml-dev")
-    assert result.one(STS).inputs["spec"]["template"]["metadata"]["annotations"][devloop.ANNOTATION_SSH_PORT] == "2222"
+    annotations = result.one(STS).inputs["spec"]["template"]["metadata"]["annotations"]
+    assert annotations[devloop.ANNOTATION_SSH_PORT] == "2222"
+    assert len(annotations[devloop.ANNOTATION_HASH]) == 16
+
+
+def test_the_dev_loop_parts_of_the_pod_template_do_not_depend_on_the_pod_count() -> None:
+    """The rank contract: the pod template is the same for N and N+1 pods (the dev loop adds nothing count-dependent)."""
+
+    def grow(objects: dict[str, Any]) -> None:
+        objects["nodes"]["count"] += 1
+
+    def parts(result: RunResult) -> tuple[Any, ...]:
+        template = result.one(STS).inputs["spec"]["template"]
+        main = next(c for c in template["spec"]["containers"] if c["name"] == "ml-dev")
+        data = result.one(CM, "-startup").inputs["data"]
+        return (
+            {k: v for k, v in template["metadata"]["annotations"].items() if k in (devloop.ANNOTATION_SSH_PORT, devloop.ANNOTATION_HASH)},
+            [v for v in template["spec"]["volumes"] if v["name"] == "ssh-keys"],
+            [m for m in main["volumeMounts"] if m["name"] == "ssh-keys"],
+            {k: v for k, v in data.items() if k != "startup.sh"},
+            result.one(NETPOL).inputs["spec"],
+        )
+
+    for stack in ("barcelona", "nerc-production"):
+        assert parts(render(stack)) == parts(render(stack, grow)), stack
 
 
 def test_keys_are_ed25519_from_pulumi_tls_kept_in_state(stack: tuple[str, RunResult]) -> None:
