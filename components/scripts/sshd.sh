@@ -206,5 +206,18 @@ ${setenv:+SetEnv $setenv}
 $sftp
 CONF
 chmod 0600 "$D/sshd_config"
+# Keys added to ml-dev-env:ssh.authorizedKeys reach the pods without a restart: kubelet updates the
+# mounted Secret in place, this loop copies authorized_keys again when it changed (sshd reads the file
+# at every login). It stays a child of sshd (exec keeps the PID), so it ends with the pod.
+REFRESH="${ML_DEV_SSH_REFRESH_SECONDS:-30}"
+(
+  while sleep "$REFRESH"; do
+    if ! cmp -s "$SECRET_DIR/authorized_keys" "$PW_DIR/.ssh/ml-dev-env_authorized_keys"; then
+      install -m 0600 "$SECRET_DIR/authorized_keys" "$PW_DIR/.ssh/ml-dev-env_authorized_keys.new" &&
+        mv -f "$PW_DIR/.ssh/ml-dev-env_authorized_keys.new" "$PW_DIR/.ssh/ml-dev-env_authorized_keys" &&
+        log "authorized_keys updated from $SECRET_DIR"
+    fi
+  done
+) </dev/null &
 log "sshd for $LOGIN (UID $uid) on port $PORT${LISTEN:+ at $LISTEN}; home $PW_DIR"
 exec "$SSHD" -D -e -f "$D/sshd_config"

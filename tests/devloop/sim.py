@@ -220,6 +220,7 @@ class Cluster:
             "ML_DEV_MEMLOCK": "none",
             "ML_DEV_SSH_LISTEN": pod.addr,
             "ML_DEV_DEBUG_HOST": pod.addr,
+            "ML_DEV_SSH_REFRESH_SECONDS": "1",
             "HOME": "/home/ml-dev-image",  # the image's HOME, not writable here: the startup picks its own
             "LANG": "C.UTF-8",
             "PYTHONPATH": str(self.site),

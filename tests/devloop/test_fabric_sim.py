@@ -458,3 +458,38 @@ def test_debug_rank_waits_for_a_debugger_on_the_debug_port(cluster: Cluster) -> 
     assert "[1] ml-dev: debugpy listening on port 5678" in out
     assert "oc port-forward pod/ml-dev-env-1 5678:5678" in out
     assert sorted(records(cluster)) == [0, 1, 2, 3]
+
+
+def test_a_key_added_to_the_stack_logs_in_without_a_restart(cluster: Cluster, tmp_path: Path) -> None:
+    """kubelet rewrites the mounted Secret in place; the pods pick the new authorized_keys up."""
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[{cluster.pods[2].addr}]:{devloop.SSH_PORT} {cluster.host_pub}\n")
+
+    def stranger() -> int:
+        return subprocess.run(
+            ["ssh", "-F", "none", "-p", str(devloop.SSH_PORT), "-i", str(cluster.keys / "stranger"), "-o", "IdentitiesOnly=yes",
+             "-o", f"UserKnownHostsFile={known}", "-o", "BatchMode=yes", f"ml-dev@{cluster.pods[2].addr}", "true"],
+            capture_output=True, text=True, timeout=30,
+        ).returncode
+
+    def wait_for(code: int) -> bool:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if stranger() == code:
+                return True
+            time.sleep(0.5)
+        return False
+
+    keys = cluster.secret / "authorized_keys"
+    before = keys.read_text()
+    assert stranger() == 255
+    try:
+        keys.chmod(0o640)
+        keys.write_text(before + cluster.stranger_pub + "\n")
+        keys.chmod(0o440)
+        assert wait_for(0), "the added key never logged in"
+    finally:
+        keys.chmod(0o640)
+        keys.write_text(before)
+        keys.chmod(0o440)
+    assert wait_for(255), "the removed key still logs in"
