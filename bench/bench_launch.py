@@ -31,8 +31,10 @@ from tests.devloop.sim import UID, WORKSPACE, Cluster, missing_requirements  # n
 PROGRAM = """import json, os, sys, time
 t = time.time()
 os.makedirs("/tmp/ml-dev-env/bench", exist_ok=True)
-with open("/tmp/ml-dev-env/bench/rank-%s.json" % os.environ["NODE_RANK"], "w") as f:
+path = "/tmp/ml-dev-env/bench/rank-%s.json" % os.environ["NODE_RANK"]
+with open(path + ".tmp", "w") as f:
     json.dump({"started": t}, f)
+os.replace(path + ".tmp", path)
 """
 
 

@@ -48,8 +48,10 @@ record = {k: os.environ.get(k) for k in keys}
 record.update(host=socket.gethostname(), tree=tree, files=sorted(files), cwd=os.getcwd(),
               version=open(os.path.join(root, "version.txt")).read().strip(), pid=os.getpid())
 os.makedirs(os.path.join(root, "out"), exist_ok=True)
-with open(os.path.join(root, "out", "rank-%s.json" % record["NODE_RANK"]), "w") as f:
+path = os.path.join(root, "out", "rank-%s.json" % record["NODE_RANK"])
+with open(path + ".tmp", "w") as f:
     json.dump(record, f)
+os.replace(path + ".tmp", path)  # the test polls for it: never a half-written file
 print("hello from rank", record["NODE_RANK"], "on", record["host"], flush=True)
 mode = sys.argv[1] if len(sys.argv) > 1 else ""
 if mode == "fail":
