@@ -3,7 +3,7 @@
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components import naming, preflight
+from components import devloop, naming, preflight
 from components.gpu_cluster import GpuCluster, GpuClusterArgs, selector_labels
 from components.image_build import ImageBuild, ImageBuildArgs
 from components.model_pipeline import ModelPipeline, ModelPipelineArgs
@@ -120,3 +120,11 @@ pulumi.export("lifecycle", cluster.lifecycle)
 pulumi.export("image", image)
 pulumi.export("shell_command", f"oc rsh -n {ns} -c ml-dev {app}-0")
 pulumi.export("port_forward_command", f"oc port-forward -n {ns} pod/{app}-0 5678:5678")
+
+# --- dev loop (components/devloop.py): laptop SSH into every pod through `oc exec`, per-pod shells and debugger ports
+count = cfg.nodes.count
+known_hosts_file = devloop.laptop_known_hosts_file(app, ns)
+pulumi.export("ssh_config", devloop.ssh_config(app, ns, count, devloop.login_user(cfg), known_hosts_file))
+pulumi.export("ssh_known_hosts", cluster.ssh.host_public_key.apply(lambda key: devloop.known_hosts(app, ns, count, key)))
+pulumi.export("shell_commands", devloop.shell_commands(app, ns, count))
+pulumi.export("port_forward_commands", devloop.port_forward_commands(app, ns, count))

@@ -10,7 +10,7 @@ import pulumi_kubernetes as k8s
 import pulumi_random as random
 from pydantic import BaseModel, ConfigDict
 
-from components import crds, lifecycle, naming, pod
+from components import crds, devloop, lifecycle, naming, pod
 from components.storage import WorkspaceStorage, WorkspaceStorageArgs
 from stacks.config import StackConfig
 
@@ -175,8 +175,14 @@ class GpuCluster(pulumi.ComponentResource):
 
         # --- startup script and secrets ------------------------------------------------------
         script = pod.startup_script()
+        # dev loop (components/devloop.py): SSH keys Secret + SSH NetworkPolicy; sshd.sh and the launcher ride in this ConfigMap
+        self.ssh = devloop.SshFabric(f"{name}-ssh", cfg, common, selector, opts=child)
+        depends.append(self.ssh)
         startup = k8s.core.v1.ConfigMap(
-            f"{name}-startup", metadata=meta(f"{app}-startup"), data={"startup.sh": script, **lifecycle.scripts()}, opts=child
+            f"{name}-startup",
+            metadata=meta(f"{app}-startup"),
+            data={"startup.sh": script, **devloop.scripts(cfg), **lifecycle.scripts()},
+            opts=child,
         )
         depends.append(startup)
         # Count-dependent facts (NNODES, …) live here, not in the pod template: a new `nodes.count`
@@ -223,6 +229,7 @@ class GpuCluster(pulumi.ComponentResource):
                 name=pod.CLUSTER_VOLUME, config_map=k8s.core.v1.ConfigMapVolumeSourceArgs(name=f"{app}-cluster", default_mode=0o444)
             ),
             lifecycle.settings_volume(app),
+            self.ssh.volume,
         ]
         tokens_secret = None
         if oauth:
@@ -267,10 +274,11 @@ class GpuCluster(pulumi.ComponentResource):
         pod_annotations = {
             "ml-dev-env/startup-sha256": pod.content_hash(script),
             "ml-dev-env/idle-agent-sha256": pod.content_hash("".join(lifecycle.scripts().values())),
+            devloop.ANNOTATION_SSH_PORT: str(devloop.SSH_PORT), devloop.ANNOTATION_HASH: devloop.restart_hash(cfg),
         }
         if rdma:
             pod_annotations["k8s.v1.cni.cncf.io/networks"] = pod.multus_annotation(cfg)
-        mounts = [*self.storage.mounts, lifecycle.settings_mount()]
+        mounts = [*self.storage.mounts, lifecycle.settings_mount(), self.ssh.mount]
         containers = [pod.main_container(cfg, args.image, mounts, tokens_secret), *pod.proxy_containers(cfg, "oauth-cookie")]
         pod_security = k8s.core.v1.PodSecurityContextArgs(
             seccomp_profile=k8s.core.v1.SeccompProfileArgs(type="RuntimeDefault")

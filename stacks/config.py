@@ -8,6 +8,8 @@ Every model is frozen and rejects unknown keys; cross-field rules (`@rule` metho
 
 from __future__ import annotations
 
+import base64
+import binascii
 import ipaddress
 import re
 from collections import Counter
@@ -271,7 +273,8 @@ class NetworkConfig(Model):
 
 # -------------------------------------------------------------------------------------- security
 
-Capability = Literal["IPC_LOCK", "SYS_RESOURCE"]
+# SYS_CHROOT: root's sshd (dev-loop SSH fabric) chroots for privilege separation; CRI-O does not grant it by default.
+Capability = Literal["IPC_LOCK", "SYS_RESOURCE", "SYS_CHROOT"]
 
 
 class MemlockConfig(Model):
@@ -640,6 +643,47 @@ class LifecycleConfig(Model):
     kueue: KueueConfig = Field(default_factory=KueueConfig)
 
 
+# ------------------------------------------------------------------------------------------- ssh
+
+SSH_KEY_TYPES = (
+    "ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521", "ssh-rsa",
+    "sk-ssh-ed25519@openssh.com", "sk-ecdsa-sha2-nistp256@openssh.com",
+)
+SSH_PUBLIC_KEY = re.compile(r"^(?P<type>[a-z0-9@.-]+) (?P<blob>[A-Za-z0-9+/]+={0,2})( [^\n]*)?$")
+
+
+def _ssh_blob_type(blob: str) -> str | None:
+    """The key type an OpenSSH public key blob names in its first field (uint32 length + name)."""
+    try:
+        raw = base64.b64decode(blob, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    size = int.from_bytes(raw[:4], "big") if len(raw) >= 4 else -1
+    return raw[4:4 + size].decode("ascii", "replace") if 0 < size <= len(raw) - 4 else None
+
+
+class SshConfig(Model):
+    """The SSH fabric between the pods (and from laptops through `oc`): who may log in besides the stack's own key."""
+
+    authorized_keys: list[str] = Field(
+        default_factory=list,
+        description="Users' OpenSSH public keys ('ssh-ed25519 AAAA... comment'), allowed to log in to every pod.",
+    )
+
+    @model_validator(mode="after")
+    def _keys(self) -> SshConfig:
+        for i, key in enumerate(self.authorized_keys):
+            m = SSH_PUBLIC_KEY.match(key.strip())
+            if not m or m["type"] not in SSH_KEY_TYPES or _ssh_blob_type(m["blob"]) != m["type"]:
+                shown = key if len(key) <= 40 else key[:37] + "..."
+                raise ConfigProblem(
+                    f"authorizedKeys[{i}]", shown,
+                    f"one OpenSSH public key line '<type> <base64> [comment]' (as in ~/.ssh/id_ed25519.pub) of type "
+                    f"{', '.join(SSH_KEY_TYPES)}; never a private key",
+                )
+        return self
+
+
 # ----------------------------------------------------------------------------------------- stack
 
 
@@ -657,6 +701,7 @@ class StackConfig(Model):
     model_pipeline: ModelPipelineConfig = Field(default_factory=ModelPipelineConfig)
     models: list[ModelConfig] = Field(default_factory=list)
     lifecycle: LifecycleConfig = Field(default_factory=LifecycleConfig)
+    ssh: SshConfig = Field(default_factory=SshConfig)
 
     @rule
     def _cross(self) -> Iterator[ConfigProblem]:

@@ -266,6 +266,11 @@ def warnings_for(config: StackConfig) -> list[str]:
             "environment that names them"
             + (" (createAttachments on two stacks would fight over them)" if net.rdma.create_attachments else "")
         )
+    if net.effective_mode == "rdma" and config.security.memlock.mode == "scc" and "SYS_CHROOT" not in config.security.memlock.capabilities:
+        out.append(
+            "RDMA pods of an SCC run as root, and root's sshd (the dev loop's SSH fabric) needs SYS_CHROOT, which CRI-O "
+            "does not grant by default: add it to security.memlock.capabilities (the SCC must allow it), else no SSH between pods"
+        )
     if config.image.build is not None and config.build_nodes.tolerations:
         out.append(
             "buildNodes.tolerations do not apply to BuildConfigs (OpenShift has no per-build tolerations; "

@@ -40,6 +40,9 @@ class Recorded:
         return self.typ.rsplit(":", 1)[-1]
 
 
+MOCK_SSH_PUBLIC_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIMockMockMockMockMockMockMockMockMockMockMock"
+
+
 class RecordingMocks(pulumi.runtime.Mocks):
     """Echo mocks that remember every registered resource with its (secret-redacted) inputs."""
 
@@ -53,6 +56,9 @@ class RecordingMocks(pulumi.runtime.Mocks):
         state = dict(args.inputs)
         if args.typ == "random:index/randomPassword:RandomPassword":
             state["result"] = rpc.wrap_rpc_secret("mock-random-password-0123456789ab")
+        if args.typ == "tls:index/privateKey:PrivateKey":  # components/devloop.py: a fixed stand-in key
+            state["public_key_openssh"] = MOCK_SSH_PUBLIC_KEY + "\n"
+            state["private_key_openssh"] = rpc.wrap_rpc_secret("mock-openssh-private-key")
         return f"{args.name}-id", state
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], list[tuple[str, str]] | None]:

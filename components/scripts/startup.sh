@@ -318,6 +318,9 @@ stop() {
 }
 trap stop TERM INT
 
+# --- SSH fabric on every pod (dev loop: sshd.sh, next to this script in the startup ConfigMap) ----
+if [ -r "$(dirname "$0")/sshd.sh" ]; then start sshd bash "$(dirname "$0")/sshd.sh"; fi
+
 if [ "$ORDINAL" -eq 0 ]; then
   for server in $SERVERS; do
     case "$server" in
