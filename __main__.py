@@ -3,11 +3,12 @@
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components import naming, preflight
+from components import preflight
 from components.gpu_cluster import GpuCluster, GpuClusterArgs, selector_labels
 from components.image_build import ImageBuild, ImageBuildArgs
 from components.model_pipeline import ModelPipeline, ModelPipelineArgs
 from components.storage import volume_claim_templates
+from core import naming
 from stacks import loader
 
 stack = loader.load(f"Pulumi.{pulumi.get_stack()}.yaml")

@@ -10,8 +10,9 @@ import pulumi_kubernetes as k8s
 import pulumi_random as random
 from pydantic import BaseModel, ConfigDict
 
-from components import crds, naming, pod
+from components import crds, pod
 from components.storage import WorkspaceStorage, WorkspaceStorageArgs
+from core import naming
 from stacks.config import StackConfig
 
 OAUTH_REDIRECT = "serviceaccounts.openshift.io/oauth-redirectreference."

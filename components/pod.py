@@ -9,7 +9,8 @@ from pathlib import Path
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components import naming, nccl, storage
+from components import storage
+from core import naming, nccl
 from stacks.config import StackConfig
 
 STARTUP_SCRIPT = Path(__file__).parent / "scripts" / "startup.sh"

@@ -16,8 +16,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from components import nccl
-from components.quantity import parse_quantity
+from core import nccl
+from core.model_sizing import preflight
+from core.presets import presets_file
+from core.quantity import parse_quantity
 from stacks.base import (
     AbsPath,
     Cidr,
@@ -433,8 +435,6 @@ class ImageBuildConfig(Model):
 
     @rule
     def _source(self) -> Iterator[ConfigProblem]:
-        from components.image_build import presets_file  # the presets live with the Containerfiles
-
         presets = sorted(presets_file()["presets"])
         if self.preset is not None and self.preset not in presets:
             yield ConfigProblem("preset", self.preset, f"allowed: {', '.join(presets)} (images/presets.yaml)")
@@ -576,8 +576,6 @@ class StackConfig(Model):
         names = [m.name for m in self.models]
         if duplicates(names):
             yield ConfigProblem("models[].name", duplicates(names), "model names must be unique")
-        from components.model_sizing import preflight  # pure sizing rules, shared with the component
-
         for i, model in enumerate(self.models):
             problem = preflight(model, self.model_pipeline)
             if problem:

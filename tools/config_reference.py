@@ -17,6 +17,7 @@ from pydantic_core import PydanticUndefined
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from core.presets import presets_file
 from stacks.config import StackConfig
 from stacks.errors import _model_in
 from stacks.loader import SECRET_KEYS
@@ -104,8 +105,6 @@ PRESETS_START, PRESETS_END = "<!-- presets:start -->", "<!-- presets:end -->"
 
 
 def presets_table() -> str:
-    from components.image_build import presets_file
-
     data = presets_file()
     lines = [PRESETS_START, "| preset | base image | CUDA | PyTorch | Flash-Attention | base tag |"]
     lines.append("| --- | --- | --- | --- | --- | --- |")
