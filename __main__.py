@@ -9,6 +9,7 @@ from components.image_build import ImageBuild, ImageBuildArgs
 from components.model_pipeline import ModelPipeline, ModelPipelineArgs
 from components.storage import volume_claim_templates
 from core import naming
+from core.servers import routed_servers
 from stacks import loader
 
 stack = loader.load(f"Pulumi.{pulumi.get_stack()}.yaml")
@@ -103,9 +104,8 @@ if cfg.models:
     pulumi.export("model_pipeline_runs", models.run_names)
     pulumi.export("model_images", models.internal_images)
 
-pulumi.export("vscode_url", cluster.urls.get("vscode", ""))
-pulumi.export("jupyter_url", cluster.urls.get("jupyter", ""))
-pulumi.export("tensorboard_url", cluster.urls.get("tensorboard", ""))
+for server in routed_servers():
+    pulumi.export(f"{server.name}_url", cluster.urls.get(server.name, ""))
 pulumi.export("master_addr", cluster.master_addr)
 pulumi.export("pod_names", cluster.pod_names)
 pulumi.export("world_size", cluster.world_size)

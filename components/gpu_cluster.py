@@ -213,13 +213,13 @@ class GpuCluster(pulumi.ComponentResource):
             )
         elif cfg.access.auth == "token" and cfg.access.servers:
             tokens_secret = f"{app}-dev-tokens"
-            keys = {"vscodePassword": cfg.access.vscode, "jupyterToken": cfg.access.jupyter}
+            keys = [s.secret_key for s in cfg.access.enabled() if s.secret_key]
             depends.append(
                 k8s.core.v1.Secret(
                     f"{name}-dev-tokens",
                     metadata=meta(tokens_secret),
                     type="Opaque",
-                    string_data={k: args.secrets[k] for k, on in keys.items() if on},
+                    string_data={k: args.secrets[k] for k in keys},
                     opts=child,
                 )
             )
@@ -294,11 +294,11 @@ class GpuCluster(pulumi.ComponentResource):
                     selector={**selector, "statefulset.kubernetes.io/pod-name": naming.pod_name(app, 0)},
                     ports=[
                         k8s.core.v1.ServicePortArgs(
-                            name=server,
-                            port=pod.SERVER_PORTS[server],
-                            target_port=pod.proxy_port_name(server) if oauth else server,
+                            name=server.name,
+                            port=server.port,
+                            target_port=naming.proxy_port_name(server.name) if oauth else server.name,
                         )
-                        for server in cfg.access.servers
+                        for server in cfg.access.enabled()
                     ],
                 ),
                 opts=child,

@@ -39,6 +39,14 @@ def route_name(app: str, server: str) -> str:
     return f"{app}-{server}"
 
 
+def proxy_container(server: str) -> str:
+    return f"{server}-proxy"
+
+
+def proxy_port_name(server: str) -> str:
+    return f"p-{server}"  # container port names are at most 15 characters
+
+
 def route_host(app: str, server: str, namespace: str, apps_domain: str) -> str:
     """Route host following OpenShift's default `<route>-<namespace>.<apps domain>` pattern."""
     return f"{route_name(app, server)}-{namespace}.{apps_domain}"

@@ -14,12 +14,13 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, create_model, model_validator
 
 from core import nccl
 from core.model_sizing import preflight
 from core.presets import presets_file
 from core.quantity import parse_quantity
+from core.servers import DEV_SERVERS, DevServer, longest_routed_name, routed_servers
 from stacks.base import (
     AbsPath,
     Cidr,
@@ -57,11 +58,12 @@ class ClusterConfig(Model):
 
     @rule
     def _app_name_fits(self) -> Iterator[ConfigProblem]:
-        # pod names `<app>-<ordinal>` and `<app>-tensorboard-<namespace>` hosts must stay DNS labels.
+        # pod names `<app>-<ordinal>` and `<app>-<server>-<namespace>` hosts must stay DNS labels (the
+        # longest server name of core/servers.py makes the longest host).
         if len(self.app_name) > 40:
             yield ConfigProblem("appName", self.app_name, "at most 40 characters (pod and route names derive from it)")
             return
-        longest = f"{self.app_name}-tensorboard-{self.namespace}"
+        longest = f"{self.app_name}-{longest_routed_name()}-{self.namespace}"
         if len(longest) > 63:
             yield ConfigProblem(
                 "appName", self.app_name,
@@ -300,34 +302,49 @@ class SecurityConfig(Model):
 
 # ---------------------------------------------------------------------------------------- access
 
-SERVERS = ("vscode", "jupyter", "tensorboard")
+# One on/off key per dev server of the table (core/servers.py), in table order, ahead of the other access keys.
+_ServerToggles = create_model(  # type: ignore[call-overload]
+    "_ServerToggles",
+    __base__=Model,
+    **{
+        s.name: (bool, Field(True, description=f"Run {s.title} on pod 0 (port {s.port}), reachable at an https Route."))
+        for s in DEV_SERVERS
+        if s.routed
+    },
+)
+
+_TOKEN_SECRETS = [s.secret_key for s in DEV_SERVERS if s.routed and s.secret_key]
 
 
-class AccessConfig(Model):
-    vscode: bool = True
-    jupyter: bool = True
-    tensorboard: bool = True
+class AccessConfig(_ServerToggles):  # type: ignore[valid-type, misc]
     auth: Literal["oauth-proxy", "token"] = Field(
-        "oauth-proxy", description="oauth-proxy: OpenShift login; token: per-server secrets (ml-dev-env:vscodePassword, jupyterToken)."
+        "oauth-proxy",
+        description=f"oauth-proxy: OpenShift login; token: per-server secrets (ml-dev-env:{', '.join(_TOKEN_SECRETS)}).",
     )
     oauth_proxy_image: ImageRef = Field(
         "registry.redhat.io/openshift4/ose-oauth-proxy-rhel9:v4.20",
         description="OpenShift OAuth proxy image (the cluster's global pull secret covers registry.redhat.io).",
     )
-    tensorboard_log_dir: AbsPath = "/workspace/tensorboard"
+    tensorboard_log_dir: AbsPath = Field("/workspace/tensorboard", description="Directory TensorBoard reads its event files from.")
 
     @rule
-    def _tensorboard_needs_proxy(self) -> Iterator[ConfigProblem]:
-        if self.auth == "token" and self.tensorboard:
-            yield ConfigProblem(
-                "tensorboard", True,
-                "TensorBoard has no authentication of its own: with auth 'token' set tensorboard: false, "
-                "or use auth 'oauth-proxy'",
-            )
+    def _servers_without_auth_need_proxy(self) -> Iterator[ConfigProblem]:
+        for s in routed_servers():
+            if self.auth == "token" and getattr(self, s.name) and not s.has_own_auth:
+                yield ConfigProblem(
+                    s.name, True,
+                    f"{s.title} has no authentication of its own: with auth 'token' set {s.name}: false, "
+                    "or use auth 'oauth-proxy'",
+                )
 
     @property
     def servers(self) -> list[str]:
-        return [s for s in SERVERS if getattr(self, s)]
+        """Names of the enabled routed servers, in table order."""
+        return [s.name for s in routed_servers() if getattr(self, s.name)]
+
+    def enabled(self) -> list[DevServer]:
+        """The enabled routed servers (rows of core/servers.py), in table order."""
+        return [s for s in routed_servers() if getattr(self, s.name)]
 
 
 # --------------------------------------------------------------------------------------- storage
