@@ -20,7 +20,7 @@ import pytest
 
 from core import servers
 from core.servers import DEV_SERVERS, DevServer
-from policy.rules import SERVICE_PORT_AUTH, SERVICE_PORT_NUMBERS
+from policy.rules.routes_authenticated import SERVICE_PORT_AUTH, SERVICE_PORT_NUMBERS
 
 ROOT = Path(__file__).resolve().parent.parent
 STARTUP = ROOT / "components" / "scripts" / "startup.sh"
