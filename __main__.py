@@ -38,7 +38,7 @@ opts = pulumi.ResourceOptions(providers=[provider])
 if cfg.cluster.create_namespace:
     namespace = k8s.core.v1.Namespace(
         "namespace",
-        metadata=k8s.meta.v1.ObjectMetaArgs(name=cfg.cluster.namespace, labels={"app.kubernetes.io/part-of": "ml-dev-env"}),
+        metadata=k8s.meta.v1.ObjectMetaArgs(name=cfg.cluster.namespace, labels=dict(naming.PART_OF)),
         # Deleting the namespace would delete every PVC in it: keep it on destroy.
         opts=pulumi.ResourceOptions(provider=provider, retain_on_delete=True),
     )
@@ -58,7 +58,7 @@ def check_statefulset() -> None:
         return
     problem = preflight.statefulset_conflict(
         live,
-        owner_labels={"app.kubernetes.io/managed-by": "pulumi", "ml-dev-env/cluster": cfg.cluster.name},
+        owner_labels=naming.owner_labels(cfg.cluster.name),
         selector=selector_labels(cfg),
         service_name=naming.headless_service(app),
         claim_templates=[t.metadata.name for t in volume_claim_templates(cfg.storage, {})],
@@ -69,7 +69,7 @@ def check_statefulset() -> None:
 
 check_statefulset()
 
-labels = {"app.kubernetes.io/part-of": "ml-dev-env", "app.kubernetes.io/managed-by": "pulumi", "ml-dev-env/cluster": cfg.cluster.name}
+labels = naming.stack_labels(cfg.cluster.name)
 if cfg.image.build is not None:
     images = ImageBuild(
         "image",
@@ -111,5 +111,5 @@ pulumi.export("pod_names", cluster.pod_names)
 pulumi.export("world_size", cluster.world_size)
 pulumi.export("network_mode", cluster.network_mode)
 pulumi.export("image", image)
-pulumi.export("shell_command", f"oc rsh -n {ns} -c ml-dev {app}-0")
-pulumi.export("port_forward_command", f"oc port-forward -n {ns} pod/{app}-0 5678:5678")
+pulumi.export("shell_command", f"oc rsh -n {ns} -c {naming.MAIN_CONTAINER} {naming.pod_name(app, 0)}")
+pulumi.export("port_forward_command", f"oc port-forward -n {ns} pod/{naming.pod_name(app, 0)} {naming.DEBUG_PORT}:{naming.DEBUG_PORT}")

@@ -20,7 +20,6 @@ CLUSTER_MOUNT = "/etc/ml-dev-env/cluster"
 CLUSTER_VOLUME = "cluster"
 HOME_DIRNAME = ".home"
 COOKIE_MOUNT = "/etc/oauth-proxy"
-MAIN_CONTAINER = "ml-dev"
 
 
 def startup_script() -> str:
@@ -169,7 +168,7 @@ def main_container(
     if config.access.auth == "token":
         ports += [k8s.core.v1.ContainerPortArgs(name=s.name, container_port=s.port) for s in config.access.enabled()]
     return k8s.core.v1.ContainerArgs(
-        name=MAIN_CONTAINER,
+        name=naming.MAIN_CONTAINER,
         image=image,
         image_pull_policy="IfNotPresent",
         command=["/bin/bash", f"{STARTUP_MOUNT}/startup.sh"],
