@@ -7,7 +7,7 @@ from components import preflight
 from components.gpu_cluster import GpuCluster, GpuClusterArgs, selector_labels
 from components.image_build import ImageBuild, ImageBuildArgs
 from components.model_pipeline import ModelPipeline, ModelPipelineArgs
-from components.storage import volume_claim_templates
+from components.storage import claim_template_names
 from core import naming
 from core.servers import routed_servers
 from stacks import loader
@@ -61,7 +61,7 @@ def check_statefulset() -> None:
         owner_labels=naming.owner_labels(cfg.cluster.name),
         selector=selector_labels(cfg),
         service_name=naming.headless_service(app),
-        claim_templates=[t.metadata.name for t in volume_claim_templates(cfg.storage, {})],
+        claim_templates=claim_template_names(cfg.storage),
     )
     if problem:
         raise pulumi.RunError(problem)
@@ -70,6 +70,7 @@ def check_statefulset() -> None:
 check_statefulset()
 
 labels = naming.stack_labels(cfg.cluster.name)
+image: pulumi.Input[str] | None
 if cfg.image.build is not None:
     images = ImageBuild(
         "image",

@@ -278,11 +278,14 @@ class NetworkConfig(Model):
 Capability = Literal["IPC_LOCK", "SYS_RESOURCE"]
 
 
+MEMLOCK_CAPABILITIES: tuple[Capability, ...] = ("IPC_LOCK", "SYS_RESOURCE")
+
+
 class MemlockConfig(Model):
     mode: Literal["none", "scc", "privileged"] = Field("none", description="How RDMA gets unlimited memlock.")
     scc_name: DnsSubdomain | None = Field(None, description="SCC granting the capabilities (mode scc).")
     create_scc: bool = Field(False, description="Create the SCC (cluster-admin) instead of binding to an existing one.")
-    capabilities: list[Capability] = Field(default_factory=lambda: ["IPC_LOCK", "SYS_RESOURCE"])
+    capabilities: list[Capability] = Field(default_factory=lambda: list(MEMLOCK_CAPABILITIES))
 
     @rule
     def _consistent(self) -> Iterator[ConfigProblem]:
@@ -316,7 +319,7 @@ _ServerToggles = create_model(  # type: ignore[call-overload]
 _TOKEN_SECRETS = [s.secret_key for s in DEV_SERVERS if s.routed and s.secret_key]
 
 
-class AccessConfig(_ServerToggles):  # type: ignore[valid-type, misc]
+class AccessConfig(_ServerToggles):
     auth: Literal["oauth-proxy", "token"] = Field(
         "oauth-proxy",
         description=f"oauth-proxy: OpenShift login; token: per-server secrets (ml-dev-env:{', '.join(_TOKEN_SECRETS)}).",

@@ -43,7 +43,7 @@ def manifest(resource: Recorded) -> dict[str, Any] | None:
         for key in ("data", "stringData"):
             if isinstance(obj.get(key), dict):
                 obj[key] = {k: REDACTED for k in obj[key]}
-    ordered = {k: obj[k] for k in ("apiVersion", "kind", "metadata") if k in obj}
+    ordered: dict[str, Any] = {k: obj[k] for k in ("apiVersion", "kind", "metadata") if k in obj}
     ordered.update({k: v for k, v in obj.items() if k not in ordered})
     return ordered
 
