@@ -38,12 +38,11 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from steps.embed import step_script
+from tests.fixtures.images import push_base
+from tests.fixtures.registry import Registry, registry_available, run_registry
 
-from steps.embed import step_script  # noqa: E402
-from tests.fixtures.images import push_base  # noqa: E402
-from tests.fixtures.registry import Registry, registry_available, run_registry  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -20,11 +20,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from tests.conftest import STACKS, run_objects, stack_objects
 
-from tests.conftest import STACKS, run_objects, stack_objects  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 SNAPSHOTS = Path(__file__).resolve().parent / "identity"
 HASH = re.compile(r"-[0-9a-f]{10}$")

@@ -14,13 +14,19 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import re
 import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if __name__ == "__main__" and not __package__:
+    # Run as a file (`python tools/diagram.py`): re-run as the module of the repository package, which needs
+    # no sys.path edits (`python -m tools.diagram`, what the Makefile runs).
+    os.execve(sys.executable, [sys.executable, "-m", "tools.diagram", *sys.argv[1:]],
+              {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent),
+                                                                        os.environ.get("PYTHONPATH")]))})
 
 from tools.mock_engine import ROOT, Recorded, RunResult, run_stack
 

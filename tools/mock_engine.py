@@ -10,7 +10,6 @@ import asyncio
 import json
 import logging
 import runpy
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -199,8 +198,6 @@ def run_program(
         flat[full] = value
         secret_keys.append(full)
 
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     capture = _Capture()

@@ -11,6 +11,7 @@ anything is written.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
@@ -21,7 +22,12 @@ from typing import Any
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if __name__ == "__main__" and not __package__:
+    # Run as a file (`python tools/render.py`): re-run as the module of the repository package, which needs
+    # no sys.path edits (`python -m tools.render`, what the Makefile runs).
+    os.execve(sys.executable, [sys.executable, "-m", "tools.render", *sys.argv[1:]],
+              {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent),
+                                                                        os.environ.get("PYTHONPATH")]))})
 
 from policy.rules import POLICIES, evaluate, format_report, has_mandatory
 from stacks.config import StackConfig
