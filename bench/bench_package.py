@@ -313,7 +313,7 @@ APPROACHES: dict[str, tuple[str, Callable[[Env, str], Result]]] = {
     "raw": ("raw blob ingest (reference, 1 stream)", approach_raw),
     "ours": ("ours: steps/package.py (default --jobs 2)", approach_ours),
     "ours1": ("ours: steps/package.py --jobs 1", functools.partial(approach_ours, jobs=1)),
-    "buildah": ("seed: buildah bud + push", approach_buildah),
+    "buildah": ("original: buildah bud + push", approach_buildah),
     "olot": ("peer: olot + skopeo", approach_olot),
 }
 

@@ -1,4 +1,4 @@
-"""GPU cluster (SPEC.md §5.1, §5.3, §5.4): StatefulSet, services, routes, RBAC and dev-server access."""
+"""GPU cluster: the StatefulSet (one pod per GPU node), its Services and Routes, RBAC/SCC and dev-server access."""
 
 from __future__ import annotations
 

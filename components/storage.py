@@ -1,4 +1,4 @@
-"""Workspace storage (SPEC.md §5.2): shared RWX PVCs, per-pod volumeClaimTemplates, or both.
+"""Workspace storage: shared RWX PVCs, per-pod volumeClaimTemplates, or both.
 
 Data is never lost by the program: shared PVCs are `retain_on_delete` (they outlive `pulumi destroy`
 and any replacement), and per-pod claims are owned by the StatefulSet controller with a `Retain`

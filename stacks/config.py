@@ -1,4 +1,4 @@
-"""Typed stack configuration (SPEC.md §3): one pydantic model per `ml-dev-env:<key>` object.
+"""Typed stack configuration: one pydantic model per `ml-dev-env:<key>` object.
 
 Keys are camelCase in `Pulumi.<stack>.yaml` (`pulumi config set --path 'ml-dev-env:nodes.count' 2`).
 Every model is frozen and rejects unknown keys; cross-field rules (`@rule` methods) yield a
@@ -243,7 +243,7 @@ class NetworkConfig(Model):
     rdma: RdmaConfig = Field(default_factory=RdmaConfig)
     tcp: TcpConfig = Field(default_factory=TcpConfig)
     nccl_env: dict[str, EnvValue] = Field(
-        default_factory=dict, description="NCCL overrides on top of the validated defaults (SPEC §6)."
+        default_factory=dict, description="NCCL variables that override the validated defaults (core/nccl.py) and the typed settings above."
     )
 
     @rule
@@ -427,7 +427,7 @@ class BuildResources(Model):
 
 
 class ImageBuildConfig(Model):
-    """On-cluster two-stage build (SPEC §5.5): base (CUDA/PyTorch/FA/RDMA/dev servers) and runtime."""
+    """On-cluster two-stage build: base (CUDA/PyTorch/FA/RDMA/dev servers) and runtime (images/README.md)."""
 
     preset: str | None = Field(None, description="Architecture preset from images/presets.yaml (default: its `default`).")
     image_stream: DnsLabel = Field("ml-dev-env", description="ImageStream receiving both stages' tags.")
@@ -523,7 +523,7 @@ class S3Upload(Model):
 
 
 class ModelConfig(Model):
-    """One model to package as a KServe modelcar (SPEC §5.6)."""
+    """One model to package as a KServe modelcar (README: "Model-packaging pipeline")."""
 
     name: DnsLabel = Field(description="Short name; the PipelineRun and internal ImageStream derive from it.")
     source: ModelSource
