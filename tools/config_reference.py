@@ -86,12 +86,20 @@ def _default(field: Any) -> str:
     return f"`{value}`"
 
 
+def _description(field: Any, nested: type[BaseModel] | None) -> str:
+    """The field's description; for an object without one, the first line of its model's docstring."""
+    if field.description:
+        return str(field.description)
+    doc = nested.__dict__.get("__doc__") if nested is not None else None
+    return doc.strip().splitlines()[0] if doc else ""
+
+
 def rows(model: type[BaseModel], prefix: str) -> list[str]:
     out = []
     for name, field in model.model_fields.items():
         key = f"{prefix}{field.alias or name}"
         nested = _model_in(field.annotation)
-        out.append(f"| `{key}` | {_type_name(field.annotation, field.metadata)} | {_default(field)} | {field.description or ''} |")
+        out.append(f"| `{key}` | {_type_name(field.annotation, field.metadata)} | {_default(field)} | {_description(field, nested)} |")
         if nested is not None:
             sep = "[]." if typing.get_origin(field.annotation) is list else "."
             out.extend(rows(nested, f"{key}{sep}"))
