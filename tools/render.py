@@ -151,7 +151,7 @@ def render(stack: str, out_root: Path, validate: bool = True, config_dir: Path =
         shown = "[secret]" if key in result.secret_outputs else value
         print(f"  {key}: {shown}")
     violations = evaluate((r.typ, r.inputs, r.options) for r in result.resources)
-    print(f"\n== policies ({len(POLICIES)} guard rails, policy/rules.py)")
+    print(f"\n== policies ({len(POLICIES)} guard rails, policy/rules/)")
     print(format_report(violations))
     print(f"\n== {len(written)} Kubernetes objects written to {out_dir.relative_to(ROOT) if out_dir.is_relative_to(ROOT) else out_dir}")
     print(summary(written, result))
