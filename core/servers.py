@@ -60,10 +60,6 @@ DEV_SERVERS: tuple[DevServer, ...] = (
 )
 
 
-def server(name: str) -> DevServer:
-    return next(s for s in DEV_SERVERS if s.name == name)
-
-
 def routed_servers() -> tuple[DevServer, ...]:
     return tuple(s for s in DEV_SERVERS if s.routed)
 
