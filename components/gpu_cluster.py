@@ -10,7 +10,7 @@ import pulumi_kubernetes as k8s
 import pulumi_random as random
 from pydantic import BaseModel, ConfigDict
 
-from components import crds, pod
+from components import crds, lifecycle, pod
 from components.storage import WorkspaceStorage, WorkspaceStorageArgs
 from core import naming
 from stacks.config import StackConfig
@@ -66,6 +66,8 @@ class GpuCluster(pulumi.ComponentResource):
     world_size: int
     network_mode: str
     """Effective transport: 'rdma' or 'tcp' (after the RDMA→TCP fallback)."""
+    lifecycle: dict[str, object]
+    """Suspend state, what a suspend frees, how to resume (the `lifecycle` stack output)."""
 
     def __init__(self, name: str, args: GpuClusterArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("ml-dev-env:cluster:GpuCluster", name, None, opts)
@@ -85,6 +87,7 @@ class GpuCluster(pulumi.ComponentResource):
         self.storage = self._storage()
         script = pod.startup_script()
         self._startup_and_cluster_config(script)
+        self._lifecycle()
         credential_volumes, tokens_secret = self._dev_credentials()
         headless = self._headless_service()
         self.statefulset = self._statefulset(script, credential_volumes, tokens_secret, headless)
@@ -94,7 +97,9 @@ class GpuCluster(pulumi.ComponentResource):
         self.pod_names = naming.pod_names(self._app, cfg.nodes.count)
         self.world_size = cfg.nodes.count * cfg.nodes.gpus_per_pod
         self.network_mode = cfg.network.effective_mode
+        self.lifecycle = lifecycle.summary(cfg)
         self.register_outputs({
+            "lifecycle": self.lifecycle,
             "urls": self.urls,
             "master_addr": self.master_addr,
             "pod_names": self.pod_names,
@@ -214,18 +219,46 @@ class GpuCluster(pulumi.ComponentResource):
         """The startup script ConfigMap and the count-dependent `cluster.env` ConfigMap."""
         name, app = self._name, self._app
         startup = k8s.core.v1.ConfigMap(
-            f"{name}-startup", metadata=self._meta(naming.startup_configmap(app)), data={"startup.sh": script}, opts=self._child
+            f"{name}-startup", metadata=self._meta(naming.startup_configmap(app)), data={"startup.sh": script, **lifecycle.scripts()},
+            opts=self._child,
         )
         self._depends.append(startup)
         # Count-dependent facts (NNODES, …) live here, not in the pod template: a new `nodes.count`
-        # updates this ConfigMap in place and the StatefulSet's `replicas` (both in-place updates), so
-        # running pods are not restarted. Its content is deliberately not hashed into the template.
+        # updates this ConfigMap and the StatefulSet's `replicas`, so running pods are not restarted. Both
+        # are in-place updates only because the provider sets enableConfigMapMutable (__main__.py): by
+        # default pulumi-kubernetes replaces a ConfigMap whose data changed (diff.go `forceNewProperties`),
+        # which for this fixed name is a delete-before-replace under the running pods. Its content is
+        # deliberately not hashed into the template (the startup script's is: a script change rolls the pods).
         cluster_cm = k8s.core.v1.ConfigMap(
             f"{name}-cluster", metadata=self._meta(naming.cluster_configmap(app)), data={"cluster.env": pod.cluster_env(self._cfg)},
             opts=self._child,
         )
         # Updated before the StatefulSet (dependency order), so new pods of a scale-up read the new count.
         self._depends.append(cluster_cm)
+
+    def _lifecycle(self) -> None:
+        """Idle-agent settings (updated in place, no restart), the stop record, and the agent's RBAC."""
+        cfg, name, app, child = self._cfg, self._name, self._app, self._child
+        self._depends.append(k8s.core.v1.ConfigMap(
+            f"{name}-lifecycle", metadata=self._meta(lifecycle.settings_configmap(app)),
+            data={lifecycle.SETTINGS_KEY: lifecycle.settings_json(cfg)}, opts=child,
+        ))
+        # The agent writes the record; Pulumi only creates the object (its data is the agent's).
+        k8s.core.v1.ConfigMap(
+            f"{name}-idle-stop", metadata=self._meta(lifecycle.record_configmap(app)), data={},
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["data"]),
+        )
+        if cfg.lifecycle.idle_stop.enabled:
+            agent_role = k8s.rbac.v1.Role(
+                f"{name}-idle-agent", metadata=self._meta(lifecycle.agent_role(app)), rules=lifecycle.agent_rules(app), opts=child
+            )
+            self._depends.append(k8s.rbac.v1.RoleBinding(
+                f"{name}-idle-agent",
+                metadata=self._meta(lifecycle.agent_role(app)),
+                role_ref=k8s.rbac.v1.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind="Role", name=lifecycle.agent_role(app)),
+                subjects=[k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=cfg.security.service_account, namespace=self._ns)],
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[agent_role]),
+            ))
 
     def _dev_credentials(self) -> tuple[list[k8s.core.v1.VolumeArgs], str | None]:
         """OAuth proxy cookie secret (oauth-proxy), or the per-server token Secret (token): volumes, token Secret name."""
@@ -291,23 +324,37 @@ class GpuCluster(pulumi.ComponentResource):
                 name=pod.CLUSTER_VOLUME,
                 config_map=k8s.core.v1.ConfigMapVolumeSourceArgs(name=naming.cluster_configmap(app), default_mode=0o444),
             ),
+            lifecycle.settings_volume(app),
             *credential_volumes,
         ]
-        pod_annotations = {"ml-dev-env/startup-sha256": pod.content_hash(script)}
+        pod_annotations = {
+            "ml-dev-env/startup-sha256": pod.content_hash(script),
+            "ml-dev-env/idle-agent-sha256": pod.content_hash("".join(lifecycle.scripts().values())),
+        }
         if self._rdma:
             pod_annotations["k8s.v1.cni.cncf.io/networks"] = pod.multus_annotation(cfg)
-        containers = [pod.main_container(cfg, args.image, self.storage.mounts, tokens_secret), *pod.proxy_containers(cfg, "oauth-cookie")]
+        mounts = [*self.storage.mounts, lifecycle.settings_mount()]
+        containers = [pod.main_container(cfg, args.image, mounts, tokens_secret), *pod.proxy_containers(cfg, "oauth-cookie")]
         pod_security = k8s.core.v1.PodSecurityContextArgs(
             seccomp_profile=k8s.core.v1.SeccompProfileArgs(type="RuntimeDefault")
         )
         return k8s.apps.v1.StatefulSet(
             f"{self._name}-statefulset",
-            metadata=self._meta(app, annotations={"pulumi.com/timeoutSeconds": str(rollout_timeout(cfg)), **args.statefulset_annotations}),
+            metadata=k8s.meta.v1.ObjectMetaArgs(
+                name=app,
+                namespace=self._ns,
+                labels={**self._labels, **lifecycle.statefulset_labels(cfg)},
+                annotations={
+                    "pulumi.com/timeoutSeconds": str(rollout_timeout(cfg)),
+                    **lifecycle.statefulset_annotations(),
+                    **args.statefulset_annotations,
+                },
+            ),
             spec=k8s.apps.v1.StatefulSetSpecArgs(
                 service_name=naming.headless_service(app),
                 # An in-place update: `.spec.replicas` is not among pulumi-kubernetes' force-new StatefulSet
                 # fields (provider/pkg/provider/diff.go, `statefulSet`), and the template does not change.
-                replicas=cfg.nodes.count,
+                replicas=lifecycle.replicas(cfg),  # 0 while suspended (lifecycle)
                 pod_management_policy="Parallel",
                 selector=k8s.meta.v1.LabelSelectorArgs(match_labels=self._selector),
                 persistent_volume_claim_retention_policy=k8s.apps.v1.StatefulSetPersistentVolumeClaimRetentionPolicyArgs(
