@@ -56,10 +56,10 @@ system-deps:
 	fi
 
 render: venv
-	$(PY) tools/render.py $(STACK)
+	$(PY) -m tools.render $(STACK)
 
 render-all: venv
-	$(PY) tools/render.py
+	$(PY) -m tools.render
 
 lint: venv
 	$(PY) -m ruff check .
@@ -76,11 +76,11 @@ lock-check: venv
 	tools/lock.sh --check
 
 docs: venv
-	$(PY) tools/config_reference.py --write README.md
-	$(PY) tools/diagram.py --write README.md
+	$(PY) -m tools.config_reference --write README.md
+	$(PY) -m tools.diagram --write README.md
 
 diagram: venv
-	$(PY) tools/diagram.py $(STACK)
+	$(PY) -m tools.diagram $(STACK)
 
 policy-preview: venv
 	pulumi preview --stack $(STACK) --policy-pack policy --diff
@@ -90,10 +90,10 @@ test: venv system-deps lint
 	$(PY) -m pytest -q
 
 bench-package: venv system-deps
-	$(PY) bench/bench_package.py --size $(or $(SIZE),2GiB)
+	$(PY) -m bench.bench_package --size $(or $(SIZE),2GiB)
 
 bench-launch: venv system-deps
-	$(PY) bench/bench_launch.py --size $(or $(SIZE),200MB)
+	$(PY) -m bench.bench_launch --size $(or $(SIZE),200MB)
 
 clean:
 	rm -rf rendered .pytest_cache .ruff_cache

@@ -23,10 +23,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from tests.devloop.sim import UID, WORKSPACE, Cluster, missing_requirements
 
-from tests.devloop.sim import UID, WORKSPACE, Cluster, missing_requirements  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 PROGRAM = """import json, os, sys, time
 t = time.time()

@@ -24,7 +24,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 import pulumi_tls as tls
 
-from components import naming
+from core import naming
 from stacks.config import StackConfig
 
 SCRIPTS = Path(__file__).parent / "scripts"

@@ -17,14 +17,14 @@ from typing import Any
 import pulumi
 from pydantic import ValidationError
 
+from core.servers import DEV_SERVERS
 from stacks.base import ConfigProblems
 from stacks.config import StackConfig
 from stacks.errors import PREFIX, _clean_loc, _path, format_errors, format_problems, problem_lines
 
 # Secret config keys (always `pulumi config set --secret ml-dev-env:<key> …`) and what needs them.
 SECRET_KEYS: dict[str, str] = {
-    "vscodePassword": "code-server password (access.auth: token)",
-    "jupyterToken": "Jupyter token (access.auth: token)",
+    **{s.secret_key: s.secret_help for s in DEV_SERVERS if s.routed and s.secret_key},
     "quayDockerConfigJson": "Quay push credentials, a dockerconfigjson document (models)",
     "hfToken": "Hugging Face token (models with a huggingFace source)",
     "s3AccessKeyId": "S3 access key id (models with an s3 source or uploadToS3)",
@@ -295,10 +295,7 @@ def load(source: str) -> LoadedStack:
 def required_secrets(config: StackConfig) -> set[str]:
     needed: set[str] = set()
     if config.access.auth == "token":
-        if config.access.vscode:
-            needed.add("vscodePassword")
-        if config.access.jupyter:
-            needed.add("jupyterToken")
+        needed |= {s.secret_key for s in config.access.enabled() if s.secret_key}
     if config.models:
         needed.add("quayDockerConfigJson")
     if any(m.source.hugging_face for m in config.models):

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from components import nccl
+from core import nccl
 from tests.conftest import tcp_shared_variant
 from tools.mock_engine import RunResult
 
@@ -231,7 +231,7 @@ def test_two_environments_in_one_cluster_have_disjoint_cluster_scoped_names(barc
 
 
 def test_long_scc_names_stay_dns_subdomains() -> None:
-    from components.naming import DNS_SUBDOMAIN, stack_scc_name
+    from core.naming import DNS_SUBDOMAIN, stack_scc_name
 
     long_a, long_b = stack_scc_name("s" * 250, "team-a", "app"), stack_scc_name("s" * 250, "team-b", "app")
     assert DNS_SUBDOMAIN.match(long_a) and DNS_SUBDOMAIN.match(long_b) and long_a != long_b

@@ -10,7 +10,6 @@ import asyncio
 import json
 import logging
 import runpy
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,7 +51,7 @@ class RecordingMocks(pulumi.runtime.Mocks):
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
         options = self.pending_options.pop((args.typ, args.name), {})
-        self.resources.append(Recorded(args.typ, args.name, redact(args.inputs), args.custom, options))
+        self.resources.append(Recorded(args.typ, args.name, redact(args.inputs), bool(args.custom), options))
         state = dict(args.inputs)
         if args.typ == "random:index/randomPassword:RandomPassword":
             state["result"] = rpc.wrap_rpc_secret("mock-random-password-0123456789ab")
@@ -205,8 +204,6 @@ def run_program(
         flat[full] = value
         secret_keys.append(full)
 
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     capture = _Capture()
@@ -225,7 +222,10 @@ def run_program(
         )
         root = settings.get_root_resource()
         try:
-            loop.run_until_complete(run_pulumi_func(lambda: runpy.run_path(str(main), run_name="__main__")))
+            def program() -> None:
+                runpy.run_path(str(main), run_name="__main__")
+
+            loop.run_until_complete(run_pulumi_func(program))
         except pulumi.RunError as exc:
             error = str(exc)
         if error is None and root is not None:

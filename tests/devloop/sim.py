@@ -30,7 +30,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from components import devloop, naming
+from components import devloop
+from core import naming
 
 APP = "ml-dev-env"
 NS = "nccl-test"

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from components import devloop, naming
+from components import devloop
+from core import naming
 from tests.devloop.sim import APP, NS, STATE, UID, WORKSPACE, Cluster, missing_requirements
 
 REASON = missing_requirements()

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from components import devloop, naming
+from components import devloop
+from core import naming
 from stacks.config import SshConfig
 from tests.conftest import run_objects, stack_objects, tcp_shared_variant
 from tools.mock_engine import MOCK_SSH_PUBLIC_KEY, RunResult
