@@ -16,6 +16,7 @@ import base64
 import hashlib
 import http.client
 import json
+import random
 import re
 import ssl
 import threading
@@ -65,6 +66,7 @@ LAYER_TYPES = {
 }
 STREAM_READ = 1 << 20
 _RANGE_RE = re.compile(r"^(?:bytes=)?(\d+)-(\d+)$")
+RETRY_STATUSES = (429, 500, 502, 503, 504)
 
 
 def sha256_digest(data: bytes) -> str:
@@ -73,6 +75,19 @@ def sha256_digest(data: bytes) -> str:
 
 class TransientError(Exception):
     """A dropped connection, timeout or 5xx: the operation may be retried or resumed."""
+
+
+class AuthExpired(TransientError):
+    """The registry refused the token (401) during an upload; a new one has been fetched."""
+
+
+class ChunkRefused(Exception):
+    """HTTP 413: the registry (or a proxy in front of it) refused a request body of this size."""
+
+
+def backoff(attempt: int, first: float) -> float:
+    """Exponential backoff with jitter: the n-th retry waits 50-100 % of first * 2**(n-1), at most 60 s."""
+    return min(first * 2 ** max(attempt - 1, 0), 60.0) * (0.5 + random.random() / 2)
 
 
 @dataclass
@@ -109,15 +124,22 @@ class RegistryClient:
         plain_http: bool,
         tls_context: ssl.SSLContext,
         timeout: float,
+        retries: int = 5,
+        retry_delay: float = 2.0,
     ) -> None:
         host = "registry-1.docker.io" if registry == "docker.io" else registry
         self.registry = registry
         self.base = f"{'http' if plain_http else 'https'}://{host}"
         self.credentials, self.scopes = credentials, list(scopes)
         self.tls_context, self.timeout = tls_context, timeout
+        self.retries, self.retry_delay = retries, retry_delay
         self._local = threading.local()
         self._auth_lock = threading.Lock()
         self._auth: str | None = None
+        # Origins the credentials go to: the registry, plus the hosts of upload URLs the registry
+        # itself hands out in answers to POST/PATCH (Quay builds them from SERVER_HOSTNAME, which
+        # may differ from the name pushed to). Never the targets of GET redirects (signed storage URLs).
+        self._trusted = {self._origin(self.base)}
 
     # -- connections --------------------------------------------------------------------------
     def _open(self, url: str) -> tuple[http.client.HTTPConnection, str]:
@@ -143,16 +165,34 @@ class RegistryClient:
             if value is conn:
                 del pool[key]
 
+    @staticmethod
+    def _origin(url: str) -> str:
+        parts = urllib.parse.urlsplit(url)
+        return f"{parts.scheme}://{parts.netloc}".lower()
+
+    def absolute(self, url: str) -> str:
+        return urllib.parse.urljoin(self.base + "/", url)
+
+    def upload_location(self, reply: Reply, current: str) -> str:
+        """The upload URL from a POST/PATCH/status answer of the registry; its host gets the credentials."""
+        location = reply.header("Location")
+        if not location:
+            return current
+        url = self.absolute(location)
+        self._trusted.add(self._origin(url))
+        return url
+
     def _headers(self, url: str, extra: dict[str, str] | None) -> dict[str, str]:
         headers = dict(extra or {})
-        if self._auth and (url.startswith("/") or url.startswith(self.base)):
+        if self._auth and (url.startswith("/") or self._origin(url) in self._trusted):
             headers["Authorization"] = self._auth
         return headers
 
     # -- requests -----------------------------------------------------------------------------
     def request(self, method: str, url: str, headers: dict[str, str] | None = None, body: bytes = b"") -> Reply:
-        """Send a small request, answering auth challenges and retrying on a stale keep-alive."""
-        renewed, dropped = False, 0
+        """Send a small request: answer auth challenges, retry dropped connections and 429/5xx answers
+        (`retries` times, backoff with jitter). A stale keep-alive connection is retried at once."""
+        renewed, failures = False, 0
         while True:
             conn, path = self._open(url)
             sent_auth = self._auth
@@ -162,9 +202,17 @@ class RegistryClient:
                 reply = Reply(resp.status, resp.headers, resp.read())
             except (OSError, http.client.HTTPException) as exc:
                 self._discard(conn)
-                dropped += 1
-                if dropped == 3:
+                failures += 1
+                if failures > self.retries + 1:
                     raise TransientError(f"{method} {self.registry}: {exc or type(exc).__name__}") from exc
+                if failures > 1:  # the first one may be a keep-alive connection the server closed
+                    time.sleep(backoff(failures - 1, self.retry_delay))
+                continue
+            if reply.status in RETRY_STATUSES and failures < self.retries:
+                failures += 1
+                delay = backoff(failures, self.retry_delay)
+                log(f"{method} {self.registry}: HTTP {reply.status}; retry {failures}/{self.retries} in {delay:.1f}s")
+                time.sleep(delay)
                 continue
             if reply.status != 401:
                 return reply
@@ -186,7 +234,7 @@ class RegistryClient:
     ) -> Reply:
         """Send a request whose body of `length` bytes comes from `chunks`; connection errors are transient."""
         conn, path = self._open(url)
-        sent = 0
+        sent, sent_auth = 0, self._auth
         try:
             conn.putrequest(method, path, skip_accept_encoding=True)
             for key, value in {**self._headers(url, headers), "Content-Length": str(length)}.items():
@@ -199,16 +247,21 @@ class RegistryClient:
             resp = conn.getresponse()
             reply = Reply(resp.status, resp.headers, resp.read())
         except (OSError, http.client.HTTPException) as exc:
+            # Registries authenticate (and check sizes) before reading the body, so an expired token
+            # or a too-large request is answered early and the connection then closed while we send.
             early = self._early_reply(conn) if sent < length else None
             self._discard(conn)
-            if early is not None and early.status < 500:
-                return early
-            raise TransientError(f"connection to {self.registry} lost after {human(sent)}: {exc}") from exc
+            if early is None or early.status >= 500:
+                raise TransientError(f"connection to {self.registry} lost after {human(sent)}: {exc}") from exc
+            reply = early
         if reply.status >= 500:
             raise TransientError(f"{method} {self.registry}: HTTP {reply.status} {reply.error_text()}")
         if reply.status == 401:
-            self._auth = None  # token expired mid-upload: fetch a new one before the retry
-            raise TransientError(f"{method} {self.registry}: credentials expired (HTTP 401)")
+            # Token expired mid-upload (Quay's last one hour): fetch a new one, then resume.
+            self.authenticate(reply.header("WWW-Authenticate"), sent_auth)
+            raise AuthExpired(f"{method} {self.registry}: credentials expired (HTTP 401)")
+        if reply.status == 413:
+            raise ChunkRefused(f"{method} {self.registry}: HTTP 413 for a {human(length)} request")
         return reply
 
     @staticmethod
@@ -281,15 +334,25 @@ class RegistryClient:
         if self.credentials:
             headers["Authorization"] = "Basic " + base64.b64encode(":".join(self.credentials).encode()).decode()
         parts = urllib.parse.urlsplit(url)
-        conn = self._new_connection(parts.scheme, parts.netloc)
-        try:
-            conn.request("GET", f"{parts.path}?{parts.query}", headers=headers)
-            resp = conn.getresponse()
-            status, body = resp.status, resp.read()
-        except (OSError, http.client.HTTPException) as exc:
-            raise StepError(f"token service {parts.netloc} unreachable: {exc}", EXIT_REMOTE) from exc
-        finally:
-            conn.close()
+        for attempt in range(self.retries + 1):
+            conn = self._new_connection(parts.scheme, parts.netloc)
+            try:
+                conn.request("GET", f"{parts.path}?{parts.query}", headers=headers)
+                resp = conn.getresponse()
+                status, body, problem = resp.status, resp.read(), ""
+            except (OSError, http.client.HTTPException) as exc:
+                status, body, problem = 0, b"", f"unreachable: {exc or type(exc).__name__}"
+            finally:
+                conn.close()
+            if status and status not in RETRY_STATUSES:
+                break
+            problem = problem or f"HTTP {status}"
+            if attempt == self.retries:
+                # A token service that is down is not a credentials problem (exit 6, not 4).
+                raise StepError(f"token service {parts.netloc} {problem} after {self.retries} retries", EXIT_REMOTE)
+            delay = backoff(attempt + 1, self.retry_delay)
+            log(f"token service {parts.netloc}: {problem}; retry {attempt + 1}/{self.retries} in {delay:.1f}s")
+            time.sleep(delay)
         if status in (401, 403):
             raise StepError(f"{self.registry}: credentials rejected by token service (HTTP {status})", EXIT_AUTH)
         try:
@@ -348,55 +411,108 @@ class UploadSettings:
     retry_delay: float
 
 
+def parse_range(value: str) -> tuple[int, int] | None:
+    """Candidate byte counts for an upload-status `Range: 0-<n>`: (n + 1, n).
+
+    distribution (and the OCI spec) send the last byte's index, `0-<count - 1>`; Quay's upload
+    status answers `0-<count>` (quay/quay endpoints/v2/blob.py: `fetch_existing_upload` renders
+    `byte_count + 1` through `_render_range`, which subtracts one; its 416 answer,
+    `_abort_range_not_satisfiable`, sends `0-<byte_count>` as well). A fresh session may say `0-0`.
+    """
+    match = _RANGE_RE.match(value.strip())
+    if not match or match.group(1) != "0":
+        return None
+    last = int(match.group(2))
+    return last + 1, last
+
+
+class _Upload:
+    """State of one blob upload session: URL, acknowledged offset, hash states at known offsets."""
+
+    def __init__(self, location: str, min_chunk: int) -> None:
+        self.location, self.min_chunk = location, min_chunk
+        self.acked = 0
+        self.marks: dict[int, Any] = {0: hashlib.sha256()}  # offset -> sha256 of the bytes before it
+        self.sent: tuple[int, Any] | None = None  # (end, hash) of a chunk sent whole but not acknowledged
+
+
 class BlobPusher:
-    """Uploads blobs into one repository, hashing in the same pass and resuming dropped uploads."""
+    """Uploads blobs into one repository, hashing in the same pass and resuming dropped uploads.
+
+    After any failure the registry is asked what it holds (GET on the upload URL) and the upload
+    continues from there; a blob whose final request was lost is found by HEAD. A new session is
+    opened only when the registry has dropped the old one, and sessions given up are cancelled
+    (DELETE). The failure budget (`retries`) counts failures without progress in between.
+    """
 
     def __init__(self, client: RegistryClient, repo: str, settings: UploadSettings, progress: Progress) -> None:
         self.client, self.repo, self.settings, self.progress = client, repo, settings, progress
         self.uploaded = 0
         self._count_lock = threading.Lock()
 
-    def push(self, name: str, size: int, reader: Callable[[int], Iterator[memoryview]]) -> str:
-        """Upload `size` bytes from `reader(offset)`; return the digest the registry accepted."""
+    def push(self, name: str, size: int, reader: Callable[[int], Iterator[memoryview]], digest: str | None = None) -> str:
+        """Upload `size` bytes from `reader(offset)`; return the digest the registry accepted.
+
+        `digest`, when known beforehand, lets a recovery find the finished blob by HEAD even
+        before every byte has been hashed in this run.
+        """
         chunk = size if size <= self.settings.chunk_threshold else self.settings.chunk_size
-        location: str | None = None
-        acked, hasher = 0, hashlib.sha256()
-        failures = 0
+        up: _Upload | None = None
+        failures, auth_failures, progress_mark = 0, 0, -1
         while True:
             try:
-                if location is None:
-                    location, acked, hasher = self._start(), 0, hashlib.sha256()
-                while acked < size:
-                    end = min(acked + chunk, size)
-                    attempt = hasher.copy()
-                    location = self._patch(location, acked, end, reader, attempt)
-                    acked, hasher = end, attempt
-                self._finish(location, "sha256:" + hasher.hexdigest())
-                return self._done(hasher)
+                if up is None:
+                    up = self._start()
+                    chunk = max(chunk, up.min_chunk)
+                while up.acked < size:
+                    end = min(up.acked + chunk, size)
+                    up.location = self._patch(up, end, reader)
+                self._finish(up, "sha256:" + up.marks[size].hexdigest())
+                return self._done(up.marks[size])
+            except ChunkRefused as exc:
+                if up is None:
+                    raise StepError(f"upload of {name}: {exc}", EXIT_REMOTE) from exc
+                smaller = max(chunk // 2, up.min_chunk, 1)
+                if smaller >= chunk or chunk <= 1 << 20:
+                    raise StepError(
+                        f"upload of {name}: the registry refuses requests of {human(chunk)} (HTTP 413) and the chunk cannot "
+                        f"shrink further (minimum {human(max(up.min_chunk, 1 << 20))})",
+                        EXIT_REMOTE,
+                    ) from exc
+                log(f"{name}: registry refused a {human(chunk)} request (HTTP 413); continuing in chunks of {human(smaller)}")
+                chunk = smaller
+                up = self._recover(name, up, reader, size, digest)
             except TransientError as exc:
+                if up is not None and up.acked > progress_mark:
+                    failures, progress_mark = 0, up.acked  # progress since the last failure: fresh budget
                 failures += 1
+                auth_failures = auth_failures + 1 if isinstance(exc, AuthExpired) else 0
+                if auth_failures > 2:
+                    raise StepError(f"upload of {name}: credentials refused again after renewal ({exc})", EXIT_AUTH) from exc
                 if failures > self.settings.retries:
                     raise StepError(f"upload of {name} failed after {self.settings.retries} retries: {exc}", EXIT_REMOTE) from exc
-                delay = min(self.settings.retry_delay * 2 ** (failures - 1), 60.0)
-                log(f"{name}: {exc}; retry {failures}/{self.settings.retries} in {delay:.0f}s")
+                delay = 0.0 if isinstance(exc, AuthExpired) and auth_failures == 1 else backoff(failures, self.settings.retry_delay)
+                log(f"{name}: {exc}; retry {failures}/{self.settings.retries} in {delay:.1f}s")
                 time.sleep(delay)
-                location, acked, hasher = self._recover(name, location, acked, hasher)
+                if up is not None:
+                    up = self._recover(name, up, reader, size, digest)
+                    if up is not None and up.location == "":
+                        return self._done(up.marks[size])
 
     def _done(self, hasher: Any) -> str:
         with self._count_lock:
             self.uploaded += 1
         return "sha256:" + hasher.hexdigest()
 
-
-    def _start(self) -> str:
+    def _start(self) -> _Upload:
         reply = self.client.request("POST", f"/v2/{self.repo}/blobs/uploads/", body=b"")
         self.client.check(reply, f"start upload to {self.client.registry}/{self.repo}", (202,))
-        return reply.header("Location")
+        min_chunk = reply.header("OCI-Chunk-Min-Length")
+        return _Upload(self.client.upload_location(reply, ""), int(min_chunk) if min_chunk.isdigit() else 0)
 
-    def _patch(
-        self, location: str, start: int, end: int, reader: Callable[[int], Iterator[memoryview]], hasher: Any
-    ) -> str:
-        sent = 0
+    def _patch(self, up: _Upload, end: int, reader: Callable[[int], Iterator[memoryview]]) -> str:
+        start, sent = up.acked, 0
+        hasher = up.marks[start].copy()
 
         def count(chunk: memoryview) -> None:
             nonlocal sent
@@ -405,21 +521,25 @@ class BlobPusher:
             self.progress.advance(len(chunk))
 
         headers = {"Content-Type": "application/octet-stream", "Content-Range": f"{start}-{end - 1}"}
+        up.sent = None
         try:
-            reply = self.client.stream("PATCH", location, headers, end - start, _limit(reader(start), end - start), count)
-        except TransientError:
+            reply = self.client.stream("PATCH", up.location, headers, end - start, _limit(reader(start), end - start), count)
+        except (TransientError, ChunkRefused):
             self.progress.advance(-sent)
+            if sent == end - start:
+                up.sent = (end, hasher)  # all of it went out: the registry may hold it (lost answer)
             raise
-        if reply.status == 413:
-            raise StepError(
-                f"registry refused a {human(end - start)} request (HTTP 413); lower --chunk-threshold", EXIT_REMOTE
-            )
+        if reply.status == 416:
+            self.progress.advance(-sent)
+            raise TransientError(f"PATCH {start}-{end - 1}: HTTP 416 (registry holds {reply.header('Range') or 'another range'})")
         self.client.check(reply, f"PATCH blob upload ({start}-{end - 1})", (202,))
-        return reply.header("Location") or location
+        up.acked = end
+        up.marks[end] = hasher
+        return self.client.upload_location(reply, up.location)
 
-    def _finish(self, location: str, digest: str) -> None:
-        sep = "&" if "?" in location else "?"
-        reply = self.client.request("PUT", f"{location}{sep}digest={digest}", {"Content-Length": "0"})
+    def _finish(self, up: _Upload, digest: str) -> None:
+        sep = "&" if "?" in up.location else "?"
+        reply = self.client.request("PUT", f"{up.location}{sep}digest={digest}", {"Content-Length": "0"})
         if reply.status == 404 and self.client.blob_exists(self.repo, digest):
             log(f"{digest[:19]}: the final request had completed (its answer was lost)")
             return
@@ -427,29 +547,82 @@ class BlobPusher:
             raise TransientError(f"registry computed a different digest than {digest} (data changed in transit?)")
         self.client.check(reply, f"complete upload {digest}", (201, 204))
 
-    def _status(self, location: str) -> tuple[str, int] | None:
-        """(upload URL, bytes the registry holds) for an upload session, or None if it is gone."""
+    def _status(self, location: str) -> Reply | None:
         try:
-            reply = self.client.request("GET", location)
+            return self.client.request("GET", location)
         except TransientError:
             return None
-        match = _RANGE_RE.match(reply.header("Range")) if reply.status == 204 else None
-        return (reply.header("Location") or location, int(match.group(2)) + 1) if match else None
 
-    def _recover(self, name: str, location: str | None, acked: int, hasher: Any) -> tuple[str | None, int, Any]:
-        """After a failure ask the registry what it holds: continue at the acknowledged offset or start over.
+    def _cancel(self, location: str) -> None:
+        """Cancel an upload session that is given up (best effort: it may be gone already)."""
+        try:
+            self.client.request("DELETE", location)
+        except (TransientError, StepError):
+            pass
 
-        A registry that kept part of the failed request (or, like distribution, cancels an
-        upload whose size no longer matches its state) gets the whole blob again.
+    def _hash_at(self, up: _Upload, offset: int, reader: Callable[[int], Iterator[memoryview]]) -> None:
+        """Make sure the hash state at `offset` is known: continue from the nearest known one by
+        reading the blob's bytes again (from the file, or the source it is streamed from)."""
+        if offset in up.marks:
+            return
+        base = max(m for m in up.marks if m <= offset)
+        hasher = up.marks[base].copy()
+        for piece in _limit(reader(base), offset - base) if offset > base else ():
+            hasher.update(piece)
+        up.marks[offset] = hasher
+
+    def _recover(
+        self, name: str, up: _Upload, reader: Callable[[int], Iterator[memoryview]], size: int, digest: str | None
+    ) -> _Upload | None:
+        """Ask the registry what it holds and continue from there.
+
+        Returns the session to continue (its `acked` set to the registry's offset), a session with
+        location "" when the blob turned out to be complete (found by HEAD), or a fresh session
+        when the registry dropped the old one.
         """
-        status = self._status(location) if location is not None and acked > 0 else None
-        if status is not None and status[1] == acked:
-            log(f"{name}: resuming at byte {acked}")
-            return status[0], acked, hasher
-        self.progress.advance(-acked)
-        if acked:
-            log(f"{name}: upload session lost, restarting from byte 0")
-        return None, 0, hashlib.sha256()
+        sent = up.sent
+        if sent is not None and sent[0] == size:
+            up.marks[size] = sent[1]
+        full = digest or ("sha256:" + up.marks[size].hexdigest() if size in up.marks else None)
+        if full and self.client.blob_exists(self.repo, full):
+            log(f"{name}: the registry already holds {full[:19]} (the answer to the last request was lost)")
+            if size not in up.marks:
+                self._hash_at(up, size, reader)
+            self._cancel(up.location)
+            up.location = ""
+            return up
+        reply = self._status(up.location)
+        candidates = parse_range(reply.header("Range")) if reply is not None and reply.status == 204 else None
+        if candidates is None:
+            lost = up.acked
+            if reply is None or reply.status != 404:
+                self._cancel(up.location)  # still there, but unusable: do not leave it behind
+            self.progress.advance(-up.acked)
+            fresh = self._start()
+            log(f"{name}: upload session lost at byte {lost} (HTTP {reply.status if reply else 'unreachable'}); new session from byte 0")
+            return fresh
+        up.location = self.client.upload_location(reply, up.location)
+        if sent is not None:
+            up.marks.setdefault(sent[0], sent[1])
+        known = [c for c in candidates if c in up.marks]
+        if known:
+            offset = known[0]
+        else:
+            # Ambiguous (a partly stored request): resume from the last offset known to be
+            # acknowledged and send the rest again; Quay skips bytes it already holds
+            # (data/registry_model/blobuploader.py: BlobUploadManager.upload_chunk). A registry that
+            # refuses the overlap answers 416, and the next recovery takes distribution's reading.
+            offset = max(m for m in up.marks if m <= min(candidates))
+            if getattr(up, "overlap_refused", False):
+                offset = min(candidates[0], size)
+                self._hash_at(up, offset, reader)
+            up.overlap_refused = True  # type: ignore[attr-defined]
+        self.progress.advance(offset - up.acked)
+        if offset != up.acked:
+            log(f"{name}: registry holds {offset} bytes (acknowledged: {up.acked})")
+        up.acked = offset
+        log(f"{name}: resuming at byte {offset}")
+        return up
 
 
 def _limit(chunks: Iterator[memoryview], length: int) -> Iterator[memoryview]:

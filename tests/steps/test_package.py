@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import math
+import re
 import subprocess
 import tarfile
 import types
@@ -16,7 +17,7 @@ import pytest
 from tests.fixtures.images import pull
 from tests.fixtures.proxy import HttpProxy
 from tests.fixtures.registry import Registry
-from tests.steps.conftest import StepRunner, needs_registry, needs_skopeo
+from tests.steps.conftest import StepRunner, needs_registry, needs_skopeo, write_model
 
 pytestmark = [needs_registry, needs_skopeo]
 
@@ -145,8 +146,8 @@ def test_crash_leaves_no_tag_and_rerun_skips_finished_blobs(
     assert_image_holds(quay, f"{quay.host}/{repo_name}:v1", files, tmp_path / "pulled")
 
 
-@pytest.mark.parametrize(("at", "log"), [(0, "resuming at byte"), (100_000, "restarting from byte 0")], ids=["resume", "restart"])
-def test_chunked_upload_resumes_or_restarts(
+@pytest.mark.parametrize("at", [0, 100_000], ids=["nothing-sent", "halfway"])
+def test_failed_chunk_resumes_from_the_registry_offset(
     tmp_path: Path,
     run_step: StepRunner,
     quay: Registry,
@@ -155,18 +156,23 @@ def test_chunked_upload_resumes_or_restarts(
     model_dir: Model,
     repo_name: str,
     at: int,
-    log: str,
 ) -> None:
-    """A chunk lost before any byte reached the registry resumes at the acknowledged offset; a chunk
-    that broke halfway leaves the registry's upload inconsistent, so the blob starts over."""
+    """A chunk that broke before any byte reached the registry continues from the offset the registry
+    reports (GET on the upload URL), in the same session. One that broke halfway left bytes that
+    distribution's signed upload state does not cover: distribution cancels that session
+    (registry/handlers/blobupload.go, `blobUploadDispatcher`), so the blob needs one new session."""
     model, files = model_dir
     args = package_args(tmp_path, quay, quay_proxy.host, via(quay_proxy, quay, base_image), repo_name, model, "--jobs", 1)
     quay_proxy.add_fault("drop_request", "PATCH", "/blobs/uploads/", at=at, skip=2)  # 3rd chunk of the largest file
     step = run_step("package", *args, "--chunk-threshold", "1MiB", "--chunk-size", "512KiB")
+    assert quay_proxy.fired
     assert step.returncode == 0, step.stderr
-    assert log in step.stdout
-    sessions = sum(1 for method, path in quay_proxy.requests if method == "POST" and "mount=" not in path)
-    assert sessions == len(files) + 1 + (log == "restarting from byte 0")  # one per blob (+ config), + the restart
+    if at == 0:
+        assert f"resuming at byte {1 << 20}" in step.stdout, step.stdout
+        assert upload_sessions(quay_proxy) == len(files) + 1  # one per blob (+ config): the broken one was continued
+    else:
+        assert "upload session lost at byte 1048576 (HTTP 404); new session" in step.stdout, step.stdout
+        assert upload_sessions(quay_proxy) == len(files) + 2
     assert_image_holds(quay, f"{quay.host}/{repo_name}:v1", files, tmp_path / "pulled")
 
 
@@ -268,3 +274,84 @@ def test_usage_errors(tmp_path: Path, run_step: StepRunner) -> None:
     step = run_step("package", "--model-dir", empty, "--image", "127.0.0.1:1/x/y:v1", *chunks, *common)
     assert step.returncode == 2 and "--chunk-size" in step.stderr
 
+
+
+def test_token_expiring_during_a_large_chunk_is_renewed_and_resumed(
+    tmp_path: Path, run_step: StepRunner, quay: Registry, quay_proxy: HttpProxy, base_image: str, repo_name: str
+) -> None:
+    """A registry answers an expired token with 401 before reading the body (the proxy does the same,
+    and drops the connection while the client is still sending): renew the token, resume the blob."""
+    model = tmp_path / "ws" / "models"
+    files = write_model(model, {"big.safetensors": 96 << 20, "config.json": 300})
+    args = package_args(tmp_path, quay, quay_proxy.host, via(quay_proxy, quay, base_image), repo_name, model, "--jobs", 1)
+    quay_proxy.add_fault("reject_request", "PATCH", "/blobs/uploads/", skip=1, reply=unauthorized(quay))  # 2nd chunk
+    tokens = len(quay.token_requests)
+    step = run_step("package", *args, "--chunk-threshold", "64MiB", "--chunk-size", "48MiB")
+    assert quay_proxy.fired
+    assert step.returncode == 0, step.stderr
+    assert "credentials expired (HTTP 401)" in step.stdout
+    assert f"resuming at byte {48 << 20}" in step.stdout, step.stdout
+    assert len(quay.token_requests) - tokens == 2, "one token at the start, one renewal"
+    sessions = sum(1 for method, path in quay_proxy.requests if method == "POST" and "mount=" not in path)
+    assert sessions == len(files) + 1, "the blob was resumed, not restarted"
+    assert_image_holds(quay, f"{quay.host}/{repo_name}:v1", files, tmp_path / "pulled")
+
+
+def reply_with(status: int, reason: str, *headers: str) -> bytes:
+    extra = "".join(f"{h}\r\n" for h in headers)
+    return f"HTTP/1.1 {status} {reason}\r\n{extra}Content-Length: 0\r\n\r\n".encode()
+
+
+def chunked_args(tmp_path: Path, quay: Registry, proxy: HttpProxy, base_image: str, repo: str, model: Path, *extra: object) -> list[object]:
+    args = package_args(tmp_path, quay, proxy.host, via(proxy, quay, base_image), repo, model, "--jobs", 1, *extra)
+    return [*args, "--chunk-threshold", "1MiB", "--chunk-size", "512KiB"]
+
+
+def upload_sessions(proxy: HttpProxy) -> int:
+    return sum(1 for method, path in proxy.requests if method == "POST" and "mount=" not in path)
+
+
+@pytest.mark.parametrize("kind", ["drop_response", "replace_response"], ids=["lost-answer", "http-500"])
+def test_stored_chunk_without_its_answer_on_distribution(
+    tmp_path: Path,
+    run_step: StepRunner,
+    quay: Registry,
+    quay_proxy: HttpProxy,
+    base_image: str,
+    model_dir: Model,
+    repo_name: str,
+    kind: str,
+) -> None:
+    """distribution keeps the upload offset in the signed `_state` of each answer's Location and
+    cancels a session asked about with an older one (registry/handlers/blobupload.go,
+    `blobUploadDispatcher`: "upload resumed at wrong offset"). A stored chunk whose answer is lost
+    therefore costs the session there: the client sees the 404 and opens one new session."""
+    model, files = model_dir
+    quay_proxy.add_fault(kind, "PATCH", "/blobs/uploads/", skip=2, reply=reply_with(500, "Internal Server Error"))
+    step = run_step("package", *chunked_args(tmp_path, quay, quay_proxy, base_image, repo_name, model))
+    assert quay_proxy.fired
+    assert step.returncode == 0, step.stderr
+    assert "upload session lost at byte 1048576 (HTTP 404); new session" in step.stdout, step.stdout
+    assert upload_sessions(quay_proxy) == len(files) + 2
+    assert_image_holds(quay, f"{quay.host}/{repo_name}:v1", files, tmp_path / "pulled")
+
+
+def quay_range(method: str, path: str, status: int, head: bytes) -> bytes:
+    """Rewrite distribution's upload-status `Range: 0-<last>` into Quay's `bytes=0-<count>`."""
+    if method != "GET" or "/blobs/uploads/" not in path or status != 204:
+        return head
+    return re.sub(rb"\r\nRange: 0-(\d+)", lambda m: b"\r\nRange: bytes=0-%d" % (int(m.group(1)) + 1), head)
+
+
+def test_quay_range_form_resumes_at_the_acknowledged_offset(
+    tmp_path: Path, run_step: StepRunner, quay: Registry, quay_proxy: HttpProxy, base_image: str, model_dir: Model, repo_name: str
+) -> None:
+    model, files = model_dir
+    quay_proxy.rewrite_head = quay_range
+    quay_proxy.add_fault("drop_request", "PATCH", "/blobs/uploads/", skip=2)
+    step = run_step("package", *chunked_args(tmp_path, quay, quay_proxy, base_image, repo_name, model))
+    assert quay_proxy.fired
+    assert step.returncode == 0, step.stderr
+    assert f"resuming at byte {1 << 20}" in step.stdout, step.stdout
+    assert upload_sessions(quay_proxy) == len(files) + 1
+    assert_image_holds(quay, f"{quay.host}/{repo_name}:v1", files, tmp_path / "pulled")
