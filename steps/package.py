@@ -450,15 +450,29 @@ class BlobPusher:
         self.uploaded = 0
         self._count_lock = threading.Lock()
 
-    def push(self, name: str, size: int, reader: Callable[[int], Iterator[memoryview]], digest: str | None = None) -> str:
+    def push(
+        self,
+        name: str,
+        size: int,
+        reader: Callable[[int], Iterator[memoryview]],
+        digest: str | None = None,
+        resume: dict[str, Any] | None = None,
+        on_state: Callable[[dict[str, Any] | None], None] | None = None,
+    ) -> str:
         """Upload `size` bytes from `reader(offset)`; return the digest the registry accepted.
 
         `digest`, when known beforehand, lets a recovery find the finished blob by HEAD even
-        before every byte has been hashed in this run.
+        before every byte has been hashed in this run. `resume` is the state an earlier run left
+        (`{"location", "acked"}`); `on_state` is told the state after every acknowledged chunk of
+        a chunked upload (and None when the blob is complete), so a later run can continue it.
         """
         chunk = size if size <= self.settings.chunk_threshold else self.settings.chunk_size
         up: _Upload | None = None
         failures, auth_failures, progress_mark = 0, 0, -1
+        if resume and resume.get("location"):
+            up = self._resume_earlier(name, resume, reader, size, digest)
+            if up is not None and up.location == "":
+                return self._finished(up, on_state)
         while True:
             try:
                 if up is None:
@@ -467,8 +481,10 @@ class BlobPusher:
                 while up.acked < size:
                     end = min(up.acked + chunk, size)
                     up.location = self._patch(up, end, reader)
+                    if on_state is not None and size > chunk:
+                        on_state({"location": up.location, "acked": up.acked})
                 self._finish(up, "sha256:" + up.marks[size].hexdigest())
-                return self._done(up.marks[size])
+                return self._finished(up, on_state)
             except ChunkRefused as exc:
                 if up is None:
                     raise StepError(f"upload of {name}: {exc}", EXIT_REMOTE) from exc
@@ -497,12 +513,28 @@ class BlobPusher:
                 if up is not None:
                     up = self._recover(name, up, reader, size, digest)
                     if up is not None and up.location == "":
-                        return self._done(up.marks[size])
+                        return self._finished(up, on_state)
 
-    def _done(self, hasher: Any) -> str:
+    def _finished(self, up: _Upload, on_state: Callable[[dict[str, Any] | None], None] | None) -> str:
+        if on_state is not None:
+            on_state(None)
         with self._count_lock:
             self.uploaded += 1
-        return "sha256:" + hasher.hexdigest()
+        return "sha256:" + up.marks[max(up.marks)].hexdigest()
+
+    def _resume_earlier(
+        self, name: str, state: dict[str, Any], reader: Callable[[int], Iterator[memoryview]], size: int, digest: str | None
+    ) -> _Upload | None:
+        """Continue an upload session an earlier run left (Tekton retry, re-run): the registry's
+        offset is checked, the hash up to it is rebuilt by reading those bytes again."""
+        up = _Upload(str(state["location"]), 0)
+        acked = int(state.get("acked", 0))
+        if 0 < acked <= size:
+            self._hash_at(up, acked, reader)  # the offset the earlier run saw acknowledged
+            up.acked = acked
+        self.progress.advance(up.acked)
+        log(f"{name}: continuing the upload an earlier run left at byte {acked}")
+        return self._recover(name, up, reader, size, digest)
 
     def _start(self) -> _Upload:
         reply = self.client.request("POST", f"/v2/{self.repo}/blobs/uploads/", body=b"")
@@ -754,6 +786,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         plain_http=args.plain_http,
         tls_context=ctx,
         timeout=args.timeout,
+        retries=args.retries,
+        retry_delay=args.retry_delay,
     )
     source = client
     if not same_registry:
@@ -764,6 +798,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             plain_http=args.plain_http,
             tls_context=ctx,
             timeout=args.timeout,
+            retries=args.retries,
+            retry_delay=args.retry_delay,
         )
     started = time.monotonic()
     try:
@@ -829,7 +865,16 @@ def package(
             log(f"{rel}: {known[:19]} already in {dest.registry}, skipped")
             return rel, known, layout.size
         begun = time.monotonic()
-        digest = pusher.push(rel, layout.size, lambda off: layout.read(path, off))
+        # A chunked upload an earlier run left unfinished (same file, same destination) continues.
+        target = f"{dest.registry}/{dest.repository}"
+        earlier = entry.get("upload") if entry else None
+        resume = earlier if isinstance(earlier, dict) and earlier.get("target") == target else None
+
+        def remember(state: dict[str, Any] | None) -> None:
+            cache.put(rel, path, upload={**state, "target": target} if state else None)
+
+        reader = lambda off: layout.read(path, off)  # noqa: E731
+        digest = pusher.push(rel, layout.size, reader, digest=known, resume=resume, on_state=remember)
         if known and known != digest:
             log(f"WARNING: {rel}: cached digest {known[:19]} was stale")
         cache.put(rel, path, layer_digest=digest, layer_size=layout.size)

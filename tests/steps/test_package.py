@@ -355,3 +355,157 @@ def test_quay_range_form_resumes_at_the_acknowledged_offset(
     assert f"resuming at byte {1 << 20}" in step.stdout, step.stdout
     assert upload_sessions(quay_proxy) == len(files) + 1
     assert_image_holds(quay, f"{quay.host}/{repo_name}:v1", files, tmp_path / "pulled")
+
+
+def test_500_on_a_final_put_that_succeeded(
+    tmp_path: Path,
+    run_step: StepRunner,
+    quay: Registry,
+    quay_proxy: HttpProxy,
+    base_image: str,
+    model_dir: Model,
+    repo_name: str,
+    deployed: Callable[[str], types.ModuleType],
+) -> None:
+    model, files = model_dir
+    quay_proxy.add_fault("replace_response", "PUT", "/blobs/uploads/", reply=reply_with(500, "Internal Server Error"))
+    step = run_step("package", *chunked_args(tmp_path, quay, quay_proxy, base_image, repo_name, model))
+    assert quay_proxy.fired
+    assert step.returncode == 0, step.stderr
+    assert "the final request had completed" in step.stdout, step.stdout
+    sizes = layer_sizes(deployed, files)
+    assert quay_proxy.count("PATCH") == sum(-(-s // (512 << 10)) if s > 1 << 20 else 1 for s in sizes.values()) + 1, "nothing sent twice"
+    assert upload_sessions(quay_proxy) == len(files) + 1
+
+
+def test_413_shrinks_the_chunk(
+    tmp_path: Path, run_step: StepRunner, quay: Registry, quay_proxy: HttpProxy, base_image: str, model_dir: Model, repo_name: str
+) -> None:
+    """A proxy in front of the registry refuses bodies of 2 MiB or more: the 3 MiB layer goes in smaller chunks."""
+    model, files = model_dir
+    quay_proxy.add_fault("reject_request", "PATCH", "/blobs/uploads/", times=99, min_length=2 << 20, reply=reply_with(413, "Too Large"))
+    step = run_step("package", *package_args(tmp_path, quay, quay_proxy.host, via(quay_proxy, quay, base_image), repo_name, model))
+    assert step.returncode == 0, step.stderr
+    assert "(HTTP 413); continuing in chunks of 1.5 MiB" in step.stdout, step.stdout
+    assert upload_sessions(quay_proxy) == len(files) + 1
+    assert_image_holds(quay, f"{quay.host}/{repo_name}:v1", files, tmp_path / "pulled")
+
+
+def test_413_below_the_minimum_chunk_is_one_clear_failure(
+    tmp_path: Path, run_step: StepRunner, quay: Registry, quay_proxy: HttpProxy, base_image: str, model_dir: Model, repo_name: str
+) -> None:
+    model, _ = model_dir
+
+    def min_length(method: str, path: str, status: int, head: bytes) -> bytes:
+        if method == "POST" and status == 202:
+            return head.replace(b"\r\n\r\n", b"\r\nOCI-Chunk-Min-Length: 2621440\r\n\r\n")
+        return head
+
+    quay_proxy.rewrite_head = min_length
+    quay_proxy.add_fault("reject_request", "PATCH", "/blobs/uploads/", times=99, min_length=2 << 20, reply=reply_with(413, "Too Large"))
+    step = run_step("package", *package_args(tmp_path, quay, quay_proxy.host, via(quay_proxy, quay, base_image), repo_name, model))
+    assert step.returncode == 6, step.stderr
+    assert "refuses requests of 2.5 MiB (HTTP 413) and the chunk cannot shrink further" in step.error
+    assert "Traceback" not in step.stderr
+    assert not tag_exists(quay, f"{quay.host}/{repo_name}:v1")
+
+
+def test_416_reads_the_upload_status_and_resumes(
+    tmp_path: Path, run_step: StepRunner, quay: Registry, quay_proxy: HttpProxy, base_image: str, model_dir: Model, repo_name: str
+) -> None:
+    model, files = model_dir
+    refused = reply_with(416, "Range Not Satisfiable", "Range: 0-1048575")
+    quay_proxy.add_fault("reject_request", "PATCH", "/blobs/uploads/", skip=2, reply=refused)
+    step = run_step("package", *chunked_args(tmp_path, quay, quay_proxy, base_image, repo_name, model))
+    assert quay_proxy.fired
+    assert step.returncode == 0, step.stderr
+    assert "HTTP 416" in step.stdout and f"resuming at byte {1 << 20}" in step.stdout, step.stdout
+    assert upload_sessions(quay_proxy) == len(files) + 1
+    assert_image_holds(quay, f"{quay.host}/{repo_name}:v1", files, tmp_path / "pulled")
+
+
+def test_failure_budget_resets_after_progress(
+    tmp_path: Path, run_step: StepRunner, quay: Registry, quay_proxy: HttpProxy, base_image: str, model_dir: Model, repo_name: str
+) -> None:
+    """Two dropped chunks of one blob with progress in between pass with --retries 1."""
+    model, files = model_dir
+    quay_proxy.add_fault("drop_request", "PATCH", "/blobs/uploads/", skip=2)  # 3rd chunk
+    quay_proxy.add_fault("drop_request", "PATCH", "/blobs/uploads/", skip=4)  # 5th chunk (counting the retry)
+    step = run_step("package", *chunked_args(tmp_path, quay, quay_proxy, base_image, repo_name, model, "--retries", 1))
+    assert len(quay_proxy.fired) == 2
+    assert step.returncode == 0, step.stderr
+    assert step.stdout.count("retry 1/1") == 2, step.stdout
+    assert_image_holds(quay, f"{quay.host}/{repo_name}:v1", files, tmp_path / "pulled")
+
+
+def test_unfinished_chunked_upload_continues_in_the_next_run(
+    tmp_path: Path, run_step: StepRunner, quay: Registry, quay_proxy: HttpProxy, base_image: str, model_dir: Model, repo_name: str
+) -> None:
+    """A run that gives up keeps the session and its offset in the digest cache; the next run (a Tekton
+    retry) continues it after rebuilding the hash from the file, instead of sending the blob again."""
+    model, files = model_dir
+    quay_proxy.add_fault("drop_request", "PATCH", "/blobs/uploads/", skip=2)
+    args = chunked_args(tmp_path, quay, quay_proxy, base_image, repo_name, model)
+    step = run_step("package", *args, "--retries", 0)
+    assert step.returncode == 6, step.stderr
+    quay_proxy.reset()
+    step = run_step("package", *args)
+    assert step.returncode == 0, step.stderr
+    assert "continuing the upload an earlier run left at byte 1048576" in step.stdout, step.stdout
+    assert f"resuming at byte {1 << 20}" in step.stdout
+    assert upload_sessions(quay_proxy) == len(files) + 1 - 1  # every blob but the continued one (+ config)
+    assert_image_holds(quay, f"{quay.host}/{repo_name}:v1", files, tmp_path / "pulled")
+
+
+@pytest.mark.parametrize(("method", "path"), [("GET", "/manifests/"), ("HEAD", "/blobs/sha256:"), ("PUT", "/manifests/v1")])
+def test_503_on_small_requests_is_retried(
+    tmp_path: Path,
+    run_step: StepRunner,
+    quay: Registry,
+    quay_proxy: HttpProxy,
+    base_image: str,
+    model_dir: Model,
+    repo_name: str,
+    method: str,
+    path: str,
+) -> None:
+    model, files = model_dir
+    quay_proxy.add_fault("reject_request", method, path, times=2, reply=reply_with(503, "Service Unavailable"))
+    step = run_step("package", *package_args(tmp_path, quay, quay_proxy.host, via(quay_proxy, quay, base_image), repo_name, model))
+    assert len(quay_proxy.fired) == 2
+    assert step.returncode == 0, step.stderr
+    assert f"{method} {quay_proxy.host}: HTTP 503; retry 2/5" in step.stdout, step.stdout
+    assert_image_holds(quay, f"{quay.host}/{repo_name}:v1", files, tmp_path / "pulled")
+
+
+def test_token_service_outage_is_retried_and_not_called_wrong_credentials(
+    tmp_path: Path, run_step: StepRunner, quay: Registry, base_image: str, model_dir: Model, repo_name: str
+) -> None:
+    model, _ = model_dir
+    quay.token_outage[0] = 2
+    step = run_step("package", *package_args(tmp_path, quay, quay.host, base_image, repo_name, model))
+    assert step.returncode == 0, step.stderr
+    assert "HTTP 503; retry 2/5" in step.stdout
+    quay.token_outage[0] = 100
+    try:
+        step = run_step("package", *package_args(tmp_path, quay, quay.host, base_image, f"{repo_name}-b", model), "--retries", 1)
+    finally:
+        quay.token_outage[0] = 0
+    assert step.returncode == 6, step.stderr
+    assert "token service" in step.error and "HTTP 503 after 1 retries" in step.error
+
+
+def test_upload_urls_on_another_host_name_get_the_token(
+    tmp_path: Path, run_step: StepRunner, quay: Registry, quay_proxy: HttpProxy, base_image: str, model_dir: Model, repo_name: str
+) -> None:
+    """Quay builds upload URLs from its SERVER_HOSTNAME, which may differ from the name pushed to."""
+    model, files = model_dir
+    canonical = f"localhost:{quay_proxy.port}".encode()
+
+    def server_hostname(method: str, path: str, status: int, head: bytes) -> bytes:
+        return head.replace(f"Location: http://{quay_proxy.host}".encode(), b"Location: http://" + canonical)
+
+    quay_proxy.rewrite_head = server_hostname
+    step = run_step("package", *chunked_args(tmp_path, quay, quay_proxy, base_image, repo_name, model))
+    assert step.returncode == 0, step.stderr
+    assert_image_holds(quay, f"{quay.host}/{repo_name}:v1", files, tmp_path / "pulled")
