@@ -172,6 +172,9 @@ def pipeline_spec(size_gi_for_timeouts: float) -> tekton.PipelineSpec:
     def t(task: str) -> str:
         return model_sizing.duration(model_sizing.task_timeout_minutes(task, size_gi_for_timeouts))
 
+    def retries(task: str) -> int | None:
+        return model_sizing.TASK_RETRIES[task] or None
+
     model_ws = [tekton.WorkspaceBinding(name="model", workspace="model")]
     quay_ws = [tekton.WorkspaceBinding(name="quay-auth", workspace="quay-auth")]
     return tekton.PipelineSpec(
@@ -183,26 +186,27 @@ def pipeline_spec(size_gi_for_timeouts: float) -> tekton.PipelineSpec:
                 name="wait-tools", task_ref=ref("wait-tools"), timeout=t("wait-tools"), params=[param("image", "$(params.tools-image)")],
             ),
             tekton.PipelineTask(
-                name="download", task_ref=ref("download"), timeout=t("download"), run_after=["wait-tools"], workspaces=model_ws,
+                name="download", task_ref=ref("download"), timeout=t("download"), retries=retries("download"),
+                run_after=["wait-tools"], workspaces=model_ws,
                 params=[param("source-uri"), param("revision"), param("endpoint-url"), param("region"),
                         param("include", "$(params.include[*])")],
             ),
             tekton.PipelineTask(
-                name="package", task_ref=ref("package"), timeout=t("package"), run_after=["download"],
+                name="package", task_ref=ref("package"), timeout=t("package"), retries=retries("package"), run_after=["download"],
                 workspaces=model_ws + quay_ws, params=[param("image", "$(params.quay-image)"), param("base-image")],
             ),
             tekton.PipelineTask(
-                name="mirror", task_ref=ref("mirror"), timeout=t("mirror"), workspaces=model_ws + quay_ws,
+                name="mirror", task_ref=ref("mirror"), timeout=t("mirror"), retries=retries("mirror"), workspaces=model_ws + quay_ws,
                 params=[param("source-image", "$(tasks.package.results.IMAGE_URL)"), param("destination", "$(params.internal-image)")],
             ),
             tekton.PipelineTask(
-                name="register", task_ref=ref("register"), timeout=t("register"),
+                name="register", task_ref=ref("register"), timeout=t("register"), retries=retries("register"),
                 params=[param("registry-url"), param("model-name"), param("version-name"), param("description"),
                         param("image", "$(tasks.mirror.results.IMAGE_URL)"), param("quantization"), param("base-model"),
                         param("source", "$(params.source-uri)")],
             ),
             tekton.PipelineTask(
-                name="upload-s3", task_ref=ref("upload-s3"), timeout=t("upload-s3"), run_after=["download"],
+                name="upload-s3", task_ref=ref("upload-s3"), timeout=t("upload-s3"), retries=retries("upload-s3"), run_after=["download"],
                 workspaces=model_ws,
                 when=[tekton.WhenExpression(input="$(params.upload-s3)", operator="in", values=["true"])],
                 params=[param("destination", "$(params.upload-destination)"), param("endpoint-url", "$(params.upload-endpoint)"),
@@ -267,7 +271,8 @@ def run_spec(
             node_selector=dict(build_nodes.node_selector) or None,
             tolerations=[t.model_dump(by_alias=True, exclude_none=True) for t in build_nodes.tolerations] or None,
         )
-    minutes = model_sizing.pipeline_timeout_minutes(model.size_gi, model.upload_to_s3 is not None)
+    # The Pipeline's task timeouts are sized for maxModelSizeGi: the run's timeout covers all of them.
+    minutes = model_sizing.pipeline_timeout_minutes(pipeline.max_model_size_gi, model.upload_to_s3 is not None)
     return tekton.PipelineRunSpec(
         pipeline_ref={"name": PIPELINE},
         params=run_params(model, pipeline, namespace, tools_image),

@@ -87,6 +87,7 @@ class PipelineTask(Spec):
     workspaces: list[WorkspaceBinding] = []
     run_after: list[str] | None = None
     timeout: str
+    retries: int | None = None
     when: list[WhenExpression] | None = None
 
 

@@ -67,6 +67,9 @@ LAYER_TYPES = {
 STREAM_READ = 1 << 20
 _RANGE_RE = re.compile(r"^(?:bytes=)?(\d+)-(\d+)$")
 RETRY_STATUSES = (429, 500, 502, 503, 504)
+# Slowest rate (bytes/s) at which we expect a registry to commit a blob on the final PUT: a 40 GB
+# blob gets 2000 s before the socket times out (the answer to a 0-byte request, not a stall).
+COMMIT_RATE = 20e6
 
 
 def sha256_digest(data: bytes) -> str:
@@ -189,17 +192,27 @@ class RegistryClient:
         return headers
 
     # -- requests -----------------------------------------------------------------------------
-    def request(self, method: str, url: str, headers: dict[str, str] | None = None, body: bytes = b"") -> Reply:
+    def request(
+        self, method: str, url: str, headers: dict[str, str] | None = None, body: bytes = b"", timeout: float | None = None
+    ) -> Reply:
         """Send a small request: answer auth challenges, retry dropped connections and 429/5xx answers
-        (`retries` times, backoff with jitter). A stale keep-alive connection is retried at once."""
+        (`retries` times, backoff with jitter). A stale keep-alive connection is retried at once.
+        `timeout` replaces the socket timeout for this request (a slow answer is expected)."""
         renewed, failures = False, 0
         while True:
             conn, path = self._open(url)
             sent_auth = self._auth
             try:
+                if timeout is not None:
+                    conn.timeout = timeout
+                    if conn.sock is not None:
+                        conn.sock.settimeout(timeout)
                 conn.request(method, path, body=body, headers=self._headers(url, headers))
                 resp = conn.getresponse()
                 reply = Reply(resp.status, resp.headers, resp.read())
+                if timeout is not None and conn.sock is not None:
+                    conn.timeout = self.timeout
+                    conn.sock.settimeout(self.timeout)
             except (OSError, http.client.HTTPException) as exc:
                 self._discard(conn)
                 failures += 1
@@ -483,7 +496,7 @@ class BlobPusher:
                     up.location = self._patch(up, end, reader)
                     if on_state is not None and size > chunk:
                         on_state({"location": up.location, "acked": up.acked})
-                self._finish(up, "sha256:" + up.marks[size].hexdigest())
+                self._finish(up, "sha256:" + up.marks[size].hexdigest(), size)
                 return self._finished(up, on_state)
             except ChunkRefused as exc:
                 if up is None:
@@ -569,9 +582,12 @@ class BlobPusher:
         up.marks[end] = hasher
         return self.client.upload_location(reply, up.location)
 
-    def _finish(self, up: _Upload, digest: str) -> None:
+    def _finish(self, up: _Upload, digest: str, size: int) -> None:
         sep = "&" if "?" in up.location else "?"
-        reply = self.client.request("PUT", f"{up.location}{sep}digest={digest}", {"Content-Length": "0"})
+        # The registry answers the final PUT after it has committed the blob: distribution may re-read it
+        # to verify the digest, Quay assembles chunks in its storage. Allow that time for large blobs.
+        wait = max(self.client.timeout, size / COMMIT_RATE)
+        reply = self.client.request("PUT", f"{up.location}{sep}digest={digest}", {"Content-Length": "0"}, timeout=wait)
         if reply.status == 404 and self.client.blob_exists(self.repo, digest):
             log(f"{digest[:19]}: the final request had completed (its answer was lost)")
             return

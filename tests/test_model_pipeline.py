@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from typing import Any
 
 import pytest
@@ -116,7 +117,7 @@ def test_pipelinerun_scheduling_sizing_and_no_fsgroup(barcelona: RunResult) -> N
     assert claim["resources"]["requests"]["storage"] == "60Gi"  # ceil(48 × 1.15 + 4)
     assert claim["storageClassName"] == "ocs-external-storagecluster-ceph-rbd"
     assert ws["quay-auth"]["secret"] == {"secretName": "model-pipeline-quay"}
-    assert spec["timeouts"]["pipeline"] == model_sizing.duration(model_sizing.pipeline_timeout_minutes(48, False))
+    assert spec["timeouts"]["pipeline"] == model_sizing.duration(model_sizing.pipeline_timeout_minutes(48, False))  # maxModelSizeGi
     quant = run_for(barcelona, "mistral-small-24b-w4a16")["spec"]
     assert {w["name"]: w for w in quant["workspaces"]}["model"]["volumeClaimTemplate"]["spec"]["resources"]["requests"]["storage"] == "14Gi"
 
@@ -219,3 +220,25 @@ def test_full_model_fits_a_node_with_13gb_free() -> None:
 
     pipeline = ModelPipelineConfig(nodeEphemeralFree="13Gi", maxModelSizeGi=48)
     assert model_sizing.preflight(ModelConfig.model_validate(model), pipeline) is None
+
+
+def _minutes(duration: str) -> int:
+    match = re.fullmatch(r"(?:(\d+)h)?(\d+)m0s", duration)
+    assert match, duration
+    return int(match.group(1) or 0) * 60 + int(match.group(2))
+
+
+def test_transfer_tasks_retry_and_the_run_timeout_covers_every_attempt(barcelona: RunResult) -> None:
+    """Tekton times each retry attempt on its own (tektoncd/pipeline pkg/reconciler/taskrun/taskrun.go,
+    `retryTaskRun` resets StartTime), so the run must last Σ (retries + 1) × task timeout + margin."""
+    (pipeline,) = [r.inputs["spec"] for r in barcelona.of_type(PIPELINE)]
+    by_name = {t["name"]: t for t in pipeline["tasks"]}
+    for task in ("download", "package", "mirror", "upload-s3"):
+        assert by_name[task].get("retries", 0) >= 2, task
+    assert by_name["wait-tools"].get("retries", 0) == 0  # waiting again would only double a timeout
+    for model in ("mistral-small-24b-w4a16", "mistral-small-24b-fp16"):
+        spec = run_for(barcelona, model)["spec"]
+        params = {p["name"]: p["value"] for p in spec["params"]}
+        running = [t for t in pipeline["tasks"] if t["name"] != "upload-s3" or params["upload-s3"] == "true"]
+        needed = sum((t.get("retries", 0) + 1) * _minutes(t["timeout"]) for t in running)
+        assert _minutes(spec["timeouts"]["pipeline"]) >= needed + 15, model

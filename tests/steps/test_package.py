@@ -509,3 +509,20 @@ def test_upload_urls_on_another_host_name_get_the_token(
     step = run_step("package", *chunked_args(tmp_path, quay, quay_proxy, base_image, repo_name, model))
     assert step.returncode == 0, step.stderr
     assert_image_holds(quay, f"{quay.host}/{repo_name}:v1", files, tmp_path / "pulled")
+
+
+def test_slow_commit_of_a_large_blob_is_waited_for(
+    tmp_path: Path, run_step: StepRunner, quay: Registry, quay_proxy: HttpProxy, base_image: str, repo_name: str
+) -> None:
+    """The answer to the final PUT comes after the registry committed the blob (minutes for 40+ GB):
+    the socket timeout of that request grows with the blob size instead of cutting it off."""
+    model = tmp_path / "ws" / "models"
+    files = write_model(model, {"big.safetensors": 128 << 20, "config.json": 300})
+    quay_proxy.add_fault("delay_response", "PUT", "/blobs/uploads/", at=5000)
+    args = package_args(tmp_path, quay, quay_proxy.host, via(quay_proxy, quay, base_image), repo_name, model, "--jobs", 1)
+    step = run_step("package", *args, "--timeout", 3)
+    assert quay_proxy.fired
+    assert step.returncode == 0, step.stderr
+    assert "retry" not in step.stdout and "had completed" not in step.stdout, step.stdout
+    assert quay_proxy.count("PUT", "/blobs/uploads/") == len(files) + 1
+    assert_image_holds(quay, f"{quay.host}/{repo_name}:v1", files, tmp_path / "pulled")
