@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from components import crds, model_sizing, naming, tekton
 from components.image_build import ToolsImage, ToolsImageArgs
+from components.quantity import parse_quantity
 from stacks.config import BuildNodesConfig, ModelConfig, ModelPipelineConfig
 from steps.embed import step_script
 
@@ -71,8 +72,11 @@ def _step(task: str, script: str, image: str, args: list[str], env: list[tekton.
     )
 
 
-def task_specs(tools_image: str, tools_base: str, secrets: set[str], chunk_threshold: str) -> dict[str, tekton.TaskSpec]:
+def task_specs(
+    tools_image: str, tools_base: str, secrets: set[str], chunk_threshold: str, max_layer_size: str = "20G"
+) -> dict[str, tekton.TaskSpec]:
     """The six Tasks; `secrets` says which optional Secrets exist (hf, s3)."""
+    layer_limit = str(int(parse_quantity(max_layer_size)))  # bytes: the steps' size parser has no Kubernetes suffixes
     model_ws = tekton.WorkspaceDeclaration(name="model", description="PVC holding the downloaded weights")
     quay_ws = tekton.WorkspaceDeclaration(name="quay-auth", description="Quay dockerconfigjson", read_only=True)
     download_env = []
@@ -99,7 +103,7 @@ def task_specs(tools_image: str, tools_base: str, secrets: set[str], chunk_thres
             steps=[_step("download", "download", tools_image, [
                 "--source", "$(params.source-uri)", "--dest", WEIGHTS, "--revision", "$(params.revision)",
                 "--endpoint-url", "$(params.endpoint-url)", "--region", "$(params.region)",
-                "--result-size", "$(results.BYTES.path)",
+                "--result-size", "$(results.BYTES.path)", "--max-layer-size", layer_limit,
                 "--include", "$(params.include[*])",
             ], download_env + s3_env)],
         ),
@@ -111,7 +115,7 @@ def task_specs(tools_image: str, tools_base: str, secrets: set[str], chunk_thres
             steps=[_step("package", "package", tools_image, [
                 "--model-dir", WEIGHTS, "--image", "$(params.image)", "--base-image", "$(params.base-image)",
                 "--authfile", "$(workspaces.quay-auth.path)/.dockerconfigjson",
-                "--chunk-threshold", chunk_threshold,
+                "--chunk-threshold", chunk_threshold, "--max-layer-size", layer_limit,
                 "--result-digest", "$(results.IMAGE_DIGEST.path)", "--result-image", "$(results.IMAGE_URL.path)",
             ])],
         ),
@@ -342,7 +346,7 @@ class ModelPipeline(pulumi.ComponentResource):
                 opts=child,
             ))
 
-        specs = task_specs(tools.image, cfg.tools_base_image, present, cfg.chunk_threshold)
+        specs = task_specs(tools.image, cfg.tools_base_image, present, cfg.chunk_threshold, cfg.max_layer_size)
         for task, spec in specs.items():
             deps.append(crds.custom_resource(f"{name}-task-{task}", "tekton.dev/v1", "Task", meta(TASKS[task]), spec, child))
         pipeline = pipeline_spec(cfg.max_model_size_gi)

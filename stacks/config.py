@@ -531,7 +531,17 @@ class ModelPipelineConfig(Model):
     node_ephemeral_free: Quantity = Field(
         "13Gi", description="Smallest free node ephemeral storage on build nodes (preflight: step scratch must fit)."
     )
-    chunk_threshold: Quantity = Field("20G", description="Blobs above this are uploaded in chunks (Quay refuses larger PUTs).")
+    chunk_threshold: Quantity = Field(
+        "2G",
+        description="Blobs above this are uploaded as 1 GiB PATCH requests, so a failure costs one chunk, not the blob "
+        "(chunking does not get past maxLayerSize).",
+    )
+    max_layer_size: Quantity = Field(
+        "20G",
+        description="Largest layer (one model file + ~1.5 KiB of tar headers) the registry accepts: Quay's "
+        "MAXIMUM_LAYER_SIZE, default 20G, applies to the whole blob, chunked or not. The download task refuses a "
+        "larger file before transferring anything.",
+    )
     max_model_size_gi: float = Field(
         64, gt=0, le=4096, description="Largest model the Pipeline's per-task timeouts are sized for (GiB)."
     )

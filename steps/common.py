@@ -355,6 +355,23 @@ class LayerLayout:
         yield memoryview(self.tail)[offset - file_end :]
 
 
+def check_layer_sizes(sizes: dict[str, int], limit: int | None) -> None:
+    """Refuse, before anything is transferred, a model file whose modelcar layer exceeds the registry's
+    maximum layer size. Quay checks its MAXIMUM_LAYER_SIZE (default 20G) against the whole blob, also
+    when it arrives in chunks (quay/quay data/registry_model/blobuploader.py: `upload_chunk` compares
+    start offset + length with it), so chunking does not get past it."""
+    if not limit:
+        return
+    for rel, size in sorted(sizes.items()):
+        layer = LayerLayout.for_file(rel, size).size
+        if layer > limit:
+            raise StepError(
+                f"{rel}: {human(size)} ({size} bytes) makes a {layer}-byte layer, above the registry's maximum layer size "
+                f"{limit} bytes (--max-layer-size, modelPipeline.maxLayerSize); split the file into shards or raise the "
+                "registry's limit (Quay: MAXIMUM_LAYER_SIZE) and maxLayerSize together"
+            )
+
+
 # --- digest cache on the workspace -----------------------------------------------------------
 
 

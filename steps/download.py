@@ -41,11 +41,13 @@ from common import (
     Progress,
     StepError,
     add_s3_args,
+    check_layer_sizes,
     default_digest_cache,
     env_secret,
     human,
     log,
     matches,
+    parse_size,
     run_step,
     s3_client,
     s3_error,
@@ -217,6 +219,7 @@ def download_s3(args: argparse.Namespace, cache: DigestCache) -> int:
         expected = {rel: s3_expected(client, bucket, keys[rel], heads[rel]) for rel in chosen}
     except s3_exceptions() as exc:
         raise s3_error(exc, f"reading object metadata under {where}") from exc
+    check_layer_sizes({rel: e.size for rel, e in expected.items()}, args.max_layer_size)
     total = sum(e.size for e in expected.values())
     log(f"downloading {len(chosen)} files ({human(total)}) from {where} to {args.dest}")
     progress = Progress("download", total, args.progress_interval)
@@ -289,6 +292,7 @@ def download_hf(args: argparse.Namespace, cache: DigestCache) -> int:
         entry = tree[rel]
         lfs = entry.lfs
         expected[rel] = Expected(entry.size, "sha256", lfs.sha256) if lfs else Expected(entry.size, "git-sha1", entry.blob_id)
+    check_layer_sizes({rel: e.size for rel, e in expected.items()}, args.max_layer_size)
     sources = {rel: f"hf:{commit}:{expected[rel].value}" for rel in chosen}
     todo = [r for r in chosen if not ((args.dest / r).exists() and (cache.get(r, args.dest / r) or {}).get("source") == sources[r])]
     total = sum(e.size for e in expected.values())
@@ -337,6 +341,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--max-workers", type=int, default=8, help="parallel connections")
     p.add_argument("--digest-cache", type=Path, help="digest cache file (default: .<dest name>.digests.json next to --dest)")
     p.add_argument("--progress-interval", type=float, default=5.0)
+    p.add_argument(
+        "--max-layer-size", type=lambda v: parse_size(v) if v else 0, default=0,
+        help="refuse (before downloading) a file whose modelcar layer would be larger, e.g. 20GB (Quay's default)",
+    )
     p.add_argument("--result-size", help="file to write the total size in bytes to (Tekton result)")
     args = p.parse_args(argv)
     if not args.source.startswith(("s3://", "hf://")) or len(args.source) <= len("s3://"):

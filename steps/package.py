@@ -40,6 +40,7 @@ from common import (
     LayerLayout,
     Progress,
     StepError,
+    check_layer_sizes,
     default_digest_cache,
     human,
     log,
@@ -176,13 +177,17 @@ class RegistryClient:
     def absolute(self, url: str) -> str:
         return urllib.parse.urljoin(self.base + "/", url)
 
-    def upload_location(self, reply: Reply, current: str) -> str:
-        """The upload URL from a POST/PATCH/status answer of the registry; its host gets the credentials."""
+    def upload_location(self, reply: Reply, current: str, trust: bool = True) -> str:
+        """The upload URL from a POST/PATCH answer of the registry; its host gets the credentials.
+        With `trust=False` (other answers) a URL on a host not yet trusted is ignored."""
         location = reply.header("Location")
         if not location:
             return current
         url = self.absolute(location)
-        self._trusted.add(self._origin(url))
+        if trust:
+            self._trusted.add(self._origin(url))
+        elif self._origin(url) not in self._trusted:
+            return current
         return url
 
     def _headers(self, url: str, extra: dict[str, str] | None) -> dict[str, str]:
@@ -649,7 +654,7 @@ class BlobPusher:
             fresh = self._start()
             log(f"{name}: upload session lost at byte {lost} (HTTP {reply.status if reply else 'unreachable'}); new session from byte 0")
             return fresh
-        up.location = self.client.upload_location(reply, up.location)
+        up.location = self.client.upload_location(reply, up.location, trust=False)  # a GET answer
         if sent is not None:
             up.marks.setdefault(sent[0], sent[1])
         known = [c for c in candidates if c in up.marks]
@@ -764,8 +769,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--tls-verify", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--ca-file", help="CA bundle for the registries (e.g. the cluster service CA)")
     p.add_argument("--digest-cache", type=Path, help="digest cache file (default: .<model-dir name>.digests.json next to it)")
-    p.add_argument("--chunk-threshold", type=parse_size, default="20GB", help="blobs larger than this are uploaded in chunks")
+    p.add_argument(
+        "--chunk-threshold", type=parse_size, default="2GB",
+        help="blobs larger than this are uploaded in chunks (resumable; fits proxies' request-size limits)",
+    )
     p.add_argument("--chunk-size", type=parse_size, default="1GiB", help="PATCH size for chunked uploads")
+    p.add_argument(
+        "--max-layer-size", type=lambda v: parse_size(v) if v else 0, default=0,
+        help="refuse (before any upload) a file whose layer would be larger, e.g. 20GB (Quay's default)",
+    )
     p.add_argument("--jobs", type=int, default=2, help="blobs uploaded in parallel")
     p.add_argument("--retries", type=int, default=5, help="retries per blob after a dropped connection or 5xx")
     p.add_argument("--retry-delay", type=float, default=2.0, help="first retry delay in seconds (doubles)")
@@ -789,6 +801,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     files = model_files(args.model_dir)
     if not files:
         raise StepError(f"no model files in {args.model_dir}", EXIT_NOT_FOUND)
+    check_layer_sizes({rel: path.stat().st_size for rel, path in files}, args.max_layer_size)
     cache = DigestCache(args.digest_cache or default_digest_cache(args.model_dir))
     ctx = tls_context(args.tls_verify, args.ca_file)
     same_registry = base.registry == dest.registry

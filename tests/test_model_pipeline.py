@@ -242,3 +242,13 @@ def test_transfer_tasks_retry_and_the_run_timeout_covers_every_attempt(barcelona
         running = [t for t in pipeline["tasks"] if t["name"] != "upload-s3" or params["upload-s3"] == "true"]
         needed = sum((t.get("retries", 0) + 1) * _minutes(t["timeout"]) for t in running)
         assert _minutes(spec["timeouts"]["pipeline"]) >= needed + 15, model
+
+
+def test_max_layer_size_reaches_the_download_and_package_steps(barcelona: RunResult) -> None:
+    for task in ("modelcar-download", "modelcar-package"):
+        args = tasks(barcelona)[task]["steps"][0]["args"]
+        assert args[args.index("--max-layer-size") + 1] == "20000000000", task  # Quay's default MAXIMUM_LAYER_SIZE, 20G
+    raised = _with_models(lambda o: o["modelPipeline"].update(maxLayerSize="40Gi"))
+    assert raised.error is None, raised.error
+    args = tasks(raised)["modelcar-download"]["steps"][0]["args"]
+    assert args[args.index("--max-layer-size") + 1] == str(40 * 2**30)

@@ -205,3 +205,14 @@ def test_hf_private_repo_without_token(tmp_path: Path, run_step: StepRunner) -> 
         step = run_step("download", *args, env=hf_env(tmp_path))
     assert step.returncode == 4
     assert "not accessible" in step.error and "HF_TOKEN is not set" in step.error
+
+
+def test_file_above_the_maximum_layer_size_is_refused_before_downloading(tmp_path: Path, run_step: StepRunner, s3: S3Server) -> None:
+    put_files(s3, "too-large", {"m/model.safetensors": os.urandom(2 * MiB), "m/config.json": b"{}"})
+    dest = tmp_path / "models"
+    with run_proxy(int(s3.endpoint.rsplit(":", 1)[1])) as proxy:
+        step = run_step("download", *s3_args(f"http://{proxy.host}", "too-large", dest), "--max-layer-size", "2MiB", env=s3.env())
+        assert step.returncode == 1, step.stderr
+        assert "model.safetensors: 2.0 MiB (2097152 bytes) makes a" in step.error and "maxLayerSize" in step.error
+        assert proxy.count("GET", "/model.safetensors") == 0
+    assert not dest.exists() or not any(dest.iterdir())

@@ -526,3 +526,15 @@ def test_slow_commit_of_a_large_blob_is_waited_for(
     assert "retry" not in step.stdout and "had completed" not in step.stdout, step.stdout
     assert quay_proxy.count("PUT", "/blobs/uploads/") == len(files) + 1
     assert_image_holds(quay, f"{quay.host}/{repo_name}:v1", files, tmp_path / "pulled")
+
+
+def test_file_above_the_maximum_layer_size_is_refused_before_any_upload(
+    tmp_path: Path, run_step: StepRunner, quay: Registry, quay_proxy: HttpProxy, base_image: str, model_dir: Model, repo_name: str
+) -> None:
+    model, _ = model_dir
+    args = package_args(tmp_path, quay, quay_proxy.host, via(quay_proxy, quay, base_image), repo_name, model)
+    step = run_step("package", *args, "--max-layer-size", "3MiB")
+    assert step.returncode == 1, step.stderr
+    assert step.error.startswith("ERROR: model-00001-of-00002.safetensors: 3.0 MiB (3145745 bytes) makes a")
+    assert "above the registry's maximum layer size 3145728 bytes" in step.error
+    assert quay_proxy.count("POST") == 0 and quay_proxy.count("PATCH") == 0
