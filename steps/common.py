@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import errno
 import fnmatch
 import json
 import os
@@ -17,6 +18,7 @@ import tarfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -50,7 +52,28 @@ def run_step(main: Callable[[Sequence[str] | None], None]) -> NoReturn:
     except KeyboardInterrupt:
         print("ERROR: interrupted", file=sys.stderr, flush=True)
         sys.exit(130)
+    except OSError as exc:
+        if exc.errno not in DISK_ERRORS:
+            raise
+        # A write no `writing()` block names: still one line, with whatever path the error carries.
+        print(f"ERROR: {exc.strerror}: {exc.filename or 'a local file'}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_FAILED)
     sys.exit(0)
+
+
+DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM}
+
+
+@contextmanager
+def writing(path: Path | str, what: str) -> Iterator[None]:
+    """Turn a failed local write (disk full, quota, read-only, permissions) into one `ERROR:` line
+    that names `what` and `path` (OSError from a write on an open file carries no file name)."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in DISK_ERRORS:
+            raise
+        raise StepError(f"cannot write {what} {path}: {exc.strerror or exc}", EXIT_FAILED) from exc
 
 
 def log(message: str) -> None:
@@ -118,7 +141,8 @@ class Progress:
 def write_result(path: str | None, value: str) -> None:
     """Write a Tekton result (no trailing newline) when a result path was given."""
     if path:
-        Path(path).write_text(value, encoding="utf-8")
+        with writing(path, "result file"):
+            Path(path).write_text(value, encoding="utf-8")
 
 
 def env_secret(name: str) -> str | None:
@@ -274,16 +298,39 @@ _RECORD = tarfile.RECORDSIZE
 
 
 def model_files(model_dir: Path) -> list[tuple[str, Path]]:
-    """Regular files under `model_dir` as sorted `(relative posix path, path)`; hidden entries skipped."""
+    """Files under `model_dir` as sorted `(relative posix path, path)`; hidden entries skipped.
+
+    Symbolic links: one whose target lies outside the model directory is refused (it could carry a
+    mounted secret, e.g. a service-account token, into a public image); a dangling one is reported;
+    one to a file or directory inside is listed once, as the link itself (`LayerLayout.for_link`
+    packages it as a symlink entry, so the target's bytes are stored once).
+    """
     if not model_dir.is_dir():
         raise StepError(f"model directory {model_dir} does not exist", EXIT_NOT_FOUND)
+    root_real = Path(os.path.realpath(model_dir))
     found: list[tuple[str, Path]] = []
     for root, dirs, files in os.walk(model_dir):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
-        for name in files:
+        links = [d for d in dirs if (Path(root) / d).is_symlink()]
+        dirs[:] = [d for d in dirs if d not in links]
+        for name in [*files, *links]:
             path = Path(root) / name
-            if not name.startswith(".") and path.is_file():
-                found.append((path.relative_to(model_dir).as_posix(), path))
+            if name.startswith("."):
+                continue
+            rel = path.relative_to(model_dir).as_posix()
+            if path.is_symlink():
+                target = os.readlink(path)
+                real = Path(os.path.realpath(path))
+                if real != root_real and root_real not in real.parents:
+                    raise StepError(
+                        f"{rel} is a symbolic link to {target}, outside the model directory; refusing to package it "
+                        "(copy the file in if it belongs to the model)"
+                    )
+                if not real.exists():
+                    raise StepError(f"{rel} is a dangling symbolic link (to {target})", EXIT_NOT_FOUND)
+                found.append((rel, path))
+            elif path.is_file():
+                found.append((rel, path))
     return sorted(found)
 
 
@@ -327,6 +374,26 @@ class LayerLayout:
         pad = -end % _BLOCK
         end += pad + 2 * _BLOCK
         return cls(relpath, file_size, head, bytes(pad + 2 * _BLOCK + (-end % _RECORD)))
+
+    @classmethod
+    def for_link(cls, relpath: str, target: str) -> LayerLayout:
+        """Layer holding a symbolic link `models/<relpath>` → `target` (relative, inside the model)."""
+        parts = relpath.split("/")
+        dirs = ["/".join([MODEL_ROOT, *parts[:i]]) for i in range(len(parts))]
+        info = tarfile.TarInfo(f"{MODEL_ROOT}/{relpath}")
+        info.type, info.linkname, info.mode, info.mtime = tarfile.SYMTYPE, target, 0o777, 0
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        head = b"".join(_tar_header(d, 0, True) for d in dirs) + info.tobuf(tarfile.GNU_FORMAT, "utf-8", "surrogateescape")
+        end = len(head) + 2 * _BLOCK
+        return cls(relpath, 0, head, bytes(2 * _BLOCK + (-end % _RECORD)))
+
+    @classmethod
+    def for_path(cls, relpath: str, path: Path) -> LayerLayout:
+        """The layer for a model file from `model_files`: a symlink entry for a link, else the file."""
+        if path.is_symlink():  # relative, so it resolves inside the image too
+            return cls.for_link(relpath, os.path.relpath(os.path.realpath(path), os.path.realpath(path.parent)))
+        return cls.for_file(relpath, path.stat().st_size)
 
     @property
     def size(self) -> int:
@@ -383,7 +450,7 @@ def default_digest_cache(model_dir: Path) -> Path:
 class DigestCache:
     """Small JSON file on the PVC mapping model files to their layer digests.
 
-    Entries are keyed by relative path and valid only while (size, mtime_ns) match, so a second
+    Entries are keyed by relative path and valid only while (size, mtime_ns, ctime_ns, inode) match, so a second
     package run can HEAD-check blobs without reading the weights again. Written atomically after
     every change, so a crash never leaves a truncated cache.
     """
@@ -401,8 +468,10 @@ class DigestCache:
 
     @staticmethod
     def _stamp(path: Path) -> dict[str, int]:
+        # ctime and inode too: a file rewritten with the same size and mtime (`touch -r`, a restore)
+        # still gets a new ctime (which nothing can set back) or a new inode, so stale digests are not reused.
         st = path.stat()
-        return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "ino": st.st_ino}
 
     def get(self, relpath: str, path: Path) -> dict[str, Any] | None:
         entry = self.entries.get(relpath)
@@ -416,5 +485,6 @@ class DigestCache:
             self.entries[relpath] = {**(self.get(relpath, path) or {}), **self._stamp(path), **values}
             if self.path:
                 tmp = self.path.with_name(f".{self.path.name}.tmp")
-                tmp.write_text(json.dumps({"format": LAYER_FORMAT, "files": self.entries}, indent=1, sort_keys=True))
-                os.replace(tmp, self.path)
+                with writing(self.path, "digest cache"):
+                    tmp.write_text(json.dumps({"format": LAYER_FORMAT, "files": self.entries}, indent=1, sort_keys=True))
+                    os.replace(tmp, self.path)

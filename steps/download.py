@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from common import (
+    DISK_ERRORS,
     EXIT_AUTH,
     EXIT_FAILED,
     EXIT_INTEGRITY,
@@ -53,6 +54,7 @@ from common import (
     s3_error,
     s3_exceptions,
     write_result,
+    writing,
 )
 
 HF_DEFAULT_INCLUDE = ("*.safetensors", "*.bin", "*.json", "*.txt", "*.model", "*.py", "tokenizer*", "config*", "generation*")
@@ -232,10 +234,14 @@ def download_s3(args: argparse.Namespace, cache: DigestCache) -> int:
             log(f"{rel}: already downloaded and verified, skipped")
             progress.advance(expected[rel].size)
             continue
-        final.parent.mkdir(parents=True, exist_ok=True)
         partial = final.with_name(f".{final.name}.partial")
         try:
-            client.download_file(bucket, keys[rel], str(partial), Callback=progress.advance, Config=transfer)
+            with writing(final, "download destination"):
+                final.parent.mkdir(parents=True, exist_ok=True)
+                client.download_file(bucket, keys[rel], str(partial), Callback=progress.advance, Config=transfer)
+        except StepError:
+            partial.unlink(missing_ok=True)
+            raise
         except s3_exceptions() as exc:
             partial.unlink(missing_ok=True)
             raise s3_error(exc, f"downloading s3://{bucket}/{keys[rel]}") from exc
@@ -313,6 +319,8 @@ def download_hf(args: argparse.Namespace, cache: DigestCache) -> int:
                 endpoint=args.hf_endpoint,
             )
         except Exception as exc:  # see above: network and HTTP failures surface as library-specific types
+            if isinstance(exc, OSError) and exc.errno in DISK_ERRORS:
+                raise StepError(f"cannot write download destination {exc.filename or args.dest}: {exc.strerror}") from exc
             raise StepError(f"hf://{repo_id}: download failed: {type(exc).__name__}: {exc}", EXIT_REMOTE) from exc
         finally:
             stop.set()

@@ -16,6 +16,7 @@ import base64
 import hashlib
 import http.client
 import json
+import os
 import random
 import re
 import ssl
@@ -801,7 +802,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     files = model_files(args.model_dir)
     if not files:
         raise StepError(f"no model files in {args.model_dir}", EXIT_NOT_FOUND)
-    check_layer_sizes({rel: path.stat().st_size for rel, path in files}, args.max_layer_size)
+    check_layer_sizes({rel: path.stat().st_size for rel, path in files if not path.is_symlink()}, args.max_layer_size)
     cache = DigestCache(args.digest_cache or default_digest_cache(args.model_dir))
     ctx = tls_context(args.tls_verify, args.ca_file)
     same_registry = base.registry == dest.registry
@@ -854,7 +855,7 @@ def package(
         if layer["mediaType"] not in LAYER_TYPES:
             raise StepError(f"base image {base}: unsupported layer type {layer['mediaType']}")
     base_config = json.loads(source.get_blob(base.repository, base_manifest["config"]["digest"]))
-    layouts = {rel: LayerLayout.for_file(rel, path.stat().st_size) for rel, path in files}
+    layouts = {rel: LayerLayout.for_path(rel, path) for rel, path in files}
     total = sum(d["size"] for d in base_manifest["layers"]) + sum(lay.size for lay in layouts.values())
     log(f"packaging {len(files)} files ({human(total)} with base layers) from {args.model_dir} into {dest}")
     progress = Progress("upload", total, args.progress_interval)
@@ -887,6 +888,14 @@ def package(
 
     def push_one(rel: str, path: Path) -> tuple[str, str, int]:
         layout = layouts[rel]
+        if path.is_symlink():  # a symlink entry: a few KiB of headers, hashed here, no cache
+            link = sha256_digest(layout.head + layout.tail)
+            if not client.blob_exists(dest.repository, link):
+                pusher.push(rel, layout.size, lambda off: iter([memoryview(layout.head + layout.tail)[off:]]))
+            else:
+                progress.advance(layout.size)
+            log(f"{rel}: symbolic link to {os.readlink(path)} as {link[:19]}")
+            return rel, link, layout.size
         entry = cache.get(rel, path)
         known = entry.get("layer_digest") if entry and entry.get("layer_size") == layout.size else None
         if known and client.blob_exists(dest.repository, known):

@@ -116,8 +116,10 @@ def test_digest_cache_entries_follow_the_file(package: types.ModuleType, tmp_pat
     cache = package.DigestCache(cache_file)
     cache.put("w.bin", path, layer_digest="sha256:1")
     cache.put("w.bin", path, source="s3:etag")
+    st = path.stat()
     assert package.DigestCache(cache_file).get("w.bin", path) == {
-        "layer_digest": "sha256:1", "source": "s3:etag", "size": 3, "mtime_ns": path.stat().st_mtime_ns,
+        "layer_digest": "sha256:1", "source": "s3:etag", "size": 3, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns,
+        "ino": st.st_ino,
     }  # fmt: skip
     path.write_bytes(b"abcd")
     assert package.DigestCache(cache_file).get("w.bin", path) is None
