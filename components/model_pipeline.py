@@ -73,7 +73,12 @@ def _step(task: str, script: str, image: str, args: list[str], env: list[tekton.
 
 
 def task_specs(
-    tools_image: str, tools_base: str, secrets: set[str], chunk_threshold: str, max_layer_size: str = "20G"
+    tools_image: str,
+    tools_base: str,
+    secrets: set[str],
+    chunk_threshold: str,
+    max_layer_size: str = "20G",
+    registry_ca_file: str = f"{SA_DIR}/service-ca.crt",
 ) -> dict[str, tekton.TaskSpec]:
     """The six Tasks; `secrets` says which optional Secrets exist (hf, s3)."""
     layer_limit = str(int(parse_quantity(max_layer_size)))  # bytes: the steps' size parser has no Kubernetes suffixes
@@ -135,9 +140,11 @@ def task_specs(
         "register": tekton.TaskSpec(
             description="Register the model version with URI oci://<internal repo>@sha256:<digest>.",
             params=_p("registry-url", "model-name", "version-name", "description", "image", "quantization", "base-model", "source"),
-            results=[tekton.ResultSpec(name="MODEL_ID"), tekton.ResultSpec(name="VERSION_ID")],
+            results=[tekton.ResultSpec(name="MODEL_ID"), tekton.ResultSpec(name="VERSION_ID"),
+                     tekton.ResultSpec(name="VERSION_NAME", description="<version> or <version>-<digest12> for a new image")],
             steps=[_step("register", "register", tools_image, [
-                "--registry-url", "$(params.registry-url)", "--token-file", SA_TOKEN,
+                "--registry-url", "$(params.registry-url)", "--token-file", SA_TOKEN, "--ca-file", registry_ca_file,
+                "--result-version-name", "$(results.VERSION_NAME.path)",
                 "--model-name", "$(params.model-name)", "--version", "$(params.version-name)",
                 "--description", "$(params.description)", "--image", "$(params.image)",
                 "--quantization", "$(params.quantization)", "--base-model", "$(params.base-model)", "--source", "$(params.source)",
@@ -328,6 +335,21 @@ class ModelPipeline(pulumi.ComponentResource):
             subjects=[k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=cfg.service_account, namespace=ns)],
             opts=child,
         ))
+        if cfg.registry_access is not None:
+            # The model-registry operator creates Role `registry-user-<name>` (get on Service <name>) in the
+            # registry's namespace, and its kube-rbac-proxy admits whoever may do that
+            # (opendatahub-io/model-registry-operator internal/controller/config/templates/role.yaml.tmpl,
+            # kube-rbac-proxy/kube-rbac-proxy-config.yaml.tmpl). This binding lives in that namespace.
+            access = cfg.registry_access
+            deps.append(k8s.rbac.v1.RoleBinding(
+                f"{name}-registry-user",
+                metadata=k8s.meta.v1.ObjectMetaArgs(
+                    name=f"{ns}-{cfg.service_account}-registry-user-{access.name}"[:253], namespace=access.namespace, labels=args.labels,
+                ),
+                role_ref=k8s.rbac.v1.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind="Role", name=f"registry-user-{access.name}"),
+                subjects=[k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=cfg.service_account, namespace=ns)],
+                opts=child,
+            ))
         secrets = args.secrets
         deps.append(k8s.core.v1.Secret(
             f"{name}-quay", metadata=meta(SECRET_NAMES["quay"]), type="kubernetes.io/dockerconfigjson",
@@ -346,7 +368,7 @@ class ModelPipeline(pulumi.ComponentResource):
                 opts=child,
             ))
 
-        specs = task_specs(tools.image, cfg.tools_base_image, present, cfg.chunk_threshold, cfg.max_layer_size)
+        specs = task_specs(tools.image, cfg.tools_base_image, present, cfg.chunk_threshold, cfg.max_layer_size, cfg.registry_ca_file)
         for task, spec in specs.items():
             deps.append(crds.custom_resource(f"{name}-task-{task}", "tekton.dev/v1", "Task", meta(TASKS[task]), spec, child))
         pipeline = pipeline_spec(cfg.max_model_size_gi)

@@ -514,6 +514,14 @@ class ModelConfig(Model):
         return self
 
 
+class ModelRegistryAccess(Model):
+    """A secured RHOAI model registry (kube-rbac-proxy) admits a service account that may `get` its
+    Service: the operator's Role `registry-user-<name>` in the registry's namespace grants exactly that."""
+
+    namespace: DnsLabel = Field(description="Namespace of the model registry (where its Role `registry-user-<name>` lives).")
+    name: DnsLabel = Field(description="Name of the ModelRegistry (its Service), e.g. modelregistry-public.")
+
+
 class ModelPipelineConfig(Model):
     """Shared settings of the model-packaging pipeline."""
 
@@ -526,6 +534,16 @@ class ModelPipelineConfig(Model):
     )
     registry_url: str = Field(
         "http://model-registry.rhoai-model-registries.svc.cluster.local:8080", description="Model registry REST endpoint."
+    )
+    registry_ca_file: str = Field(
+        "/var/run/secrets/kubernetes.io/serviceaccount/service-ca.crt",
+        description="CA bundle (path in the step) for an https registryUrl; the default, the service CA, verifies an "
+        "in-cluster secured registry's serving certificate. Empty: the image's system trust store.",
+    )
+    registry_access: ModelRegistryAccess | None = Field(
+        None,
+        description="Opt-in: bind the pipeline's service account to the registry's `registry-user-<name>` Role "
+        "(a RoleBinding in the registry's namespace; needs admin rights there).",
     )
     storage_class: str | None = Field(None, description="Storage class of the per-run workspace PVC.")
     node_ephemeral_free: Quantity = Field(

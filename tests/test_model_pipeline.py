@@ -252,3 +252,26 @@ def test_max_layer_size_reaches_the_download_and_package_steps(barcelona: RunRes
     assert raised.error is None, raised.error
     args = tasks(raised)["modelcar-download"]["steps"][0]["args"]
     assert args[args.index("--max-layer-size") + 1] == str(40 * 2**30)
+
+
+def test_secured_model_registry_ca_and_opt_in_role_binding(barcelona: RunResult) -> None:
+    args = tasks(barcelona)["modelcar-register"]["steps"][0]["args"]
+    assert args[args.index("--ca-file") + 1] == "/var/run/secrets/kubernetes.io/serviceaccount/service-ca.crt"
+    bindings = [r.inputs for r in barcelona.of_type("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding")]
+    assert not [b for b in bindings if b["roleRef"]["name"].startswith("registry-user-")], "opt-in only"
+
+    def secured(o: dict[str, Any]) -> None:
+        o["modelPipeline"].update(
+            registryUrl="https://modelregistry-public.rhoai-model-registries.svc:8443",
+            registryAccess={"namespace": "rhoai-model-registries", "name": "modelregistry-public"},
+        )
+
+    result = _with_models(secured)
+    assert result.error is None, result.error
+    (binding,) = [r.inputs for r in result.of_type("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding")
+                  if r.inputs["roleRef"]["name"].startswith("registry-user-")]
+    assert binding["metadata"]["namespace"] == "rhoai-model-registries"
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "registry-user-modelregistry-public"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "model-pipeline", "namespace": "nccl-test"}]
+    params = {p["name"]: p["value"] for p in run_for(result, "mistral-small-24b-fp16")["spec"]["params"]}
+    assert params["registry-url"] == "https://modelregistry-public.rhoai-model-registries.svc:8443"
