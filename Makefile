@@ -8,11 +8,12 @@ STACK ?= barcelona
 APT_PACKAGES := docker-registry skopeo buildah apache2-utils
 REQUIREMENTS := requirements.txt requirements-dev.txt $(wildcard steps/requirements.txt steps/requirements-test.txt)
 
-.PHONY: help venv system-deps render render-all test lint docs diagram policy-preview bench-package clean
+.PHONY: help venv system-deps render render-all runs test lint docs diagram policy-preview bench-package clean
 
 help:
 	@echo "make render STACK=<name>   render one stack offline into rendered/<name>/ (+ schema check)"
 	@echo "make render-all            render every Pulumi.<stack>.yaml"
+	@echo "make runs STACK=<name>     state of each model's packaging run (needs oc, logged in)"
 	@echo "make test                  lint + the whole test suite (installs what it needs)"
 	@echo "make docs                  regenerate the configuration reference, presets and diagram in README.md"
 	@echo "make policy-preview        pulumi preview with the policy pack (needs the Pulumi CLI and a cluster)"
@@ -40,6 +41,9 @@ render: venv
 
 render-all: venv
 	$(PY) tools/render.py
+
+runs: venv
+	$(PY) tools/runs.py $(STACK)
 
 lint: venv
 	$(PY) -m ruff check .

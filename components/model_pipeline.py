@@ -268,6 +268,22 @@ def run_name(model: ModelConfig, inputs_digest: str) -> str:
     return f"modelcar-{model.name[:40].rstrip('-')}-{inputs_digest}"
 
 
+def run_commands(run: str, namespace: str, model: ModelConfig) -> dict[str, str]:
+    """What a user pastes to follow, inspect and retry a model's run (the `model_runs` stack output)."""
+    label = f"tekton.dev/pipelineRun={run}"
+    return {
+        "run": run,
+        "namespace": namespace,
+        "follow": f"tkn pipelinerun logs -f {run} -n {namespace}",
+        "describe": f"tkn pipelinerun describe {run} -n {namespace}",
+        "status": f"oc get pipelinerun {run} -n {namespace} -o jsonpath='{{.status.conditions[0].reason}}{{\"\\n\"}}'",
+        "taskruns": f"oc get taskrun -n {namespace} -l {label}",
+        "logs": f"oc logs -n {namespace} -l {label} --all-containers --prefix --tail=50",
+        "retry": f"raise models[name={model.name}].retry (now {model.retry}) to {model.retry + 1} and run `pulumi up`: a new run; "
+        "blobs already in the registry are not sent again",
+    }
+
+
 def run_spec(
     model: ModelConfig, pipeline: ModelPipelineConfig, namespace: str, build_nodes: BuildNodesConfig, tools_image: str
 ) -> tekton.PipelineRunSpec:
@@ -315,6 +331,8 @@ class ModelPipeline(pulumi.ComponentResource):
     run_names: dict[str, str]
     """PipelineRun name per model."""
     internal_images: dict[str, str]
+    runs: dict[str, dict[str, str]]
+    """Per model: run name, namespace and ready-to-paste commands (`run_commands`)."""
 
     def __init__(self, name: str, args: ModelPipelineArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("ml-dev-env:models:ModelPipeline", name, None, opts)
@@ -356,7 +374,8 @@ class ModelPipeline(pulumi.ComponentResource):
             string_data={".dockerconfigjson": secrets["quayDockerConfigJson"]}, opts=child,
         ))
         present = set()
-        if any(m.source.hugging_face for m in args.models):
+        # Only gated repositories need the token (the loader requires it then); when set it is used for all.
+        if any(m.source.hugging_face for m in args.models) and secrets.get("hfToken"):
             present.add("hf")
             deps.append(k8s.core.v1.Secret(f"{name}-hf", metadata=meta(SECRET_NAMES["hf"]), type="Opaque",
                                            string_data={"HF_TOKEN": secrets["hfToken"]}, opts=child))
@@ -374,7 +393,7 @@ class ModelPipeline(pulumi.ComponentResource):
         pipeline = pipeline_spec(cfg.max_model_size_gi)
         deps.append(crds.custom_resource(f"{name}-pipeline", "tekton.dev/v1", "Pipeline", meta(PIPELINE), pipeline, child))
 
-        self.run_names, self.internal_images = {}, {}
+        self.run_names, self.internal_images, self.runs = {}, {}, {}
         for model in args.models:
             stream = model.internal_image_stream or model.name
             deps.append(crds.custom_resource(
@@ -384,7 +403,9 @@ class ModelPipeline(pulumi.ComponentResource):
             spec = run_spec(model, cfg, ns, args.build_nodes, tools.image)
             # The run's own inputs (model, destinations, sizes, tools image, pipeline version): another model
             # or an unchanged config never starts a new run of this one.
-            digest = naming.short_hash(str(PIPELINE_VERSION), json.dumps(spec.dump(), sort_keys=True))
+            # `retry` (a counter in the model's config) starts a new run of unchanged inputs.
+            retry = [f"retry={model.retry}"] if model.retry else []
+            digest = naming.short_hash(str(PIPELINE_VERSION), json.dumps(spec.dump(), sort_keys=True), *retry)
             run = run_name(model, digest)
             crds.custom_resource(
                 f"{name}-run-{model.name}", "tekton.dev/v1", "PipelineRun",
@@ -395,4 +416,5 @@ class ModelPipeline(pulumi.ComponentResource):
             )
             self.run_names[model.name] = run
             self.internal_images[model.name] = naming.internal_image(ns, stream, model.tag)
-        self.register_outputs({"run_names": self.run_names, "internal_images": self.internal_images})
+            self.runs[model.name] = run_commands(run, ns, model)
+        self.register_outputs({"run_names": self.run_names, "internal_images": self.internal_images, "runs": self.runs})

@@ -27,6 +27,7 @@ from stacks.base import (
     Quantity,
     duplicates,
 )
+from steps.common import DEFAULT_INCLUDE
 
 # --------------------------------------------------------------------------------------- cluster
 
@@ -453,6 +454,9 @@ _TAG = re.compile(r"^[\w][\w.-]{0,127}$")
 class HuggingFaceSource(Model):
     repo: str = Field(description="Hugging Face repository, e.g. mistralai/Mistral-Small-24B-Instruct-2501.")
     revision: str = Field("main", description="Branch, tag or commit (pin a commit for reproducible runs).")
+    gated: bool = Field(
+        False, description="The repository needs an accepted license / token: the hfToken secret is then required."
+    )
 
 
 class S3Source(Model):
@@ -493,8 +497,13 @@ class ModelConfig(Model):
     name: DnsLabel = Field(description="Short name; the PipelineRun and internal ImageStream derive from it.")
     source: ModelSource
     include: list[str] = Field(
-        default_factory=lambda: ["*.safetensors", "*.json", "*.txt", "*.model", "tokenizer*"],
-        description="File patterns to download (consolidated*.safetensors is skipped when sharded weights exist).",
+        default_factory=lambda: list(DEFAULT_INCLUDE),
+        description="File patterns to download (the download step's own default). consolidated* weights are skipped when "
+        "sharded ones exist, *.bin weights when *.safetensors ones do; code that config.json's auto_map needs must be included.",
+    )
+    retry: int = Field(
+        0, ge=0, description="Raise by one to start a new run of an unchanged model (a new run name); blobs already in "
+        "the registry are not sent again.",
     )
     size_gi: float = Field(gt=0, le=4096, description="Approximate size of the weights in GiB (sizes PVC and timeouts).")
     quantization: str = Field("none", description="Quantization scheme recorded in the registry, e.g. w4a16 or none.")

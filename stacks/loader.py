@@ -22,7 +22,7 @@ SECRET_KEYS: dict[str, str] = {
     "vscodePassword": "code-server password (access.auth: token)",
     "jupyterToken": "Jupyter token (access.auth: token)",
     "quayDockerConfigJson": "Quay push credentials, a dockerconfigjson document (models)",
-    "hfToken": "Hugging Face token (models with a huggingFace source)",
+    "hfToken": "Hugging Face token (models with a huggingFace source marked gated: true)",
     "s3AccessKeyId": "S3 access key id (models with an s3 source or uploadToS3)",
     "s3SecretAccessKey": "S3 secret access key (models with an s3 source or uploadToS3)",
 }
@@ -137,7 +137,7 @@ def required_secrets(config: StackConfig) -> set[str]:
             needed.add("jupyterToken")
     if config.models:
         needed.add("quayDockerConfigJson")
-    if any(m.source.hugging_face for m in config.models):
+    if any(m.source.hugging_face and m.source.hugging_face.gated for m in config.models):
         needed.add("hfToken")
     if any(m.source.s3 or m.upload_to_s3 for m in config.models):
         needed |= {"s3AccessKeyId", "s3SecretAccessKey"}

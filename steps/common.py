@@ -334,6 +334,12 @@ def model_files(model_dir: Path) -> list[tuple[str, Path]]:
     return sorted(found)
 
 
+# What a model needs by default: weights (safetensors, else PyTorch .bin), configs, tokenizer files and
+# the Python modules of models that need trust_remote_code (config.json `auto_map`). The stack's
+# `models[].include` default is this same list (stacks/config.py imports it).
+DEFAULT_INCLUDE = ("*.safetensors", "*.bin", "*.json", "*.txt", "*.model", "*.py", "tokenizer*", "config*", "generation*")
+
+
 def matches(relpath: str, patterns: Sequence[str]) -> bool:
     return any(fnmatch.fnmatchcase(relpath, p) or fnmatch.fnmatchcase(Path(relpath).name, p) for p in patterns)
 

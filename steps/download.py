@@ -19,6 +19,7 @@ import argparse
 import base64
 import glob
 import hashlib
+import json
 import os
 import threading
 import time
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from common import (
+    DEFAULT_INCLUDE,
     DISK_ERRORS,
     EXIT_AUTH,
     EXIT_FAILED,
@@ -57,9 +59,30 @@ from common import (
     writing,
 )
 
-HF_DEFAULT_INCLUDE = ("*.safetensors", "*.bin", "*.json", "*.txt", "*.model", "*.py", "tokenizer*", "config*", "generation*")
+HF_DEFAULT_INCLUDE = DEFAULT_INCLUDE
 CONSOLIDATED = ("consolidated*.safetensors", "consolidated*.pth")
 SHARDED = ("*-of-*.safetensors", "*.safetensors.index.json", "*-of-*.bin", "*.bin.index.json")
+WEIGHTS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
+PYTORCH_WEIGHTS = ("pytorch_model*.bin", "pytorch_model*.bin.index.json")  # duplicates of safetensors weights
+
+
+def check_remote_code(dest: Path, chosen: Sequence[str]) -> None:
+    """A model with `auto_map` in config.json (trust_remote_code) needs its Python modules in the image."""
+    config = dest / "config.json"
+    if not config.is_file():
+        return
+    try:
+        auto_map = json.loads(config.read_text(encoding="utf-8")).get("auto_map") or {}
+    except (ValueError, OSError, AttributeError):
+        return
+    refs = [v for value in auto_map.values() for v in (value if isinstance(value, list) else [value]) if isinstance(v, str)]
+    needed = {ref.split(".")[0] + ".py" for ref in refs if "--" not in ref}  # "other/repo--module.Class" lives elsewhere
+    missing = sorted(n for n in needed if n not in chosen)
+    if missing:
+        raise StepError(
+            f"config.json's auto_map needs {', '.join(missing)}, which the include patterns leave out; add '*.py' to include "
+            "(the model would not load)"
+        )
 
 
 @dataclass(frozen=True)
@@ -81,10 +104,21 @@ class Expected:
 
 def select(relpaths: Sequence[str], include: Sequence[str], exclude: Sequence[str]) -> list[str]:
     chosen = [r for r in relpaths if matches(r, include) and not matches(r, exclude)]
+    weights = [r for r in relpaths if matches(r, WEIGHTS)]
+    if weights and not any(matches(r, WEIGHTS) for r in chosen):
+        raise StepError(
+            f"the include patterns {list(include)} select none of the weight files ({', '.join(sorted(weights)[:4])}"
+            f"{', …' if len(weights) > 4 else ''}); the model would be incomplete"
+        )
     if any(matches(r, SHARDED) for r in chosen):
         dropped = [r for r in chosen if matches(r, CONSOLIDATED)]
         if dropped:
             log(f"sharded weights present; skipping {', '.join(dropped)}")
+        chosen = [r for r in chosen if r not in dropped]
+    if any(r.endswith(".safetensors") for r in chosen):
+        dropped = [r for r in chosen if matches(r, PYTORCH_WEIGHTS)]
+        if dropped:
+            log(f"safetensors weights present; skipping the PyTorch copies {', '.join(dropped)}")
         chosen = [r for r in chosen if r not in dropped]
     for rel in chosen:
         if rel.startswith("/") or ".." in rel.split("/"):
@@ -248,6 +282,7 @@ def download_s3(args: argparse.Namespace, cache: DigestCache) -> int:
         verifier.submit(partial, final, rel, expected[rel], source)
     verifier.wait()
     progress.finish()
+    check_remote_code(args.dest, chosen)
     return total
 
 
@@ -333,6 +368,7 @@ def download_hf(args: argparse.Namespace, cache: DigestCache) -> int:
             raise StepError(f"{rel}: missing after download", EXIT_INTEGRITY)
         cache.put(rel, path, source=sources[rel], **verify(path, rel, expected[rel]))
         log(f"{rel}: verified ({expected[rel].describe()})")
+    check_remote_code(args.dest, chosen)
     return total
 
 

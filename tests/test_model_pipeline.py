@@ -275,3 +275,28 @@ def test_secured_model_registry_ca_and_opt_in_role_binding(barcelona: RunResult)
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "model-pipeline", "namespace": "nccl-test"}]
     params = {p["name"]: p["value"] for p in run_for(result, "mistral-small-24b-fp16")["spec"]["params"]}
     assert params["registry-url"] == "https://modelregistry-public.rhoai-model-registries.svc:8443"
+
+
+def test_hf_token_only_for_gated_repositories() -> None:
+    from tools.mock_engine import run_program
+
+    objects = stack_objects("barcelona")
+    quay_only = {"quayDockerConfigJson": SECRETS["quayDockerConfigJson"]}
+    result = run_program("barcelona", {f"ml-dev-env:{k}": v for k, v in objects.items()}, quay_only)
+    assert result.error and "ml-dev-env:hfToken: missing" in result.error  # the fp16 repository is gated
+
+    objects["models"][1]["source"]["huggingFace"]["gated"] = False
+    result = run_program("barcelona", {f"ml-dev-env:{k}": v for k, v in objects.items()}, quay_only)
+    assert result.error is None, result.error
+    assert "model-pipeline-hf" not in {r.inputs["metadata"]["name"] for r in result.of_type(SECRET)}
+    env = {e["name"] for e in tasks(result)["modelcar-download"]["steps"][0]["env"]}
+    assert "HF_TOKEN" not in env
+
+
+def test_default_include_is_what_the_download_step_accepts(barcelona: RunResult) -> None:
+    from steps.common import DEFAULT_INCLUDE
+
+    params = {p["name"]: p["value"] for p in run_for(barcelona, "mistral-small-24b-fp16")["spec"]["params"]}
+    assert params["include"] == list(DEFAULT_INCLUDE)
+    assert "*.bin" in params["include"] and "*.py" in params["include"]  # bin-only and remote-code repositories
+    assert "HF_DEFAULT_INCLUDE = DEFAULT_INCLUDE" in step_script("download")

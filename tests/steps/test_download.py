@@ -216,3 +216,44 @@ def test_file_above_the_maximum_layer_size_is_refused_before_downloading(tmp_pat
         assert "model.safetensors: 2.0 MiB (2097152 bytes) makes a" in step.error and "maxLayerSize" in step.error
         assert proxy.count("GET", "/model.safetensors") == 0
     assert not dest.exists() or not any(dest.iterdir())
+
+
+def hf_files(run_step: StepRunner, tmp_path: Path, repo: str, files: dict[str, bytes], *include: str) -> tuple[int, str, set[str]]:
+    dest = tmp_path / repo.replace("/", "-")
+    with run_hub(FakeHub(repo, files)) as hub:
+        args = ["--source", f"hf://{repo}", "--dest", dest, "--hf-endpoint", hub.endpoint]
+        step = run_step("download", *args, *(["--include", *include] if include else []), env=hf_env(tmp_path))
+    got = {p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file() and ".cache" not in p.parts} if dest.exists() else set()
+    return step.returncode, step.error or step.stdout, got
+
+
+def test_bin_only_repository_is_downloaded_completely(tmp_path: Path, run_step: StepRunner) -> None:
+    files = {"pytorch_model.bin": os.urandom(4096), "config.json": b"{}", "tokenizer.json": b"{}"}
+    code, out, got = hf_files(run_step, tmp_path, "org/bin-only", files)
+    assert code == 0, out
+    assert got == set(files)
+
+
+def test_pytorch_copies_are_skipped_next_to_safetensors(tmp_path: Path, run_step: StepRunner) -> None:
+    files = {"model.safetensors": os.urandom(4096), "pytorch_model.bin": os.urandom(4096), "config.json": b"{}"}
+    code, out, got = hf_files(run_step, tmp_path, "org/both", files)
+    assert code == 0, out
+    assert got == {"model.safetensors", "config.json"}
+
+
+def test_remote_code_is_included_or_refused(tmp_path: Path, run_step: StepRunner) -> None:
+    config = json.dumps({"auto_map": {"AutoModelForCausalLM": "modeling_foo.FooForCausalLM", "AutoConfig": "configuration_foo.FooConfig"}})
+    files = {"model.safetensors": os.urandom(4096), "config.json": config.encode(), "modeling_foo.py": b"", "configuration_foo.py": b""}
+    code, out, got = hf_files(run_step, tmp_path, "org/remote-code", files)
+    assert code == 0, out
+    assert got == set(files)
+    code, out, _ = hf_files(run_step, tmp_path / "narrow", "org/remote-code", files, "*.safetensors", "*.json")
+    assert code == 1
+    assert "config.json's auto_map needs configuration_foo.py, modeling_foo.py, which the include patterns leave out" in out
+
+
+def test_include_without_weights_is_refused(tmp_path: Path, run_step: StepRunner) -> None:
+    files = {"model.safetensors": os.urandom(4096), "config.json": b"{}"}
+    code, out, got = hf_files(run_step, tmp_path, "org/no-weights", files, "*.json")
+    assert code == 1 and "select none of the weight files (model.safetensors)" in out
+    assert not got, "refused before downloading"
