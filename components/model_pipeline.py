@@ -103,21 +103,29 @@ def task_specs(
         "download": tekton.TaskSpec(
             description="Download the weights (Hugging Face or S3) onto the workspace PVC, verifying checksums.",
             params=[*_p("source-uri", "revision", "endpoint-url", "region"), tekton.ParamSpec(name="include", type="array")],
-            results=[tekton.ResultSpec(name="BYTES", description="bytes downloaded")],
+            results=[tekton.ResultSpec(name="BYTES", description="bytes downloaded"),
+                     tekton.ResultSpec(name="REVISION", description="resolved Hugging Face commit (empty for S3)"),
+                     tekton.ResultSpec(name="LICENSE", description="model card license (empty when unknown)")],
             workspaces=[model_ws],
             steps=[_step("download", "download", tools_image, [
                 "--source", "$(params.source-uri)", "--dest", WEIGHTS, "--revision", "$(params.revision)",
                 "--endpoint-url", "$(params.endpoint-url)", "--region", "$(params.region)",
                 "--result-size", "$(results.BYTES.path)", "--max-layer-size", layer_limit,
+                "--result-revision", "$(results.REVISION.path)", "--result-license", "$(results.LICENSE.path)",
                 "--include", "$(params.include[*])",
             ], download_env + s3_env)],
         ),
         "package": tekton.TaskSpec(
             description="Stream the weights into a modelcar (one uncompressed GNU tar layer per file) and push it to Quay.",
-            params=_p("image", "base-image"),
+            params=_p("image", "base-image", "source", "revision", "license", "quantization"),
             results=[tekton.ResultSpec(name="IMAGE_DIGEST"), tekton.ResultSpec(name="IMAGE_URL", description="repo@digest")],
             workspaces=[model_ws, quay_ws],
             steps=[_step("package", "package", tools_image, [
+                # OCI annotations: where the weights came from, at which revision, under which license, how quantized
+                "--annotation", "org.opencontainers.image.source=$(params.source)",
+                "--annotation", "org.opencontainers.image.revision=$(params.revision)",
+                "--annotation", "org.opencontainers.image.licenses=$(params.license)",
+                "--annotation", "io.ml-dev-env.model.quantization=$(params.quantization)",
                 "--model-dir", WEIGHTS, "--image", "$(params.image)", "--base-image", "$(params.base-image)",
                 "--authfile", "$(workspaces.quay-auth.path)/.dockerconfigjson",
                 "--chunk-threshold", chunk_threshold, "--max-layer-size", layer_limit,
@@ -204,7 +212,11 @@ def pipeline_spec(size_gi_for_timeouts: float) -> tekton.PipelineSpec:
             ),
             tekton.PipelineTask(
                 name="package", task_ref=ref("package"), timeout=t("package"), retries=retries("package"), run_after=["download"],
-                workspaces=model_ws + quay_ws, params=[param("image", "$(params.quay-image)"), param("base-image")],
+                workspaces=model_ws + quay_ws, params=[
+                    param("image", "$(params.quay-image)"), param("base-image"), param("source", "$(params.source-uri)"),
+                    param("revision", "$(tasks.download.results.REVISION)"), param("license", "$(tasks.download.results.LICENSE)"),
+                    param("quantization"),
+                ],
             ),
             tekton.PipelineTask(
                 name="mirror", task_ref=ref("mirror"), timeout=t("mirror"), retries=retries("mirror"), workspaces=model_ws + quay_ws,

@@ -316,7 +316,11 @@ def download_hf(args: argparse.Namespace, cache: DigestCache) -> int:
     token = env_secret("HF_TOKEN")
     api = HfApi(endpoint=args.hf_endpoint, token=token)
     try:
-        commit = api.repo_info(repo_id, revision=args.revision or None).sha
+        info = api.repo_info(repo_id, revision=args.revision or None)
+        commit = info.sha
+        card = getattr(info, "card_data", None) or getattr(info, "cardData", None) or {}
+        license_id = card.get("license") if hasattr(card, "get") else getattr(card, "license", None)
+        args.found_revision, args.found_license = commit or "", str(license_id or "")
         tree = {f.path: f for f in api.list_repo_tree(repo_id, revision=commit, recursive=True) if isinstance(f, RepoFile)}
     except (GatedRepoError, RepositoryNotFoundError) as exc:
         hint = "HF_TOKEN is set" if token else "HF_TOKEN is not set"
@@ -390,6 +394,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="refuse (before downloading) a file whose modelcar layer would be larger, e.g. 20GB (Quay's default)",
     )
     p.add_argument("--result-size", help="file to write the total size in bytes to (Tekton result)")
+    p.add_argument("--result-revision", help="file to write the resolved Hugging Face commit to (empty for S3)")
+    p.add_argument("--result-license", help="file to write the model card's license to (empty when unknown)")
     args = p.parse_args(argv)
     if not args.source.startswith(("s3://", "hf://")) or len(args.source) <= len("s3://"):
         p.error("--source must be s3://bucket[/prefix] or hf://org/name")
@@ -405,9 +411,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     cache = DigestCache(args.digest_cache or default_digest_cache(args.dest))
     started = time.monotonic()
     fetch: Callable[[argparse.Namespace, DigestCache], int] = download_s3 if args.source.startswith("s3://") else download_hf
+    args.found_revision = args.found_license = ""
     total = fetch(args, cache)
     log(f"{human(total)} in {args.dest}, verified, in {time.monotonic() - started:.1f}s")
     write_result(args.result_size, str(total))
+    # Always written (empty when unknown): a result another task references must exist.
+    write_result(args.result_revision, args.found_revision)
+    write_result(args.result_license, args.found_license)
 
 
 if __name__ == "__main__":

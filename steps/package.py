@@ -727,7 +727,12 @@ def build_config(base_config: dict[str, Any], layers: list[tuple[str, str]]) -> 
 
 
 def build_manifest(
-    config: bytes, base_layers: list[dict[str, Any]], layers: list[tuple[str, str, int]], base: str, base_digest: str
+    config: bytes,
+    base_layers: list[dict[str, Any]],
+    layers: list[tuple[str, str, int]],
+    base: str,
+    base_digest: str,
+    annotations: dict[str, str] | None = None,
 ) -> bytes:
     manifest = {
         "schemaVersion": 2,
@@ -745,9 +750,23 @@ def build_manifest(
             }
             for rel, digest, size in layers
         ],
-        "annotations": {"org.opencontainers.image.base.name": base, "org.opencontainers.image.base.digest": base_digest},
+        "annotations": {
+            **(annotations or {}),
+            "org.opencontainers.image.base.name": base,
+            "org.opencontainers.image.base.digest": base_digest,
+        },
     }
     return json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
+
+
+def annotations(pairs: Sequence[str]) -> dict[str, str]:
+    """`KEY=VALUE` flags as manifest annotations; an empty VALUE (an unknown Tekton result) is left out."""
+    found = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        if value:
+            found[key] = value
+    return found
 
 
 def tls_context(verify: bool, ca_file: str | None) -> ssl.SSLContext:
@@ -784,6 +803,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--retry-delay", type=float, default=2.0, help="first retry delay in seconds (doubles)")
     p.add_argument("--timeout", type=float, default=600.0, help="socket timeout in seconds")
     p.add_argument("--progress-interval", type=float, default=5.0, help="seconds between progress lines")
+    p.add_argument(
+        "--annotation", action="append", default=[], metavar="KEY=VALUE",
+        help="manifest annotation, e.g. org.opencontainers.image.source=hf://org/name (empty VALUE: left out)",
+    )
     p.add_argument("--result-digest", help="file to write the manifest digest to (Tekton result)")
     p.add_argument("--result-image", help="file to write <registry>/<repo>@<digest> to (Tekton result)")
     args = p.parse_args(argv)
@@ -791,6 +814,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--chunk-size must be positive and not larger than --chunk-threshold")
     if args.jobs < 1 or args.retries < 0:
         p.error("--jobs must be >= 1 and --retries >= 0")
+    if any("=" not in a or not a.partition("=")[0] for a in args.annotation):
+        p.error("--annotation needs KEY=VALUE")
     return args
 
 
@@ -939,7 +964,7 @@ def package(
     config_digest = sha256_digest(config)
     if not client.blob_exists(dest.repository, config_digest):
         pusher.push("config", len(config), lambda off: iter([memoryview(config)[off:]]))
-    manifest = build_manifest(config, base_manifest["layers"], layers, str(base), base_digest)
+    manifest = build_manifest(config, base_manifest["layers"], layers, str(base), base_digest, annotations(args.annotation))
     # Every blob is in the registry now; only this last request makes the tag point at the image.
     return client.put_manifest(dest.repository, dest.tag or "", manifest, OCI_MANIFEST)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -257,3 +258,22 @@ def test_include_without_weights_is_refused(tmp_path: Path, run_step: StepRunner
     code, out, got = hf_files(run_step, tmp_path, "org/no-weights", files, "*.json")
     assert code == 1 and "select none of the weight files (model.safetensors)" in out
     assert not got, "refused before downloading"
+
+
+def test_hf_revision_and_license_results(tmp_path: Path, run_step: StepRunner) -> None:
+    files = {"model.safetensors": os.urandom(4096), "config.json": b"{}"}
+    with run_hub(FakeHub("org/licensed", files, license="apache-2.0")) as hub:
+        args = ["--source", "hf://org/licensed", "--dest", tmp_path / "m", "--hf-endpoint", hub.endpoint]
+        results = ["--result-revision", tmp_path / "revision", "--result-license", tmp_path / "license"]
+        step = run_step("download", *args, *results, env=hf_env(tmp_path))
+    assert step.returncode == 0, step.stderr
+    assert re.fullmatch(r"[0-9a-f]{40}", (tmp_path / "revision").read_text())
+    assert (tmp_path / "license").read_text() == "apache-2.0"
+
+
+def test_s3_writes_empty_revision_and_license(tmp_path: Path, run_step: StepRunner, s3: S3Server) -> None:
+    put_files(s3, "no-card", {"m/model.safetensors": os.urandom(4096)})
+    results = ["--result-revision", tmp_path / "revision", "--result-license", tmp_path / "license"]
+    step = run_step("download", *s3_args(s3.endpoint, "no-card", tmp_path / "m"), *results, env=s3.env())
+    assert step.returncode == 0, step.stderr
+    assert (tmp_path / "revision").read_text() == "" and (tmp_path / "license").read_text() == ""

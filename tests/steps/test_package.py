@@ -538,3 +538,21 @@ def test_file_above_the_maximum_layer_size_is_refused_before_any_upload(
     assert step.error.startswith("ERROR: model-00001-of-00002.safetensors: 3.0 MiB (3145745 bytes) makes a")
     assert "above the registry's maximum layer size 3145728 bytes" in step.error
     assert quay_proxy.count("POST") == 0 and quay_proxy.count("PATCH") == 0
+
+
+def test_oci_annotations_name_source_revision_license_and_quantization(
+    tmp_path: Path, run_step: StepRunner, quay: Registry, base_image: str, model_dir: Model, repo_name: str
+) -> None:
+    model, _ = model_dir
+    notes = {
+        "org.opencontainers.image.source": "hf://mistralai/Mistral-Small-24B-Instruct-2501",
+        "org.opencontainers.image.revision": "0123456789abcdef0123456789abcdef01234567",
+        "org.opencontainers.image.licenses": "apache-2.0",
+        "io.ml-dev-env.model.quantization": "w4a16",
+    }
+    flags = [arg for key, value in notes.items() for arg in ("--annotation", f"{key}={value}")]
+    step = run_step("package", *package_args(tmp_path, quay, quay.host, base_image, repo_name, model), *flags,
+                    "--annotation", "org.opencontainers.image.url=")  # fmt: skip
+    assert step.returncode == 0, step.stderr
+    manifest = pull(quay, f"{quay.host}/{repo_name}:v1", tmp_path / "pulled").manifest
+    assert {k: v for k, v in manifest["annotations"].items() if not k.startswith("org.opencontainers.image.base.")} == notes
