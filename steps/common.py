@@ -344,6 +344,76 @@ def matches(relpath: str, patterns: Sequence[str]) -> bool:
     return any(fnmatch.fnmatchcase(relpath, p) or fnmatch.fnmatchcase(Path(relpath).name, p) for p in patterns)
 
 
+# --- model file selection and source checksums (download, and package streaming from S3) ------
+
+CONSOLIDATED = ("consolidated*.safetensors", "consolidated*.pth")
+SHARDED = ("*-of-*.safetensors", "*.safetensors.index.json", "*-of-*.bin", "*.bin.index.json")
+WEIGHTS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
+PYTORCH_WEIGHTS = ("pytorch_model*.bin", "pytorch_model*.bin.index.json")  # duplicates of safetensors weights
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What a downloaded file must match: its size and a checksum.
+
+    kind: sha256 (hex, HF LFS), sha256-base64 (S3 ChecksumSHA256), md5 (single-part ETag),
+    md5-multipart (ETag `<md5 of part md5s>-<parts>`), git-sha1 (HF blob id), None (size only).
+    """
+
+    size: int
+    kind: str | None = None
+    value: str = ""
+    part_size: int = 0
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.value}" if self.kind else "size only"
+
+
+def select(relpaths: Sequence[str], include: Sequence[str], exclude: Sequence[str]) -> list[str]:
+    chosen = [r for r in relpaths if matches(r, include) and not matches(r, exclude)]
+    weights = [r for r in relpaths if matches(r, WEIGHTS)]
+    if weights and not any(matches(r, WEIGHTS) for r in chosen):
+        raise StepError(
+            f"the include patterns {list(include)} select none of the weight files ({', '.join(sorted(weights)[:4])}"
+            f"{', …' if len(weights) > 4 else ''}); the model would be incomplete"
+        )
+    if any(matches(r, SHARDED) for r in chosen):
+        dropped = [r for r in chosen if matches(r, CONSOLIDATED)]
+        if dropped:
+            log(f"sharded weights present; skipping {', '.join(dropped)}")
+        chosen = [r for r in chosen if r not in dropped]
+    if any(r.endswith(".safetensors") for r in chosen):
+        dropped = [r for r in chosen if matches(r, PYTORCH_WEIGHTS)]
+        if dropped:
+            log(f"safetensors weights present; skipping the PyTorch copies {', '.join(dropped)}")
+        chosen = [r for r in chosen if r not in dropped]
+    for rel in chosen:
+        if rel.startswith("/") or ".." in rel.split("/"):
+            raise StepError(f"refusing unsafe path {rel!r} in the source")
+    return sorted(chosen)
+
+
+def s3_expected(client: Any, bucket: str, key: str, head: dict[str, Any]) -> Expected:
+    size, etag = int(head["ContentLength"]), str(head.get("ETag", "")).strip('"')
+    sha, multipart = head.get("ChecksumSHA256"), "-" in etag
+    # A multipart object's checksum is a checksum of part checksums unless S3 says FULL_OBJECT
+    # (some S3-compatible stores omit the `-<parts>` suffix that marks it as composite).
+    if sha and "-" not in sha and head.get("ChecksumType", "COMPOSITE" if multipart else "FULL_OBJECT") == "FULL_OBJECT":
+        return Expected(size, "sha256-base64", sha)
+    if head.get("ServerSideEncryption") == "aws:kms" or head.get("SSECustomerAlgorithm"):
+        log(f"WARNING: {key}: encrypted object, ETag is not an MD5; checking size only")
+        return Expected(size)
+    if len(etag) == 32 and not multipart:
+        return Expected(size, "md5", etag)
+    count = etag.partition("-")[2]
+    if count.isdigit():
+        part_size = int(client.head_object(Bucket=bucket, Key=key, PartNumber=1)["ContentLength"])
+        if part_size and -(-size // part_size) == int(count):
+            return Expected(size, "md5-multipart", etag, part_size)
+    log(f"WARNING: {key}: ETag {etag!r} cannot be verified; checking size only")
+    return Expected(size)
+
+
 def _tar_header(name: str, size: int, is_dir: bool) -> bytes:
     info = tarfile.TarInfo(name)
     info.type = tarfile.DIRTYPE if is_dir else tarfile.REGTYPE

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from common import (
+    DEFAULT_INCLUDE,
     EXIT_AUTH,
     EXIT_INTEGRITY,
     EXIT_NOT_FOUND,
@@ -37,6 +38,7 @@ from common import (
     LAYER_MEDIA_TYPE,
     MODEL_ROOT,
     DigestCache,
+    Expected,
     ImageRef,
     LayerLayout,
     Progress,
@@ -49,6 +51,10 @@ from common import (
     parse_size,
     registry_credentials,
     run_step,
+    s3_error,
+    s3_exceptions,
+    s3_expected,
+    select,
     write_result,
 )
 
@@ -448,10 +454,16 @@ def parse_range(value: str) -> tuple[int, int] | None:
 class _Upload:
     """State of one blob upload session: URL, acknowledged offset, hash states at known offsets."""
 
-    def __init__(self, location: str, min_chunk: int) -> None:
-        self.location, self.min_chunk = location, min_chunk
+    def __init__(
+        self,
+        location: str,
+        min_chunk: int,
+        new_hasher: Callable[[], Any] = hashlib.sha256,
+        check: Callable[[Any], None] | None = None,
+    ) -> None:
+        self.location, self.min_chunk, self.new_hasher, self.check = location, min_chunk, new_hasher, check
         self.acked = 0
-        self.marks: dict[int, Any] = {0: hashlib.sha256()}  # offset -> sha256 of the bytes before it
+        self.marks: dict[int, Any] = {0: new_hasher()}  # offset -> hash state of the bytes before it
         self.sent: tuple[int, Any] | None = None  # (end, hash) of a chunk sent whole but not acknowledged
 
 
@@ -477,6 +489,8 @@ class BlobPusher:
         digest: str | None = None,
         resume: dict[str, Any] | None = None,
         on_state: Callable[[dict[str, Any] | None], None] | None = None,
+        new_hasher: Callable[[], Any] = hashlib.sha256,
+        check: Callable[[Any], None] | None = None,
     ) -> str:
         """Upload `size` bytes from `reader(offset)`; return the digest the registry accepted.
 
@@ -484,26 +498,35 @@ class BlobPusher:
         before every byte has been hashed in this run. `resume` is the state an earlier run left
         (`{"location", "acked"}`); `on_state` is told the state after every acknowledged chunk of
         a chunked upload (and None when the blob is complete), so a later run can continue it.
+        `new_hasher` makes the hash state (default sha256; `SourceHasher` also checks the source's own
+        checksum) and `check(state)` runs on the complete state before the final PUT: an exception
+        there cancels the session, so a blob whose source bytes fail verification is never committed.
         """
+        blob = (new_hasher, check)  # per push: the pusher is shared by the upload threads
         chunk = size if size <= self.settings.chunk_threshold else self.settings.chunk_size
         up: _Upload | None = None
         failures, auth_failures, progress_mark = 0, 0, -1
         if resume and resume.get("location"):
-            up = self._resume_earlier(name, resume, reader, size, digest)
+            up = self._resume_earlier(name, resume, reader, size, digest, blob)
             if up is not None and up.location == "":
                 return self._finished(up, on_state)
         while True:
             try:
                 if up is None:
-                    up = self._start()
+                    up = self._start(*blob)
                     chunk = max(chunk, up.min_chunk)
                 while up.acked < size:
                     end = min(up.acked + chunk, size)
                     up.location = self._patch(up, end, reader)
                     if on_state is not None and size > chunk:
                         on_state({"location": up.location, "acked": up.acked})
+                self._verify(up, size)
                 self._finish(up, "sha256:" + up.marks[size].hexdigest(), size)
                 return self._finished(up, on_state)
+            except StepError as exc:
+                if exc.code == EXIT_INTEGRITY and up is not None and up.location:
+                    self._cancel(up.location)  # the source failed verification: nothing of it is committed
+                raise
             except ChunkRefused as exc:
                 if up is None:
                     raise StepError(f"upload of {name}: {exc}", EXIT_REMOTE) from exc
@@ -534,6 +557,15 @@ class BlobPusher:
                     if up is not None and up.location == "":
                         return self._finished(up, on_state)
 
+    def _verify(self, up: _Upload, size: int) -> None:
+        if up.check is None:
+            return
+        try:
+            up.check(up.marks[size])
+        except StepError:
+            self._cancel(up.location)  # never committed: no blob of unverified bytes stays behind
+            raise
+
     def _finished(self, up: _Upload, on_state: Callable[[dict[str, Any] | None], None] | None) -> str:
         if on_state is not None:
             on_state(None)
@@ -542,11 +574,17 @@ class BlobPusher:
         return "sha256:" + up.marks[max(up.marks)].hexdigest()
 
     def _resume_earlier(
-        self, name: str, state: dict[str, Any], reader: Callable[[int], Iterator[memoryview]], size: int, digest: str | None
+        self,
+        name: str,
+        state: dict[str, Any],
+        reader: Callable[[int], Iterator[memoryview]],
+        size: int,
+        digest: str | None,
+        blob: tuple[Callable[[], Any], Callable[[Any], None] | None],
     ) -> _Upload | None:
         """Continue an upload session an earlier run left (Tekton retry, re-run): the registry's
         offset is checked, the hash up to it is rebuilt by reading those bytes again."""
-        up = _Upload(str(state["location"]), 0)
+        up = _Upload(str(state["location"]), 0, *blob)
         acked = int(state.get("acked", 0))
         if 0 < acked <= size:
             self._hash_at(up, acked, reader)  # the offset the earlier run saw acknowledged
@@ -555,11 +593,11 @@ class BlobPusher:
         log(f"{name}: continuing the upload an earlier run left at byte {acked}")
         return self._recover(name, up, reader, size, digest)
 
-    def _start(self) -> _Upload:
+    def _start(self, new_hasher: Callable[[], Any] = hashlib.sha256, check: Callable[[Any], None] | None = None) -> _Upload:
         reply = self.client.request("POST", f"/v2/{self.repo}/blobs/uploads/", body=b"")
         self.client.check(reply, f"start upload to {self.client.registry}/{self.repo}", (202,))
         min_chunk = reply.header("OCI-Chunk-Min-Length")
-        return _Upload(self.client.upload_location(reply, ""), int(min_chunk) if min_chunk.isdigit() else 0)
+        return _Upload(self.client.upload_location(reply, ""), int(min_chunk) if min_chunk.isdigit() else 0, new_hasher, check)
 
     def _patch(self, up: _Upload, end: int, reader: Callable[[int], Iterator[memoryview]]) -> str:
         start, sent = up.acked, 0
@@ -642,6 +680,7 @@ class BlobPusher:
             log(f"{name}: the registry already holds {full[:19]} (the answer to the last request was lost)")
             if size not in up.marks:
                 self._hash_at(up, size, reader)
+            self._verify(up, size)
             self._cancel(up.location)
             up.location = ""
             return up
@@ -652,7 +691,7 @@ class BlobPusher:
             if reply is None or reply.status != 404:
                 self._cancel(up.location)  # still there, but unusable: do not leave it behind
             self.progress.advance(-up.acked)
-            fresh = self._start()
+            fresh = self._start(up.new_hasher, up.check)
             log(f"{name}: upload session lost at byte {lost} (HTTP {reply.status if reply else 'unreachable'}); new session from byte 0")
             return fresh
         up.location = self.client.upload_location(reply, up.location, trust=False)  # a GET answer
@@ -691,6 +730,143 @@ def _limit(chunks: Iterator[memoryview], length: int) -> Iterator[memoryview]:
         raise TransientError("blob source ended early")
     finally:
         getattr(chunks, "close", lambda: None)()
+
+
+class SourceHasher:
+    """SHA-256 of a layer's bytes plus the source's own checksum of the model file inside it.
+
+    `update` is fed the layer bytes in order (tar header, file, padding); the file part also goes
+    to the source check (S3: full-object ChecksumSHA256, single-part MD5 ETag or multipart ETag).
+    `copy` keeps both states, so upload resumes keep working.
+    """
+
+    def __init__(self, head_len: int, expected: Expected) -> None:
+        self.layer, self.pos, self.head_len, self.expected = hashlib.sha256(), 0, head_len, expected
+        kind = expected.kind
+        self.check: Any = None
+        if kind in ("md5", "md5-multipart"):
+            self.check = hashlib.md5(usedforsecurity=False)  # S3 ETag
+        elif kind in ("sha256", "sha256-base64"):
+            self.check = hashlib.sha256()
+        self.parts: list[bytes] = []
+        self.in_part = 0
+
+    def update(self, data: memoryview | bytes) -> None:
+        self.layer.update(data)
+        start, self.pos = self.pos, self.pos + len(data)
+        lo, hi = max(start, self.head_len), min(self.pos, self.head_len + self.expected.size)
+        if self.check is None or lo >= hi:
+            return
+        piece = memoryview(data)[lo - start : hi - start]
+        if self.expected.kind != "md5-multipart":
+            self.check.update(piece)
+            return
+        while len(piece):  # split at part boundaries
+            take = min(len(piece), self.expected.part_size - self.in_part)
+            self.check.update(piece[:take])
+            self.in_part += take
+            piece = piece[take:]
+            if self.in_part == self.expected.part_size:
+                self.parts.append(self.check.digest())
+                self.check, self.in_part = hashlib.md5(usedforsecurity=False), 0
+
+    def copy(self) -> SourceHasher:
+        new = SourceHasher.__new__(SourceHasher)
+        new.__dict__.update(self.__dict__)
+        new.layer, new.parts = self.layer.copy(), list(self.parts)
+        new.check = self.check.copy() if self.check is not None else None
+        return new
+
+    def hexdigest(self) -> str:
+        return self.layer.hexdigest()
+
+    def verify(self, rel: str) -> None:
+        """Raise (exit 3) unless the file bytes match the source's checksum."""
+        kind = self.expected.kind
+        if kind is None:
+            return
+        if kind == "md5-multipart":
+            parts = self.parts + ([self.check.digest()] if self.in_part or not self.parts else [])
+            actual = f"{hashlib.md5(b''.join(parts), usedforsecurity=False).hexdigest()}-{len(parts)}"
+        elif kind == "sha256-base64":
+            actual = base64.b64encode(self.check.digest()).decode()
+        else:
+            actual = self.check.hexdigest()
+        if actual != self.expected.value:
+            raise StepError(
+                f"{rel}: source checksum mismatch, expected {self.expected.describe()}, got {actual}; blob not committed",
+                EXIT_INTEGRITY,
+            )
+
+
+@dataclass
+class S3Object:
+    key: str
+    expected: Expected
+    etag: str
+
+
+class S3Source:
+    """Model files read straight from S3 (no local copy): listing, expected checksums, ranged reads."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        import boto3
+        from botocore.config import Config
+
+        self.bucket, _, prefix = args.source[len("s3://") :].partition("/")
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        config = Config(retries={"max_attempts": 5, "mode": "standard"}, s3={"addressing_style": "path"})
+        self.client = boto3.client(
+            "s3", endpoint_url=args.s3_endpoint_url or None, region_name=args.s3_region or None,
+            verify=args.s3_ca_file or True, config=config,
+        )  # fmt: skip
+        where = f"s3://{self.bucket}/{self.prefix}"
+        try:
+            keys = {}
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix):
+                for obj in page.get("Contents", []):
+                    rel = obj["Key"][len(self.prefix) :]
+                    if rel and not rel.endswith("/") and not any(part.startswith(".") for part in rel.split("/")):
+                        keys[rel] = obj["Key"]
+            chosen = select(list(keys), args.include or list(DEFAULT_INCLUDE), args.exclude)
+            self.objects: dict[str, S3Object] = {}
+            for rel in chosen:
+                head = self.client.head_object(Bucket=self.bucket, Key=keys[rel], ChecksumMode="ENABLED")
+                expected = s3_expected(self.client, self.bucket, keys[rel], head)
+                self.objects[rel] = S3Object(keys[rel], expected, str(head.get("ETag", "")).strip('"'))
+        except s3_exceptions() as exc:
+            raise s3_error(exc, f"reading {where}") from exc
+        if not self.objects:
+            raise StepError(f"no objects to package under {where}", EXIT_NOT_FOUND)
+
+    def reader(self, rel: str, layout: LayerLayout) -> Callable[[int], Iterator[memoryview]]:
+        obj = self.objects[rel]
+
+        def read(offset: int) -> Iterator[memoryview]:
+            head_len, size = len(layout.head), layout.file_size
+            if offset < head_len:
+                yield memoryview(layout.head)[offset:]
+                offset = head_len
+            if offset < head_len + size:
+                try:
+                    body = self.client.get_object(Bucket=self.bucket, Key=obj.key, Range=f"bytes={offset - head_len}-{size - 1}")["Body"]
+                    for piece in body.iter_chunks(8 * STREAM_READ):
+                        yield memoryview(piece)
+                except (*s3_exceptions(), OSError) as exc:
+                    from botocore.exceptions import FlexibleChecksumError
+
+                    if isinstance(exc, FlexibleChecksumError):  # botocore checked the object's own checksum
+                        raise StepError(f"{rel}: source checksum mismatch ({exc}); blob not committed", EXIT_INTEGRITY) from exc
+                    raise TransientError(f"reading s3://{self.bucket}/{obj.key}: {type(exc).__name__}: {exc}") from exc
+                offset = head_len + size
+            yield memoryview(layout.tail)[offset - head_len - size :]
+
+        return read
+
+    def tag(self, rel: str) -> str:
+        """What identifies the source bytes of `rel` (recorded as a layer annotation, compared on re-runs)."""
+        obj = self.objects[rel]
+        return f"s3:{obj.etag}:{obj.expected.size}"
 
 
 # --- image assembly ----------------------------------------------------------------------------
@@ -733,6 +909,7 @@ def build_manifest(
     base: str,
     base_digest: str,
     annotations: dict[str, str] | None = None,
+    layer_notes: dict[str, dict[str, str]] | None = None,
 ) -> bytes:
     manifest = {
         "schemaVersion": 2,
@@ -746,7 +923,7 @@ def build_manifest(
                 "mediaType": LAYER_MEDIA_TYPE,
                 "digest": digest,
                 "size": size,
-                "annotations": {"org.opencontainers.image.title": rel},
+                "annotations": {"org.opencontainers.image.title": rel, **(layer_notes or {}).get(rel, {})},
             }
             for rel, digest, size in layers
         ],
@@ -757,6 +934,26 @@ def build_manifest(
         },
     }
     return json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
+
+
+SOURCE_ANNOTATION = "io.ml-dev-env.source"  # per layer, --source mode: the source object it came from
+
+
+def previous_layers(client: RegistryClient, dest: ImageRef) -> dict[str, tuple[str, str]]:
+    """title → (digest, source annotation) of the image the destination tag names now, if any: a
+    re-run streaming from the same source objects skips their blobs without reading them again."""
+    try:
+        body, media_type = client.get_manifest(dest.repository, dest.tag or "")
+    except StepError:
+        return {}
+    if media_type != OCI_MANIFEST:
+        return {}
+    found = {}
+    for layer in json.loads(body).get("layers", []):
+        notes = layer.get("annotations") or {}
+        if "org.opencontainers.image.title" in notes:
+            found[notes["org.opencontainers.image.title"]] = (layer["digest"], notes.get(SOURCE_ANNOTATION, ""))
+    return found
 
 
 def annotations(pairs: Sequence[str]) -> dict[str, str]:
@@ -779,7 +976,13 @@ def tls_context(verify: bool, ca_file: str | None) -> ssl.SSLContext:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model-dir", required=True, type=Path, help="directory with the model files")
+    p.add_argument("--model-dir", type=Path, help="directory with the model files")
+    p.add_argument("--source", help="instead of --model-dir: s3://bucket[/prefix], streamed into the upload (no local copy)")
+    p.add_argument("--s3-endpoint-url", help="S3 endpoint for --source (default: AWS_ENDPOINT_URL or AWS)")
+    p.add_argument("--s3-region", default="us-east-1")
+    p.add_argument("--s3-ca-file", help="CA bundle for the S3 endpoint")
+    p.add_argument("--include", action="extend", nargs="*", default=[], help="--source: globs to package (default: as download)")
+    p.add_argument("--exclude", action="extend", nargs="*", default=[], help="--source: globs to skip")
     p.add_argument("--image", required=True, help="destination, e.g. quay.io/org/model:tag")
     p.add_argument("--base-image", required=True, help="runnable base with a shell, e.g. registry.access.redhat.com/ubi9/ubi-micro:9.5")
     p.add_argument("--platform", default="linux/amd64", help="platform to pick from a multi-arch base")
@@ -814,6 +1017,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--chunk-size must be positive and not larger than --chunk-threshold")
     if args.jobs < 1 or args.retries < 0:
         p.error("--jobs must be >= 1 and --retries >= 0")
+    if (args.model_dir is None) == (not args.source):
+        p.error("give exactly one of --model-dir or --source")
+    if args.source and (not args.source.startswith("s3://") or len(args.source) <= len("s3://")):
+        p.error("--source must be s3://bucket[/prefix]")
     if any("=" not in a or not a.partition("=")[0] for a in args.annotation):
         p.error("--annotation needs KEY=VALUE")
     return args
@@ -824,11 +1031,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     dest, base = ImageRef.parse(args.image), ImageRef.parse(args.base_image)
     if dest.digest or not dest.tag:
         raise StepError(f"--image needs a tag (and no digest): {args.image}")
-    files = model_files(args.model_dir)
-    if not files:
-        raise StepError(f"no model files in {args.model_dir}", EXIT_NOT_FOUND)
-    check_layer_sizes({rel: path.stat().st_size for rel, path in files if not path.is_symlink()}, args.max_layer_size)
-    cache = DigestCache(args.digest_cache or default_digest_cache(args.model_dir))
+    s3 = S3Source(args) if args.source else None
+    if s3 is not None:
+        files: list[tuple[str, Path | None]] = [(rel, None) for rel in sorted(s3.objects)]
+        check_layer_sizes({rel: obj.expected.size for rel, obj in s3.objects.items()}, args.max_layer_size)
+        cache = DigestCache(args.digest_cache)  # no local files: in memory unless a file is given
+    else:
+        local = model_files(args.model_dir)
+        if not local:
+            raise StepError(f"no model files in {args.model_dir}", EXIT_NOT_FOUND)
+        check_layer_sizes({rel: path.stat().st_size for rel, path in local if not path.is_symlink()}, args.max_layer_size)
+        files = list(local)
+        cache = DigestCache(args.digest_cache or default_digest_cache(args.model_dir))
     ctx = tls_context(args.tls_verify, args.ca_file)
     same_registry = base.registry == dest.registry
     scopes = [f"repository:{dest.repository}:pull,push"]
@@ -858,7 +1072,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
     started = time.monotonic()
     try:
-        digest = package(args, dest, base, files, cache, client, source)
+        digest = package(args, dest, base, files, cache, client, source, s3)
     except TransientError as exc:
         raise StepError(str(exc), EXIT_REMOTE) from exc
     log(f"pushed {dest} as {digest} in {time.monotonic() - started:.1f}s")
@@ -870,19 +1084,25 @@ def package(
     args: argparse.Namespace,
     dest: ImageRef,
     base: ImageRef,
-    files: list[tuple[str, Path]],
+    files: list[tuple[str, Path | None]],
     cache: DigestCache,
     client: RegistryClient,
     source: RegistryClient,
+    s3: S3Source | None = None,
 ) -> str:
     base_manifest, base_digest = resolve_base(source, base, args.platform)
     for layer in base_manifest["layers"]:
         if layer["mediaType"] not in LAYER_TYPES:
             raise StepError(f"base image {base}: unsupported layer type {layer['mediaType']}")
     base_config = json.loads(source.get_blob(base.repository, base_manifest["config"]["digest"]))
-    layouts = {rel: LayerLayout.for_path(rel, path) for rel, path in files}
+    if s3 is not None:
+        layouts = {rel: LayerLayout.for_file(rel, s3.objects[rel].expected.size) for rel, _ in files}
+        previous = previous_layers(client, dest)
+    else:
+        layouts = {rel: LayerLayout.for_path(rel, path) for rel, path in files if path is not None}
+    log_source = args.source or args.model_dir
     total = sum(d["size"] for d in base_manifest["layers"]) + sum(lay.size for lay in layouts.values())
-    log(f"packaging {len(files)} files ({human(total)} with base layers) from {args.model_dir} into {dest}")
+    log(f"packaging {len(files)} files ({human(total)} with base layers) from {log_source} into {dest}")
     progress = Progress("upload", total, args.progress_interval)
     settings = UploadSettings(args.chunk_threshold, args.chunk_size, args.retries, args.retry_delay)
     pusher = BlobPusher(client, dest.repository, settings, progress)
@@ -911,8 +1131,11 @@ def package(
             abort.set()
             raise
 
-    def push_one(rel: str, path: Path) -> tuple[str, str, int]:
+    def push_one(rel: str, path: Path | None) -> tuple[str, str, int]:
         layout = layouts[rel]
+        if s3 is not None:
+            return push_streamed(rel, layout)
+        assert path is not None
         if path.is_symlink():  # a symlink entry: a few KiB of headers, hashed here, no cache
             link = sha256_digest(layout.head + layout.tail)
             if not client.blob_exists(dest.repository, link):
@@ -945,6 +1168,25 @@ def package(
         log(f"{rel}: uploaded {human(layout.size)} as {digest[:19]} in {secs:.1f}s ({layout.size / max(secs, 1e-6) / 1e6:.0f} MB/s)")
         return rel, digest, layout.size
 
+    def push_streamed(rel: str, layout: LayerLayout) -> tuple[str, str, int]:
+        """Source → registry with no local copy: the layer digest and the source checksum are computed
+        on the way; a mismatch cancels the upload before its final PUT (no manifest is written)."""
+        assert s3 is not None
+        known, tag = previous.get(rel, ("", "")), s3.tag(rel)
+        if known[1] == tag and client.blob_exists(dest.repository, known[0]):
+            progress.advance(layout.size)
+            log(f"{rel}: {known[0][:19]} already in {dest.registry} from the same source object, skipped")
+            return rel, known[0], layout.size
+        expected = s3.objects[rel].expected
+        begun = time.monotonic()
+        digest = pusher.push(
+            rel, layout.size, s3.reader(rel, layout),
+            new_hasher=lambda: SourceHasher(len(layout.head), expected), check=lambda state: state.verify(rel),
+        )  # fmt: skip
+        secs = time.monotonic() - begun
+        log(f"{rel}: streamed {human(layout.size)} as {digest[:19]} in {secs:.1f}s, source {expected.describe()} verified")
+        return rel, digest, layout.size
+
     # Largest files first keeps the parallel uploads busy until the end.
     order = sorted(files, key=lambda item: -layouts[item[0]].size)
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
@@ -964,7 +1206,8 @@ def package(
     config_digest = sha256_digest(config)
     if not client.blob_exists(dest.repository, config_digest):
         pusher.push("config", len(config), lambda off: iter([memoryview(config)[off:]]))
-    manifest = build_manifest(config, base_manifest["layers"], layers, str(base), base_digest, annotations(args.annotation))
+    notes = {rel: {SOURCE_ANNOTATION: s3.tag(rel)} for rel, _, _ in layers} if s3 is not None else {}
+    manifest = build_manifest(config, base_manifest["layers"], layers, str(base), base_digest, annotations(args.annotation), notes)
     # Every blob is in the registry now; only this last request makes the tag point at the image.
     return client.put_manifest(dest.repository, dest.tag or "", manifest, OCI_MANIFEST)
 

@@ -130,6 +130,7 @@ def test_download_selection_drops_consolidated_only_when_sharded(deployed: Deplo
     sharded = ["consolidated.safetensors", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "config.json"]
     assert select(sharded, ["*"], []) == sorted(sharded[1:])
     assert select(["consolidated.safetensors", "params.json"], ["*"], []) == ["consolidated.safetensors", "params.json"]
-    assert select(sharded, ["*.json"], []) == ["config.json"]
+    with pytest.raises(deployed("download").StepError, match="select none of the weight files"):
+        select(sharded, ["*.json"], [])  # an include list without weights would package an incomplete model
     with pytest.raises(deployed("download").StepError, match="unsafe path"):
         select(["../etc/passwd"], ["*"], [])
