@@ -10,6 +10,8 @@ plus small JSON files) and pushes it to a local docker-registry with every appro
                 beforehand (untimed), then one monolithic PUT per file, sent with sendfile().
                 The physical reference at that parallelism.
   ours1 / ours2 steps/package.py --jobs 1 / --jobs 2, run as the deployed script text.
+  s3read        the source read alone: every object GET from a moto S3 server, 2 streams.
+  stream2       steps/package.py --source s3:// --jobs 2: S3 → registry in one pass, no model dir.
   buildah       `buildah bud` (FROM <base>, COPY models /models; vfs, chroot) + `buildah push`.
   olot          `skopeo copy` of the base into an OCI layout, `olot`, `skopeo copy --preserve-digests`.
 
@@ -41,7 +43,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -51,6 +53,7 @@ sys.path.insert(0, str(ROOT))
 from steps.embed import step_script  # noqa: E402
 from tests.fixtures.images import push_base  # noqa: E402
 from tests.fixtures.registry import Registry, registry_available, run_registry  # noqa: E402
+from tests.fixtures.s3 import S3Server, run_s3  # noqa: E402
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -275,6 +278,7 @@ class Env:
     files: list[Path]
     logs: Path
     digests: dict[Path, str]
+    s3: S3Server | None = None  # moto S3 holding the same model under s3://bench/m/ (streaming approaches)
 
 
 @contextmanager
@@ -316,6 +320,50 @@ def approach_ours(env: Env, name: str, jobs: int = 2) -> Result:
         with ScratchSampler([tmp, cache, Path("/var/tmp")]) as sampler:
             started = time.monotonic()
             run(name, cmd, env={**os.environ, "TMPDIR": str(tmp)})
+            seconds = time.monotonic() - started
+        registry_cpu = process_cpu(server) - server_cpu
+    return Result(name, seconds, sampler.peak, run.peak_rss, run.cpu_user, run.cpu_sys, registry_cpu)
+
+
+def approach_s3read(env: Env, name: str, streams: int = 2) -> Result:
+    """The source read alone: every object of the model GET from S3 and discarded, `streams` at a time."""
+    assert env.s3 is not None
+    client = env.s3.client()
+
+    def read(path: Path) -> None:
+        body = client.get_object(Bucket="bench", Key=f"m/{path.name}")["Body"]
+        for _ in body.iter_chunks(8 * MiB):
+            pass
+
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=streams) as pool:
+        for future in [pool.submit(read, p) for p in sorted(env.files, key=lambda p: -p.stat().st_size)]:
+            future.result()
+    seconds = time.monotonic() - started
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    return Result(name, seconds, 0, 0, after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime)
+
+
+def approach_stream(env: Env, name: str, jobs: int = 2) -> Result:
+    """ours with --source s3://: no model directory, no PVC; S3 → registry in one pass."""
+    assert env.s3 is not None
+    scratch = env.work / name
+    tmp = scratch / "tmp"
+    tmp.mkdir(parents=True)
+    script = scratch / "package.py"
+    script.write_text(step_script("package"))
+    run = Runner(env.logs)
+    with fresh_registry(env, name, with_base=True) as (registry, base):
+        authfile = registry.authfile(scratch / "auth.json")
+        cmd = [sys.executable, str(script), "--source", "s3://bench/m", "--s3-endpoint-url", env.s3.endpoint, "--include", "*"]
+        cmd += ["--image", f"{registry.host}/bench/{name}:v1", "--base-image", base, "--authfile", str(authfile), "--plain-http"]
+        cmd += ["--progress-interval", "10", "--jobs", str(jobs)]
+        server = registry_pid(registry)
+        server_cpu = process_cpu(server)
+        with ScratchSampler([tmp]) as sampler:
+            started = time.monotonic()
+            run(name, cmd, env={**env.s3.env(), "TMPDIR": str(tmp)})
             seconds = time.monotonic() - started
         registry_cpu = process_cpu(server) - server_cpu
     return Result(name, seconds, sampler.peak, run.peak_rss, run.cpu_user, run.cpu_sys, registry_cpu)
@@ -369,6 +417,8 @@ APPROACHES: dict[str, tuple[str, Callable[[Env, str], Result], str | None]] = {
     "raw2": ("raw blob ingest, 2 streams", functools.partial(approach_raw, streams=2), None),
     "ours1": ("ours: steps/package.py --jobs 1", functools.partial(approach_ours, jobs=1), "raw1"),
     "ours2": ("ours: steps/package.py --jobs 2 (default)", functools.partial(approach_ours, jobs=2), "raw2"),
+    "s3read": ("source read alone: moto S3 GET, 2 streams", approach_s3read, None),
+    "stream2": ("ours --source s3:// (no PVC), --jobs 2", functools.partial(approach_stream, jobs=2), "raw2"),
     "buildah": ("seed: buildah bud + push", approach_buildah, "raw1"),
     "olot": ("peer: olot + skopeo", approach_olot, "raw1"),
 }
@@ -425,6 +475,11 @@ def report(results: list[Result], model_bytes: int, size_label: str, hash_rate: 
         reference = APPROACHES[key][2]
         if key in rate and reference in rate:
             lines.append(f"\n{key}: {100 * rate[key] / rate[reference]:.0f} % of {reference} (goal ≥ 90 %)")
+    if "stream2" in by and "s3read" in by and "raw2" in by:
+        slowest = max(median([r.seconds for r in by["s3read"]]), median([r.seconds for r in by["raw2"]]))
+        ratio = median([r.seconds for r in by["stream2"]]) / slowest
+        lines.append(f"\nstream2: {ratio:.2f} × max(source read alone, raw ingest alone) (goal ≤ 1.15; "
+                     "the download-then-package pipeline takes their sum)")  # fmt: skip
     ours = by.get("ours2") or by.get("ours1")
     if ours:
         peak = max(r.peak_scratch for r in ours)
@@ -460,12 +515,20 @@ def main() -> None:
     if free < need:
         raise SystemExit(f"{free / GiB:.1f} GiB free under {args.workdir}; this run needs about {need / GiB:.0f} GiB")
     (args.workdir / "logs").mkdir()
+    stack = ExitStack()
     try:
         print(f"generating a {args.size} model ({shards} shards + 4 JSON files) in {args.workdir / 'model'} ...", flush=True)
         env = Env(args.workdir, args.workdir / "model" / "models", [], args.workdir / "logs", {})
         env.files = make_model(env.model_dir, size, shards)
         env.digests = {path: file_digest(path) for path in env.files}  # the raw reference's, untimed
         model_bytes = sum(f.stat().st_size for f in env.files)
+        if any(n in ("s3read", "stream2") for n in names):
+            print("starting moto S3 and uploading the model to s3://bench/m/ (untimed) ...", flush=True)
+            env.s3 = stack.enter_context(run_s3())
+            client = env.s3.client()
+            client.create_bucket(Bucket="bench")
+            for path in env.files:
+                client.upload_file(str(path), "bench", f"m/{path.name}")
         hash_rate = sha256_rate()
         results: list[Result] = []
         for round_no in range(1, args.repeat + 1):
@@ -488,6 +551,7 @@ def main() -> None:
         (args.out / f"{stem}.json").write_text(json.dumps(data, indent=1) + "\n")
         print(f"\nreport written to {args.out / stem}.md / .json")
     finally:
+        stack.close()
         if not args.keep:
             shutil.rmtree(args.workdir, ignore_errors=True)
 
