@@ -30,7 +30,9 @@ TASKS = {
     "mirror": "modelcar-mirror",
     "register": "modelcar-register",
     "upload-s3": "modelcar-upload-s3",
+    "package-stream": "modelcar-package-stream",
 }
+STREAM_PIPELINE = "modelcar-stream"
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # holds service-ca.crt for the internal registry
 SA_TOKEN = f"{SA_DIR}/token"
 # download, package and upload share the digest cache that lives next to this directory (their default)
@@ -159,6 +161,23 @@ def task_specs(
                 "--result-model-id", "$(results.MODEL_ID.path)", "--result-version-id", "$(results.VERSION_ID.path)",
             ])],
         ),
+        "package-stream": tekton.TaskSpec(
+            description="Stream the weights from S3 straight into a modelcar pushed to Quay (no download, no weights PVC).",
+            params=[*_p("image", "base-image", "source-uri", "endpoint-url", "region", "quantization"),
+                    tekton.ParamSpec(name="include", type="array")],
+            results=[tekton.ResultSpec(name="IMAGE_DIGEST"), tekton.ResultSpec(name="IMAGE_URL", description="repo@digest")],
+            workspaces=[tekton.WorkspaceDeclaration(name="model", description="small scratch (emptyDir): HOME, TMPDIR"), quay_ws],
+            steps=[_step("package", "package", tools_image, [
+                "--source", "$(params.source-uri)", "--s3-endpoint-url", "$(params.endpoint-url)", "--s3-region", "$(params.region)",
+                "--image", "$(params.image)", "--base-image", "$(params.base-image)",
+                "--authfile", "$(workspaces.quay-auth.path)/.dockerconfigjson",
+                "--chunk-threshold", chunk_threshold, "--max-layer-size", layer_limit,
+                "--annotation", "org.opencontainers.image.source=$(params.source-uri)",
+                "--annotation", "io.ml-dev-env.model.quantization=$(params.quantization)",
+                "--result-digest", "$(results.IMAGE_DIGEST.path)", "--result-image", "$(results.IMAGE_URL.path)",
+                "--include", "$(params.include[*])",
+            ], s3_env)],
+        ),
         "upload-s3": tekton.TaskSpec(
             description="Upload the weight files to S3.",
             params=_p("destination", "endpoint-url", "region"),
@@ -243,6 +262,26 @@ def pipeline_spec(size_gi_for_timeouts: float) -> tekton.PipelineSpec:
     )
 
 
+def stream_pipeline_spec(size_gi_for_timeouts: float) -> tekton.PipelineSpec:
+    """S3 → package (streamed, no weights PVC) → mirror → register; the mirror's scratch is an emptyDir."""
+    full = pipeline_spec(size_gi_for_timeouts)
+    by_name = {t.name: t for t in full.tasks}
+    ws = [tekton.WorkspaceBinding(name="model", workspace="model"), tekton.WorkspaceBinding(name="quay-auth", workspace="quay-auth")]
+    names = ("image", "quay-image"), ("base-image", "base-image"), ("source-uri", "source-uri"), ("endpoint-url", "endpoint-url")
+    names += ("region", "region"), ("quantization", "quantization")
+    package = tekton.PipelineTask(
+        name="package", task_ref={"kind": "Task", "name": TASKS["package-stream"]}, timeout=by_name["package"].timeout,
+        retries=by_name["package"].retries, run_after=["wait-tools"], workspaces=ws,
+        params=[*(tekton.Param(name=n, value=f"$(params.{v})") for n, v in names),
+                tekton.Param(name="include", value="$(params.include[*])")],
+    )
+    tasks = [by_name["wait-tools"], package, by_name["mirror"], by_name["register"]]
+    return tekton.PipelineSpec(
+        description="Package LLM weights straight from S3 as a KServe modelcar (no weights PVC), mirror internally, register.",
+        params=full.params, workspaces=full.workspaces, tasks=tasks, results=full.results,
+    )
+
+
 def run_params(model: ModelConfig, pipeline: ModelPipelineConfig, namespace: str, tools_image: str) -> list[tekton.Param]:
     src = model.source
     hf, s3, up = src.hugging_face, src.s3, model.upload_to_s3
@@ -304,6 +343,12 @@ def run_spec(
     }
     if pipeline.storage_class:
         claim["spec"]["storageClassName"] = pipeline.storage_class
+    # Streaming runs hold no weights: their "model" workspace is only HOME/TMPDIR scratch (an emptyDir).
+    model_ws = (
+        tekton.RunWorkspace(name="model", empty_dir={})
+        if model.stream
+        else tekton.RunWorkspace(name="model", volume_claim_template=claim)
+    )
     pod_template = None
     if build_nodes.node_selector or build_nodes.tolerations:
         pod_template = tekton.PodTemplate(
@@ -311,12 +356,12 @@ def run_spec(
             tolerations=[t.model_dump(by_alias=True, exclude_none=True) for t in build_nodes.tolerations] or None,
         )
     # The Pipeline's task timeouts are sized for maxModelSizeGi: the run's timeout covers all of them.
-    minutes = model_sizing.pipeline_timeout_minutes(pipeline.max_model_size_gi, model.upload_to_s3 is not None)
+    minutes = model_sizing.pipeline_timeout_minutes(pipeline.max_model_size_gi, model.upload_to_s3 is not None, model.stream)
     return tekton.PipelineRunSpec(
-        pipeline_ref={"name": PIPELINE},
+        pipeline_ref={"name": STREAM_PIPELINE if model.stream else PIPELINE},
         params=run_params(model, pipeline, namespace, tools_image),
         workspaces=[
-            tekton.RunWorkspace(name="model", volume_claim_template=claim),
+            model_ws,
             tekton.RunWorkspace(name="quay-auth", secret={"secretName": SECRET_NAMES["quay"]}),
         ],
         # Build-node placement at the run level, so the affinity assistant shares it (no fsGroup: the SCC assigns it).
@@ -400,10 +445,16 @@ class ModelPipeline(pulumi.ComponentResource):
             ))
 
         specs = task_specs(tools.image, cfg.tools_base_image, present, cfg.chunk_threshold, cfg.max_layer_size, cfg.registry_ca_file)
+        streaming = any(m.stream for m in args.models)
         for task, spec in specs.items():
+            if task == "package-stream" and not streaming:
+                continue  # only stacks with a streaming model get the streaming Task and Pipeline
             deps.append(crds.custom_resource(f"{name}-task-{task}", "tekton.dev/v1", "Task", meta(TASKS[task]), spec, child))
         pipeline = pipeline_spec(cfg.max_model_size_gi)
         deps.append(crds.custom_resource(f"{name}-pipeline", "tekton.dev/v1", "Pipeline", meta(PIPELINE), pipeline, child))
+        if streaming:
+            stream = stream_pipeline_spec(cfg.max_model_size_gi)
+            deps.append(crds.custom_resource(f"{name}-pipeline-stream", "tekton.dev/v1", "Pipeline", meta(STREAM_PIPELINE), stream, child))
 
         self.run_names, self.internal_images, self.runs = {}, {}, {}
         for model in args.models:

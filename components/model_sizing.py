@@ -77,7 +77,7 @@ TASK_RETRIES = {"wait-tools": 0, "download": 2, "package": 2, "mirror": 2, "regi
 PIPELINE_MARGIN_MIN = 30
 
 
-def pipeline_timeout_minutes(size_gi: float, upload_s3: bool) -> int:
+def pipeline_timeout_minutes(size_gi: float, upload_s3: bool, stream: bool = False) -> int:
     """Every attempt of every task that runs, end to end, plus a margin for scheduling and PVC binding.
 
     Tekton times each retry attempt on its own (tektoncd/pipeline pkg/reconciler/taskrun/taskrun.go,
@@ -85,7 +85,8 @@ def pipeline_timeout_minutes(size_gi: float, upload_s3: bool) -> int:
     whose tasks are still within their own limits. `size_gi` must be what the Pipeline's task timeouts
     were sized for.
     """
-    tasks = ["wait-tools", "download", "package", "mirror", "register"] + (["upload-s3"] if upload_s3 else [])
+    tasks = ["wait-tools", "package", "mirror", "register"] if stream else ["wait-tools", "download", "package", "mirror", "register"]
+    tasks += ["upload-s3"] if upload_s3 else []
     return sum((TASK_RETRIES[t] + 1) * task_timeout_minutes(t, size_gi) for t in tasks) + PIPELINE_MARGIN_MIN
 
 

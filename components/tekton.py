@@ -130,6 +130,7 @@ class RunWorkspace(Spec):
     name: str
     volume_claim_template: dict[str, Any] | None = None
     secret: dict[str, Any] | None = None
+    empty_dir: dict[str, Any] | None = None
 
 
 class PipelineRunSpec(Spec):

@@ -513,9 +513,18 @@ class ModelConfig(Model):
     registration: Registration
     upload_to_s3: S3Upload | None = Field(None, description="Also upload the weight files to S3.")
     workspace_size: Quantity | None = Field(None, description="Workspace PVC size (default: computed from sizeGi).")
+    stream: bool = Field(
+        False,
+        description="S3 sources: package straight from S3 into the registry (no download task, no PVC for the weights; "
+        "layer digest and S3 checksum computed on the way). Not with uploadToS3.",
+    )
 
     @model_validator(mode="after")
     def _destination(self) -> ModelConfig:
+        if self.stream and self.source.s3 is None:
+            raise ConfigProblem("stream", "stream: true", "streaming needs an s3 source (Hugging Face sources use the download task)")
+        if self.stream and self.upload_to_s3 is not None:
+            raise ConfigProblem("stream", "stream: true", "not with uploadToS3 (the upload reads the downloaded files); set one of them")
         if not _REPO.match(self.quay_repository):
             raise ConfigProblem("quayRepository", self.quay_repository, "must be '<registry>/<org>/<repo>' without tag")
         if not _TAG.match(self.tag) or self.tag == "latest":

@@ -300,3 +300,33 @@ def test_default_include_is_what_the_download_step_accepts(barcelona: RunResult)
     assert params["include"] == list(DEFAULT_INCLUDE)
     assert "*.bin" in params["include"] and "*.py" in params["include"]  # bin-only and remote-code repositories
     assert "HF_DEFAULT_INCLUDE = DEFAULT_INCLUDE" in step_script("download")
+
+
+def test_streaming_model_has_no_download_task_and_no_weights_pvc() -> None:
+    def stream(o: dict[str, Any]) -> None:
+        model = copy.deepcopy(o["models"][0])
+        model.update(name="streamed", stream=True)
+        model["source"] = {"s3": {"endpoint": "http://minio.model-storage.svc:9000", "bucket": "llm-models", "prefix": "mistral/w4a16"}}
+        o["models"].append(model)
+
+    result = _with_models(stream, {"quayDockerConfigJson": "{}", "hfToken": "x", "s3AccessKeyId": "A", "s3SecretAccessKey": "B"})
+    assert result.error is None, result.error
+    pipelines = {r.inputs["metadata"]["name"]: r.inputs["spec"] for r in result.of_type(PIPELINE)}
+    assert [t["name"] for t in pipelines["modelcar-stream"]["tasks"]] == ["wait-tools", "package", "mirror", "register"]
+    spec = runs(result)[result.outputs["model_pipeline_runs"]["streamed"]]["spec"]
+    assert spec["pipelineRef"] == {"name": "modelcar-stream"}
+    assert "volumeClaimTemplate" not in json.dumps(spec["workspaces"])
+    args = tasks(result)["modelcar-package-stream"]["steps"][0]["args"]
+    assert args[args.index("--source") + 1] == "$(params.source-uri)"
+    env = {e["name"] for e in tasks(result)["modelcar-package-stream"]["steps"][0]["env"]}
+    assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} <= env
+    by_name = {t["name"]: t for t in pipelines["modelcar-stream"]["tasks"]}
+    needed = sum((t.get("retries", 0) + 1) * _minutes(t["timeout"]) for t in by_name.values())
+    assert _minutes(spec["timeouts"]["pipeline"]) >= needed + 15
+    others = runs(result)[result.outputs["model_pipeline_runs"]["mistral-small-24b-fp16"]]["spec"]
+    assert others["pipelineRef"] == {"name": "modelcar"}
+
+
+def test_streaming_needs_an_s3_source() -> None:
+    result = _with_models(lambda o: o["models"][0].update(stream=True))
+    assert result.error and "ml-dev-env:models[0]: got 'stream: true'; streaming needs an s3 source" in result.error
