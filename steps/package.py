@@ -465,6 +465,7 @@ class _Upload:
         self.acked = 0
         self.marks: dict[int, Any] = {0: new_hasher()}  # offset -> hash state of the bytes before it
         self.sent: tuple[int, Any] | None = None  # (end, hash) of a chunk sent whole but not acknowledged
+        self.overlap_refused = False  # set by the first ambiguous resume; a second one takes distribution's reading
 
 
 class BlobPusher:
@@ -706,10 +707,10 @@ class BlobPusher:
             # (data/registry_model/blobuploader.py: BlobUploadManager.upload_chunk). A registry that
             # refuses the overlap answers 416, and the next recovery takes distribution's reading.
             offset = max(m for m in up.marks if m <= min(candidates))
-            if getattr(up, "overlap_refused", False):
+            if up.overlap_refused:
                 offset = min(candidates[0], size)
                 self._hash_at(up, offset, reader)
-            up.overlap_refused = True  # type: ignore[attr-defined]
+            up.overlap_refused = True
         self.progress.advance(offset - up.acked)
         if offset != up.acked:
             log(f"{name}: registry holds {offset} bytes (acknowledged: {up.acked})")

@@ -134,3 +134,11 @@ def test_download_selection_drops_consolidated_only_when_sharded(deployed: Deplo
         select(sharded, ["*.json"], [])  # an include list without weights would package an incomplete model
     with pytest.raises(deployed("download").StepError, match="unsafe path"):
         select(["../etc/passwd"], ["*"], [])
+
+
+def test_upload_range_forms(deployed: Deployed) -> None:
+    parse = deployed("package").parse_range
+    assert parse("0-1048575") == (1048576, 1048575)  # distribution: last byte index
+    assert parse("bytes=0-1048576") == (1048577, 1048576)  # Quay's status: the byte count
+    assert parse("0-0") == (1, 0)  # a fresh session (or one byte)
+    assert parse("5-10") is None and parse("") is None
