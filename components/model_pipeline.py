@@ -162,13 +162,14 @@ def task_specs(
             ])],
         ),
         "package-stream": tekton.TaskSpec(
-            description="Stream the weights from S3 straight into a modelcar pushed to Quay (no download, no weights PVC).",
-            params=[*_p("image", "base-image", "source-uri", "endpoint-url", "region", "quantization"),
+            description="Stream the weights from S3 or Hugging Face straight into a modelcar pushed to Quay (no weights PVC).",
+            params=[*_p("image", "base-image", "source-uri", "revision", "endpoint-url", "region", "quantization"),
                     tekton.ParamSpec(name="include", type="array")],
             results=[tekton.ResultSpec(name="IMAGE_DIGEST"), tekton.ResultSpec(name="IMAGE_URL", description="repo@digest")],
             workspaces=[tekton.WorkspaceDeclaration(name="model", description="small scratch (emptyDir): HOME, TMPDIR"), quay_ws],
             steps=[_step("package", "package", tools_image, [
-                "--source", "$(params.source-uri)", "--s3-endpoint-url", "$(params.endpoint-url)", "--s3-region", "$(params.region)",
+                "--source", "$(params.source-uri)", "--hf-revision", "$(params.revision)",
+                "--s3-endpoint-url", "$(params.endpoint-url)", "--s3-region", "$(params.region)",
                 "--image", "$(params.image)", "--base-image", "$(params.base-image)",
                 "--authfile", "$(workspaces.quay-auth.path)/.dockerconfigjson",
                 "--chunk-threshold", chunk_threshold, "--max-layer-size", layer_limit,
@@ -176,7 +177,7 @@ def task_specs(
                 "--annotation", "io.ml-dev-env.model.quantization=$(params.quantization)",
                 "--result-digest", "$(results.IMAGE_DIGEST.path)", "--result-image", "$(results.IMAGE_URL.path)",
                 "--include", "$(params.include[*])",
-            ], s3_env)],
+            ], download_env + s3_env)],
         ),
         "upload-s3": tekton.TaskSpec(
             description="Upload the weight files to S3.",
@@ -263,12 +264,12 @@ def pipeline_spec(size_gi_for_timeouts: float) -> tekton.PipelineSpec:
 
 
 def stream_pipeline_spec(size_gi_for_timeouts: float) -> tekton.PipelineSpec:
-    """S3 → package (streamed, no weights PVC) → mirror → register; the mirror's scratch is an emptyDir."""
+    """S3 / Hugging Face → package (streamed, no weights PVC) → mirror → register; scratch is an emptyDir."""
     full = pipeline_spec(size_gi_for_timeouts)
     by_name = {t.name: t for t in full.tasks}
     ws = [tekton.WorkspaceBinding(name="model", workspace="model"), tekton.WorkspaceBinding(name="quay-auth", workspace="quay-auth")]
     names = ("image", "quay-image"), ("base-image", "base-image"), ("source-uri", "source-uri"), ("endpoint-url", "endpoint-url")
-    names += ("region", "region"), ("quantization", "quantization")
+    names += ("region", "region"), ("quantization", "quantization"), ("revision", "revision")
     package = tekton.PipelineTask(
         name="package", task_ref={"kind": "Task", "name": TASKS["package-stream"]}, timeout=by_name["package"].timeout,
         retries=by_name["package"].retries, run_after=["wait-tools"], workspaces=ws,

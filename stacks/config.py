@@ -515,14 +515,12 @@ class ModelConfig(Model):
     workspace_size: Quantity | None = Field(None, description="Workspace PVC size (default: computed from sizeGi).")
     stream: bool = Field(
         False,
-        description="S3 sources: package straight from S3 into the registry (no download task, no PVC for the weights; "
-        "layer digest and S3 checksum computed on the way). Not with uploadToS3.",
+        description="Package straight from the source (S3 or Hugging Face) into the registry: no download task, no PVC "
+        "for the weights; layer digest and the source's checksum computed on the way. Not with uploadToS3.",
     )
 
     @model_validator(mode="after")
     def _destination(self) -> ModelConfig:
-        if self.stream and self.source.s3 is None:
-            raise ConfigProblem("stream", "stream: true", "streaming needs an s3 source (Hugging Face sources use the download task)")
         if self.stream and self.upload_to_s3 is not None:
             raise ConfigProblem("stream", "stream: true", "not with uploadToS3 (the upload reads the downloaded files); set one of them")
         if not _REPO.match(self.quay_repository):

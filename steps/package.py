@@ -749,6 +749,8 @@ class SourceHasher:
             self.check = hashlib.md5(usedforsecurity=False)  # S3 ETag
         elif kind in ("sha256", "sha256-base64"):
             self.check = hashlib.sha256()
+        elif kind == "git-sha1":  # a small Hugging Face file: its git blob id
+            self.check = hashlib.sha1(f"blob {expected.size}\0".encode(), usedforsecurity=False)
         self.parts: list[bytes] = []
         self.in_part = 0
 
@@ -870,6 +872,82 @@ class S3Source:
         return f"s3:{obj.etag}:{obj.expected.size}"
 
 
+class HfSource:
+    """Model files read straight from the Hugging Face Hub at a resolved commit (no local copy).
+
+    Ranged GETs of `<endpoint>/<repo>/resolve/<commit>/<file>` with `HF_TOKEN` through huggingface_hub's
+    httpx client, which drops the Authorization header when the Hub redirects to its CDN. LFS files are
+    checked against their sha256, small files against their git blob id.
+    """
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from huggingface_hub import HfApi
+        from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+        from huggingface_hub.hf_api import RepoFile
+
+        self.repo_id = args.source[len("hf://") :].strip("/")
+        self.token = os.environ.get("HF_TOKEN", "").strip() or None
+        self.endpoint = (args.hf_endpoint or os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+        api = HfApi(endpoint=self.endpoint, token=self.token)
+        try:
+            info = api.repo_info(self.repo_id, revision=args.hf_revision or None)
+            self.commit = str(info.sha)
+            tree = {f.path: f for f in api.list_repo_tree(self.repo_id, revision=self.commit, recursive=True) if isinstance(f, RepoFile)}
+        except (GatedRepoError, RepositoryNotFoundError) as exc:
+            hint = "HF_TOKEN is set" if self.token else "HF_TOKEN is not set"
+            raise StepError(f"hf://{self.repo_id}: repository not found or not accessible ({hint})", EXIT_AUTH) from exc
+        except RevisionNotFoundError as exc:
+            raise StepError(f"hf://{self.repo_id}: revision {args.hf_revision!r} not found", EXIT_NOT_FOUND) from exc
+        except Exception as exc:  # network failures surface as HTTP-library types
+            raise StepError(f"hf://{self.repo_id}: {type(exc).__name__}: {exc}", EXIT_REMOTE) from exc
+        card = getattr(info, "card_data", None) or {}
+        self.license = str((card.get("license") if hasattr(card, "get") else None) or "")
+        chosen = select(list(tree), args.include or list(DEFAULT_INCLUDE), args.exclude)
+        if not chosen:
+            raise StepError(f"hf://{self.repo_id}@{self.commit}: no files match the include patterns", EXIT_NOT_FOUND)
+        self.objects: dict[str, S3Object] = {}
+        for rel in chosen:
+            entry = tree[rel]
+            lfs = entry.lfs
+            expected = Expected(entry.size, "sha256", lfs.sha256) if lfs else Expected(entry.size, "git-sha1", entry.blob_id)
+            self.objects[rel] = S3Object(rel, expected, expected.value)
+
+    def reader(self, rel: str, layout: LayerLayout) -> Callable[[int], Iterator[memoryview]]:
+        import httpx
+        from huggingface_hub.utils import get_session
+
+        url = f"{self.endpoint}/{self.repo_id}/resolve/{self.commit}/{urllib.parse.quote(rel)}"
+
+        def read(offset: int) -> Iterator[memoryview]:
+            head_len, size = len(layout.head), layout.file_size
+            if offset < head_len:
+                yield memoryview(layout.head)[offset:]
+                offset = head_len
+            if offset < head_len + size:
+                headers = {"Range": f"bytes={offset - head_len}-{size - 1}", "Accept-Encoding": "identity"}
+                if self.token:
+                    headers["Authorization"] = f"Bearer {self.token}"
+                try:
+                    # huggingface_hub's httpx client drops Authorization on a redirect to another origin (the CDN):
+                    # encode/httpx httpx/_client.py, BaseClient._redirect_headers
+                    with get_session().stream("GET", url, headers=headers, follow_redirects=True, timeout=60) as resp:
+                        if resp.status_code in (401, 403):
+                            raise StepError(f"hf://{self.repo_id}/{rel}: HTTP {resp.status_code} (HF_TOKEN)", EXIT_AUTH)
+                        if resp.status_code != 206:
+                            raise TransientError(f"GET {rel} from {self.endpoint}: HTTP {resp.status_code}")
+                        for piece in resp.iter_bytes(8 * STREAM_READ):
+                            yield memoryview(piece)
+                except (httpx.HTTPError, OSError) as exc:
+                    raise TransientError(f"reading hf://{self.repo_id}/{rel}: {type(exc).__name__}: {exc}") from exc
+                offset = head_len + size
+            yield memoryview(layout.tail)[offset - head_len - size :]
+
+        return read
+
+    def tag(self, rel: str) -> str:
+        return f"hf:{self.commit}:{self.objects[rel].expected.value}"
+
+
 # --- image assembly ----------------------------------------------------------------------------
 
 
@@ -978,7 +1056,9 @@ def tls_context(verify: bool, ca_file: str | None) -> ssl.SSLContext:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-dir", type=Path, help="directory with the model files")
-    p.add_argument("--source", help="instead of --model-dir: s3://bucket[/prefix], streamed into the upload (no local copy)")
+    p.add_argument("--source", help="instead of --model-dir: s3://bucket[/prefix] or hf://org/name, streamed into the upload")
+    p.add_argument("--hf-endpoint", help="Hugging Face endpoint for an hf:// --source (default: HF_ENDPOINT or huggingface.co)")
+    p.add_argument("--hf-revision", default="main", help="branch, tag or commit of an hf:// --source (empty: the default branch)")
     p.add_argument("--s3-endpoint-url", help="S3 endpoint for --source (default: AWS_ENDPOINT_URL or AWS)")
     p.add_argument("--s3-region", default="us-east-1")
     p.add_argument("--s3-ca-file", help="CA bundle for the S3 endpoint")
@@ -1020,8 +1100,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--jobs must be >= 1 and --retries >= 0")
     if (args.model_dir is None) == (not args.source):
         p.error("give exactly one of --model-dir or --source")
-    if args.source and (not args.source.startswith("s3://") or len(args.source) <= len("s3://")):
-        p.error("--source must be s3://bucket[/prefix]")
+    if args.source and (not args.source.startswith(("s3://", "hf://")) or len(args.source) <= len("s3://")):
+        p.error("--source must be s3://bucket[/prefix] or hf://org/name")
     if any("=" not in a or not a.partition("=")[0] for a in args.annotation):
         p.error("--annotation needs KEY=VALUE")
     return args
@@ -1032,7 +1112,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     dest, base = ImageRef.parse(args.image), ImageRef.parse(args.base_image)
     if dest.digest or not dest.tag:
         raise StepError(f"--image needs a tag (and no digest): {args.image}")
-    s3 = S3Source(args) if args.source else None
+    s3: S3Source | HfSource | None = None
+    if args.source:
+        s3 = S3Source(args) if args.source.startswith("s3://") else HfSource(args)
+        if isinstance(s3, HfSource):  # what the download step would have reported as results
+            given = {a.partition("=")[0] for a in args.annotation if a.partition("=")[2]}
+            args.annotation += [f"{k}={v}" for k, v in (("org.opencontainers.image.revision", s3.commit),
+                                                         ("org.opencontainers.image.licenses", s3.license)) if k not in given]
     if s3 is not None:
         files: list[tuple[str, Path | None]] = [(rel, None) for rel in sorted(s3.objects)]
         check_layer_sizes({rel: obj.expected.size for rel, obj in s3.objects.items()}, args.max_layer_size)
@@ -1089,7 +1175,7 @@ def package(
     cache: DigestCache,
     client: RegistryClient,
     source: RegistryClient,
-    s3: S3Source | None = None,
+    s3: S3Source | HfSource | None = None,
 ) -> str:
     base_manifest, base_digest = resolve_base(source, base, args.platform)
     for layer in base_manifest["layers"]:

@@ -327,6 +327,15 @@ def test_streaming_model_has_no_download_task_and_no_weights_pvc() -> None:
     assert others["pipelineRef"] == {"name": "modelcar"}
 
 
-def test_streaming_needs_an_s3_source() -> None:
+def test_hugging_face_model_can_stream_but_not_with_an_s3_upload() -> None:
     result = _with_models(lambda o: o["models"][0].update(stream=True))
-    assert result.error and "ml-dev-env:models[0]: got 'stream: true'; streaming needs an s3 source" in result.error
+    assert result.error is None, result.error
+    spec = runs(result)[result.outputs["model_pipeline_runs"]["mistral-small-24b-w4a16"]]["spec"]
+    assert spec["pipelineRef"] == {"name": "modelcar-stream"}
+    step = tasks(result)["modelcar-package-stream"]["steps"][0]
+    assert step["args"][step["args"].index("--hf-revision") + 1] == "$(params.revision)"
+    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "model-pipeline-hf", "key": "HF_TOKEN"}}} in step["env"]
+    upload = {"endpoint": "http://minio:9000", "bucket": "b", "prefix": "p"}
+    result = _with_models(lambda o: o["models"][0].update(stream=True, uploadToS3=upload),
+                          {"quayDockerConfigJson": "{}", "s3AccessKeyId": "A", "s3SecretAccessKey": "B"})  # fmt: skip
+    assert result.error and "ml-dev-env:models[0]: got 'stream: true'; not with uploadToS3" in result.error

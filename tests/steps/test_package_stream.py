@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from boto3.s3.transfer import TransferConfig
 
+from tests.fixtures.hf_hub import FakeHub, run_hub
 from tests.fixtures.images import pull
 from tests.fixtures.proxy import HttpProxy, run_proxy
 from tests.fixtures.registry import Registry
@@ -85,3 +86,31 @@ def test_source_checksum_mismatch_aborts_the_blob(
     assert "Traceback" not in step.stderr
     assert not tag_exists(quay, f"{quay.host}/{repo_name}:v1")
     assert quay_proxy.count("DELETE", "/blobs/uploads/") >= 1, "the upload session was cancelled"
+
+
+def test_streams_from_hugging_face_with_revision_and_license(
+    tmp_path: Path, run_step: StepRunner, quay: Registry, quay_proxy: HttpProxy, base_image: str, repo_name: str
+) -> None:
+    files = {"model.safetensors": os.urandom(3 * MiB + 3), "config.json": b'{"a": 1}', "tokenizer.json": b"{}"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env["HF_HOME"] = str(tmp_path / "hf-home")
+    with run_hub(FakeHub("org/streamed", files, license="apache-2.0")) as hub:
+        args = ["--source", "hf://org/streamed", "--hf-endpoint", hub.endpoint, "--image", f"{quay_proxy.host}/{repo_name}:v1",
+                "--base-image", via(quay_proxy, quay, base_image), "--authfile", quay.authfile(tmp_path / "a.json", host=quay_proxy.host),
+                "--plain-http", "--retry-delay", "0.05"]  # fmt: skip
+        step = run_step("package", *args, env=env)
+        assert step.returncode == 0, step.stderr
+        assert "source sha256" in step.stdout and "source git-sha1" in step.stdout
+        assert_image_holds(quay, f"{quay.host}/{repo_name}:v1", files, tmp_path / "pulled")
+        notes = pull(quay, f"{quay.host}/{repo_name}:v1", tmp_path / "again").manifest["annotations"]
+        assert notes["org.opencontainers.image.licenses"] == "apache-2.0"
+        assert len(notes["org.opencontainers.image.revision"]) == 40
+        assert not list(tmp_path.glob("**/model.safetensors")), "nothing of the model was written locally"
+
+    with run_hub(FakeHub("org/streamed", files, corrupt={"model.safetensors"})) as hub:
+        args[args.index("--hf-endpoint") + 1] = hub.endpoint
+        args[args.index("--image") + 1] = f"{quay_proxy.host}/{repo_name}-bad:v1"
+        step = run_step("package", *args, env=env)
+    assert step.returncode == 3, step.stderr
+    assert "model.safetensors: source checksum mismatch" in step.error
+    assert not tag_exists(quay, f"{quay.host}/{repo_name}-bad:v1")
