@@ -913,7 +913,6 @@ class HfSource:
             self.objects[rel] = S3Object(rel, expected, expected.value)
 
     def reader(self, rel: str, layout: LayerLayout) -> Callable[[int], Iterator[memoryview]]:
-        import httpx
         from huggingface_hub.utils import get_session
 
         url = f"{self.endpoint}/{self.repo_id}/resolve/{self.commit}/{urllib.parse.quote(rel)}"
@@ -937,7 +936,9 @@ class HfSource:
                             raise TransientError(f"GET {rel} from {self.endpoint}: HTTP {resp.status_code}")
                         for piece in resp.iter_bytes(8 * STREAM_READ):
                             yield memoryview(piece)
-                except (httpx.HTTPError, OSError) as exc:
+                except (StepError, TransientError):
+                    raise
+                except Exception as exc:  # httpx's transport errors (not pinned here: huggingface_hub's dependency)
                     raise TransientError(f"reading hf://{self.repo_id}/{rel}: {type(exc).__name__}: {exc}") from exc
                 offset = head_len + size
             yield memoryview(layout.tail)[offset - head_len - size :]
