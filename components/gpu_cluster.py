@@ -10,7 +10,7 @@ import pulumi_kubernetes as k8s
 import pulumi_random as random
 from pydantic import BaseModel, ConfigDict
 
-from components import crds, naming, pod
+from components import crds, fabric, naming, pod
 from components.storage import WorkspaceStorage, WorkspaceStorageArgs
 from stacks.config import StackConfig
 
@@ -163,7 +163,9 @@ class GpuCluster(pulumi.ComponentResource):
 
         # --- startup script and secrets ------------------------------------------------------
         script = pod.startup_script()
-        startup = k8s.core.v1.ConfigMap(f"{name}-startup", metadata=meta(f"{app}-startup"), data={"startup.sh": script}, opts=child)
+        # fabric_check.py + fabric.json ride along (README "Fabric check"); the directory mount updates them in place
+        startup_files = {"startup.sh": script, **fabric.configmap_files(cfg)}
+        startup = k8s.core.v1.ConfigMap(f"{name}-startup", metadata=meta(f"{app}-startup"), data=startup_files, opts=child)
         depends.append(startup)
         volumes = [
             *self.storage.volumes,

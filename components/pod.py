@@ -71,6 +71,7 @@ def rank_env(config: StackConfig) -> list[k8s.core.v1.EnvVarArgs]:
         _field_env("POD_NAME", "metadata.name"),
         _field_env("POD_NAMESPACE", "metadata.namespace"),
         _field_env("POD_IP", "status.podIP"),
+        _field_env("NODE_NAME", "spec.nodeName"),  # fabric check: rack-aware ranks and failure lines name the node
         _field_env("NODE_RANK", f"metadata.labels['{POD_INDEX_LABEL}']"),
         _plain("NNODES", nodes),
         _plain("GPUS_PER_NODE", gpus),
