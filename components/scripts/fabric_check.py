@@ -514,21 +514,28 @@ def all_reduce(hosts: list[str], gpus: int, min_bytes: int, max_bytes: int, work
 
 
 def pair_rounds(n: int) -> list[list[tuple[int, int]]]:
-    """Hypercube pairing: round k pairs pod i with pod i XOR 2^k (wrapped modulo n for the missing
-    partners when n is not a power of two); ceil(log2 n) rounds, no pair tested twice."""
+    """Hypercube pairing: round k pairs pod i with pod i XOR 2^k, so ceil(log2 n) rounds give every pod
+    log2 n different partners. When n is not a power of two the missing partner is replaced by
+    (i + 2^k) mod n, then by the next pod not yet paired with i; no pair is tested twice."""
     rounds: list[list[tuple[int, int]]] = []
     seen: set[tuple[int, int]] = set()
-    for k in range(max(1, math.ceil(math.log2(n)))) if n > 1 else []:
+    for k in range(math.ceil(math.log2(n)) if n > 1 else 0):
         pairs = []
         for i in range(n):
             j = i ^ (1 << k)
             if j >= n:
-                j %= n
-            pair = (min(i, j), max(i, j))
-            if i != j and pair not in seen:
-                seen.add(pair)
-                pairs.append(pair)
-        rounds.append(pairs)
+                j = (i + (1 << k)) % n
+            for step in range(n):
+                candidate = (j + step) % n
+                pair = (min(i, candidate), max(i, candidate))
+                if candidate != i and pair not in seen:
+                    seen.add(pair)
+                    pairs.append(pair)
+                    break
+                if candidate == j and candidate != i and step == 0 and j == i ^ (1 << k):
+                    break  # the hypercube partner was already tested from the other side
+        if pairs:
+            rounds.append(pairs)
     return rounds
 
 
