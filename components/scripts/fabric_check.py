@@ -820,7 +820,10 @@ def log(msg: str) -> None:
 
 
 def cmd_hold(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config)
+    try:
+        cfg = load_config(args.config)
+    except FileNotFoundError:
+        return 0  # no fabric.json next to the program: nothing configured, nothing to hold
     if not cfg.get("onDeploy"):
         return 0
     timeout = args.timeout if args.timeout is not None else float(cfg.get("onDeployTimeoutSeconds") or 1800)
@@ -949,7 +952,8 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_status)
     p = sub.add_parser("hold", help="(startup, pod 0) wait for the fabric check when fabricCheck.onDeploy is set")
     p.add_argument("--timeout", type=float, help="seconds (default fabricCheck.onDeployTimeoutSeconds)")
-    p.add_argument("--interval", type=float, default=30.0, help="seconds between attempts")
+    p.add_argument("--interval", type=float, default=float(env("ML_DEV_FABRIC_INTERVAL", "30")),
+                   help="seconds between attempts (default $ML_DEV_FABRIC_INTERVAL or 30)")
     p.set_defaults(func=cmd_hold)
     p = sub.add_parser("release", help="let a holding pod 0 start its dev servers")
     p.set_defaults(func=cmd_release)

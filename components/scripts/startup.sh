@@ -105,6 +105,19 @@ if command -v nvidia-smi >/dev/null 2>&1; then
   nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader || log "WARNING: nvidia-smi failed"
 fi
 
+# --- fabric check hold (fabricCheck.onDeploy; README "Fabric check") ----------------------------
+# Pod 0 only. `fabric_check.py hold` returns at once unless fabric.json has onDeploy; then it retries
+# preflight + gate until they pass or onDeployTimeoutSeconds, and keeps holding until a passing
+# `fabric_check.py gate` or `fabric_check.py release`. Dev servers and readiness wait for it.
+FABRIC_CHECK="${BASH_SOURCE[0]%/*}/fabric_check.py"
+if [ "$NODE_RANK" -eq 0 ] && [ -r "$FABRIC_CHECK" ] && command -v python3 >/dev/null 2>&1; then
+  python3 "$FABRIC_CHECK" hold &
+  FABRIC_PID=$!
+  trap 'kill "$FABRIC_PID" 2>/dev/null; exit 0' TERM INT
+  wait "$FABRIC_PID" || log "WARNING: the fabric check hold failed (exit $?); starting the dev servers"
+  trap - TERM INT
+fi
+
 # --- 4. dev servers (pod 0 only) ----------------------------------------------------------------
 if [ "$AUTH" = "token" ]; then BIND=0.0.0.0; else BIND=127.0.0.1; fi
 PIDS=()

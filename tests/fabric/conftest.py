@@ -31,14 +31,21 @@ class Sim:
         self.cluster = Cluster(tmp, n)
         self.settings = barcelona_settings()
 
-    def run(self, *args: str, host: int = 0, timeout: float = 120) -> subprocess.CompletedProcess:
-        env = self.cluster.build()
-        name = self.cluster.names[host]
-        env = self.cluster.env_for(name, self.tmp / "bin", self.tmp / "scenario.json")
+    def env(self, host: int = 0) -> dict[str, str]:
+        self.cluster.build()
+        env = self.cluster.env_for(self.cluster.names[host], self.tmp / "bin", self.tmp / "scenario.json")
         config = self.tmp / "fabric.json"
         config.write_text(json.dumps(self.settings))
         env["ML_DEV_FABRIC_CONFIG"] = str(config)
+        return env
+
+    def run(self, *args: str, host: int = 0, timeout: float = 120) -> subprocess.CompletedProcess:
+        env = self.env(host)
         return subprocess.run([sys.executable, str(PROGRAM), *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+    def start(self, *args: str, host: int = 0) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, str(PROGRAM), *args], env=self.env(host), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
 
     def calls(self, tool: str) -> list[dict]:
         path = self.tmp / "calls.log"

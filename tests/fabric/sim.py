@@ -15,7 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-TOOLS = ("ibv_devinfo", "ibstat", "ip", "nvidia-smi", "mpirun", "all_reduce_perf", "ib_write_bw", "ssh")
+TOOLS = ("ibv_devinfo", "ibstat", "ip", "nvidia-smi", "mpirun", "all_reduce_perf", "ib_write_bw", "ssh",
+         "code-server", "jupyter", "tensorboard")
 GIB = 1 << 30
 
 # --------------------------------------------------------------------------------------- scenario
@@ -397,6 +398,8 @@ def main() -> int:
         return stub_nvidia_smi(h, args)
     if tool == "ib_write_bw":
         return stub_ib_write_bw(scenario, name, h, args)
+    if tool in ("code-server", "jupyter", "tensorboard"):  # dev servers: stay up like a server
+        os.execvp("sleep", ["sleep", "60"])
     if tool == "all_reduce_perf":
         sys.stderr.write("all_reduce_perf must be started through mpirun in these tests\n")
         return 2
