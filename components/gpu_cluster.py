@@ -10,7 +10,7 @@ import pulumi_kubernetes as k8s
 import pulumi_random as random
 from pydantic import BaseModel, ConfigDict
 
-from components import crds, fabric, naming, pod
+from components import crds, fabric, fabric_rbac, naming, pod
 from components.storage import WorkspaceStorage, WorkspaceStorageArgs
 from stacks.config import StackConfig
 
@@ -135,6 +135,9 @@ class GpuCluster(pulumi.ComponentResource):
                     opts=pulumi.ResourceOptions(parent=self, depends_on=list(depends)),
                 )
             )
+
+        # --- rack-aware ranks read the pods' nodes (fabricCheck.nodeRacks; README "Fabric check") -----
+        depends += fabric_rbac.pod_reader(name, cfg, common, child)
 
         # --- SR-IOV attachments (optional) ----------------------------------------------------
         if rdma and cfg.network.rdma.create_attachments:

@@ -917,19 +917,32 @@ def pod_nodes_from_api(namespace: str, selector: str) -> dict[str, str | None]:
 
 
 def cmd_rank_order(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config)
+    """Prints the pods in rank order; always succeeds (falls back to ordinal order with a note on stderr)."""
     pods = args.pods.split()
+    try:
+        cfg = load_config(args.config)
+    except (OSError, ValueError):
+        cfg = {}
+    racks = cfg.get("nodeRacks") or {}
+    if not racks:
+        print(" ".join(pods))
+        return 0
     pod_nodes: dict[str, str | None] = {}
     for pair in (args.nodes or "").split():
         pod, _, node = pair.partition("=")
         pod_nodes[pod] = node or None
     if args.from_api:
+        app = cfg.get("appName") or "ml-dev-env"
+        selector = args.selector or f"app.kubernetes.io/name=ml-dev-env,app.kubernetes.io/instance={app}"
         try:
-            pod_nodes.update(pod_nodes_from_api(args.namespace or env("POD_NAMESPACE"), args.selector))
+            pod_nodes.update(pod_nodes_from_api(args.namespace or env("POD_NAMESPACE"), selector))
         except (OSError, ValueError, KeyError) as exc:
             print(f"rank-order: cannot read pod placement ({exc}); ranks = ordinals", file=sys.stderr)
             pod_nodes = {}
-    print(" ".join(rack_order(pods, pod_nodes, cfg.get("nodeRacks") or {})))
+    unknown = [p for p in pods if not pod_nodes.get(p)]
+    if unknown:
+        print(f"rank-order: node of {', '.join(unknown)} not known yet; they rank last until it is", file=sys.stderr)
+    print(" ".join(rack_order(pods, pod_nodes, racks)))
     return 0
 
 
@@ -962,7 +975,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", help="space-separated pod=node pairs")
     p.add_argument("--from-api", action="store_true", help="read spec.nodeName of the pods from the Kubernetes API")
     p.add_argument("--namespace")
-    p.add_argument("--selector", default="app.kubernetes.io/name=ml-dev-env")
+    p.add_argument("--selector", help="pod label selector (default: this stack's StatefulSet pods)")
     p.set_defaults(func=cmd_rank_order)
     args = parser.parse_args(argv)
     return args.func(args)

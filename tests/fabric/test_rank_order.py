@@ -1,0 +1,124 @@
+"""Rack-aware ranks: consecutive ranks share a rack, pod 0 stays rank 0, placement read from the API."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from tests.conftest import run_objects, stack_objects
+from tests.fabric.conftest import Sim
+from tests.fabric.test_gate import fc
+
+PODS = [f"ml-dev-env-{i}" for i in range(6)]
+RACKS = {"n-a1": "rack-a", "n-a2": "rack-a", "n-a3": "rack-a", "n-b1": "rack-b", "n-b2": "rack-b", "n-b3": "rack-b"}
+# what the scheduler did: interleaved across racks
+PLACED = {"ml-dev-env-0": "n-a1", "ml-dev-env-1": "n-b1", "ml-dev-env-2": "n-a2", "ml-dev-env-3": "n-b2",
+          "ml-dev-env-4": "n-a3", "ml-dev-env-5": "n-b3"}
+
+
+def cross_rack_hops(order: list[str], placed: dict[str, str]) -> int:
+    ring = [RACKS[placed[p]] for p in order]
+    return sum(ring[i] != ring[(i + 1) % len(ring)] for i in range(len(ring)))
+
+
+def test_interleaved_placement_is_regrouped_by_rack():
+    order = fc.rack_order(PODS, PLACED, RACKS)
+    assert order == ["ml-dev-env-0", "ml-dev-env-2", "ml-dev-env-4", "ml-dev-env-1", "ml-dev-env-3", "ml-dev-env-5"]
+    assert cross_rack_hops(PODS, PLACED) == 6 and cross_rack_hops(order, PLACED) == 2  # the ring enters/leaves each rack once
+
+
+def test_pod_0_stays_rank_0_and_its_rack_comes_first():
+    placed = dict(PLACED, **{"ml-dev-env-0": "n-b1", "ml-dev-env-1": "n-a1"})
+    order = fc.rack_order(PODS, placed, RACKS)
+    assert order[0] == "ml-dev-env-0"
+    assert [RACKS[placed[p]] for p in order] == ["rack-b"] * 3 + ["rack-a"] * 3
+
+
+def test_unknown_nodes_rank_last_by_ordinal_and_no_racks_means_ordinals():
+    placed = {"ml-dev-env-0": "n-a1", "ml-dev-env-1": None, "ml-dev-env-2": "n-b1", "ml-dev-env-3": "elsewhere"}
+    assert fc.rack_order(PODS[:4], placed, RACKS) == ["ml-dev-env-0", "ml-dev-env-2", "ml-dev-env-1", "ml-dev-env-3"]
+    assert fc.rack_order(PODS, PLACED, {}) == PODS
+
+
+class FakeApi(BaseHTTPRequestHandler):
+    items: ClassVar[list[dict]] = []
+    seen: ClassVar[list[tuple[str, str]]] = []
+    status: ClassVar[list[int]] = [200]
+
+    def do_GET(self) -> None:
+        FakeApi.seen.append((self.path, self.headers.get("Authorization", "")))
+        if FakeApi.status[0] == 403:  # what the API server answers a service account without the Role
+            body = json.dumps({"kind": "Status", "status": "Failure", "reason": "Forbidden", "code": 403}).encode()
+        else:
+            body = json.dumps({"kind": "PodList", "items": FakeApi.items}).encode()
+        self.send_response(FakeApi.status[0])
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def api():
+    server = HTTPServer(("127.0.0.1", 0), FakeApi)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    FakeApi.seen.clear()
+    FakeApi.status[:] = [200]
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_rank_order_command_reads_spec_node_name_from_the_api(sim, api, tmp_path: Path) -> None:
+    s: Sim = sim(1)
+    s.settings = {**s.settings, "nodeRacks": RACKS}
+    FakeApi.items = [{"metadata": {"name": p}, "spec": {"nodeName": n}} for p, n in PLACED.items()]
+    sa = tmp_path / "sa"
+    sa.mkdir()
+    (sa / "token").write_text("tok3n\n")
+    env = s.env(0)
+    env.update(ML_DEV_KUBE_API=api, ML_DEV_SA_DIR=str(sa), POD_NAMESPACE="nccl-test")
+    res = subprocess.run([sys.executable, str(fc.__file__), "rank-order", "--pods", " ".join(PODS), "--from-api"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["ml-dev-env-0", "ml-dev-env-2", "ml-dev-env-4", "ml-dev-env-1", "ml-dev-env-3", "ml-dev-env-5"]
+    path, auth = FakeApi.seen[0]
+    assert path.startswith("/api/v1/namespaces/nccl-test/pods?labelSelector=")
+    assert "app.kubernetes.io%2Finstance%3Dml-dev-env" in path and auth == "Bearer tok3n"
+
+
+def test_rank_order_command_falls_back_to_ordinals_without_api_access(sim, api, tmp_path: Path) -> None:
+    s: Sim = sim(1)
+    s.settings = {**s.settings, "nodeRacks": RACKS}
+    FakeApi.status[:] = [403]
+    env = s.env(0)
+    env.update(ML_DEV_KUBE_API=api, ML_DEV_SA_DIR=str(tmp_path), POD_NAMESPACE="nccl-test")
+    res = subprocess.run([sys.executable, str(fc.__file__), "rank-order", "--pods", " ".join(PODS), "--from-api"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and res.stdout.split() == PODS
+    assert "cannot read pod placement (HTTP Error 403: Forbidden)" in res.stderr
+
+
+def test_node_racks_add_a_pod_reader_role_for_the_service_account():
+    objects = stack_objects("barcelona")
+    nodes = objects["nodes"]["gpuNodes"]
+    objects["fabricCheck"]["nodeRacks"] = {n: ("r2" if i < 3 else "r4") for i, n in enumerate(nodes)}
+    result = run_objects("barcelona", objects)
+    assert result.error is None, result.error
+    role = next(r for r in result.of_type("kubernetes:rbac.authorization.k8s.io/v1:Role") if r.name.endswith("-pod-reader"))
+    assert role.inputs["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]
+    binding = next(r for r in result.of_type("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding") if r.name.endswith("-pod-reader"))
+    assert binding.inputs["subjects"] == [{"kind": "ServiceAccount", "name": "ml-dev-sa", "namespace": "nccl-test"}]
+    assert binding.inputs["roleRef"]["name"] == role.inputs["metadata"]["name"] == "ml-dev-env-pod-reader"
+    plain = run_objects("barcelona", stack_objects("barcelona"))
+    assert not [r for r in plain.of_type("kubernetes:rbac.authorization.k8s.io/v1:Role") if r.name.endswith("-pod-reader")]
