@@ -31,6 +31,7 @@ from pathlib import Path
 from stacks.config import StackConfig
 
 PROGRAM = Path(__file__).parent / "scripts" / "fabric_check.py"
+RANK_ORDER = Path(__file__).parent / "scripts" / "rank_order.sh"
 CONFIG_KEY = "fabric.json"
 PROGRAM_KEY = "fabric_check.py"
 
@@ -127,5 +128,6 @@ def configmap_files(config: StackConfig) -> dict[str, str]:
     """Files added to the startup ConfigMap (mounted at /opt/ml-dev-env, mode 0555)."""
     return {
         PROGRAM_KEY: PROGRAM.read_text(),
+        RANK_ORDER.name: RANK_ORDER.read_text(),
         CONFIG_KEY: json.dumps(pod_settings(config), indent=2, sort_keys=True) + "\n",
     }

@@ -15,6 +15,7 @@ def test_startup_configmap_carries_the_program_and_settings():
     assert result.error is None, result.error
     cm = result.one("kubernetes:core/v1:ConfigMap").inputs
     assert cm["data"]["fabric_check.py"] == fabric.PROGRAM.read_text()
+    assert cm["data"]["rank_order.sh"] == fabric.RANK_ORDER.read_text()
     settings = json.loads(cm["data"]["fabric.json"])
     assert settings["expectation"]["expected_busbw_gbs"] == 194.6
     spec = result.one(STS).inputs["spec"]["template"]["spec"]

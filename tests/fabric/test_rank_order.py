@@ -122,3 +122,32 @@ def test_node_racks_add_a_pod_reader_role_for_the_service_account():
     assert binding.inputs["roleRef"]["name"] == role.inputs["metadata"]["name"] == "ml-dev-env-pod-reader"
     plain = run_objects("barcelona", stack_objects("barcelona"))
     assert not [r for r in plain.of_type("kubernetes:rbac.authorization.k8s.io/v1:Role") if r.name.endswith("-pod-reader")]
+
+
+def rank_order_sh(tmp_path: Path, settings: dict, env: dict, *pods: str) -> subprocess.CompletedProcess:
+    """Source rank_order.sh from a copy of the ConfigMap directory and call it, as the startup script does."""
+    opt = tmp_path / "opt"
+    opt.mkdir(exist_ok=True)
+    for src in (fc.__file__, Path(fc.__file__).with_name("rank_order.sh")):
+        (opt / Path(src).name).write_text(Path(src).read_text())
+    (opt / "fabric.json").write_text(json.dumps(settings))
+    script = f'. {opt}/rank_order.sh; read -r -a RANK_PODS <<<"$(ml_dev_rank_order nccl-test "$@")"; echo "${{RANK_PODS[*]}}"'
+    return subprocess.run(["/bin/bash", "-c", script, "sh", *pods], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_rank_order_shell_function_for_the_startup_script(sim, api, tmp_path: Path) -> None:
+    s: Sim = sim(1)
+    FakeApi.items = [{"metadata": {"name": p}, "spec": {"nodeName": n}} for p, n in PLACED.items()]
+    env = s.env(0)
+    env.pop("ML_DEV_FABRIC_CONFIG")
+    env.update(ML_DEV_KUBE_API=api, ML_DEV_SA_DIR=str(tmp_path), POD_NAMESPACE="nccl-test")
+    plain = rank_order_sh(tmp_path, s.settings, env, *PODS)
+    assert plain.stdout.split() == PODS and FakeApi.seen == [], "no nodeRacks: ordinals, no API call"
+    racked = rank_order_sh(tmp_path, {**s.settings, "nodeRacks": RACKS}, env, *PODS)
+    assert racked.stdout.split() == fc.rack_order(PODS, PLACED, RACKS) != PODS
+    FakeApi.items = FakeApi.items[:3]  # pods 3..5 not scheduled yet: they rank last until they are
+    partial = rank_order_sh(tmp_path, {**s.settings, "nodeRacks": RACKS}, env, *PODS)
+    assert partial.stdout.split() == ["ml-dev-env-0", "ml-dev-env-2", "ml-dev-env-1", "ml-dev-env-3", "ml-dev-env-4", "ml-dev-env-5"]
+    assert "node of ml-dev-env-3, ml-dev-env-4, ml-dev-env-5 not known yet" in partial.stderr
+    env["PATH"] = "/nonexistent"
+    assert rank_order_sh(tmp_path, {**s.settings, "nodeRacks": RACKS}, env, *PODS).stdout.split() == PODS
