@@ -612,7 +612,9 @@ class StackConfig(Model):
     build_nodes: BuildNodesConfig = Field(default_factory=BuildNodesConfig)
     model_pipeline: ModelPipelineConfig = Field(default_factory=ModelPipelineConfig)
     models: list[ModelConfig] = Field(default_factory=list)
-    fabric_check: FabricCheckConfig = Field(default_factory=FabricCheckConfig)
+    fabric_check: FabricCheckConfig = Field(
+        default_factory=FabricCheckConfig, description="RDMA preflight, NCCL bandwidth gate and rack-aware ranks (README \"Fabric check\")."
+    )
 
     @model_validator(mode="after")
     def _fabric_check(self) -> StackConfig:
