@@ -451,8 +451,15 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+NO_RANK_ENV = ("no {path}: the startup script writes it (the rank contract); fix: wait for the pod's startup, "
+               "or check its log (oc logs <pod> -c ml-dev)")
+
+
 def preflight_all() -> tuple[bool, list[str]]:
-    rank = read_rank_env()
+    try:
+        rank = read_rank_env()
+    except OSError:
+        return False, ["FAIL " + NO_RANK_ENV.format(path=state_dir() / "rank.env")]
     hosts = rank.get("ML_DEV_HOSTS", "").split()
     cmd = ["python3", str(PROGRAM), "preflight"]
 
@@ -566,7 +573,8 @@ def nic_bandwidth(cfg: dict, suspect: str, partner: str) -> list[dict]:
     link = cfg.get("linkGbps")
     exp = cfg.get("expectation") or {}
     need = link * exp.get("efficiency", 1.0) * exp.get("threshold_fraction", 0.9) if link else None
-    for i, hca in enumerate(cfg.get("hcas") or []):
+    hcas = cfg.get("hcas") or [h for h in env("NCCL_IB_HCA").split(",") if h]  # hcaMode auto: what startup detected
+    for i, hca in enumerate(hcas):
         ifaces = cfg.get("interfaces") or []
         iface = ifaces[i] if i < len(ifaces) else None
         address = interface_ipv4(partner, iface) if iface else None
@@ -607,7 +615,12 @@ def judge(busbw: float | None, exp: dict | None) -> str:
 
 
 def gate(cfg: dict, localise: bool = True) -> dict:
-    rank = read_rank_env()
+    try:
+        rank = read_rank_env()
+    except OSError:
+        return {"time": utc_now(), "status": "error", "mode": cfg.get("mode"), "hosts": [], "gpusPerNode": cfg.get("gpusPerPod"),
+                "expectation": cfg.get("expectation"), "plateauMinBytes": cfg.get("plateauMinBytes"),
+                "diagnosis": [NO_RANK_ENV.format(path=state_dir() / "rank.env")]}
     hosts = rank.get("ML_DEV_HOSTS", "").split()
     pods = rank.get("ML_DEV_PODS", "").split() or hosts
     gpus = int(rank.get("GPUS_PER_NODE") or cfg.get("gpusPerPod") or 1)

@@ -183,3 +183,16 @@ def test_status_without_a_result(sim) -> None:
     s: Sim = sim(2)
     res = s.run("status")
     assert res.returncode == 2 and "no fabric gate result yet" in res.stdout
+
+
+def test_missing_rank_env_is_reported_not_a_traceback(sim) -> None:
+    s: Sim = sim(2)
+    env = s.env(0)
+    (Path(env["ML_DEV_STATE_DIR"]) / "rank.env").unlink()
+    import subprocess
+    import sys
+
+    for args in (["gate"], ["preflight", "--all"]):
+        res = subprocess.run([sys.executable, str(PROGRAM), *args], env=env, capture_output=True, text=True, timeout=60)
+        assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+        assert "rank.env: the startup script writes it (the rank contract)" in res.stdout
