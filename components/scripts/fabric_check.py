@@ -19,7 +19,8 @@ fabric.json, the stack's settings. Subcommands:
 
 Environment: ML_DEV_FABRIC_CONFIG (fabric.json), ML_DEV_STATE_DIR (/tmp/ml-dev-env, holds rank.env),
 ML_DEV_WORKSPACE (/workspace), ML_DEV_FABRIC_ROOT (prefix for /sys and /proc, tests), ML_DEV_SSH
-(ssh command, default `ssh -o BatchMode=yes`), POD_NAME/ML_DEV_POD, NODE_NAME.
+(ssh command, default `ssh -o BatchMode=yes`), ML_DEV_PYTHON (python3 on the other pods), POD_NAME/ML_DEV_POD,
+NODE_NAME. Runs on Python 3.8 and later (the images' own interpreters).
 """
 
 from __future__ import annotations
@@ -461,7 +462,7 @@ def preflight_all() -> tuple[bool, list[str]]:
     except OSError:
         return False, ["FAIL " + NO_RANK_ENV.format(path=state_dir() / "rank.env")]
     hosts = rank.get("ML_DEV_HOSTS", "").split()
-    cmd = ["python3", str(PROGRAM), "preflight"]
+    cmd = [env("ML_DEV_PYTHON", "python3"), str(PROGRAM), "preflight"]
 
     def one(host: str) -> tuple[str, subprocess.CompletedProcess]:
         return host, run(remote(host, cmd), timeout=300)

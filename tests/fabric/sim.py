@@ -114,6 +114,7 @@ class Cluster:
             "POD_NAME": h["pod"],
             "NODE_NAME": h["node"],
             "ML_DEV_FABRIC_SERVER_WAIT": "0.2",
+            "ML_DEV_PYTHON": sys.executable,
             "NCCL_IB_HCA": "mlx5_6,mlx5_7,mlx5_8,mlx5_9",
             "NCCL_SOCKET_IFNAME": "net1,net2,net3,net4",
         }

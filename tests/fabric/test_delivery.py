@@ -33,3 +33,11 @@ def test_program_is_executable_python_with_a_shebang():
     text = fabric.PROGRAM.read_text()
     assert text.startswith("#!/usr/bin/env python3\n")
     assert fabric.PROGRAM.stat().st_mode & 0o111
+
+
+def test_program_parses_as_python_3_8():
+    # CUDA devel images bring Ubuntu's python3 (3.10), NGC its own; the program must not need newer syntax
+    import ast
+
+    for path in (fabric.PROGRAM,):
+        ast.parse(path.read_text(), feature_version=(3, 8))
