@@ -6,32 +6,51 @@ PY := $(VENV)/bin/python
 STACK ?= barcelona
 # Debian packages the tests and benchmarks use for real (registry, skopeo, buildah, htpasswd).
 APT_PACKAGES := docker-registry skopeo buildah apache2-utils
-REQUIREMENTS := requirements.txt requirements-dev.txt $(wildcard steps/requirements.txt steps/requirements-test.txt)
+# Hash-locked sets compiled from the *.in files by `make lock` (tools/lock.sh, uv); .venv gets the dev lock.
 
-.PHONY: help venv system-deps render render-all test lint docs diagram policy-preview bench-package clean
+.PHONY: lock lock-check typecheck help venv system-deps render render-all test lint docs diagram policy-preview bench-package clean
 
 help:
 	@echo "make render STACK=<name>   render one stack offline into rendered/<name>/ (+ schema check)"
 	@echo "make render-all            render every Pulumi.<stack>.yaml"
 	@echo "make test                  lint + the whole test suite (installs what it needs)"
+	@echo "make lock                  re-lock requirements*.txt (hashes) after editing requirements*.in"
 	@echo "make docs                  regenerate the configuration reference, presets and diagram in README.md"
 	@echo "make policy-preview        pulumi preview with the policy pack (needs the Pulumi CLI and a cluster)"
 	@echo "make bench-package         modelcar packaging benchmark (SIZE=2GiB)"
 
-$(VENV)/.installed: $(REQUIREMENTS)
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet $(foreach r,$(filter-out requirements.txt,$(REQUIREMENTS)),-r $(r))
+MIN_PYTHON := 3.11
+
+# The interpreter (the venv's once it exists) must be Python >= $(MIN_PYTHON); a failed `venv` leaves no .venv.
+$(VENV)/.installed: requirements-dev.txt
+	@py=$(PYTHON); test -x $(PY) && py=$(PY); \
+	found=$$($$py --version 2>&1); \
+	set -- $$(echo "$$found" | sed -n 's/^Python \([0-9][0-9]*\)\.\([0-9][0-9]*\).*/\1 \2/p'); \
+	if [ -z "$$1" ] || [ "$$1" -lt 3 ] || { [ "$$1" -eq 3 ] && [ "$$2" -lt 11 ]; }; then \
+	  echo "error: ml-dev-env needs Python $(MIN_PYTHON) or newer; $$py is: $${found:-not found}" >&2; \
+	  if [ "$$py" = "$(PY)" ]; then echo "  remove $(VENV) and run again with PYTHON=python3.11 (or newer)" >&2; \
+	  else echo "  run: make $(or $(MAKECMDGOALS),venv) PYTHON=python3.11 (or newer)" >&2; fi; \
+	  exit 1; \
+	fi
+	test -x $(PY) || $(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); echo "error: $(PYTHON) -m venv failed; no $(VENV) left behind" >&2; exit 1; }
+	$(PY) -m pip install --quiet --require-hashes --no-deps -r requirements-dev.txt
 	touch $@
 
 venv: $(VENV)/.installed
 
-# Installs the Debian packages when one is missing (needs root, as in CI).
+# Installs the Debian packages when one is missing, as root (CI) or with password-less sudo; otherwise
+# says which are missing and goes on: the tests that need them skip with the reason (pytest -ra lists them).
 system-deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=""; \
+	  elif command -v sudo >/dev/null 2>&1 && sudo -n true >/dev/null 2>&1; then SUDO="sudo -n"; \
+	  else \
+	    echo "note: not root and no password-less sudo: not installing the Debian packages$$missing;"; \
+	    echo "      the tests that need them are skipped (reasons in pytest's summary); as root: make system-deps"; \
+	    exit 0; \
+	  fi; \
 	  echo "installing Debian packages:$$missing"; \
-	  if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO=sudo; fi; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
@@ -44,6 +63,17 @@ render-all: venv
 lint: venv
 	$(PY) -m ruff check .
 
+typecheck: venv
+	$(PY) -m mypy
+
+# Re-lock after editing a *.in file (or steps/requirements*.txt): every transitive pin, with hashes.
+lock: venv
+	tools/lock.sh
+
+# Fails when a lock is out of date with its .in file (the pre-commit hook runs it).
+lock-check: venv
+	tools/lock.sh --check
+
 docs: venv
 	$(PY) tools/config_reference.py --write README.md
 	$(PY) tools/diagram.py --write README.md
@@ -54,6 +84,7 @@ diagram: venv
 policy-preview: venv
 	pulumi preview --stack $(STACK) --policy-pack policy --diff
 
+# pyproject's `addopts = -ra` makes pytest end with a summary of every skipped test and its reason.
 test: venv system-deps lint
 	$(PY) -m pytest -q
 

@@ -97,10 +97,14 @@ class GpuCluster(pulumi.ComponentResource):
 
         # --- memlock privileges (RDMA only) ---------------------------------------------------
         if rdma and memlock.mode in ("scc", "privileged"):
-            scc = memlock.scc_name if memlock.mode == "scc" else "privileged"
-            assert scc is not None  # guaranteed by MemlockConfig
+            configured_scc = memlock.scc_name if memlock.mode == "scc" else "privileged"
+            assert configured_scc is not None  # guaranteed by MemlockConfig
+            scc = configured_scc
             role_kind = "ClusterRole"
             if memlock.mode == "scc" and memlock.create_scc:
+                # A created SCC is cluster-scoped: named per stack (namespace and app) so a second
+                # environment in the cluster neither collides with nor deletes this one's.
+                scc = naming.stack_scc_name(configured_scc, ns, app)
                 scc_obj = crds.TopLevelObject(
                     f"{name}-scc",
                     api_version="security.openshift.io/v1",
@@ -126,10 +130,13 @@ class GpuCluster(pulumi.ComponentResource):
                         opts=pulumi.ResourceOptions(parent=self, depends_on=[scc_obj]),
                     )
                 )
+            # The binding's name stays the configured one; a changed roleRef (immutable) makes
+            # pulumi-kubernetes replace it, deleting first since the name is unchanged
+            # (provider/pkg/provider/diff.go: roleBinding force-new `.roleRef`; provider.go, kubeProvider.Diff).
             depends.append(
                 k8s.rbac.v1.RoleBinding(
                     f"{name}-scc-binding",
-                    metadata=meta(f"{app}-scc-{scc}"),
+                    metadata=meta(f"{app}-scc-{configured_scc}"),
                     role_ref=k8s.rbac.v1.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind=role_kind, name=scc_role_name(scc)),
                     subjects=[k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=sa_name, namespace=ns)],
                     opts=pulumi.ResourceOptions(parent=self, depends_on=list(depends)),
@@ -170,6 +177,14 @@ class GpuCluster(pulumi.ComponentResource):
         startup_files = {"startup.sh": script, **fabric.configmap_files(cfg)}
         startup = k8s.core.v1.ConfigMap(f"{name}-startup", metadata=meta(f"{app}-startup"), data=startup_files, opts=child)
         depends.append(startup)
+        # Count-dependent facts (NNODES, …) live here, not in the pod template: a new `nodes.count`
+        # updates this ConfigMap in place and the StatefulSet's `replicas` (both in-place updates), so
+        # running pods are not restarted. Its content is deliberately not hashed into the template.
+        cluster_cm = k8s.core.v1.ConfigMap(
+            f"{name}-cluster", metadata=meta(f"{app}-cluster"), data={"cluster.env": pod.cluster_env(cfg)}, opts=child
+        )
+        # Updated before the StatefulSet (dependency order), so new pods of a scale-up read the new count.
+        depends.append(cluster_cm)
         volumes = [
             *self.storage.volumes,
             k8s.core.v1.VolumeArgs(
@@ -177,6 +192,9 @@ class GpuCluster(pulumi.ComponentResource):
             ),
             k8s.core.v1.VolumeArgs(
                 name="startup", config_map=k8s.core.v1.ConfigMapVolumeSourceArgs(name=f"{app}-startup", default_mode=0o555)
+            ),
+            k8s.core.v1.VolumeArgs(
+                name=pod.CLUSTER_VOLUME, config_map=k8s.core.v1.ConfigMapVolumeSourceArgs(name=f"{app}-cluster", default_mode=0o444)
             ),
         ]
         tokens_secret = None
@@ -231,6 +249,8 @@ class GpuCluster(pulumi.ComponentResource):
             metadata=meta(app, annotations={"pulumi.com/timeoutSeconds": str(rollout_timeout(cfg)), **args.statefulset_annotations}),
             spec=k8s.apps.v1.StatefulSetSpecArgs(
                 service_name=naming.headless_service(app),
+                # An in-place update: `.spec.replicas` is not among pulumi-kubernetes' force-new StatefulSet
+                # fields (provider/pkg/provider/diff.go, `statefulSet`), and the template does not change.
                 replicas=cfg.nodes.count,
                 pod_management_policy="Parallel",
                 selector=k8s.meta.v1.LabelSelectorArgs(match_labels=selector),

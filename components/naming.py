@@ -44,6 +44,17 @@ def route_host(app: str, server: str, namespace: str, apps_domain: str) -> str:
     return f"{route_name(app, server)}-{namespace}.{apps_domain}"
 
 
+def stack_scc_name(base: str, namespace: str, app: str) -> str:
+    """Name of an SCC a stack creates: SCCs are cluster-scoped, so the name carries the namespace and
+    app, and two environments in one cluster never share (or delete) each other's SCC. A name over the
+    DNS-subdomain limit (253) keeps a hashed suffix that still tells the stacks apart."""
+    name = f"{base}-{namespace}-{app}"
+    if len(name) <= 253:
+        return name
+    digest = short_hash(base, namespace, app)
+    return f"{name[: 253 - len(digest) - 1].rstrip('-.')}-{digest}"
+
+
 def short_hash(*parts: str, length: int = 10) -> str:
     digest = hashlib.sha256("\x00".join(parts).encode()).hexdigest()
     return digest[:length]

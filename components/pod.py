@@ -9,17 +9,19 @@ from pathlib import Path
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components import naming, nccl
+from components import naming, nccl, storage
 from stacks.config import StackConfig
 
 STARTUP_SCRIPT = Path(__file__).parent / "scripts" / "startup.sh"
 STARTUP_MOUNT = "/opt/ml-dev-env"
 STATE_DIR = "/tmp/ml-dev-env"
+CLUSTER_MOUNT = "/etc/ml-dev-env/cluster"
+CLUSTER_VOLUME = "cluster"
+HOME_DIRNAME = ".home"
 SERVER_PORTS = {"vscode": 8080, "jupyter": 8888, "tensorboard": 6006}
 PROXY_PORTS = {"vscode": 18080, "jupyter": 18888, "tensorboard": 16006}
 COOKIE_MOUNT = "/etc/oauth-proxy"
 MAIN_CONTAINER = "ml-dev"
-POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 
 
 def startup_script() -> str:
@@ -61,34 +63,47 @@ def _plain(name: str, value: str | int) -> k8s.core.v1.EnvVarArgs:
     return k8s.core.v1.EnvVarArgs(name=name, value=str(value))
 
 
-def rank_env(config: StackConfig) -> list[k8s.core.v1.EnvVarArgs]:
-    """Rank wiring for torchrun (also via PET_* defaults) and DeepSpeed."""
+def cluster_env(config: StackConfig) -> str:
+    """`cluster.env` of the `<app>-cluster` ConfigMap: every count-dependent fact, as KEY=value lines.
+
+    The pod template must not change with `nodes.count` (a changed template rolls every pod): the
+    ranks, world size and hostfile come from this file, which the kubelet updates in place in running
+    pods because it is mounted as a directory (no subPath), and the startup script re-reads it.
+    """
     app, ns = config.cluster.app_name, config.cluster.namespace
-    nodes, gpus = config.nodes.count, config.nodes.gpus_per_pod
-    master = naming.pod_dns(app, ns, 0)
+    values = {
+        "NNODES": config.nodes.count,
+        "GPUS_PER_NODE": config.nodes.gpus_per_pod,
+        "APP_NAME": app,
+        "HEADLESS_SERVICE": naming.headless_service(app),
+        "POD_NAMESPACE": ns,
+        "MASTER_PORT": naming.MASTER_PORT,
+    }
+    return "".join(f"{key}={value}\n" for key, value in values.items())
+
+
+def home_dir(config: StackConfig) -> str:
+    """Persistent per-pod HOME: `<a per-pod volume, else a shared one>/.home/<pod>` (`$(POD_NAME)` expands in the pod)."""
+    return f"{storage.home_volume(config.storage).mount_path}/{HOME_DIRNAME}/$(POD_NAME)"
+
+
+def pod_env(config: StackConfig) -> list[k8s.core.v1.EnvVarArgs]:
+    """Count-independent pod identity and paths; the rank values are in `$ML_DEV_STATE_DIR/rank.env`."""
     workspace = next((v.mount_path for v in config.storage.volumes if v.name == "workspace"), config.storage.volumes[0].mount_path)
     return [
         _field_env("POD_NAME", "metadata.name"),
         _field_env("POD_NAMESPACE", "metadata.namespace"),
         _field_env("POD_IP", "status.podIP"),
         _field_env("NODE_NAME", "spec.nodeName"),  # fabric check: rack-aware ranks and failure lines name the node
-        _field_env("NODE_RANK", f"metadata.labels['{POD_INDEX_LABEL}']"),
-        _plain("NNODES", nodes),
-        _plain("GPUS_PER_NODE", gpus),
-        _plain("WORLD_SIZE", nodes * gpus),
-        _plain("MASTER_ADDR", master),
-        _plain("MASTER_PORT", naming.MASTER_PORT),
-        # torchrun reads PET_<FLAG> as the default of --<flag>: plain `torchrun train.py` works in every pod.
-        _plain("PET_NNODES", nodes),
-        _plain("PET_NPROC_PER_NODE", gpus),
-        _field_env("PET_NODE_RANK", f"metadata.labels['{POD_INDEX_LABEL}']"),
-        _plain("PET_MASTER_ADDR", master),
-        _plain("PET_MASTER_PORT", naming.MASTER_PORT),
-        _plain("APP_NAME", app),
-        _plain("HEADLESS_SERVICE", naming.headless_service(app)),
         _plain("ML_DEV_WORKSPACE", workspace),
-        _plain("DEEPSPEED_HOSTFILE", f"{workspace}/.deepspeed/hostfile"),
         _plain("ML_DEV_STATE_DIR", STATE_DIR),
+        _plain("ML_DEV_CLUSTER_DIR", CLUSTER_MOUNT),
+        # `$(VAR)` refers to a variable defined earlier in this list (the kubelet expands it).
+        _plain("ML_DEV_HOME", home_dir(config)),
+        _plain("HOME", "$(ML_DEV_HOME)"),
+        # `oc rsh` starts `/bin/sh`, which as an interactive shell reads the file named by $ENV
+        # (POSIX sh; bash reads ~/.bashrc and ~/.profile, where the startup script adds the same line).
+        _plain("ENV", f"{STATE_DIR}/env.sh"),
     ]
 
 
@@ -154,7 +169,7 @@ def main_container(
     mounts: list[k8s.core.v1.VolumeMountArgs],
     tokens_secret: str | None,
 ) -> k8s.core.v1.ContainerArgs:
-    env = rank_env(config) + [_plain(k, v) for k, v in effective_nccl_env(config).items()] + server_env(config, tokens_secret)
+    env = pod_env(config) + [_plain(k, v) for k, v in effective_nccl_env(config).items()] + server_env(config, tokens_secret)
     ports = [k8s.core.v1.ContainerPortArgs(name="master", container_port=naming.MASTER_PORT)]
     ports.append(k8s.core.v1.ContainerPortArgs(name="debug", container_port=naming.DEBUG_PORT))
     if config.access.auth == "token":
@@ -176,6 +191,10 @@ def main_container(
             *mounts,
             k8s.core.v1.VolumeMountArgs(name="dshm", mount_path="/dev/shm"),
             k8s.core.v1.VolumeMountArgs(name="startup", mount_path=STARTUP_MOUNT, read_only=True),
+            # A directory mount, never subPath: the kubelet swaps the files in place when the ConfigMap
+            # changes (kubernetes pkg/volume/util/atomic_writer.go, AtomicWriter.Write: a `..data` symlink
+            # swap); a subPath mount would keep the old file.
+            k8s.core.v1.VolumeMountArgs(name=CLUSTER_VOLUME, mount_path=CLUSTER_MOUNT, read_only=True),
         ],
     )
 

@@ -52,3 +52,41 @@ def format_gib(amount: Decimal | float | int) -> str:
     """Round a byte count up to whole GiB and format it as a quantity ('13Gi')."""
     whole = math.ceil(Decimal(amount) / _BINARY["Gi"])
     return f"{max(whole, 1)}Gi"
+
+
+MIN_SIZE = _BINARY["Mi"]
+"""Smallest memory / storage size accepted: anything below 1Mi is a missing or mistyped unit."""
+
+
+def _exact_binary(amount: Decimal) -> str:
+    """`amount` bytes written with the largest binary unit that keeps it a whole number (else in Mi, rounded up)."""
+    for suffix in ("Ei", "Pi", "Ti", "Gi", "Mi"):
+        if amount >= _BINARY[suffix] and amount % _BINARY[suffix] == 0:
+            return f"{int(amount / _BINARY[suffix])}{suffix}"
+    return f"{math.ceil(amount / _BINARY['Mi'])}Mi"
+
+
+def size_problem(value: str | int | float) -> str | None:
+    """Why a valid quantity is no usable memory / shm / storage size, with its likely meaning (None if fine).
+
+    A bare number is bytes to Kubernetes, so `memory: 128` asks for 128 bytes: refused with the
+    likely meaning. So is anything below 1Mi (`128Ki`, or `128m`, which is 0.128 bytes, not 128Mi).
+
+    >>> size_problem("128")
+    "a size needs a unit (a bare number means bytes): did you mean '128Gi'?"
+    >>> size_problem("128Gi") is None
+    True
+    """
+    text = str(value).strip()
+    match = _QUANTITY.match(text)
+    if not match:
+        return None  # not a quantity at all: parse_quantity reports it
+    number, suffix = match["num"], match["suffix"] or ""
+    amount = parse_quantity(text)
+    if suffix == "":
+        guess = f"{number}Gi" if amount < MIN_SIZE else _exact_binary(amount)
+        return f"a size needs a unit (a bare number means bytes): did you mean '{guess}'?"
+    if amount < MIN_SIZE:
+        guess = f"{number}Mi" if suffix in ("m", "M") else f"{number}Gi"
+        return f"at least 1Mi ({text} is {amount.normalize():f} bytes): did you mean '{guess}'?"
+    return None

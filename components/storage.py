@@ -48,6 +48,17 @@ def volume_mounts(storage: StorageConfig) -> list[k8s.core.v1.VolumeMountArgs]:
     return [k8s.core.v1.VolumeMountArgs(name=v.name, mount_path=v.mount_path) for v in storage.volumes]
 
 
+def home_volume(storage: StorageConfig) -> VolumeConfig:
+    """The volume that holds the users' HOMEs: a per-pod volume when there is one, else a shared one.
+
+    Per-pod first: a HOME full of caches and IDE state is per-pod data, and a block volume is faster
+    for it than NFS; `workspace` is preferred within the chosen scope, else the first volume listed.
+    """
+    per_pod = [v for v in storage.volumes if storage.scope_of(v) == "per-pod"]
+    pool = per_pod or list(storage.volumes)
+    return next((v for v in pool if v.name == "workspace"), pool[0])
+
+
 def pod_volumes(app: str, storage: StorageConfig) -> list[k8s.core.v1.VolumeArgs]:
     """Pod-level volumes for the shared claims (per-pod claims come from volumeClaimTemplates)."""
     return [

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Annotated, Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Annotated, Any, TypeVar
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, model_validator
 from pydantic.alias_generators import to_camel
 
 from components.naming import DNS_LABEL, DNS_SUBDOMAIN
-from components.quantity import QuantityError, parse_quantity
+from components.quantity import QuantityError, parse_quantity, size_problem
 
 
 class ConfigProblem(ValueError):
@@ -27,6 +28,31 @@ class ConfigProblem(ValueError):
         self.allowed = allowed
         super().__init__(f"{field}: got {value!r}; {allowed}")
 
+    def under(self, prefix: str) -> ConfigProblem:
+        """The same problem seen from a parent model (`prefix` is the key path of this model in it)."""
+        return ConfigProblem(f"{prefix}.{self.field}", self.value, self.allowed)
+
+
+class ConfigProblems(ValueError):
+    """Several `ConfigProblem`s found by one model's rules: the formatter prints one line each."""
+
+    def __init__(self, problems: Iterable[ConfigProblem]) -> None:
+        self.problems = list(problems)
+        super().__init__("; ".join(str(p) for p in self.problems))
+
+
+Rule = TypeVar("Rule", bound=Callable[..., Iterator[ConfigProblem]])
+
+
+def rule(func: Rule) -> Rule:
+    """Mark a model method as a cross-field rule: a generator yielding every `ConfigProblem` it finds.
+
+    All rules of a model run after its fields validated, in definition order, and everything they
+    yield is reported together (one line per problem) — a user fixes all mistakes in one round.
+    """
+    func.__config_rule__ = True  # type: ignore[attr-defined]
+    return func
+
 
 class Model(BaseModel):
     """Frozen, strict-keyed, camelCase configuration object."""
@@ -38,6 +64,22 @@ class Model(BaseModel):
         populate_by_name=True,
         validate_default=True,
     )
+
+    @model_validator(mode="after")
+    def _run_rules(self) -> Model:
+        problems = [problem for run in _rules_of(type(self)) for problem in run(self)]
+        if problems:
+            raise ConfigProblems(problems)
+        return self
+
+
+def _rules_of(cls: type[Model]) -> list[Callable[[Model], Iterator[ConfigProblem]]]:
+    seen: dict[str, Callable[[Model], Iterator[ConfigProblem]]] = {}
+    for klass in reversed(cls.__mro__):
+        for name, value in vars(klass).items():
+            if getattr(value, "__config_rule__", False):
+                seen[name] = value
+    return list(seen.values())
 
 
 def _stringify(value: Any) -> Any:
@@ -57,6 +99,13 @@ def _check_quantity(value: str) -> str:
         raise ValueError(str(exc)) from None
     if amount <= 0:
         raise ValueError(f"{value!r} must be greater than zero")
+    return value
+
+
+def _check_size(value: str) -> str:
+    problem = size_problem(value)
+    if problem:
+        raise ValueError(problem)
     return value
 
 
@@ -110,6 +159,9 @@ def _check_abs_path(value: str) -> str:
 
 
 Quantity = Annotated[str, BeforeValidator(_stringify), AfterValidator(_check_quantity)]
+"""Any Kubernetes quantity (CPU counts may be unit-less: '32', '500m')."""
+Size = Annotated[str, BeforeValidator(_stringify), AfterValidator(_check_quantity), AfterValidator(_check_size)]
+"""A memory / shm / storage size: a quantity with a unit, at least 1Mi ('128' is refused: did you mean '128Gi'?)."""
 DnsLabel = Annotated[str, AfterValidator(_check_label)]
 DnsSubdomain = Annotated[str, AfterValidator(_check_subdomain)]
 ImageRef = Annotated[str, AfterValidator(check_image_ref)]

@@ -1,14 +1,17 @@
 """Typed stack configuration (SPEC.md §3): one pydantic model per `ml-dev-env:<key>` object.
 
 Keys are camelCase in `Pulumi.<stack>.yaml` (`pulumi config set --path 'ml-dev-env:nodes.count' 2`).
-Every model is frozen and rejects unknown keys; cross-field rules raise `ConfigProblem` so the error
-names the exact key path.
+Every model is frozen and rejects unknown keys; cross-field rules (`@rule` methods) yield a
+`ConfigProblem` per mistake, naming the exact key path, and all of them are reported in one run
+(a `@model_validator` that raises one `ConfigProblem` also works, but stops that model at the first).
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
+from collections import Counter
+from collections.abc import Iterator
 from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
@@ -25,7 +28,9 @@ from stacks.base import (
     ImageRef,
     Model,
     Quantity,
+    Size,
     duplicates,
+    rule,
 )
 
 # --------------------------------------------------------------------------------------- cluster
@@ -48,12 +53,19 @@ class ClusterConfig(Model):
         None, description="GitOps mode: render manifests to this directory instead of applying them."
     )
 
-    @model_validator(mode="after")
-    def _app_name_fits(self) -> ClusterConfig:
+    @rule
+    def _app_name_fits(self) -> Iterator[ConfigProblem]:
         # pod names `<app>-<ordinal>` and `<app>-tensorboard-<namespace>` hosts must stay DNS labels.
         if len(self.app_name) > 40:
-            raise ConfigProblem("appName", self.app_name, "at most 40 characters (pod and route names derive from it)")
-        return self
+            yield ConfigProblem("appName", self.app_name, "at most 40 characters (pod and route names derive from it)")
+            return
+        longest = f"{self.app_name}-tensorboard-{self.namespace}"
+        if len(longest) > 63:
+            yield ConfigProblem(
+                "appName", self.app_name,
+                f"route hosts start with '<appName>-<server>-<namespace>', which must fit a 63-character DNS label "
+                f"('{longest}' has {len(longest)}); choose a shorter appName",
+            )
 
 
 # ----------------------------------------------------------------------------------------- nodes
@@ -66,11 +78,10 @@ class Toleration(Model):
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     toleration_seconds: int | None = Field(None, ge=0)
 
-    @model_validator(mode="after")
-    def _value_matches_operator(self) -> Toleration:
+    @rule
+    def _value_matches_operator(self) -> Iterator[ConfigProblem]:
         if self.operator == "Exists" and self.value is not None:
-            raise ConfigProblem("value", self.value, "must be unset when operator is 'Exists'")
-        return self
+            yield ConfigProblem("value", self.value, "must be unset when operator is 'Exists'")
 
 
 GPU_TOLERATION = Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")
@@ -78,23 +89,22 @@ GPU_TOLERATION = Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoS
 
 class CpuMemory(Model):
     cpu: Quantity
-    memory: Quantity
+    memory: Size
 
 
 class Resources(Model):
     requests: CpuMemory
     limits: CpuMemory
 
-    @model_validator(mode="after")
-    def _requests_within_limits(self) -> Resources:
+    @rule
+    def _requests_within_limits(self) -> Iterator[ConfigProblem]:
         for kind in ("cpu", "memory"):
             request = getattr(self.requests, kind)
             limit = getattr(self.limits, kind)
             if parse_quantity(request) > parse_quantity(limit):
-                raise ConfigProblem(
+                yield ConfigProblem(
                     f"requests.{kind}", request, f"must not exceed limits.{kind} ({limit})"
                 )
-        return self
 
 
 class NodesConfig(Model):
@@ -109,25 +119,24 @@ class NodesConfig(Model):
         None, description="Value of the node label nvidia.com/gpu.product to require, e.g. NVIDIA-H100-80GB-HBM3."
     )
     resources: Resources = Field(description="CPU/memory requests and limits of the main container.")
-    shm_size: Quantity = Field("32Gi", description="Size of the memory-backed /dev/shm.")
+    shm_size: Size = Field("32Gi", description="Size of the memory-backed /dev/shm.")
     node_selector: dict[str, str] = Field(
         default_factory=lambda: {"nvidia.com/gpu.present": "true"}, description="GPU node selector."
     )
     tolerations: list[Toleration] = Field(default_factory=lambda: [GPU_TOLERATION])
 
-    @model_validator(mode="after")
-    def _node_list(self) -> NodesConfig:
+    @rule
+    def _node_list(self) -> Iterator[ConfigProblem]:
         dups = duplicates(self.gpu_nodes)
         if dups:
-            raise ConfigProblem("gpuNodes", dups, "each node may be listed once")
+            yield ConfigProblem("gpuNodes", dups, "each node may be listed once")
         if self.gpu_nodes and self.count > len(self.gpu_nodes):
-            raise ConfigProblem(
+            yield ConfigProblem(
                 "count",
                 self.count,
                 f"at most {len(self.gpu_nodes)} (the number of listed gpuNodes): "
                 "pods use required anti-affinity, one pod per node",
             )
-        return self
 
 
 # --------------------------------------------------------------------------------------- network
@@ -159,8 +168,8 @@ class RdmaConfig(Model):
     subnets: list[Cidr] = Field(default_factory=list, description="Whereabouts range per NIC (with createAttachments).")
     mtu: int = Field(9000, ge=1280, le=9216)
 
-    @model_validator(mode="after")
-    def _shapes(self) -> RdmaConfig:
+    @rule
+    def _shapes(self) -> Iterator[ConfigProblem]:
         for field, items, pattern, what in (
             ("sriovResources", self.sriov_resources, _RESOURCE_NAME, "'<domain>/<name>' such as 'openshift.io/eno5np0rdma'"),
             ("hcas", self.hcas, _HCA, "an RDMA device name such as 'mlx5_6' (optionally ':<port>')"),
@@ -168,54 +177,56 @@ class RdmaConfig(Model):
         ):
             for i, item in enumerate(items):
                 if not pattern.match(item):
-                    raise ConfigProblem(f"{field}[{i}]", item, f"must be {what}")
+                    yield ConfigProblem(f"{field}[{i}]", item, f"must be {what}")
         if isinstance(self.gdr_level, int) and not 0 <= self.gdr_level <= 5:
-            raise ConfigProblem("gdrLevel", self.gdr_level, f"0..5 or one of {', '.join(GDR_LEVELS)}")
-        return self
+            yield ConfigProblem("gdrLevel", self.gdr_level, f"0..5 or one of {', '.join(GDR_LEVELS)}")
 
-    def check_usable(self) -> None:
-        """Rules that only apply when RDMA is the effective mode."""
+    def usable_problems(self) -> Iterator[ConfigProblem]:
+        """Rules that only apply when RDMA is the effective mode (every mismatch, not just the first)."""
         n = len(self.attachments)
         if n == 0:
-            raise ConfigProblem("attachments", self.attachments, "RDMA needs at least one NetworkAttachmentDefinition")
-        for field, items in (
-            ("attachments", self.attachments),
-            ("sriovResources", self.sriov_resources),
-            ("hcas", self.hcas),
-            ("socketInterfaces", self.socket_interfaces),
-        ):
-            dups = duplicates(items)
-            if dups:
-                raise ConfigProblem(field, dups, "entries must be unique")
-        if len(self.sriov_resources) != n:
-            raise ConfigProblem(
-                "sriovResources", self.sriov_resources,
-                f"one SR-IOV resource per attachment: expected {n} entries like attachments {self.attachments}",
-            )
-        if self.hca_mode == "explicit" and len(self.hcas) != n:
-            raise ConfigProblem(
-                "hcas", self.hcas,
-                f"with hcaMode 'explicit', one HCA per attachment: expected {n} entries "
-                "(auto-detection is opt-in with hcaMode: auto)",
-            )
-        if self.hca_mode == "auto" and self.hcas:
-            raise ConfigProblem("hcas", self.hcas, "must be empty with hcaMode 'auto' (the pod detects them)")
-        if len(self.socket_interfaces) != n:
-            raise ConfigProblem(
-                "socketInterfaces", self.socket_interfaces,
-                f"one pod interface per attachment: expected {n} entries (Multus names them net1..net{n})",
-            )
+            yield ConfigProblem("attachments", self.attachments, "RDMA needs at least one NetworkAttachmentDefinition")
+            return
+        # The per-NIC lists, and why each must have one entry per NIC.
+        per_nic: dict[str, tuple[list[str], str]] = {
+            "attachments": (self.attachments, "one NetworkAttachmentDefinition per NIC"),
+            "sriovResources": (self.sriov_resources, "one SR-IOV resource per attachment"),
+        }
+        if self.hca_mode == "explicit":
+            per_nic["hcas"] = (self.hcas, "with hcaMode 'explicit', one HCA per attachment")
+        per_nic["socketInterfaces"] = (self.socket_interfaces, "one pod interface per attachment")
         if self.create_attachments:
-            if len(self.subnets) != n:
-                raise ConfigProblem("subnets", self.subnets, f"createAttachments needs one subnet per attachment ({n})")
+            per_nic["subnets"] = (self.subnets, "createAttachments needs one subnet per attachment")
+        for field, (items, _) in per_nic.items():
+            dups = duplicates(items) if field != "subnets" else []  # overlapping subnets: one rule below
+            if dups:
+                yield ConfigProblem(field, dups, "entries must be unique")
+        if self.hca_mode == "auto" and self.hcas:
+            yield ConfigProblem("hcas", self.hcas, "must be empty with hcaMode 'auto' (the pod detects them)")
+        # One line per list whose length differs from the NIC count most lists agree on (on a tie:
+        # the attachments'); every line shows all lengths, so one run tells what to change.
+        lengths = {field: len(items) for field, (items, _) in per_nic.items()}
+        votes = Counter(lengths.values())
+        nics = n if votes[n] == max(votes.values()) else votes.most_common(1)[0][0]
+        table = ", ".join(f"{field} {length}" for field, length in lengths.items())
+        hints = {
+            "hcas": "; auto-detection is opt-in with hcaMode: auto",
+            "socketInterfaces": f"; Multus names them net1..net{nics}",
+        }
+        for field, (items, why) in per_nic.items():
+            if lengths[field] != nics:
+                yield ConfigProblem(field, items, f"{why}: expected {nics} entries (per-NIC lists: {table}{hints.get(field, '')})")
+        if self.create_attachments:
             networks = [ipaddress.ip_network(s) for s in self.subnets]
-            for i, a in enumerate(networks):
-                for j in range(i):
-                    if a.overlaps(networks[j]):
-                        raise ConfigProblem(
-                            f"subnets[{i}]", self.subnets[i],
-                            f"overlaps subnets[{j}] ({self.subnets[j]}): each NIC needs its own subnet",
-                        )
+            overlaps = [(i, j) for i, a in enumerate(networks) for j in range(i) if a.overlaps(networks[j])]
+            if overlaps:
+                i, j = overlaps[0]
+                more = sorted({f"subnets[{k}]" for k, _ in overlaps} - {f"subnets[{i}]"})
+                yield ConfigProblem(
+                    f"subnets[{i}]", self.subnets[i],
+                    f"overlaps subnets[{j}] ({self.subnets[j]}): each NIC needs its own subnet"
+                    + (f" (also overlapping: {', '.join(more)})" if more else ""),
+                )
 
 
 class TcpConfig(Model):
@@ -231,24 +242,27 @@ class NetworkConfig(Model):
         default_factory=dict, description="NCCL overrides on top of the validated defaults (SPEC §6)."
     )
 
-    @model_validator(mode="after")
-    def _env_keys(self) -> NetworkConfig:
+    @rule
+    def _env_keys(self) -> Iterator[ConfigProblem]:
         for key in self.nccl_env:
             if not _NCCL_KEY.match(key):
-                raise ConfigProblem(f"ncclEnv.{key}", self.nccl_env[key], "keys must be NCCL_*, TORCH_NCCL_* or UCX_* variables")
-        return self
+                yield ConfigProblem(f"ncclEnv.{key}", self.nccl_env[key], "keys must be NCCL_*, TORCH_NCCL_* or UCX_* variables")
 
-    @model_validator(mode="after")
-    def _env_not_twice(self) -> NetworkConfig:
+    @rule
+    def _env_not_twice(self) -> Iterator[ConfigProblem]:
         typed = nccl.RDMA_TYPED_KEYS if self.effective_mode == "rdma" else nccl.TCP_TYPED_KEYS
         for key, value in self.nccl_env.items():
             if key in typed:
-                raise ConfigProblem(
+                yield ConfigProblem(
                     f"ncclEnv.{key}", value, f"{key} comes from {typed[key]} in {self.effective_mode} mode: set it there, once"
                 )
         if self.effective_mode == "tcp" and self.nccl_env.get("NCCL_IB_DISABLE", "1") != "1":
-            raise ConfigProblem("ncclEnv.NCCL_IB_DISABLE", self.nccl_env["NCCL_IB_DISABLE"], "must be 1 in TCP mode")
-        return self
+            yield ConfigProblem("ncclEnv.NCCL_IB_DISABLE", self.nccl_env["NCCL_IB_DISABLE"], "must be 1 in TCP mode")
+
+    @rule
+    def _rdma_usable(self) -> Iterator[ConfigProblem]:
+        if self.effective_mode == "rdma":
+            yield from (problem.under("rdma") for problem in self.rdma.usable_problems())
 
     @property
     def effective_mode(self) -> Literal["tcp", "rdma"]:
@@ -266,15 +280,14 @@ class MemlockConfig(Model):
     create_scc: bool = Field(False, description="Create the SCC (cluster-admin) instead of binding to an existing one.")
     capabilities: list[Capability] = Field(default_factory=lambda: ["IPC_LOCK", "SYS_RESOURCE"])
 
-    @model_validator(mode="after")
-    def _consistent(self) -> MemlockConfig:
+    @rule
+    def _consistent(self) -> Iterator[ConfigProblem]:
         if self.mode == "scc" and not self.scc_name:
-            raise ConfigProblem("sccName", self.scc_name, "required with mode 'scc' (e.g. 'nccl-rdma-scc')")
+            yield ConfigProblem("sccName", self.scc_name, "required with mode 'scc' (e.g. 'nccl-rdma-scc')")
         if self.mode != "scc" and self.create_scc:
-            raise ConfigProblem("createScc", self.create_scc, "only valid with mode 'scc'")
+            yield ConfigProblem("createScc", self.create_scc, "only valid with mode 'scc'")
         if self.mode == "scc" and not self.capabilities:
-            raise ConfigProblem("capabilities", self.capabilities, "mode 'scc' needs IPC_LOCK and/or SYS_RESOURCE")
-        return self
+            yield ConfigProblem("capabilities", self.capabilities, "mode 'scc' needs IPC_LOCK and/or SYS_RESOURCE")
 
 
 class SecurityConfig(Model):
@@ -301,15 +314,14 @@ class AccessConfig(Model):
     )
     tensorboard_log_dir: AbsPath = "/workspace/tensorboard"
 
-    @model_validator(mode="after")
-    def _tensorboard_needs_proxy(self) -> AccessConfig:
+    @rule
+    def _tensorboard_needs_proxy(self) -> Iterator[ConfigProblem]:
         if self.auth == "token" and self.tensorboard:
-            raise ConfigProblem(
+            yield ConfigProblem(
                 "tensorboard", True,
                 "TensorBoard has no authentication of its own: with auth 'token' set tensorboard: false, "
                 "or use auth 'oauth-proxy'",
             )
-        return self
 
     @property
     def servers(self) -> list[str]:
@@ -324,7 +336,7 @@ RESERVED_MOUNTS = ("/dev/shm", "/opt/ml-dev-env", "/tmp")
 class VolumeConfig(Model):
     name: DnsLabel
     mount_path: AbsPath
-    size: Quantity
+    size: Size
     storage_class: str | None = None
     scope: Literal["shared", "per-pod"] | None = Field(
         None, description="shared = one RWX PVC for all pods; per-pod = a volumeClaimTemplate (hybrid mode needs it)."
@@ -336,28 +348,27 @@ class StorageConfig(Model):
     mode: Literal["shared", "per-pod", "hybrid"]
     volumes: Annotated[list[VolumeConfig], Field(min_length=1)]
 
-    @model_validator(mode="after")
-    def _volumes(self) -> StorageConfig:
+    @rule
+    def _volumes(self) -> Iterator[ConfigProblem]:
         for field, values in (("name", [v.name for v in self.volumes]), ("mountPath", [v.mount_path for v in self.volumes])):
             dups = duplicates(values)
             if dups:
-                raise ConfigProblem(f"volumes[].{field}", dups, "must be unique")
+                yield ConfigProblem(f"volumes[].{field}", dups, "must be unique")
         for i, volume in enumerate(self.volumes):
             for reserved in RESERVED_MOUNTS:
                 if volume.mount_path == reserved or volume.mount_path.startswith(reserved + "/"):
-                    raise ConfigProblem(f"volumes[{i}].mountPath", volume.mount_path, f"{reserved} is reserved")
+                    yield ConfigProblem(f"volumes[{i}].mountPath", volume.mount_path, f"{reserved} is reserved")
             if self.mode == "hybrid" and volume.scope is None:
-                raise ConfigProblem(f"volumes[{i}].scope", None, "hybrid mode needs 'shared' or 'per-pod' on every volume")
+                yield ConfigProblem(f"volumes[{i}].scope", None, "hybrid mode needs 'shared' or 'per-pod' on every volume")
             if self.mode != "hybrid" and volume.scope not in (None, self.mode):
-                raise ConfigProblem(
+                yield ConfigProblem(
                     f"volumes[{i}].scope", volume.scope, f"must be unset or '{self.mode}' in mode '{self.mode}' (use mode 'hybrid' to mix)"
                 )
             if self.scope_of(volume) == "shared" and volume.access_modes == ["ReadWriteOnce"]:
-                raise ConfigProblem(
+                yield ConfigProblem(
                     f"volumes[{i}].accessModes", volume.access_modes,
                     "a shared volume is mounted by pods on different nodes: use ReadWriteMany",
                 )
-        return self
 
     def scope_of(self, volume: VolumeConfig) -> Literal["shared", "per-pod"]:
         if volume.scope is not None:
@@ -388,10 +399,9 @@ class BuildResources(Model):
     requests: CpuMemory = CpuMemory(cpu="4", memory="16Gi")
     limits: CpuMemory = CpuMemory(cpu="16", memory="64Gi")
 
-    @model_validator(mode="after")
-    def _requests_within_limits(self) -> BuildResources:
-        Resources(requests=self.requests, limits=self.limits)
-        return self
+    @rule
+    def _requests_within_limits(self) -> Iterator[ConfigProblem]:
+        yield from Resources._requests_within_limits(self)  # type: ignore[arg-type]  # same fields, same rule
 
 
 class ImageBuildConfig(Model):
@@ -414,34 +424,32 @@ class ImageBuildConfig(Model):
         False, description="Add the image-change trigger annotation so pods roll when a new runtime image is pushed."
     )
 
-    @model_validator(mode="after")
-    def _source(self) -> ImageBuildConfig:
+    @rule
+    def _source(self) -> Iterator[ConfigProblem]:
         from components.image_build import presets_file  # the presets live with the Containerfiles
 
         presets = sorted(presets_file()["presets"])
         if self.preset is not None and self.preset not in presets:
-            raise ConfigProblem("preset", self.preset, f"allowed: {', '.join(presets)} (images/presets.yaml)")
+            yield ConfigProblem("preset", self.preset, f"allowed: {', '.join(presets)} (images/presets.yaml)")
         if self.source == "git" and self.git is None:
-            raise ConfigProblem("git", None, "source 'git' needs git.uri (and ref/contextDir)")
+            yield ConfigProblem("git", None, "source 'git' needs git.uri (and ref/contextDir)")
         if self.source == "inline" and self.git is not None:
-            raise ConfigProblem("git", "set", "only used with source 'git'")
+            yield ConfigProblem("git", "set", "only used with source 'git'")
         for i, req in enumerate(self.runtime_requirements):
             if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._\[\],-]*\s*(===?|~=|>=|<=|<|>|!=)\s*[A-Za-z0-9.*+!_-]+$", req):
-                raise ConfigProblem(f"runtimeRequirements[{i}]", req, "must be a pinned requirement such as 'peft==0.17.1'")
-        return self
+                yield ConfigProblem(f"runtimeRequirements[{i}]", req, "must be a pinned requirement such as 'peft==0.17.1'")
 
 
 class ImageConfig(Model):
     reference: ImageRef | None = Field(None, description="Existing image for the pods (when the stack does not build).")
     build: ImageBuildConfig | None = Field(None, description="Build the image on the cluster; the pods use the runtime stage.")
 
-    @model_validator(mode="after")
-    def _has_source(self) -> ImageConfig:
+    @rule
+    def _has_source(self) -> Iterator[ConfigProblem]:
         if self.reference is None and self.build is None:
-            raise ConfigProblem("reference", None, "set image.reference (registry/repo:tag or @sha256 digest) or image.build")
+            yield ConfigProblem("reference", None, "set image.reference (registry/repo:tag or @sha256 digest) or image.build")
         if self.reference is not None and self.build is not None:
-            raise ConfigProblem("reference", self.reference, "set either image.reference or image.build, not both")
-        return self
+            yield ConfigProblem("reference", self.reference, "set either image.reference or image.build, not both")
 
 
 # ---------------------------------------------------------------------------------------- models
@@ -624,27 +632,16 @@ class StackConfig(Model):
             raise ConfigProblem(f"fabricCheck.{problem.field}", problem.value, problem.allowed) from None
         return self
 
-    @model_validator(mode="after")
-    def _cross(self) -> StackConfig:
-        if self.network.effective_mode == "rdma":
-            try:
-                self.network.rdma.check_usable()
-            except ConfigProblem as problem:
-                raise ConfigProblem(f"network.rdma.{problem.field}", problem.value, problem.allowed) from None
-        longest = f"{self.cluster.app_name}-tensorboard-{self.cluster.namespace}"
-        if len(longest) > 63:
-            raise ConfigProblem(
-                "cluster.appName", self.cluster.app_name,
-                f"route hosts start with '<appName>-<server>-<namespace>', which must fit a 63-character DNS label "
-                f"('{longest}' has {len(longest)}); choose a shorter appName",
-            )
+    @rule
+    def _cross(self) -> Iterator[ConfigProblem]:
+        # Rules of one object live in its model (route host length: ClusterConfig; RDMA per-NIC lists:
+        # NetworkConfig), so they are reported even when another object has a mistake.
         names = [m.name for m in self.models]
         if duplicates(names):
-            raise ConfigProblem("models[].name", duplicates(names), "model names must be unique")
+            yield ConfigProblem("models[].name", duplicates(names), "model names must be unique")
         from components.model_sizing import preflight  # pure sizing rules, shared with the component
 
         for i, model in enumerate(self.models):
             problem = preflight(model, self.model_pipeline)
             if problem:
-                raise ConfigProblem(f"models[{i}]", model.name, problem)
-        return self
+                yield ConfigProblem(f"models[{i}]", model.name, problem)

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from stacks.base import ConfigProblem
+from stacks.base import ConfigProblem, ConfigProblems
 
 PREFIX = "ml-dev-env:"
 
@@ -78,6 +78,20 @@ def _describe(value: Any) -> str:
     return repr(value)
 
 
+def _problem_line(loc: tuple[Any, ...], problem: ConfigProblem) -> str:
+    full = _path(loc + tuple(problem.field.split("."))) if loc else problem.field
+    return f"{PREFIX}{full}: got {_describe(problem.value)}; {problem.allowed}"
+
+
+def format_errors(error: dict[str, Any], root: type[BaseModel]) -> list[str]:
+    """The lines of one pydantic error: one, or one per problem a model's rules found together."""
+    problems = (error.get("ctx") or {}).get("error")
+    if isinstance(problems, ConfigProblems):
+        loc = _clean_loc(tuple(error.get("loc", ())))
+        return [_problem_line(loc, problem) for problem in problems.problems]
+    return [format_error(error, root)]
+
+
 def format_error(error: dict[str, Any], root: type[BaseModel]) -> str:
     loc = _clean_loc(tuple(error.get("loc", ())))
     kind = error.get("type", "")
@@ -86,8 +100,7 @@ def format_error(error: dict[str, Any], root: type[BaseModel]) -> str:
 
     problem = ctx.get("error")
     if isinstance(problem, ConfigProblem):
-        full = _path(loc + tuple(problem.field.split("."))) if loc else problem.field
-        return f"{PREFIX}{full}: got {_describe(problem.value)}; {problem.allowed}"
+        return _problem_line(loc, problem)
 
     if kind == "extra_forbidden":
         owner = _model_at(root, loc)
@@ -104,13 +117,23 @@ def format_error(error: dict[str, Any], root: type[BaseModel]) -> str:
     return f"{path}: got {_describe(error.get('input'))}; {message[0].lower() + message[1:] if message else ''}"
 
 
-def format_validation_error(exc: ValidationError, root: type[BaseModel], source: str) -> str:
-    lines = []
+def problem_lines(exc: ValidationError, root: type[BaseModel]) -> list[str]:
+    """One line per mistake, in the order pydantic found them, without repeats."""
+    lines: list[str] = []
     for error in exc.errors(include_url=False):
-        line = format_error(dict(error), root)
-        if line not in lines:
-            lines.append(line)
+        for line in format_errors(dict(error), root):
+            if line not in lines:
+                lines.append(line)
+    return lines
+
+
+def format_problems(lines: list[str], source: str) -> str:
+    """The one message a run reports: a head naming the stack file, then one `  - ` line per mistake."""
     head = f"invalid stack configuration in {source}" if len(lines) == 1 else (
         f"invalid stack configuration in {source} ({len(lines)} problems)"
     )
     return head + ":\n" + "\n".join(f"  - {line}" for line in lines)
+
+
+def format_validation_error(exc: ValidationError, root: type[BaseModel], source: str) -> str:
+    return format_problems(problem_lines(exc, root), source)

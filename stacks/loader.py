@@ -6,7 +6,9 @@ through Pulumi secrets and stay `Output` secrets.
 
 from __future__ import annotations
 
+import difflib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,7 +17,7 @@ import pulumi
 from pydantic import ValidationError
 
 from stacks.config import StackConfig
-from stacks.errors import PREFIX, format_validation_error
+from stacks.errors import PREFIX, format_problems, problem_lines
 
 # Secret config keys (always `pulumi config set --secret ml-dev-env:<key> …`) and what needs them.
 SECRET_KEYS: dict[str, str] = {
@@ -45,6 +47,39 @@ def _all_config() -> Mapping[str, Any]:
     return runtime_config.CONFIG.get()
 
 
+# Config namespaces of other Pulumi packages and of the engine: their keys are never ours.
+OTHER_NAMESPACES = frozenset({"pulumi", "kubernetes", "random", "aws", "azure", "azure-native", "gcp", "command", "tls"})
+
+
+def _squash(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def misplaced_key(full_key: str, value: Any) -> str | None:
+    """A problem line when a key outside `ml-dev-env:` was most likely meant for this program, else None.
+
+    Pulumi hands a program every namespace's config (`kubernetes:context`, `pulumi:…`), so only
+    near-misses of our project name (`mldevenv:cluster`, `ml-dev:nodes`) and object values under an
+    unknown namespace whose key is one of ours (`myproject:storage: {…}`) are reported.
+    """
+    namespace, sep, key = full_key.partition(":")
+    if not sep or namespace == PREFIX[:-1] or namespace in OTHER_NAMESPACES:
+        return None
+    ours = PREFIX[:-1]
+    near = _squash(namespace) == _squash(ours) or difflib.SequenceMatcher(None, namespace.lower(), ours).ratio() >= 0.7
+    try:
+        parsed = json.loads(value) if isinstance(value, str) else value
+    except json.JSONDecodeError:
+        parsed = value
+    looks_ours = key in object_keys() and isinstance(parsed, dict)
+    if not (near or looks_ours):
+        return None
+    return (
+        f"{full_key}: key under project prefix '{namespace}:', which this program ignores; "
+        f"did you mean '{PREFIX}{key}'? (this project is '{ours}', see Pulumi.yaml)"
+    )
+
+
 def parse_raw(raw_config: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """Split flat Pulumi config (`ml-dev-env:key` → JSON text) into objects; collect key errors."""
     known = set(object_keys()) | set(SECRET_KEYS)
@@ -52,11 +87,12 @@ def parse_raw(raw_config: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]
     problems: list[str] = []
     for full_key, text in raw_config.items():
         if not full_key.startswith(PREFIX):
+            misplaced = misplaced_key(full_key, text)
+            if misplaced:
+                problems.append(misplaced)
             continue
         key = full_key[len(PREFIX):]
         if key not in known:
-            import difflib
-
             hint = difflib.get_close_matches(key, sorted(known), n=1)
             suggestion = f" (did you mean '{hint[0]}'?)" if hint else ""
             problems.append(f"{full_key}: unknown key{suggestion}; allowed keys: {', '.join(sorted(known))}")
@@ -75,7 +111,36 @@ def validate(raw: Mapping[str, Any], source: str) -> StackConfig:
     try:
         return StackConfig.model_validate(dict(raw))
     except ValidationError as exc:
-        raise pulumi.RunError(format_validation_error(exc, StackConfig, source)) from None
+        raise pulumi.RunError(format_problems(problem_lines(exc, StackConfig), source)) from None
+
+
+def check(raw_config: Mapping[str, Any], secret_keys: set[str]) -> tuple[StackConfig | None, list[str]]:
+    """Every problem of flat Pulumi config at once: keys, plain-text secrets, values, missing secrets.
+
+    `secret_keys` are the `ml-dev-env:<key>` secrets that are set (as secrets). Returns the config
+    (None when invalid) and one line per mistake; a key already reported (not an object, under a
+    mistyped prefix) is not reported again as missing.
+    """
+    raw, problems = parse_raw(raw_config)
+    for key in SECRET_KEYS:
+        full_key = PREFIX + key
+        if raw_config.get(full_key) is not None and key not in secret_keys:
+            problems.append(f"{full_key}: is stored in plain text; set it with `pulumi config set --secret {full_key} …`")
+    reported = {k.partition(":")[2] for k in raw_config if any(p.startswith(f"{k}: ") for p in problems)}
+    try:
+        config: StackConfig | None = StackConfig.model_validate(raw)
+    except ValidationError as exc:
+        config = None
+        problems += [
+            line for line in problem_lines(exc, StackConfig)
+            if not any(line == f"{PREFIX}{key}: required key is missing" for key in reported)
+        ]
+    if config is not None:
+        problems += [
+            f"{PREFIX}{key}: missing; {SECRET_KEYS[key]} — set it with `pulumi config set --secret {PREFIX}{key} …`"
+            for key in sorted(required_secrets(config) - secret_keys)
+        ]
+    return config, problems
 
 
 def warnings_for(config: StackConfig) -> list[str]:
@@ -93,6 +158,18 @@ def warnings_for(config: StackConfig) -> list[str]:
             "RDMA without security.memlock: pods keep the default 8 MiB memlock limit and NCCL may fail "
             "with IBV_WC_LOC_PROT_ERR; set memlock.mode 'scc'"
         )
+    attachment_ns = net.rdma.attachment_namespace
+    if net.effective_mode == "rdma" and attachment_ns and attachment_ns != config.cluster.namespace:
+        # OpenShift runs Multus with namespace isolation: a pod may only use attachments of its own
+        # namespace or a global one (openshift/cluster-network-operator bindata/network/multus/multus.yaml:
+        # "namespaceIsolation": true, "globalNamespaces": "default,openshift-multus,openshift-sriov-network-operator,…").
+        out.append(
+            f"network.rdma.attachmentNamespace '{attachment_ns}' is not the stack's namespace '{config.cluster.namespace}': "
+            "OpenShift's Multus only lets pods use attachments of their own namespace or a global one (default, "
+            "openshift-multus, openshift-sriov-network-operator), and attachments there are shared with every other "
+            "environment that names them"
+            + (" (createAttachments on two stacks would fight over them)" if net.rdma.create_attachments else "")
+        )
     if config.image.build is not None and config.build_nodes.tolerations:
         out.append(
             "buildNodes.tolerations do not apply to BuildConfigs (OpenShift has no per-build tolerations; "
@@ -103,28 +180,14 @@ def warnings_for(config: StackConfig) -> list[str]:
 
 def load(source: str) -> LoadedStack:
     """Load the current stack's configuration (inside a Pulumi program)."""
-    raw, problems = parse_raw(_all_config())
     secrets: dict[str, pulumi.Output[str]] = {}
     cfg = pulumi.Config("ml-dev-env")
     for key in SECRET_KEYS:
-        full_key = PREFIX + key
-        if cfg.get(key) is None:
-            continue
-        if not pulumi.runtime.is_config_secret(full_key):
-            problems.append(f"{full_key}: is stored in plain text; set it with `pulumi config set --secret {full_key} …`")
-            continue
-        secrets[key] = cfg.require_secret(key)
-    if problems:
-        head = f"invalid stack configuration in {source}"
-        raise pulumi.RunError(head + ":\n" + "\n".join(f"  - {p}" for p in problems))
-    config = validate(raw, source)
-    missing = required_secrets(config) - secrets.keys()
-    if missing:
-        lines = [
-            f"{PREFIX}{key}: missing; {SECRET_KEYS[key]} — set it with `pulumi config set --secret {PREFIX}{key} …`"
-            for key in sorted(missing)
-        ]
-        raise pulumi.RunError(f"invalid stack configuration in {source}:\n" + "\n".join(f"  - {line}" for line in lines))
+        if cfg.get(key) is not None and pulumi.runtime.is_config_secret(PREFIX + key):
+            secrets[key] = cfg.require_secret(key)
+    config, problems = check(_all_config(), set(secrets))
+    if problems or config is None:
+        raise pulumi.RunError(format_problems(problems, source))
     return LoadedStack(config=config, secrets=secrets, warnings=warnings_for(config))
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import ROOT, run_objects, stack_objects
+from tests.conftest import MODEL_SECRETS, ROOT, run_objects, stack_objects
 
 Mutation = Callable[[dict[str, Any]], None]
 
@@ -107,6 +107,19 @@ CASES: list[tuple[str, str, Mutation, str]] = [
      "ml-dev-env:jupyterToken: missing; Jupyter token (access.auth: token)"),
     ("config value that is not an object", "barcelona", setter("nodes", "big"),
      "ml-dev-env:nodes: got 'big'; must be an object (use `pulumi config set --path`)"),
+    ("memory limit without a unit", "barcelona", setter("nodes.resources.limits.memory", 256),
+     "ml-dev-env:nodes.resources.limits.memory: got 256; a size needs a unit (a bare number means bytes): did you mean '256Gi'?"),
+    ("shm size without a unit", "barcelona", setter("nodes.shmSize", "128"),
+     "ml-dev-env:nodes.shmSize: got '128'; a size needs a unit (a bare number means bytes): did you mean '128Gi'?"),
+    ("volume size in milli-bytes", "nerc-production", setter("storage.volumes.0.size", "100m"),
+     "ml-dev-env:storage.volumes[0].size: got '100m'; at least 1Mi (100m is 0.1 bytes): did you mean '100Mi'?"),
+    ("build memory below 1Mi", "barcelona", setter("image.build.resources.limits.memory", "64Ki"),
+     "ml-dev-env:image.build.resources.limits.memory: got '64Ki'; at least 1Mi (64Ki is 65536 bytes): did you mean '64Gi'?"),
+    ("one NIC removed from the attachments", "barcelona",
+     lambda o: o["network"]["rdma"]["attachments"].pop(),
+     "ml-dev-env:network.rdma.attachments: got ['eno5np0-network', 'eno6np0-network', 'eno7np0-network']; one "
+     "NetworkAttachmentDefinition per NIC: expected 4 entries (per-NIC lists: attachments 3, sriovResources 4, hcas 4, "
+     "socketInterfaces 4)"),
 ]
 
 
@@ -149,3 +162,125 @@ def test_render_cli_reports_without_traceback(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr + proc.stdout
     assert "error: invalid stack configuration in Pulumi.broken.yaml:\n  - ml-dev-env:network.mode: got 'roce'" in proc.stderr
     assert not (tmp_path / "out" / "broken").exists()
+
+
+def problem_lines(error: str | None) -> list[str]:
+    assert error is not None, "the program accepted a bad configuration"
+    assert "Traceback" not in error
+    return [line.removeprefix("  - ") for line in error.splitlines() if line.startswith("  - ")]
+
+
+def test_cpu_quantities_may_stay_unit_less() -> None:
+    objects = stack_objects("barcelona")
+    objects["nodes"]["resources"]["requests"]["cpu"] = 16
+    objects["nodes"]["resources"]["limits"]["cpu"] = "500m"
+    objects["nodes"]["resources"]["requests"]["cpu"] = "250m"
+    result = run_objects("barcelona", objects)
+    assert result.error is None, result.error
+
+
+def test_every_mistake_is_reported_in_one_run() -> None:
+    """Mistakes in different objects, several in one model, and the per-NIC lists: all in one message."""
+    objects = stack_objects("barcelona")
+    rdma = objects["network"]["rdma"]
+    rdma["hcas"] = rdma["hcas"][:3]
+    rdma["socketInterfaces"] = rdma["socketInterfaces"][:2]
+    objects["network"]["ncclEnv"] = {"LD_PRELOAD": "/x.so"}
+    objects["nodes"]["shmSize"] = 64
+    objects["storage"]["volumes"][1]["mountPath"] = "/tmp"
+    objects["storage"]["volumes"][2]["scope"] = None
+    objects["security"]["memlock"] = {"mode": "none", "createScc": True}
+    objects["cluster"]["namespace"] = "a-very-long-namespace-name-for-the-team-x"
+    result = run_objects("barcelona", objects)
+    table = "per-NIC lists: attachments 4, sriovResources 4, hcas 3, socketInterfaces 2"
+    assert problem_lines(result.error) == [
+        "ml-dev-env:cluster.appName: got 'ml-dev-env'; route hosts start with '<appName>-<server>-<namespace>', which must fit "
+        "a 63-character DNS label ('ml-dev-env-tensorboard-a-very-long-namespace-name-for-the-team-x' has 64); choose a shorter appName",
+        "ml-dev-env:nodes.shmSize: got 64; a size needs a unit (a bare number means bytes): did you mean '64Gi'?",
+        "ml-dev-env:network.ncclEnv.LD_PRELOAD: got '/x.so'; keys must be NCCL_*, TORCH_NCCL_* or UCX_* variables",
+        f"ml-dev-env:network.rdma.hcas: got ['mlx5_6', 'mlx5_7', 'mlx5_8']; with hcaMode 'explicit', one HCA per attachment: "
+        f"expected 4 entries ({table}; auto-detection is opt-in with hcaMode: auto)",
+        f"ml-dev-env:network.rdma.socketInterfaces: got ['net1', 'net2']; one pod interface per attachment: "
+        f"expected 4 entries ({table}; Multus names them net1..net4)",
+        "ml-dev-env:security.memlock.createScc: got True; only valid with mode 'scc'",
+        "ml-dev-env:storage.volumes[1].mountPath: got '/tmp'; /tmp is reserved",
+        "ml-dev-env:storage.volumes[2].scope: got None; hybrid mode needs 'shared' or 'per-pod' on every volume",
+    ], result.error
+    assert result.error.startswith("invalid stack configuration in Pulumi.barcelona.yaml (8 problems):\n")
+
+
+def test_key_errors_values_and_plain_secrets_come_together() -> None:
+    objects = stack_objects("barcelona")
+    objects["nodes"]["count"] = 9
+    config = {f"ml-dev-env:{k}": v for k, v in objects.items()}
+    config["ml-dev-env:jupyterTokn"] = "x"
+    config["ml-dev-env:hfToken"] = "hf_plain"
+    from tools.mock_engine import run_program
+
+    lines = problem_lines(run_program("barcelona", config).error)
+    assert len(lines) == 3, lines
+    assert lines[0].startswith("ml-dev-env:jupyterTokn: unknown key (did you mean 'jupyterToken'?)")
+    assert lines[1] == "ml-dev-env:hfToken: is stored in plain text; set it with `pulumi config set --secret ml-dev-env:hfToken …`"
+    assert lines[2].startswith("ml-dev-env:nodes.count: got 9; at most 5")
+
+
+@pytest.mark.parametrize("prefix", ["mldevenv", "ml-dev", "ml_dev_env", "ML-DEV-ENV"])
+def test_key_under_a_mistyped_project_prefix_is_named(prefix: str) -> None:
+    objects = stack_objects("barcelona")
+    config = {f"ml-dev-env:{k}": v for k, v in objects.items() if k != "cluster"}
+    config[f"{prefix}:cluster"] = objects["cluster"]
+    from tools.mock_engine import run_program
+
+    result = run_program("barcelona", config, MODEL_SECRETS)
+    assert problem_lines(result.error) == [
+        f"{prefix}:cluster: key under project prefix '{prefix}:', which this program ignores; did you mean "
+        "'ml-dev-env:cluster'? (this project is 'ml-dev-env', see Pulumi.yaml)"
+    ], result.error
+
+
+def test_object_under_an_unknown_prefix_is_named_but_other_packages_keys_are_not() -> None:
+    objects = stack_objects("nerc-production")
+    config = {f"ml-dev-env:{k}": v for k, v in objects.items()}
+    config |= {
+        "kubernetes:context": "shift", "kubernetes:cluster": "shift-cluster", "kubernetes:namespace": "x",
+        "pulumi:disable-default-providers": ["kubernetes"], "aws:region": "us-east-1",
+        "team:owner": "alice",  # someone else's plain value: not ours
+    }
+    from tools.mock_engine import run_program
+
+    assert run_program("nerc-production", config).error is None
+    config["myproject:storage"] = {"mode": "shared", "volumes": []}
+    result = run_program("nerc-production", config)
+    assert problem_lines(result.error) == [
+        "myproject:storage: key under project prefix 'myproject:', which this program ignores; did you mean "
+        "'ml-dev-env:storage'? (this project is 'ml-dev-env', see Pulumi.yaml)"
+    ]
+
+
+BROKEN_YAML = """\
+config:
+  ml-dev-env:cluster:
+    name: demo
+   namespace: demo
+"""
+
+
+def test_yaml_syntax_error_is_one_line_with_file_line_column(tmp_path: Path) -> None:
+    from tools.mock_engine import StackFileError, stack_config
+
+    (tmp_path / "Pulumi.broken.yaml").write_text(BROKEN_YAML)
+    with pytest.raises(StackFileError) as caught:
+        stack_config(tmp_path / "Pulumi.broken.yaml")
+    # the file as the user would name it (relative to the working directory when inside it)
+    assert str(caught.value).endswith(
+        "Pulumi.broken.yaml:4:4: invalid YAML: expected <block end>, but found '<block mapping start>' "
+        "(while parsing a block mapping at line 2)"
+    )
+    assert "\n" not in str(caught.value)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "render.py"), "broken", "--config-dir", str(tmp_path), "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [f"error: {caught.value}"], proc.stderr
+    assert "Traceback" not in proc.stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ ROUTE = "kubernetes:route.openshift.io/v1:Route"
 PVC = "kubernetes:core/v1:PersistentVolumeClaim"
 SCC = "kubernetes:security.openshift.io/v1:SecurityContextConstraints"
 ROLEBINDING = "kubernetes:rbac.authorization.k8s.io/v1:RoleBinding"
+CONFIGMAP = "kubernetes:core/v1:ConfigMap"
 
 BARCELONA_NODES = [
     "moc-r4pcc02u17-nairr", "moc-r4pcc02u18-nairr", "moc-r4pcc02u25-nairr", "moc-r4pcc02u15-yunshi", "moc-r4pcc02u16-yunshi",
@@ -109,36 +111,138 @@ def test_barcelona_full_validated_nccl_set(barcelona: RunResult) -> None:
     assert {k: e.get(k) for k in validated} == validated
 
 
-def test_rank_wiring_for_torchrun_and_deepspeed(barcelona: RunResult) -> None:
+def cluster_env(result: RunResult) -> dict[str, str]:
+    data = result.one(CONFIGMAP, "gpu-cluster").inputs["data"]["cluster.env"]
+    return dict(line.split("=", 1) for line in data.splitlines())
+
+
+def test_rank_wiring_comes_from_the_cluster_configmap(barcelona: RunResult) -> None:
+    """No rank or count value in the pod template: they are in `<app>-cluster`, mounted as a directory."""
     e = env(barcelona)
-    master = "ml-dev-env-0.ml-dev-env-headless.nccl-test.svc.cluster.local"
-    assert e["NODE_RANK"] == {"fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}}
-    assert e["PET_NODE_RANK"] == e["NODE_RANK"]
-    assert (e["NNODES"], e["GPUS_PER_NODE"], e["WORLD_SIZE"]) == ("2", "4", "8")
-    assert (e["MASTER_ADDR"], e["MASTER_PORT"]) == (master, "29500")
-    assert (e["PET_NNODES"], e["PET_NPROC_PER_NODE"], e["PET_MASTER_ADDR"], e["PET_MASTER_PORT"]) == ("2", "4", master, "29500")
+    for name in ("NODE_RANK", "NNODES", "WORLD_SIZE", "MASTER_ADDR", "PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR",
+                 "DEEPSPEED_HOSTFILE"):
+        assert name not in e, name
     for name, path in (("POD_NAME", "metadata.name"), ("POD_NAMESPACE", "metadata.namespace"), ("POD_IP", "status.podIP")):
         assert e[name] == {"fieldRef": {"fieldPath": path}}
-    assert e["DEEPSPEED_HOSTFILE"] == "/workspace/.deepspeed/hostfile"
-    assert barcelona.outputs["master_addr"] == master
-    assert barcelona.outputs["pod_names"] == ["ml-dev-env-0", "ml-dev-env-1"]
-    assert barcelona.outputs["world_size"] == 8
+    cm = barcelona.one(CONFIGMAP, "gpu-cluster").inputs
+    assert cm["metadata"]["name"] == "ml-dev-env-cluster"
+    assert cluster_env(barcelona) == {"NNODES": "2", "GPUS_PER_NODE": "4", "APP_NAME": "ml-dev-env",
+                                      "HEADLESS_SERVICE": "ml-dev-env-headless", "POD_NAMESPACE": "nccl-test", "MASTER_PORT": "29500"}
+    volume = next(v for v in pod_spec(barcelona)["volumes"] if v.get("configMap", {}).get("name") == "ml-dev-env-cluster")
+    mounts = [m for m in container(barcelona)["volumeMounts"] if m["name"] == volume["name"]]
+    # a directory mount: the kubelet updates it in place (a subPath mount never sees an update)
+    assert mounts == [{"name": volume["name"], "mountPath": "/etc/ml-dev-env/cluster", "readOnly": True}]
+    assert e["ML_DEV_CLUSTER_DIR"] == "/etc/ml-dev-env/cluster"
+    assert not [m for c in pod_spec(barcelona)["containers"] for m in c.get("volumeMounts", []) if "subPath" in m]
+
+
+def test_rendered_cluster_env_drives_the_startup_script(barcelona: RunResult, tmp_path: Path) -> None:
+    """The real script on the rendered ConfigMap yields the rank the program reports in its outputs."""
+    from tests.test_startup_script import base_env, make_stubs, rank_env, start, stop, wait_ready
+
+    (tmp_path / "cluster").mkdir()
+    (tmp_path / "cluster" / "cluster.env").write_text(barcelona.one(CONFIGMAP, "gpu-cluster").inputs["data"]["cluster.env"])
+    bin_dir, _ = make_stubs(tmp_path)
+    pod = barcelona.outputs["pod_names"][1]
+    proc = start(base_env(tmp_path, bin_dir, pod, ML_DEV_SERVERS=""))
+    wait_ready(proc, tmp_path / "state")
+    stop(proc)
+    rank = rank_env(tmp_path / "state")
+    assert (rank["ML_DEV_POD"], rank["NODE_RANK"], rank["MASTER_ADDR"]) == (pod, "1", barcelona.outputs["master_addr"])
+    assert int(rank["WORLD_SIZE"]) == barcelona.outputs["world_size"]
+    assert rank["ML_DEV_PODS"].split() == barcelona.outputs["pod_names"]
+
+
+def statefulset_template(result: RunResult) -> str:
+    return json.dumps(result.one(STS).inputs["spec"]["template"], sort_keys=True)
+
+
+def test_pod_template_is_identical_for_count_n_and_n_plus_1(barcelona: RunResult, run) -> None:
+    """`nodes.count` 2 → 3 must not roll the pods: only `replicas` and the cluster ConfigMap change."""
+    three = run("barcelona", lambda o: o["nodes"].update(count=3))
+    assert three.error is None, three.error
+    assert statefulset_template(three) == statefulset_template(barcelona)
+    assert (barcelona.one(STS).inputs["spec"]["replicas"], three.one(STS).inputs["spec"]["replicas"]) == (2, 3)
+    assert (cluster_env(barcelona)["NNODES"], cluster_env(three)["NNODES"]) == ("2", "3")
+    # the StatefulSet is updated after the ConfigMap, so new pods read the new count
+    assert "gpu-cluster" in [urn.rsplit("::", 1)[-1] for urn in three.one(STS).options["dependencies"]]
+
+
+def test_home_is_on_a_persistent_volume_per_pod(barcelona: RunResult, nerc: RunResult, run) -> None:
+    e = env(barcelona)
+    names = [x["name"] for x in container(barcelona)["env"]]
+    # `$(POD_NAME)` and `$(ML_DEV_HOME)` only expand when defined earlier in the list
+    assert names.index("POD_NAME") < names.index("ML_DEV_HOME") < names.index("HOME")
+    assert (e["ML_DEV_HOME"], e["HOME"]) == ("/workspace/.home/$(POD_NAME)", "$(ML_DEV_HOME)")
+    assert "workspace" in [t["metadata"]["name"] for t in barcelona.one(STS).inputs["spec"]["volumeClaimTemplates"]]
+    assert e["ENV"] == "/tmp/ml-dev-env/env.sh"  # `oc rsh` runs /bin/sh, which reads $ENV
+    # only shared volumes: the shared workspace
+    assert env(nerc)["ML_DEV_HOME"] == "/workspace/.home/$(POD_NAME)"
+
+    def per_pod_scratch(o: dict[str, Any]) -> None:
+        o["storage"] = {"mode": "hybrid", "volumes": [
+            {"name": "workspace", "mountPath": "/workspace", "size": "100Gi", "scope": "shared", "storageClass": "nfs-csi"},
+            {"name": "scratch", "mountPath": "/scratch", "size": "100Gi", "scope": "per-pod"},
+        ]}
+
+    assert env(run("barcelona", per_pod_scratch))["ML_DEV_HOME"] == "/scratch/.home/$(POD_NAME)"
 
 
 def test_memlock_through_declared_scc_binding(barcelona: RunResult) -> None:
     assert container(barcelona)["securityContext"] == {"runAsUser": 0, "capabilities": {"add": ["IPC_LOCK", "SYS_RESOURCE"]}}
     assert env(barcelona)["ML_DEV_MEMLOCK"] == "scc"
     scc = barcelona.one(SCC).inputs
-    assert scc["metadata"]["name"] == "nccl-rdma-scc"
+    assert scc["metadata"]["name"] == "nccl-rdma-scc-nccl-test-ml-dev-env"  # per stack: SCCs are cluster-scoped
     assert scc["allowedCapabilities"] == ["IPC_LOCK", "SYS_RESOURCE"]
     assert scc["allowPrivilegedContainer"] is False and scc["allowHostNetwork"] is False
     assert scc["seccompProfiles"] == ["runtime/default"]  # the pods ask for RuntimeDefault
     binding = barcelona.one(ROLEBINDING, "gpu-scc-binding").inputs
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "system:openshift:scc:nccl-rdma-scc"}
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": "system:openshift:scc:nccl-rdma-scc-nccl-test-ml-dev-env"}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "ml-dev-sa", "namespace": "nccl-test"}]
+    assert binding["metadata"]["name"] == "ml-dev-env-scc-nccl-rdma-scc"
     role = barcelona.one("kubernetes:rbac.authorization.k8s.io/v1:Role").inputs
+    assert role["metadata"]["name"] == binding["roleRef"]["name"]
     assert role["rules"] == [{"apiGroups": ["security.openshift.io"], "resources": ["securitycontextconstraints"],
-                              "resourceNames": ["nccl-rdma-scc"], "verbs": ["use"]}]
+                              "resourceNames": [scc["metadata"]["name"]], "verbs": ["use"]}]
+
+
+def cluster_scoped(result: RunResult) -> set[tuple[str, str]]:
+    """(type, name) of every rendered Kubernetes object without a namespace."""
+    return {
+        (r.typ, r.inputs["metadata"]["name"])
+        for r in result.resources
+        if r.typ.startswith("kubernetes:") and isinstance(r.inputs.get("metadata"), dict) and "namespace" not in r.inputs["metadata"]
+    }
+
+
+def test_two_environments_in_one_cluster_have_disjoint_cluster_scoped_names(barcelona: RunResult, run) -> None:
+    def second_user(o: dict[str, Any]) -> None:
+        o["cluster"].update(namespace="alice-dev", appName="alice-env")
+
+    other = run("barcelona", second_user)
+    assert other.error is None, other.error
+    mine, theirs = cluster_scoped(barcelona), cluster_scoped(other)
+    assert (SCC, "nccl-rdma-scc-nccl-test-ml-dev-env") in mine and (SCC, "nccl-rdma-scc-alice-dev-alice-env") in theirs
+    assert mine.isdisjoint(theirs), mine & theirs
+    # the same holds with the namespace created by each stack
+    created = run("barcelona", lambda o: (second_user(o), o["cluster"].update(createNamespace=True)))
+    assert cluster_scoped(created).isdisjoint(cluster_scoped(run("barcelona", lambda o: o["cluster"].update(createNamespace=True))))
+
+
+def test_long_scc_names_stay_dns_subdomains() -> None:
+    from components.naming import DNS_SUBDOMAIN, stack_scc_name
+
+    long_a, long_b = stack_scc_name("s" * 250, "team-a", "app"), stack_scc_name("s" * 250, "team-b", "app")
+    assert DNS_SUBDOMAIN.match(long_a) and DNS_SUBDOMAIN.match(long_b) and long_a != long_b
+
+
+def test_attachments_in_another_namespace_warn(run) -> None:
+    result = run("barcelona", lambda o: o["network"]["rdma"].update(attachmentNamespace="shared-nics"))
+    assert result.error is None, result.error
+    assert any("network.rdma.attachmentNamespace 'shared-nics'" in w and "nccl-test" in w for w in result.warnings), result.warnings
+    same = run("barcelona", lambda o: o["network"]["rdma"].update(attachmentNamespace="nccl-test"))
+    assert not any("attachmentNamespace" in w for w in same.warnings), same.warnings
 
 
 def test_existing_scc_is_bound_not_created(run) -> None:
@@ -245,7 +349,7 @@ def test_hybrid_storage_barcelona(barcelona: RunResult) -> None:
     assert shared["spec"]["accessModes"] == ["ReadWriteMany"] and shared["spec"]["storageClassName"] == "nfs-csi"
     mounts = {m["name"]: m["mountPath"] for m in container(barcelona)["volumeMounts"]}
     assert mounts == {"workspace": "/workspace", "checkpoints": "/checkpoints", "datasets": "/datasets",
-                      "dshm": "/dev/shm", "startup": "/opt/ml-dev-env"}
+                      "dshm": "/dev/shm", "startup": "/opt/ml-dev-env", "cluster": "/etc/ml-dev-env/cluster"}
     pod_volumes = {v["name"] for v in pod_spec(barcelona)["volumes"]}
     assert "datasets" in pod_volumes and "workspace" not in pod_volumes  # per-pod comes from the template
 
@@ -353,7 +457,7 @@ def test_outputs(barcelona: RunResult) -> None:
 def test_startup_script_is_embedded_from_the_repository(barcelona: RunResult) -> None:
     from components.pod import STARTUP_SCRIPT, content_hash
 
-    cm = barcelona.one("kubernetes:core/v1:ConfigMap").inputs
+    cm = barcelona.one(CONFIGMAP, "gpu-startup").inputs
     assert cm["data"]["startup.sh"] == STARTUP_SCRIPT.read_text()
     annotations = barcelona.one(STS).inputs["spec"]["template"]["metadata"]["annotations"]
     assert annotations["ml-dev-env/startup-sha256"] == content_hash(STARTUP_SCRIPT.read_text())

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -63,7 +62,7 @@ def test_render_cli_writes_one_file_per_object(tmp_path: Path) -> None:
     files = sorted(p.name for p in (tmp_path / "nerc-production").iterdir())
     assert "statefulset-ml-dev-env.yaml" in files and "route-ml-dev-env-vscode.yaml" in files
     assert "vscode_url: https://ml-dev-env-vscode-coops-767192.apps.shift.nerc.mghpcc.org" in proc.stdout
-    assert re.search(rf"Kubernetes objects\s+{len(files)}\n", proc.stdout), proc.stdout
+    assert f"== {len(files)} Kubernetes objects written to " in proc.stdout, proc.stdout
 
 
 def test_render_fails_on_a_mandatory_policy_violation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:

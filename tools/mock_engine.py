@@ -135,9 +135,37 @@ class RunResult:
         return found[0]
 
 
+class StackFileError(ValueError):
+    """A stack file that is no YAML mapping with a `config:` mapping; the message is one line, `file:line:col: …`."""
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
 def stack_config(stack_file: Path) -> dict[str, Any]:
-    """The `config:` block of a stack file as Pulumi hands it to a program (objects as JSON text)."""
-    data = yaml.safe_load(stack_file.read_text()) or {}
+    """The `config:` block of a stack file as Pulumi hands it to a program (objects as JSON text).
+
+    Raises `StackFileError` (one line with file:line:col) when the file is not valid YAML.
+    """
+    try:
+        data = yaml.safe_load(stack_file.read_text()) or {}
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{_shown(stack_file)}:{mark.line + 1}:{mark.column + 1}" if mark else _shown(stack_file)
+        what = exc.problem or "not YAML"
+        if exc.context:
+            started = exc.context_mark
+            at = f" at line {started.line + 1}" if started and mark and started.line != mark.line else ""
+            what += f" ({exc.context}{at})"
+        raise StackFileError(f"{where}: invalid YAML: {what}") from None
+    except yaml.YAMLError as exc:
+        raise StackFileError(f"{_shown(stack_file)}: invalid YAML: {' '.join(str(exc).split())}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("config") or {}, dict):
+        raise StackFileError(f"{_shown(stack_file)}:1:1: must be a mapping with a `config:` mapping of `ml-dev-env:<key>` entries")
     return dict(data.get("config") or {})
 
 

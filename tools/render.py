@@ -1,8 +1,11 @@
-"""`make render STACK=<name>`: run the program offline and write every object as YAML.
+"""`make render STACK=<name>`: run the program offline and tell what `pulumi preview` would.
 
-Writes `rendered/<stack>/<kind>-<name>.yaml`, prints the stack outputs and a summary table, then runs
-`../shared/tools/validate_manifests.py` on the result when it is present (and fails if it fails).
-Secret values never reach the files: they are redacted before anything is written.
+Writes `rendered/<stack>/<kind>-<name>.yaml` and prints a short report: the stack outputs, the policy
+check, the object counts per kind, the schema check of `../shared/tools/validate_manifests.py` (its
+per-object detail only on failure; the render fails when it fails), the secrets the stack needs (set
+or missing, with the command to set each), the cluster prerequisites it assumes and the objects that
+need more than namespace-admin rights. Secret values never reach the files: they are redacted before
+anything is written.
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from policy.rules import POLICIES, evaluate, format_report, has_mandatory
-from stacks.loader import SECRET_KEYS
-from tools.mock_engine import REDACTED, ROOT, Recorded, RunResult, run_program, stack_config
+from stacks.config import StackConfig
+from stacks.loader import SECRET_KEYS, parse_raw
+from tools.mock_engine import REDACTED, ROOT, Recorded, RunResult, StackFileError, flatten, run_program, stack_config
+from tools.prerequisites import admin_needs, prerequisites, secret_status
 
 VALIDATOR = ROOT.parent / "shared" / "tools" / "validate_manifests.py"
 
@@ -67,13 +72,46 @@ def write(result: RunResult, out_dir: Path) -> list[tuple[Recorded, dict[str, An
 
 
 def summary(written: list[tuple[Recorded, dict[str, Any], Path]], result: RunResult) -> str:
+    """Object counts per kind, then the Pulumi-only resources (components, providers), on two lines."""
     counts = Counter(obj["kind"] for _, obj, _ in written)
-    other = Counter(r.typ for r in result.resources if manifest(r) is None)
-    width = max([len(k) for k in counts] + [len(k) for k in other] + [4])
-    lines = [f"{'kind'.ljust(width)}  count", f"{'-' * width}  -----"]
-    lines += [f"{kind.ljust(width)}  {n:5d}" for kind, n in sorted(counts.items())]
-    lines += [f"{typ.ljust(width)}  {n:5d}" for typ, n in sorted(other.items())]
-    lines.append(f"{'Kubernetes objects'.ljust(width)}  {sum(counts.values()):5d}")
+    other = Counter(r.typ.rsplit(":", 1)[-1] for r in result.resources if manifest(r) is None)
+    lines = ["  " + ", ".join(f"{kind} {n}" for kind, n in sorted(counts.items()))]
+    if other:
+        listed = ", ".join(f"{typ} {n}" for typ, n in sorted(other.items()))
+        lines.append(f"  (and {sum(other.values())} Pulumi-only resources: {listed})")
+    return "\n".join(lines)
+
+
+def stack_settings(config: dict[str, Any]) -> StackConfig:
+    """The validated config of a stack file that already rendered (so it is valid)."""
+    flat, _ = flatten(config)
+    raw, _ = parse_raw(flat)
+    return StackConfig.model_validate(raw)
+
+
+def needs_report(stack_file: Path, config: dict[str, Any], written: list[tuple[Recorded, dict[str, Any], Path]]) -> str:
+    """The secrets, cluster prerequisites and admin rights a stack needs, as printed by `make render`."""
+    settings = stack_settings(config)
+    objects = [obj for resource, obj, _ in written if not resource.typ.endswith("Patch")]
+    patches = [obj for resource, obj, _ in written if resource.typ.endswith("Patch")]
+    lines = [f'\n== secrets ("set": a `secure:` value in {stack_file.name})']
+    statuses = secret_status(settings, config)
+    for status in statuses:
+        state = ("set" if status.is_set else "missing") if status.needed else "set, not needed by this config"
+        lines.append(f"  {status.key}: {state} — {status.purpose}")
+        if status.needed and not status.is_set:
+            lines.append(f"      {status.command}")
+    if not statuses:
+        lines.append("  none needed")
+    missing = [s.key for s in statuses if s.needed and not s.is_set]
+    if missing:
+        lines.append(f"  pulumi preview stops until {len(missing)} missing secret(s) are set (rendered here with placeholders)")
+    lines.append("\n== cluster prerequisites (this stack assumes them; it does not create them)")
+    lines += [f"  - {need.what} — {need.why}" + (f"\n      check: {need.check}" if need.check else "")
+              for need in prerequisites(settings, objects, patches)]
+    admin = admin_needs(objects + patches, settings.cluster.namespace)
+    lines.append(f"\n== needs more than namespace admin in {settings.cluster.namespace} ({len(admin)} objects)")
+    lines += [f"  - {need.what}: {need.why}" for need in admin] or ["  none: namespace admin is enough"]
     return "\n".join(lines)
 
 
@@ -87,7 +125,11 @@ def render(stack: str, out_root: Path, validate: bool = True, config_dir: Path =
         available = stacks_in(config_dir)
         print(f"error: no stack file {stack_file.name}; available stacks: {', '.join(available)}", file=sys.stderr)
         return 2
-    config = stack_config(stack_file)
+    try:
+        config = stack_config(stack_file)
+    except StackFileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     # Secrets can't be decrypted offline: render with placeholders (redacted from every file).
     placeholders = {k: f"render-placeholder-{k}" for k in SECRET_KEYS if f"ml-dev-env:{k}" not in config}
     result = run_program(stack, config, placeholders)
@@ -105,19 +147,24 @@ def render(stack: str, out_root: Path, validate: bool = True, config_dir: Path =
     violations = evaluate((r.typ, r.inputs, r.options) for r in result.resources)
     print(f"\n== policies ({len(POLICIES)} guard rails, policy/rules.py)")
     print(format_report(violations))
-    print(f"\n== {len(written)} objects written to {out_dir.relative_to(ROOT) if out_dir.is_relative_to(ROOT) else out_dir}")
+    print(f"\n== {len(written)} Kubernetes objects written to {out_dir.relative_to(ROOT) if out_dir.is_relative_to(ROOT) else out_dir}")
     print(summary(written, result))
     if has_mandatory(violations):
         print(f"error: stack {stack} violates a mandatory policy (see above)", file=sys.stderr)
         return 1
     if validate and VALIDATOR.exists():
-        print(f"\n== schema check ({VALIDATOR})")
-        proc = subprocess.run([sys.executable, str(VALIDATOR), str(out_dir)], check=False)
+        # -q: the validator prints only problems and its summary line; the detail only matters on failure.
+        proc = subprocess.run([sys.executable, str(VALIDATOR), "-q", str(out_dir)], capture_output=True, text=True, check=False)
+        lines = (proc.stdout + proc.stderr).strip().splitlines()
         if proc.returncode != 0:
+            print(f"\n== schema check ({VALIDATOR}): FAILED")
+            print("\n".join(lines))
             print(f"error: rendered objects of stack {stack} fail the schema check", file=sys.stderr)
             return 1
+        print(f"\n== schema check: {lines[-1].removeprefix('summary: ') if lines else 'ok'} ({VALIDATOR.name})")
     elif validate:
         print(f"\nnote: {VALIDATOR} not found; schema check skipped")
+    print(needs_report(stack_file, config, written))
     return 0
 
 

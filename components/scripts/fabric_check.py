@@ -72,7 +72,7 @@ def load_config(path: str | None = None) -> dict:
 
 
 def this_pod() -> str:
-    return env("ML_DEV_POD") or env("POD_NAME") or socket.gethostname()
+    return env("POD_NAME") or env("ML_DEV_POD") or socket.gethostname()  # POD_NAME: the downward API, always this pod
 
 
 def this_node() -> str:

@@ -2,38 +2,56 @@
 # ml-dev-env pod startup (mounted from the <app>-startup ConfigMap, run as the main container's command).
 #
 # 1. raises memlock when the stack grants it (never fatal: a refused `ulimit` only warns),
-# 2. computes this pod's rank from its StatefulSet ordinal,
-# 3. writes the DeepSpeed hostfile and an env file for shells (`oc rsh`, VSCode terminals),
+# 2. sets up the persistent per-pod HOME (caches, IDE state, `pip install --user`, shell history),
+# 3. computes this pod's rank from the cluster ConfigMap and writes rank.env and the DeepSpeed hostfile,
 # 4. starts the enabled dev servers on pod 0 only (workers start none),
-# 5. marks the pod ready and waits until it is stopped.
+# 5. marks the pod ready, then re-reads the cluster ConfigMap every ML_DEV_POLL_SECONDS and rewrites
+#    rank.env and the hostfile in place when it changed (a new node count restarts nothing; running
+#    processes keep the values they started with, new shells and launches see the new ones).
 #
-# Inputs (container env, set by the GpuCluster component):
-#   APP_NAME HEADLESS_SERVICE POD_NAMESPACE NNODES GPUS_PER_NODE MASTER_ADDR MASTER_PORT
+# An unwritable path never stops it (no crash loop): each one degrades with a WARNING.
+#
+# Inputs (container env set by the GpuCluster component; none of it depends on the node count):
+#   POD_NAME   ML_DEV_CLUSTER_DIR (/etc/ml-dev-env/cluster): its cluster.env holds NNODES GPUS_PER_NODE
+#   APP_NAME HEADLESS_SERVICE POD_NAMESPACE MASTER_PORT as KEY=value lines (the same names in the
+#   environment are the fallback)   ML_DEV_HOME (persistent HOME)   ML_DEV_POLL_SECONDS (10)
 #   ML_DEV_MEMLOCK=none|scc|privileged   ML_DEV_HCA_MODE=explicit|auto
 #   ML_DEV_SERVERS="vscode jupyter tensorboard"   ML_DEV_AUTH=oauth-proxy|token
 #   ML_DEV_WORKSPACE (/workspace)  ML_DEV_STATE_DIR (/tmp/ml-dev-env)  TENSORBOARD_LOGDIR
 #   PASSWORD (code-server, token mode)  JUPYTER_TOKEN (token mode)
+#
+# Outputs (the rank contract: other tools read these files and never recompute ranks):
+#   $ML_DEV_STATE_DIR/rank.env   `export KEY='value'` lines: ML_DEV_POD NODE_RANK NNODES GPUS_PER_NODE
+#       WORLD_SIZE MASTER_ADDR MASTER_PORT PET_NNODES PET_NODE_RANK PET_NPROC_PER_NODE PET_MASTER_ADDR
+#       PET_MASTER_PORT DEEPSPEED_HOSTFILE ML_DEV_HOSTS ML_DEV_PODS (+ NCCL_IB_HCA when auto-detected)
+#   $DEEPSPEED_HOSTFILE          `<pod fqdn> slots=<gpus>` per line, in rank order
+#   $ML_DEV_STATE_DIR/env.sh     sources rank.env and sets the HOME caches; sourced by ~/.bashrc,
+#                                ~/.profile, $ENV (`oc rsh`'s /bin/sh) and /etc/profile.d in our images
+#   $ML_DEV_STATE_DIR/ready      the readiness probe's file
 set -euo pipefail
 
 log() { printf '[ml-dev-env] %s\n' "$*"; }
+warn() { log "WARNING: $*"; }
 
-: "${APP_NAME:?APP_NAME is not set}"
-: "${HEADLESS_SERVICE:?HEADLESS_SERVICE is not set}"
-: "${POD_NAMESPACE:?POD_NAMESPACE is not set}"
-: "${NNODES:?NNODES is not set}"
-: "${GPUS_PER_NODE:?GPUS_PER_NODE is not set}"
 WORKSPACE="${ML_DEV_WORKSPACE:-/workspace}"
 STATE_DIR="${ML_DEV_STATE_DIR:-/tmp/ml-dev-env}"
+CLUSTER_FILE="${ML_DEV_CLUSTER_DIR:-/etc/ml-dev-env/cluster}/cluster.env"
+POLL="${ML_DEV_POLL_SECONDS:-10}"
 SERVERS="${ML_DEV_SERVERS:-}"
 AUTH="${ML_DEV_AUTH:-oauth-proxy}"
-mkdir -p "$STATE_DIR/logs"
-rm -f "$STATE_DIR/ready"
-# OpenShift may run an arbitrary UID whose HOME is not writable: give the servers a home of their own.
-if [ -z "${HOME:-}" ] || [ ! -w "${HOME}" ]; then
-  export HOME="$STATE_DIR/home"
-  mkdir -p "$HOME"
+if ! mkdir -p "$STATE_DIR/logs" 2>/dev/null || [ ! -w "$STATE_DIR" ]; then
+  fallback="$(mktemp -d "${TMPDIR:-/tmp}/ml-dev-env.XXXXXX")"
+  warn "cannot write $STATE_DIR; using $fallback (the readiness probe will not see this pod ready)"
+  STATE_DIR="$fallback"
+  mkdir -p "$STATE_DIR/logs"
 fi
-export JUPYTER_RUNTIME_DIR="${JUPYTER_RUNTIME_DIR:-$STATE_DIR/jupyter-runtime}"
+rm -f "$STATE_DIR/ready"
+
+POD="${POD_NAME:-${HOSTNAME:-}}"
+ORDINAL="${POD##*-}"
+case "$ORDINAL" in
+  ''|*[!0-9]*) log "ERROR: cannot derive the StatefulSet ordinal from pod name '$POD'"; exit 1 ;;
+esac
 
 # --- 1. memlock ---------------------------------------------------------------------------------
 case "${ML_DEV_MEMLOCK:-none}" in
@@ -41,84 +59,215 @@ case "${ML_DEV_MEMLOCK:-none}" in
     if ulimit -l unlimited 2>/dev/null; then
       log "memlock: unlimited"
     else
-      log "WARNING: could not raise memlock (now $(ulimit -l) KiB); RDMA may fail with IBV_WC_LOC_PROT_ERR." \
-          "Check that the service account is bound to the SCC (security.memlock)."
+      warn "could not raise memlock (now $(ulimit -l) KiB); RDMA may fail with IBV_WC_LOC_PROT_ERR." \
+           "Check that the service account is bound to the SCC (security.memlock)."
     fi
     ;;
   *) log "memlock: $(ulimit -l) KiB (not raised: security.memlock.mode is none)" ;;
 esac
 
-# --- 2. rank ------------------------------------------------------------------------------------
-POD="${POD_NAME:-${HOSTNAME:-}}"
-ORDINAL="${POD##*-}"
-case "$ORDINAL" in
-  ''|*[!0-9]*) log "ERROR: cannot derive the StatefulSet ordinal from pod name '$POD'"; exit 1 ;;
-esac
-if [ -n "${NODE_RANK:-}" ] && [ "$NODE_RANK" != "$ORDINAL" ]; then
-  log "WARNING: NODE_RANK=$NODE_RANK disagrees with the pod ordinal $ORDINAL; using $ORDINAL"
+# --- 2. persistent HOME -------------------------------------------------------------------------
+setup_home() {  # setup_home DIR: create it (the first time: mode 700 and /etc/skel), succeed when writable
+  local dir="$1"
+  if [ ! -d "$dir" ]; then
+    mkdir -p "$dir" 2>/dev/null || return 1
+    chmod 700 "$dir" 2>/dev/null || true
+    if [ -d /etc/skel ]; then cp -Rn /etc/skel/. "$dir/" 2>/dev/null || true; fi
+  fi
+  [ -w "$dir" ]
+}
+WANT_HOME="${ML_DEV_HOME:-${HOME:-}}"
+if [ -n "$WANT_HOME" ] && setup_home "$WANT_HOME"; then
+  export HOME="$WANT_HOME"
+else
+  if [ -n "$WANT_HOME" ]; then
+    warn "cannot create or write HOME $WANT_HOME (is the volume writable for UID $(id -u)?);" \
+         "HOME is $STATE_DIR/home, which does not survive a restart"
+  fi
+  export HOME="$STATE_DIR/home"
+  mkdir -p "$HOME"
 fi
-NODE_RANK="$ORDINAL"
-if [ "$NODE_RANK" -ge "$NNODES" ]; then
-  log "ERROR: pod ordinal $NODE_RANK is outside NNODES=$NNODES"
-  exit 1
-fi
-export NODE_RANK
-WORLD_SIZE=$((NNODES * GPUS_PER_NODE))
-export WORLD_SIZE
+# The servers' caches and state follow HOME (explicitly: an image may point them elsewhere).
+export XDG_CACHE_HOME="$HOME/.cache" XDG_CONFIG_HOME="$HOME/.config" XDG_DATA_HOME="$HOME/.local/share"
+export PIP_CACHE_DIR="$HOME/.cache/pip" JUPYTER_CONFIG_DIR="$HOME/.jupyter" JUPYTER_DATA_DIR="$HOME/.local/share/jupyter"
+export IPYTHONDIR="$HOME/.ipython" HISTFILE="$HOME/.bash_history"
+export JUPYTER_RUNTIME_DIR="${JUPYTER_RUNTIME_DIR:-$STATE_DIR/jupyter-runtime}"  # sockets: not on NFS
+case ":$PATH:" in *":$HOME/.local/bin:"*) ;; *) export PATH="$HOME/.local/bin:$PATH" ;; esac
 
-# --- 3. RDMA devices (opt-in auto-detection), hostfile, env file -------------------------------
+# --- 3. RDMA devices (opt-in auto-detection), rank, hostfile, rank.env --------------------------
 if [ "${ML_DEV_HCA_MODE:-explicit}" = "auto" ] && [ -z "${NCCL_IB_HCA:-}" ]; then
   # `ibv_devinfo -l` prints a "N HCAs found:" header and tab-indented names: keep only the names.
   detected="$(ibv_devinfo -l 2>/dev/null | grep -v 'HCAs found' | sed 's/^[[:space:]]*//;s/[[:space:]]*$//' | grep -v '^$' | sort | paste -sd, - || true)"
   if [ -n "$detected" ]; then
     export NCCL_IB_HCA="$detected"
+    DETECTED_HCA="$detected"
     log "NCCL_IB_HCA auto-detected: $NCCL_IB_HCA"
   else
-    log "WARNING: hcaMode auto found no RDMA devices; NCCL will choose"
+    warn "hcaMode auto found no RDMA devices; NCCL will choose"
   fi
 fi
 
-HOSTFILE="${DEEPSPEED_HOSTFILE:-$WORKSPACE/.deepspeed/hostfile}"
-write_hostfile() {
-  local tmp
-  mkdir -p "$(dirname "$HOSTFILE")" && tmp="$(mktemp "$HOSTFILE.XXXXXX")" || return 1
-  for ((i = 0; i < NNODES; i++)); do
-    printf '%s-%d.%s.%s.svc.cluster.local slots=%d\n' "$APP_NAME" "$i" "$HEADLESS_SERVICE" "$POD_NAMESPACE" "$GPUS_PER_NODE"
-  done > "$tmp" && mv -f "$tmp" "$HOSTFILE"
+# Values from the environment, used where cluster.env lacks a key.
+ENV_NNODES="${NNODES:-}" ENV_GPUS_PER_NODE="${GPUS_PER_NODE:-}" ENV_APP_NAME="${APP_NAME:-}"
+ENV_HEADLESS_SERVICE="${HEADLESS_SERVICE:-}" ENV_POD_NAMESPACE="${POD_NAMESPACE:-}" ENV_MASTER_PORT="${MASTER_PORT:-29500}"
+
+read_cluster_env() {  # sets C_<KEY> from the environment, then cluster.env; fails (CLUSTER_PROBLEM) on a bad value
+  local line key value
+  C_NNODES="$ENV_NNODES" C_GPUS_PER_NODE="$ENV_GPUS_PER_NODE" C_APP_NAME="$ENV_APP_NAME"
+  C_HEADLESS_SERVICE="$ENV_HEADLESS_SERVICE" C_POD_NAMESPACE="$ENV_POD_NAMESPACE" C_MASTER_PORT="$ENV_MASTER_PORT"
+  if [ -r "$CLUSTER_FILE" ]; then
+    while IFS= read -r line || [ -n "$line" ]; do
+      key="${line%%=*}" value="${line#*=}"
+      value="${value%\"}" value="${value#\"}"
+      case "$key" in
+        NNODES|GPUS_PER_NODE|APP_NAME|HEADLESS_SERVICE|POD_NAMESPACE|MASTER_PORT) printf -v "C_$key" '%s' "$value" ;;
+      esac
+    done < "$CLUSTER_FILE"
+  fi
+  for key in NNODES GPUS_PER_NODE MASTER_PORT; do
+    value="C_$key"
+    case "${!value}" in
+      ''|*[!0-9]*|0) CLUSTER_PROBLEM="$key='${!value}' (from $CLUSTER_FILE or the environment) is not a positive integer"; return 1 ;;
+    esac
+  done
+  for key in APP_NAME HEADLESS_SERVICE POD_NAMESPACE; do
+    value="C_$key"
+    case "${!value}" in
+      ''|*[!a-z0-9.-]*) CLUSTER_PROBLEM="$key='${!value}' (from $CLUSTER_FILE or the environment) is not a DNS name"; return 1 ;;
+    esac
+  done
 }
-if ! write_hostfile 2>/dev/null; then
-  # an unwritable workspace must not crash-loop the pod; the hostfile goes to the state dir instead
-  log "WARNING: cannot write $HOSTFILE (is the workspace writable?); using $STATE_DIR/hostfile"
-  HOSTFILE="$STATE_DIR/hostfile"
-  write_hostfile
+
+# The rank order, decided in this one place: RANK_PODS lists the pod names in rank order and
+# NODE_RANK is this pod's index in it. Rank = StatefulSet ordinal, unless fabricCheck.nodeRacks is set:
+# then ml_dev_rank_order (rank_order.sh, README "Fabric check") groups the pods by rack, pod 0 first.
+FABRIC_DIR="$(dirname "${BASH_SOURCE[0]}")"
+RACK_AWARE=""
+if [ -r "$FABRIC_DIR/rank_order.sh" ] && [ -r "$FABRIC_DIR/fabric.json" ] && grep -q '"nodeRacks": {$' "$FABRIC_DIR/fabric.json"; then
+  # shellcheck source=rank_order.sh
+  . "$FABRIC_DIR/rank_order.sh" && RACK_AWARE=1
 fi
+compute_rank() {
+  local i
+  RANK_PODS=()
+  for ((i = 0; i < C_NNODES; i++)); do RANK_PODS+=("$C_APP_NAME-$i"); done
+  if [ -n "$RACK_AWARE" ]; then read -r -a RANK_PODS <<<"$(ml_dev_rank_order "$C_POD_NAMESPACE" "${RANK_PODS[@]}")"; fi
+  NODE_RANK=""
+  for i in "${!RANK_PODS[@]}"; do
+    if [ "${RANK_PODS[$i]}" = "$POD" ]; then NODE_RANK="$i"; fi
+  done
+  [ -n "$NODE_RANK" ]
+}
 
+q() { printf "'%s'" "${1//\'/\'\\\'\'}"; }  # single-quote a value for sh
+
+write_file() {  # write_file PATH CONTENT: atomically (temporary file in the same directory, then mv)
+  local tmp
+  mkdir -p "$(dirname "$1")" 2>/dev/null && tmp="$(mktemp "$1.XXXXXX" 2>/dev/null)" || return 1
+  if printf '%s' "$2" > "$tmp" && chmod 644 "$tmp" && mv -f "$tmp" "$1"; then return 0; fi
+  rm -f "$tmp"
+  return 1
+}
+
+HOSTFILE="${DEEPSPEED_HOSTFILE:-$WORKSPACE/.deepspeed/hostfile}"
+refresh_rank() {  # read cluster.env, write the hostfile and rank.env, export the values; fails with a warning
+  local pod hosts=() pods=() lines="" master
+  if ! read_cluster_env; then
+    warn "$CLUSTER_PROBLEM; rank.env is not written until $CLUSTER_FILE is fixed"
+    return 1
+  fi
+  if ! compute_rank; then
+    warn "pod $POD is not one of the NNODES=$C_NNODES pods of $CLUSTER_FILE (a scale-down or scale-up in progress?);" \
+         "rank.env is not written until it is"
+    return 1
+  fi
+  for pod in "${RANK_PODS[@]}"; do
+    pods+=("$pod")
+    hosts+=("$pod.$C_HEADLESS_SERVICE.$C_POD_NAMESPACE.svc.cluster.local")
+    lines+="${hosts[-1]} slots=$C_GPUS_PER_NODE"$'\n'
+  done
+  if ! write_file "$HOSTFILE" "$lines"; then
+    if [ "$HOSTFILE" = "$STATE_DIR/hostfile" ] || ! write_file "$STATE_DIR/hostfile" "$lines"; then
+      warn "cannot write $HOSTFILE"
+      return 1
+    fi
+    # an unwritable workspace must not crash-loop the pod; the hostfile goes to the state dir instead
+    warn "cannot write $HOSTFILE (is the workspace writable?); using $STATE_DIR/hostfile"
+    HOSTFILE="$STATE_DIR/hostfile"
+  fi
+  master="${hosts[0]}"
+  local content
+  content="$(
+    printf '# ml-dev-env rank wiring, rewritten in place by the startup script when the node count changes.\n'
+    printf 'export ML_DEV_POD=%s\n' "$(q "$POD")"
+    printf 'export NODE_RANK=%s\n' "$(q "$NODE_RANK")"
+    printf 'export NNODES=%s\n' "$(q "$C_NNODES")"
+    printf 'export GPUS_PER_NODE=%s\n' "$(q "$C_GPUS_PER_NODE")"
+    printf 'export WORLD_SIZE=%s\n' "$(q "$((C_NNODES * C_GPUS_PER_NODE))")"
+    printf 'export MASTER_ADDR=%s\n' "$(q "$master")"
+    printf 'export MASTER_PORT=%s\n' "$(q "$C_MASTER_PORT")"
+    # torchrun reads PET_<FLAG> as the default of --<flag>: plain `torchrun train.py` works in every pod.
+    printf 'export PET_NNODES=%s\n' "$(q "$C_NNODES")"
+    printf 'export PET_NODE_RANK=%s\n' "$(q "$NODE_RANK")"
+    printf 'export PET_NPROC_PER_NODE=%s\n' "$(q "$C_GPUS_PER_NODE")"
+    printf 'export PET_MASTER_ADDR=%s\n' "$(q "$master")"
+    printf 'export PET_MASTER_PORT=%s\n' "$(q "$C_MASTER_PORT")"
+    printf 'export DEEPSPEED_HOSTFILE=%s\n' "$(q "$HOSTFILE")"
+    printf 'export ML_DEV_HOSTS=%s\n' "$(q "${hosts[*]}")"
+    printf 'export ML_DEV_PODS=%s\n' "$(q "${pods[*]}")"
+    if [ -n "${DETECTED_HCA:-}" ]; then printf 'export NCCL_IB_HCA=%s\n' "$(q "$DETECTED_HCA")"; fi
+  )"
+  if ! write_file "$STATE_DIR/rank.env" "$content"$'\n'; then
+    warn "cannot write $STATE_DIR/rank.env"
+    return 1
+  fi
+  # shellcheck source=/dev/null
+  . "$STATE_DIR/rank.env"  # the dev servers (and their terminals and kernels) inherit these values
+  log "pod $POD: NODE_RANK=$NODE_RANK of NNODES=$NNODES, $GPUS_PER_NODE GPUs each, WORLD_SIZE=$WORLD_SIZE"
+  log "master: $MASTER_ADDR:$MASTER_PORT; hostfile: $HOSTFILE; rank.env: $STATE_DIR/rank.env"
+}
+
+LAST_CLUSTER="$(cat "$CLUSTER_FILE" 2>/dev/null || true)"
+refresh_rank || true
+
+# Shells: env.sh sources rank.env (so every new shell sees the current values) and sets the HOME caches.
 {
-  printf 'export NODE_RANK=%q NNODES=%q GPUS_PER_NODE=%q WORLD_SIZE=%q\n' "$NODE_RANK" "$NNODES" "$GPUS_PER_NODE" "$WORLD_SIZE"
-  printf 'export MASTER_ADDR=%q MASTER_PORT=%q DEEPSPEED_HOSTFILE=%q\n' "${MASTER_ADDR:-}" "${MASTER_PORT:-29500}" "$HOSTFILE"
-  env | { grep -E '^(NCCL|TORCH_NCCL|UCX)_' || true; } | sort | while IFS='=' read -r key value; do printf 'export %s=%q\n' "$key" "$value"; done
+  printf '# ml-dev-env: written by the pod startup script; sourced by login and interactive shells.\n'
+  printf 'if [ -r %s ]; then . %s; fi\n' "$(q "$STATE_DIR/rank.env")" "$(q "$STATE_DIR/rank.env")"
+  for key in HOME XDG_CACHE_HOME XDG_CONFIG_HOME XDG_DATA_HOME PIP_CACHE_DIR JUPYTER_CONFIG_DIR JUPYTER_DATA_DIR IPYTHONDIR \
+             JUPYTER_RUNTIME_DIR; do
+    printf 'export %s=%s\n' "$key" "$(q "${!key}")"
+  done
+  # shellcheck disable=SC2016  # expanded by the sourcing shell
+  printf 'case ":$PATH:" in *":$HOME/.local/bin:"*) ;; *) export PATH="$HOME/.local/bin:$PATH" ;; esac\n'
+  env | { grep -E '^(NCCL|TORCH_NCCL|UCX)_' || true; } | sort | while IFS='=' read -r key value; do printf 'export %s=%s\n' "$key" "$(q "$value")"; done
 } > "$STATE_DIR/env.sh"
+HOOK="if [ -r $(q "$STATE_DIR/env.sh") ]; then . $(q "$STATE_DIR/env.sh"); fi  # ml-dev-env: rank.env and HOME caches"
+for rc in "$HOME/.bashrc" "$HOME/.profile" "$HOME/.bash_profile"; do
+  # bash login shells read only the first of .bash_profile/.bash_login/.profile: hook an existing .bash_profile too
+  if [ "$rc" = "$HOME/.bash_profile" ] && [ ! -e "$rc" ]; then continue; fi
+  if grep -qxF "$HOOK" "$rc" 2>/dev/null; then continue; fi
+  printf '%s\n' "$HOOK" >> "$rc" 2>/dev/null || warn "cannot add the rank.env line to $rc; in shells run: . $STATE_DIR/env.sh"
+done
 
-log "pod $POD: NODE_RANK=$NODE_RANK of NNODES=$NNODES, $GPUS_PER_NODE GPUs each, WORLD_SIZE=$WORLD_SIZE"
-log "master: ${MASTER_ADDR:-?}:${MASTER_PORT:-29500}; hostfile: $HOSTFILE"
 if command -v nvidia-smi >/dev/null 2>&1; then
-  nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader || log "WARNING: nvidia-smi failed"
+  nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader || warn "nvidia-smi failed"
 fi
 
 # --- fabric check hold (fabricCheck.onDeploy; README "Fabric check") ----------------------------
 # Pod 0 only. `fabric_check.py hold` returns at once unless fabric.json has onDeploy; then it retries
 # preflight + gate until they pass or onDeployTimeoutSeconds, and keeps holding until a passing
 # `fabric_check.py gate` or `fabric_check.py release`. Dev servers and readiness wait for it.
-FABRIC_CHECK="${BASH_SOURCE[0]%/*}/fabric_check.py"
-if [ "$NODE_RANK" -eq 0 ] && [ -r "$FABRIC_CHECK" ] && command -v python3 >/dev/null 2>&1; then
-  python3 "$FABRIC_CHECK" hold &
+# (It needs the pods' sshd: keep this block after the SSH fabric starts.)
+if [ "$ORDINAL" -eq 0 ] && [ -r "$FABRIC_DIR/fabric_check.py" ] && command -v python3 >/dev/null 2>&1; then
+  python3 "$FABRIC_DIR/fabric_check.py" hold &
   FABRIC_PID=$!
   trap 'kill "$FABRIC_PID" 2>/dev/null; exit 0' TERM INT
-  wait "$FABRIC_PID" || log "WARNING: the fabric check hold failed (exit $?); starting the dev servers"
+  wait "$FABRIC_PID" || warn "the fabric check hold failed (exit $?); starting the dev servers"
   trap - TERM INT
 fi
 
-# --- 4. dev servers (pod 0 only) ----------------------------------------------------------------
+# --- 4. dev servers (pod 0 only: the dev Service selects the pod named <app>-0) ------------------
 if [ "$AUTH" = "token" ]; then BIND=0.0.0.0; else BIND=127.0.0.1; fi
 PIDS=()
 start() {  # start <name> <command...>
@@ -128,16 +277,17 @@ start() {  # start <name> <command...>
   PIDS+=("$!")
 }
 
-if [ "$NODE_RANK" -eq 0 ]; then
+if [ "$ORDINAL" -eq 0 ]; then
   for server in $SERVERS; do
     case "$server" in
       vscode)
+        dirs=(--user-data-dir "$XDG_DATA_HOME/code-server" --extensions-dir "$XDG_DATA_HOME/code-server/extensions")
         if [ "$AUTH" = "token" ]; then
           : "${PASSWORD:?token mode needs PASSWORD for code-server}"
-          start vscode code-server --bind-addr "$BIND:8080" --auth password --disable-telemetry "$WORKSPACE"
+          start vscode code-server --bind-addr "$BIND:8080" --auth password --disable-telemetry "${dirs[@]}" "$WORKSPACE"
         else
           # Only reachable through the OAuth proxy sidecar on this pod's loopback.
-          start vscode code-server --bind-addr "$BIND:8080" --auth none --disable-telemetry "$WORKSPACE"
+          start vscode code-server --bind-addr "$BIND:8080" --auth none --disable-telemetry "${dirs[@]}" "$WORKSPACE"
         fi
         ;;
       jupyter)
@@ -152,17 +302,20 @@ if [ "$NODE_RANK" -eq 0 ]; then
         fi
         ;;
       tensorboard)
-        mkdir -p "${TENSORBOARD_LOGDIR:-$WORKSPACE/tensorboard}"
-        start tensorboard tensorboard --logdir "${TENSORBOARD_LOGDIR:-$WORKSPACE/tensorboard}" --host "$BIND" --port 6006
+        logdir="${TENSORBOARD_LOGDIR:-$WORKSPACE/tensorboard}"
+        if ! mkdir -p "$logdir" 2>/dev/null; then
+          warn "cannot create $logdir (is the workspace writable?); TensorBoard shows runs once it exists"
+        fi
+        start tensorboard tensorboard --logdir "$logdir" --host "$BIND" --port 6006
         ;;
-      *) log "WARNING: unknown dev server '$server' ignored" ;;
+      *) warn "unknown dev server '$server' ignored" ;;
     esac
   done
 else
-  log "worker pod: no dev servers (they run on ${APP_NAME}-0)"
+  log "worker pod: no dev servers (they run on the pod named ${C_APP_NAME:-${APP_NAME:-<app>}}-0)"
 fi
 
-# --- 5. ready, then wait ------------------------------------------------------------------------
+# --- 5. ready, then follow the cluster ConfigMap -------------------------------------------------
 SLEEP_PID=""
 stop() {
   log "stopping"
@@ -173,7 +326,17 @@ trap stop TERM INT
 touch "$STATE_DIR/ready"
 log "ready"
 while true; do
-  sleep 3600 &
+  sleep "$POLL" &
   SLEEP_PID=$!
   wait "$SLEEP_PID" || true
+  # The kubelet replaces the mounted file atomically (within its sync period, about a minute).
+  current="$(cat "$CLUSTER_FILE" 2>/dev/null || true)"
+  if [ "$current" != "$LAST_CLUSTER" ]; then
+    LAST_CLUSTER="$current"
+    log "$CLUSTER_FILE changed: rewriting rank.env and the hostfile (running processes keep their values)"
+    refresh_rank || true
+  elif [ -n "$RACK_AWARE" ] && [ "$( (compute_rank && printf '%s' "${RANK_PODS[*]}") 2>/dev/null)" != "${RANK_PODS[*]:-}" ]; then
+    log "pod placement changed the rack-aware rank order: rewriting rank.env and the hostfile"
+    refresh_rank || true
+  fi
 done

@@ -13,7 +13,7 @@ STS = "kubernetes:apps/v1:StatefulSet"
 def test_startup_configmap_carries_the_program_and_settings():
     result = run_objects("barcelona", stack_objects("barcelona"))
     assert result.error is None, result.error
-    cm = result.one("kubernetes:core/v1:ConfigMap").inputs
+    cm = result.one("kubernetes:core/v1:ConfigMap", "-startup").inputs
     assert cm["data"]["fabric_check.py"] == fabric.PROGRAM.read_text()
     assert cm["data"]["rank_order.sh"] == fabric.RANK_ORDER.read_text()
     settings = json.loads(cm["data"]["fabric.json"])

@@ -99,7 +99,7 @@ def test_startup_hook_holds_pod_0_dev_servers_until_release(sim, tmp_path: Path)
     try:
         assert proc.stdout is not None
         lines = read_until(proc.stdout, "did not pass within")
-        assert any("FAIL ml-dev-env-1 (node gpu-node-1) GPUs: 2 visible, expected 4" in line for line in lines)
+        assert any("FAIL ml-dev-env-1 (node gpu-node-1) GPUs: 2 visible, expected 4" in line for line in lines), "".join(lines)
         assert not (state / "ready").exists() and not s.calls("code-server"), "pod 0 is held: no servers, not ready"
         assert s.run("release").returncode == 0
         after = read_until(proc.stdout, "] ready")

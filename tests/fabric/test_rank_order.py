@@ -151,3 +151,47 @@ def test_rank_order_shell_function_for_the_startup_script(sim, api, tmp_path: Pa
     assert "node of ml-dev-env-3, ml-dev-env-4, ml-dev-env-5 not known yet" in partial.stderr
     env["PATH"] = "/nonexistent"
     assert rank_order_sh(tmp_path, {**s.settings, "nodeRacks": RACKS}, env, *PODS).stdout.split() == PODS
+
+
+def test_startup_script_writes_rack_aware_ranks_and_follows_placement(sim, api, tmp_path: Path) -> None:
+    import os
+    import signal
+
+    from components.pod import STARTUP_SCRIPT
+    from tests.fabric.test_hold import read_until
+
+    s: Sim = sim(1)
+    FakeApi.items = [{"metadata": {"name": p}, "spec": {"nodeName": n}} for p, n in PLACED.items()]
+    opt = tmp_path / "opt"
+    opt.mkdir()
+    for src in (STARTUP_SCRIPT, Path(fc.__file__), Path(fc.__file__).with_name("rank_order.sh")):
+        (opt / src.name).write_text(src.read_text())
+    (opt / "fabric.json").write_text(json.dumps({**s.settings, "nodeRacks": RACKS}, indent=2, sort_keys=True))
+    env = s.env(0)
+    env.pop("ML_DEV_FABRIC_CONFIG")
+    state = tmp_path / "pod1-state"
+    env.update(POD_NAME="ml-dev-env-1", HOSTNAME="ml-dev-env-1", NODE_NAME="n-b1", APP_NAME="ml-dev-env",
+               HEADLESS_SERVICE="ml-dev-env-headless", POD_NAMESPACE="nccl-test", NNODES="6", GPUS_PER_NODE="4",
+               MASTER_PORT="29500", ML_DEV_STATE_DIR=str(state), ML_DEV_CLUSTER_DIR=str(tmp_path / "no-cluster-dir"),
+               ML_DEV_POLL_SECONDS="0.2", ML_DEV_KUBE_API=api, ML_DEV_SA_DIR=str(tmp_path), ML_DEV_SERVERS="")
+    proc = subprocess.Popen(["/bin/bash", str(opt / "startup.sh")], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        read_until(proc.stdout, "] ready")
+        rank = fc.read_rank_env(state / "rank.env")
+        order = fc.rack_order(PODS, PLACED, RACKS)
+        assert rank["ML_DEV_PODS"].split() == order and rank["NODE_RANK"] == str(order.index("ml-dev-env-1")) == "3"
+        assert rank["MASTER_ADDR"].startswith("ml-dev-env-0."), "pod 0 stays rank 0"
+        hostfile = Path(rank["DEEPSPEED_HOSTFILE"]).read_text().split()
+        assert [h.split(".")[0] for h in hostfile[::2]] == order == [h.split(".")[0] for h in rank["ML_DEV_HOSTS"].split()]
+        # pod 1 moves to rack a (rescheduled): the poll loop rewrites rank.env
+        FakeApi.items = [{"metadata": {"name": p}, "spec": {"nodeName": n}}
+                         for p, n in dict(PLACED, **{"ml-dev-env-1": "n-a2", "ml-dev-env-2": "n-b1"}).items()]
+        read_until(proc.stdout, "pod placement changed the rack-aware rank order")
+        read_until(proc.stdout, "NODE_RANK=")
+        rank = fc.read_rank_env(state / "rank.env")
+        assert rank["ML_DEV_PODS"].split()[:3] == ["ml-dev-env-0", "ml-dev-env-1", "ml-dev-env-4"] and rank["NODE_RANK"] == "1"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)

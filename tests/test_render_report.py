@@ -1,0 +1,212 @@
+"""`make render` tells what `pulumi preview` would: secrets, cluster prerequisites, objects needing admin."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from components.naming import stack_scc_name
+from stacks.config import StackConfig
+from tests.conftest import ROOT, VALIDATOR, run_objects, stack_objects
+from tools import render
+from tools.prerequisites import Need, admin_needs, prerequisites, secret_status
+
+
+def rendered(stack: str, mutate: Callable[[dict[str, Any]], None] | None = None, with_patches: bool = False) -> Any:
+    """The validated config and the Kubernetes objects a (mutated) committed stack creates (and patches)."""
+    objects = stack_objects(stack)
+    if mutate:
+        mutate(objects)
+    result = run_objects(stack, objects, {"vscodePassword": "x", "jupyterToken": "y"})
+    assert result.error is None, result.error
+    created = [render.manifest(r) for r in result.resources if not r.typ.endswith("Patch")]
+    patched = [render.manifest(r) for r in result.resources if r.typ.endswith("Patch")]
+    config = StackConfig.model_validate(objects)
+    created = [m for m in created if m is not None]
+    return (config, created, [m for m in patched if m is not None]) if with_patches else (config, created)
+
+
+def find(needs: list[Need], start: str) -> list[Need]:
+    return [n for n in needs if n.what.startswith(start)]
+
+
+def test_barcelona_prerequisites_follow_from_its_config() -> None:
+    config, objects = rendered("barcelona")
+    needs = prerequisites(config, objects)
+    rdma = config.network.rdma
+
+    [namespace] = find(needs, "namespace ")
+    assert namespace.what == f"namespace {config.cluster.namespace} exists" and "createNamespace is false" in namespace.why
+    [nads] = find(needs, "NetworkAttachmentDefinitions")
+    assert nads.what == f"NetworkAttachmentDefinitions in namespace {config.cluster.namespace}: {', '.join(rdma.attachments)}"
+    assert "StatefulSet/" in nads.why and "createAttachments is false" in nads.why
+
+    classes = {n.what for n in find(needs, "StorageClass ")}
+    volumes = {v.storage_class for v in config.storage.volumes} | {config.model_pipeline.storage_class}
+    assert {re.match(r"StorageClass (\S+)", c)[1] for c in classes} == volumes
+    assert "StorageClass nfs-csi (ReadWriteMany)" in classes  # the shared datasets volume
+
+    [gpu] = find(needs, "NVIDIA GPU operator")
+    assert f"nvidia.com/gpu.product={config.nodes.gpu_product}" in gpu.what
+    [pinned] = find(needs, "nodes ")
+    assert pinned.what == f"nodes {', '.join(config.nodes.gpu_nodes)}"
+    [sriov] = find(needs, "SR-IOV network operator")
+    assert sriov.what == f"SR-IOV network operator: nodes advertise {', '.join(sorted(rdma.sriov_resources))}"
+    [tekton] = find(needs, "OpenShift Pipelines operator")
+    assert {"Pipeline", "PipelineRun", "Task"} <= set(tekton.why.split(": ", 1)[1].split(", "))
+    [registry] = find(needs, "model registry at ")
+    assert registry.what == f"model registry at {config.model_pipeline.registry_url}"
+    assert all(n.check.startswith("oc get ") for n in needs)
+
+
+def test_tcp_stack_without_models_needs_no_rdma_operators_or_pipelines() -> None:
+    config, objects = rendered("nerc-production")
+    whats = [n.what for n in prerequisites(config, objects)]
+    assert not [w for w in whats if w.startswith(("NetworkAttachmentDefinitions", "SR-IOV", "OpenShift Pipelines", "model registry"))]
+    assert any(w.startswith("NVIDIA GPU operator") for w in whats)
+    assert admin_needs(objects, config.cluster.namespace) == []
+
+
+def _self_contained(o: dict[str, Any]) -> None:
+    o["cluster"]["createNamespace"] = True
+    o["network"]["rdma"].update(createAttachments=True, subnets=["10.0.103.0/24", "10.0.104.0/24", "10.0.105.0/24", "10.0.106.0/24"])
+
+
+def test_what_the_stack_creates_is_no_prerequisite_but_may_need_admin() -> None:
+    config, objects = rendered("barcelona", _self_contained)
+    needs = prerequisites(config, objects)
+    assert not find(needs, "namespace ") and not find(needs, "NetworkAttachmentDefinitions")
+    admin = {n.what: n.why for n in admin_needs(objects, config.cluster.namespace)}
+    assert admin[f"Namespace/{config.cluster.namespace}"] == "cluster-scoped: needs cluster-admin"
+    memlock, cluster = config.security.memlock, config.cluster
+    assert memlock.scc_name is not None
+    created = stack_scc_name(memlock.scc_name, cluster.namespace, cluster.app_name)  # a created SCC is named per stack
+    assert admin[f"SecurityContextConstraints/{created}"] == "cluster-scoped: needs cluster-admin"
+
+
+def _existing_scc_and_account(o: dict[str, Any]) -> None:
+    o["security"]["memlock"]["createScc"] = False
+    o["security"]["createServiceAccount"] = False
+
+
+def test_objects_the_stack_only_refers_to_are_prerequisites() -> None:
+    config, objects, patches = rendered("barcelona", _existing_scc_and_account, with_patches=True)
+    needs = prerequisites(config, objects, patches)
+    scc, account, ns = config.security.memlock.scc_name, config.security.service_account, config.cluster.namespace
+    assert [n.what for n in find(needs, "SecurityContextConstraints ")] == [
+        f"SecurityContextConstraints {scc} (created by a cluster admin)"
+    ]
+    # OpenShift ships `system:openshift:scc:<name>` ClusterRoles only for its own SCCs
+    assert [n.what for n in find(needs, "ClusterRole ")] == [f"ClusterRole system:openshift:scc:{scc} (created by an admin)"]
+    # the adopted ServiceAccount is patched (OAuth redirect annotations), so it must exist
+    assert [(n.what, n.why) for n in find(needs, "ServiceAccount ")] == [
+        (f"ServiceAccount {ns}/{account}", "the stack only patches it (created elsewhere)")
+    ]
+    admin = admin_needs(objects + patches, ns)
+    assert [n.what for n in admin] == [f"RoleBinding/{config.cluster.app_name}-scc-{scc}"]
+    assert "binds a role granting use of SCC" in admin[0].why and "RBAC escalation check" in admin[0].why
+
+
+def test_a_referenced_service_account_nobody_creates_is_a_prerequisite() -> None:
+    config, objects = rendered("nerc-production")
+    sts = next(o for o in objects if o["kind"] == "StatefulSet")
+    sts["spec"]["template"]["spec"]["serviceAccountName"] = "someone-elses"
+    assert [n.what for n in find(prerequisites(config, objects), "ServiceAccount ")] == [
+        f"ServiceAccount {config.cluster.namespace}/someone-elses"
+    ]
+
+
+def test_admin_marking_is_generic() -> None:
+    """Cluster-scoped kinds and objects in another namespace (e.g. a model-registry RoleBinding) are marked."""
+    objects = [
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a", "namespace": "team"}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": "registry-user-x", "namespace": "rhoai-model-registries"}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "reader"}},
+    ]
+    assert admin_needs(objects, "team") == [
+        Need("RoleBinding/registry-user-x in namespace rhoai-model-registries",
+             "outside the stack's namespace team: needs admin in rhoai-model-registries"),
+        Need("ClusterRole/reader", "cluster-scoped: needs cluster-admin"),
+    ]
+
+
+def test_networks_annotation_forms() -> None:
+    from tools.prerequisites import _networks
+
+    assert _networks("a/n1@net1, n2", "ns") == [("a", "n1"), ("ns", "n2")]
+    assert _networks('[{"name": "n3", "namespace": "b"}, {"name": "n4"}]', "ns") == [("b", "n3"), ("ns", "n4")]
+    assert _networks("", "ns") == []
+
+
+def test_secret_status_set_means_a_secure_value_in_the_stack_file() -> None:
+    objects = stack_objects("barcelona")
+    objects["access"] = {"auth": "token", "tensorboard": False}
+    config = StackConfig.model_validate(objects)
+    stack_file = {f"ml-dev-env:{k}": v for k, v in objects.items()}
+    stack_file["ml-dev-env:hfToken"] = {"secure": "v1:abc"}
+    stack_file["ml-dev-env:s3AccessKeyId"] = {"secure": "v1:def"}
+    status = {s.key: s for s in secret_status(config, stack_file)}
+    assert set(status) == {"vscodePassword", "jupyterToken", "quayDockerConfigJson", "hfToken", "s3AccessKeyId"}
+    assert status["hfToken"].needed and status["hfToken"].is_set
+    assert status["quayDockerConfigJson"].needed and not status["quayDockerConfigJson"].is_set
+    assert status["vscodePassword"].command == "pulumi config set --secret ml-dev-env:vscodePassword …"
+    assert not status["s3AccessKeyId"].needed and status["s3AccessKeyId"].is_set
+
+
+def test_render_prints_a_summary_with_secrets_prerequisites_and_admin_objects(tmp_path: Path) -> None:
+    config = yaml.safe_load((ROOT / "Pulumi.barcelona.yaml").read_text())
+    config["config"]["ml-dev-env:hfToken"] = {"secure": "v1:AAAA"}
+    (tmp_path / "Pulumi.demo.yaml").write_text(yaml.safe_dump(config))
+    proc = subprocess.run(
+        [sys.executable, str(Path(render.__file__)), "demo", "--config-dir", str(tmp_path), "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    written = len(list((tmp_path / "out" / "demo").iterdir()))
+    assert f"== {written} Kubernetes objects written to " in out
+    assert re.search(r"^  .*\bStatefulSet 1\b", out, re.M)
+    assert not re.search(r"^OK ", out, re.M), "valid objects must not be listed one by one"
+    if VALIDATOR.exists():
+        assert f"== schema check: {written} ok, 0 invalid" in out
+    assert "  hfToken: set — " in out
+    assert "  quayDockerConfigJson: missing — " in out
+    assert "      pulumi config set --secret ml-dev-env:quayDockerConfigJson …" in out
+    assert "pulumi preview stops until 1 missing secret(s) are set" in out
+    assert "== cluster prerequisites" in out and "  - NetworkAttachmentDefinitions in namespace nccl-test: " in out
+    assert "== needs more than namespace admin in nccl-test (3 objects)" in out
+    scc = stack_scc_name("nccl-rdma-scc", "nccl-test", "ml-dev-env")
+    assert f"  - SecurityContextConstraints/{scc}: cluster-scoped: needs cluster-admin" in out
+
+
+@pytest.mark.skipif(not VALIDATOR.exists(), reason="../shared/tools/validate_manifests.py is not beside the repository")
+def test_schema_check_detail_only_on_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    real = render.run_program
+
+    def broken(*args: Any, **kwargs: Any):
+        result = real(*args, **kwargs)
+        sts = next(r for r in result.resources if r.typ == "kubernetes:apps/v1:StatefulSet")
+        sts.inputs["spec"]["replicaz"] = 2
+        return result
+
+    monkeypatch.setattr(render, "run_program", broken)
+    assert render.render("nerc-production", tmp_path) == 1
+    out = capsys.readouterr()
+    assert "schema check" in out.out and "FAILED" in out.out
+    assert "replicaz" in out.out
+    assert "fail the schema check" in out.err
+
+
+def test_attachments_in_another_namespace_are_listed_there() -> None:
+    config, objects = rendered("barcelona", lambda o: o["network"]["rdma"].update(attachmentNamespace="sriov-networks"))
+    [nads] = find(prerequisites(config, objects), "NetworkAttachmentDefinitions")
+    assert nads.what == f"NetworkAttachmentDefinitions in namespace sriov-networks: {', '.join(config.network.rdma.attachments)}"
+    assert nads.check == "oc get network-attachment-definitions -n sriov-networks"

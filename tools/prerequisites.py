@@ -1,0 +1,312 @@
+"""What a stack needs before `pulumi up`: secrets, cluster prerequisites, objects that need admin rights.
+
+Pure functions of the validated config and the rendered objects (plain dicts), used by `make render`
+and tested directly. Everything is derived from what the program would apply — a new component that
+mounts a new storage class, requests a new extended resource or creates an object in another
+namespace shows up here without a change to this file.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from stacks.config import StackConfig
+from stacks.errors import PREFIX
+from stacks.loader import SECRET_KEYS, required_secrets
+
+# Kinds the API server keeps outside any namespace (rendered or plausible for this program).
+CLUSTER_SCOPED = frozenset({
+    "Namespace", "Project", "ClusterRole", "ClusterRoleBinding", "SecurityContextConstraints",
+    "CustomResourceDefinition", "StorageClass", "PersistentVolume", "PriorityClass", "RuntimeClass",
+    "IngressClass", "ClusterResourceQuota", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration",
+    "MachineConfig", "MachineConfigPool", "Node", "ClusterTask",
+})
+# Container resources every cluster has; any other is an extended resource some operator must advertise.
+CORE_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage"})
+GPU_RESOURCE = "nvidia.com/gpu"
+NETWORKS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"
+POD_OWNERS = frozenset({"StatefulSet", "Deployment", "DaemonSet", "ReplicaSet", "Job"})
+# OpenShift names the ClusterRole granting `use` of an SCC `system:openshift:scc:<scc>`, and ships one only
+# for its own SCCs; these and the default project roles exist on every OpenShift cluster.
+SCC_ROLE_PREFIX = "system:openshift:scc:"
+DEFAULT_SCCS = frozenset({
+    "anyuid", "hostaccess", "hostmount-anyuid", "hostnetwork", "hostnetwork-v2", "machine-api-termination-handler",
+    "nonroot", "nonroot-v2", "privileged", "restricted", "restricted-v2", "node-exporter",
+})
+DEFAULT_CLUSTER_ROLES = frozenset({
+    "admin", "edit", "view", "system:image-builder", "system:image-puller", "system:image-pusher", "system:deployer",
+    *(SCC_ROLE_PREFIX + scc for scc in DEFAULT_SCCS),
+})
+
+
+@dataclass(frozen=True)
+class SecretStatus:
+    key: str
+    purpose: str
+    needed: bool
+    is_set: bool
+
+    @property
+    def command(self) -> str:
+        return f"pulumi config set --secret {PREFIX}{self.key} …"
+
+
+@dataclass(frozen=True)
+class Need:
+    """One thing outside the stack that must hold: `what`, who asks for it (`why`), how to look (`check`)."""
+
+    what: str
+    why: str
+    check: str = ""
+
+
+def secret_status(config: StackConfig, stack_file_config: Mapping[str, Any]) -> list[SecretStatus]:
+    """Every secret key: needed by this config or not, and set (a `secure:` value in the stack file) or not."""
+    needed = required_secrets(config)
+    out = []
+    for key, purpose in SECRET_KEYS.items():
+        value = stack_file_config.get(PREFIX + key)
+        is_set = isinstance(value, dict) and "secure" in value
+        if key in needed or is_set:
+            out.append(SecretStatus(key, purpose, key in needed, is_set))
+    return out
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    return f"{obj.get('kind')}/{obj.get('metadata', {}).get('name', '?')}"
+
+
+def _users(names: Sequence[str]) -> str:
+    """`StatefulSet/x, 4 PipelineRuns`: objects by name, or counted per kind when a kind has more than two."""
+    by_kind: dict[str, list[str]] = {}
+    for name in sorted(set(names)):
+        by_kind.setdefault(name.split("/", 1)[0], []).append(name)
+    return ", ".join(", ".join(found) if len(found) <= 2 else f"{len(found)} {kind}s" for kind, found in by_kind.items())
+
+
+def _pod_specs(obj: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
+    spec = obj.get("spec") or {}
+    if obj.get("kind") == "Pod":
+        yield spec
+    elif obj.get("kind") in POD_OWNERS:
+        yield (spec.get("template") or {}).get("spec") or {}
+
+
+def _pod_annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    if obj.get("kind") == "Pod":
+        return obj.get("metadata", {}).get("annotations") or {}
+    template = (obj.get("spec") or {}).get("template") or {}
+    return (template.get("metadata") or {}).get("annotations") or {}
+
+
+def _networks(value: str, default_namespace: str) -> list[tuple[str, str]]:
+    """(namespace, name) of a Multus networks annotation: `ns/name@if, name` or its JSON list form."""
+    text = value.strip()
+    if text.startswith("["):
+        return [(n.get("namespace", default_namespace), n["name"]) for n in json.loads(text)]
+    out = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        item = item.split("@", 1)[0]
+        namespace, _, name = item.rpartition("/")
+        out.append((namespace or default_namespace, name))
+    return out
+
+
+def _claim_specs(node: Any, owner: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """Every PersistentVolumeClaim spec inside an object (claims, claim templates, workspace templates)."""
+    if isinstance(node, Mapping):
+        if "accessModes" in node and "resources" in node:
+            yield owner, node
+        for value in node.values():
+            yield from _claim_specs(value, owner)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _claim_specs(value, owner)
+
+
+def _rendered(objects: Sequence[Mapping[str, Any]], kind: str, namespace: str | None = None) -> set[str]:
+    return {
+        o.get("metadata", {}).get("name", "") for o in objects
+        if o.get("kind") == kind and (namespace is None or o.get("metadata", {}).get("namespace", namespace) == namespace)
+    }
+
+
+def prerequisites(
+    config: StackConfig, objects: Sequence[Mapping[str, Any]], patches: Sequence[Mapping[str, Any]] = ()
+) -> list[Need]:
+    """What the cluster must already have for these objects to work (one `Need` per thing).
+
+    `objects` are what the stack creates; `patches` what it patches (server-side apply of a few fields
+    of an object someone else created), which must therefore exist.
+    """
+    ns = config.cluster.namespace
+    needs: list[Need] = []
+    for patch in patches:
+        namespace = patch.get("metadata", {}).get("namespace") or ns
+        name, kind = patch.get("metadata", {}).get("name"), patch.get("kind", "")
+        where = "" if kind in CLUSTER_SCOPED else f"{namespace}/"
+        needs.append(Need(
+            f"{kind} {where}{name}", "the stack only patches it (created elsewhere)",
+            f"oc get {kind.lower()} {name}" + ("" if kind in CLUSTER_SCOPED else f" -n {namespace}"),
+        ))
+    if ns not in _rendered(objects, "Namespace"):
+        needs.append(Need(f"namespace {ns} exists", "cluster.createNamespace is false", f"oc get namespace {ns}"))
+
+    nads: dict[tuple[str, str], list[str]] = {}
+    extended: dict[str, list[str]] = {}
+    gpu_labels: set[str] = set()
+    service_accounts: dict[str, list[str]] = {}
+    for obj in objects:
+        for namespace, name in _networks(_pod_annotations(obj).get(NETWORKS_ANNOTATION, ""), ns):
+            nads.setdefault((namespace, name), []).append(_name(obj))
+        for pod in _pod_specs(obj):
+            if pod.get("serviceAccountName"):
+                service_accounts.setdefault(pod["serviceAccountName"], []).append(_name(obj))
+            for container in [*pod.get("initContainers", []), *pod.get("containers", [])]:
+                resources = container.get("resources") or {}
+                for resource in {**(resources.get("requests") or {}), **(resources.get("limits") or {})}:
+                    if resource not in CORE_RESOURCES and not resource.startswith("hugepages-"):
+                        extended.setdefault(resource, []).append(_name(obj))
+                        if resource == GPU_RESOURCE:
+                            gpu_labels |= {f"{k}={v}" for k, v in (pod.get("nodeSelector") or {}).items()}
+        if obj.get("kind") == "PipelineRun":
+            account = ((obj.get("spec") or {}).get("taskRunTemplate") or {}).get("serviceAccountName")
+            if account:
+                service_accounts.setdefault(account, []).append(_name(obj))
+
+    rendered_nads = _rendered(objects, "NetworkAttachmentDefinition")
+    missing_nads: dict[str, list[str]] = {}
+    nad_users: list[str] = []
+    for (namespace, name), users in sorted(nads.items()):
+        if not (namespace == ns and name in rendered_nads):
+            missing_nads.setdefault(namespace, []).append(name)
+            nad_users += users
+    for namespace, names in missing_nads.items():
+        needs.append(Need(
+            f"NetworkAttachmentDefinitions in namespace {namespace}: {', '.join(names)}",
+            f"{_users(nad_users)} attach them"
+            + ("" if config.network.rdma.create_attachments else " (network.rdma.createAttachments is false)"),
+            f"oc get network-attachment-definitions -n {namespace}",
+        ))
+
+    classes: dict[str, tuple[set[str], set[str]]] = {}
+    for obj in objects:
+        for owner, claim in _claim_specs(obj.get("spec") or {}, _name(obj)):
+            users, modes = classes.setdefault(claim.get("storageClassName") or "", (set(), set()))
+            users.add(owner)
+            modes.update(claim.get("accessModes") or [])
+    for storage_class, (users, modes) in sorted(classes.items()):
+        what = f"StorageClass {storage_class}" if storage_class else "a default StorageClass"
+        needs.append(Need(
+            f"{what} ({', '.join(sorted(modes))})", f"claims of {_users(sorted(users))}",
+            f"oc get storageclass {storage_class}".strip(),
+        ))
+
+    if GPU_RESOURCE in extended:
+        needs.append(Need(
+            f"NVIDIA GPU operator: nodes advertise {GPU_RESOURCE}"
+            + (f" and carry {', '.join(sorted(gpu_labels))}" if gpu_labels else ""),
+            f"{_users(extended.pop(GPU_RESOURCE))} request GPUs",
+            "oc get nodes -l nvidia.com/gpu.present=true -o custom-columns=NODE:.metadata.name,GPUS:.status.allocatable.nvidia\\.com/gpu",
+        ))
+    if config.nodes.gpu_nodes:
+        needs.append(Need(
+            f"nodes {', '.join(config.nodes.gpu_nodes)}", "nodes.gpuNodes pins the pods to them",
+            f"oc get nodes {' '.join(config.nodes.gpu_nodes)}",
+        ))
+    if extended:
+        needs.append(Need(
+            f"SR-IOV network operator: nodes advertise {', '.join(sorted(extended))}",
+            f"{_users([u for users in extended.values() for u in users])} request them (network.rdma.sriovResources)",
+            "oc get sriovnetworknodepolicies -n openshift-sriov-network-operator",
+        ))
+
+    rendered_accounts = _rendered(objects, "ServiceAccount", ns)
+    patched = {(p.get("kind"), p.get("metadata", {}).get("name")) for p in patches}
+    for account, users in sorted(service_accounts.items()):
+        if account not in rendered_accounts and ("ServiceAccount", account) not in patched:
+            needs.append(Need(
+                f"ServiceAccount {ns}/{account}", f"{_users(users)} run as it",
+                f"oc get serviceaccount -n {ns} {account}",
+            ))
+
+    rendered_roles = {("Role", n) for n in _rendered(objects, "Role", ns)} | {("ClusterRole", n) for n in _rendered(objects, "ClusterRole")}
+    for obj in objects:
+        ref = obj.get("roleRef") or {}
+        if obj.get("kind") == "RoleBinding" and (ref.get("kind"), ref.get("name")) not in rendered_roles \
+                and ref.get("name") not in DEFAULT_CLUSTER_ROLES:
+            where = f"{ns}/" if ref.get("kind") == "Role" else ""
+            needs.append(Need(
+                f"{ref.get('kind')} {where}{ref.get('name')} (created by an admin)", f"{_name(obj)} binds it",
+                f"oc get {str(ref.get('kind')).lower()} {ref.get('name')}" + (f" -n {ns}" if where else ""),
+            ))
+
+    rendered_sccs = _rendered(objects, "SecurityContextConstraints")
+    for obj in objects:
+        for scc in _scc_grants(obj):
+            if scc not in rendered_sccs:
+                needs.append(Need(
+                    f"SecurityContextConstraints {scc} (created by a cluster admin)", f"{_name(obj)} grants its use",
+                    f"oc get scc {scc}",
+                ))
+
+    tekton = sorted({o["kind"] for o in objects if str(o.get("apiVersion", "")).startswith("tekton.dev/")})
+    if tekton:
+        needs.append(Need(
+            "OpenShift Pipelines operator (Tekton, tekton.dev/v1)", f"models are configured: {', '.join(tekton)}",
+            "oc get crd pipelineruns.tekton.dev",
+        ))
+    if config.models:
+        needs.append(Need(
+            f"model registry at {config.model_pipeline.registry_url}", "models[].registration (modelPipeline.registryUrl)",
+            "oc get modelregistries.modelregistry.opendatahub.io -A",
+        ))
+    return needs
+
+
+def _scc_grants(obj: Mapping[str, Any]) -> list[str]:
+    """SCC names a Role/ClusterRole grants `use` of (a RoleBinding: that its role grants, by OpenShift's naming)."""
+    if obj.get("kind") == "RoleBinding":
+        name = str((obj.get("roleRef") or {}).get("name", ""))
+        return [name.removeprefix(SCC_ROLE_PREFIX)] if name.startswith(SCC_ROLE_PREFIX) else []
+    if obj.get("kind") not in ("Role", "ClusterRole"):
+        return []
+    return [
+        name
+        for rule in obj.get("rules") or []
+        if "securitycontextconstraints" in (rule.get("resources") or []) and "use" in (rule.get("verbs") or [])
+        for name in rule.get("resourceNames") or []
+    ]
+
+
+def admin_needs(objects: Sequence[Mapping[str, Any]], namespace: str) -> list[Need]:
+    """Objects that namespace-admin rights in the stack's namespace do not cover, and why.
+
+    * cluster-scoped kinds (`CLUSTER_SCOPED`): cluster-admin;
+    * objects in another namespace: rights in that namespace;
+    * a Role granting `use` of an SCC, or a RoleBinding to such a role: the API server refuses to create a
+      Role granting more than its creator holds (kubernetes/kubernetes pkg/registry/rbac/role/policybased/
+      storage.go, `Storage.Create` → `ConfirmNoEscalation`), and a binding unless its creator holds the
+      role's rules or `bind` on it (…/rolebinding/policybased/storage.go, `Storage.Create` →
+      `BindingAuthorized`, else `ConfirmNoEscalation`).
+    """
+    out = []
+    for obj in objects:
+        kind = obj.get("kind", "")
+        other = obj.get("metadata", {}).get("namespace")
+        if kind in CLUSTER_SCOPED:
+            out.append(Need(_name(obj), "cluster-scoped: needs cluster-admin"))
+        elif other and other != namespace:
+            out.append(Need(f"{_name(obj)} in namespace {other}", f"outside the stack's namespace {namespace}: needs admin in {other}"))
+        elif _scc_grants(obj):
+            binding = kind == "RoleBinding"
+            out.append(Need(
+                _name(obj),
+                f"{'binds a role granting' if binding else 'grants'} use of SCC {', '.join(_scc_grants(obj))}: "
+                f"its creator must hold that use{', or `bind` on the role,' if binding else ''} already "
+                "(RBAC escalation check): cluster-admin, or an admin grants it first",
+            ))
+    return out
