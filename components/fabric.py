@@ -78,6 +78,8 @@ def configured_nics(config: StackConfig) -> int:
 def expectation(config: StackConfig) -> Expectation | None:
     """The gate's expectation, or None when config gives no link rate for the effective transport."""
     fc = config.fabric_check
+    link: float | None
+    efficiency: float | None
     if config.network.effective_mode == "rdma":
         link, efficiency = fc.link_gbps, fc.efficiency if fc.efficiency is not None else RDMA_EFFICIENCY
     else:

@@ -279,7 +279,7 @@ def read_text(path: Path) -> str | None:
 def roce_v2_ipv4_gids(root: Path, hca: str) -> list[int]:
     """Indexes on port 1 whose GID is IPv4-mapped (::ffff:a.b.c.d) and whose type is RoCE v2."""
     port = root / "sys/class/infiniband" / hca / "ports/1"
-    found = []
+    found: list[int] = []
     try:
         names = sorted((p.name for p in (port / "gids").iterdir()), key=lambda n: int(n) if n.isdigit() else 1 << 30)
     except OSError:
@@ -389,9 +389,9 @@ def preflight(cfg: dict) -> Findings:
         for hca in hcas:
             if gid_index is None or (present and hca not in present):
                 continue
-            port = root / "sys/class/infiniband" / hca / "ports/1"
-            gid = read_text(port / "gids" / str(gid_index))
-            kind = read_text(port / "gid_attrs/types" / str(gid_index))
+            port_dir = root / "sys/class/infiniband" / hca / "ports/1"
+            gid = read_text(port_dir / "gids" / str(gid_index))
+            kind = read_text(port_dir / "gid_attrs/types" / str(gid_index))
             good = roce_v2_ipv4_gids(root, hca)
             hint = f" (RoCE v2 IPv4 GIDs on this HCA: index {', '.join(map(str, good))})" if good else " (this HCA has none)"
             if gid is None:
