@@ -491,7 +491,11 @@ def nccl_forward_env() -> list[str]:
 
 
 def mpirun_cmd(hostfile: Path, nprocs: int, per_node: int, min_bytes: int, max_bytes: int) -> list[str]:
-    """One MPI rank per GPU (`-g 1`), ranks filled host by host in hostfile order (= rank order)."""
+    """One MPI rank per GPU (`-g 1`), ranks filled host by host in hostfile order (= rank order).
+
+    Open MPI 4.1 mpirun(1): `--hostfile` lines `<host> slots=N`, `-npernode N`, `-x VAR` exports VAR to the
+    remote ranks, `--mca plm_rsh_agent` replaces `ssh` for starting the remote daemons; the base image's
+    OpenMPI (NGC's, or Ubuntu's openmpi-bin 4.1) is 4.1.x."""
     rsh = env("ML_DEV_SSH")
     cmd = [
         env("ML_DEV_MPIRUN", "mpirun"), "--allow-run-as-root", "--hostfile", str(hostfile),
@@ -834,6 +838,10 @@ def log(msg: str) -> None:
 
 
 def cmd_hold(args: argparse.Namespace) -> int:
+    """Holding pod 0 before its dev servers keeps it un-Ready (no readiness file), and `pulumi up` waits for
+    every replica to be Ready (pulumi/pulumi-kubernetes provider/pkg/await/statefulset.go,
+    statefulsetInitAwaiter.Await: .status.readyReplicas == .spec.replicas), failing at the StatefulSet's
+    pulumi.com/timeoutSeconds."""
     try:
         cfg = load_config(args.config)
     except FileNotFoundError:
