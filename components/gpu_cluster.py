@@ -43,9 +43,11 @@ def selector_labels(config: StackConfig) -> dict[str, str]:
 
 
 def rollout_timeout(config: StackConfig) -> int:
-    """Seconds `pulumi up` waits for the pods: image pulls, plus both image builds when the stack builds."""
+    """Seconds `pulumi up` waits for the pods: image pulls, plus both image builds when the stack builds,
+    plus the fabric check's hold of pod 0 with fabricCheck.onDeploy."""
     build = config.image.build
-    return 1800 + (2 * build.completion_deadline_seconds if build else 0)
+    fabric = config.fabric_check.on_deploy_timeout_seconds if config.fabric_check.on_deploy else 0
+    return 1800 + (2 * build.completion_deadline_seconds if build else 0) + fabric
 
 
 def scc_role_name(scc: str) -> str:

@@ -41,3 +41,11 @@ def test_program_parses_as_python_3_8():
 
     for path in (fabric.PROGRAM,):
         ast.parse(path.read_text(), feature_version=(3, 8))
+
+
+def test_on_deploy_extends_the_rollout_wait_by_its_timeout():
+    objects = stack_objects("barcelona")
+    plain = run_objects("barcelona", objects).one(STS).inputs["metadata"]["annotations"]["pulumi.com/timeoutSeconds"]
+    objects["fabricCheck"].update(onDeploy=True, onDeployTimeoutSeconds=2400)
+    held = run_objects("barcelona", objects).one(STS).inputs["metadata"]["annotations"]["pulumi.com/timeoutSeconds"]
+    assert int(held) == int(plain) + 2400
