@@ -276,9 +276,9 @@ def read_text(path: Path) -> str | None:
         return None
 
 
-def roce_v2_ipv4_gids(root: Path, hca: str) -> list[int]:
-    """Indexes on port 1 whose GID is IPv4-mapped (::ffff:a.b.c.d) and whose type is RoCE v2."""
-    port = root / "sys/class/infiniband" / hca / "ports/1"
+def roce_v2_ipv4_gids(root: Path, hca: str, port_number: int = 1) -> list[int]:
+    """Indexes on the port whose GID is IPv4-mapped (::ffff:a.b.c.d) and whose type is RoCE v2."""
+    port = root / "sys/class/infiniband" / hca / "ports" / str(port_number)
     found: list[int] = []
     try:
         names = sorted((p.name for p in (port / "gids").iterdir()), key=lambda n: int(n) if n.isdigit() else 1 << 30)
@@ -297,9 +297,13 @@ def preflight(cfg: dict) -> Findings:
     f = Findings(this_pod(), this_node())
     rdma = cfg.get("mode") == "rdma"
     hcas: list[str] = list(cfg.get("hcas") or [])
+    ports: dict[str, int] = {}
     if rdma:
         if cfg.get("hcaMode") == "auto":
             hcas = [h for h in env("NCCL_IB_HCA").split(",") if h]
+        # NCCL_IB_HCA entries may name a port (`mlx5_6:1`); devices are checked by name, links on that port
+        ports = {h.split(":")[0]: int(h.split(":")[1]) if ":" in h and h.split(":")[1].isdigit() else 1 for h in hcas}
+        hcas = list(ports)
         listing = run(["ibv_devinfo", "-l"], timeout=30)
         present = parse_ibv_devinfo_list(listing.stdout) if listing.returncode == 0 else []
         if listing.returncode != 0:
@@ -348,26 +352,26 @@ def preflight(cfg: dict) -> Findings:
         for hca in hcas:
             if present and hca not in present:
                 continue
+            number = ports.get(hca, 1)
             out = run(["ibstat", hca], timeout=30)
-            ports = parse_ibstat(out.stdout).get(hca, {})
-            port = ports.get(1)
+            port = parse_ibstat(out.stdout).get(hca, {}).get(number)
             if out.returncode != 0 or port is None:
-                f.fail(hca, f"`ibstat {hca}` gave no port 1 ({out.stderr.strip() or 'no output'})",
+                f.fail(hca, f"`ibstat {hca}` gave no port {number} ({out.stderr.strip() or 'no output'})",
                        "the image needs infiniband-diags; the HCA must be visible (network.rdma.hcas)")
                 continue
             state = port.get("State", "?")
             rate_text = port.get("Rate", "0").split()[0]
             rate = float(rate_text) if re.match(r"^[0-9.]+$", rate_text) else 0.0
             if state != "Active":
-                f.fail(hca, f"port 1 is {state} (physical state {port.get('Physical state', '?')})",
+                f.fail(hca, f"port {number} is {state} (physical state {port.get('Physical state', '?')})",
                        "node prerequisite: link up on the NIC and its switch port (check cabling, `ibstat` on the node)")
             elif link and rate + 1e-6 < float(link):
-                f.fail(hca, f"port 1 Active at {rate:g} Gb/s, expected {float(link):g} Gb/s",
+                f.fail(hca, f"port {number} Active at {rate:g} Gb/s, expected {float(link):g} Gb/s",
                        "node prerequisite: NIC firmware/link speed (e.g. ConnectX-7 firmware enforcing PHY_RATE_MASK caps "
                        "links at ~100 Gb/s; mlnx_qos rate limits persist until a NIC reset), or set fabricCheck.linkGbps "
                        "to the real rate")
             else:
-                f.ok(hca, f"port 1 Active at {rate:g} Gb/s")
+                f.ok(hca, f"port {number} Active at {rate:g} Gb/s")
         # pod interfaces
         mtu = cfg.get("mtu") or 9000
         for iface in cfg.get("interfaces") or []:
@@ -389,10 +393,10 @@ def preflight(cfg: dict) -> Findings:
         for hca in hcas:
             if gid_index is None or (present and hca not in present):
                 continue
-            port_dir = root / "sys/class/infiniband" / hca / "ports/1"
+            port_dir = root / "sys/class/infiniband" / hca / "ports" / str(ports.get(hca, 1))
             gid = read_text(port_dir / "gids" / str(gid_index))
             kind = read_text(port_dir / "gid_attrs/types" / str(gid_index))
-            good = roce_v2_ipv4_gids(root, hca)
+            good = roce_v2_ipv4_gids(root, hca, ports.get(hca, 1))
             hint = f" (RoCE v2 IPv4 GIDs on this HCA: index {', '.join(map(str, good))})" if good else " (this HCA has none)"
             if gid is None:
                 f.fail(hca, f"GID index {gid_index} unreadable", f"network.rdma.gidIndex{hint}")
@@ -589,7 +593,9 @@ def nic_bandwidth(cfg: dict, suspect: str, partner: str) -> list[dict]:
             results.append(entry)
             continue
         port = str(18515 + i)
-        base = ["ib_write_bw", "-d", hca, "-F", "--report_gbits", "-D", "5", "-p", port]
+        name, _, ib_port = hca.partition(":")
+        entry["hca"] = name
+        base = ["ib_write_bw", "-d", name, "-i", ib_port or "1", "-F", "--report_gbits", "-D", "5", "-p", port]
         if gid is not None:
             base += ["-x", str(gid)]
         server = subprocess.Popen(remote(partner, base), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -119,3 +119,11 @@ def test_unreachable_pod_is_a_failure(sim) -> None:
     res = s.run("preflight", "--all")
     assert res.returncode == 1
     assert "FAIL ml-dev-env-9.ml-dev-env-headless.nccl-test.svc.cluster.local: preflight did not run (ssh: Could not resolve" in res.stdout
+
+
+def test_hca_entries_with_a_port_suffix(sim) -> None:
+    s = sim(2)
+    s.settings = {**s.settings, "hcas": ["mlx5_6:1", "mlx5_7:1", "mlx5_8:1", "mlx5_9:1"]}
+    res = s.run("preflight", "--verbose")
+    assert res.returncode == 0, res.stdout
+    assert "mlx5_8: port 1 Active at 400 Gb/s" in res.stdout and "mlx5_6: GID index 3 RoCE v2" in res.stdout
