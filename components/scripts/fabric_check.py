@@ -668,15 +668,13 @@ def gate(cfg: dict, localise: bool = True) -> dict:
             result["pairs"].append({"round": k, "index": [a, b], "pods": [pods[a], pods[b]], "busbw": bw, "pass": ok})
     suspects, cleared = suspects_from_pairs(len(hosts), result["pairs"])
     result["suspects"] = [pods[i] for i in suspects]
-    if not result["pairs"]:
-        pass
-    elif all(not p["pass"] for p in result["pairs"]):
+    if result["pairs"] and all(not p["pass"] for p in result["pairs"]):
         result["diagnosis"].append("every pair is below the expectation: a fabric-wide cause (NCCL settings, MTU, switch QoS, "
                                    "IOMMU on every node); run `preflight --all`")
-    elif not suspects and all(p["pass"] for p in result["pairs"]):
+    elif result["pairs"] and not suspects and all(p["pass"] for p in result["pairs"]):
         result["diagnosis"].append("every pair reaches the expectation but the full ring does not: placement across racks or "
                                    "switch oversubscription; set fabricCheck.nodeRacks so consecutive ranks share a rack")
-    elif not suspects:
+    elif result["pairs"] and not suspects:
         result["diagnosis"].append("failing pairs do not single out a pod: see the pair table")
     for i in suspects:
         partner = next((hosts[j] for j in cleared if j != i), None)
