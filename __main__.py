@@ -3,9 +3,11 @@
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components.gpu_cluster import GpuCluster, GpuClusterArgs
-from components.image_build import ImageBuild, ImageBuildArgs, image_trigger_annotation
+from components import naming, preflight
+from components.gpu_cluster import GpuCluster, GpuClusterArgs, selector_labels
+from components.image_build import ImageBuild, ImageBuildArgs
 from components.model_pipeline import ModelPipeline, ModelPipelineArgs
+from components.storage import volume_claim_templates
 from stacks import loader
 
 stack = loader.load(f"Pulumi.{pulumi.get_stack()}.yaml")
@@ -13,11 +15,21 @@ for warning in stack.warnings:
     pulumi.log.warn(warning)
 cfg = stack.config
 
+# Adoption: objects that already exist (the original tool's, or claims/PipelineRuns retained by a `destroy`)
+# are taken over instead of failing with "already exists". With upsertExistingObjects a create is a
+# server-side apply PATCH (pulumi/pulumi-kubernetes provider/pkg/await/await.go, `Creation`). That apply
+# forces field conflicts only in preview (await.go `patchForce`: forced when there is no live state in a
+# preview, never on a real create unless enablePatchForce or the pulumi.com/patchForce annotation), so a
+# preview would pass and the `up` fail on fields another manager (kubectl, oc) set: enablePatchForce takes the
+# fields this program declares; fields it does not declare stay with their managers.
 provider = k8s.Provider(
     "k8s",
     context=cfg.cluster.kube_context,
     namespace=cfg.cluster.namespace,
     render_yaml_to_directory=cfg.cluster.render_yaml_to_directory,
+    enable_server_side_apply=True,
+    upsert_existing_objects=True,
+    enable_patch_force=True,
 )
 opts = pulumi.ResourceOptions(providers=[provider])
 
@@ -30,17 +42,44 @@ if cfg.cluster.create_namespace:
     )
     opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(depends_on=[namespace]))
 
+app, ns = cfg.cluster.app_name, cfg.cluster.namespace
+
+
+def check_statefulset() -> None:
+    """Stop (one line) before a foreign StatefulSet of our name that the apply could not adopt; see components/preflight.py."""
+    if not preflight.live_reads_enabled(cfg.cluster.render_yaml_to_directory):
+        return  # offline render / tests, or GitOps: no cluster to read
+    try:
+        live = preflight.read_statefulset(cfg.cluster.kube_context, ns, app)
+    except preflight.LiveReadError as exc:
+        pulumi.log.warn(f"could not check for an existing StatefulSet {ns}/{app} ({exc}); continuing")
+        return
+    problem = preflight.statefulset_conflict(
+        live,
+        owner_labels={"app.kubernetes.io/managed-by": "pulumi", "ml-dev-env/cluster": cfg.cluster.name},
+        selector=selector_labels(cfg),
+        service_name=naming.headless_service(app),
+        claim_templates=[t.metadata.name for t in volume_claim_templates(cfg.storage, {})],
+    )
+    if problem:
+        raise pulumi.RunError(problem)
+
+
+check_statefulset()
+
 labels = {"app.kubernetes.io/part-of": "ml-dev-env", "app.kubernetes.io/managed-by": "pulumi", "ml-dev-env/cluster": cfg.cluster.name}
-sts_annotations: dict[str, str] = {}
 if cfg.image.build is not None:
     images = ImageBuild(
         "image",
-        ImageBuildArgs(namespace=cfg.cluster.namespace, labels=labels, build=cfg.image.build, build_nodes=cfg.build_nodes),
+        ImageBuildArgs(
+            namespace=cfg.cluster.namespace, labels=labels, build=cfg.image.build, build_nodes=cfg.build_nodes,
+            wait_image=cfg.model_pipeline.tools_base_image,
+        ),
         opts=opts,
     )
-    image = images.runtime_image
-    if cfg.image.build.rollout_on_new_image:
-        sts_annotations = image_trigger_annotation(images.image_stream_tag, "ml-dev")
+    # The pods run exactly the runtime tag this program computed; a new tag rolls them in the same `pulumi up`, once
+    # the tag exists (no OpenShift image-change trigger annotation: it would hand the image field to another manager).
+    image = images.runtime_ready
     pulumi.export("base_image", images.base_image)
     pulumi.export("runtime_image", images.runtime_image)
     pulumi.export("build_command", images.start_build_command)
@@ -48,7 +87,7 @@ if cfg.image.build is not None:
 else:
     image = cfg.image.reference
 cluster = GpuCluster(
-    "gpu", GpuClusterArgs(config=cfg, image=image, secrets=stack.secrets, statefulset_annotations=sts_annotations), opts=opts
+    "gpu", GpuClusterArgs(config=cfg, image=image, secrets=stack.secrets), opts=opts
 )
 
 if cfg.models:
@@ -63,7 +102,6 @@ if cfg.models:
     pulumi.export("model_pipeline_runs", models.run_names)
     pulumi.export("model_images", models.internal_images)
 
-app, ns = cfg.cluster.app_name, cfg.cluster.namespace
 pulumi.export("vscode_url", cluster.urls.get("vscode", ""))
 pulumi.export("jupyter_url", cluster.urls.get("jupyter", ""))
 pulumi.export("tensorboard_url", cluster.urls.get("tensorboard", ""))

@@ -43,11 +43,14 @@ def selector_labels(config: StackConfig) -> dict[str, str]:
 
 
 def rollout_timeout(config: StackConfig) -> int:
-    """Seconds `pulumi up` waits for the pods: image pulls, plus both image builds when the stack builds,
-    plus the fabric check's hold of pod 0 with fabricCheck.onDeploy."""
-    build = config.image.build
+    """Seconds `pulumi up` waits for the pods: image pulls and start, plus pod 0's fabric check hold
+    (fabricCheck.onDeploy keeps it un-Ready for up to onDeployTimeoutSeconds).
+
+    A stack that builds switches the pods to a new tag only once it exists (ImageBuild's wait Job, awaited
+    before the StatefulSet changes), so the builds are not part of this wait (tests/test_waits.py).
+    """
     fabric = config.fabric_check.on_deploy_timeout_seconds if config.fabric_check.on_deploy else 0
-    return 1800 + (2 * build.completion_deadline_seconds if build else 0) + fabric
+    return 1800 + fabric
 
 
 def scc_role_name(scc: str) -> str:
@@ -289,7 +292,10 @@ class GpuCluster(pulumi.ComponentResource):
         if cfg.access.servers:
             k8s.core.v1.Service(
                 f"{name}-dev",
-                metadata=meta(app),
+                # Not awaited: pulumi-kubernetes waits (default 10 min) for a selector Service's endpoints
+                # (provider/pkg/await/service.go, serviceInitAwaiter.Await), i.e. for pod 0 to be ready, which the
+                # StatefulSet's own await already covers with rollout_timeout().
+                metadata=meta(app, annotations={"pulumi.com/skipAwait": "true"}),
                 spec=k8s.core.v1.ServiceSpecArgs(
                     selector={**selector, "statefulset.kubernetes.io/pod-name": naming.pod_name(app, 0)},
                     ports=[

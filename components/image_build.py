@@ -1,16 +1,37 @@
-"""On-cluster image build (SPEC.md §5.5): ImageStream + Docker-strategy BuildConfigs, base and runtime.
+"""On-cluster image build: ImageStream + Docker-strategy BuildConfigs, base and runtime (and the tools image).
 
-The base stage (CUDA, PyTorch, Flash-Attention, RDMA user space, dev servers) is tagged
-`<arch>-<cuda>-torch<ver>-fa<ver>` from `images/presets.yaml`; the runtime stage builds `FROM` that
-ImageStreamTag (an ImageChange trigger rebuilds it when a new base lands) and is tagged
-`runtime-<hash of its inputs>`, so every input change gives a new tag — and the GPU cluster, which
-uses exactly that reference, rolls to it on the next `pulumi up`.
+One BuildConfig PER INPUT HASH. OpenShift starts a build for a ConfigChange trigger only while the
+BuildConfig has never built (openshift/openshift-controller-manager,
+pkg/build/controller/buildconfig/buildconfig_controller.go, `handleBuildConfig`:
+`if bc.Status.LastVersion > 0 { return nil }`), so editing a BuildConfig that already built builds
+nothing. Here every stage's image-relevant inputs (Containerfile without comments, base image, build
+args, requirements, Git source) are hashed; the hash is in both the output tag and the BuildConfig's
+name. A changed input therefore gives a NEW BuildConfig object (Pulumi replaces it: create the new
+name, then delete the old one) whose first build produces exactly the new tag the pods / PipelineRuns
+reference; an unchanged stage keeps its BuildConfig and tag untouched.
+
+* base `<stream>-base-<hash>` → `<stream>:<preset tag>-<hash>`; ConfigChange trigger (FROM a public
+  image).
+* runtime `<stream>-runtime-<hash>` → `<stream>:runtime-<hash>`; its hash includes the base tag, so a
+  new base gives a new runtime BuildConfig too. It has only an ImageChange trigger on the base tag:
+  the image trigger controller builds a newly added BuildConfig at once when the base tag exists, or
+  as soon as the base build pushes it (pkg/image/controller/trigger/cache.go `ProcessEvents` queues an
+  added BuildConfig; pkg/image/trigger/buildconfigs/buildconfigs.go `ImageChanged` instantiates when
+  the tag resolves and differs from the last triggered image) — exactly one build, no race with a
+  ConfigChange instantiation.
+* tools `<stream>-<hash>` → `<stream>:tools-<hash>` (model pipeline), ConfigChange trigger.
+* a Job `<stream>-wait-<runtime hash>` that completes once the runtime tag is pushed; the pods get the new
+  tag through `runtime_ready`, which depends on it, so they roll only when the image exists.
+
+An old BuildConfig is deleted at the end of the `up` that replaced it (with its Builds and their logs);
+the ImageStream keeps the old tags.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +64,70 @@ def preset_name(build: ImageBuildConfig) -> str:
     return build.preset or presets_file()["default"]
 
 
+PARSER_DIRECTIVE = re.compile(r"^#\s*(syntax|escape|check)\s*=", re.IGNORECASE)
+HEREDOC = re.compile(r"<<-?\s*[\"']?([A-Za-z_][A-Za-z0-9_]*)[\"']?")
+
+
+def strip_comments(containerfile: str) -> str:
+    """The Containerfile as the builder reads it: comment and blank lines dropped, trailing blanks trimmed.
+
+    Kept verbatim: parser directives at the top (`# syntax=`, `# escape=`, `# check=`) and heredoc
+    bodies (where `#` lines are content). A comment-only edit thus leaves the text — and every hash
+    and BuildConfig derived from it — unchanged.
+    """
+    out: list[str] = []
+    heredocs: list[str] = []
+    directives = True
+    for line in containerfile.splitlines():
+        if heredocs:
+            out.append(line)
+            if line.strip() == heredocs[0]:
+                heredocs.pop(0)
+            continue
+        stripped = line.strip()
+        if directives and PARSER_DIRECTIVE.match(stripped):
+            out.append(stripped)
+            continue
+        directives = False
+        if not stripped or stripped.startswith("#"):
+            continue
+        out.append(line.rstrip())
+        heredocs.extend(HEREDOC.findall(line))
+    return "\n".join(out) + "\n"
+
+
+def containerfile_text(path: Path) -> str:
+    return strip_comments(path.read_text())
+
+
+def _hash(inputs: Any) -> str:
+    return naming.short_hash(json.dumps(inputs, sort_keys=True))
+
+
+def base_args(build: ImageBuildConfig) -> dict[str, Any]:
+    return {**preset(build.preset)["build_args"], "MAX_JOBS": build.max_jobs}
+
+
+def _source_inputs(build: ImageBuildConfig, containerfile: Path) -> dict[str, Any]:
+    if build.source == "git" and build.git:
+        return {"git": build.git.model_dump()}
+    return {"containerfile": containerfile_text(containerfile)}
+
+
+def base_inputs(build: ImageBuildConfig) -> dict[str, Any]:
+    """Everything the base stage's result depends on (build resources and placement are not inputs)."""
+    p = preset(build.preset)
+    args = {k: str(v) for k, v in base_args(build).items()}
+    return {"from": p["base_image"], "tag": p["tag"], "args": args, **_source_inputs(build, BASE_CONTAINERFILE)}
+
+
+def base_hash(build: ImageBuildConfig) -> str:
+    return _hash(base_inputs(build))
+
+
 def base_tag(build: ImageBuildConfig) -> str:
-    return str(preset(build.preset)["tag"])
+    """`<preset tag>-<hash of the base inputs>`."""
+    return f"{preset(build.preset)['tag']}-{base_hash(build)}"
 
 
 RUNTIME_REQUIREMENTS = IMAGES / "runtime-requirements.txt"
@@ -63,17 +146,24 @@ def app_requirements(build: ImageBuildConfig) -> list[str]:
 
 
 def runtime_inputs(build: ImageBuildConfig) -> dict[str, Any]:
-    """Everything the runtime stage's result depends on."""
-    inputs: dict[str, Any] = {"base": base_tag(build), "requirements": app_requirements(build)}
-    if build.source == "git" and build.git:
-        inputs["git"] = build.git.model_dump()
-    else:
-        inputs["containerfile"] = RUNTIME_CONTAINERFILE.read_text()
-    return inputs
+    """Everything the runtime stage's result depends on (the base tag carries the base's hash)."""
+    return {"base": base_tag(build), "requirements": app_requirements(build), **_source_inputs(build, RUNTIME_CONTAINERFILE)}
+
+
+def runtime_hash(build: ImageBuildConfig) -> str:
+    return _hash(runtime_inputs(build))
 
 
 def runtime_tag(build: ImageBuildConfig) -> str:
-    return "runtime-" + naming.short_hash(json.dumps(runtime_inputs(build), sort_keys=True))
+    return f"runtime-{runtime_hash(build)}"
+
+
+def base_build_config(build: ImageBuildConfig) -> str:
+    return f"{build.image_stream}-base-{base_hash(build)}"
+
+
+def runtime_build_config(build: ImageBuildConfig) -> str:
+    return f"{build.image_stream}-runtime-{runtime_hash(build)}"
 
 
 def _source(build: ImageBuildConfig, containerfile: Path) -> dict[str, Any]:
@@ -82,7 +172,7 @@ def _source(build: ImageBuildConfig, containerfile: Path) -> dict[str, Any]:
         if build.git.context_dir:
             source["contextDir"] = build.git.context_dir
         return source
-    return {"type": "Dockerfile", "dockerfile": containerfile.read_text()}
+    return {"type": "Dockerfile", "dockerfile": containerfile_text(containerfile)}
 
 
 def _dockerfile_path(build: ImageBuildConfig, containerfile: Path) -> str:
@@ -96,7 +186,7 @@ def _build_args(values: dict[str, Any]) -> list[dict[str, str]]:
 
 def base_spec(build: ImageBuildConfig, nodes: BuildNodesConfig, image_stream: str) -> dict[str, Any]:
     p = preset(build.preset)
-    args = {**p["build_args"], "MAX_JOBS": build.max_jobs}
+    args = base_args(build)
     return {
         **_common_spec(build, nodes),
         "source": _source(build, BASE_CONTAINERFILE),
@@ -132,8 +222,9 @@ def runtime_spec(build: ImageBuildConfig, nodes: BuildNodesConfig, image_stream:
             },
         },
         "output": {"to": {"kind": "ImageStreamTag", "name": f"{image_stream}:{runtime_tag(build)}"}},
-        # A new base image rebuilds the runtime; a changed BuildConfig builds both.
-        "triggers": [{"type": "ConfigChange"}, {"type": "ImageChange", "imageChange": {}}],
+        # Only the ImageChange trigger on the base tag: it builds this (new) BuildConfig once the base tag
+        # exists — at once, or when the base build pushes it (see the module docstring).
+        "triggers": [{"type": "ImageChange", "imageChange": {}}],
     }
 
 
@@ -168,15 +259,65 @@ class ImageBuildArgs(BaseModel):
     labels: dict[str, str]
     build: ImageBuildConfig
     build_nodes: BuildNodesConfig
+    wait_image: str | None = None
+    """Python image for the wait Job (`runtime_ready`); None: no Job, `runtime_ready` is the plain reference."""
+
+
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # token + service-ca.crt (the internal registry's CA)
+WAIT_MARGIN_SECONDS = 600  # queueing of the two build pods before their deadlines start
+
+
+def wait_seconds(build: ImageBuildConfig) -> int:
+    """Longest time until the runtime tag exists: both builds run to their deadline, one after the other."""
+    return 2 * build.completion_deadline_seconds + WAIT_MARGIN_SECONDS
+
+
+def wait_job_name(build: ImageBuildConfig) -> str:
+    return f"{build.image_stream[:40]}-wait-{runtime_hash(build)}"
+
+
+def wait_job_spec(build: ImageBuildConfig, image: str, python_image: str) -> k8s.batch.v1.JobSpecArgs:
+    """A Job that completes when `image` is in the registry (steps/wait_image.py, stdlib only, as the pipeline's wait-tools)."""
+    from steps.embed import step_script  # the steps package is the single source of the wait program
+
+    seconds = wait_seconds(build)
+    return k8s.batch.v1.JobSpecArgs(
+        backoff_limit=0,
+        active_deadline_seconds=seconds + 120,
+        template=k8s.core.v1.PodTemplateSpecArgs(
+            spec=k8s.core.v1.PodSpecArgs(
+                restart_policy="Never",
+                security_context=k8s.core.v1.PodSecurityContextArgs(
+                    run_as_non_root=True, seccomp_profile=k8s.core.v1.SeccompProfileArgs(type="RuntimeDefault")
+                ),
+                containers=[k8s.core.v1.ContainerArgs(
+                    name="wait",
+                    image=python_image,
+                    image_pull_policy="IfNotPresent",
+                    command=["python3", "-c", step_script("wait_image"),
+                             "--image", image, "--token-file", f"{SA_DIR}/token", "--ca-file", f"{SA_DIR}/service-ca.crt",
+                             "--timeout", str(seconds)],
+                    resources=k8s.core.v1.ResourceRequirementsArgs(
+                        requests={"cpu": "10m", "memory": "64Mi"}, limits={"cpu": "200m", "memory": "128Mi"}
+                    ),
+                    security_context=k8s.core.v1.SecurityContextArgs(
+                        allow_privilege_escalation=False, capabilities=k8s.core.v1.CapabilitiesArgs(drop=["ALL"])
+                    ),
+                )],
+            ),
+        ),
+    )
 
 
 class ImageBuild(pulumi.ComponentResource):
-    """ImageStream + base and runtime BuildConfigs; `runtime_image` is what the GPU pods run."""
+    """ImageStream + one base and one runtime BuildConfig per input hash; `runtime_image` is what the GPU pods run."""
 
     base_image: str
     runtime_image: str
-    image_stream_tag: str
-    """`<stream>:<runtime tag>`, for the image-change trigger."""
+    runtime_ready: pulumi.Input[str]
+    """`runtime_image`, available once the wait Job saw it pushed (what the GPU pods should use)."""
+    base_build_config: str
+    runtime_build_config: str
     start_build_command: str
     logs_command: str
 
@@ -195,29 +336,47 @@ class ImageBuild(pulumi.ComponentResource):
             f"{name}-imagestream", "image.openshift.io/v1", "ImageStream", meta(stream), {"lookupPolicy": {"local": True}}, child
         )
         after_stream = pulumi.ResourceOptions(parent=self, depends_on=[image_stream])
+        self.base_build_config = base_build_config(build)
+        self.runtime_build_config = runtime_build_config(build)
+        # Stable Pulumi names; the object name carries the input hash, so a changed input is a replacement:
+        # the new BuildConfig is created (and builds), the old one is deleted after the update (with its
+        # Build objects and logs — Pulumi deletes with foreground propagation); the ImageStream keeps the
+        # old tags until they are pruned.
         crds.custom_resource(
-            f"{name}-base", "build.openshift.io/v1", "BuildConfig", meta(f"{stream}-base", "base"),
+            f"{name}-base", "build.openshift.io/v1", "BuildConfig", meta(self.base_build_config, "base"),
             base_spec(build, args.build_nodes, stream), after_stream,
         )
         crds.custom_resource(
-            f"{name}-runtime", "build.openshift.io/v1", "BuildConfig", meta(f"{stream}-runtime", "runtime"),
+            f"{name}-runtime", "build.openshift.io/v1", "BuildConfig", meta(self.runtime_build_config, "runtime"),
             runtime_spec(build, args.build_nodes, stream), after_stream,
         )
         self.base_image = naming.internal_image(ns, stream, base_tag(build))
         self.runtime_image = naming.internal_image(ns, stream, runtime_tag(build))
-        self.image_stream_tag = f"{stream}:{runtime_tag(build)}"
-        self.start_build_command = f"oc start-build {stream}-base -n {ns} --follow"
-        self.logs_command = f"oc logs -f bc/{stream}-runtime -n {ns}"
+        self.runtime_ready: pulumi.Input[str] = self.runtime_image
+        if args.wait_image:
+            # One Job per runtime hash that ends when the new runtime tag is pushed; pulumi-kubernetes awaits a Job
+            # until it completes or fails (provider/pkg/await/job.go, jobInitAwaiter.Await). `runtime_ready` carries
+            # the Job as a dependency, so the pods are switched to the new tag only once it exists: a rebuild never
+            # leaves a running pod replaced by one in ImagePullBackOff for the length of a build.
+            job = k8s.batch.v1.Job(
+                f"{name}-wait",
+                metadata=k8s.meta.v1.ObjectMetaArgs(
+                    name=wait_job_name(build), namespace=ns, labels={**args.labels, "ml-dev-env/stage": "wait"},
+                    annotations={"pulumi.com/timeoutSeconds": str(wait_seconds(build) + 300)},
+                ),
+                spec=wait_job_spec(build, self.runtime_image, args.wait_image),
+                # A Job's template is immutable: a change that keeps the name (deadline, Python image, wait program)
+                # is a replacement, and create-before-delete of the same name would be an upsert onto the old Job
+                # (refused by the API server). Delete first; a new Job for an existing tag completes at once.
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[image_stream], delete_before_replace=True),
+            )
+            image = self.runtime_image
+            # The URN is known in a preview (the pods' new tag shows in the diff) and, in an update, resolves only
+            # when the Job's registration returns, i.e. after its await.
+            self.runtime_ready = job.urn.apply(lambda _: image)
+        self.start_build_command = f"oc start-build {self.base_build_config} -n {ns} --follow"
+        self.logs_command = f"oc logs -f bc/{self.base_build_config} -n {ns}; oc logs -f bc/{self.runtime_build_config} -n {ns}"
         self.register_outputs({"base_image": self.base_image, "runtime_image": self.runtime_image})
-
-
-def image_trigger_annotation(image_stream_tag: str, container: str) -> dict[str, str]:
-    """OpenShift's image-change trigger for a StatefulSet container (opt-in rollout on a new image)."""
-    trigger = [{
-        "from": {"kind": "ImageStreamTag", "name": image_stream_tag},
-        "fieldPath": f'spec.template.spec.containers[?(@.name=="{container}")].image',
-    }]
-    return {"image.openshift.io/triggers": json.dumps(trigger, separators=(",", ":"))}
 
 
 def step_requirements() -> list[str]:
@@ -225,15 +384,22 @@ def step_requirements() -> list[str]:
     return _pins(STEP_REQUIREMENTS)
 
 
+def tools_hash(base_image: str) -> str:
+    return _hash([base_image, containerfile_text(TOOLS_CONTAINERFILE), step_requirements()])
+
+
 def tools_tag(base_image: str) -> str:
-    inputs = [base_image, TOOLS_CONTAINERFILE.read_text(), step_requirements()]
-    return "tools-" + naming.short_hash(json.dumps(inputs))
+    return f"tools-{tools_hash(base_image)}"
+
+
+def tools_build_config(base_image: str, image_stream: str) -> str:
+    return f"{image_stream}-{tools_hash(base_image)}"
 
 
 def tools_spec(base_image: str, nodes: BuildNodesConfig, image_stream: str) -> dict[str, Any]:
     return {
         **_run_spec(1800, {"cpu": "1", "memory": "2Gi"}, {"cpu": "2", "memory": "4Gi"}, nodes),
-        "source": {"type": "Dockerfile", "dockerfile": TOOLS_CONTAINERFILE.read_text()},
+        "source": {"type": "Dockerfile", "dockerfile": containerfile_text(TOOLS_CONTAINERFILE)},
         "strategy": {
             "type": "Docker",
             "dockerStrategy": {
@@ -261,6 +427,7 @@ class ToolsImage(pulumi.ComponentResource):
     """The small image the model-pipeline steps run in (Python + pinned step deps + skopeo)."""
 
     image: str
+    build_config: str
 
     def __init__(self, name: str, args: ToolsImageArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("ml-dev-env:image:ToolsImage", name, None, opts)
@@ -269,8 +436,13 @@ class ToolsImage(pulumi.ComponentResource):
             f"{name}-imagestream", "image.openshift.io/v1", "ImageStream", meta, {"lookupPolicy": {"local": True}},
             pulumi.ResourceOptions(parent=self),
         )
+        # One BuildConfig per input hash, like ImageBuild (its ConfigChange trigger builds only a new object).
+        self.build_config = tools_build_config(args.base_image, args.image_stream)
+        bc_meta = k8s.meta.v1.ObjectMetaArgs(
+            name=self.build_config, namespace=args.namespace, labels={**args.labels, "ml-dev-env/stage": "tools"}
+        )
         crds.custom_resource(
-            f"{name}-build", "build.openshift.io/v1", "BuildConfig", meta,
+            f"{name}-build", "build.openshift.io/v1", "BuildConfig", bc_meta,
             tools_spec(args.base_image, args.build_nodes, args.image_stream),
             pulumi.ResourceOptions(parent=self, depends_on=[stream]),
         )

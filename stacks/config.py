@@ -12,7 +12,7 @@ import ipaddress
 import re
 from collections import Counter
 from collections.abc import Iterator
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -420,9 +420,16 @@ class ImageBuildConfig(Model):
     max_jobs: int = Field(8, ge=1, le=256, description="Flash-Attention compile parallelism (MAX_JOBS build arg).")
     resources: BuildResources = Field(default_factory=BuildResources, description="Build pod requests/limits.")
     completion_deadline_seconds: int = Field(3600, ge=600, le=6 * 3600, description="Build deadline (builds take 15–35 min).")
-    rollout_on_new_image: bool = Field(
-        False, description="Add the image-change trigger annotation so pods roll when a new runtime image is pushed."
-    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "rolloutOnNewImage" in data:
+            raise ConfigProblem(
+                "rolloutOnNewImage", data["rolloutOnNewImage"],
+                "removed: every input change gives a new runtime tag and `pulumi up` rolls the pods to it; delete the key",
+            )
+        return data
 
     @rule
     def _source(self) -> Iterator[ConfigProblem]:

@@ -140,7 +140,7 @@ def test_secrets_rbac_and_key_names_match_the_steps(barcelona: RunResult) -> Non
 
 def test_tools_image_is_built_by_the_stack(barcelona: RunResult) -> None:
     bc = next(r.inputs for r in barcelona.of_type("kubernetes:build.openshift.io/v1:BuildConfig")
-              if r.inputs["metadata"]["name"] == "ml-dev-env-tools")
+              if r.inputs["metadata"]["labels"].get("ml-dev-env/stage") == "tools")
     args = {a["name"]: a["value"] for a in bc["spec"]["strategy"]["dockerStrategy"]["buildArgs"]}
     assert "boto3==" in args["STEP_REQUIREMENTS"]
     tag = bc["spec"]["output"]["to"]["name"].split(":")[1]

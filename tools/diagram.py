@@ -65,7 +65,10 @@ def display_name(resource: Recorded) -> str:
     """The Kubernetes object name where there is one, else the Pulumi resource name."""
     metadata = resource.inputs.get("metadata") if isinstance(resource.inputs, dict) else None
     name = metadata.get("name") if isinstance(metadata, dict) else None
-    return name if isinstance(name, str) and name else resource.name
+    if not (isinstance(name, str) and name):
+        return resource.name
+    # Content-hash names (per-input-hash BuildConfigs, PipelineRuns) change with every input edit: show the pattern.
+    return re.sub(r"-[0-9a-f]{10}$", "-{hash}", name)
 
 
 @dataclass

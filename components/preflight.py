@@ -1,0 +1,204 @@
+"""Preflight reads of live objects that adoption cannot handle, before Pulumi touches them.
+
+The provider adopts existing objects (`upsertExistingObjects`: a server-side apply PATCH instead of a
+create, pulumi/pulumi-kubernetes provider/pkg/await/await.go `Creation`). That cannot adopt a
+StatefulSet whose immutable fields differ (selector, serviceName, podManagementPolicy,
+volumeClaimTemplates): the API server refuses the apply — and a preview does not even show it, because
+`Creation` retries a dry run that fails on immutable fields under a generated name. The original tool's
+StatefulSet is such an object. So the program reads the live StatefulSet once (preview and update, a
+plain GET with the provider's kubeconfig context) and stops with one line saying how to remove it
+without losing its pods' data.
+
+The reader is deliberately small (kubeconfig + HTTPS GET from the standard library): bearer tokens
+(`oc login`), token files, client certificates, basic auth and exec credential plugins. Anything it
+cannot read (no kubeconfig, unreachable cluster, no `get` right, an unsupported auth provider) is a
+warning, never a failure — the apply then fails or succeeds on its own. It never runs under the
+offline mock engine (`make render`, the tests) or in GitOps mode.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import ssl
+import subprocess
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import yaml
+from pulumi.runtime.mocks import MockMonitor
+
+
+class LiveReadError(Exception):
+    """The live object could not be read (reported as a warning)."""
+
+
+def live_reads_enabled(render_yaml_to_directory: str | None) -> bool:
+    """False under the offline mock engine (`make render`, tests) and in GitOps mode (no cluster)."""
+    return not render_yaml_to_directory and not isinstance(pulumi.runtime.settings.get_monitor(), MockMonitor)
+
+
+# ----------------------------------------------------------------------------------- kubeconfig
+
+
+def _kubeconfig_files() -> list[Path]:
+    env = os.environ.get("KUBECONFIG")
+    if env:
+        return [Path(p) for p in env.split(os.pathsep) if p]
+    return [Path.home() / ".kube" / "config"]
+
+
+def load_kubeconfig() -> dict[str, Any]:
+    """The merged kubeconfig (first file wins per name, like kubectl)."""
+    merged: dict[str, Any] = {"clusters": {}, "users": {}, "contexts": {}, "current-context": None}
+    found = False
+    for path in _kubeconfig_files():
+        if not path.is_file():
+            continue
+        found = True
+        data = yaml.safe_load(path.read_text()) or {}
+        for kind in ("clusters", "users", "contexts"):
+            for item in data.get(kind) or []:
+                entry = dict(item.get(kind[:-1]) or {})
+                entry["_dir"] = str(path.parent)
+                merged[kind].setdefault(item["name"], entry)
+        merged["current-context"] = merged["current-context"] or data.get("current-context")
+    if not found:
+        raise LiveReadError("no kubeconfig found")
+    return merged
+
+
+def _file_or_data(entry: dict[str, Any], key: str) -> bytes | None:
+    if entry.get(f"{key}-data"):
+        return base64.b64decode(entry[f"{key}-data"])
+    if entry.get(key):
+        path = Path(entry[key])
+        return (path if path.is_absolute() else Path(entry["_dir"]) / path).read_bytes()
+    return None
+
+
+def _exec_credential(spec: dict[str, Any], cluster_server: str) -> dict[str, Any]:
+    """Run an exec credential plugin (client.authentication.k8s.io ExecCredential) and return its status."""
+    env = {**os.environ, **{e["name"]: e["value"] for e in spec.get("env") or []}}
+    env["KUBERNETES_EXEC_INFO"] = json.dumps({
+        "apiVersion": spec.get("apiVersion", "client.authentication.k8s.io/v1"), "kind": "ExecCredential",
+        "spec": {"interactive": False, "cluster": {"server": cluster_server}},
+    })
+    proc = subprocess.run([spec["command"], *(spec.get("args") or [])], capture_output=True, text=True, env=env, timeout=60, check=False)
+    if proc.returncode != 0:
+        raise LiveReadError(f"credential plugin {spec['command']} failed: {proc.stderr.strip()[:200]}")
+    return json.loads(proc.stdout).get("status") or {}
+
+
+class KubeClient:
+    """GET-only client for one kubeconfig context."""
+
+    def __init__(self, context: str | None = None, config: dict[str, Any] | None = None) -> None:
+        cfg = config if config is not None else load_kubeconfig()
+        name = context or cfg.get("current-context")
+        if not name or name not in cfg["contexts"]:
+            raise LiveReadError(f"kubeconfig context {name!r} not found")
+        ctx = cfg["contexts"][name]
+        cluster = cfg["clusters"].get(ctx.get("cluster"))
+        if cluster is None:
+            raise LiveReadError(f"cluster of context {name!r} not found")
+        user = cfg["users"].get(ctx.get("user"), {})
+        self.server = cluster["server"].rstrip("/")
+        self.headers = {"Accept": "application/json"}
+        self._scratch = tempfile.TemporaryDirectory(prefix="ml-dev-env-kube-")
+        self.ssl = ssl.create_default_context()
+        if cluster.get("insecure-skip-tls-verify"):
+            self.ssl.check_hostname = False
+            self.ssl.verify_mode = ssl.CERT_NONE
+        ca = _file_or_data(cluster, "certificate-authority")
+        if ca:
+            self.ssl.load_verify_locations(cadata=ca.decode())
+        cert, key, token = _file_or_data(user, "client-certificate"), _file_or_data(user, "client-key"), user.get("token")
+        if not token and user.get("tokenFile"):
+            token = Path(user["tokenFile"]).read_text().strip()
+        if user.get("exec"):
+            status = _exec_credential(user["exec"], self.server)
+            token = status.get("token") or token
+            if status.get("clientCertificateData"):
+                cert, key = status["clientCertificateData"].encode(), status["clientKeyData"].encode()
+        if user.get("auth-provider"):
+            raise LiveReadError(f"auth-provider {user['auth-provider'].get('name')!r} is not supported by the preflight reader")
+        if cert and key:
+            cert_file, key_file = Path(self._scratch.name) / "cert.pem", Path(self._scratch.name) / "key.pem"
+            for path, data in ((cert_file, cert), (key_file, key)):
+                path.touch(mode=0o600)
+                path.write_bytes(data)
+            self.ssl.load_cert_chain(str(cert_file), str(key_file))
+        if token:
+            self.headers["Authorization"] = f"Bearer {token}"
+        elif user.get("username"):
+            basic = base64.b64encode(f"{user['username']}:{user.get('password', '')}".encode()).decode()
+            self.headers["Authorization"] = f"Basic {basic}"
+
+    def get(self, path: str, timeout: float = 20) -> dict[str, Any] | None:
+        """GET an API path; None when the object does not exist."""
+        request = urllib.request.Request(self.server + path, headers=self.headers)
+        context = self.ssl if self.server.startswith("https://") else None
+        try:
+            with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise LiveReadError(f"GET {path}: HTTP {exc.code}") from None
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise LiveReadError(f"GET {path}: {exc}") from None
+
+
+def read_statefulset(context: str | None, namespace: str, name: str) -> dict[str, Any] | None:
+    return KubeClient(context).get(f"/apis/apps/v1/namespaces/{namespace}/statefulsets/{name}")
+
+
+# ----------------------------------------------------------------------------- the decision
+
+
+def statefulset_conflict(
+    live: dict[str, Any] | None,
+    *,
+    owner_labels: dict[str, str],
+    selector: dict[str, str],
+    service_name: str,
+    claim_templates: list[str],
+    pod_management_policy: str = "Parallel",
+) -> str | None:
+    """One line when `live` is a StatefulSet this stack did not create and cannot adopt, else None.
+
+    Our own StatefulSet (carrying `owner_labels`) is never a conflict: a change of its immutable fields
+    is a Pulumi replacement (delete-before-replace). A foreign one whose immutable fields equal ours is
+    adopted by the server-side apply.
+    """
+    if live is None:
+        return None
+    meta, spec = live.get("metadata", {}), live.get("spec", {})
+    labels = meta.get("labels") or {}
+    if all(labels.get(k) == v for k, v in owner_labels.items()):
+        return None
+    differ = []
+    if (spec.get("selector") or {}) != {"matchLabels": selector}:
+        differ.append("spec.selector")
+    if spec.get("serviceName") != service_name:
+        differ.append("spec.serviceName")
+    if spec.get("podManagementPolicy", "OrderedReady") != pod_management_policy:
+        differ.append("spec.podManagementPolicy")
+    if sorted(t.get("metadata", {}).get("name", "") for t in spec.get("volumeClaimTemplates") or []) != sorted(claim_templates):
+        differ.append("spec.volumeClaimTemplates")
+    if not differ:
+        return None
+    name, ns = meta.get("name"), meta.get("namespace")
+    old_selector = ",".join(f"{k}={v}" for k, v in sorted(((spec.get("selector") or {}).get("matchLabels") or {}).items()))
+    return (
+        f"ml-dev-env: StatefulSet {ns}/{name} exists but was not created by this stack and its immutable "
+        f"{', '.join(differ)} differ, so it cannot be adopted; remove it without deleting its pods' data: "
+        f"`oc delete statefulset {name} -n {ns} --cascade=orphan` (the pods keep running and claims are never deleted), "
+        f"copy off what you need, `oc delete pod -n {ns} -l {old_selector or '<its selector>'}`, then `pulumi up` again"
+    )

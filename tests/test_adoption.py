@@ -1,0 +1,212 @@
+"""Adoption of objects that already exist: provider options, and the preflight stop before a foreign
+StatefulSet that server-side apply cannot adopt (immutable selector / claim templates)."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import stat
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+import yaml
+
+from components import preflight
+from tests.conftest import STACKS, run_objects, stack_objects
+
+# The original tool's StatefulSet: another selector, a different headless Service, no claim templates.
+ORIGINAL = {
+    "apiVersion": "apps/v1", "kind": "StatefulSet",
+    "metadata": {"name": "ml-dev-env", "namespace": "nccl-test", "labels": {"app": "ml-dev-env"}},
+    "spec": {"selector": {"matchLabels": {"app": "ml-dev-env"}}, "serviceName": "ml-dev-env", "replicas": 2,
+             "podManagementPolicy": "Parallel", "template": {"metadata": {"labels": {"app": "ml-dev-env"}}, "spec": {}}},
+}
+
+
+def ours(stack: str = "barcelona") -> dict[str, Any]:
+    """The StatefulSet the stack itself renders (what a previous `pulumi up` left live)."""
+    result = run_objects(stack, stack_objects(stack))
+    assert result.error is None, result.error
+    return result.one("kubernetes:apps/v1:StatefulSet").inputs
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_provider_adopts_existing_objects_with_forced_server_side_apply(stack: str) -> None:
+    result = run_objects(stack, stack_objects(stack))
+    (provider,) = result.of_type("pulumi:providers:kubernetes")
+    assert provider.inputs["enableServerSideApply"] == "true"
+    assert provider.inputs["upsertExistingObjects"] == "true"
+    # upsert alone forces field conflicts only in preview (pulumi-kubernetes await.go patchForce)
+    assert provider.inputs["enablePatchForce"] == "true"
+
+
+# ------------------------------------------------------------------------------- the decision
+
+
+def conflict(live: dict[str, Any] | None, stack: str = "barcelona") -> str | None:
+    sts = ours(stack)
+    return preflight.statefulset_conflict(
+        live,
+        owner_labels={"app.kubernetes.io/managed-by": "pulumi", "ml-dev-env/cluster": stack_objects(stack)["cluster"]["name"]},
+        selector=sts["spec"]["selector"]["matchLabels"],
+        service_name=sts["spec"]["serviceName"],
+        claim_templates=[t["metadata"]["name"] for t in sts["spec"].get("volumeClaimTemplates", [])],
+    )
+
+
+def test_the_original_statefulset_stops_with_one_line_that_keeps_the_data() -> None:
+    line = conflict(ORIGINAL)
+    assert line is not None and "\n" not in line
+    assert "StatefulSet nccl-test/ml-dev-env" in line and "spec.selector" in line and "spec.volumeClaimTemplates" in line
+    assert "`oc delete statefulset ml-dev-env -n nccl-test --cascade=orphan`" in line
+    assert "`oc delete pod -n nccl-test -l app=ml-dev-env`" in line
+
+
+def test_our_own_or_a_compatible_statefulset_is_no_conflict() -> None:
+    assert conflict(None) is None
+    live = {**ours(), "metadata": {**ours()["metadata"]}}
+    assert conflict(live) is None
+    # our own with other immutable fields (a storage change): Pulumi replaces it, no stop
+    changed = json.loads(json.dumps(live))
+    changed["spec"]["volumeClaimTemplates"] = []
+    assert conflict(changed) is None
+    # not ours, but identical immutable fields: the server-side apply adopts it
+    foreign = json.loads(json.dumps(live))
+    foreign["metadata"]["labels"] = {"app": "something-else"}
+    assert conflict(foreign) is None
+    foreign["spec"]["serviceName"] = "other"
+    assert "spec.serviceName" in (conflict(foreign) or "")
+
+
+# ------------------------------------------------------------------------- through the program
+
+
+def test_the_program_stops_before_a_foreign_statefulset(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+
+    def read(context: str | None, namespace: str, name: str) -> dict[str, Any]:
+        calls.append((context, namespace, name))
+        return ORIGINAL
+
+    monkeypatch.setattr(preflight, "live_reads_enabled", lambda render_dir: True)
+    monkeypatch.setattr(preflight, "read_statefulset", read)
+    result = run_objects("barcelona", stack_objects("barcelona"))
+    assert calls == [(None, "nccl-test", "ml-dev-env")]
+    assert result.error is not None and "--cascade=orphan" in result.error
+    assert not result.of_type("kubernetes:apps/v1:StatefulSet"), "nothing may be applied after the stop"
+
+
+def test_an_unreadable_cluster_only_warns(monkeypatch: pytest.MonkeyPatch) -> None:
+    def read(context: str | None, namespace: str, name: str) -> dict[str, Any]:
+        raise preflight.LiveReadError("GET …: HTTP 403")
+
+    monkeypatch.setattr(preflight, "live_reads_enabled", lambda render_dir: True)
+    monkeypatch.setattr(preflight, "read_statefulset", read)
+    result = run_objects("barcelona", stack_objects("barcelona"))
+    assert result.error is None, result.error
+    assert any("could not check for an existing StatefulSet nccl-test/ml-dev-env (GET …: HTTP 403)" in w for w in result.warnings)
+
+
+def test_the_offline_render_never_reads_the_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    def read(*args: Any) -> None:
+        raise AssertionError("the mock render must not contact a cluster")
+
+    monkeypatch.setattr(preflight, "read_statefulset", read)
+    assert run_objects("barcelona", stack_objects("barcelona")).error is None
+    assert preflight.live_reads_enabled("/tmp/gitops") is False
+
+
+# ----------------------------------------------------------------- the reader, against a local API
+
+
+class FakeApi(http.server.BaseHTTPRequestHandler):
+    objects: ClassVar[dict[str, Any]] = {}
+    seen: ClassVar[list[tuple[str, str | None]]] = []
+
+    def do_GET(self) -> None:
+        FakeApi.seen.append((self.path, self.headers.get("Authorization")))
+        if self.headers.get("Authorization") not in ("Bearer sha256~token", "Bearer from-plugin"):
+            self.send_response(401)
+            self.end_headers()
+            return
+        if self.path.endswith("/forbidden"):
+            self.send_response(403)
+            self.end_headers()
+            return
+        obj = FakeApi.objects.get(self.path)
+        body = json.dumps(obj if obj else {"kind": "Status", "code": 404}).encode()
+        self.send_response(200 if obj else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def api() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeApi)
+    FakeApi.objects = {"/apis/apps/v1/namespaces/nccl-test/statefulsets/ml-dev-env": ORIGINAL}
+    FakeApi.seen = []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def kubeconfig(path: Path, server: str, user: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "admin",
+        "clusters": [{"name": "barcelona", "cluster": {"server": server}}],
+        "users": [{"name": "admin", "user": user}, {"name": "other", "user": {"token": "wrong"}}],
+        "contexts": [{"name": "admin", "context": {"cluster": "barcelona", "user": "admin"}},
+                     {"name": "other", "context": {"cluster": "barcelona", "user": "other"}}],
+    }))
+    return path
+
+
+def test_reader_uses_the_kubeconfig_token_and_context(api: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "config", api, {"token": "sha256~token"})))
+    assert preflight.read_statefulset(None, "nccl-test", "ml-dev-env") == ORIGINAL
+    assert preflight.read_statefulset(None, "nccl-test", "absent") is None
+    assert FakeApi.seen[0] == ("/apis/apps/v1/namespaces/nccl-test/statefulsets/ml-dev-env", "Bearer sha256~token")
+    with pytest.raises(preflight.LiveReadError, match="HTTP 401"):
+        preflight.read_statefulset("other", "nccl-test", "ml-dev-env")
+    with pytest.raises(preflight.LiveReadError, match="HTTP 403"):
+        preflight.KubeClient().get("/forbidden")
+    with pytest.raises(preflight.LiveReadError, match="context 'missing' not found"):
+        preflight.read_statefulset("missing", "nccl-test", "ml-dev-env")
+
+
+def test_reader_runs_exec_credential_plugins(api: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plugin = tmp_path / "plugin"
+    plugin.write_text(f"#!{sys.executable}\nimport json, os\n"
+                      "assert json.loads(os.environ['KUBERNETES_EXEC_INFO'])['kind'] == 'ExecCredential'\n"
+                      "print(json.dumps({'kind': 'ExecCredential', 'status': {'token': 'from-plugin'}}))\n")
+    plugin.chmod(plugin.stat().st_mode | stat.S_IXUSR)
+    user = {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": str(plugin), "args": []}}
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "config", api, user)))
+    assert preflight.read_statefulset(None, "nccl-test", "ml-dev-env") == ORIGINAL
+    assert FakeApi.seen[-1][1] == "Bearer from-plugin"
+
+
+def test_reader_reports_an_unreachable_cluster_and_a_missing_kubeconfig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    with pytest.raises(preflight.LiveReadError, match="no kubeconfig"):
+        preflight.read_statefulset(None, "nccl-test", "ml-dev-env")
+    # a port nothing listens on: bind port 0, remember it, close it
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "config", f"http://127.0.0.1:{port}", {"token": "t"})))
+    with pytest.raises(preflight.LiveReadError, match="GET /apis/apps/v1/"):
+        preflight.read_statefulset(None, "nccl-test", "ml-dev-env")
