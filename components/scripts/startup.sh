@@ -143,7 +143,8 @@ read_cluster_env() {  # sets C_<KEY> from the environment, then cluster.env; fai
 # then ml_dev_rank_order (rank_order.sh, README "Fabric check") groups the pods by rack, pod 0 first.
 FABRIC_DIR="$(dirname "${BASH_SOURCE[0]}")"
 RACK_AWARE=""
-if [ -r "$FABRIC_DIR/rank_order.sh" ] && [ -r "$FABRIC_DIR/fabric.json" ] && grep -q '"nodeRacks": {$' "$FABRIC_DIR/fabric.json"; then
+if [ -r "$FABRIC_DIR/rank_order.sh" ] && [ -r "$FABRIC_DIR/fabric.json" ] && command -v python3 >/dev/null 2>&1 \
+  && python3 -c 'import json, sys; sys.exit(not json.load(open(sys.argv[1])).get("nodeRacks"))' "$FABRIC_DIR/fabric.json" 2>/dev/null; then
   # shellcheck source=rank_order.sh
   . "$FABRIC_DIR/rank_order.sh" && RACK_AWARE=1
 fi
