@@ -277,7 +277,8 @@ def read_text(path: Path) -> str | None:
 
 
 def roce_v2_ipv4_gids(root: Path, hca: str, port_number: int = 1) -> list[int]:
-    """Indexes on the port whose GID is IPv4-mapped (::ffff:a.b.c.d) and whose type is RoCE v2."""
+    """Indexes on the port whose GID is IPv4-mapped (::ffff:a.b.c.d) and whose type is RoCE v2
+    (gid_attrs/types reads "IB/RoCE v1" or "RoCE v2": Linux drivers/infiniband/core/cache.c gid_type_str)."""
     port = root / "sys/class/infiniband" / hca / "ports" / str(port_number)
     found: list[int] = []
     try:
@@ -406,16 +407,17 @@ def preflight(cfg: dict) -> Findings:
             else:
                 f.ok(hca, f"GID index {gid_index} RoCE v2 {gid}")
         # IOMMU: translated DMA (type DMA or DMA-FQ) breaks RDMA registration (IBV_WC_LOC_PROT_ERR).
-        # Kernel ABI: Documentation/ABI/testing/sysfs-kernel-iommu_groups (`type`: DMA, DMA-FQ, identity, ...).
+        # The group's `type` is its default domain (Linux drivers/iommu/iommu.c iommu_group_show_type:
+        # blocked, identity, unmanaged, DMA, DMA-FQ or unknown); no iommu_group link = no IOMMU.
         for hca in hcas:
             group = root / "sys/class/infiniband" / hca / "device/iommu_group"
             kind = read_text(group / "type")
             if not group.exists():
                 f.ok(hca, "IOMMU off")
-            elif kind in ("identity",):
+            elif kind == "identity":
                 f.ok(hca, "IOMMU passthrough")
-            elif kind is None:
-                f.ok(hca, "IOMMU group without a type file (kernel before 5.11): assuming the default domain")
+            elif kind not in ("DMA", "DMA-FQ"):
+                f.ok(hca, f"IOMMU group type {kind or 'not shown'} (not translated DMA)")
             else:
                 f.fail(hca, f"IOMMU domain type {kind} (translated DMA): RDMA fails with IBV_WC_LOC_PROT_ERR",
                        "node prerequisite: IOMMU passthrough (MachineConfig kernelArguments iommu=pt, rolling reboot) "

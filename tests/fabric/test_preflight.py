@@ -56,6 +56,8 @@ CASES = [
      "memlock", "max locked memory is 8388608 bytes, not unlimited", "security.memlock.mode"),
     ("iommu-translated", lambda h: h.update(iommu="DMA-FQ"),
      "mlx5_6", "IOMMU domain type DMA-FQ (translated DMA)", "iommu=pt"),
+    ("iommu-dma", lambda h: h.update(iommu="DMA"),
+     "mlx5_9", "IOMMU domain type DMA (translated DMA)", "IOMMU off in the BIOS"),
     ("gpus-missing", lambda h: h.update(gpus=2),
      "GPUs", "2 visible, expected 4", "nodes.gpusPerPod"),
 ]
@@ -127,3 +129,11 @@ def test_hca_entries_with_a_port_suffix(sim) -> None:
     res = s.run("preflight", "--verbose")
     assert res.returncode == 0, res.stdout
     assert "mlx5_8: port 1 Active at 400 Gb/s" in res.stdout and "mlx5_6: GID index 3 RoCE v2" in res.stdout
+
+
+def test_iommu_off_passes(sim) -> None:
+    s = sim(2)
+    s.cluster.build()
+    s.cluster.host(0)["iommu"] = None  # no iommu_group link under the PCI device
+    res = s.run("preflight", "--verbose")
+    assert res.returncode == 0 and "mlx5_6: IOMMU off" in res.stdout, res.stdout
