@@ -22,6 +22,12 @@ cfg = stack.config
 # preview, never on a real create unless enablePatchForce or the pulumi.com/patchForce annotation), so a
 # preview would pass and the `up` fail on fields another manager (kubectl, oc) set: enablePatchForce takes the
 # fields this program declares; fields it does not declare stay with their managers.
+# enableConfigMapMutable: without it a change of a ConfigMap's `data` forces a replacement
+# (pulumi/pulumi-kubernetes provider/pkg/provider/diff.go, `forceNewProperties`: `.data`/`.binaryData` of a
+# ConfigMap are replace-triggering unless `enableConfigMapMutable` is set, provider.go `Configure`), and a
+# fixed name makes that a delete-before-replace: a `nodes.count` change would delete `<app>-cluster` under the
+# running pods. With it, both ConfigMaps are updated in place (adding the flag is an update of the provider,
+# not a replacement: provider.go `DiffConfig` replaces only on cluster/context/kubeconfig/render-dir changes).
 provider = k8s.Provider(
     "k8s",
     context=cfg.cluster.kube_context,
@@ -30,6 +36,7 @@ provider = k8s.Provider(
     enable_server_side_apply=True,
     upsert_existing_objects=True,
     enable_patch_force=True,
+    enable_config_map_mutable=True,
 )
 opts = pulumi.ResourceOptions(providers=[provider])
 
@@ -109,6 +116,7 @@ pulumi.export("master_addr", cluster.master_addr)
 pulumi.export("pod_names", cluster.pod_names)
 pulumi.export("world_size", cluster.world_size)
 pulumi.export("network_mode", cluster.network_mode)
+pulumi.export("lifecycle", cluster.lifecycle)
 pulumi.export("image", image)
 pulumi.export("shell_command", f"oc rsh -n {ns} -c ml-dev {app}-0")
 pulumi.export("port_forward_command", f"oc port-forward -n {ns} pod/{app}-0 5678:5678")

@@ -10,7 +10,7 @@ import pulumi_kubernetes as k8s
 import pulumi_random as random
 from pydantic import BaseModel, ConfigDict
 
-from components import crds, fabric, fabric_rbac, naming, pod
+from components import crds, fabric, fabric_rbac, lifecycle, naming, pod
 from components.storage import WorkspaceStorage, WorkspaceStorageArgs
 from stacks.config import StackConfig
 
@@ -68,6 +68,8 @@ class GpuCluster(pulumi.ComponentResource):
     world_size: int
     network_mode: str
     """Effective transport: 'rdma' or 'tcp' (after the RDMA→TCP fallback)."""
+    lifecycle: dict[str, object]
+    """Suspend state, what a suspend frees, how to resume (the `lifecycle` stack output)."""
 
     def __init__(self, name: str, args: GpuClusterArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("ml-dev-env:cluster:GpuCluster", name, None, opts)
@@ -178,18 +180,45 @@ class GpuCluster(pulumi.ComponentResource):
 
         # --- startup script and secrets ------------------------------------------------------
         script = pod.startup_script()
-        # fabric_check.py + fabric.json ride along (README "Fabric check"); the directory mount updates them in place
-        startup_files = {"startup.sh": script, **fabric.configmap_files(cfg)}
-        startup = k8s.core.v1.ConfigMap(f"{name}-startup", metadata=meta(f"{app}-startup"), data=startup_files, opts=child)
+        # lifecycle scripts and the fabric check (fabric_check.py, fabric.json, rank_order.sh; README "Fabric check")
+        # ride along; the directory mount updates them in place
+        startup = k8s.core.v1.ConfigMap(
+            f"{name}-startup", metadata=meta(f"{app}-startup"),
+            data={"startup.sh": script, **lifecycle.scripts(), **fabric.configmap_files(cfg)}, opts=child,
+        )
         depends.append(startup)
         # Count-dependent facts (NNODES, …) live here, not in the pod template: a new `nodes.count`
-        # updates this ConfigMap in place and the StatefulSet's `replicas` (both in-place updates), so
-        # running pods are not restarted. Its content is deliberately not hashed into the template.
+        # updates this ConfigMap and the StatefulSet's `replicas`, so running pods are not restarted. Both
+        # are in-place updates only because the provider sets enableConfigMapMutable (__main__.py): by
+        # default pulumi-kubernetes replaces a ConfigMap whose data changed (diff.go `forceNewProperties`),
+        # which for this fixed name is a delete-before-replace under the running pods. Its content is
+        # deliberately not hashed into the template (the startup script's is: a script change rolls the pods).
         cluster_cm = k8s.core.v1.ConfigMap(
             f"{name}-cluster", metadata=meta(f"{app}-cluster"), data={"cluster.env": pod.cluster_env(cfg)}, opts=child
         )
         # Updated before the StatefulSet (dependency order), so new pods of a scale-up read the new count.
         depends.append(cluster_cm)
+        # --- lifecycle: idle-agent settings (in place, no restart), stop record, agent RBAC ----------
+        depends.append(k8s.core.v1.ConfigMap(
+            f"{name}-lifecycle", metadata=meta(lifecycle.settings_configmap(app)),
+            data={lifecycle.SETTINGS_KEY: lifecycle.settings_json(cfg)}, opts=child,
+        ))
+        # The agent writes the record; Pulumi only creates the object (its data is the agent's).
+        k8s.core.v1.ConfigMap(
+            f"{name}-idle-stop", metadata=meta(lifecycle.record_configmap(app)), data={},
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["data"]),
+        )
+        if cfg.lifecycle.idle_stop.enabled:
+            agent_role = k8s.rbac.v1.Role(
+                f"{name}-idle-agent", metadata=meta(lifecycle.agent_role(app)), rules=lifecycle.agent_rules(app), opts=child
+            )
+            depends.append(k8s.rbac.v1.RoleBinding(
+                f"{name}-idle-agent",
+                metadata=meta(lifecycle.agent_role(app)),
+                role_ref=k8s.rbac.v1.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind="Role", name=lifecycle.agent_role(app)),
+                subjects=[k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=sa_name, namespace=ns)],
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[agent_role]),
+            ))
         volumes = [
             *self.storage.volumes,
             k8s.core.v1.VolumeArgs(
@@ -201,6 +230,7 @@ class GpuCluster(pulumi.ComponentResource):
             k8s.core.v1.VolumeArgs(
                 name=pod.CLUSTER_VOLUME, config_map=k8s.core.v1.ConfigMapVolumeSourceArgs(name=f"{app}-cluster", default_mode=0o444)
             ),
+            lifecycle.settings_volume(app),
         ]
         tokens_secret = None
         if oauth:
@@ -242,21 +272,34 @@ class GpuCluster(pulumi.ComponentResource):
             ),
             opts=child,
         )
-        pod_annotations = {"ml-dev-env/startup-sha256": pod.content_hash(script)}
+        pod_annotations = {
+            "ml-dev-env/startup-sha256": pod.content_hash(script),
+            "ml-dev-env/idle-agent-sha256": pod.content_hash("".join(lifecycle.scripts().values())),
+        }
         if rdma:
             pod_annotations["k8s.v1.cni.cncf.io/networks"] = pod.multus_annotation(cfg)
-        containers = [pod.main_container(cfg, args.image, self.storage.mounts, tokens_secret), *pod.proxy_containers(cfg, "oauth-cookie")]
+        mounts = [*self.storage.mounts, lifecycle.settings_mount()]
+        containers = [pod.main_container(cfg, args.image, mounts, tokens_secret), *pod.proxy_containers(cfg, "oauth-cookie")]
         pod_security = k8s.core.v1.PodSecurityContextArgs(
             seccomp_profile=k8s.core.v1.SeccompProfileArgs(type="RuntimeDefault")
         )
         self.statefulset = k8s.apps.v1.StatefulSet(
             f"{name}-statefulset",
-            metadata=meta(app, annotations={"pulumi.com/timeoutSeconds": str(rollout_timeout(cfg)), **args.statefulset_annotations}),
+            metadata=k8s.meta.v1.ObjectMetaArgs(
+                name=app,
+                namespace=ns,
+                labels={**common, **lifecycle.statefulset_labels(cfg)},
+                annotations={
+                    "pulumi.com/timeoutSeconds": str(rollout_timeout(cfg)),
+                    **lifecycle.statefulset_annotations(),
+                    **args.statefulset_annotations,
+                },
+            ),
             spec=k8s.apps.v1.StatefulSetSpecArgs(
                 service_name=naming.headless_service(app),
                 # An in-place update: `.spec.replicas` is not among pulumi-kubernetes' force-new StatefulSet
                 # fields (provider/pkg/provider/diff.go, `statefulSet`), and the template does not change.
-                replicas=cfg.nodes.count,
+                replicas=lifecycle.replicas(cfg),  # 0 while suspended (lifecycle)
                 pod_management_policy="Parallel",
                 selector=k8s.meta.v1.LabelSelectorArgs(match_labels=selector),
                 persistent_volume_claim_retention_policy=k8s.apps.v1.StatefulSetPersistentVolumeClaimRetentionPolicyArgs(
@@ -325,7 +368,9 @@ class GpuCluster(pulumi.ComponentResource):
         self.pod_names = naming.pod_names(app, cfg.nodes.count)
         self.world_size = cfg.nodes.count * cfg.nodes.gpus_per_pod
         self.network_mode = cfg.network.effective_mode
+        self.lifecycle = lifecycle.summary(cfg)
         self.register_outputs({
+            "lifecycle": self.lifecycle,
             "urls": self.urls,
             "master_addr": self.master_addr,
             "pod_names": self.pod_names,

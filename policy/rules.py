@@ -1126,3 +1126,23 @@ def format_report(violations: Sequence[Violation]) -> str:
         lines.append(f"  [{v.level}] {v.policy}: {v.resource}")
         lines.append(f"      {v.message}")
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------- workload RBAC (lifecycle: idle agent)
+try:
+    from policy.workload_rbac import check_workload_rbac
+except ImportError:  # run by the CLI as `python policy/`: the pack directory itself is on sys.path
+    from workload_rbac import check_workload_rbac  # type: ignore[no-redef]
+
+POLICIES = (
+    *POLICIES,
+    PolicySpec(
+        "workload-rbac-scale-only", MANDATORY, "resource",
+        "Roles and ClusterRoles the stack declares grant no write verb on workload objects (StatefulSets, "
+        "Deployments, pods, jobs, ...), no pods/exec-style entry and no wildcards; scaling goes through "
+        "<workload>/scale limited by resourceNames (the idle agent's `statefulsets/scale` on its one StatefulSet).",
+        "Grant get/update on `statefulsets/scale` with resourceNames: [<the StatefulSet>] instead of patch on statefulsets.",
+        check_workload_rbac,
+    ),
+)
+POLICY_NAMES = tuple(p.name for p in POLICIES)

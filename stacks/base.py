@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
 import ipaddress
 import re
+import types
 from collections.abc import Callable, Iterable, Iterator
 from typing import Annotated, Any, TypeVar
 
@@ -26,6 +28,8 @@ class ConfigProblem(ValueError):
         self.field = field
         self.value = value
         self.allowed = allowed
+        # The keys (aliases) of the model the rule that found it read: set by `Model._run_rules`.
+        self.reads: frozenset[str] = frozenset()
         super().__init__(f"{field}: got {value!r}; {allowed}")
 
     def under(self, prefix: str) -> ConfigProblem:
@@ -48,7 +52,9 @@ def rule(func: Rule) -> Rule:
     """Mark a model method as a cross-field rule: a generator yielding every `ConfigProblem` it finds.
 
     All rules of a model run after its fields validated, in definition order, and everything they
-    yield is reported together (one line per problem) — a user fixes all mistakes in one round.
+    yield is reported together (one line per problem) — a user fixes all mistakes in one round. A field
+    mistake stops its model's rules (and those of the models above) in pydantic; the loader
+    (`stacks.loader.validate_all`) validates again without the reported values to report those rules too.
     """
     func.__config_rule__ = True  # type: ignore[attr-defined]
     return func
@@ -67,10 +73,37 @@ class Model(BaseModel):
 
     @model_validator(mode="after")
     def _run_rules(self) -> Model:
-        problems = [problem for run in _rules_of(type(self)) for problem in run(self)]
+        problems = []
+        for run in _rules_of(type(self)):
+            reads = _Reads(self)
+            for problem in run(reads):  # type: ignore[arg-type]
+                problem.reads = frozenset(reads._keys)
+                problems.append(problem)
         if problems:
             raise ConfigProblems(problems)
         return self
+
+
+class _Reads:
+    """Stands in for a model while one of its rules runs and records the keys the rule reads (properties
+    and methods run against the stand-in, so what they read counts too). The loader uses it to tell a rule
+    about the user's values from one about a default standing in for a value it already reported."""
+
+    def __init__(self, model: Model) -> None:
+        self._model = model
+        self._keys: set[str] = set()
+
+    def __getattr__(self, name: str) -> Any:
+        fields = type(self._model).model_fields
+        if name in fields:
+            self._keys.add(fields[name].alias or name)
+            return getattr(self._model, name)
+        attr = inspect.getattr_static(type(self._model), name, None)
+        if isinstance(attr, property) and attr.fget is not None:
+            return attr.fget(self)
+        if inspect.isfunction(attr):
+            return types.MethodType(attr, self)
+        return getattr(self._model, name)
 
 
 def _rules_of(cls: type[Model]) -> list[Callable[[Model], Iterator[ConfigProblem]]]:

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from components import nccl
 from components.quantity import parse_quantity
@@ -552,6 +552,94 @@ class ModelPipelineConfig(Model):
     )
 
 
+# ------------------------------------------------------------------------------------- lifecycle
+
+_DURATION = re.compile(r"^([0-9]+)(s|m|h)$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600}
+
+
+def duration_seconds(value: str) -> int:
+    """'90s' / '45m' / '2h' as seconds."""
+    match = _DURATION.match(value)
+    if not match:
+        raise ValueError(f"{value!r} is not a duration such as '90s', '45m' or '2h'")
+    return int(match[1]) * _UNIT_SECONDS[match[2]]
+
+
+def _check_duration(value: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{value!r} is not a duration such as '90s', '45m' or '2h' (a quoted string with a unit)")
+    duration_seconds(value)
+    return value
+
+
+Duration = Annotated[str, AfterValidator(_check_duration)]
+
+# Admin bounds of the idle stop (a stack cannot configure a stop that is more eager or lazier than this).
+IDLE_TIMEOUT_BOUNDS = (15 * 60, 24 * 3600)
+IDLE_INTERVAL_BOUNDS = (15, 5 * 60)
+IDLE_WARNING_BOUNDS = (60, 3600)
+
+
+class IdleStopConfig(Model):
+    """GPU-aware idle auto-stop: the whole environment is suspended (scaled to 0) after `idleTimeout` without activity."""
+
+    enabled: bool = Field(False, description="Run the idle agent's stop decision (opt-in); the agent on pod 0 scales the StatefulSet to 0.")
+    idle_timeout: Duration = Field("1h", description="Inactivity after which the environment is stopped (admin bounds: 15m to 24h).")
+    interval: Duration = Field("60s", description="How often every pod's signals are sampled (admin bounds: 15s to 5m).")
+    warning_lead: Duration = Field(
+        "10m", description="How long before the stop the warning file and terminal banner appear (1m to 1h, less than idleTimeout)."
+    )
+    gpu_util_threshold: int = Field(
+        5, ge=1, le=50, description="A GPU whose utilization.gpu (percent, nvidia-smi) is at or above this counts as busy."
+    )
+    gpu_memory_util_threshold: int = Field(
+        5, ge=1, le=50, description="A GPU whose utilization.memory (memory-controller activity, %) at or above this counts as busy."
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> IdleStopConfig:
+        for key, value, (low, high) in (
+            ("idleTimeout", self.idle_timeout, IDLE_TIMEOUT_BOUNDS),
+            ("interval", self.interval, IDLE_INTERVAL_BOUNDS),
+            ("warningLead", self.warning_lead, IDLE_WARNING_BOUNDS),
+        ):
+            if not low <= duration_seconds(value) <= high:
+                raise ConfigProblem(key, value, f"between {low}s and {high}s (admin bounds of the idle stop)")
+        if duration_seconds(self.warning_lead) >= duration_seconds(self.idle_timeout):
+            raise ConfigProblem("warningLead", self.warning_lead, f"must be shorter than idleTimeout ({self.idle_timeout})")
+        if duration_seconds(self.interval) * 2 > duration_seconds(self.warning_lead):
+            raise ConfigProblem("interval", self.interval, f"at most half of warningLead ({self.warning_lead}) so the warning is seen")
+        return self
+
+    def agent_settings(self) -> dict[str, int | bool]:
+        """What the idle agent reads (seconds and percents)."""
+        return {
+            "enabled": self.enabled,
+            "idleTimeoutSeconds": duration_seconds(self.idle_timeout),
+            "intervalSeconds": duration_seconds(self.interval),
+            "warningLeadSeconds": duration_seconds(self.warning_lead),
+            "gpuUtilThreshold": self.gpu_util_threshold,
+            "gpuMemoryUtilThreshold": self.gpu_memory_util_threshold,
+        }
+
+
+class KueueConfig(Model):
+    queue_name: DnsLabel | None = Field(
+        None, description="Kueue LocalQueue: the StatefulSet gets kueue.x-k8s.io/queue-name and is admitted as one workload (opt-in)."
+    )
+
+
+class LifecycleConfig(Model):
+    """Suspend / resume, idle auto-stop and gang admission."""
+
+    suspended: bool = Field(
+        False, description="Scale the StatefulSet to 0 (frees GPUs and NICs); claims, routes, secrets and settings stay. false resumes."
+    )
+    idle_stop: IdleStopConfig = Field(default_factory=IdleStopConfig)
+    kueue: KueueConfig = Field(default_factory=KueueConfig)
+
+
 # ---------------------------------------------------------------------------------- fabric check
 
 
@@ -599,13 +687,10 @@ class FabricCheckConfig(Model):
         "(pod 0 stays rank 0). Empty: rank = pod ordinal.",
     )
 
-    def check_against(self, nodes: NodesConfig, mode: str) -> None:
-        if self.node_racks and nodes.gpu_nodes:
-            missing = [n for n in nodes.gpu_nodes if n not in self.node_racks]
-            if missing:
-                raise ConfigProblem("nodeRacks", missing, "every node in nodes.gpuNodes needs a rack (or leave nodeRacks empty)")
+    @rule
+    def _tcp_expectation(self) -> Iterator[ConfigProblem]:
         if self.tcp_link_gbps is not None and self.tcp_efficiency is None:
-            raise ConfigProblem(
+            yield ConfigProblem(
                 "tcpEfficiency", None,
                 "required with tcpLinkGbps: the 0.973 efficiency is calibrated for RDMA only (or unset tcpLinkGbps)",
             )
@@ -627,17 +712,20 @@ class StackConfig(Model):
     build_nodes: BuildNodesConfig = Field(default_factory=BuildNodesConfig)
     model_pipeline: ModelPipelineConfig = Field(default_factory=ModelPipelineConfig)
     models: list[ModelConfig] = Field(default_factory=list)
+    lifecycle: LifecycleConfig = Field(default_factory=LifecycleConfig)
     fabric_check: FabricCheckConfig = Field(
         default_factory=FabricCheckConfig, description="RDMA preflight, NCCL bandwidth gate and rack-aware ranks (README \"Fabric check\")."
     )
 
-    @model_validator(mode="after")
-    def _fabric_check(self) -> StackConfig:
-        try:
-            self.fabric_check.check_against(self.nodes, self.network.effective_mode)
-        except ConfigProblem as problem:
-            raise ConfigProblem(f"fabricCheck.{problem.field}", problem.value, problem.allowed) from None
-        return self
+    @rule
+    def _fabric_racks(self) -> Iterator[ConfigProblem]:
+        racks = self.fabric_check.node_racks
+        if racks and self.nodes.gpu_nodes:
+            missing = [n for n in self.nodes.gpu_nodes if n not in racks]
+            if missing:
+                yield ConfigProblem(
+                    "fabricCheck.nodeRacks", missing, "every node in nodes.gpuNodes needs a rack (or leave nodeRacks empty)"
+                )
 
     @rule
     def _cross(self) -> Iterator[ConfigProblem]:

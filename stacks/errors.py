@@ -57,7 +57,7 @@ def _path(loc: tuple[Any, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             text += f"[{part}]"
-        elif part in ("function-after[_stringify(), str]",) or str(part).startswith(("function-", "literal[", "int", "str")):
+        elif str(part).startswith(("function-", "literal[")) or str(part) in ("int", "str", "bool"):
             continue
         else:
             text += f".{part}" if text else str(part)

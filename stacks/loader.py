@@ -6,18 +6,20 @@ through Pulumi secrets and stay `Output` secrets.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
 from pydantic import ValidationError
 
+from stacks.base import ConfigProblems
 from stacks.config import StackConfig
-from stacks.errors import PREFIX, format_problems, problem_lines
+from stacks.errors import PREFIX, _clean_loc, _path, format_errors, format_problems, problem_lines
 
 # Secret config keys (always `pulumi config set --secret ml-dev-env:<key> …`) and what needs them.
 SECRET_KEYS: dict[str, str] = {
@@ -114,6 +116,106 @@ def validate(raw: Mapping[str, Any], source: str) -> StackConfig:
         raise pulumi.RunError(format_problems(problem_lines(exc, StackConfig), source)) from None
 
 
+MAX_ROUNDS = 10
+
+
+def _key_path(line: str) -> str:
+    """`ml-dev-env:storage.volumes[1].mountPath: got …` → `storage.volumes[1].mountPath`."""
+    return line.removeprefix(PREFIX).split(": ", 1)[0]
+
+
+def _parts(path: str) -> list[str | int | None]:
+    """`storage.volumes[1].mountPath` → ['storage', 'volumes', 1, 'mountPath']; `models[].name` has a None index."""
+    return [
+        (int(tok[1:-1]) if tok[1:-1] else None) if tok.startswith("[") else tok
+        for tok in re.findall(r"\[\d*\]|[^.\[\]]+", path)
+    ]
+
+
+def _within(path: str, roots: set[str]) -> bool:
+    """`path` is one of `roots` or lies below one (`a.b`, `a.b.c` and `a.b[0]` are within `a.b`)."""
+    return any(path == root or path.startswith((f"{root}.", f"{root}[")) for root in roots)
+
+
+def _drop(raw: dict[str, Any], path: str) -> str | None:
+    """Remove the value at `path` from `raw` (so its default applies); a list item or an unspecific `[]`
+    path removes the whole list. Returns the key path removed, or None when nothing was there."""
+    parts = _parts(path)
+    if None in parts:
+        parts = parts[: parts.index(None)]
+    while parts and isinstance(parts[-1], int):
+        parts = parts[:-1]
+    node: Any = raw
+    for part in parts[:-1]:
+        if isinstance(part, int):
+            if not isinstance(node, list) or part >= len(node):
+                return None
+        elif not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    if not parts or not isinstance(node, dict) or parts[-1] not in node:
+        return None
+    del node[parts[-1]]
+    return "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p)) for i, p in enumerate(parts))
+
+
+def validate_all(raw: Mapping[str, Any], reported: Iterable[str] = ()) -> tuple[StackConfig | None, list[str]]:
+    """Validate; on errors report every mistake of the input, not only the first layer.
+
+    Pydantic runs a model's cross-field rules only once all its fields (and sub-models) validated, so a
+    field mistake (`nodes.shmSize: 64`) hides the rules of its model and of every model above it
+    (`nodes.count` above the listed nodes, duplicate model names). So: validate, remove each reported
+    bad value from the input (its default applies), validate again and keep the problems that are new,
+    until a round finds nothing new (at most MAX_ROUNDS). A problem at or below a key already reported
+    or removed is not new: it is about a default that stands in for the user's value (a removed
+    required key is 'missing', a removed list is empty). `reported` holds top-level keys already
+    reported elsewhere (not an object, mistyped prefix).
+    """
+    current = copy.deepcopy(dict(raw))
+    done = set(reported)
+    removed: set[str] = set()
+    lines: list[str] = []
+    for _ in range(MAX_ROUNDS):
+        try:
+            config = StackConfig.model_validate(current)
+        except ValidationError as exc:
+            found = _lines(exc, removed)
+        else:
+            return (config if not lines else None), lines
+        new = [line for line in found if not _within(_key_path(line), done) and line not in lines]
+        if not new:
+            break
+        lines += new
+        for line in new:
+            done.add(_key_path(line))
+            dropped = _drop(current, _key_path(line))
+            if dropped:
+                done.add(dropped)
+                removed.add(dropped)
+    return None, lines
+
+
+def _lines(exc: ValidationError, removed: set[str]) -> list[str]:
+    """The problem lines of one validation, without those of rules that read a removed key (a rule that
+    compared `memlock.mode`'s default with `createScc` says nothing about what the user wrote)."""
+    out: list[str] = []
+    for error in exc.errors(include_url=False):
+        problems = (error.get("ctx") or {}).get("error")
+        if isinstance(problems, ConfigProblems) and removed:
+            model_path = _path(_clean_loc(tuple(error.get("loc", ()))))
+            keep = [
+                p for p in problems.problems
+                if not any(_within(d, {f"{model_path}.{key}" if model_path else key}) for key in p.reads for d in removed)
+            ]
+            if not keep:
+                continue
+            error = {**error, "ctx": {**error["ctx"], "error": ConfigProblems(keep)}}
+        for line in format_errors(dict(error), StackConfig):
+            if line not in out:
+                out.append(line)
+    return out
+
+
 def check(raw_config: Mapping[str, Any], secret_keys: set[str]) -> tuple[StackConfig | None, list[str]]:
     """Every problem of flat Pulumi config at once: keys, plain-text secrets, values, missing secrets.
 
@@ -127,14 +229,8 @@ def check(raw_config: Mapping[str, Any], secret_keys: set[str]) -> tuple[StackCo
         if raw_config.get(full_key) is not None and key not in secret_keys:
             problems.append(f"{full_key}: is stored in plain text; set it with `pulumi config set --secret {full_key} …`")
     reported = {k.partition(":")[2] for k in raw_config if any(p.startswith(f"{k}: ") for p in problems)}
-    try:
-        config: StackConfig | None = StackConfig.model_validate(raw)
-    except ValidationError as exc:
-        config = None
-        problems += [
-            line for line in problem_lines(exc, StackConfig)
-            if not any(line == f"{PREFIX}{key}: required key is missing" for key in reported)
-        ]
+    config, value_problems = validate_all(raw, reported)
+    problems += value_problems
     if config is not None:
         problems += [
             f"{PREFIX}{key}: missing; {SECRET_KEYS[key]} — set it with `pulumi config set --secret {PREFIX}{key} …`"

@@ -44,6 +44,15 @@ def test_provider_adopts_existing_objects_with_forced_server_side_apply(stack: s
     assert provider.inputs["enablePatchForce"] == "true"
 
 
+@pytest.mark.parametrize("stack", STACKS)
+def test_provider_updates_configmaps_in_place(stack: str) -> None:
+    """A `nodes.count` change rewrites `<app>-cluster`'s data: without enableConfigMapMutable the provider
+    replaces a ConfigMap whose data changed (pulumi-kubernetes diff.go forceNewProperties), i.e. deletes it."""
+    result = run_objects(stack, stack_objects(stack))
+    (provider,) = result.of_type("pulumi:providers:kubernetes")
+    assert provider.inputs.get("enableConfigMapMutable") == "true"
+
+
 # ------------------------------------------------------------------------------- the decision
 
 

@@ -284,3 +284,43 @@ def test_yaml_syntax_error_is_one_line_with_file_line_column(tmp_path: Path) -> 
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == [f"error: {caught.value}"], proc.stderr
     assert "Traceback" not in proc.stdout
+
+
+SHM_LINE = "ml-dev-env:nodes.shmSize: got 64; a size needs a unit (a bare number means bytes): did you mean '64Gi'?"
+
+
+def test_a_field_mistake_does_not_hide_the_rules_of_its_model() -> None:
+    """Pydantic runs NodesConfig's rules only once its fields validated: the count rule must still report."""
+    objects = stack_objects("barcelona")
+    objects["nodes"]["shmSize"] = 64
+    objects["nodes"]["count"] = 9  # barcelona lists 5 gpuNodes
+    result = run_objects("barcelona", objects)
+    assert problem_lines(result.error) == [
+        SHM_LINE,
+        "ml-dev-env:nodes.count: got 9; at most 5 (the number of listed gpuNodes): pods use required anti-affinity, one pod per node",
+    ], result.error
+    assert result.error is not None and result.error.startswith("invalid stack configuration in Pulumi.barcelona.yaml (2 problems):\n")
+
+
+def test_a_field_mistake_does_not_hide_the_rules_of_the_models_above() -> None:
+    """StackConfig's rule (unique model names) runs only when every object validated."""
+    objects = stack_objects("barcelona")
+    objects["nodes"]["shmSize"] = 64
+    objects["models"].append(dict(objects["models"][0]))
+    name = objects["models"][0]["name"]
+    result = run_objects("barcelona", objects)
+    assert problem_lines(result.error) == [SHM_LINE, f"ml-dev-env:models[].name: got [{name!r}]; model names must be unique"], result.error
+
+
+def test_a_default_standing_in_for_a_reported_value_adds_no_line() -> None:
+    """`memlock.mode` is reported and removed; its default 'none' would break the createScc rule — not the user's mistake.
+    A missing required key that is removed after its report is not reported again as missing."""
+    objects = stack_objects("barcelona")
+    objects["security"]["memlock"]["mode"] = "unlimited"
+    objects["storage"]["volumes"][1]["mountPath"] = "/tmp"
+    objects["nodes"]["count"] = 9
+    result = run_objects("barcelona", objects)
+    lines = problem_lines(result.error)
+    assert [line.split(": got ")[0] for line in lines] == [
+        "ml-dev-env:nodes.count", "ml-dev-env:security.memlock.mode", "ml-dev-env:storage.volumes[1].mountPath",
+    ], result.error

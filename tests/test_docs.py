@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from tests.conftest import ROOT
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import ROOT, VALIDATOR
 from tools import config_reference
 
 
@@ -20,3 +25,21 @@ def test_reference_covers_every_top_level_key() -> None:
 
 def test_readme_presets_table_is_current() -> None:
     assert config_reference.presets_table() in (ROOT / "README.md").read_text(), "README is stale: run `make docs`"
+
+
+def test_readme_render_example_matches_a_real_render(tmp_path: Path) -> None:
+    """Every line of the README's barcelona render example is in the real report (`...` marks an abridgement)."""
+    readme = (ROOT / "README.md").read_text()
+    head = "For barcelona the end of the report reads"
+    block = readme[readme.index(head):].split("```text\n", 1)[1].split("```", 1)[0]
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "render.py"), "barcelona", "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, check=False, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = [line.replace(str(tmp_path / "out"), "rendered") for line in proc.stdout.splitlines()]
+    for line in block.splitlines():
+        if line.startswith("== schema check") and not VALIDATOR.exists():
+            continue
+        pattern = re.compile(".*".join(re.escape(part) for part in line.split("...")) + ("" if line.endswith("...") else "$"))
+        assert any(pattern.match(out) for out in report), f"README render example line not in the report: {line!r}"

@@ -349,7 +349,8 @@ def test_hybrid_storage_barcelona(barcelona: RunResult) -> None:
     assert shared["spec"]["accessModes"] == ["ReadWriteMany"] and shared["spec"]["storageClassName"] == "nfs-csi"
     mounts = {m["name"]: m["mountPath"] for m in container(barcelona)["volumeMounts"]}
     assert mounts == {"workspace": "/workspace", "checkpoints": "/checkpoints", "datasets": "/datasets",
-                      "dshm": "/dev/shm", "startup": "/opt/ml-dev-env", "cluster": "/etc/ml-dev-env/cluster"}
+                      "dshm": "/dev/shm", "startup": "/opt/ml-dev-env", "cluster": "/etc/ml-dev-env/cluster",
+                      "lifecycle": "/etc/ml-dev-env/lifecycle"}
     pod_volumes = {v["name"] for v in pod_spec(barcelona)["volumes"]}
     assert "datasets" in pod_volumes and "workspace" not in pod_volumes  # per-pod comes from the template
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -18,8 +20,9 @@ from components.pod import STARTUP_SCRIPT
 
 SERVERS = ("code-server", "jupyter", "tensorboard")
 STUBS = {
-    # dev servers: record argv and environment, then stay up like a server
-    **{name: f'out="$(dirname "$0")/../{name}.env"; env | sort > "$out.tmp" && mv "$out.tmp" "$out"\nexec sleep 60' for name in SERVERS},
+    # dev servers: record PID, argv and environment, then stay up like a server (exec keeps the PID)
+    **{name: f'out="$(dirname "$0")/../{name}"; echo $$ > "$out.pid"; env | sort > "$out.env.tmp" && mv "$out.env.tmp" "$out.env"\n'
+              'exec sleep 60' for name in SERVERS},
     "nvidia-smi": 'echo "0, NVIDIA H100 80GB HBM3, 81559 MiB"',
     "ibv_devinfo": r'printf "4 HCAs found:\n\tmlx5_7\n\tmlx5_6\n\tmlx5_9\n\tmlx5_8\n"',
 }
@@ -153,6 +156,20 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 30) -> bool:
     return predicate()
 
 
+def recorded_env(path: Path) -> dict[str, str]:
+    """The environment a server stub recorded (`env | sort`)."""
+    return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+
+
+def alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie awaiting its reaper counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 def world_readable_copy() -> tuple[Path, Path, Path]:
     """Script and stubs in a fresh world-readable directory: a dropped-privilege process cannot read a
     checkout inside a mode-700 directory. Returns (directory, script, stub bin dir)."""
@@ -171,7 +188,7 @@ def test_pod0_computes_rank_writes_hostfile_and_starts_servers_on_loopback(tmp_p
     proc = start(env)
     wait_ready(proc, tmp_path / "state")
     lines = wait_for_calls(calls, 4)
-    assert wait_until(lambda: (tmp_path / "jupyter.env").exists(), timeout=5)
+    assert wait_until(lambda: all((tmp_path / f"{name}.env").exists() for name in SERVERS), timeout=5)
     out = stop(proc)
 
     hostfile = tmp_path / "workspace" / ".deepspeed" / "hostfile"
@@ -183,15 +200,17 @@ def test_pod0_computes_rank_writes_hostfile_and_starts_servers_on_loopback(tmp_p
     assert "--bind-addr 127.0.0.1:8080 --auth none" in servers["code-server"]
     assert "lab --no-browser --allow-root --ip=127.0.0.1 --port=8888" in servers["jupyter"]
     assert "--host 127.0.0.1 --port 6006" in servers["tensorboard"]
-    # the servers (and so their terminals and kernels) start with the rank values
-    jupyter_env = dict(line.split("=", 1) for line in (tmp_path / "jupyter.env").read_text().splitlines() if "=" in line)
-    assert (jupyter_env["NODE_RANK"], jupyter_env["WORLD_SIZE"], jupyter_env["PET_NNODES"]) == ("0", "8", "2")
+    # the servers start without the rank values (kernels and terminals read rank.env when they start)
+    for name in SERVERS:
+        server_env = recorded_env(tmp_path / f"{name}.env")
+        assert not set(RANK_KEYS) & set(server_env), name
+        assert server_env["ML_DEV_STATE_DIR"] == str(tmp_path / "state") and server_env["NCCL_IB_HCA"], name
     env_sh = sourced(tmp_path / "state" / "env.sh")
     assert env_sh["NCCL_IB_HCA"] == "mlx5_6,mlx5_7,mlx5_8,mlx5_9" and env_sh["NODE_RANK"] == "0"
     assert "NODE_RANK=0 of NNODES=2" in out
     # the servers were stopped with the pod
-    time.sleep(0.2)
-    assert subprocess.run(["pgrep", "-f", f"{bin_dir}/code-server"], check=False).returncode == 1
+    pids = [int((tmp_path / f"{name}.pid").read_text()) for name in SERVERS]
+    assert wait_until(lambda: not any(alive(pid) for pid in pids), timeout=10), pids
 
 
 def test_worker_starts_no_dev_servers(tmp_path: Path, stubs: tuple[Path, Path]) -> None:
@@ -403,3 +422,98 @@ def test_random_uid_with_read_only_workspace_reaches_ready(pod: str) -> None:
         assert sorted(set(started) - {"nvidia-smi"}) == (sorted(SERVERS) if pod.endswith("-0") else [])
     finally:
         shutil.rmtree(tmp_path)
+
+
+def test_kernels_and_terminals_started_after_a_count_change_see_the_new_values(tmp_path: Path, stubs: tuple[Path, Path]) -> None:
+    """The Jupyter server keeps its start-time environment; a kernel inherits it (also on restart) and then runs
+    the IPython startup file, which loads the current rank.env. A terminal is bash: .bashrc -> env.sh -> rank.env."""
+    bin_dir, _ = stubs
+    env = base_env(tmp_path, bin_dir, "ml-dev-env-0")
+    state, hostfile = tmp_path / "state", tmp_path / "workspace" / ".deepspeed" / "hostfile"
+    proc = start(env)
+    wait_ready(proc, state)
+    assert wait_until(lambda: (tmp_path / "jupyter.env").exists(), timeout=5)
+    write_cluster_env(tmp_path / "cluster", NNODES="3")
+    assert wait_until(lambda: rank_env(state).get("NNODES") == "3"), rank_env(state)
+    stop(proc)
+
+    server_env = recorded_env(tmp_path / "jupyter.env")  # what the server hands to every kernel and terminal
+    assert "NNODES" not in server_env
+    startup = Path(server_env["IPYTHONDIR"]) / "profile_default" / "startup" / "00-ml-dev-env-rank.py"
+    kernel = subprocess.run(
+        [sys.executable, "-c", "import json, os, runpy, sys; runpy.run_path(sys.argv[1]); print(json.dumps(dict(os.environ)))",
+         str(startup)],
+        env=server_env, capture_output=True, text=True, check=True,
+    )
+    seen = json.loads(kernel.stdout)
+    assert {k: seen.get(k) for k in RANK_KEYS} == expected_rank("ml-dev-env-0", hostfile, nnodes=3)
+    terminal = sourced(Path(), shell=["bash", "-ic", "env -0"], env=server_env)
+    assert {k: terminal.get(k) for k in RANK_KEYS} == expected_rank("ml-dev-env-0", hostfile, nnodes=3)
+
+
+def test_ready_is_logged_before_the_ready_file(tmp_path: Path, stubs: tuple[Path, Path]) -> None:
+    """Whoever sees the ready file (a test, a probe) and then stops the pod must find "ready" in the log."""
+    bin_dir, _ = stubs
+    log = tmp_path / "pod.log"
+    checked = tmp_path / "touch-checked"
+    touch = bin_dir / "touch"
+    touch.write_text(f'#!/bin/bash\ngrep -qxF "[ml-dev-env] ready" "{log}" && echo logged > "{checked}"\nexec /usr/bin/touch "$@"\n')
+    touch.chmod(0o755)
+    with log.open("w") as out:
+        proc = subprocess.Popen(["bash", str(STARTUP_SCRIPT)], env=base_env(tmp_path, bin_dir, "ml-dev-env-1"), stdout=out,
+                                stderr=subprocess.STDOUT)
+        try:
+            assert wait_until(lambda: (tmp_path / "state" / "ready").exists(), timeout=15), log.read_text()
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=10)
+    assert checked.read_text().strip() == "logged", log.read_text()
+
+
+def test_no_writable_state_dir_nor_tmpdir_still_runs(tmp_path: Path, stubs: tuple[Path, Path]) -> None:
+    """State dir and $TMPDIR both unwritable (below a regular file: even root cannot write there): warnings, no exit."""
+    bin_dir, calls = stubs
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a directory")
+    log = tmp_path / "pod.log"
+    env = base_env(tmp_path, bin_dir, "ml-dev-env-0", ML_DEV_STATE_DIR=f"{blocked}/state", TMPDIR=str(blocked))
+    with log.open("w") as out:
+        proc = subprocess.Popen(["bash", str(STARTUP_SCRIPT)], env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            # the last line before the poll loop (after "ready")
+            assert wait_until(lambda: f"cannot create {blocked}/state/ready" in log.read_text(), timeout=15), log.read_text()
+            started = [line.split()[0] for line in wait_for_calls(calls, 4)]
+            assert proc.poll() is None, log.read_text()
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=10)
+    text = log.read_text()
+    assert proc.returncode == 0, text
+    assert f"WARNING: cannot write {blocked}/state nor {blocked}: no rank.env" in text
+    assert f"WARNING: cannot create {blocked}/state/ready" in text
+    assert sorted(set(started) - {"nvidia-smi"}) == sorted(SERVERS)
+    # the rank is still computed and the hostfile (on the workspace) written
+    assert (tmp_path / "workspace" / ".deepspeed" / "hostfile").read_text() == naming.hostfile(APP, NAMESPACE, 2, 4)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores mode 555; root runners cover this in "
+                    "test_random_uid_with_read_only_workspace_reaches_ready (UID 65534)")
+@pytest.mark.parametrize("pod", ["ml-dev-env-0", "ml-dev-env-1"])
+def test_read_only_workspace_as_non_root(tmp_path: Path, stubs: tuple[Path, Path], pod: str) -> None:
+    """A workspace this (non-root) UID cannot write, as on NFS owned by someone else: warnings, ready."""
+    bin_dir, _ = stubs
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    workspace.chmod(0o555)
+    try:
+        env = base_env(tmp_path, bin_dir, pod, TENSORBOARD_LOGDIR=f"{workspace}/tensorboard")
+        proc = start(env)
+        state = tmp_path / "state"
+        wait_ready(proc, state)
+        out = stop(proc)
+    finally:
+        workspace.chmod(0o755)
+    for warning in unwritable_warnings(pod, workspace):
+        assert warning in out
+    assert rank_env(state) == expected_rank(pod, state / "hostfile")
+    assert sourced(state / "env.sh")["HOME"] == str(state / "home")

@@ -4,7 +4,8 @@
 # 1. raises memlock when the stack grants it (never fatal: a refused `ulimit` only warns),
 # 2. sets up the persistent per-pod HOME (caches, IDE state, `pip install --user`, shell history),
 # 3. computes this pod's rank from the cluster ConfigMap and writes rank.env and the DeepSpeed hostfile,
-# 4. starts the enabled dev servers on pod 0 only (workers start none),
+# 4. starts the enabled dev servers on pod 0 only (workers start none), without the rank values in their
+#    environment (new kernels and terminals read rank.env when they start),
 # 5. marks the pod ready, then re-reads the cluster ConfigMap every ML_DEV_POLL_SECONDS and rewrites
 #    rank.env and the hostfile in place when it changed (a new node count restarts nothing; running
 #    processes keep the values they started with, new shells and launches see the new ones).
@@ -27,6 +28,7 @@
 #   $DEEPSPEED_HOSTFILE          `<pod fqdn> slots=<gpus>` per line, in rank order
 #   $ML_DEV_STATE_DIR/env.sh     sources rank.env and sets the HOME caches; sourced by ~/.bashrc,
 #                                ~/.profile, $ENV (`oc rsh`'s /bin/sh) and /etc/profile.d in our images
+#   $IPYTHONDIR/profile_default/startup/00-ml-dev-env-rank.py   loads rank.env into every new IPython kernel
 #   $ML_DEV_STATE_DIR/ready      the readiness probe's file
 set -euo pipefail
 
@@ -40,12 +42,17 @@ POLL="${ML_DEV_POLL_SECONDS:-10}"
 SERVERS="${ML_DEV_SERVERS:-}"
 AUTH="${ML_DEV_AUTH:-oauth-proxy}"
 if ! mkdir -p "$STATE_DIR/logs" 2>/dev/null || [ ! -w "$STATE_DIR" ]; then
-  fallback="$(mktemp -d "${TMPDIR:-/tmp}/ml-dev-env.XXXXXX")"
-  warn "cannot write $STATE_DIR; using $fallback (the readiness probe will not see this pod ready)"
-  STATE_DIR="$fallback"
-  mkdir -p "$STATE_DIR/logs"
+  if fallback="$(mktemp -d "${TMPDIR:-/tmp}/ml-dev-env.XXXXXX" 2>/dev/null)" && mkdir -p "$fallback/logs"; then
+    warn "cannot write $STATE_DIR; using $fallback (the readiness probe will not see this pod ready)"
+    STATE_DIR="$fallback"
+  else
+    # Nothing to write to: keep going (servers log to the pod log), never crash-loop.
+    warn "cannot write $STATE_DIR nor ${TMPDIR:-/tmp}: no rank.env, env.sh, server log files or ready file" \
+         "(the pod stays unready; is /tmp a writable emptyDir?)"
+  fi
 fi
-rm -f "$STATE_DIR/ready"
+export ML_DEV_STATE_DIR="$STATE_DIR"  # the dev servers' kernels find rank.env through it
+rm -f "$STATE_DIR/ready" 2>/dev/null || true
 
 POD="${POD_NAME:-${HOSTNAME:-}}"
 ORDINAL="${POD##*-}"
@@ -85,7 +92,7 @@ else
          "HOME is $STATE_DIR/home, which does not survive a restart"
   fi
   export HOME="$STATE_DIR/home"
-  mkdir -p "$HOME"
+  mkdir -p "$HOME" 2>/dev/null || warn "cannot create $HOME either"
 fi
 # The servers' caches and state follow HOME (explicitly: an image may point them elsewhere).
 export XDG_CACHE_HOME="$HOME/.cache" XDG_CONFIG_HOME="$HOME/.config" XDG_DATA_HOME="$HOME/.local/share"
@@ -223,7 +230,7 @@ refresh_rank() {  # read cluster.env, write the hostfile and rank.env, export th
     return 1
   fi
   # shellcheck source=/dev/null
-  . "$STATE_DIR/rank.env"  # the dev servers (and their terminals and kernels) inherit these values
+  . "$STATE_DIR/rank.env"  # for the log lines below; the dev servers are started without these (see start)
   log "pod $POD: NODE_RANK=$NODE_RANK of NNODES=$NNODES, $GPUS_PER_NODE GPUs each, WORLD_SIZE=$WORLD_SIZE"
   log "master: $MASTER_ADDR:$MASTER_PORT; hostfile: $HOSTFILE; rank.env: $STATE_DIR/rank.env"
 }
@@ -232,7 +239,7 @@ LAST_CLUSTER="$(cat "$CLUSTER_FILE" 2>/dev/null || true)"
 refresh_rank || true
 
 # Shells: env.sh sources rank.env (so every new shell sees the current values) and sets the HOME caches.
-{
+if ! {
   printf '# ml-dev-env: written by the pod startup script; sourced by login and interactive shells.\n'
   printf 'if [ -r %s ]; then . %s; fi\n' "$(q "$STATE_DIR/rank.env")" "$(q "$STATE_DIR/rank.env")"
   for key in HOME XDG_CACHE_HOME XDG_CONFIG_HOME XDG_DATA_HOME PIP_CACHE_DIR JUPYTER_CONFIG_DIR JUPYTER_DATA_DIR IPYTHONDIR \
@@ -242,7 +249,9 @@ refresh_rank || true
   # shellcheck disable=SC2016  # expanded by the sourcing shell
   printf 'case ":$PATH:" in *":$HOME/.local/bin:"*) ;; *) export PATH="$HOME/.local/bin:$PATH" ;; esac\n'
   env | { grep -E '^(NCCL|TORCH_NCCL|UCX)_' || true; } | sort | while IFS='=' read -r key value; do printf 'export %s=%s\n' "$key" "$(q "$value")"; done
-} > "$STATE_DIR/env.sh"
+} 2>/dev/null > "$STATE_DIR/env.sh"; then
+  warn "cannot write $STATE_DIR/env.sh; shells will not see rank.env"
+fi
 HOOK="if [ -r $(q "$STATE_DIR/env.sh") ]; then . $(q "$STATE_DIR/env.sh"); fi  # ml-dev-env: rank.env and HOME caches"
 for rc in "$HOME/.bashrc" "$HOME/.profile" "$HOME/.bash_profile"; do
   # bash login shells read only the first of .bash_profile/.bash_login/.profile: hook an existing .bash_profile too
@@ -250,6 +259,39 @@ for rc in "$HOME/.bashrc" "$HOME/.profile" "$HOME/.bash_profile"; do
   if grep -qxF "$HOOK" "$rc" 2>/dev/null; then continue; fi
   printf '%s\n' "$HOOK" >> "$rc" 2>/dev/null || warn "cannot add the rank.env line to $rc; in shells run: . $STATE_DIR/env.sh"
 done
+
+# Kernels: IPython runs the files of $IPYTHONDIR/profile_default/startup/ in every new kernel (also on a
+# kernel restart). This one loads the current rank.env, so a kernel started after a count change sees it.
+IPY_STARTUP="$IPYTHONDIR/profile_default/startup/00-ml-dev-env-rank.py"
+IPY_CODE="$(cat <<'PY'
+# ml-dev-env: written by the pod startup script at every pod start (edits are overwritten).
+# Loads $ML_DEV_STATE_DIR/rank.env (`export KEY='value'` lines) into this kernel's environment: the Jupyter
+# server is started without these values, so a kernel (re)started after a node-count change sees the new ones.
+def _ml_dev_env_load_rank():
+    import os
+    import shlex
+
+    path = os.path.join(os.environ.get("ML_DEV_STATE_DIR", "/tmp/ml-dev-env"), "rank.env")
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return
+    for line in lines:
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError:
+            continue
+        if len(words) == 2 and words[0] == "export" and "=" in words[1]:
+            key, value = words[1].split("=", 1)
+            os.environ[key] = value
+
+
+_ml_dev_env_load_rank()
+del _ml_dev_env_load_rank
+PY
+)"
+write_file "$IPY_STARTUP" "$IPY_CODE"$'\n' || warn "cannot write $IPY_STARTUP; Jupyter kernels will not see rank.env (in a notebook: %env or os.environ)"
 
 if command -v nvidia-smi >/dev/null 2>&1; then
   nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader || warn "nvidia-smi failed"
@@ -271,12 +313,32 @@ fi
 # --- 4. dev servers (pod 0 only: the dev Service selects the pod named <app>-0) ------------------
 if [ "$AUTH" = "token" ]; then BIND=0.0.0.0; else BIND=127.0.0.1; fi
 PIDS=()
+# The dev servers start WITHOUT the rank.env values in their environment: a server lives through count
+# changes, and what it passes on (a Jupyter kernel inherits the server's environment, also after a kernel
+# restart) would stay the count it started with. Kernels load the current rank.env at start (IPython startup
+# file below); terminals are bash, which sources it through ~/.bashrc -> env.sh.
+UNSET_RANK=()
+for key in ML_DEV_POD NODE_RANK NNODES GPUS_PER_NODE WORLD_SIZE MASTER_ADDR MASTER_PORT PET_NNODES PET_NODE_RANK \
+           PET_NPROC_PER_NODE PET_MASTER_ADDR PET_MASTER_PORT DEEPSPEED_HOSTFILE ML_DEV_HOSTS ML_DEV_PODS; do
+  UNSET_RANK+=(-u "$key")
+done
 start() {  # start <name> <command...>
   local name="$1"; shift
   log "starting $name: $*"
-  "$@" >"$STATE_DIR/logs/$name.log" 2>&1 &
+  if [ -w "$STATE_DIR/logs" ]; then
+    env "${UNSET_RANK[@]}" "$@" >"$STATE_DIR/logs/$name.log" 2>&1 &
+  else
+    env "${UNSET_RANK[@]}" "$@" 2>&1 &
+  fi
   PIDS+=("$!")
 }
+SLEEP_PID=""
+stop() {
+  log "stopping"
+  kill "${PIDS[@]}" $SLEEP_PID 2>/dev/null || true
+  exit 0
+}
+trap stop TERM INT
 
 if [ "$ORDINAL" -eq 0 ]; then
   for server in $SERVERS; do
@@ -316,16 +378,23 @@ else
   log "worker pod: no dev servers (they run on the pod named ${C_APP_NAME:-${APP_NAME:-<app>}}-0)"
 fi
 
+# --- idle agent (lifecycle; every pod reports its activity, pod 0 decides) ---------------------
+# Started when its settings are mounted (/etc/ml-dev-env/lifecycle/idle.json, updated in place; the agent
+# only reports while idleStop is off). It ships next to this script in the startup ConfigMap.
+export ML_DEV_IDLE_SETTINGS="${ML_DEV_IDLE_SETTINGS:-/etc/ml-dev-env/lifecycle/idle.json}"
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+if [ -f "$ML_DEV_IDLE_SETTINGS" ] && [ -f "$SCRIPT_DIR/idle_agent.py" ] && command -v python3 >/dev/null 2>&1; then
+  start idle-agent python3 "$SCRIPT_DIR/idle_agent.py" run
+  # interactive shells print the pending idle-stop warning at each prompt
+  if ! grep -qs 'idle-warning.sh' "$HOME/.bashrc"; then
+    printf '[ -r %s ] && . %s  # ml-dev-env: idle-stop warning\n' "$(q "$SCRIPT_DIR/idle-warning.sh")" "$(q "$SCRIPT_DIR/idle-warning.sh")" \
+      >> "$HOME/.bashrc" 2>/dev/null || warn "cannot add the idle-warning line to $HOME/.bashrc"
+  fi
+fi
+
 # --- 5. ready, then follow the cluster ConfigMap -------------------------------------------------
-SLEEP_PID=""
-stop() {
-  log "stopping"
-  kill "${PIDS[@]}" $SLEEP_PID 2>/dev/null || true
-  exit 0
-}
-trap stop TERM INT
-touch "$STATE_DIR/ready"
-log "ready"
+log "ready"  # before the ready file: whoever sees the file also finds this line in the log
+touch "$STATE_DIR/ready" 2>/dev/null || warn "cannot create $STATE_DIR/ready"
 while true; do
   sleep "$POLL" &
   SLEEP_PID=$!

@@ -580,6 +580,8 @@ def test_every_message_says_how_to_fix() -> None:
         pvc(), rdma_pod(), gpu_pod({"nvidia.com/gpu": "1"}, {"nvidia.com/gpu": "2"}),
         tekton("Task", "t", {"steps": [step(resources=RESOURCES)]}), config_map("c", {"token": "abcdefgh12345"}),
         route("app", "missing", "web", tls=None), deployment("img", [container(image="busybox")]),
+        item("kubernetes:rbac.authorization.k8s.io/v1:Role", {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+             "metadata": meta("agent"), "rules": [{"apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": ["patch"]}]}),
     ]
     found = evaluate(bad)
     assert {v.policy for v in found} == set(rules.POLICY_NAMES)

@@ -1,0 +1,143 @@
+"""Lifecycle of the environment: suspend / resume, the idle agent's settings and RBAC, Kueue gang admission.
+
+Pure builders used by `GpuCluster` (kept apart so the pod-template code stays readable):
+
+* **Suspend** is `spec.replicas: 0`; nothing else changes, so every claim, Route, Secret, image and
+  computed setting stays and a resume brings back the same ordinals on their claims.
+* **Pulumi and the idle agent share `spec.replicas`.** The agent scales through the `statefulsets/scale`
+  subresource with its own field manager; the next `pulumi up` that touches the StatefulSet re-applies
+  `replicas` with server-side apply. Without force that apply is a field-manager conflict, so the
+  StatefulSet carries `pulumi.com/patchForce: "true"` (pulumi-kubernetes provider/pkg/await/await.go,
+  `patchForce()` returns true for that annotation and `ssaUpdate()` sends it as `Force` in the apply
+  PatchOptions). A plain `pulumi preview` after an auto-stop shows no change (the state still says N);
+  `pulumi preview --refresh` / `pulumi up --refresh` read the live 0 and bring N back (the provider diffs
+  new inputs against the checkpoint's live object: provider/pkg/provider/provider.go `kubeProvider.Diff`,
+  `pruneLiveState`).
+* **Idle agent** (components/scripts/idle_agent.py) runs inside the main container of every pod
+  (it needs that container's GPUs, processes and terminals); pod 0 decides for the whole environment.
+  Its settings live in the `<app>-lifecycle` ConfigMap, mounted as a directory so that a settings
+  change reaches running pods without a restart. Its RBAC is `get`/`update` of `statefulsets/scale`
+  for this one StatefulSet, `create` events, and `get`/`update`/`patch` of one ConfigMap that holds the
+  stop record — never `patch statefulsets` (that could change the pod template).
+* **Kueue**: only the `kueue.x-k8s.io/queue-name` label on the StatefulSet (Kueue's StatefulSet
+  integration, kubernetes-sigs/kueue site/content/en/docs/tasks/run/statefulset.md "Queue selection";
+  pkg/controller/jobs/statefulset/statefulset_reconciler.go `syncQueueLabel()` copies it onto the pods,
+  so the pod template stays untouched).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pulumi_kubernetes as k8s
+
+from stacks.config import StackConfig
+
+SCRIPTS = Path(__file__).parent / "scripts"
+AGENT_SCRIPT = SCRIPTS / "idle_agent.py"
+WARNING_SNIPPET = SCRIPTS / "idle-warning.sh"
+SETTINGS_MOUNT = "/etc/ml-dev-env/lifecycle"
+SETTINGS_KEY = "idle.json"
+SETTINGS_VOLUME = "lifecycle"
+ACTIVITY_PORT = 9099
+AGENT_NAME = "ml-dev-env-idle-agent"
+PATCH_FORCE = "pulumi.com/patchForce"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+
+
+def settings_configmap(app: str) -> str:
+    return f"{app}-lifecycle"
+
+
+def record_configmap(app: str) -> str:
+    """The ConfigMap the agent writes its stop record into (the only object it may update)."""
+    return f"{app}-idle-stop"
+
+
+def agent_role(app: str) -> str:
+    return f"{app}-idle-agent"
+
+
+def scripts() -> dict[str, str]:
+    """Files delivered with the startup script (same ConfigMap, mounted at /opt/ml-dev-env)."""
+    return {"idle_agent.py": AGENT_SCRIPT.read_text(), "idle-warning.sh": WARNING_SNIPPET.read_text()}
+
+
+def replicas(config: StackConfig) -> int:
+    return 0 if config.lifecycle.suspended else config.nodes.count
+
+
+def statefulset_annotations() -> dict[str, str]:
+    return {PATCH_FORCE: "true"}
+
+
+def statefulset_labels(config: StackConfig) -> dict[str, str]:
+    queue = config.lifecycle.kueue.queue_name
+    return {KUEUE_QUEUE_LABEL: queue} if queue else {}
+
+
+def agent_settings(config: StackConfig) -> dict[str, object]:
+    """The JSON the agent reads each interval (`idle.json`): settings plus the names it acts on."""
+    app = config.cluster.app_name
+    return {
+        **config.lifecycle.idle_stop.agent_settings(),
+        "statefulset": app,
+        "namespace": config.cluster.namespace,
+        "recordConfigMap": record_configmap(app),
+        "activityPort": ACTIVITY_PORT,
+        "servers": list(config.access.servers),
+    }
+
+
+def settings_json(config: StackConfig) -> str:
+    return json.dumps(agent_settings(config), indent=2, sort_keys=True) + "\n"
+
+
+def settings_volume(app: str) -> k8s.core.v1.VolumeArgs:
+    return k8s.core.v1.VolumeArgs(
+        name=SETTINGS_VOLUME, config_map=k8s.core.v1.ConfigMapVolumeSourceArgs(name=settings_configmap(app))
+    )
+
+
+def settings_mount() -> k8s.core.v1.VolumeMountArgs:
+    # A directory mount (no subPath): kubelet updates the file in place when the settings change.
+    return k8s.core.v1.VolumeMountArgs(name=SETTINGS_VOLUME, mount_path=SETTINGS_MOUNT, read_only=True)
+
+
+def agent_rules(app: str) -> list[k8s.rbac.v1.PolicyRuleArgs]:
+    return [
+        k8s.rbac.v1.PolicyRuleArgs(api_groups=["apps"], resources=["statefulsets/scale"], resource_names=[app], verbs=["get", "update"]),
+        k8s.rbac.v1.PolicyRuleArgs(api_groups=[""], resources=["events"], verbs=["create"]),
+        k8s.rbac.v1.PolicyRuleArgs(
+            api_groups=[""], resources=["configmaps"], resource_names=[record_configmap(app)], verbs=["get", "update", "patch"]
+        ),
+    ]
+
+
+def frees(config: StackConfig) -> dict[str, int]:
+    """What a suspended environment gives back to the cluster."""
+    nodes = config.nodes
+    nics = 0
+    if config.network.effective_mode == "rdma":
+        nics = nodes.count * len(config.network.rdma.sriov_resources) * config.network.rdma.sriov_resource_count
+    return {"pods": nodes.count, "gpus": nodes.count * nodes.gpus_per_pod, "rdmaNics": nics}
+
+
+def summary(config: StackConfig) -> dict[str, object]:
+    """The `lifecycle` stack output."""
+    lc = config.lifecycle
+    app, ns = config.cluster.app_name, config.cluster.namespace
+    out: dict[str, object] = {
+        "state": "suspended" if lc.suspended else "running",
+        "replicas": replicas(config),
+        "idle_stop": lc.idle_stop.enabled,
+        "kueue_queue": lc.kueue.queue_name or "",
+        "stop_record": f"oc get configmap {record_configmap(app)} -n {ns} -o yaml",
+    }
+    if lc.suspended:
+        out["frees"] = frees(config)
+        out["resume"] = "pulumi config set --path 'ml-dev-env:lifecycle.suspended' false && pulumi up"
+    else:
+        out["resume_after_idle_stop"] = "pulumi up --refresh"
+    return out

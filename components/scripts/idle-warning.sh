@@ -1,0 +1,15 @@
+# ml-dev-env idle-stop warning for interactive shells (sourced from ~/.bashrc; oc rsh, ssh, IDE terminals).
+# The idle agent writes $ML_DEV_STATE_DIR/idle-warning while a stop is pending and removes it on activity.
+__ml_dev_idle_warning() {
+  local f="${ML_DEV_STATE_DIR:-/tmp/ml-dev-env}/idle-warning"
+  [ -r "$f" ] && printf '\033[1;33m%s\033[0m\n' "$(cat "$f")" >&2
+  return 0
+}
+case "$-" in
+  *i*)
+    case ";${PROMPT_COMMAND:-};" in
+      *";__ml_dev_idle_warning;"*) ;;
+      *) PROMPT_COMMAND="__ml_dev_idle_warning${PROMPT_COMMAND:+;$PROMPT_COMMAND}" ;;
+    esac
+    ;;
+esac
