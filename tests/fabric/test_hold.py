@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import IO
 
@@ -104,6 +105,10 @@ def test_startup_hook_holds_pod_0_dev_servers_until_release(sim, tmp_path: Path)
         assert s.run("release").returncode == 0
         after = read_until(proc.stdout, "] ready")
         assert any("starting vscode: code-server" in line for line in after)
+        for _ in range(300):  # the script logs "ready" just before it creates the file
+            if (state / "ready").exists():
+                break
+            time.sleep(0.1)
         assert (state / "ready").exists()
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
