@@ -5,10 +5,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STACK ?= barcelona
 # Debian packages the tests and benchmarks use for real (registry, skopeo, buildah, htpasswd).
-APT_PACKAGES := docker-registry skopeo buildah apache2-utils
+APT_PACKAGES := docker-registry skopeo buildah apache2-utils openssh-server openssh-client rsync pdsh libnss-wrapper
 # Hash-locked sets compiled from the *.in files by `make lock` (tools/lock.sh, uv); .venv gets the dev lock.
 
-.PHONY: lock lock-check typecheck help venv system-deps render render-all test lint docs diagram policy-preview bench-package clean
+.PHONY: lock lock-check typecheck help venv system-deps render render-all test lint docs diagram policy-preview bench-package bench-launch clean
 
 help:
 	@echo "make render STACK=<name>   render one stack offline into rendered/<name>/ (+ schema check)"
@@ -18,6 +18,7 @@ help:
 	@echo "make docs                  regenerate the configuration reference, presets and diagram in README.md"
 	@echo "make policy-preview        pulumi preview with the policy pack (needs the Pulumi CLI and a cluster)"
 	@echo "make bench-package         modelcar packaging benchmark (SIZE=2GiB)"
+	@echo "make bench-launch          ml-dev run on 4 simulated pods: time to all ranks running (SIZE=200MB, root)"
 
 MIN_PYTHON := 3.11
 
@@ -55,10 +56,10 @@ system-deps:
 	fi
 
 render: venv
-	$(PY) tools/render.py $(STACK)
+	$(PY) -m tools.render $(STACK)
 
 render-all: venv
-	$(PY) tools/render.py
+	$(PY) -m tools.render
 
 lint: venv
 	$(PY) -m ruff check .
@@ -75,11 +76,11 @@ lock-check: venv
 	tools/lock.sh --check
 
 docs: venv
-	$(PY) tools/config_reference.py --write README.md
-	$(PY) tools/diagram.py --write README.md
+	$(PY) -m tools.config_reference --write README.md
+	$(PY) -m tools.diagram --write README.md
 
 diagram: venv
-	$(PY) tools/diagram.py $(STACK)
+	$(PY) -m tools.diagram $(STACK)
 
 policy-preview: venv
 	pulumi preview --stack $(STACK) --policy-pack policy --diff
@@ -89,7 +90,10 @@ test: venv system-deps lint
 	$(PY) -m pytest -q
 
 bench-package: venv system-deps
-	$(PY) bench/bench_package.py --size $(or $(SIZE),2GiB)
+	$(PY) -m bench.bench_package --size $(or $(SIZE),2GiB)
+
+bench-launch: venv system-deps
+	$(PY) -m bench.bench_launch --size $(or $(SIZE),200MB)
 
 clean:
 	rm -rf rendered .pytest_cache .ruff_cache

@@ -3,11 +3,13 @@
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components import naming, preflight
+from components import devloop, preflight
 from components.gpu_cluster import GpuCluster, GpuClusterArgs, selector_labels
 from components.image_build import ImageBuild, ImageBuildArgs
 from components.model_pipeline import ModelPipeline, ModelPipelineArgs
-from components.storage import volume_claim_templates
+from components.storage import claim_template_names
+from core import naming
+from core.servers import routed_servers
 from stacks import loader
 
 stack = loader.load(f"Pulumi.{pulumi.get_stack()}.yaml")
@@ -43,7 +45,7 @@ opts = pulumi.ResourceOptions(providers=[provider])
 if cfg.cluster.create_namespace:
     namespace = k8s.core.v1.Namespace(
         "namespace",
-        metadata=k8s.meta.v1.ObjectMetaArgs(name=cfg.cluster.namespace, labels={"app.kubernetes.io/part-of": "ml-dev-env"}),
+        metadata=k8s.meta.v1.ObjectMetaArgs(name=cfg.cluster.namespace, labels=dict(naming.PART_OF)),
         # Deleting the namespace would delete every PVC in it: keep it on destroy.
         opts=pulumi.ResourceOptions(provider=provider, retain_on_delete=True),
     )
@@ -63,10 +65,10 @@ def check_statefulset() -> None:
         return
     problem = preflight.statefulset_conflict(
         live,
-        owner_labels={"app.kubernetes.io/managed-by": "pulumi", "ml-dev-env/cluster": cfg.cluster.name},
+        owner_labels=naming.owner_labels(cfg.cluster.name),
         selector=selector_labels(cfg),
         service_name=naming.headless_service(app),
-        claim_templates=[t.metadata.name for t in volume_claim_templates(cfg.storage, {})],
+        claim_templates=claim_template_names(cfg.storage),
     )
     if problem:
         raise pulumi.RunError(problem)
@@ -74,7 +76,8 @@ def check_statefulset() -> None:
 
 check_statefulset()
 
-labels = {"app.kubernetes.io/part-of": "ml-dev-env", "app.kubernetes.io/managed-by": "pulumi", "ml-dev-env/cluster": cfg.cluster.name}
+labels = naming.stack_labels(cfg.cluster.name)
+image: pulumi.Input[str] | None
 if cfg.image.build is not None:
     images = ImageBuild(
         "image",
@@ -109,14 +112,21 @@ if cfg.models:
     pulumi.export("model_pipeline_runs", models.run_names)
     pulumi.export("model_images", models.internal_images)
 
-pulumi.export("vscode_url", cluster.urls.get("vscode", ""))
-pulumi.export("jupyter_url", cluster.urls.get("jupyter", ""))
-pulumi.export("tensorboard_url", cluster.urls.get("tensorboard", ""))
+for server in routed_servers():
+    pulumi.export(f"{server.name}_url", cluster.urls.get(server.name, ""))
 pulumi.export("master_addr", cluster.master_addr)
 pulumi.export("pod_names", cluster.pod_names)
 pulumi.export("world_size", cluster.world_size)
 pulumi.export("network_mode", cluster.network_mode)
 pulumi.export("lifecycle", cluster.lifecycle)
 pulumi.export("image", image)
-pulumi.export("shell_command", f"oc rsh -n {ns} -c ml-dev {app}-0")
-pulumi.export("port_forward_command", f"oc port-forward -n {ns} pod/{app}-0 5678:5678")
+pulumi.export("shell_command", f"oc rsh -n {ns} -c {naming.MAIN_CONTAINER} {naming.pod_name(app, 0)}")
+pulumi.export("port_forward_command", f"oc port-forward -n {ns} pod/{naming.pod_name(app, 0)} {naming.DEBUG_PORT}:{naming.DEBUG_PORT}")
+
+# --- dev loop (components/devloop.py): laptop SSH into every pod through `oc exec`, per-pod shells and debugger ports
+count = cfg.nodes.count
+known_hosts_file = devloop.laptop_known_hosts_file(app, ns)
+pulumi.export("ssh_config", devloop.ssh_config(app, ns, count, devloop.login_user(cfg), known_hosts_file))
+pulumi.export("ssh_known_hosts", cluster.ssh.host_public_key.apply(lambda key: devloop.known_hosts(app, ns, count, key)))
+pulumi.export("shell_commands", devloop.shell_commands(app, ns, count))
+pulumi.export("port_forward_commands", devloop.port_forward_commands(app, ns, count))

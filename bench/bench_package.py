@@ -38,12 +38,11 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from steps.embed import step_script
+from tests.fixtures.images import push_base
+from tests.fixtures.registry import Registry, registry_available, run_registry
 
-from steps.embed import step_script  # noqa: E402
-from tests.fixtures.images import push_base  # noqa: E402
-from tests.fixtures.registry import Registry, registry_available, run_registry  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -314,7 +313,7 @@ APPROACHES: dict[str, tuple[str, Callable[[Env, str], Result]]] = {
     "raw": ("raw blob ingest (reference, 1 stream)", approach_raw),
     "ours": ("ours: steps/package.py (default --jobs 2)", approach_ours),
     "ours1": ("ours: steps/package.py --jobs 1", functools.partial(approach_ours, jobs=1)),
-    "buildah": ("seed: buildah bud + push", approach_buildah),
+    "buildah": ("original: buildah bud + push", approach_buildah),
     "olot": ("peer: olot + skopeo", approach_olot),
 }
 

@@ -1,4 +1,4 @@
-"""GPU cluster (SPEC.md §5.1, §5.3, §5.4): StatefulSet, services, routes, RBAC and dev-server access."""
+"""GPU cluster: the StatefulSet (one pod per GPU node), its Services and Routes, RBAC/SCC and dev-server access."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import pulumi_kubernetes as k8s
 import pulumi_random as random
 from pydantic import BaseModel, ConfigDict
 
-from components import crds, fabric, fabric_rbac, lifecycle, naming, pod
+from components import crds, devloop, fabric, fabric_rbac, lifecycle, pod
 from components.storage import WorkspaceStorage, WorkspaceStorageArgs
+from core import naming
 from stacks.config import StackConfig
 
 OAUTH_REDIRECT = "serviceaccounts.openshift.io/oauth-redirectreference."
@@ -30,16 +31,11 @@ class GpuClusterArgs(BaseModel):
 
 
 def labels(config: StackConfig) -> dict[str, str]:
-    return {
-        **selector_labels(config),
-        "app.kubernetes.io/part-of": "ml-dev-env",
-        "app.kubernetes.io/managed-by": "pulumi",
-        "ml-dev-env/cluster": config.cluster.name,
-    }
+    return {**selector_labels(config), **naming.stack_labels(config.cluster.name)}
 
 
 def selector_labels(config: StackConfig) -> dict[str, str]:
-    return {"app.kubernetes.io/name": "ml-dev-env", "app.kubernetes.io/instance": config.cluster.app_name}
+    return naming.selector_labels(config.cluster.app_name)
 
 
 def rollout_timeout(config: StackConfig) -> int:
@@ -58,7 +54,11 @@ def scc_role_name(scc: str) -> str:
 
 
 class GpuCluster(pulumi.ComponentResource):
-    """One pod per GPU node with rank wiring, RDMA or TCP, storage and authenticated dev servers."""
+    """One pod per GPU node with rank wiring, RDMA or TCP, storage and authenticated dev servers.
+
+    `__init__` runs the named steps in dependency order; each step appends what the StatefulSet must
+    wait for to `self._depends`. Pulumi resource names are `<name>-<suffix>` and never change (identity).
+    """
 
     statefulset: k8s.apps.v1.StatefulSet
     urls: dict[str, str]
@@ -74,19 +74,52 @@ class GpuCluster(pulumi.ComponentResource):
     def __init__(self, name: str, args: GpuClusterArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("ml-dev-env:cluster:GpuCluster", name, None, opts)
         cfg = args.config
-        app, ns = cfg.cluster.app_name, cfg.cluster.namespace
-        common = labels(cfg)
-        selector = selector_labels(cfg)
-        child = pulumi.ResourceOptions(parent=self)
-        rdma = cfg.network.effective_mode == "rdma"
-        memlock = cfg.security.memlock
-        oauth = cfg.access.auth == "oauth-proxy" and bool(cfg.access.servers)
-        depends: list[pulumi.Resource] = []
+        self._name, self._args, self._cfg = name, args, cfg
+        self._app, self._ns = cfg.cluster.app_name, cfg.cluster.namespace
+        self._labels = labels(cfg)
+        self._selector = selector_labels(cfg)
+        self._child = pulumi.ResourceOptions(parent=self)
+        self._rdma = cfg.network.effective_mode == "rdma"
+        self._oauth = cfg.access.auth == "oauth-proxy" and bool(cfg.access.servers)
+        self._depends: list[pulumi.Resource] = []
 
-        def meta(obj_name: str, **extra: object) -> k8s.meta.v1.ObjectMetaArgs:
-            return k8s.meta.v1.ObjectMetaArgs(name=obj_name, namespace=ns, labels=common, **extra)  # type: ignore[arg-type]
+        self._identity()
+        self._memlock_privileges()
+        self._sriov_attachments()
+        # rack-aware ranks read the pods' nodes (fabricCheck.nodeRacks; README "Fabric check")
+        self._depends += fabric_rbac.pod_reader(name, self._cfg, self._labels, self._child)
+        self.storage = self._storage()
+        script = pod.startup_script()
+        # dev loop (components/devloop.py): SSH keys Secret + SSH NetworkPolicy; sshd.sh and the launcher ride in the startup ConfigMap
+        self.ssh = devloop.SshFabric(f"{name}-ssh", cfg, self._labels, self._selector, opts=self._child)
+        self._depends.append(self.ssh)
+        self._startup_and_cluster_config(script)
+        self._lifecycle()
+        credential_volumes, tokens_secret = self._dev_credentials()
+        headless = self._headless_service()
+        self.statefulset = self._statefulset(script, credential_volumes, tokens_secret, headless)
+        self.urls = self._dev_service_and_routes()
 
-        # --- identity -------------------------------------------------------------------------
+        self.master_addr = naming.pod_dns(self._app, self._ns, 0)
+        self.pod_names = naming.pod_names(self._app, cfg.nodes.count)
+        self.world_size = cfg.nodes.count * cfg.nodes.gpus_per_pod
+        self.network_mode = cfg.network.effective_mode
+        self.lifecycle = lifecycle.summary(cfg)
+        self.register_outputs({
+            "lifecycle": self.lifecycle,
+            "urls": self.urls,
+            "master_addr": self.master_addr,
+            "pod_names": self.pod_names,
+            "world_size": self.world_size,
+            "network_mode": self.network_mode,
+        })
+
+    def _meta(self, obj_name: str, **extra: object) -> k8s.meta.v1.ObjectMetaArgs:
+        return k8s.meta.v1.ObjectMetaArgs(name=obj_name, namespace=self._ns, labels=self._labels, **extra)  # type: ignore[arg-type]
+
+    def _identity(self) -> None:
+        """The pods' ServiceAccount (created, or adopted and annotated with the OAuth redirects)."""
+        cfg, name, app, child = self._cfg, self._name, self._app, self._child
         sa_name = cfg.security.service_account
         redirects = {
             f"{OAUTH_REDIRECT}{server}": json.dumps(
@@ -94,99 +127,112 @@ class GpuCluster(pulumi.ComponentResource):
                  "reference": {"kind": "Route", "name": naming.route_name(app, server)}},
                 separators=(",", ":"),
             )
-            for server in (cfg.access.servers if oauth else [])
+            for server in (cfg.access.servers if self._oauth else [])
         }
         if cfg.security.create_service_account:
-            depends.append(k8s.core.v1.ServiceAccount(f"{name}-sa", metadata=meta(sa_name, annotations=redirects or None), opts=child))
+            self._depends.append(
+                k8s.core.v1.ServiceAccount(f"{name}-sa", metadata=self._meta(sa_name, annotations=redirects or None), opts=child)
+            )
         elif redirects:
             # Adopted service account: add only the OAuth redirect annotations (server-side apply patch).
-            depends.append(k8s.core.v1.ServiceAccountPatch(f"{name}-sa-oauth", metadata=meta(sa_name, annotations=redirects), opts=child))
-
-        # --- memlock privileges (RDMA only) ---------------------------------------------------
-        if rdma and memlock.mode in ("scc", "privileged"):
-            configured_scc = memlock.scc_name if memlock.mode == "scc" else "privileged"
-            assert configured_scc is not None  # guaranteed by MemlockConfig
-            scc = configured_scc
-            role_kind = "ClusterRole"
-            if memlock.mode == "scc" and memlock.create_scc:
-                # A created SCC is cluster-scoped: named per stack (namespace and app) so a second
-                # environment in the cluster neither collides with nor deletes this one's.
-                scc = naming.stack_scc_name(configured_scc, ns, app)
-                scc_obj = crds.TopLevelObject(
-                    f"{name}-scc",
-                    api_version="security.openshift.io/v1",
-                    kind="SecurityContextConstraints",
-                    metadata=k8s.meta.v1.ObjectMetaArgs(
-                        name=scc,
-                        labels=common,
-                        annotations={"kubernetes.io/description": "ml-dev-env: unlimited memlock for NCCL/RDMA (IPC_LOCK, SYS_RESOURCE)"},
-                    ),
-                    fields=crds.SccFields(allowed_capabilities=list(memlock.capabilities)).dump(),
+            self._depends.append(
+                k8s.core.v1.ServiceAccountPatch(
+                    f"{name}-sa-oauth",
+                    metadata=k8s.meta.v1.ObjectMetaPatchArgs(name=sa_name, namespace=self._ns, labels=self._labels, annotations=redirects),
                     opts=child,
-                )
-                # A namespaced Role named like OpenShift's per-SCC ClusterRoles grants `use` of our SCC.
-                role_kind = "Role"
-                depends.append(
-                    k8s.rbac.v1.Role(
-                        f"{name}-scc-role",
-                        metadata=meta(scc_role_name(scc)),
-                        rules=[k8s.rbac.v1.PolicyRuleArgs(
-                            api_groups=["security.openshift.io"], resources=["securitycontextconstraints"],
-                            resource_names=[scc], verbs=["use"],
-                        )],
-                        opts=pulumi.ResourceOptions(parent=self, depends_on=[scc_obj]),
-                    )
-                )
-            # The binding's name stays the configured one; a changed roleRef (immutable) makes
-            # pulumi-kubernetes replace it, deleting first since the name is unchanged
-            # (provider/pkg/provider/diff.go: roleBinding force-new `.roleRef`; provider.go, kubeProvider.Diff).
-            depends.append(
-                k8s.rbac.v1.RoleBinding(
-                    f"{name}-scc-binding",
-                    metadata=meta(f"{app}-scc-{configured_scc}"),
-                    role_ref=k8s.rbac.v1.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind=role_kind, name=scc_role_name(scc)),
-                    subjects=[k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=sa_name, namespace=ns)],
-                    opts=pulumi.ResourceOptions(parent=self, depends_on=list(depends)),
                 )
             )
 
-        # --- rack-aware ranks read the pods' nodes (fabricCheck.nodeRacks; README "Fabric check") -----
-        depends += fabric_rbac.pod_reader(name, cfg, common, child)
-
-        # --- SR-IOV attachments (optional) ----------------------------------------------------
-        if rdma and cfg.network.rdma.create_attachments:
-            r = cfg.network.rdma
-            for attachment, resource, subnet in zip(r.attachments, r.sriov_resources, r.subnets, strict=True):
-                depends.append(
-                    crds.custom_resource(
-                        f"{name}-nad-{attachment}",
-                        "k8s.cni.cncf.io/v1",
-                        "NetworkAttachmentDefinition",
-                        k8s.meta.v1.ObjectMetaArgs(
-                            name=attachment, namespace=r.attachment_namespace or ns, labels=common,
-                            annotations={"k8s.v1.cni.cncf.io/resourceName": resource},
-                        ),
-                        crds.NadSpec(config=crds.sriov_nad_config(attachment, subnet, r.mtu)),
-                        child,
-                    )
+    def _memlock_privileges(self) -> None:
+        """RDMA only: the SCC (created per stack, or an existing one) and the binding that lets the pods use it."""
+        cfg, name, app, ns = self._cfg, self._name, self._app, self._ns
+        memlock = cfg.security.memlock
+        if not (self._rdma and memlock.mode in ("scc", "privileged")):
+            return
+        configured_scc = memlock.scc_name if memlock.mode == "scc" else "privileged"
+        assert configured_scc is not None  # guaranteed by MemlockConfig
+        scc = configured_scc
+        role_kind = "ClusterRole"
+        if memlock.mode == "scc" and memlock.create_scc:
+            # A created SCC is cluster-scoped: named per stack (namespace and app) so a second
+            # environment in the cluster neither collides with nor deletes this one's.
+            scc = naming.stack_scc_name(configured_scc, ns, app)
+            scc_obj = crds.TopLevelObject(
+                f"{name}-scc",
+                api_version="security.openshift.io/v1",
+                kind="SecurityContextConstraints",
+                metadata=k8s.meta.v1.ObjectMetaArgs(
+                    name=scc,
+                    labels=self._labels,
+                    annotations={"kubernetes.io/description": "ml-dev-env: unlimited memlock for NCCL/RDMA (IPC_LOCK, SYS_RESOURCE)"},
+                ),
+                fields=crds.SccFields(allowed_capabilities=list(memlock.capabilities)).dump(),
+                opts=self._child,
+            )
+            # A namespaced Role named like OpenShift's per-SCC ClusterRoles grants `use` of our SCC.
+            role_kind = "Role"
+            self._depends.append(
+                k8s.rbac.v1.Role(
+                    f"{name}-scc-role",
+                    metadata=self._meta(scc_role_name(scc)),
+                    rules=[k8s.rbac.v1.PolicyRuleArgs(
+                        api_groups=["security.openshift.io"], resources=["securitycontextconstraints"],
+                        resource_names=[scc], verbs=["use"],
+                    )],
+                    opts=pulumi.ResourceOptions(parent=self, depends_on=[scc_obj]),
                 )
-
-        # --- storage ----------------------------------------------------------------------------
-        self.storage = WorkspaceStorage(
-            f"{name}-storage",
-            WorkspaceStorageArgs(app=app, namespace=ns, labels=common, storage=cfg.storage),
-            opts=child,
+            )
+        # The binding's name stays the configured one; a changed roleRef (immutable) makes
+        # pulumi-kubernetes replace it, deleting first since the name is unchanged
+        # (provider/pkg/provider/diff.go: roleBinding force-new `.roleRef`; provider.go, kubeProvider.Diff).
+        self._depends.append(
+            k8s.rbac.v1.RoleBinding(
+                f"{name}-scc-binding",
+                metadata=self._meta(naming.scc_binding(app, configured_scc)),
+                role_ref=k8s.rbac.v1.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind=role_kind, name=scc_role_name(scc)),
+                subjects=[k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=cfg.security.service_account, namespace=ns)],
+                opts=pulumi.ResourceOptions(parent=self, depends_on=list(self._depends)),
+            )
         )
 
-        # --- startup script and secrets ------------------------------------------------------
-        script = pod.startup_script()
-        # lifecycle scripts and the fabric check (fabric_check.py, fabric.json, rank_order.sh; README "Fabric check")
-        # ride along; the directory mount updates them in place
+    def _sriov_attachments(self) -> None:
+        """RDMA with createAttachments: one NetworkAttachmentDefinition per SR-IOV network."""
+        r = self._cfg.network.rdma
+        if not (self._rdma and r.create_attachments):
+            return
+        for attachment, resource, subnet in zip(r.attachments, r.sriov_resources, r.subnets, strict=True):
+            self._depends.append(
+                crds.custom_resource(
+                    f"{self._name}-nad-{attachment}",
+                    "k8s.cni.cncf.io/v1",
+                    "NetworkAttachmentDefinition",
+                    k8s.meta.v1.ObjectMetaArgs(
+                        name=attachment, namespace=r.attachment_namespace or self._ns, labels=self._labels,
+                        annotations={"k8s.v1.cni.cncf.io/resourceName": resource},
+                    ),
+                    crds.NadSpec(config=crds.sriov_nad_config(attachment, subnet, r.mtu)),
+                    self._child,
+                )
+            )
+
+    def _storage(self) -> WorkspaceStorage:
+        return WorkspaceStorage(
+            f"{self._name}-storage",
+            WorkspaceStorageArgs(app=self._app, namespace=self._ns, labels=self._labels, storage=self._cfg.storage),
+            opts=self._child,
+        )
+
+    def _startup_and_cluster_config(self, script: str) -> None:
+        """The startup script ConfigMap and the count-dependent `cluster.env` ConfigMap."""
+        name, app = self._name, self._app
         startup = k8s.core.v1.ConfigMap(
-            f"{name}-startup", metadata=meta(f"{app}-startup"),
-            data={"startup.sh": script, **lifecycle.scripts(), **fabric.configmap_files(cfg)}, opts=child,
+            f"{name}-startup",
+            metadata=self._meta(naming.startup_configmap(app)),
+            # + the fabric check (fabric_check.py, fabric.json, rank_order.sh; README "Fabric check")
+            data={"startup.sh": script, **devloop.scripts(self._cfg), **lifecycle.scripts(), **fabric.configmap_files(self._cfg)},
+            opts=self._child,
         )
-        depends.append(startup)
+        self._depends.append(startup)
         # Count-dependent facts (NNODES, …) live here, not in the pod template: a new `nodes.count`
         # updates this ConfigMap and the StatefulSet's `replicas`, so running pods are not restarted. Both
         # are in-place updates only because the provider sets enableConfigMapMutable (__main__.py): by
@@ -194,101 +240,123 @@ class GpuCluster(pulumi.ComponentResource):
         # which for this fixed name is a delete-before-replace under the running pods. Its content is
         # deliberately not hashed into the template (the startup script's is: a script change rolls the pods).
         cluster_cm = k8s.core.v1.ConfigMap(
-            f"{name}-cluster", metadata=meta(f"{app}-cluster"), data={"cluster.env": pod.cluster_env(cfg)}, opts=child
+            f"{name}-cluster", metadata=self._meta(naming.cluster_configmap(app)), data={"cluster.env": pod.cluster_env(self._cfg)},
+            opts=self._child,
         )
         # Updated before the StatefulSet (dependency order), so new pods of a scale-up read the new count.
-        depends.append(cluster_cm)
-        # --- lifecycle: idle-agent settings (in place, no restart), stop record, agent RBAC ----------
-        depends.append(k8s.core.v1.ConfigMap(
-            f"{name}-lifecycle", metadata=meta(lifecycle.settings_configmap(app)),
+        self._depends.append(cluster_cm)
+
+    def _lifecycle(self) -> None:
+        """Idle-agent settings (updated in place, no restart), the stop record, and the agent's RBAC."""
+        cfg, name, app, child = self._cfg, self._name, self._app, self._child
+        self._depends.append(k8s.core.v1.ConfigMap(
+            f"{name}-lifecycle", metadata=self._meta(lifecycle.settings_configmap(app)),
             data={lifecycle.SETTINGS_KEY: lifecycle.settings_json(cfg)}, opts=child,
         ))
         # The agent writes the record; Pulumi only creates the object (its data is the agent's).
         k8s.core.v1.ConfigMap(
-            f"{name}-idle-stop", metadata=meta(lifecycle.record_configmap(app)), data={},
+            f"{name}-idle-stop", metadata=self._meta(lifecycle.record_configmap(app)), data={},
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["data"]),
         )
         if cfg.lifecycle.idle_stop.enabled:
             agent_role = k8s.rbac.v1.Role(
-                f"{name}-idle-agent", metadata=meta(lifecycle.agent_role(app)), rules=lifecycle.agent_rules(app), opts=child
+                f"{name}-idle-agent", metadata=self._meta(lifecycle.agent_role(app)), rules=lifecycle.agent_rules(app), opts=child
             )
-            depends.append(k8s.rbac.v1.RoleBinding(
+            self._depends.append(k8s.rbac.v1.RoleBinding(
                 f"{name}-idle-agent",
-                metadata=meta(lifecycle.agent_role(app)),
+                metadata=self._meta(lifecycle.agent_role(app)),
                 role_ref=k8s.rbac.v1.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind="Role", name=lifecycle.agent_role(app)),
-                subjects=[k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=sa_name, namespace=ns)],
+                subjects=[k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=cfg.security.service_account, namespace=self._ns)],
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[agent_role]),
             ))
+
+    def _dev_credentials(self) -> tuple[list[k8s.core.v1.VolumeArgs], str | None]:
+        """OAuth proxy cookie secret (oauth-proxy), or the per-server token Secret (token): volumes, token Secret name."""
+        cfg, name, app, child = self._cfg, self._name, self._app, self._child
+        if self._oauth:
+            cookie = random.RandomPassword(f"{name}-oauth-cookie", length=32, special=False, opts=child)
+            self._depends.append(
+                k8s.core.v1.Secret(
+                    f"{name}-oauth-cookie",
+                    metadata=self._meta(naming.oauth_cookie_secret(app)),
+                    type="Opaque",
+                    string_data={"cookie-secret": cookie.result},
+                    opts=child,
+                )
+            )
+            volume = k8s.core.v1.VolumeArgs(
+                name="oauth-cookie", secret=k8s.core.v1.SecretVolumeSourceArgs(secret_name=naming.oauth_cookie_secret(app))
+            )
+            return [volume], None
+        if cfg.access.auth == "token" and cfg.access.servers:
+            tokens_secret = naming.dev_tokens_secret(app)
+            keys = [s.secret_key for s in cfg.access.enabled() if s.secret_key]
+            self._depends.append(
+                k8s.core.v1.Secret(
+                    f"{name}-dev-tokens",
+                    metadata=self._meta(tokens_secret),
+                    type="Opaque",
+                    string_data={k: self._args.secrets[k] for k in keys},
+                    opts=child,
+                )
+            )
+            return [], tokens_secret
+        return [], None
+
+    def _headless_service(self) -> k8s.core.v1.Service:
+        """Stable pod DNS names (`<app>-<i>.<app>-headless…`), ready or not: the rendezvous of the ranks."""
+        return k8s.core.v1.Service(
+            f"{self._name}-headless",
+            metadata=self._meta(naming.headless_service(self._app), annotations={"pulumi.com/skipAwait": "true"}),
+            spec=k8s.core.v1.ServiceSpecArgs(
+                cluster_ip="None",
+                publish_not_ready_addresses=True,
+                selector=self._selector,
+                ports=[k8s.core.v1.ServicePortArgs(name="master", port=naming.MASTER_PORT, target_port="master")],
+            ),
+            opts=self._child,
+        )
+
+    def _statefulset(
+        self, script: str, credential_volumes: list[k8s.core.v1.VolumeArgs], tokens_secret: str | None, headless: k8s.core.v1.Service
+    ) -> k8s.apps.v1.StatefulSet:
+        cfg, app, args = self._cfg, self._app, self._args
         volumes = [
             *self.storage.volumes,
             k8s.core.v1.VolumeArgs(
                 name="dshm", empty_dir=k8s.core.v1.EmptyDirVolumeSourceArgs(medium="Memory", size_limit=cfg.nodes.shm_size)
             ),
             k8s.core.v1.VolumeArgs(
-                name="startup", config_map=k8s.core.v1.ConfigMapVolumeSourceArgs(name=f"{app}-startup", default_mode=0o555)
+                name="startup",
+                config_map=k8s.core.v1.ConfigMapVolumeSourceArgs(name=naming.startup_configmap(app), default_mode=0o555),
             ),
             k8s.core.v1.VolumeArgs(
-                name=pod.CLUSTER_VOLUME, config_map=k8s.core.v1.ConfigMapVolumeSourceArgs(name=f"{app}-cluster", default_mode=0o444)
+                name=pod.CLUSTER_VOLUME,
+                config_map=k8s.core.v1.ConfigMapVolumeSourceArgs(name=naming.cluster_configmap(app), default_mode=0o444),
             ),
             lifecycle.settings_volume(app),
+            self.ssh.volume,
+            *credential_volumes,
         ]
-        tokens_secret = None
-        if oauth:
-            cookie = random.RandomPassword(f"{name}-oauth-cookie", length=32, special=False, opts=child)
-            depends.append(
-                k8s.core.v1.Secret(
-                    f"{name}-oauth-cookie",
-                    metadata=meta(f"{app}-oauth-cookie"),
-                    type="Opaque",
-                    string_data={"cookie-secret": cookie.result},
-                    opts=child,
-                )
-            )
-            volumes.append(
-                k8s.core.v1.VolumeArgs(name="oauth-cookie", secret=k8s.core.v1.SecretVolumeSourceArgs(secret_name=f"{app}-oauth-cookie"))
-            )
-        elif cfg.access.auth == "token" and cfg.access.servers:
-            tokens_secret = f"{app}-dev-tokens"
-            keys = {"vscodePassword": cfg.access.vscode, "jupyterToken": cfg.access.jupyter}
-            depends.append(
-                k8s.core.v1.Secret(
-                    f"{name}-dev-tokens",
-                    metadata=meta(tokens_secret),
-                    type="Opaque",
-                    string_data={k: args.secrets[k] for k, on in keys.items() if on},
-                    opts=child,
-                )
-            )
-
-        # --- headless service and StatefulSet ---------------------------------------------------
-        headless = k8s.core.v1.Service(
-            f"{name}-headless",
-            metadata=meta(naming.headless_service(app), annotations={"pulumi.com/skipAwait": "true"}),
-            spec=k8s.core.v1.ServiceSpecArgs(
-                cluster_ip="None",
-                publish_not_ready_addresses=True,
-                selector=selector,
-                ports=[k8s.core.v1.ServicePortArgs(name="master", port=naming.MASTER_PORT, target_port="master")],
-            ),
-            opts=child,
-        )
         pod_annotations = {
             "ml-dev-env/startup-sha256": pod.content_hash(script),
             "ml-dev-env/idle-agent-sha256": pod.content_hash("".join(lifecycle.scripts().values())),
+            devloop.ANNOTATION_SSH_PORT: str(devloop.SSH_PORT),
+            devloop.ANNOTATION_HASH: devloop.restart_hash(cfg),
         }
-        if rdma:
+        if self._rdma:
             pod_annotations["k8s.v1.cni.cncf.io/networks"] = pod.multus_annotation(cfg)
-        mounts = [*self.storage.mounts, lifecycle.settings_mount()]
+        mounts = [*self.storage.mounts, lifecycle.settings_mount(), self.ssh.mount]
         containers = [pod.main_container(cfg, args.image, mounts, tokens_secret), *pod.proxy_containers(cfg, "oauth-cookie")]
         pod_security = k8s.core.v1.PodSecurityContextArgs(
             seccomp_profile=k8s.core.v1.SeccompProfileArgs(type="RuntimeDefault")
         )
-        self.statefulset = k8s.apps.v1.StatefulSet(
-            f"{name}-statefulset",
+        return k8s.apps.v1.StatefulSet(
+            f"{self._name}-statefulset",
             metadata=k8s.meta.v1.ObjectMetaArgs(
                 name=app,
-                namespace=ns,
-                labels={**common, **lifecycle.statefulset_labels(cfg)},
+                namespace=self._ns,
+                labels={**self._labels, **lifecycle.statefulset_labels(cfg)},
                 annotations={
                     "pulumi.com/timeoutSeconds": str(rollout_timeout(cfg)),
                     **lifecycle.statefulset_annotations(),
@@ -301,18 +369,18 @@ class GpuCluster(pulumi.ComponentResource):
                 # fields (provider/pkg/provider/diff.go, `statefulSet`), and the template does not change.
                 replicas=lifecycle.replicas(cfg),  # 0 while suspended (lifecycle)
                 pod_management_policy="Parallel",
-                selector=k8s.meta.v1.LabelSelectorArgs(match_labels=selector),
+                selector=k8s.meta.v1.LabelSelectorArgs(match_labels=self._selector),
                 persistent_volume_claim_retention_policy=k8s.apps.v1.StatefulSetPersistentVolumeClaimRetentionPolicyArgs(
                     when_deleted="Retain", when_scaled="Retain"
                 ),
                 volume_claim_templates=self.storage.claim_templates or None,
                 template=k8s.core.v1.PodTemplateSpecArgs(
-                    metadata=k8s.meta.v1.ObjectMetaArgs(labels=common, annotations=pod_annotations),
+                    metadata=k8s.meta.v1.ObjectMetaArgs(labels=self._labels, annotations=pod_annotations),
                     spec=k8s.core.v1.PodSpecArgs(
-                        service_account_name=sa_name,
+                        service_account_name=cfg.security.service_account,
                         restart_policy="Always",
                         termination_grace_period_seconds=30,
-                        affinity=pod.affinity(cfg, selector),
+                        affinity=pod.affinity(cfg, self._selector),
                         node_selector=pod.node_selector(cfg),
                         tolerations=pod.tolerations(cfg),
                         security_context=pod_security,
@@ -323,57 +391,47 @@ class GpuCluster(pulumi.ComponentResource):
             ),
             opts=pulumi.ResourceOptions(
                 parent=self,
-                depends_on=[*depends, headless, self.storage],
+                depends_on=[*self._depends, headless, self.storage],
                 # The name is fixed, so a replacement (e.g. a storage-layout change) must delete first;
                 # per-pod claims are retained and re-bound by the new StatefulSet.
                 delete_before_replace=True,
             ),
         )
 
-        # --- pod-0 service and routes ---------------------------------------------------------
-        self.urls = {}
-        if cfg.access.servers:
-            k8s.core.v1.Service(
-                f"{name}-dev",
-                # Not awaited: pulumi-kubernetes waits (default 10 min) for a selector Service's endpoints
-                # (provider/pkg/await/service.go, serviceInitAwaiter.Await), i.e. for pod 0 to be ready, which the
-                # StatefulSet's own await already covers with rollout_timeout().
-                metadata=meta(app, annotations={"pulumi.com/skipAwait": "true"}),
-                spec=k8s.core.v1.ServiceSpecArgs(
-                    selector={**selector, "statefulset.kubernetes.io/pod-name": naming.pod_name(app, 0)},
-                    ports=[
-                        k8s.core.v1.ServicePortArgs(
-                            name=server,
-                            port=pod.SERVER_PORTS[server],
-                            target_port=pod.proxy_port_name(server) if oauth else server,
-                        )
-                        for server in cfg.access.servers
-                    ],
-                ),
-                opts=child,
+    def _dev_service_and_routes(self) -> dict[str, str]:
+        """The pod-0 Service (one port per enabled server) and one Route per server; returns the URLs."""
+        cfg, name, app = self._cfg, self._name, self._app
+        urls: dict[str, str] = {}
+        if not cfg.access.servers:
+            return urls
+        k8s.core.v1.Service(
+            f"{name}-dev",
+            # Not awaited: pulumi-kubernetes waits (default 10 min) for a selector Service's endpoints
+            # (provider/pkg/await/service.go, serviceInitAwaiter.Await), i.e. for pod 0 to be ready, which the
+            # StatefulSet's own await already covers with rollout_timeout().
+            metadata=self._meta(app, annotations={"pulumi.com/skipAwait": "true"}),
+            spec=k8s.core.v1.ServiceSpecArgs(
+                selector={**self._selector, "statefulset.kubernetes.io/pod-name": naming.pod_name(app, 0)},
+                ports=[
+                    k8s.core.v1.ServicePortArgs(
+                        name=server.name,
+                        port=server.port,
+                        target_port=naming.proxy_port_name(server.name) if self._oauth else server.name,
+                    )
+                    for server in cfg.access.enabled()
+                ],
+            ),
+            opts=self._child,
+        )
+        for server in cfg.access.servers:
+            host = naming.route_host(app, server, self._ns, cfg.cluster.apps_domain)
+            crds.custom_resource(
+                f"{name}-route-{server}",
+                "route.openshift.io/v1",
+                "Route",
+                self._meta(naming.route_name(app, server)),
+                crds.RouteSpec(host=host, to=crds.RouteTargetReference(name=app), port=crds.RoutePort(target_port=server)),
+                self._child,
             )
-            for server in cfg.access.servers:
-                host = naming.route_host(app, server, ns, cfg.cluster.apps_domain)
-                crds.custom_resource(
-                    f"{name}-route-{server}",
-                    "route.openshift.io/v1",
-                    "Route",
-                    meta(naming.route_name(app, server)),
-                    crds.RouteSpec(host=host, to=crds.RouteTargetReference(name=app), port=crds.RoutePort(target_port=server)),
-                    child,
-                )
-                self.urls[server] = f"https://{host}"
-
-        self.master_addr = naming.pod_dns(app, ns, 0)
-        self.pod_names = naming.pod_names(app, cfg.nodes.count)
-        self.world_size = cfg.nodes.count * cfg.nodes.gpus_per_pod
-        self.network_mode = cfg.network.effective_mode
-        self.lifecycle = lifecycle.summary(cfg)
-        self.register_outputs({
-            "lifecycle": self.lifecycle,
-            "urls": self.urls,
-            "master_addr": self.master_addr,
-            "pod_names": self.pod_names,
-            "world_size": self.world_size,
-            "network_mode": self.network_mode,
-        })
+            urls[server] = f"https://{host}"
+        return urls

@@ -29,7 +29,6 @@ the ImageStream keeps the old tags.
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 from pathlib import Path
@@ -37,10 +36,11 @@ from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
-import yaml
 from pydantic import BaseModel, ConfigDict
 
-from components import crds, naming
+from components import crds
+from core import naming
+from core.presets import preset, presets_file
 from stacks.config import BuildNodesConfig, ImageBuildConfig
 
 IMAGES = Path(__file__).resolve().parent.parent / "images"
@@ -48,16 +48,6 @@ BASE_CONTAINERFILE = IMAGES / "base.Containerfile"
 RUNTIME_CONTAINERFILE = IMAGES / "runtime.Containerfile"
 TOOLS_CONTAINERFILE = IMAGES / "tools.Containerfile"
 STEP_REQUIREMENTS = IMAGES.parent / "steps" / "requirements.txt"
-
-
-@functools.cache
-def presets_file() -> dict[str, Any]:
-    return yaml.safe_load((IMAGES / "presets.yaml").read_text())
-
-
-def preset(name: str | None) -> dict[str, Any]:
-    data = presets_file()
-    return data["presets"][name or data["default"]]
 
 
 def preset_name(build: ImageBuildConfig) -> str:

@@ -14,8 +14,9 @@ import pulumi
 import pulumi_kubernetes as k8s
 from pydantic import BaseModel, ConfigDict
 
-from components import crds, model_sizing, naming, tekton
+from components import crds, tekton
 from components.image_build import ToolsImage, ToolsImageArgs
+from core import model_sizing, naming
 from stacks.config import BuildNodesConfig, ModelConfig, ModelPipelineConfig
 from steps.embed import step_script
 

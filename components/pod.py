@@ -9,7 +9,8 @@ from pathlib import Path
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components import naming, nccl, storage
+from components import storage
+from core import naming, nccl
 from stacks.config import StackConfig
 
 STARTUP_SCRIPT = Path(__file__).parent / "scripts" / "startup.sh"
@@ -18,10 +19,7 @@ STATE_DIR = "/tmp/ml-dev-env"
 CLUSTER_MOUNT = "/etc/ml-dev-env/cluster"
 CLUSTER_VOLUME = "cluster"
 HOME_DIRNAME = ".home"
-SERVER_PORTS = {"vscode": 8080, "jupyter": 8888, "tensorboard": 6006}
-PROXY_PORTS = {"vscode": 18080, "jupyter": 18888, "tensorboard": 16006}
 COOKIE_MOUNT = "/etc/oauth-proxy"
-MAIN_CONTAINER = "ml-dev"
 
 
 def startup_script() -> str:
@@ -30,10 +28,6 @@ def startup_script() -> str:
 
 def content_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def proxy_port_name(server: str) -> str:
-    return f"p-{server}"  # container port names are at most 15 characters
 
 
 def effective_nccl_env(config: StackConfig) -> dict[str, str]:
@@ -117,13 +111,13 @@ def server_env(config: StackConfig, tokens_secret: str | None) -> list[k8s.core.
         _plain("ML_DEV_HCA_MODE", config.network.rdma.hca_mode if config.network.effective_mode == "rdma" else "explicit"),
     ]
     if access.auth == "token" and tokens_secret:
-        for env_name, key, enabled in (("PASSWORD", "vscodePassword", access.vscode), ("JUPYTER_TOKEN", "jupyterToken", access.jupyter)):
-            if enabled:
+        for server in access.enabled():
+            if server.credential_env and server.secret_key:
                 env.append(
                     k8s.core.v1.EnvVarArgs(
-                        name=env_name,
+                        name=server.credential_env,
                         value_from=k8s.core.v1.EnvVarSourceArgs(
-                            secret_key_ref=k8s.core.v1.SecretKeySelectorArgs(name=tokens_secret, key=key)
+                            secret_key_ref=k8s.core.v1.SecretKeySelectorArgs(name=tokens_secret, key=server.secret_key)
                         ),
                     )
                 )
@@ -173,9 +167,9 @@ def main_container(
     ports = [k8s.core.v1.ContainerPortArgs(name="master", container_port=naming.MASTER_PORT)]
     ports.append(k8s.core.v1.ContainerPortArgs(name="debug", container_port=naming.DEBUG_PORT))
     if config.access.auth == "token":
-        ports += [k8s.core.v1.ContainerPortArgs(name=s, container_port=SERVER_PORTS[s]) for s in config.access.servers]
+        ports += [k8s.core.v1.ContainerPortArgs(name=s.name, container_port=s.port) for s in config.access.enabled()]
     return k8s.core.v1.ContainerArgs(
-        name=MAIN_CONTAINER,
+        name=naming.MAIN_CONTAINER,
         image=image,
         image_pull_policy="IfNotPresent",
         command=["/bin/bash", f"{STARTUP_MOUNT}/startup.sh"],
@@ -210,26 +204,26 @@ def proxy_containers(config: StackConfig, cookie_secret_volume: str) -> list[k8s
         return []
     sa, ns = config.security.service_account, config.cluster.namespace
     containers = []
-    for server in config.access.servers:
-        port = PROXY_PORTS[server]
+    for server in config.access.enabled():
+        port = server.proxy_port
         containers.append(
             k8s.core.v1.ContainerArgs(
-                name=f"{server}-proxy",
+                name=naming.proxy_container(server.name),
                 image=config.access.oauth_proxy_image,
                 image_pull_policy="IfNotPresent",
                 args=[
                     "--provider=openshift",
                     f"--http-address=:{port}",
                     "--https-address=",
-                    f"--upstream=http://127.0.0.1:{SERVER_PORTS[server]}",
+                    f"--upstream=http://127.0.0.1:{server.port}",
                     f"--openshift-service-account={sa}",
                     f"--cookie-secret-file={COOKIE_MOUNT}/cookie-secret",
-                    f"--cookie-name=_oauth_{server}",
+                    f"--cookie-name=_oauth_{server.name}",
                     f"--openshift-sar={oauth_sar(ns)}",
                     "--skip-provider-button",
                     "--pass-basic-auth=false",
                 ],
-                ports=[k8s.core.v1.ContainerPortArgs(name=proxy_port_name(server), container_port=port)],
+                ports=[k8s.core.v1.ContainerPortArgs(name=naming.proxy_port_name(server.name), container_port=port)],
                 readiness_probe=k8s.core.v1.ProbeArgs(
                     http_get=k8s.core.v1.HTTPGetActionArgs(path="/oauth/healthz", port=port), period_seconds=10
                 ),

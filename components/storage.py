@@ -1,4 +1,4 @@
-"""Workspace storage (SPEC.md §5.2): shared RWX PVCs, per-pod volumeClaimTemplates, or both.
+"""Workspace storage: shared RWX PVCs, per-pod volumeClaimTemplates, or both.
 
 Data is never lost by the program: shared PVCs are `retain_on_delete` (they outlive `pulumi destroy`
 and any replacement), and per-pod claims are owned by the StatefulSet controller with a `Retain`
@@ -71,6 +71,11 @@ def pod_volumes(app: str, storage: StorageConfig) -> list[k8s.core.v1.VolumeArgs
     ]
 
 
+def claim_template_names(storage: StorageConfig) -> list[str]:
+    """Names of the StatefulSet's volumeClaimTemplates: the per-pod volumes."""
+    return [v.name for v in storage.volumes if storage.scope_of(v) == "per-pod"]
+
+
 def volume_claim_templates(
     storage: StorageConfig, labels: dict[str, str]
 ) -> list[k8s.core.v1.PersistentVolumeClaimArgs]:
@@ -113,7 +118,7 @@ class WorkspaceStorage(pulumi.ComponentResource):
                 spec=claim_spec(storage, volume),
                 opts=pulumi.ResourceOptions(parent=self, retain_on_delete=True),
             )
-        self.claim_names = pulumi.Output.from_input([c.metadata.name for c in self.claims.values()]).apply(
+        self.claim_names = pulumi.Output.all(*[c.metadata.name for c in self.claims.values()]).apply(
             lambda names: [n for n in names if n]
         )
         self.register_outputs({"claim_names": self.claim_names})

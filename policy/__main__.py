@@ -1,6 +1,10 @@
-"""The `ml-dev-env-guardrails` policy pack: adapters from `rules.py` to pulumi-policy.
+"""The `ml-dev-env-guardrails` policy pack: adapters from the `rules` package to pulumi-policy.
 
-Run by the Pulumi CLI as `python policy/` (`pulumi preview --policy-pack policy`). Each rule in
+Run by the Pulumi CLI (`pulumi preview --policy-pack policy`) through `pulumi-analyzer-policy-python`,
+i.e. `python -u -m pulumi.policy <engine> <pack dir>`, which does `runpy.run_path(<pack dir>)`
+(pulumi/pulumi sdk/python/lib/pulumi/policy/__main__.py, `main`): this directory, not the repository
+root, is on sys.path, so the rules import as `rules` there and as `policy.rules` everywhere else (tests,
+`make render`); the rules package imports only itself (relative imports), never `core`/`stacks`. Each rule in
 `rules.POLICIES` becomes a ResourceValidationPolicy (one resource's inputs) or a
 StackValidationPolicy (all resources, for rules that follow references: Route -> Service -> pod
 template, pod -> ServiceAccount -> RoleBinding -> SCC). Importing this module builds the policy
@@ -30,7 +34,7 @@ from pulumi_policy.proxy import _DictProxy, _ListProxy
 
 try:
     from policy import rules
-except ImportError:  # run by the CLI as `python policy/`: the pack directory itself is on sys.path
+except ImportError:  # run by the CLI from the pack directory: only policy/ itself is on sys.path
     import rules  # type: ignore[no-redef]
 
 LEVELS = {rules.MANDATORY: EnforcementLevel.MANDATORY, rules.ADVISORY: EnforcementLevel.ADVISORY}
@@ -102,7 +106,7 @@ def main() -> None:
         rules.PACK_NAME,
         policies=build_policies(),  # type: ignore[arg-type]
         enforcement_level=EnforcementLevel.MANDATORY,
-        description="ml-dev-env guard rails (SPEC.md §5): authentication, privileges, devices, data, Tekton v1, images, secrets.",
+        description="ml-dev-env guard rails: authentication, privileges, devices, data, Tekton v1, images, secrets.",
         readme=(Path(__file__).resolve().parent / "README.md").read_text(),
     )
 

@@ -12,8 +12,8 @@ from typing import Annotated, Any, TypeVar
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, model_validator
 from pydantic.alias_generators import to_camel
 
-from components.naming import DNS_LABEL, DNS_SUBDOMAIN
-from components.quantity import QuantityError, parse_quantity, size_problem
+from core.naming import DNS_LABEL, DNS_SUBDOMAIN
+from core.quantity import QuantityError, parse_quantity, size_problem
 
 
 class ConfigProblem(ValueError):

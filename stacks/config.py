@@ -1,4 +1,4 @@
-"""Typed stack configuration (SPEC.md §3): one pydantic model per `ml-dev-env:<key>` object.
+"""Typed stack configuration: one pydantic model per `ml-dev-env:<key>` object.
 
 Keys are camelCase in `Pulumi.<stack>.yaml` (`pulumi config set --path 'ml-dev-env:nodes.count' 2`).
 Every model is frozen and rejects unknown keys; cross-field rules (`@rule` methods) yield a
@@ -8,16 +8,21 @@ Every model is frozen and rejects unknown keys; cross-field rules (`@rule` metho
 
 from __future__ import annotations
 
+import base64
+import binascii
 import ipaddress
 import re
 from collections import Counter
 from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, Field, create_model, model_validator
 
-from components import nccl
-from components.quantity import parse_quantity
+from core import nccl
+from core.model_sizing import preflight
+from core.presets import presets_file
+from core.quantity import parse_quantity
+from core.servers import DEV_SERVERS, DevServer, longest_routed_name, routed_servers
 from stacks.base import (
     AbsPath,
     Cidr,
@@ -55,11 +60,12 @@ class ClusterConfig(Model):
 
     @rule
     def _app_name_fits(self) -> Iterator[ConfigProblem]:
-        # pod names `<app>-<ordinal>` and `<app>-tensorboard-<namespace>` hosts must stay DNS labels.
+        # pod names `<app>-<ordinal>` and `<app>-<server>-<namespace>` hosts must stay DNS labels (the
+        # longest server name of core/servers.py makes the longest host).
         if len(self.app_name) > 40:
             yield ConfigProblem("appName", self.app_name, "at most 40 characters (pod and route names derive from it)")
             return
-        longest = f"{self.app_name}-tensorboard-{self.namespace}"
+        longest = f"{self.app_name}-{longest_routed_name()}-{self.namespace}"
         if len(longest) > 63:
             yield ConfigProblem(
                 "appName", self.app_name,
@@ -72,11 +78,15 @@ class ClusterConfig(Model):
 
 
 class Toleration(Model):
-    key: str | None = None
-    operator: Literal["Exists", "Equal"] = "Exists"
-    value: str | None = None
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    toleration_seconds: int | None = Field(None, ge=0)
+    """A Kubernetes toleration of a node taint."""
+
+    key: str | None = Field(None, description="Taint key to tolerate; unset with operator Exists = every taint.")
+    operator: Literal["Exists", "Equal"] = Field("Exists", description="Exists: any value; Equal: the taint's value must be `value`.")
+    value: str | None = Field(None, description="Taint value (operator Equal only).")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        None, description="Taint effect to tolerate; unset = every effect."
+    )
+    toleration_seconds: int | None = Field(None, ge=0, description="NoExecute only: how long the pod stays after the taint appears.")
 
     @rule
     def _value_matches_operator(self) -> Iterator[ConfigProblem]:
@@ -88,13 +98,17 @@ GPU_TOLERATION = Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoS
 
 
 class CpuMemory(Model):
-    cpu: Quantity
-    memory: Size
+    """CPU and memory of a container."""
+
+    cpu: Quantity = Field(description="CPU, a Kubernetes quantity (`16`, `500m`).")
+    memory: Size = Field(description="Memory, a Kubernetes quantity (`64Gi`).")
 
 
 class Resources(Model):
-    requests: CpuMemory
-    limits: CpuMemory
+    """CPU and memory of the main container (GPUs come from gpusPerPod)."""
+
+    requests: CpuMemory = Field(description="What the scheduler reserves on the node for each pod.")
+    limits: CpuMemory = Field(description="The most each pod may use (memory above it is OOM-killed).")
 
     @rule
     def _requests_within_limits(self) -> Iterator[ConfigProblem]:
@@ -166,7 +180,7 @@ class RdmaConfig(Model):
     cross_nic: Literal[0, 1, 2] = Field(0, description="NCCL_CROSS_NIC (0 for isolated per-NIC subnets).")
     create_attachments: bool = Field(False, description="Create the NetworkAttachmentDefinitions in the namespace.")
     subnets: list[Cidr] = Field(default_factory=list, description="Whereabouts range per NIC (with createAttachments).")
-    mtu: int = Field(9000, ge=1280, le=9216)
+    mtu: int = Field(9000, ge=1280, le=9216, description="MTU of the created NetworkAttachmentDefinitions (with createAttachments).")
 
     @rule
     def _shapes(self) -> Iterator[ConfigProblem]:
@@ -230,16 +244,20 @@ class RdmaConfig(Model):
 
 
 class TcpConfig(Model):
+    """NCCL over TCP sockets (mode tcp, or the fallback when RDMA is not enabled)."""
+
     interface_exclude: str = Field("^lo,docker0", description="NCCL_SOCKET_IFNAME in TCP mode.")
     p2p_level: Literal["LOC", "NVL", "PIX", "PXB", "PHB", "SYS"] = Field("NVL", alias="p2pLevel", description="NCCL_P2P_LEVEL in TCP mode.")
 
 
 class NetworkConfig(Model):
+    """How the pods talk to each other for NCCL."""
+
     mode: Literal["tcp", "rdma"] = Field("tcp", description="Requested transport.")
-    rdma: RdmaConfig = Field(default_factory=RdmaConfig)
-    tcp: TcpConfig = Field(default_factory=TcpConfig)
+    rdma: RdmaConfig = Field(default_factory=RdmaConfig, description="RDMA settings (mode rdma).")
+    tcp: TcpConfig = Field(default_factory=TcpConfig, description="TCP settings (mode tcp, or the fallback).")
     nccl_env: dict[str, EnvValue] = Field(
-        default_factory=dict, description="NCCL overrides on top of the validated defaults (SPEC §6)."
+        default_factory=dict, description="NCCL variables that override the validated defaults (core/nccl.py) and the typed settings above."
     )
 
     @rule
@@ -271,14 +289,22 @@ class NetworkConfig(Model):
 
 # -------------------------------------------------------------------------------------- security
 
-Capability = Literal["IPC_LOCK", "SYS_RESOURCE"]
+# SYS_CHROOT: root's sshd (dev-loop SSH fabric) chroots for privilege separation; CRI-O does not grant it by default.
+Capability = Literal["IPC_LOCK", "SYS_RESOURCE", "SYS_CHROOT"]
+
+
+MEMLOCK_CAPABILITIES: tuple[Capability, ...] = ("IPC_LOCK", "SYS_RESOURCE")
 
 
 class MemlockConfig(Model):
+    """How RDMA pods get unlimited locked memory (registering GPU memory with the NIC needs it)."""
+
     mode: Literal["none", "scc", "privileged"] = Field("none", description="How RDMA gets unlimited memlock.")
     scc_name: DnsSubdomain | None = Field(None, description="SCC granting the capabilities (mode scc).")
     create_scc: bool = Field(False, description="Create the SCC (cluster-admin) instead of binding to an existing one.")
-    capabilities: list[Capability] = Field(default_factory=lambda: ["IPC_LOCK", "SYS_RESOURCE"])
+    capabilities: list[Capability] = Field(
+        default_factory=lambda: list(MEMLOCK_CAPABILITIES), description="Capabilities the main container adds (mode scc)."
+    )
 
     @rule
     def _consistent(self) -> Iterator[ConfigProblem]:
@@ -291,41 +317,60 @@ class MemlockConfig(Model):
 
 
 class SecurityConfig(Model):
+    """Identity and privileges of the GPU pods."""
+
     service_account: DnsLabel = Field("ml-dev-sa", description="ServiceAccount the pods run as.")
     create_service_account: bool = Field(True, description="Create the ServiceAccount (else it must exist).")
-    memlock: MemlockConfig = Field(default_factory=MemlockConfig)
+    memlock: MemlockConfig = Field(default_factory=MemlockConfig, description="Unlimited memlock for RDMA.")
 
 
 # ---------------------------------------------------------------------------------------- access
 
-SERVERS = ("vscode", "jupyter", "tensorboard")
+# One on/off key per dev server of the table (core/servers.py), in table order, ahead of the other access keys.
+_ServerToggles = create_model(  # type: ignore[call-overload]
+    "_ServerToggles",
+    __base__=Model,
+    **{
+        s.name: (bool, Field(True, description=f"Run {s.title} on pod 0 (port {s.port}), reachable at an https Route."))
+        for s in DEV_SERVERS
+        if s.routed
+    },
+)
+
+_TOKEN_SECRETS = [s.secret_key for s in DEV_SERVERS if s.routed and s.secret_key]
 
 
-class AccessConfig(Model):
-    vscode: bool = True
-    jupyter: bool = True
-    tensorboard: bool = True
+class AccessConfig(_ServerToggles):
+    """The dev servers on pod 0 (core/servers.py) and how users log in to them."""
+
     auth: Literal["oauth-proxy", "token"] = Field(
-        "oauth-proxy", description="oauth-proxy: OpenShift login; token: per-server secrets (ml-dev-env:vscodePassword, jupyterToken)."
+        "oauth-proxy",
+        description=f"oauth-proxy: OpenShift login; token: per-server secrets (ml-dev-env:{', '.join(_TOKEN_SECRETS)}).",
     )
     oauth_proxy_image: ImageRef = Field(
         "registry.redhat.io/openshift4/ose-oauth-proxy-rhel9:v4.20",
         description="OpenShift OAuth proxy image (the cluster's global pull secret covers registry.redhat.io).",
     )
-    tensorboard_log_dir: AbsPath = "/workspace/tensorboard"
+    tensorboard_log_dir: AbsPath = Field("/workspace/tensorboard", description="Directory TensorBoard reads its event files from.")
 
     @rule
-    def _tensorboard_needs_proxy(self) -> Iterator[ConfigProblem]:
-        if self.auth == "token" and self.tensorboard:
-            yield ConfigProblem(
-                "tensorboard", True,
-                "TensorBoard has no authentication of its own: with auth 'token' set tensorboard: false, "
-                "or use auth 'oauth-proxy'",
-            )
+    def _servers_without_auth_need_proxy(self) -> Iterator[ConfigProblem]:
+        for s in routed_servers():
+            if self.auth == "token" and getattr(self, s.name) and not s.has_own_auth:
+                yield ConfigProblem(
+                    s.name, True,
+                    f"{s.title} has no authentication of its own: with auth 'token' set {s.name}: false, "
+                    "or use auth 'oauth-proxy'",
+                )
 
     @property
     def servers(self) -> list[str]:
-        return [s for s in SERVERS if getattr(self, s)]
+        """Names of the enabled routed servers, in table order."""
+        return [s.name for s in routed_servers() if getattr(self, s.name)]
+
+    def enabled(self) -> list[DevServer]:
+        """The enabled routed servers (rows of core/servers.py), in table order."""
+        return [s for s in routed_servers() if getattr(self, s.name)]
 
 
 # --------------------------------------------------------------------------------------- storage
@@ -334,19 +379,30 @@ RESERVED_MOUNTS = ("/dev/shm", "/opt/ml-dev-env", "/tmp")
 
 
 class VolumeConfig(Model):
-    name: DnsLabel
-    mount_path: AbsPath
-    size: Size
-    storage_class: str | None = None
+    """One volume mounted into every GPU pod."""
+
+    name: DnsLabel = Field(description="Volume name; the PVC is `<appName>-<name>` (per-pod: `<name>-<appName>-<ordinal>`).")
+    mount_path: AbsPath = Field(description="Where the volume is mounted in the main container.")
+    size: Size = Field(description="Requested size (a Kubernetes quantity, e.g. 500Gi).")
+    storage_class: str | None = Field(None, description="StorageClass of the claim; unset = the cluster's default.")
     scope: Literal["shared", "per-pod"] | None = Field(
         None, description="shared = one RWX PVC for all pods; per-pod = a volumeClaimTemplate (hybrid mode needs it)."
     )
-    access_modes: list[Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"]] | None = None
+    access_modes: list[Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"]] | None = Field(
+        None, description="Access modes of the claim; unset = ReadWriteMany when shared, ReadWriteOnce when per-pod."
+    )
 
 
 class StorageConfig(Model):
-    mode: Literal["shared", "per-pod", "hybrid"]
-    volumes: Annotated[list[VolumeConfig], Field(min_length=1)]
+    """The volumes of the GPU pods; claims are kept on destroy."""
+
+    mode: Literal["shared", "per-pod", "hybrid"] = Field(
+        description="shared: every volume is one RWX claim for all pods; per-pod: every volume is a claim per pod "
+        "(volumeClaimTemplates); hybrid: each volume's `scope` decides (per-pod when unset)."
+    )
+    volumes: Annotated[
+        list[VolumeConfig], Field(min_length=1, description="At least one; the one named `workspace` (else the first) is ML_DEV_WORKSPACE.")
+    ]
 
     @rule
     def _volumes(self) -> Iterator[ConfigProblem]:
@@ -382,11 +438,13 @@ class StorageConfig(Model):
 class BuildNodesConfig(Model):
     """Where builds run (image builds and model packaging)."""
 
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    tolerations: list[Toleration] = Field(default_factory=list)
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels a build pod requires.")
+    tolerations: list[Toleration] = Field(default_factory=list, description="Taints of the build nodes that build pods tolerate.")
 
 
 class GitSource(Model):
+    """Where the build reads the Containerfiles (source git)."""
+
     uri: str = Field(description="Repository (this one or a fork) holding the Containerfiles.")
     ref: str = Field("main", description="Branch, tag or commit to build.")
     context_dir: str = Field("images", description="Build context inside the repository (holds <stage>.Containerfile).")
@@ -396,8 +454,10 @@ class GitSource(Model):
 
 
 class BuildResources(Model):
-    requests: CpuMemory = CpuMemory(cpu="4", memory="16Gi")
-    limits: CpuMemory = CpuMemory(cpu="16", memory="64Gi")
+    """CPU and memory of the build pods (compiling Flash-Attention needs plenty)."""
+
+    requests: CpuMemory = Field(CpuMemory(cpu="4", memory="16Gi"), description="Reserved for each build pod.")
+    limits: CpuMemory = Field(CpuMemory(cpu="16", memory="64Gi"), description="The most a build pod may use.")
 
     @rule
     def _requests_within_limits(self) -> Iterator[ConfigProblem]:
@@ -405,7 +465,7 @@ class BuildResources(Model):
 
 
 class ImageBuildConfig(Model):
-    """On-cluster two-stage build (SPEC §5.5): base (CUDA/PyTorch/FA/RDMA/dev servers) and runtime."""
+    """On-cluster two-stage build: base (CUDA/PyTorch/FA/RDMA/dev servers) and runtime (images/README.md)."""
 
     preset: str | None = Field(None, description="Architecture preset from images/presets.yaml (default: its `default`).")
     image_stream: DnsLabel = Field("ml-dev-env", description="ImageStream receiving both stages' tags.")
@@ -433,8 +493,6 @@ class ImageBuildConfig(Model):
 
     @rule
     def _source(self) -> Iterator[ConfigProblem]:
-        from components.image_build import presets_file  # the presets live with the Containerfiles
-
         presets = sorted(presets_file()["presets"])
         if self.preset is not None and self.preset not in presets:
             yield ConfigProblem("preset", self.preset, f"allowed: {', '.join(presets)} (images/presets.yaml)")
@@ -448,6 +506,8 @@ class ImageBuildConfig(Model):
 
 
 class ImageConfig(Model):
+    """The image the GPU pods run: an existing reference, or one built on the cluster."""
+
     reference: ImageRef | None = Field(None, description="Existing image for the pods (when the stack does not build).")
     build: ImageBuildConfig | None = Field(None, description="Build the image on the cluster; the pods use the runtime stage.")
 
@@ -466,20 +526,26 @@ _TAG = re.compile(r"^[\w][\w.-]{0,127}$")
 
 
 class HuggingFaceSource(Model):
+    """Download the weights from Hugging Face (secret hfToken)."""
+
     repo: str = Field(description="Hugging Face repository, e.g. mistralai/Mistral-Small-24B-Instruct-2501.")
     revision: str = Field("main", description="Branch, tag or commit (pin a commit for reproducible runs).")
 
 
 class S3Source(Model):
+    """Download the weights from S3 (secrets s3AccessKeyId, s3SecretAccessKey)."""
+
     endpoint: str = Field(description="S3 endpoint URL, e.g. http://minio.model-storage.svc:9000.")
-    bucket: str
-    prefix: str = ""
-    region: str = "us-east-1"
+    bucket: str = Field(description="Bucket holding the weight files.")
+    prefix: str = Field("", description="Key prefix of the weight files in the bucket.")
+    region: str = Field("us-east-1", description="Region of the bucket (any value for most S3-compatible stores).")
 
 
 class ModelSource(Model):
-    hugging_face: HuggingFaceSource | None = None
-    s3: S3Source | None = None
+    """Where the weights come from: exactly one of huggingFace or s3."""
+
+    hugging_face: HuggingFaceSource | None = Field(None, description="A Hugging Face repository.")
+    s3: S3Source | None = Field(None, description="An S3 bucket and prefix.")
 
     @model_validator(mode="after")
     def _one(self) -> ModelSource:
@@ -489,24 +555,28 @@ class ModelSource(Model):
 
 
 class Registration(Model):
+    """How the packaged model is recorded in the model registry."""
+
     model_name: str = Field(description="Registered model name in the model registry.")
     version_name: str = Field(description="Model version name.")
-    description: str = ""
-    base_model: str | None = None
+    description: str = Field("", description="Description of the registered model.")
+    base_model: str | None = Field(None, description="The model this one derives from (recorded as the base_model property).")
 
 
 class S3Upload(Model):
-    endpoint: str
-    bucket: str
+    """Where the weight files are uploaded (secrets s3AccessKeyId, s3SecretAccessKey)."""
+
+    endpoint: str = Field(description="S3 endpoint URL.")
+    bucket: str = Field(description="Destination bucket.")
     prefix: str = Field(description="Key prefix the weight files are uploaded under.")
-    region: str = "us-east-1"
+    region: str = Field("us-east-1", description="Region of the bucket.")
 
 
 class ModelConfig(Model):
-    """One model to package as a KServe modelcar (SPEC §5.6)."""
+    """One model to package as a KServe modelcar (README: "Model-packaging pipeline")."""
 
     name: DnsLabel = Field(description="Short name; the PipelineRun and internal ImageStream derive from it.")
-    source: ModelSource
+    source: ModelSource = Field(description="Where the weights come from.")
     include: list[str] = Field(
         default_factory=lambda: ["*.safetensors", "*.json", "*.txt", "*.model", "tokenizer*"],
         description="File patterns to download (consolidated*.safetensors is skipped when sharded weights exist).",
@@ -516,7 +586,7 @@ class ModelConfig(Model):
     quay_repository: str = Field(description="Destination repository, e.g. quay.io/org/mistral-small-24b.")
     tag: str = Field(description="Image tag for both the Quay and the internal image.")
     internal_image_stream: DnsLabel | None = Field(None, description="Internal ImageStream name (default: name).")
-    registration: Registration
+    registration: Registration = Field(description="Model registry entry.")
     upload_to_s3: S3Upload | None = Field(None, description="Also upload the weight files to S3.")
     workspace_size: Quantity | None = Field(None, description="Workspace PVC size (default: computed from sizeGi).")
 
@@ -532,7 +602,7 @@ class ModelConfig(Model):
 class ModelPipelineConfig(Model):
     """Shared settings of the model-packaging pipeline."""
 
-    service_account: DnsLabel = "model-pipeline"
+    service_account: DnsLabel = Field("model-pipeline", description="ServiceAccount of the pipeline pods (created by the stack).")
     modelcar_base_image: ImageRef = Field(
         "registry.access.redhat.com/ubi9/ubi-micro:9.6", description="Runnable base (with a shell) of every modelcar."
     )
@@ -640,6 +710,47 @@ class LifecycleConfig(Model):
     kueue: KueueConfig = Field(default_factory=KueueConfig)
 
 
+# ------------------------------------------------------------------------------------------- ssh
+
+SSH_KEY_TYPES = (
+    "ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521", "ssh-rsa",
+    "sk-ssh-ed25519@openssh.com", "sk-ecdsa-sha2-nistp256@openssh.com",
+)
+SSH_PUBLIC_KEY = re.compile(r"^(?P<type>[a-z0-9@.-]+) (?P<blob>[A-Za-z0-9+/]+={0,2})( [^\n]*)?$")
+
+
+def _ssh_blob_type(blob: str) -> str | None:
+    """The key type an OpenSSH public key blob names in its first field (uint32 length + name)."""
+    try:
+        raw = base64.b64decode(blob, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    size = int.from_bytes(raw[:4], "big") if len(raw) >= 4 else -1
+    return raw[4:4 + size].decode("ascii", "replace") if 0 < size <= len(raw) - 4 else None
+
+
+class SshConfig(Model):
+    """The SSH fabric between the pods (and from laptops through `oc`): who may log in besides the stack's own key."""
+
+    authorized_keys: list[str] = Field(
+        default_factory=list,
+        description="Users' OpenSSH public keys ('ssh-ed25519 AAAA... comment'), allowed to log in to every pod.",
+    )
+
+    @model_validator(mode="after")
+    def _keys(self) -> SshConfig:
+        for i, key in enumerate(self.authorized_keys):
+            m = SSH_PUBLIC_KEY.match(key.strip())
+            if not m or m["type"] not in SSH_KEY_TYPES or _ssh_blob_type(m["blob"]) != m["type"]:
+                shown = key if len(key) <= 40 else key[:37] + "..."
+                raise ConfigProblem(
+                    f"authorizedKeys[{i}]", shown,
+                    f"one OpenSSH public key line '<type> <base64> [comment]' (as in ~/.ssh/id_ed25519.pub) of type "
+                    f"{', '.join(SSH_KEY_TYPES)}; never a private key",
+                )
+        return self
+
+
 # ---------------------------------------------------------------------------------- fabric check
 
 
@@ -713,6 +824,7 @@ class StackConfig(Model):
     model_pipeline: ModelPipelineConfig = Field(default_factory=ModelPipelineConfig)
     models: list[ModelConfig] = Field(default_factory=list)
     lifecycle: LifecycleConfig = Field(default_factory=LifecycleConfig)
+    ssh: SshConfig = Field(default_factory=SshConfig)
     fabric_check: FabricCheckConfig = Field(
         default_factory=FabricCheckConfig, description="RDMA preflight, NCCL bandwidth gate and rack-aware ranks (README \"Fabric check\")."
     )
@@ -734,8 +846,6 @@ class StackConfig(Model):
         names = [m.name for m in self.models]
         if duplicates(names):
             yield ConfigProblem("models[].name", duplicates(names), "model names must be unique")
-        from components.model_sizing import preflight  # pure sizing rules, shared with the component
-
         for i, model in enumerate(self.models):
             problem = preflight(model, self.model_pipeline)
             if problem:

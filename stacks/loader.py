@@ -17,14 +17,14 @@ from typing import Any
 import pulumi
 from pydantic import ValidationError
 
+from core.servers import DEV_SERVERS
 from stacks.base import ConfigProblems
 from stacks.config import StackConfig
 from stacks.errors import PREFIX, _clean_loc, _path, format_errors, format_problems, problem_lines
 
 # Secret config keys (always `pulumi config set --secret ml-dev-env:<key> …`) and what needs them.
 SECRET_KEYS: dict[str, str] = {
-    "vscodePassword": "code-server password (access.auth: token)",
-    "jupyterToken": "Jupyter token (access.auth: token)",
+    **{s.secret_key: s.secret_help for s in DEV_SERVERS if s.routed and s.secret_key},
     "quayDockerConfigJson": "Quay push credentials, a dockerconfigjson document (models)",
     "hfToken": "Hugging Face token (models with a huggingFace source)",
     "s3AccessKeyId": "S3 access key id (models with an s3 source or uploadToS3)",
@@ -266,6 +266,11 @@ def warnings_for(config: StackConfig) -> list[str]:
             "environment that names them"
             + (" (createAttachments on two stacks would fight over them)" if net.rdma.create_attachments else "")
         )
+    if net.effective_mode == "rdma" and config.security.memlock.mode == "scc" and "SYS_CHROOT" not in config.security.memlock.capabilities:
+        out.append(
+            "RDMA pods of an SCC run as root, and root's sshd (the dev loop's SSH fabric) needs SYS_CHROOT, which CRI-O "
+            "does not grant by default: add it to security.memlock.capabilities (the SCC must allow it), else no SSH between pods"
+        )
     if config.image.build is not None and config.build_nodes.tolerations:
         out.append(
             "buildNodes.tolerations do not apply to BuildConfigs (OpenShift has no per-build tolerations; "
@@ -290,10 +295,7 @@ def load(source: str) -> LoadedStack:
 def required_secrets(config: StackConfig) -> set[str]:
     needed: set[str] = set()
     if config.access.auth == "token":
-        if config.access.vscode:
-            needed.add("vscodePassword")
-        if config.access.jupyter:
-            needed.add("jupyterToken")
+        needed |= {s.secret_key for s in config.access.enabled() if s.secret_key}
     if config.models:
         needed.add("quayDockerConfigJson")
     if any(m.source.hugging_face for m in config.models):

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import copy
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from tools.mock_engine import RunResult, run_program, stack_config
 
-from tools.mock_engine import RunResult, run_program, stack_config  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 STACKS = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in ROOT.glob("Pulumi.*.yaml"))
 VALIDATOR = ROOT.parent / "shared" / "tools" / "validate_manifests.py"

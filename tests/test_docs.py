@@ -27,6 +27,13 @@ def test_readme_presets_table_is_current() -> None:
     assert config_reference.presets_table() in (ROOT / "README.md").read_text(), "README is stale: run `make docs`"
 
 
+def test_every_config_key_has_a_description() -> None:
+    rows = [line for line in config_reference.generate().splitlines() if line.startswith("| `")]
+    assert rows, "the reference lists no keys"
+    undescribed = [row.split("|")[1].strip() for row in rows if not row.rstrip("| ").rsplit("|", 1)[-1].strip()]
+    assert not undescribed, f"keys without a description (add Field(description=...) or a model docstring): {undescribed}"
+
+
 def test_readme_render_example_matches_a_real_render(tmp_path: Path) -> None:
     """Every line of the README's barcelona render example is in the real report (`...` marks an abridgement)."""
     readme = (ROOT / "README.md").read_text()

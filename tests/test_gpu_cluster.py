@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from components import nccl
+from core import nccl
 from tests.conftest import tcp_shared_variant
 from tools.mock_engine import RunResult
 
@@ -189,11 +189,11 @@ def test_home_is_on_a_persistent_volume_per_pod(barcelona: RunResult, nerc: RunR
 
 
 def test_memlock_through_declared_scc_binding(barcelona: RunResult) -> None:
-    assert container(barcelona)["securityContext"] == {"runAsUser": 0, "capabilities": {"add": ["IPC_LOCK", "SYS_RESOURCE"]}}
+    assert container(barcelona)["securityContext"] == {"runAsUser": 0, "capabilities": {"add": ["IPC_LOCK", "SYS_RESOURCE", "SYS_CHROOT"]}}
     assert env(barcelona)["ML_DEV_MEMLOCK"] == "scc"
     scc = barcelona.one(SCC).inputs
     assert scc["metadata"]["name"] == "nccl-rdma-scc-nccl-test-ml-dev-env"  # per stack: SCCs are cluster-scoped
-    assert scc["allowedCapabilities"] == ["IPC_LOCK", "SYS_RESOURCE"]
+    assert scc["allowedCapabilities"] == ["IPC_LOCK", "SYS_RESOURCE", "SYS_CHROOT"]
     assert scc["allowPrivilegedContainer"] is False and scc["allowHostNetwork"] is False
     assert scc["seccompProfiles"] == ["runtime/default"]  # the pods ask for RuntimeDefault
     binding = barcelona.one(ROLEBINDING, "gpu-scc-binding").inputs
@@ -231,7 +231,7 @@ def test_two_environments_in_one_cluster_have_disjoint_cluster_scoped_names(barc
 
 
 def test_long_scc_names_stay_dns_subdomains() -> None:
-    from components.naming import DNS_SUBDOMAIN, stack_scc_name
+    from core.naming import DNS_SUBDOMAIN, stack_scc_name
 
     long_a, long_b = stack_scc_name("s" * 250, "team-a", "app"), stack_scc_name("s" * 250, "team-b", "app")
     assert DNS_SUBDOMAIN.match(long_a) and DNS_SUBDOMAIN.match(long_b) and long_a != long_b
@@ -350,7 +350,8 @@ def test_hybrid_storage_barcelona(barcelona: RunResult) -> None:
     mounts = {m["name"]: m["mountPath"] for m in container(barcelona)["volumeMounts"]}
     assert mounts == {"workspace": "/workspace", "checkpoints": "/checkpoints", "datasets": "/datasets",
                       "dshm": "/dev/shm", "startup": "/opt/ml-dev-env", "cluster": "/etc/ml-dev-env/cluster",
-                      "lifecycle": "/etc/ml-dev-env/lifecycle"}
+                      "lifecycle": "/etc/ml-dev-env/lifecycle",
+                      "ssh-keys": "/etc/ml-dev-env/ssh"}
     pod_volumes = {v["name"] for v in pod_spec(barcelona)["volumes"]}
     assert "datasets" in pod_volumes and "workspace" not in pod_volumes  # per-pod comes from the template
 

@@ -6,8 +6,8 @@ from decimal import Decimal
 
 import pytest
 
-from components import naming, nccl
-from components.quantity import QuantityError, format_gib, parse_quantity
+from core import naming, nccl
+from core.quantity import QuantityError, format_gib, parse_quantity
 
 
 @pytest.mark.parametrize(("text", "value"), [

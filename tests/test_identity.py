@@ -14,17 +14,22 @@ suffixes shown as `{hash}`) with the snapshot in tests/identity/<stack>.txt. Whe
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+if __name__ == "__main__" and not __package__:
+    # Run as a file (`python tests/test_identity.py --write`): re-run as the module of the repository package.
+    os.execve(sys.executable, [sys.executable, "-m", "tests.test_identity", *sys.argv[1:]],
+              {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent),
+                                                                        os.environ.get("PYTHONPATH")]))})
 
-from tests.conftest import STACKS, run_objects, stack_objects  # noqa: E402
+from tests.conftest import STACKS, run_objects, stack_objects
+
+ROOT = Path(__file__).resolve().parent.parent
 
 SNAPSHOTS = Path(__file__).resolve().parent / "identity"
 HASH = re.compile(r"-[0-9a-f]{10}$")

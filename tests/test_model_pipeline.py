@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from components import model_sizing
+from core import model_sizing
 from steps.embed import step_script
 from tests.conftest import run_objects, stack_objects
 from tools.mock_engine import RunResult

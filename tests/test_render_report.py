@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from components.naming import stack_scc_name
+from core.naming import stack_scc_name
 from stacks.config import StackConfig
 from tests.conftest import ROOT, VALIDATOR, run_objects, stack_objects
 from tools import render

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from components import naming
 from components.pod import STARTUP_SCRIPT
+from core import naming
 
 SERVERS = ("code-server", "jupyter", "tensorboard")
 STUBS = {

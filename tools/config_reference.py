@@ -6,6 +6,7 @@ A test checks that README.md contains exactly what this prints, so the reference
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import types
 import typing
@@ -15,8 +16,14 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if __name__ == "__main__" and not __package__:
+    # Run as a file (`python tools/config_reference.py`): re-run as the module of the repository package, which needs
+    # no sys.path edits (`python -m tools.config_reference`, what the Makefile runs).
+    os.execve(sys.executable, [sys.executable, "-m", "tools.config_reference", *sys.argv[1:]],
+              {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent),
+                                                                        os.environ.get("PYTHONPATH")]))})
 
+from core.presets import presets_file
 from stacks.config import StackConfig
 from stacks.errors import _model_in
 from stacks.loader import SECRET_KEYS
@@ -79,12 +86,20 @@ def _default(field: Any) -> str:
     return f"`{value}`"
 
 
+def _description(field: Any, nested: type[BaseModel] | None) -> str:
+    """The field's description; for an object without one, the first line of its model's docstring."""
+    if field.description:
+        return str(field.description)
+    doc = nested.__dict__.get("__doc__") if nested is not None else None
+    return doc.strip().splitlines()[0] if doc else ""
+
+
 def rows(model: type[BaseModel], prefix: str) -> list[str]:
     out = []
     for name, field in model.model_fields.items():
         key = f"{prefix}{field.alias or name}"
         nested = _model_in(field.annotation)
-        out.append(f"| `{key}` | {_type_name(field.annotation, field.metadata)} | {_default(field)} | {field.description or ''} |")
+        out.append(f"| `{key}` | {_type_name(field.annotation, field.metadata)} | {_default(field)} | {_description(field, nested)} |")
         if nested is not None:
             sep = "[]." if typing.get_origin(field.annotation) is list else "."
             out.extend(rows(nested, f"{key}{sep}"))
@@ -104,8 +119,6 @@ PRESETS_START, PRESETS_END = "<!-- presets:start -->", "<!-- presets:end -->"
 
 
 def presets_table() -> str:
-    from components.image_build import presets_file
-
     data = presets_file()
     lines = [PRESETS_START, "| preset | base image | CUDA | PyTorch | Flash-Attention | base tag |"]
     lines.append("| --- | --- | --- | --- | --- | --- |")

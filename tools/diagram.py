@@ -13,15 +13,21 @@ values), so the README block only changes when the architecture does.
 from __future__ import annotations
 
 import argparse
-import importlib
+import os
 import re
 import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if __name__ == "__main__" and not __package__:
+    # Run as a file (`python tools/diagram.py`): re-run as the module of the repository package, which needs
+    # no sys.path edits (`python -m tools.diagram`, what the Makefile runs).
+    os.execve(sys.executable, [sys.executable, "-m", "tools.diagram", *sys.argv[1:]],
+              {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent),
+                                                                        os.environ.get("PYTHONPATH")]))})
 
+from stacks.loader import SECRET_KEYS
 from tools.mock_engine import ROOT, Recorded, RunResult, run_stack
 
 START = "<!-- architecture:start -->"
@@ -36,9 +42,7 @@ def stacks_in(config_dir: Path = ROOT) -> list[str]:
 
 def offline_run(stack: str) -> RunResult:
     """The program's resources for `stack`, with placeholder values for secrets (as `make render`)."""
-    loader = importlib.import_module("stacks.loader")
-    keys = getattr(loader, "SECRET_KEYS", ("vscodePassword", "jupyterToken"))
-    result = run_stack(stack, secrets={key: f"render-placeholder-{key}" for key in keys})
+    result = run_stack(stack, secrets={key: f"render-placeholder-{key}" for key in SECRET_KEYS})
     if result.error:
         raise SystemExit(f"error: stack {stack}: {result.error}")
     return result

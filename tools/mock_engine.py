@@ -10,7 +10,6 @@ import asyncio
 import json
 import logging
 import runpy
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,9 @@ class Recorded:
         return self.typ.rsplit(":", 1)[-1]
 
 
+MOCK_SSH_PUBLIC_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIMockMockMockMockMockMockMockMockMockMockMock"
+
+
 class RecordingMocks(pulumi.runtime.Mocks):
     """Echo mocks that remember every registered resource with its (secret-redacted) inputs."""
 
@@ -49,10 +51,13 @@ class RecordingMocks(pulumi.runtime.Mocks):
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
         options = self.pending_options.pop((args.typ, args.name), {})
-        self.resources.append(Recorded(args.typ, args.name, redact(args.inputs), args.custom, options))
+        self.resources.append(Recorded(args.typ, args.name, redact(args.inputs), bool(args.custom), options))
         state = dict(args.inputs)
         if args.typ == "random:index/randomPassword:RandomPassword":
             state["result"] = rpc.wrap_rpc_secret("mock-random-password-0123456789ab")
+        if args.typ == "tls:index/privateKey:PrivateKey":  # components/devloop.py: a fixed stand-in key
+            state["public_key_openssh"] = MOCK_SSH_PUBLIC_KEY + "\n"
+            state["private_key_openssh"] = rpc.wrap_rpc_secret("mock-openssh-private-key")
         return f"{args.name}-id", state
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], list[tuple[str, str]] | None]:
@@ -199,8 +204,6 @@ def run_program(
         flat[full] = value
         secret_keys.append(full)
 
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     capture = _Capture()
@@ -219,7 +222,10 @@ def run_program(
         )
         root = settings.get_root_resource()
         try:
-            loop.run_until_complete(run_pulumi_func(lambda: runpy.run_path(str(main), run_name="__main__")))
+            def program() -> None:
+                runpy.run_path(str(main), run_name="__main__")
+
+            loop.run_until_complete(run_pulumi_func(program))
         except pulumi.RunError as exc:
             error = str(exc)
         if error is None and root is not None:

@@ -195,13 +195,13 @@ def prerequisites(
     classes: dict[str, tuple[set[str], set[str]]] = {}
     for obj in objects:
         for owner, claim in _claim_specs(obj.get("spec") or {}, _name(obj)):
-            users, modes = classes.setdefault(claim.get("storageClassName") or "", (set(), set()))
-            users.add(owner)
+            claim_users, modes = classes.setdefault(claim.get("storageClassName") or "", (set(), set()))
+            claim_users.add(owner)
             modes.update(claim.get("accessModes") or [])
-    for storage_class, (users, modes) in sorted(classes.items()):
+    for storage_class, (claim_users, modes) in sorted(classes.items()):
         what = f"StorageClass {storage_class}" if storage_class else "a default StorageClass"
         needs.append(Need(
-            f"{what} ({', '.join(sorted(modes))})", f"claims of {_users(sorted(users))}",
+            f"{what} ({', '.join(sorted(modes))})", f"claims of {_users(sorted(claim_users))}",
             f"oc get storageclass {storage_class}".strip(),
         ))
 

@@ -11,6 +11,7 @@ anything is written.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
@@ -21,7 +22,12 @@ from typing import Any
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if __name__ == "__main__" and not __package__:
+    # Run as a file (`python tools/render.py`): re-run as the module of the repository package, which needs
+    # no sys.path edits (`python -m tools.render`, what the Makefile runs).
+    os.execve(sys.executable, [sys.executable, "-m", "tools.render", *sys.argv[1:]],
+              {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent),
+                                                                        os.environ.get("PYTHONPATH")]))})
 
 from policy.rules import POLICIES, evaluate, format_report, has_mandatory
 from stacks.config import StackConfig
@@ -43,7 +49,7 @@ def manifest(resource: Recorded) -> dict[str, Any] | None:
         for key in ("data", "stringData"):
             if isinstance(obj.get(key), dict):
                 obj[key] = {k: REDACTED for k in obj[key]}
-    ordered = {k: obj[k] for k in ("apiVersion", "kind", "metadata") if k in obj}
+    ordered: dict[str, Any] = {k: obj[k] for k in ("apiVersion", "kind", "metadata") if k in obj}
     ordered.update({k: v for k, v in obj.items() if k not in ordered})
     return ordered
 
@@ -145,7 +151,7 @@ def render(stack: str, out_root: Path, validate: bool = True, config_dir: Path =
         shown = "[secret]" if key in result.secret_outputs else value
         print(f"  {key}: {shown}")
     violations = evaluate((r.typ, r.inputs, r.options) for r in result.resources)
-    print(f"\n== policies ({len(POLICIES)} guard rails, policy/rules.py)")
+    print(f"\n== policies ({len(POLICIES)} guard rails, policy/rules/)")
     print(format_report(violations))
     print(f"\n== {len(written)} Kubernetes objects written to {out_dir.relative_to(ROOT) if out_dir.is_relative_to(ROOT) else out_dir}")
     print(summary(written, result))

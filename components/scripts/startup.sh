@@ -297,19 +297,6 @@ if command -v nvidia-smi >/dev/null 2>&1; then
   nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader || warn "nvidia-smi failed"
 fi
 
-# --- fabric check hold (fabricCheck.onDeploy; README "Fabric check") ----------------------------
-# Pod 0 only. `fabric_check.py hold` returns at once unless fabric.json has onDeploy; then it retries
-# preflight + gate until they pass or onDeployTimeoutSeconds, and keeps holding until a passing
-# `fabric_check.py gate` or `fabric_check.py release`. Dev servers and readiness wait for it.
-# (It needs the pods' sshd: keep this block after the SSH fabric starts.)
-if [ "$ORDINAL" -eq 0 ] && [ -r "$FABRIC_DIR/fabric_check.py" ] && command -v python3 >/dev/null 2>&1; then
-  python3 "$FABRIC_DIR/fabric_check.py" hold &
-  FABRIC_PID=$!
-  trap 'kill "$FABRIC_PID" 2>/dev/null; exit 0' TERM INT
-  wait "$FABRIC_PID" || warn "the fabric check hold failed (exit $?); starting the dev servers"
-  trap - TERM INT
-fi
-
 # --- 4. dev servers (pod 0 only: the dev Service selects the pod named <app>-0) ------------------
 if [ "$AUTH" = "token" ]; then BIND=0.0.0.0; else BIND=127.0.0.1; fi
 PIDS=()
@@ -339,6 +326,22 @@ stop() {
   exit 0
 }
 trap stop TERM INT
+
+# --- SSH fabric on every pod (dev loop: sshd.sh, next to this script in the startup ConfigMap) ----
+if [ -r "$(dirname "$0")/sshd.sh" ]; then start sshd bash "$(dirname "$0")/sshd.sh"; fi
+
+# --- fabric check hold (fabricCheck.onDeploy; README "Fabric check") ----------------------------
+# Pod 0 only. `fabric_check.py hold` returns at once unless fabric.json has onDeploy; then it retries
+# preflight + gate until they pass or onDeployTimeoutSeconds, and keeps holding until a passing
+# `fabric_check.py gate` or `fabric_check.py release`. Dev servers and readiness wait for it.
+# (It reaches the pods over the SSH fabric, so it comes after sshd starts.)
+if [ "$ORDINAL" -eq 0 ] && [ -r "$FABRIC_DIR/fabric_check.py" ] && command -v python3 >/dev/null 2>&1; then
+  python3 "$FABRIC_DIR/fabric_check.py" hold &
+  FABRIC_PID=$!
+  trap 'kill "$FABRIC_PID" 2>/dev/null; stop' TERM INT
+  wait "$FABRIC_PID" || warn "the fabric check hold failed (exit $?); starting the dev servers"
+  trap stop TERM INT
+fi
 
 if [ "$ORDINAL" -eq 0 ]; then
   for server in $SERVERS; do

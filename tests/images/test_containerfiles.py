@@ -1,6 +1,6 @@
 """Static checks of images/*.Containerfile, read with dockerfile_parse (a real Dockerfile
 parser) and shlex (a real shell lexer): what the images must contain, and what they must not
-(SPEC §5.5; reference/ml-dev-env-framework.md §8 P10: no cluster-specific NCCL values)."""
+(no cluster-specific NCCL values: images/README.md)."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def test_no_nccl_values_baked_in(name, request):
 
 
 def test_nccl_check_catches_the_original_images_env():
-    """The original BuildConfig's ENV (reference §3.6 step 4) must be flagged, as must a RUN
+    """The original image's BuildConfig ENV (a fixed barcelona HCA list) must be flagged, as must a RUN
     that writes an NCCL value into a profile script."""
     original = (b"FROM nvcr.io/nvidia/pytorch:25.09-py3 AS base\n"
                 b"ENV NCCL_DEBUG=INFO NCCL_IB_DISABLE=0 NCCL_IB_HCA=mlx5_6,mlx5_7,mlx5_10,mlx5_11 \\\n"

@@ -1,5 +1,5 @@
-"""images/presets.yaml: the architecture matrix the image-build component reads (SPEC §5.5,
-seed 004), and its agreement with images/base.Containerfile."""
+"""images/presets.yaml: the architecture matrix the image-build component reads, and its agreement
+with images/base.Containerfile."""
 
 from __future__ import annotations
 

@@ -582,6 +582,7 @@ def test_every_message_says_how_to_fix() -> None:
         route("app", "missing", "web", tls=None), deployment("img", [container(image="busybox")]),
         item("kubernetes:rbac.authorization.k8s.io/v1:Role", {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
              "metadata": meta("agent"), "rules": [{"apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": ["patch"]}]}),
+        statefulset("sshd", [container(ports=[{"name": "ssh", "containerPort": 2222}])]),
     ]
     found = evaluate(bad)
     assert {v.policy for v in found} == set(rules.POLICY_NAMES)

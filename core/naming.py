@@ -10,7 +10,47 @@ DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0
 
 MASTER_PORT = 29500
 DEBUG_PORT = 5678
+"""debugpy's port in the main container (`oc port-forward` target)."""
 INTERNAL_REGISTRY = "image-registry.openshift-image-registry.svc:5000"
+MAIN_CONTAINER = "ml-dev"
+"""The main container of every GPU pod (dev servers, training); `oc rsh -c ml-dev`."""
+PART_OF = {"app.kubernetes.io/part-of": "ml-dev-env"}
+
+
+def owner_labels(cluster: str) -> dict[str, str]:
+    """Labels that say this stack (cluster name `cluster`) owns an object."""
+    return {"app.kubernetes.io/managed-by": "pulumi", "ml-dev-env/cluster": cluster}
+
+
+def stack_labels(cluster: str) -> dict[str, str]:
+    """Labels of every object the stack creates."""
+    return {**PART_OF, **owner_labels(cluster)}
+
+
+def selector_labels(app: str) -> dict[str, str]:
+    """Labels that select the GPU pods of `app` (StatefulSet selector, Services)."""
+    return {"app.kubernetes.io/name": "ml-dev-env", "app.kubernetes.io/instance": app}
+
+
+def startup_configmap(app: str) -> str:
+    return f"{app}-startup"
+
+
+def cluster_configmap(app: str) -> str:
+    """The count-dependent facts (`cluster.env`), see components/pod.py `cluster_env`."""
+    return f"{app}-cluster"
+
+
+def oauth_cookie_secret(app: str) -> str:
+    return f"{app}-oauth-cookie"
+
+
+def dev_tokens_secret(app: str) -> str:
+    return f"{app}-dev-tokens"
+
+
+def scc_binding(app: str, scc: str) -> str:
+    return f"{app}-scc-{scc}"
 
 
 def headless_service(app: str) -> str:
@@ -37,6 +77,14 @@ def hostfile(app: str, namespace: str, count: int, gpus_per_pod: int) -> str:
 
 def route_name(app: str, server: str) -> str:
     return f"{app}-{server}"
+
+
+def proxy_container(server: str) -> str:
+    return f"{server}-proxy"
+
+
+def proxy_port_name(server: str) -> str:
+    return f"p-{server}"  # container port names are at most 15 characters
 
 
 def route_host(app: str, server: str, namespace: str, apps_domain: str) -> str:

@@ -3,14 +3,16 @@
 The idle agent may only scale its own StatefulSet: `statefulsets/scale` limited by resourceNames. Write
 access to a workload object itself (`patch statefulsets`, `update deployments`, `create pods`, ...) could
 change a pod template - image, command, privileges - so a Role or ClusterRole the stack declares must not
-grant it, nor wildcards, nor `pods/exec`-style entry into running pods. Registered in rules.POLICIES as
-`workload-rbac-scale-only` (pure function over one resource, like the other rules).
+grant it, nor wildcards, nor `pods/exec`-style entry into running pods. Policy `workload-rbac-scale-only`
+(`POLICY` below; pure function over one resource, like the other rules).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from typing import Any
+
+from .query import MANDATORY, PolicySpec
 
 WORKLOADS = {
     "apps": {"statefulsets", "deployments", "daemonsets", "replicasets", "controllerrevisions"},
@@ -57,3 +59,14 @@ def check_workload_rbac(res: Any) -> Iterator[str]:
                 elif not sub and verbs & WRITE_VERBS:
                     yield (f"rules[{i}] grants {sorted(verbs & WRITE_VERBS)} on {group or 'core'}/{base}, which could change "
                            f"a pod template. Fix: scale through {base}/scale with resourceNames instead")
+
+
+POLICY = PolicySpec(
+    "workload-rbac-scale-only", MANDATORY, "resource",
+    "Roles and ClusterRoles the stack declares grant no write verb on workload objects (StatefulSets, "
+    "Deployments, pods, jobs, ...), no pods/exec-style entry and no wildcards; scaling goes through "
+    "<workload>/scale limited by resourceNames (the idle agent's `statefulsets/scale` on its one StatefulSet).",
+    "Grant get/update on `statefulsets/scale` with resourceNames: [<the StatefulSet>] instead of patch on statefulsets.",
+    check_workload_rbac,
+    order=9,
+)

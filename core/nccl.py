@@ -1,7 +1,7 @@
 """NCCL environment for RDMA and TCP modes (pure functions, no Pulumi).
 
-`GOLD_STANDARD` is the set validated on barcelona at ~194 GB/s bus bandwidth on 5 nodes
-(reference/ml-dev-env-framework.md §6.5 and §8 P5). The cluster-specific values (HCA list, socket
+`GOLD_STANDARD` is the set validated on barcelona at ~194 GB/s bus bandwidth on 5 nodes.
+The cluster-specific values (HCA list, socket
 interfaces, GID index, GDR level, cross-NIC) are not in it: they come from the stack's typed
 `network.rdma` settings, and every value can be overridden per stack with `network.ncclEnv`.
 """

@@ -7,12 +7,27 @@ constant per step; only the workspace PVC grows with the model (it holds the dow
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from components.quantity import parse_quantity
+from core.quantity import parse_quantity
 
-if TYPE_CHECKING:
-    from stacks.config import ModelConfig, ModelPipelineConfig
+
+class ModelConfig(Protocol):
+    """What sizing reads of a model (stacks.config.ModelConfig has these fields; core imports nothing above it)."""
+
+    @property
+    def size_gi(self) -> float: ...
+    @property
+    def workspace_size(self) -> str | None: ...
+
+
+class ModelPipelineConfig(Protocol):
+    """What sizing reads of the pipeline settings (stacks.config.ModelPipelineConfig)."""
+
+    @property
+    def max_model_size_gi(self) -> float: ...
+    @property
+    def node_ephemeral_free(self) -> str: ...
 
 GIB = 2**30
 

@@ -1,0 +1,108 @@
+"""`make bench-launch`: how long `ml-dev run` takes until every rank runs, on 4 simulated pods.
+
+The pods are the test suite's (tests/devloop/sim.py: real sshd/ssh/rsync, the rendered scripts, one
+UTS+mount namespace and loopback address per pod; needs root). A tree of SIZE bytes (default 200 MB, in
+1 MiB files) sits in a git work tree on pod 0. Measured, from the moment `ml-dev run` is started on
+pod 0 to the moment the last rank's program is running (each rank records time.time() first thing):
+
+* unchanged: nothing changed since the last run (rsync finds nothing to send; hashes come from the cache);
+* one file changed: one 1 MiB file rewritten before each run (rsync sends only that file).
+
+Prints the median, min and max of REPEAT runs each, and the bytes rsync sent per run. Not a test: it
+prints numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from tests.devloop.sim import UID, WORKSPACE, Cluster, missing_requirements
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PROGRAM = """import json, os, sys, time
+t = time.time()
+os.makedirs("/tmp/ml-dev-env/bench", exist_ok=True)
+path = "/tmp/ml-dev-env/bench/rank-%s.json" % os.environ["NODE_RANK"]
+with open(path + ".tmp", "w") as f:
+    json.dump({"started": t}, f)
+os.replace(path + ".tmp", path)
+"""
+
+
+def parse_size(text: str) -> int:
+    m = re.fullmatch(r"(\d+)\s*(MB|MiB|GB|GiB|)", text.strip())
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r}: a size such as 200MB")
+    scale = {"": 1, "MB": 10**6, "MiB": 2**20, "GB": 10**9, "GiB": 2**30}[m.group(2)]
+    return int(m.group(1)) * scale
+
+
+def one_run(c: Cluster) -> tuple[float, int]:
+    for pod in c.pods:
+        for f in (pod.state / "bench").glob("*.json"):
+            f.unlink()
+    t0 = time.time()
+    res = c.exec(0, "python3 /opt/ml-dev-env/ml-dev run -- python3 prog.py", cwd=f"{WORKSPACE}/tree", timeout=300)
+    if res.returncode != 0:
+        raise SystemExit(f"ml-dev run failed:\n{res.stdout}\n{res.stderr}")
+    starts = [json.loads((pod.state / "bench" / f"rank-{pod.index}.json").read_text())["started"] for pod in c.pods]
+    sent = re.search(r"(\d+) bytes sent", res.stdout)
+    return max(starts) - t0, int(sent.group(1)) if sent else -1
+
+
+def summary(name: str, samples: list[tuple[float, int]]) -> str:
+    times = [s for s, _ in samples]
+    sent = statistics.median(b for _, b in samples)
+    return (f"{name:<28} median {statistics.median(times):6.2f} s   min {min(times):5.2f} s   max {max(times):5.2f} s"
+            f"   rsync sent (median, 3 pods) {sent / 1e6:8.2f} MB   n={len(times)}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", type=parse_size, default=parse_size("200MB"))
+    parser.add_argument("--repeat", type=int, default=7)
+    args = parser.parse_args()
+    why = missing_requirements()
+    if why:
+        print(f"bench-launch: cannot simulate pods here: {why}", file=sys.stderr)
+        return 2
+    c = Cluster(4, gpus=2)
+    try:
+        started = time.monotonic()
+        c.start()
+        print(f"4 simulated pods up in {time.monotonic() - started:.1f} s")
+        files = max(1, -(-args.size // 2**20))
+        for i in range(files):
+            c.write(0, f"tree/data/blob-{i:04d}.bin", "")
+            (c.pods[0].workspace / "tree" / "data" / f"blob-{i:04d}.bin").write_bytes(os.urandom(2**20))
+        c.write(0, "tree/prog.py", PROGRAM)
+        c.write(0, "tree/.gitignore", "__pycache__/\n")
+        assert c.exec(0, "git init -q .", cwd=f"{WORKSPACE}/tree").returncode == 0
+        for p in (c.pods[0].workspace / "tree").rglob("*"):
+            os.chown(p, UID, 0)
+        print(f"tree: {files} files of 1 MiB + prog.py on pod 0 ({files * 2**20 / 1e6:.0f} MB)")
+        cold = one_run(c)
+        print(f"{'first run (cold, full copy)':<28} {cold[0]:6.2f} s   rsync sent {cold[1] / 1e6:8.2f} MB")
+        unchanged = [one_run(c) for _ in range(args.repeat)]
+        changed = []
+        for n in range(args.repeat):
+            target = c.pods[0].workspace / "tree" / "data" / f"blob-{n % files:04d}.bin"
+            target.write_bytes(os.urandom(2**20))
+            changed.append(one_run(c))
+        print(summary("unchanged tree", unchanged))
+        print(summary("one 1 MiB file changed", changed))
+    finally:
+        c.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

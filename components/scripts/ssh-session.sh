@@ -1,0 +1,39 @@
+#!/bin/bash
+# ml-dev-env SSH fabric: every SSH session runs through this script (sshd ForceCommand).
+#
+# 1. Activity record: $ML_DEV_STATE_DIR/ssh-sessions/<pid> exists while the session lives. The
+#    session keeps this PID (`exec` below), so counting live sessions is: files whose PID is alive
+#    and whose first line equals field 22 of /proc/<pid>/stat (its start time; a reused PID differs).
+# 2. The container's environment (the pod env, like `oc exec`) and the rank environment (rank.env).
+# 3. Runs the requested command (ssh host cmd, rsync, pdsh, sftp) or a login shell.
+STATE_DIR=/tmp/ml-dev-env
+if [ -r "$STATE_DIR/ssh/session.env" ]; then
+  # shellcheck disable=SC1091
+  . "$STATE_DIR/ssh/session.env"
+fi
+STATE_DIR="${ML_DEV_STATE_DIR:-$STATE_DIR}"
+# the launcher (`ml-dev`) and its helpers, next to this script in the startup ConfigMap
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+case ":$PATH:" in *":$HERE:"*) ;; *) export PATH="$PATH:$HERE" ;; esac
+sessions="$STATE_DIR/ssh-sessions"
+if [ -d "$sessions" ]; then
+  read -r -a stat < "/proc/$$/stat" || stat=()
+  printf '%s\n%s\n%s\n' "${stat[21]:-}" "${USER:-}" "${SSH_CLIENT:-}" > "$sessions/$$" 2>/dev/null || true
+fi
+if [ -r "$STATE_DIR/rank.env" ]; then
+  # shellcheck disable=SC1091
+  . "$STATE_DIR/rank.env"
+fi
+cd "$HOME" 2>/dev/null || true
+cmd="${SSH_ORIGINAL_COMMAND:-}"
+case "$cmd" in
+  "") exec -l "${SHELL:-/bin/bash}" ;;
+  internal-sftp|sftp|*/sftp-server)
+    for server in /usr/lib/openssh/sftp-server /usr/libexec/openssh/sftp-server /usr/lib/ssh/sftp-server; do
+      if [ -x "$server" ]; then exec "$server"; fi
+    done
+    echo "no sftp-server in this image" >&2
+    exit 1
+    ;;
+  *) exec "${SHELL:-/bin/bash}" -c "$cmd" ;;
+esac

@@ -1,0 +1,24 @@
+"""The image presets (`images/presets.yaml`): GPU architecture → CUDA, PyTorch and build settings.
+
+Read by config validation (`image.build.preset` must name one) and by the image build.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PRESETS_FILE = Path(__file__).resolve().parent.parent / "images" / "presets.yaml"
+
+
+@functools.cache
+def presets_file() -> dict[str, Any]:
+    return yaml.safe_load(PRESETS_FILE.read_text())
+
+
+def preset(name: str | None) -> dict[str, Any]:
+    data = presets_file()
+    return data["presets"][name or data["default"]]

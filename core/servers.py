@@ -1,0 +1,69 @@
+"""The dev servers: one row per server, every fact about it in that row.
+
+Config (`access.<name>` toggles, the token-mode rules), the pod (ports, credential env, OAuth proxy
+sidecars), the cluster objects (pod-0 Service ports, Routes, OAuth redirect annotations), the stack
+secrets and the route-host length check all read this table; adding a server is one row here plus its
+start command in `components/scripts/startup.sh` (a `case` branch per server; tests/test_servers.py checks
+that every row has one that listens on the row's port). CONTRIBUTING.md walks through it.
+
+`routed` leaves room for processes that are not reached through a Route (an sshd, a fabric gate, the idle
+agent): such rows get no Service port, Route or proxy. None exists yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DevServer:
+    name: str
+    """Config key under `access`, container/Service port name, Route suffix (`<app>-<name>`)."""
+    title: str
+    """What users call it (in descriptions and messages)."""
+    port: int
+    """Where it listens in the main container (127.0.0.1 behind the OAuth proxy, all interfaces in token mode)."""
+    proxy_port: int
+    """Where its OAuth proxy sidecar listens (auth `oauth-proxy`)."""
+    credential_env: str | None = None
+    """Env var it reads its password/token from in token mode; None: it has no authentication of its own."""
+    secret_key: str | None = None
+    """`ml-dev-env:<key>` stack secret that holds the credential (token mode)."""
+    credential: str = ""
+    """What the secret is ("password", "token")."""
+    routed: bool = True
+    """Reached through the pod-0 Service and an https Route (with an OAuth proxy in front)."""
+    activity_probe: str | None = None
+    """How an idle check can tell it is in use (HTTP GET on `port`), None when it cannot."""
+
+    @property
+    def has_own_auth(self) -> bool:
+        return self.credential_env is not None
+
+    @property
+    def secret_help(self) -> str:
+        return f"{self.title} {self.credential} (access.auth: token)"
+
+
+DEV_SERVERS: tuple[DevServer, ...] = (
+    # code-server: src/node/routes/health.ts answers /healthz with {"status": "alive"|"expired", "lastHeartbeat": …}.
+    DevServer(
+        "vscode", "code-server", 8080, 18080, credential_env="PASSWORD", secret_key="vscodePassword", credential="password",
+        activity_probe="/healthz",
+    ),
+    # jupyter_server: services/api/handlers.py, APIStatusHandler answers /api/status with "last_activity".
+    DevServer(
+        "jupyter", "Jupyter", 8888, 18888, credential_env="JUPYTER_TOKEN", secret_key="jupyterToken", credential="token",
+        activity_probe="/api/status",
+    ),
+    DevServer("tensorboard", "TensorBoard", 6006, 16006),
+)
+
+
+def routed_servers() -> tuple[DevServer, ...]:
+    return tuple(s for s in DEV_SERVERS if s.routed)
+
+
+def longest_routed_name() -> str:
+    """The server name that makes the longest route host `<app>-<server>-<namespace>`."""
+    return max((s.name for s in routed_servers()), key=len)

@@ -1,0 +1,89 @@
+"""Dependencies flow one way: core → stacks → components → __main__; tools, policy and bench only look down.
+
+Walks every import statement (ast, including imports inside functions and `if TYPE_CHECKING:` blocks) of
+every module of the repository and fails on an edge that points up or sideways between packages.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# A package may import itself and packages of a LOWER rank only. `steps` holds the programs the pipeline
+# pods run (standalone scripts): like `core` they import nothing of ours.
+RANK = {
+    "core": 0,
+    "steps": 0,
+    "stacks": 1,
+    "components": 2,
+    "__main__": 3,
+    "policy": 3,
+    "tools": 4,
+    "bench": 4,
+}
+SKIP_DIRS = {".git", ".venv", "rendered", "tests", "__pycache__", "images"}
+
+
+def modules() -> list[Path]:
+    return sorted(p for p in ROOT.rglob("*.py") if not SKIP_DIRS & set(p.relative_to(ROOT).parts[:-1]))
+
+
+def package_of(path: Path) -> str:
+    rel = path.relative_to(ROOT)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def imported(path: Path) -> list[tuple[int, str]]:
+    """(line, top-level name) of every absolute import in the file."""
+    edges = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            edges += [(node.lineno, alias.name.split(".")[0]) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            edges.append((node.lineno, node.module.split(".")[0]))
+    return edges
+
+
+def test_every_package_is_ranked() -> None:
+    assert {package_of(p) for p in modules()} <= set(RANK), "a new top-level package needs a rank in RANK"
+
+
+def test_imports_point_down() -> None:
+    upward = []
+    for path in modules():
+        own = package_of(path)
+        for line, name in imported(path):
+            if name in RANK and name != own and RANK[name] >= RANK[own]:
+                upward.append(f"{path.relative_to(ROOT)}:{line}: {own} (rank {RANK[own]}) imports {name} (rank {RANK[name]})")
+    assert not upward, "imports that point up or sideways:\n" + "\n".join(upward)
+
+
+def test_lower_layers_import_no_kubernetes_sdk() -> None:
+    """Validating a stack's config needs neither pulumi_kubernetes nor (for core) Pulumi at all."""
+    forbidden = {"core": {"pulumi", "pulumi_kubernetes", "pulumi_random"}, "stacks": {"pulumi_kubernetes", "pulumi_random"}}
+    found = [
+        f"{path.relative_to(ROOT)}:{line}: {name}"
+        for path in modules()
+        if package_of(path) in forbidden
+        for line, name in imported(path)
+        if name in forbidden[package_of(path)]
+    ]
+    assert not found, found
+
+
+def test_validating_config_loads_no_kubernetes_sdk() -> None:
+    """At run time too: loading and validating a committed stack file leaves pulumi_kubernetes unloaded."""
+    code = (
+        "import sys\n"
+        "from stacks import loader\n"
+        "from pathlib import Path\nfrom tools.mock_engine import stack_config\n"
+        "config, problems = loader.check(stack_config(Path('Pulumi.barcelona.yaml')), set())\n"
+        "assert config is not None, problems\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pulumi_kubernetes', 'pulumi_random')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
