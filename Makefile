@@ -8,11 +8,12 @@ STACK ?= barcelona
 APT_PACKAGES := docker-registry skopeo buildah apache2-utils openssh-server openssh-client rsync pdsh libnss-wrapper
 # Hash-locked sets compiled from the *.in files by `make lock` (tools/lock.sh, uv); .venv gets the dev lock.
 
-.PHONY: lock lock-check typecheck help venv system-deps render render-all test lint docs diagram policy-preview bench-package bench-launch clean
+.PHONY: lock lock-check typecheck help venv system-deps render render-all runs test lint docs diagram policy-preview bench-package bench-launch clean
 
 help:
 	@echo "make render STACK=<name>   render one stack offline into rendered/<name>/ (+ schema check)"
 	@echo "make render-all            render every Pulumi.<stack>.yaml"
+	@echo "make runs STACK=<name>     state of each model's packaging run (needs oc, logged in)"
 	@echo "make test                  lint + the whole test suite (installs what it needs)"
 	@echo "make lock                  re-lock requirements*.txt (hashes) after editing requirements*.in"
 	@echo "make docs                  regenerate the configuration reference, presets and diagram in README.md"
@@ -60,6 +61,9 @@ render: venv
 
 render-all: venv
 	$(PY) -m tools.render
+
+runs: venv
+	$(PY) tools/runs.py $(STACK)
 
 lint: venv
 	$(PY) -m ruff check .

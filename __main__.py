@@ -110,6 +110,7 @@ if cfg.models:
         opts=opts,
     )
     pulumi.export("model_pipeline_runs", models.run_names)
+    pulumi.export("model_runs", models.runs)  # per model: run name and commands to follow / retry it (make runs)
     pulumi.export("model_images", models.internal_images)
 
 for server in routed_servers():

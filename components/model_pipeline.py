@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict
 from components import crds, tekton
 from components.image_build import ToolsImage, ToolsImageArgs
 from core import model_sizing, naming
+from core.quantity import parse_quantity
 from stacks.config import BuildNodesConfig, ModelConfig, ModelPipelineConfig
 from steps.embed import step_script
 
@@ -30,7 +31,9 @@ TASKS = {
     "mirror": "modelcar-mirror",
     "register": "modelcar-register",
     "upload-s3": "modelcar-upload-s3",
+    "package-stream": "modelcar-package-stream",
 }
+STREAM_PIPELINE = "modelcar-stream"
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # holds service-ca.crt for the internal registry
 SA_TOKEN = f"{SA_DIR}/token"
 # download, package and upload share the digest cache that lives next to this directory (their default)
@@ -72,8 +75,16 @@ def _step(task: str, script: str, image: str, args: list[str], env: list[tekton.
     )
 
 
-def task_specs(tools_image: str, tools_base: str, secrets: set[str], chunk_threshold: str) -> dict[str, tekton.TaskSpec]:
+def task_specs(
+    tools_image: str,
+    tools_base: str,
+    secrets: set[str],
+    chunk_threshold: str,
+    max_layer_size: str = "20G",
+    registry_ca_file: str = f"{SA_DIR}/service-ca.crt",
+) -> dict[str, tekton.TaskSpec]:
     """The six Tasks; `secrets` says which optional Secrets exist (hf, s3)."""
+    layer_limit = str(int(parse_quantity(max_layer_size)))  # bytes: the steps' size parser has no Kubernetes suffixes
     model_ws = tekton.WorkspaceDeclaration(name="model", description="PVC holding the downloaded weights")
     quay_ws = tekton.WorkspaceDeclaration(name="quay-auth", description="Quay dockerconfigjson", read_only=True)
     download_env = []
@@ -95,24 +106,32 @@ def task_specs(tools_image: str, tools_base: str, secrets: set[str], chunk_thres
         "download": tekton.TaskSpec(
             description="Download the weights (Hugging Face or S3) onto the workspace PVC, verifying checksums.",
             params=[*_p("source-uri", "revision", "endpoint-url", "region"), tekton.ParamSpec(name="include", type="array")],
-            results=[tekton.ResultSpec(name="BYTES", description="bytes downloaded")],
+            results=[tekton.ResultSpec(name="BYTES", description="bytes downloaded"),
+                     tekton.ResultSpec(name="REVISION", description="resolved Hugging Face commit (empty for S3)"),
+                     tekton.ResultSpec(name="LICENSE", description="model card license (empty when unknown)")],
             workspaces=[model_ws],
             steps=[_step("download", "download", tools_image, [
                 "--source", "$(params.source-uri)", "--dest", WEIGHTS, "--revision", "$(params.revision)",
                 "--endpoint-url", "$(params.endpoint-url)", "--region", "$(params.region)",
-                "--result-size", "$(results.BYTES.path)",
+                "--result-size", "$(results.BYTES.path)", "--max-layer-size", layer_limit,
+                "--result-revision", "$(results.REVISION.path)", "--result-license", "$(results.LICENSE.path)",
                 "--include", "$(params.include[*])",
             ], download_env + s3_env)],
         ),
         "package": tekton.TaskSpec(
             description="Stream the weights into a modelcar (one uncompressed GNU tar layer per file) and push it to Quay.",
-            params=_p("image", "base-image"),
+            params=_p("image", "base-image", "source", "revision", "license", "quantization"),
             results=[tekton.ResultSpec(name="IMAGE_DIGEST"), tekton.ResultSpec(name="IMAGE_URL", description="repo@digest")],
             workspaces=[model_ws, quay_ws],
             steps=[_step("package", "package", tools_image, [
+                # OCI annotations: where the weights came from, at which revision, under which license, how quantized
+                "--annotation", "org.opencontainers.image.source=$(params.source)",
+                "--annotation", "org.opencontainers.image.revision=$(params.revision)",
+                "--annotation", "org.opencontainers.image.licenses=$(params.license)",
+                "--annotation", "io.ml-dev-env.model.quantization=$(params.quantization)",
                 "--model-dir", WEIGHTS, "--image", "$(params.image)", "--base-image", "$(params.base-image)",
                 "--authfile", "$(workspaces.quay-auth.path)/.dockerconfigjson",
-                "--chunk-threshold", chunk_threshold,
+                "--chunk-threshold", chunk_threshold, "--max-layer-size", layer_limit,
                 "--result-digest", "$(results.IMAGE_DIGEST.path)", "--result-image", "$(results.IMAGE_URL.path)",
             ])],
         ),
@@ -132,14 +151,34 @@ def task_specs(tools_image: str, tools_base: str, secrets: set[str], chunk_thres
         "register": tekton.TaskSpec(
             description="Register the model version with URI oci://<internal repo>@sha256:<digest>.",
             params=_p("registry-url", "model-name", "version-name", "description", "image", "quantization", "base-model", "source"),
-            results=[tekton.ResultSpec(name="MODEL_ID"), tekton.ResultSpec(name="VERSION_ID")],
+            results=[tekton.ResultSpec(name="MODEL_ID"), tekton.ResultSpec(name="VERSION_ID"),
+                     tekton.ResultSpec(name="VERSION_NAME", description="<version> or <version>-<digest12> for a new image")],
             steps=[_step("register", "register", tools_image, [
-                "--registry-url", "$(params.registry-url)", "--token-file", SA_TOKEN,
+                "--registry-url", "$(params.registry-url)", "--token-file", SA_TOKEN, "--ca-file", registry_ca_file,
+                "--result-version-name", "$(results.VERSION_NAME.path)",
                 "--model-name", "$(params.model-name)", "--version", "$(params.version-name)",
                 "--description", "$(params.description)", "--image", "$(params.image)",
                 "--quantization", "$(params.quantization)", "--base-model", "$(params.base-model)", "--source", "$(params.source)",
                 "--result-model-id", "$(results.MODEL_ID.path)", "--result-version-id", "$(results.VERSION_ID.path)",
             ])],
+        ),
+        "package-stream": tekton.TaskSpec(
+            description="Stream the weights from S3 or Hugging Face straight into a modelcar pushed to Quay (no weights PVC).",
+            params=[*_p("image", "base-image", "source-uri", "revision", "endpoint-url", "region", "quantization"),
+                    tekton.ParamSpec(name="include", type="array")],
+            results=[tekton.ResultSpec(name="IMAGE_DIGEST"), tekton.ResultSpec(name="IMAGE_URL", description="repo@digest")],
+            workspaces=[tekton.WorkspaceDeclaration(name="model", description="small scratch (emptyDir): HOME, TMPDIR"), quay_ws],
+            steps=[_step("package", "package", tools_image, [
+                "--source", "$(params.source-uri)", "--hf-revision", "$(params.revision)",
+                "--s3-endpoint-url", "$(params.endpoint-url)", "--s3-region", "$(params.region)",
+                "--image", "$(params.image)", "--base-image", "$(params.base-image)",
+                "--authfile", "$(workspaces.quay-auth.path)/.dockerconfigjson",
+                "--chunk-threshold", chunk_threshold, "--max-layer-size", layer_limit,
+                "--annotation", "org.opencontainers.image.source=$(params.source-uri)",
+                "--annotation", "io.ml-dev-env.model.quantization=$(params.quantization)",
+                "--result-digest", "$(results.IMAGE_DIGEST.path)", "--result-image", "$(results.IMAGE_URL.path)",
+                "--include", "$(params.include[*])",
+            ], download_env + s3_env)],
         ),
         "upload-s3": tekton.TaskSpec(
             description="Upload the weight files to S3.",
@@ -173,6 +212,9 @@ def pipeline_spec(size_gi_for_timeouts: float) -> tekton.PipelineSpec:
     def t(task: str) -> str:
         return model_sizing.duration(model_sizing.task_timeout_minutes(task, size_gi_for_timeouts))
 
+    def retries(task: str) -> int | None:
+        return model_sizing.TASK_RETRIES[task] or None
+
     model_ws = [tekton.WorkspaceBinding(name="model", workspace="model")]
     quay_ws = [tekton.WorkspaceBinding(name="quay-auth", workspace="quay-auth")]
     return tekton.PipelineSpec(
@@ -184,26 +226,31 @@ def pipeline_spec(size_gi_for_timeouts: float) -> tekton.PipelineSpec:
                 name="wait-tools", task_ref=ref("wait-tools"), timeout=t("wait-tools"), params=[param("image", "$(params.tools-image)")],
             ),
             tekton.PipelineTask(
-                name="download", task_ref=ref("download"), timeout=t("download"), run_after=["wait-tools"], workspaces=model_ws,
+                name="download", task_ref=ref("download"), timeout=t("download"), retries=retries("download"),
+                run_after=["wait-tools"], workspaces=model_ws,
                 params=[param("source-uri"), param("revision"), param("endpoint-url"), param("region"),
                         param("include", "$(params.include[*])")],
             ),
             tekton.PipelineTask(
-                name="package", task_ref=ref("package"), timeout=t("package"), run_after=["download"],
-                workspaces=model_ws + quay_ws, params=[param("image", "$(params.quay-image)"), param("base-image")],
+                name="package", task_ref=ref("package"), timeout=t("package"), retries=retries("package"), run_after=["download"],
+                workspaces=model_ws + quay_ws, params=[
+                    param("image", "$(params.quay-image)"), param("base-image"), param("source", "$(params.source-uri)"),
+                    param("revision", "$(tasks.download.results.REVISION)"), param("license", "$(tasks.download.results.LICENSE)"),
+                    param("quantization"),
+                ],
             ),
             tekton.PipelineTask(
-                name="mirror", task_ref=ref("mirror"), timeout=t("mirror"), workspaces=model_ws + quay_ws,
+                name="mirror", task_ref=ref("mirror"), timeout=t("mirror"), retries=retries("mirror"), workspaces=model_ws + quay_ws,
                 params=[param("source-image", "$(tasks.package.results.IMAGE_URL)"), param("destination", "$(params.internal-image)")],
             ),
             tekton.PipelineTask(
-                name="register", task_ref=ref("register"), timeout=t("register"),
+                name="register", task_ref=ref("register"), timeout=t("register"), retries=retries("register"),
                 params=[param("registry-url"), param("model-name"), param("version-name"), param("description"),
                         param("image", "$(tasks.mirror.results.IMAGE_URL)"), param("quantization"), param("base-model"),
                         param("source", "$(params.source-uri)")],
             ),
             tekton.PipelineTask(
-                name="upload-s3", task_ref=ref("upload-s3"), timeout=t("upload-s3"), run_after=["download"],
+                name="upload-s3", task_ref=ref("upload-s3"), timeout=t("upload-s3"), retries=retries("upload-s3"), run_after=["download"],
                 workspaces=model_ws,
                 when=[tekton.WhenExpression(input="$(params.upload-s3)", operator="in", values=["true"])],
                 params=[param("destination", "$(params.upload-destination)"), param("endpoint-url", "$(params.upload-endpoint)"),
@@ -214,6 +261,26 @@ def pipeline_spec(size_gi_for_timeouts: float) -> tekton.PipelineSpec:
             tekton.PipelineResult(name="QUAY_IMAGE", value="$(tasks.package.results.IMAGE_URL)"),
             tekton.PipelineResult(name="INTERNAL_IMAGE", value="$(tasks.mirror.results.IMAGE_URL)"),
         ],
+    )
+
+
+def stream_pipeline_spec(size_gi_for_timeouts: float) -> tekton.PipelineSpec:
+    """S3 / Hugging Face → package (streamed, no weights PVC) → mirror → register; scratch is an emptyDir."""
+    full = pipeline_spec(size_gi_for_timeouts)
+    by_name = {t.name: t for t in full.tasks}
+    ws = [tekton.WorkspaceBinding(name="model", workspace="model"), tekton.WorkspaceBinding(name="quay-auth", workspace="quay-auth")]
+    names = ("image", "quay-image"), ("base-image", "base-image"), ("source-uri", "source-uri"), ("endpoint-url", "endpoint-url")
+    names += ("region", "region"), ("quantization", "quantization"), ("revision", "revision")
+    package = tekton.PipelineTask(
+        name="package", task_ref={"kind": "Task", "name": TASKS["package-stream"]}, timeout=by_name["package"].timeout,
+        retries=by_name["package"].retries, run_after=["wait-tools"], workspaces=ws,
+        params=[*(tekton.Param(name=n, value=f"$(params.{v})") for n, v in names),
+                tekton.Param(name="include", value="$(params.include[*])")],
+    )
+    tasks = [by_name["wait-tools"], package, by_name["mirror"], by_name["register"]]
+    return tekton.PipelineSpec(
+        description="Package LLM weights straight from S3 as a KServe modelcar (no weights PVC), mirror internally, register.",
+        params=full.params, workspaces=full.workspaces, tasks=tasks, results=full.results,
     )
 
 
@@ -254,6 +321,22 @@ def run_name(model: ModelConfig, inputs_digest: str) -> str:
     return f"modelcar-{model.name[:40].rstrip('-')}-{inputs_digest}"
 
 
+def run_commands(run: str, namespace: str, model: ModelConfig) -> dict[str, str]:
+    """What a user pastes to follow, inspect and retry a model's run (the `model_runs` stack output)."""
+    label = f"tekton.dev/pipelineRun={run}"
+    return {
+        "run": run,
+        "namespace": namespace,
+        "follow": f"tkn pipelinerun logs -f {run} -n {namespace}",
+        "describe": f"tkn pipelinerun describe {run} -n {namespace}",
+        "status": f"oc get pipelinerun {run} -n {namespace} -o jsonpath='{{.status.conditions[0].reason}}{{\"\\n\"}}'",
+        "taskruns": f"oc get taskrun -n {namespace} -l {label}",
+        "logs": f"oc logs -n {namespace} -l {label} --all-containers --prefix --tail=50",
+        "retry": f"raise models[name={model.name}].retry (now {model.retry}) to {model.retry + 1} and run `pulumi up`: a new run; "
+        "blobs already in the registry are not sent again",
+    }
+
+
 def run_spec(
     model: ModelConfig, pipeline: ModelPipelineConfig, namespace: str, build_nodes: BuildNodesConfig, tools_image: str
 ) -> tekton.PipelineRunSpec:
@@ -262,18 +345,25 @@ def run_spec(
     }
     if pipeline.storage_class:
         claim["spec"]["storageClassName"] = pipeline.storage_class
+    # Streaming runs hold no weights: their "model" workspace is only HOME/TMPDIR scratch (an emptyDir).
+    model_ws = (
+        tekton.RunWorkspace(name="model", empty_dir={})
+        if model.stream
+        else tekton.RunWorkspace(name="model", volume_claim_template=claim)
+    )
     pod_template = None
     if build_nodes.node_selector or build_nodes.tolerations:
         pod_template = tekton.PodTemplate(
             node_selector=dict(build_nodes.node_selector) or None,
             tolerations=[t.model_dump(by_alias=True, exclude_none=True) for t in build_nodes.tolerations] or None,
         )
-    minutes = model_sizing.pipeline_timeout_minutes(model.size_gi, model.upload_to_s3 is not None)
+    # The Pipeline's task timeouts are sized for maxModelSizeGi: the run's timeout covers all of them.
+    minutes = model_sizing.pipeline_timeout_minutes(pipeline.max_model_size_gi, model.upload_to_s3 is not None, model.stream)
     return tekton.PipelineRunSpec(
-        pipeline_ref={"name": PIPELINE},
+        pipeline_ref={"name": STREAM_PIPELINE if model.stream else PIPELINE},
         params=run_params(model, pipeline, namespace, tools_image),
         workspaces=[
-            tekton.RunWorkspace(name="model", volume_claim_template=claim),
+            model_ws,
             tekton.RunWorkspace(name="quay-auth", secret={"secretName": SECRET_NAMES["quay"]}),
         ],
         # Build-node placement at the run level, so the affinity assistant shares it (no fsGroup: the SCC assigns it).
@@ -300,6 +390,8 @@ class ModelPipeline(pulumi.ComponentResource):
     run_names: dict[str, str]
     """PipelineRun name per model."""
     internal_images: dict[str, str]
+    runs: dict[str, dict[str, str]]
+    """Per model: run name, namespace and ready-to-paste commands (`run_commands`)."""
 
     def __init__(self, name: str, args: ModelPipelineArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("ml-dev-env:models:ModelPipeline", name, None, opts)
@@ -320,13 +412,29 @@ class ModelPipeline(pulumi.ComponentResource):
             subjects=[k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=cfg.service_account, namespace=ns)],
             opts=child,
         ))
+        if cfg.registry_access is not None:
+            # The model-registry operator creates Role `registry-user-<name>` (get on Service <name>) in the
+            # registry's namespace, and its kube-rbac-proxy admits whoever may do that
+            # (opendatahub-io/model-registry-operator internal/controller/config/templates/role.yaml.tmpl,
+            # kube-rbac-proxy/kube-rbac-proxy-config.yaml.tmpl). This binding lives in that namespace.
+            access = cfg.registry_access
+            deps.append(k8s.rbac.v1.RoleBinding(
+                f"{name}-registry-user",
+                metadata=k8s.meta.v1.ObjectMetaArgs(
+                    name=f"{ns}-{cfg.service_account}-registry-user-{access.name}"[:253], namespace=access.namespace, labels=args.labels,
+                ),
+                role_ref=k8s.rbac.v1.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind="Role", name=f"registry-user-{access.name}"),
+                subjects=[k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=cfg.service_account, namespace=ns)],
+                opts=child,
+            ))
         secrets = args.secrets
         deps.append(k8s.core.v1.Secret(
             f"{name}-quay", metadata=meta(SECRET_NAMES["quay"]), type="kubernetes.io/dockerconfigjson",
             string_data={".dockerconfigjson": secrets["quayDockerConfigJson"]}, opts=child,
         ))
         present = set()
-        if any(m.source.hugging_face for m in args.models):
+        # Only gated repositories need the token (the loader requires it then); when set it is used for all.
+        if any(m.source.hugging_face for m in args.models) and secrets.get("hfToken"):
             present.add("hf")
             deps.append(k8s.core.v1.Secret(f"{name}-hf", metadata=meta(SECRET_NAMES["hf"]), type="Opaque",
                                            string_data={"HF_TOKEN": secrets["hfToken"]}, opts=child))
@@ -338,13 +446,19 @@ class ModelPipeline(pulumi.ComponentResource):
                 opts=child,
             ))
 
-        specs = task_specs(tools.image, cfg.tools_base_image, present, cfg.chunk_threshold)
+        specs = task_specs(tools.image, cfg.tools_base_image, present, cfg.chunk_threshold, cfg.max_layer_size, cfg.registry_ca_file)
+        streaming = any(m.stream for m in args.models)
         for task, spec in specs.items():
+            if task == "package-stream" and not streaming:
+                continue  # only stacks with a streaming model get the streaming Task and Pipeline
             deps.append(crds.custom_resource(f"{name}-task-{task}", "tekton.dev/v1", "Task", meta(TASKS[task]), spec, child))
         pipeline = pipeline_spec(cfg.max_model_size_gi)
         deps.append(crds.custom_resource(f"{name}-pipeline", "tekton.dev/v1", "Pipeline", meta(PIPELINE), pipeline, child))
+        if streaming:
+            stream = stream_pipeline_spec(cfg.max_model_size_gi)
+            deps.append(crds.custom_resource(f"{name}-pipeline-stream", "tekton.dev/v1", "Pipeline", meta(STREAM_PIPELINE), stream, child))
 
-        self.run_names, self.internal_images = {}, {}
+        self.run_names, self.internal_images, self.runs = {}, {}, {}
         for model in args.models:
             stream = model.internal_image_stream or model.name
             deps.append(crds.custom_resource(
@@ -354,7 +468,9 @@ class ModelPipeline(pulumi.ComponentResource):
             spec = run_spec(model, cfg, ns, args.build_nodes, tools.image)
             # The run's own inputs (model, destinations, sizes, tools image, pipeline version): another model
             # or an unchanged config never starts a new run of this one.
-            digest = naming.short_hash(str(PIPELINE_VERSION), json.dumps(spec.dump(), sort_keys=True))
+            # `retry` (a counter in the model's config) starts a new run of unchanged inputs.
+            retry = [f"retry={model.retry}"] if model.retry else []
+            digest = naming.short_hash(str(PIPELINE_VERSION), json.dumps(spec.dump(), sort_keys=True), *retry)
             run = run_name(model, digest)
             crds.custom_resource(
                 f"{name}-run-{model.name}", "tekton.dev/v1", "PipelineRun",
@@ -365,4 +481,5 @@ class ModelPipeline(pulumi.ComponentResource):
             )
             self.run_names[model.name] = run
             self.internal_images[model.name] = naming.internal_image(ns, stream, model.tag)
-        self.register_outputs({"run_names": self.run_names, "internal_images": self.internal_images})
+            self.runs[model.name] = run_commands(run, ns, model)
+        self.register_outputs({"run_names": self.run_names, "internal_images": self.internal_images, "runs": self.runs})

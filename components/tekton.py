@@ -87,6 +87,7 @@ class PipelineTask(Spec):
     workspaces: list[WorkspaceBinding] = []
     run_after: list[str] | None = None
     timeout: str
+    retries: int | None = None
     when: list[WhenExpression] | None = None
 
 
@@ -129,6 +130,7 @@ class RunWorkspace(Spec):
     name: str
     volume_claim_template: dict[str, Any] | None = None
     secret: dict[str, Any] | None = None
+    empty_dir: dict[str, Any] | None = None
 
 
 class PipelineRunSpec(Spec):

@@ -85,9 +85,24 @@ def duration(minutes: int) -> str:
     return f"{hours}h{mins}m0s" if hours else f"{mins}m0s"
 
 
-def pipeline_timeout_minutes(size_gi: float, upload_s3: bool) -> int:
-    tasks = ["wait-tools", "download", "package", "mirror", "register"] + (["upload-s3"] if upload_s3 else [])
-    return sum(task_timeout_minutes(t, size_gi) for t in tasks) + 30
+# Tekton `retries` per pipeline task: transfers resume where the failed attempt stopped (the package
+# step continues its upload session, the registry HEAD-checks finished blobs, download skips verified
+# files), so a retry costs little. wait-tools is not retried: a second wait would only double its timeout.
+TASK_RETRIES = {"wait-tools": 0, "download": 2, "package": 2, "mirror": 2, "register": 2, "upload-s3": 2}
+PIPELINE_MARGIN_MIN = 30
+
+
+def pipeline_timeout_minutes(size_gi: float, upload_s3: bool, stream: bool = False) -> int:
+    """Every attempt of every task that runs, end to end, plus a margin for scheduling and PVC binding.
+
+    Tekton times each retry attempt on its own (tektoncd/pipeline pkg/reconciler/taskrun/taskrun.go,
+    `retryTaskRun` resets the TaskRun's StartTime), so a pipeline timeout below this sum would kill a run
+    whose tasks are still within their own limits. `size_gi` must be what the Pipeline's task timeouts
+    were sized for.
+    """
+    tasks = ["wait-tools", "package", "mirror", "register"] if stream else ["wait-tools", "download", "package", "mirror", "register"]
+    tasks += ["upload-s3"] if upload_s3 else []
+    return sum((TASK_RETRIES[t] + 1) * task_timeout_minutes(t, size_gi) for t in tasks) + PIPELINE_MARGIN_MIN
 
 
 def preflight(model: ModelConfig, pipeline: ModelPipelineConfig) -> str | None:

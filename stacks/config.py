@@ -37,6 +37,7 @@ from stacks.base import (
     duplicates,
     rule,
 )
+from steps.common import DEFAULT_INCLUDE
 
 # --------------------------------------------------------------------------------------- cluster
 
@@ -530,6 +531,9 @@ class HuggingFaceSource(Model):
 
     repo: str = Field(description="Hugging Face repository, e.g. mistralai/Mistral-Small-24B-Instruct-2501.")
     revision: str = Field("main", description="Branch, tag or commit (pin a commit for reproducible runs).")
+    gated: bool = Field(
+        False, description="The repository needs an accepted license / token: the hfToken secret is then required."
+    )
 
 
 class S3Source(Model):
@@ -578,8 +582,13 @@ class ModelConfig(Model):
     name: DnsLabel = Field(description="Short name; the PipelineRun and internal ImageStream derive from it.")
     source: ModelSource = Field(description="Where the weights come from.")
     include: list[str] = Field(
-        default_factory=lambda: ["*.safetensors", "*.json", "*.txt", "*.model", "tokenizer*"],
-        description="File patterns to download (consolidated*.safetensors is skipped when sharded weights exist).",
+        default_factory=lambda: list(DEFAULT_INCLUDE),
+        description="File patterns to download (the download step's own default). consolidated* weights are skipped when "
+        "sharded ones exist, *.bin weights when *.safetensors ones do; code that config.json's auto_map needs must be included.",
+    )
+    retry: int = Field(
+        0, ge=0, description="Raise by one to start a new run of an unchanged model (a new run name); blobs already in "
+        "the registry are not sent again.",
     )
     size_gi: float = Field(gt=0, le=4096, description="Approximate size of the weights in GiB (sizes PVC and timeouts).")
     quantization: str = Field("none", description="Quantization scheme recorded in the registry, e.g. w4a16 or none.")
@@ -589,14 +598,29 @@ class ModelConfig(Model):
     registration: Registration = Field(description="Model registry entry.")
     upload_to_s3: S3Upload | None = Field(None, description="Also upload the weight files to S3.")
     workspace_size: Quantity | None = Field(None, description="Workspace PVC size (default: computed from sizeGi).")
+    stream: bool = Field(
+        False,
+        description="Package straight from the source (S3 or Hugging Face) into the registry: no download task, no PVC "
+        "for the weights; layer digest and the source's checksum computed on the way. Not with uploadToS3.",
+    )
 
     @model_validator(mode="after")
     def _destination(self) -> ModelConfig:
+        if self.stream and self.upload_to_s3 is not None:
+            raise ConfigProblem("stream", "stream: true", "not with uploadToS3 (the upload reads the downloaded files); set one of them")
         if not _REPO.match(self.quay_repository):
             raise ConfigProblem("quayRepository", self.quay_repository, "must be '<registry>/<org>/<repo>' without tag")
         if not _TAG.match(self.tag) or self.tag == "latest":
             raise ConfigProblem("tag", self.tag, "must be a version tag (not 'latest')")
         return self
+
+
+class ModelRegistryAccess(Model):
+    """A secured RHOAI model registry (kube-rbac-proxy) admits a service account that may `get` its
+    Service: the operator's Role `registry-user-<name>` in the registry's namespace grants exactly that."""
+
+    namespace: DnsLabel = Field(description="Namespace of the model registry (where its Role `registry-user-<name>` lives).")
+    name: DnsLabel = Field(description="Name of the ModelRegistry (its Service), e.g. modelregistry-public.")
 
 
 class ModelPipelineConfig(Model):
@@ -612,11 +636,31 @@ class ModelPipelineConfig(Model):
     registry_url: str = Field(
         "http://model-registry.rhoai-model-registries.svc.cluster.local:8080", description="Model registry REST endpoint."
     )
+    registry_ca_file: str = Field(
+        "/var/run/secrets/kubernetes.io/serviceaccount/service-ca.crt",
+        description="CA bundle (path in the step) for an https registryUrl; the default, the service CA, verifies an "
+        "in-cluster secured registry's serving certificate. Empty: the image's system trust store.",
+    )
+    registry_access: ModelRegistryAccess | None = Field(
+        None,
+        description="Opt-in: bind the pipeline's service account to the registry's `registry-user-<name>` Role "
+        "(a RoleBinding in the registry's namespace; needs admin rights there).",
+    )
     storage_class: str | None = Field(None, description="Storage class of the per-run workspace PVC.")
     node_ephemeral_free: Quantity = Field(
         "13Gi", description="Smallest free node ephemeral storage on build nodes (preflight: step scratch must fit)."
     )
-    chunk_threshold: Quantity = Field("20G", description="Blobs above this are uploaded in chunks (Quay refuses larger PUTs).")
+    chunk_threshold: Quantity = Field(
+        "2G",
+        description="Blobs above this are uploaded as 1 GiB PATCH requests, so a failure costs one chunk, not the blob "
+        "(chunking does not get past maxLayerSize).",
+    )
+    max_layer_size: Quantity = Field(
+        "20G",
+        description="Largest layer (one model file + ~1.5 KiB of tar headers) the registry accepts: Quay's "
+        "MAXIMUM_LAYER_SIZE, default 20G, applies to the whole blob, chunked or not. The download task refuses a "
+        "larger file before transferring anything.",
+    )
     max_model_size_gi: float = Field(
         64, gt=0, le=4096, description="Largest model the Pipeline's per-task timeouts are sized for (GiB)."
     )

@@ -26,7 +26,7 @@ from stacks.errors import PREFIX, _clean_loc, _path, format_errors, format_probl
 SECRET_KEYS: dict[str, str] = {
     **{s.secret_key: s.secret_help for s in DEV_SERVERS if s.routed and s.secret_key},
     "quayDockerConfigJson": "Quay push credentials, a dockerconfigjson document (models)",
-    "hfToken": "Hugging Face token (models with a huggingFace source)",
+    "hfToken": "Hugging Face token (models with a huggingFace source marked gated: true)",
     "s3AccessKeyId": "S3 access key id (models with an s3 source or uploadToS3)",
     "s3SecretAccessKey": "S3 secret access key (models with an s3 source or uploadToS3)",
 }
@@ -298,7 +298,7 @@ def required_secrets(config: StackConfig) -> set[str]:
         needed |= {s.secret_key for s in config.access.enabled() if s.secret_key}
     if config.models:
         needed.add("quayDockerConfigJson")
-    if any(m.source.hugging_face for m in config.models):
+    if any(m.source.hugging_face and m.source.hugging_face.gated for m in config.models):
         needed.add("hfToken")
     if any(m.source.s3 or m.upload_to_s3 for m in config.models):
         needed |= {"s3AccessKeyId", "s3SecretAccessKey"}

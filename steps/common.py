@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import errno
 import fnmatch
 import json
 import os
@@ -17,6 +18,7 @@ import tarfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -50,7 +52,28 @@ def run_step(main: Callable[[Sequence[str] | None], None]) -> NoReturn:
     except KeyboardInterrupt:
         print("ERROR: interrupted", file=sys.stderr, flush=True)
         sys.exit(130)
+    except OSError as exc:
+        if exc.errno not in DISK_ERRORS:
+            raise
+        # A write no `writing()` block names: still one line, with whatever path the error carries.
+        print(f"ERROR: {exc.strerror}: {exc.filename or 'a local file'}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_FAILED)
     sys.exit(0)
+
+
+DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM}
+
+
+@contextmanager
+def writing(path: Path | str, what: str) -> Iterator[None]:
+    """Turn a failed local write (disk full, quota, read-only, permissions) into one `ERROR:` line
+    that names `what` and `path` (OSError from a write on an open file carries no file name)."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in DISK_ERRORS:
+            raise
+        raise StepError(f"cannot write {what} {path}: {exc.strerror or exc}", EXIT_FAILED) from exc
 
 
 def log(message: str) -> None:
@@ -118,7 +141,8 @@ class Progress:
 def write_result(path: str | None, value: str) -> None:
     """Write a Tekton result (no trailing newline) when a result path was given."""
     if path:
-        Path(path).write_text(value, encoding="utf-8")
+        with writing(path, "result file"):
+            Path(path).write_text(value, encoding="utf-8")
 
 
 def env_secret(name: str) -> str | None:
@@ -274,21 +298,120 @@ _RECORD = tarfile.RECORDSIZE
 
 
 def model_files(model_dir: Path) -> list[tuple[str, Path]]:
-    """Regular files under `model_dir` as sorted `(relative posix path, path)`; hidden entries skipped."""
+    """Files under `model_dir` as sorted `(relative posix path, path)`; hidden entries skipped.
+
+    Symbolic links: one whose target lies outside the model directory is refused (it could carry a
+    mounted secret, e.g. a service-account token, into a public image); a dangling one is reported;
+    one to a file or directory inside is listed once, as the link itself (`LayerLayout.for_link`
+    packages it as a symlink entry, so the target's bytes are stored once).
+    """
     if not model_dir.is_dir():
         raise StepError(f"model directory {model_dir} does not exist", EXIT_NOT_FOUND)
+    root_real = Path(os.path.realpath(model_dir))
     found: list[tuple[str, Path]] = []
     for root, dirs, files in os.walk(model_dir):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
-        for name in files:
+        links = [d for d in dirs if (Path(root) / d).is_symlink()]
+        dirs[:] = [d for d in dirs if d not in links]
+        for name in [*files, *links]:
             path = Path(root) / name
-            if not name.startswith(".") and path.is_file():
-                found.append((path.relative_to(model_dir).as_posix(), path))
+            if name.startswith("."):
+                continue
+            rel = path.relative_to(model_dir).as_posix()
+            if path.is_symlink():
+                target = os.readlink(path)
+                real = Path(os.path.realpath(path))
+                if real != root_real and root_real not in real.parents:
+                    raise StepError(
+                        f"{rel} is a symbolic link to {target}, outside the model directory; refusing to package it "
+                        "(copy the file in if it belongs to the model)"
+                    )
+                if not real.exists():
+                    raise StepError(f"{rel} is a dangling symbolic link (to {target})", EXIT_NOT_FOUND)
+                found.append((rel, path))
+            elif path.is_file():
+                found.append((rel, path))
     return sorted(found)
+
+
+# What a model needs by default: weights (safetensors, else PyTorch .bin), configs, tokenizer files and
+# the Python modules of models that need trust_remote_code (config.json `auto_map`). The stack's
+# `models[].include` default is this same list (stacks/config.py imports it).
+DEFAULT_INCLUDE = ("*.safetensors", "*.bin", "*.json", "*.txt", "*.model", "*.py", "tokenizer*", "config*", "generation*")
 
 
 def matches(relpath: str, patterns: Sequence[str]) -> bool:
     return any(fnmatch.fnmatchcase(relpath, p) or fnmatch.fnmatchcase(Path(relpath).name, p) for p in patterns)
+
+
+# --- model file selection and source checksums (download, and package streaming from S3) ------
+
+CONSOLIDATED = ("consolidated*.safetensors", "consolidated*.pth")
+SHARDED = ("*-of-*.safetensors", "*.safetensors.index.json", "*-of-*.bin", "*.bin.index.json")
+WEIGHTS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
+PYTORCH_WEIGHTS = ("pytorch_model*.bin", "pytorch_model*.bin.index.json")  # duplicates of safetensors weights
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What a downloaded file must match: its size and a checksum.
+
+    kind: sha256 (hex, HF LFS), sha256-base64 (S3 ChecksumSHA256), md5 (single-part ETag),
+    md5-multipart (ETag `<md5 of part md5s>-<parts>`), git-sha1 (HF blob id), None (size only).
+    """
+
+    size: int
+    kind: str | None = None
+    value: str = ""
+    part_size: int = 0
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.value}" if self.kind else "size only"
+
+
+def select(relpaths: Sequence[str], include: Sequence[str], exclude: Sequence[str]) -> list[str]:
+    chosen = [r for r in relpaths if matches(r, include) and not matches(r, exclude)]
+    weights = [r for r in relpaths if matches(r, WEIGHTS)]
+    if weights and not any(matches(r, WEIGHTS) for r in chosen):
+        raise StepError(
+            f"the include patterns {list(include)} select none of the weight files ({', '.join(sorted(weights)[:4])}"
+            f"{', …' if len(weights) > 4 else ''}); the model would be incomplete"
+        )
+    if any(matches(r, SHARDED) for r in chosen):
+        dropped = [r for r in chosen if matches(r, CONSOLIDATED)]
+        if dropped:
+            log(f"sharded weights present; skipping {', '.join(dropped)}")
+        chosen = [r for r in chosen if r not in dropped]
+    if any(r.endswith(".safetensors") for r in chosen):
+        dropped = [r for r in chosen if matches(r, PYTORCH_WEIGHTS)]
+        if dropped:
+            log(f"safetensors weights present; skipping the PyTorch copies {', '.join(dropped)}")
+        chosen = [r for r in chosen if r not in dropped]
+    for rel in chosen:
+        if rel.startswith("/") or ".." in rel.split("/"):
+            raise StepError(f"refusing unsafe path {rel!r} in the source")
+    return sorted(chosen)
+
+
+def s3_expected(client: Any, bucket: str, key: str, head: dict[str, Any]) -> Expected:
+    size, etag = int(head["ContentLength"]), str(head.get("ETag", "")).strip('"')
+    sha, multipart = head.get("ChecksumSHA256"), "-" in etag
+    # A multipart object's checksum is a checksum of part checksums unless S3 says FULL_OBJECT
+    # (some S3-compatible stores omit the `-<parts>` suffix that marks it as composite).
+    if sha and "-" not in sha and head.get("ChecksumType", "COMPOSITE" if multipart else "FULL_OBJECT") == "FULL_OBJECT":
+        return Expected(size, "sha256-base64", sha)
+    if head.get("ServerSideEncryption") == "aws:kms" or head.get("SSECustomerAlgorithm"):
+        log(f"WARNING: {key}: encrypted object, ETag is not an MD5; checking size only")
+        return Expected(size)
+    if len(etag) == 32 and not multipart:
+        return Expected(size, "md5", etag)
+    count = etag.partition("-")[2]
+    if count.isdigit():
+        part_size = int(client.head_object(Bucket=bucket, Key=key, PartNumber=1)["ContentLength"])
+        if part_size and -(-size // part_size) == int(count):
+            return Expected(size, "md5-multipart", etag, part_size)
+    log(f"WARNING: {key}: ETag {etag!r} cannot be verified; checking size only")
+    return Expected(size)
 
 
 def _tar_header(name: str, size: int, is_dir: bool) -> bytes:
@@ -328,6 +451,26 @@ class LayerLayout:
         end += pad + 2 * _BLOCK
         return cls(relpath, file_size, head, bytes(pad + 2 * _BLOCK + (-end % _RECORD)))
 
+    @classmethod
+    def for_link(cls, relpath: str, target: str) -> LayerLayout:
+        """Layer holding a symbolic link `models/<relpath>` → `target` (relative, inside the model)."""
+        parts = relpath.split("/")
+        dirs = ["/".join([MODEL_ROOT, *parts[:i]]) for i in range(len(parts))]
+        info = tarfile.TarInfo(f"{MODEL_ROOT}/{relpath}")
+        info.type, info.linkname, info.mode, info.mtime = tarfile.SYMTYPE, target, 0o777, 0
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        head = b"".join(_tar_header(d, 0, True) for d in dirs) + info.tobuf(tarfile.GNU_FORMAT, "utf-8", "surrogateescape")
+        end = len(head) + 2 * _BLOCK
+        return cls(relpath, 0, head, bytes(2 * _BLOCK + (-end % _RECORD)))
+
+    @classmethod
+    def for_path(cls, relpath: str, path: Path) -> LayerLayout:
+        """The layer for a model file from `model_files`: a symlink entry for a link, else the file."""
+        if path.is_symlink():  # relative, so it resolves inside the image too
+            return cls.for_link(relpath, os.path.relpath(os.path.realpath(path), os.path.realpath(path.parent)))
+        return cls.for_file(relpath, path.stat().st_size)
+
     @property
     def size(self) -> int:
         return len(self.head) + self.file_size + len(self.tail)
@@ -355,6 +498,23 @@ class LayerLayout:
         yield memoryview(self.tail)[offset - file_end :]
 
 
+def check_layer_sizes(sizes: dict[str, int], limit: int | None) -> None:
+    """Refuse, before anything is transferred, a model file whose modelcar layer exceeds the registry's
+    maximum layer size. Quay checks its MAXIMUM_LAYER_SIZE (default 20G) against the whole blob, also
+    when it arrives in chunks (quay/quay data/registry_model/blobuploader.py: `upload_chunk` compares
+    start offset + length with it), so chunking does not get past it."""
+    if not limit:
+        return
+    for rel, size in sorted(sizes.items()):
+        layer = LayerLayout.for_file(rel, size).size
+        if layer > limit:
+            raise StepError(
+                f"{rel}: {human(size)} ({size} bytes) makes a {layer}-byte layer, above the registry's maximum layer size "
+                f"{limit} bytes (--max-layer-size, modelPipeline.maxLayerSize); split the file into shards or raise the "
+                "registry's limit (Quay: MAXIMUM_LAYER_SIZE) and maxLayerSize together"
+            )
+
+
 # --- digest cache on the workspace -----------------------------------------------------------
 
 
@@ -366,7 +526,7 @@ def default_digest_cache(model_dir: Path) -> Path:
 class DigestCache:
     """Small JSON file on the PVC mapping model files to their layer digests.
 
-    Entries are keyed by relative path and valid only while (size, mtime_ns) match, so a second
+    Entries are keyed by relative path and valid only while (size, mtime_ns, ctime_ns, inode) match, so a second
     package run can HEAD-check blobs without reading the weights again. Written atomically after
     every change, so a crash never leaves a truncated cache.
     """
@@ -384,8 +544,10 @@ class DigestCache:
 
     @staticmethod
     def _stamp(path: Path) -> dict[str, int]:
+        # ctime and inode too: a file rewritten with the same size and mtime (`touch -r`, a restore)
+        # still gets a new ctime (which nothing can set back) or a new inode, so stale digests are not reused.
         st = path.stat()
-        return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "ino": st.st_ino}
 
     def get(self, relpath: str, path: Path) -> dict[str, Any] | None:
         entry = self.entries.get(relpath)
@@ -399,5 +561,6 @@ class DigestCache:
             self.entries[relpath] = {**(self.get(relpath, path) or {}), **self._stamp(path), **values}
             if self.path:
                 tmp = self.path.with_name(f".{self.path.name}.tmp")
-                tmp.write_text(json.dumps({"format": LAYER_FORMAT, "files": self.entries}, indent=1, sort_keys=True))
-                os.replace(tmp, self.path)
+                with writing(self.path, "digest cache"):
+                    tmp.write_text(json.dumps({"format": LAYER_FORMAT, "files": self.entries}, indent=1, sort_keys=True))
+                    os.replace(tmp, self.path)

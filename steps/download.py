@@ -19,16 +19,18 @@ import argparse
 import base64
 import glob
 import hashlib
+import json
 import os
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from common import (
+    DEFAULT_INCLUDE,
+    DISK_ERRORS,
     EXIT_AUTH,
     EXIT_FAILED,
     EXIT_INTEGRITY,
@@ -36,56 +38,48 @@ from common import (
     EXIT_REMOTE,
     READ_SIZE,
     DigestCache,
+    Expected,
     LayerLayout,
     MiB,
     Progress,
     StepError,
     add_s3_args,
+    check_layer_sizes,
     default_digest_cache,
     env_secret,
     human,
     log,
-    matches,
+    parse_size,
     run_step,
     s3_client,
     s3_error,
     s3_exceptions,
+    s3_expected,
+    select,
     write_result,
+    writing,
 )
 
-HF_DEFAULT_INCLUDE = ("*.safetensors", "*.bin", "*.json", "*.txt", "*.model", "*.py", "tokenizer*", "config*", "generation*")
-CONSOLIDATED = ("consolidated*.safetensors", "consolidated*.pth")
-SHARDED = ("*-of-*.safetensors", "*.safetensors.index.json", "*-of-*.bin", "*.bin.index.json")
+HF_DEFAULT_INCLUDE = DEFAULT_INCLUDE
 
 
-@dataclass(frozen=True)
-class Expected:
-    """What a downloaded file must match: its size and a checksum.
-
-    kind: sha256 (hex, HF LFS), sha256-base64 (S3 ChecksumSHA256), md5 (single-part ETag),
-    md5-multipart (ETag `<md5 of part md5s>-<parts>`), git-sha1 (HF blob id), None (size only).
-    """
-
-    size: int
-    kind: str | None = None
-    value: str = ""
-    part_size: int = 0
-
-    def describe(self) -> str:
-        return f"{self.kind} {self.value}" if self.kind else "size only"
-
-
-def select(relpaths: Sequence[str], include: Sequence[str], exclude: Sequence[str]) -> list[str]:
-    chosen = [r for r in relpaths if matches(r, include) and not matches(r, exclude)]
-    if any(matches(r, SHARDED) for r in chosen):
-        dropped = [r for r in chosen if matches(r, CONSOLIDATED)]
-        if dropped:
-            log(f"sharded weights present; skipping {', '.join(dropped)}")
-        chosen = [r for r in chosen if r not in dropped]
-    for rel in chosen:
-        if rel.startswith("/") or ".." in rel.split("/"):
-            raise StepError(f"refusing unsafe path {rel!r} in the source")
-    return sorted(chosen)
+def check_remote_code(dest: Path, chosen: Sequence[str]) -> None:
+    """A model with `auto_map` in config.json (trust_remote_code) needs its Python modules in the image."""
+    config = dest / "config.json"
+    if not config.is_file():
+        return
+    try:
+        auto_map = json.loads(config.read_text(encoding="utf-8")).get("auto_map") or {}
+    except (ValueError, OSError, AttributeError):
+        return
+    refs = [v for value in auto_map.values() for v in (value if isinstance(value, list) else [value]) if isinstance(v, str)]
+    needed = {ref.split(".")[0] + ".py" for ref in refs if "--" not in ref}  # "other/repo--module.Class" lives elsewhere
+    missing = sorted(n for n in needed if n not in chosen)
+    if missing:
+        raise StepError(
+            f"config.json's auto_map needs {', '.join(missing)}, which the include patterns leave out; add '*.py' to include "
+            "(the model would not load)"
+        )
 
 
 def verify(path: Path, rel: str, expected: Expected) -> dict[str, Any]:
@@ -173,27 +167,6 @@ class Verifier:
 # --- S3 ----------------------------------------------------------------------------------------
 
 
-def s3_expected(client: Any, bucket: str, key: str, head: dict[str, Any]) -> Expected:
-    size, etag = int(head["ContentLength"]), str(head.get("ETag", "")).strip('"')
-    sha, multipart = head.get("ChecksumSHA256"), "-" in etag
-    # A multipart object's checksum is a checksum of part checksums unless S3 says FULL_OBJECT
-    # (some S3-compatible stores omit the `-<parts>` suffix that marks it as composite).
-    if sha and "-" not in sha and head.get("ChecksumType", "COMPOSITE" if multipart else "FULL_OBJECT") == "FULL_OBJECT":
-        return Expected(size, "sha256-base64", sha)
-    if head.get("ServerSideEncryption") == "aws:kms" or head.get("SSECustomerAlgorithm"):
-        log(f"WARNING: {key}: encrypted object, ETag is not an MD5; checking size only")
-        return Expected(size)
-    if len(etag) == 32 and not multipart:
-        return Expected(size, "md5", etag)
-    count = etag.partition("-")[2]
-    if count.isdigit():
-        part_size = int(client.head_object(Bucket=bucket, Key=key, PartNumber=1)["ContentLength"])
-        if part_size and -(-size // part_size) == int(count):
-            return Expected(size, "md5-multipart", etag, part_size)
-    log(f"WARNING: {key}: ETag {etag!r} cannot be verified; checking size only")
-    return Expected(size)
-
-
 def download_s3(args: argparse.Namespace, cache: DigestCache) -> int:
     from boto3.s3.transfer import TransferConfig
     bucket, _, prefix = args.source[len("s3://") :].partition("/")
@@ -217,6 +190,7 @@ def download_s3(args: argparse.Namespace, cache: DigestCache) -> int:
         expected = {rel: s3_expected(client, bucket, keys[rel], heads[rel]) for rel in chosen}
     except s3_exceptions() as exc:
         raise s3_error(exc, f"reading object metadata under {where}") from exc
+    check_layer_sizes({rel: e.size for rel, e in expected.items()}, args.max_layer_size)
     total = sum(e.size for e in expected.values())
     log(f"downloading {len(chosen)} files ({human(total)}) from {where} to {args.dest}")
     progress = Progress("download", total, args.progress_interval)
@@ -229,16 +203,21 @@ def download_s3(args: argparse.Namespace, cache: DigestCache) -> int:
             log(f"{rel}: already downloaded and verified, skipped")
             progress.advance(expected[rel].size)
             continue
-        final.parent.mkdir(parents=True, exist_ok=True)
         partial = final.with_name(f".{final.name}.partial")
         try:
-            client.download_file(bucket, keys[rel], str(partial), Callback=progress.advance, Config=transfer)
+            with writing(final, "download destination"):
+                final.parent.mkdir(parents=True, exist_ok=True)
+                client.download_file(bucket, keys[rel], str(partial), Callback=progress.advance, Config=transfer)
+        except StepError:
+            partial.unlink(missing_ok=True)
+            raise
         except s3_exceptions() as exc:
             partial.unlink(missing_ok=True)
             raise s3_error(exc, f"downloading s3://{bucket}/{keys[rel]}") from exc
         verifier.submit(partial, final, rel, expected[rel], source)
     verifier.wait()
     progress.finish()
+    check_remote_code(args.dest, chosen)
     return total
 
 
@@ -272,7 +251,11 @@ def download_hf(args: argparse.Namespace, cache: DigestCache) -> int:
     token = env_secret("HF_TOKEN")
     api = HfApi(endpoint=args.hf_endpoint, token=token)
     try:
-        commit = api.repo_info(repo_id, revision=args.revision or None).sha
+        info = api.repo_info(repo_id, revision=args.revision or None)
+        commit = info.sha
+        card = getattr(info, "card_data", None) or getattr(info, "cardData", None) or {}
+        license_id = card.get("license") if hasattr(card, "get") else getattr(card, "license", None)
+        args.found_revision, args.found_license = commit or "", str(license_id or "")
         tree = {f.path: f for f in api.list_repo_tree(repo_id, revision=commit, recursive=True) if isinstance(f, RepoFile)}
     except (GatedRepoError, RepositoryNotFoundError) as exc:
         hint = "HF_TOKEN is set" if token else "HF_TOKEN is not set"
@@ -289,6 +272,7 @@ def download_hf(args: argparse.Namespace, cache: DigestCache) -> int:
         entry = tree[rel]
         lfs = entry.lfs
         expected[rel] = Expected(entry.size, "sha256", lfs.sha256) if lfs else Expected(entry.size, "git-sha1", entry.blob_id)
+    check_layer_sizes({rel: e.size for rel, e in expected.items()}, args.max_layer_size)
     sources = {rel: f"hf:{commit}:{expected[rel].value}" for rel in chosen}
     todo = [r for r in chosen if not ((args.dest / r).exists() and (cache.get(r, args.dest / r) or {}).get("source") == sources[r])]
     total = sum(e.size for e in expected.values())
@@ -309,6 +293,8 @@ def download_hf(args: argparse.Namespace, cache: DigestCache) -> int:
                 endpoint=args.hf_endpoint,
             )
         except Exception as exc:  # see above: network and HTTP failures surface as library-specific types
+            if isinstance(exc, OSError) and exc.errno in DISK_ERRORS:
+                raise StepError(f"cannot write download destination {exc.filename or args.dest}: {exc.strerror}") from exc
             raise StepError(f"hf://{repo_id}: download failed: {type(exc).__name__}: {exc}", EXIT_REMOTE) from exc
         finally:
             stop.set()
@@ -321,6 +307,7 @@ def download_hf(args: argparse.Namespace, cache: DigestCache) -> int:
             raise StepError(f"{rel}: missing after download", EXIT_INTEGRITY)
         cache.put(rel, path, source=sources[rel], **verify(path, rel, expected[rel]))
         log(f"{rel}: verified ({expected[rel].describe()})")
+    check_remote_code(args.dest, chosen)
     return total
 
 
@@ -337,7 +324,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--max-workers", type=int, default=8, help="parallel connections")
     p.add_argument("--digest-cache", type=Path, help="digest cache file (default: .<dest name>.digests.json next to --dest)")
     p.add_argument("--progress-interval", type=float, default=5.0)
+    p.add_argument(
+        "--max-layer-size", type=lambda v: parse_size(v) if v else 0, default=0,
+        help="refuse (before downloading) a file whose modelcar layer would be larger, e.g. 20GB (Quay's default)",
+    )
     p.add_argument("--result-size", help="file to write the total size in bytes to (Tekton result)")
+    p.add_argument("--result-revision", help="file to write the resolved Hugging Face commit to (empty for S3)")
+    p.add_argument("--result-license", help="file to write the model card's license to (empty when unknown)")
     args = p.parse_args(argv)
     if not args.source.startswith(("s3://", "hf://")) or len(args.source) <= len("s3://"):
         p.error("--source must be s3://bucket[/prefix] or hf://org/name")
@@ -353,9 +346,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     cache = DigestCache(args.digest_cache or default_digest_cache(args.dest))
     started = time.monotonic()
     fetch: Callable[[argparse.Namespace, DigestCache], int] = download_s3 if args.source.startswith("s3://") else download_hf
+    args.found_revision = args.found_license = ""
     total = fetch(args, cache)
     log(f"{human(total)} in {args.dest}, verified, in {time.monotonic() - started:.1f}s")
     write_result(args.result_size, str(total))
+    # Always written (empty when unknown): a result another task references must exist.
+    write_result(args.result_revision, args.found_revision)
+    write_result(args.result_license, args.found_license)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from common import EXIT_AUTH, EXIT_INTEGRITY, EXIT_NOT_FOUND, EXIT_REMOTE, ImageRef, StepError, log, run_step, write_result
+from common import EXIT_AUTH, EXIT_INTEGRITY, EXIT_NOT_FOUND, EXIT_REMOTE, ImageRef, StepError, log, run_step, write_result, writing
 
 AUTH_HINTS = ("unauthorized", "authentication required", "denied", "401", "403")
 
@@ -86,7 +86,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise StepError(f"--dest needs a tag and no digest, got {args.dest}")
     env = dict(os.environ)
     if args.tmpdir:
-        Path(args.tmpdir).mkdir(parents=True, exist_ok=True)
+        with writing(args.tmpdir, "mirror temp dir"):
+            Path(args.tmpdir).mkdir(parents=True, exist_ok=True)
         env["TMPDIR"] = args.tmpdir
     src_opts = [f"--src-tls-verify={str(args.src_tls_verify).lower()}"]
     src_opts += ["--src-authfile", args.src_authfile] if args.src_authfile else []
@@ -97,7 +98,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         def dest_opts(prefix: str) -> list[str]:
             authfile = args.dest_authfile
             if args.dest_token_file:
-                authfile = str(token_authfile(Path(private), dest.registry, args.dest_username, args.dest_token_file))
+                with writing(private, "mirror temp dir"):
+                    authfile = str(token_authfile(Path(private), dest.registry, args.dest_username, args.dest_token_file))
             opts = [f"--{prefix}tls-verify={str(args.dest_tls_verify).lower()}"]
             opts += [f"--{prefix}authfile", authfile] if authfile else []
             return opts + ([f"--{prefix}cert-dir", args.dest_cert_dir] if args.dest_cert_dir else [])

@@ -16,6 +16,8 @@ import base64
 import hashlib
 import http.client
 import json
+import os
+import random
 import re
 import ssl
 import threading
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from common import (
+    DEFAULT_INCLUDE,
     EXIT_AUTH,
     EXIT_INTEGRITY,
     EXIT_NOT_FOUND,
@@ -35,10 +38,12 @@ from common import (
     LAYER_MEDIA_TYPE,
     MODEL_ROOT,
     DigestCache,
+    Expected,
     ImageRef,
     LayerLayout,
     Progress,
     StepError,
+    check_layer_sizes,
     default_digest_cache,
     human,
     log,
@@ -46,6 +51,10 @@ from common import (
     parse_size,
     registry_credentials,
     run_step,
+    s3_error,
+    s3_exceptions,
+    s3_expected,
+    select,
     write_result,
 )
 
@@ -65,6 +74,10 @@ LAYER_TYPES = {
 }
 STREAM_READ = 1 << 20
 _RANGE_RE = re.compile(r"^(?:bytes=)?(\d+)-(\d+)$")
+RETRY_STATUSES = (429, 500, 502, 503, 504)
+# Slowest rate (bytes/s) at which we expect a registry to commit a blob on the final PUT: a 40 GB
+# blob gets 2000 s before the socket times out (the answer to a 0-byte request, not a stall).
+COMMIT_RATE = 20e6
 
 
 def sha256_digest(data: bytes) -> str:
@@ -73,6 +86,19 @@ def sha256_digest(data: bytes) -> str:
 
 class TransientError(Exception):
     """A dropped connection, timeout or 5xx: the operation may be retried or resumed."""
+
+
+class AuthExpired(TransientError):
+    """The registry refused the token (401) during an upload; a new one has been fetched."""
+
+
+class ChunkRefused(Exception):
+    """HTTP 413: the registry (or a proxy in front of it) refused a request body of this size."""
+
+
+def backoff(attempt: int, first: float) -> float:
+    """Exponential backoff with jitter: the n-th retry waits 50-100 % of first * 2**(n-1), at most 60 s."""
+    return min(first * 2 ** max(attempt - 1, 0), 60.0) * (0.5 + random.random() / 2)
 
 
 @dataclass
@@ -109,15 +135,22 @@ class RegistryClient:
         plain_http: bool,
         tls_context: ssl.SSLContext,
         timeout: float,
+        retries: int = 5,
+        retry_delay: float = 2.0,
     ) -> None:
         host = "registry-1.docker.io" if registry == "docker.io" else registry
         self.registry = registry
         self.base = f"{'http' if plain_http else 'https'}://{host}"
         self.credentials, self.scopes = credentials, list(scopes)
         self.tls_context, self.timeout = tls_context, timeout
+        self.retries, self.retry_delay = retries, retry_delay
         self._local = threading.local()
         self._auth_lock = threading.Lock()
         self._auth: str | None = None
+        # Origins the credentials go to: the registry, plus the hosts of upload URLs the registry
+        # itself hands out in answers to POST/PATCH (Quay builds them from SERVER_HOSTNAME, which
+        # may differ from the name pushed to). Never the targets of GET redirects (signed storage URLs).
+        self._trusted = {self._origin(self.base)}
 
     # -- connections --------------------------------------------------------------------------
     def _open(self, url: str) -> tuple[http.client.HTTPConnection, str]:
@@ -143,28 +176,68 @@ class RegistryClient:
             if value is conn:
                 del pool[key]
 
+    @staticmethod
+    def _origin(url: str) -> str:
+        parts = urllib.parse.urlsplit(url)
+        return f"{parts.scheme}://{parts.netloc}".lower()
+
+    def absolute(self, url: str) -> str:
+        return urllib.parse.urljoin(self.base + "/", url)
+
+    def upload_location(self, reply: Reply, current: str, trust: bool = True) -> str:
+        """The upload URL from a POST/PATCH answer of the registry; its host gets the credentials.
+        With `trust=False` (other answers) a URL on a host not yet trusted is ignored."""
+        location = reply.header("Location")
+        if not location:
+            return current
+        url = self.absolute(location)
+        if trust:
+            self._trusted.add(self._origin(url))
+        elif self._origin(url) not in self._trusted:
+            return current
+        return url
+
     def _headers(self, url: str, extra: dict[str, str] | None) -> dict[str, str]:
         headers = dict(extra or {})
-        if self._auth and (url.startswith("/") or url.startswith(self.base)):
+        if self._auth and (url.startswith("/") or self._origin(url) in self._trusted):
             headers["Authorization"] = self._auth
         return headers
 
     # -- requests -----------------------------------------------------------------------------
-    def request(self, method: str, url: str, headers: dict[str, str] | None = None, body: bytes = b"") -> Reply:
-        """Send a small request, answering auth challenges and retrying on a stale keep-alive."""
-        renewed, dropped = False, 0
+    def request(
+        self, method: str, url: str, headers: dict[str, str] | None = None, body: bytes = b"", timeout: float | None = None
+    ) -> Reply:
+        """Send a small request: answer auth challenges, retry dropped connections and 429/5xx answers
+        (`retries` times, backoff with jitter). A stale keep-alive connection is retried at once.
+        `timeout` replaces the socket timeout for this request (a slow answer is expected)."""
+        renewed, failures = False, 0
         while True:
             conn, path = self._open(url)
             sent_auth = self._auth
             try:
+                if timeout is not None:
+                    conn.timeout = timeout
+                    if conn.sock is not None:
+                        conn.sock.settimeout(timeout)
                 conn.request(method, path, body=body, headers=self._headers(url, headers))
                 resp = conn.getresponse()
                 reply = Reply(resp.status, resp.headers, resp.read())
+                if timeout is not None and conn.sock is not None:
+                    conn.timeout = self.timeout
+                    conn.sock.settimeout(self.timeout)
             except (OSError, http.client.HTTPException) as exc:
                 self._discard(conn)
-                dropped += 1
-                if dropped == 3:
+                failures += 1
+                if failures > self.retries + 1:
                     raise TransientError(f"{method} {self.registry}: {exc or type(exc).__name__}") from exc
+                if failures > 1:  # the first one may be a keep-alive connection the server closed
+                    time.sleep(backoff(failures - 1, self.retry_delay))
+                continue
+            if reply.status in RETRY_STATUSES and failures < self.retries:
+                failures += 1
+                delay = backoff(failures, self.retry_delay)
+                log(f"{method} {self.registry}: HTTP {reply.status}; retry {failures}/{self.retries} in {delay:.1f}s")
+                time.sleep(delay)
                 continue
             if reply.status != 401:
                 return reply
@@ -186,7 +259,7 @@ class RegistryClient:
     ) -> Reply:
         """Send a request whose body of `length` bytes comes from `chunks`; connection errors are transient."""
         conn, path = self._open(url)
-        sent = 0
+        sent, sent_auth = 0, self._auth
         try:
             conn.putrequest(method, path, skip_accept_encoding=True)
             for key, value in {**self._headers(url, headers), "Content-Length": str(length)}.items():
@@ -199,16 +272,21 @@ class RegistryClient:
             resp = conn.getresponse()
             reply = Reply(resp.status, resp.headers, resp.read())
         except (OSError, http.client.HTTPException) as exc:
+            # Registries authenticate (and check sizes) before reading the body, so an expired token
+            # or a too-large request is answered early and the connection then closed while we send.
             early = self._early_reply(conn) if sent < length else None
             self._discard(conn)
-            if early is not None and early.status < 500:
-                return early
-            raise TransientError(f"connection to {self.registry} lost after {human(sent)}: {exc}") from exc
+            if early is None or early.status >= 500:
+                raise TransientError(f"connection to {self.registry} lost after {human(sent)}: {exc}") from exc
+            reply = early
         if reply.status >= 500:
             raise TransientError(f"{method} {self.registry}: HTTP {reply.status} {reply.error_text()}")
         if reply.status == 401:
-            self._auth = None  # token expired mid-upload: fetch a new one before the retry
-            raise TransientError(f"{method} {self.registry}: credentials expired (HTTP 401)")
+            # Token expired mid-upload (Quay's last one hour): fetch a new one, then resume.
+            self.authenticate(reply.header("WWW-Authenticate"), sent_auth)
+            raise AuthExpired(f"{method} {self.registry}: credentials expired (HTTP 401)")
+        if reply.status == 413:
+            raise ChunkRefused(f"{method} {self.registry}: HTTP 413 for a {human(length)} request")
         return reply
 
     @staticmethod
@@ -281,15 +359,25 @@ class RegistryClient:
         if self.credentials:
             headers["Authorization"] = "Basic " + base64.b64encode(":".join(self.credentials).encode()).decode()
         parts = urllib.parse.urlsplit(url)
-        conn = self._new_connection(parts.scheme, parts.netloc)
-        try:
-            conn.request("GET", f"{parts.path}?{parts.query}", headers=headers)
-            resp = conn.getresponse()
-            status, body = resp.status, resp.read()
-        except (OSError, http.client.HTTPException) as exc:
-            raise StepError(f"token service {parts.netloc} unreachable: {exc}", EXIT_REMOTE) from exc
-        finally:
-            conn.close()
+        for attempt in range(self.retries + 1):
+            conn = self._new_connection(parts.scheme, parts.netloc)
+            try:
+                conn.request("GET", f"{parts.path}?{parts.query}", headers=headers)
+                resp = conn.getresponse()
+                status, body, problem = resp.status, resp.read(), ""
+            except (OSError, http.client.HTTPException) as exc:
+                status, body, problem = 0, b"", f"unreachable: {exc or type(exc).__name__}"
+            finally:
+                conn.close()
+            if status and status not in RETRY_STATUSES:
+                break
+            problem = problem or f"HTTP {status}"
+            if attempt == self.retries:
+                # A token service that is down is not a credentials problem (exit 6, not 4).
+                raise StepError(f"token service {parts.netloc} {problem} after {self.retries} retries", EXIT_REMOTE)
+            delay = backoff(attempt + 1, self.retry_delay)
+            log(f"token service {parts.netloc}: {problem}; retry {attempt + 1}/{self.retries} in {delay:.1f}s")
+            time.sleep(delay)
         if status in (401, 403):
             raise StepError(f"{self.registry}: credentials rejected by token service (HTTP {status})", EXIT_AUTH)
         try:
@@ -348,55 +436,173 @@ class UploadSettings:
     retry_delay: float
 
 
+def parse_range(value: str) -> tuple[int, int] | None:
+    """Candidate byte counts for an upload-status `Range: 0-<n>`: (n + 1, n).
+
+    distribution (and the OCI spec) send the last byte's index, `0-<count - 1>`; Quay's upload
+    status answers `0-<count>` (quay/quay endpoints/v2/blob.py: `fetch_existing_upload` renders
+    `byte_count + 1` through `_render_range`, which subtracts one; its 416 answer,
+    `_abort_range_not_satisfiable`, sends `0-<byte_count>` as well). A fresh session may say `0-0`.
+    """
+    match = _RANGE_RE.match(value.strip())
+    if not match or match.group(1) != "0":
+        return None
+    last = int(match.group(2))
+    return last + 1, last
+
+
+class _Upload:
+    """State of one blob upload session: URL, acknowledged offset, hash states at known offsets."""
+
+    def __init__(
+        self,
+        location: str,
+        min_chunk: int,
+        new_hasher: Callable[[], Any] = hashlib.sha256,
+        check: Callable[[Any], None] | None = None,
+    ) -> None:
+        self.location, self.min_chunk, self.new_hasher, self.check = location, min_chunk, new_hasher, check
+        self.acked = 0
+        self.marks: dict[int, Any] = {0: new_hasher()}  # offset -> hash state of the bytes before it
+        self.sent: tuple[int, Any] | None = None  # (end, hash) of a chunk sent whole but not acknowledged
+        self.overlap_refused = False  # set by the first ambiguous resume; a second one takes distribution's reading
+
+
 class BlobPusher:
-    """Uploads blobs into one repository, hashing in the same pass and resuming dropped uploads."""
+    """Uploads blobs into one repository, hashing in the same pass and resuming dropped uploads.
+
+    After any failure the registry is asked what it holds (GET on the upload URL) and the upload
+    continues from there; a blob whose final request was lost is found by HEAD. A new session is
+    opened only when the registry has dropped the old one, and sessions given up are cancelled
+    (DELETE). The failure budget (`retries`) counts failures without progress in between.
+    """
 
     def __init__(self, client: RegistryClient, repo: str, settings: UploadSettings, progress: Progress) -> None:
         self.client, self.repo, self.settings, self.progress = client, repo, settings, progress
         self.uploaded = 0
         self._count_lock = threading.Lock()
 
-    def push(self, name: str, size: int, reader: Callable[[int], Iterator[memoryview]]) -> str:
-        """Upload `size` bytes from `reader(offset)`; return the digest the registry accepted."""
+    def push(
+        self,
+        name: str,
+        size: int,
+        reader: Callable[[int], Iterator[memoryview]],
+        digest: str | None = None,
+        resume: dict[str, Any] | None = None,
+        on_state: Callable[[dict[str, Any] | None], None] | None = None,
+        new_hasher: Callable[[], Any] = hashlib.sha256,
+        check: Callable[[Any], None] | None = None,
+    ) -> str:
+        """Upload `size` bytes from `reader(offset)`; return the digest the registry accepted.
+
+        `digest`, when known beforehand, lets a recovery find the finished blob by HEAD even
+        before every byte has been hashed in this run. `resume` is the state an earlier run left
+        (`{"location", "acked"}`); `on_state` is told the state after every acknowledged chunk of
+        a chunked upload (and None when the blob is complete), so a later run can continue it.
+        `new_hasher` makes the hash state (default sha256; `SourceHasher` also checks the source's own
+        checksum) and `check(state)` runs on the complete state before the final PUT: an exception
+        there cancels the session, so a blob whose source bytes fail verification is never committed.
+        """
+        blob = (new_hasher, check)  # per push: the pusher is shared by the upload threads
         chunk = size if size <= self.settings.chunk_threshold else self.settings.chunk_size
-        location: str | None = None
-        acked, hasher = 0, hashlib.sha256()
-        failures = 0
+        up: _Upload | None = None
+        failures, auth_failures, progress_mark = 0, 0, -1
+        if resume and resume.get("location"):
+            up = self._resume_earlier(name, resume, reader, size, digest, blob)
+            if up is not None and up.location == "":
+                return self._finished(up, on_state)
         while True:
             try:
-                if location is None:
-                    location, acked, hasher = self._start(), 0, hashlib.sha256()
-                while acked < size:
-                    end = min(acked + chunk, size)
-                    attempt = hasher.copy()
-                    location = self._patch(location, acked, end, reader, attempt)
-                    acked, hasher = end, attempt
-                self._finish(location, "sha256:" + hasher.hexdigest())
-                return self._done(hasher)
+                if up is None:
+                    up = self._start(*blob)
+                    chunk = max(chunk, up.min_chunk)
+                while up.acked < size:
+                    end = min(up.acked + chunk, size)
+                    up.location = self._patch(up, end, reader)
+                    if on_state is not None and size > chunk:
+                        on_state({"location": up.location, "acked": up.acked})
+                self._verify(up, size)
+                self._finish(up, "sha256:" + up.marks[size].hexdigest(), size)
+                return self._finished(up, on_state)
+            except StepError as exc:
+                if exc.code == EXIT_INTEGRITY and up is not None and up.location:
+                    self._cancel(up.location)  # the source failed verification: nothing of it is committed
+                raise
+            except ChunkRefused as exc:
+                if up is None:
+                    raise StepError(f"upload of {name}: {exc}", EXIT_REMOTE) from exc
+                smaller = max(chunk // 2, up.min_chunk, 1)
+                if smaller >= chunk or chunk <= 1 << 20:
+                    raise StepError(
+                        f"upload of {name}: the registry refuses requests of {human(chunk)} (HTTP 413) and the chunk cannot "
+                        f"shrink further (minimum {human(max(up.min_chunk, 1 << 20))})",
+                        EXIT_REMOTE,
+                    ) from exc
+                log(f"{name}: registry refused a {human(chunk)} request (HTTP 413); continuing in chunks of {human(smaller)}")
+                chunk = smaller
+                up = self._recover(name, up, reader, size, digest)
             except TransientError as exc:
+                if up is not None and up.acked > progress_mark:
+                    failures, progress_mark = 0, up.acked  # progress since the last failure: fresh budget
                 failures += 1
+                auth_failures = auth_failures + 1 if isinstance(exc, AuthExpired) else 0
+                if auth_failures > 2:
+                    raise StepError(f"upload of {name}: credentials refused again after renewal ({exc})", EXIT_AUTH) from exc
                 if failures > self.settings.retries:
                     raise StepError(f"upload of {name} failed after {self.settings.retries} retries: {exc}", EXIT_REMOTE) from exc
-                delay = min(self.settings.retry_delay * 2 ** (failures - 1), 60.0)
-                log(f"{name}: {exc}; retry {failures}/{self.settings.retries} in {delay:.0f}s")
+                delay = 0.0 if isinstance(exc, AuthExpired) and auth_failures == 1 else backoff(failures, self.settings.retry_delay)
+                log(f"{name}: {exc}; retry {failures}/{self.settings.retries} in {delay:.1f}s")
                 time.sleep(delay)
-                location, acked, hasher = self._recover(name, location, acked, hasher)
+                if up is not None:
+                    up = self._recover(name, up, reader, size, digest)
+                    if up is not None and up.location == "":
+                        return self._finished(up, on_state)
 
-    def _done(self, hasher: Any) -> str:
+    def _verify(self, up: _Upload, size: int) -> None:
+        if up.check is None:
+            return
+        try:
+            up.check(up.marks[size])
+        except StepError:
+            self._cancel(up.location)  # never committed: no blob of unverified bytes stays behind
+            raise
+
+    def _finished(self, up: _Upload, on_state: Callable[[dict[str, Any] | None], None] | None) -> str:
+        if on_state is not None:
+            on_state(None)
         with self._count_lock:
             self.uploaded += 1
-        return "sha256:" + hasher.hexdigest()
+        return "sha256:" + up.marks[max(up.marks)].hexdigest()
 
+    def _resume_earlier(
+        self,
+        name: str,
+        state: dict[str, Any],
+        reader: Callable[[int], Iterator[memoryview]],
+        size: int,
+        digest: str | None,
+        blob: tuple[Callable[[], Any], Callable[[Any], None] | None],
+    ) -> _Upload | None:
+        """Continue an upload session an earlier run left (Tekton retry, re-run): the registry's
+        offset is checked, the hash up to it is rebuilt by reading those bytes again."""
+        up = _Upload(str(state["location"]), 0, *blob)
+        acked = int(state.get("acked", 0))
+        if 0 < acked <= size:
+            self._hash_at(up, acked, reader)  # the offset the earlier run saw acknowledged
+            up.acked = acked
+        self.progress.advance(up.acked)
+        log(f"{name}: continuing the upload an earlier run left at byte {acked}")
+        return self._recover(name, up, reader, size, digest)
 
-    def _start(self) -> str:
+    def _start(self, new_hasher: Callable[[], Any] = hashlib.sha256, check: Callable[[Any], None] | None = None) -> _Upload:
         reply = self.client.request("POST", f"/v2/{self.repo}/blobs/uploads/", body=b"")
         self.client.check(reply, f"start upload to {self.client.registry}/{self.repo}", (202,))
-        return reply.header("Location")
+        min_chunk = reply.header("OCI-Chunk-Min-Length")
+        return _Upload(self.client.upload_location(reply, ""), int(min_chunk) if min_chunk.isdigit() else 0, new_hasher, check)
 
-    def _patch(
-        self, location: str, start: int, end: int, reader: Callable[[int], Iterator[memoryview]], hasher: Any
-    ) -> str:
-        sent = 0
+    def _patch(self, up: _Upload, end: int, reader: Callable[[int], Iterator[memoryview]]) -> str:
+        start, sent = up.acked, 0
+        hasher = up.marks[start].copy()
 
         def count(chunk: memoryview) -> None:
             nonlocal sent
@@ -405,21 +611,28 @@ class BlobPusher:
             self.progress.advance(len(chunk))
 
         headers = {"Content-Type": "application/octet-stream", "Content-Range": f"{start}-{end - 1}"}
+        up.sent = None
         try:
-            reply = self.client.stream("PATCH", location, headers, end - start, _limit(reader(start), end - start), count)
-        except TransientError:
+            reply = self.client.stream("PATCH", up.location, headers, end - start, _limit(reader(start), end - start), count)
+        except (TransientError, ChunkRefused):
             self.progress.advance(-sent)
+            if sent == end - start:
+                up.sent = (end, hasher)  # all of it went out: the registry may hold it (lost answer)
             raise
-        if reply.status == 413:
-            raise StepError(
-                f"registry refused a {human(end - start)} request (HTTP 413); lower --chunk-threshold", EXIT_REMOTE
-            )
+        if reply.status == 416:
+            self.progress.advance(-sent)
+            raise TransientError(f"PATCH {start}-{end - 1}: HTTP 416 (registry holds {reply.header('Range') or 'another range'})")
         self.client.check(reply, f"PATCH blob upload ({start}-{end - 1})", (202,))
-        return reply.header("Location") or location
+        up.acked = end
+        up.marks[end] = hasher
+        return self.client.upload_location(reply, up.location)
 
-    def _finish(self, location: str, digest: str) -> None:
-        sep = "&" if "?" in location else "?"
-        reply = self.client.request("PUT", f"{location}{sep}digest={digest}", {"Content-Length": "0"})
+    def _finish(self, up: _Upload, digest: str, size: int) -> None:
+        sep = "&" if "?" in up.location else "?"
+        # The registry answers the final PUT after it has committed the blob: distribution may re-read it
+        # to verify the digest, Quay assembles chunks in its storage. Allow that time for large blobs.
+        wait = max(self.client.timeout, size / COMMIT_RATE)
+        reply = self.client.request("PUT", f"{up.location}{sep}digest={digest}", {"Content-Length": "0"}, timeout=wait)
         if reply.status == 404 and self.client.blob_exists(self.repo, digest):
             log(f"{digest[:19]}: the final request had completed (its answer was lost)")
             return
@@ -427,29 +640,83 @@ class BlobPusher:
             raise TransientError(f"registry computed a different digest than {digest} (data changed in transit?)")
         self.client.check(reply, f"complete upload {digest}", (201, 204))
 
-    def _status(self, location: str) -> tuple[str, int] | None:
-        """(upload URL, bytes the registry holds) for an upload session, or None if it is gone."""
+    def _status(self, location: str) -> Reply | None:
         try:
-            reply = self.client.request("GET", location)
+            return self.client.request("GET", location)
         except TransientError:
             return None
-        match = _RANGE_RE.match(reply.header("Range")) if reply.status == 204 else None
-        return (reply.header("Location") or location, int(match.group(2)) + 1) if match else None
 
-    def _recover(self, name: str, location: str | None, acked: int, hasher: Any) -> tuple[str | None, int, Any]:
-        """After a failure ask the registry what it holds: continue at the acknowledged offset or start over.
+    def _cancel(self, location: str) -> None:
+        """Cancel an upload session that is given up (best effort: it may be gone already)."""
+        try:
+            self.client.request("DELETE", location)
+        except (TransientError, StepError):
+            pass
 
-        A registry that kept part of the failed request (or, like distribution, cancels an
-        upload whose size no longer matches its state) gets the whole blob again.
+    def _hash_at(self, up: _Upload, offset: int, reader: Callable[[int], Iterator[memoryview]]) -> None:
+        """Make sure the hash state at `offset` is known: continue from the nearest known one by
+        reading the blob's bytes again (from the file, or the source it is streamed from)."""
+        if offset in up.marks:
+            return
+        base = max(m for m in up.marks if m <= offset)
+        hasher = up.marks[base].copy()
+        for piece in _limit(reader(base), offset - base) if offset > base else ():
+            hasher.update(piece)
+        up.marks[offset] = hasher
+
+    def _recover(
+        self, name: str, up: _Upload, reader: Callable[[int], Iterator[memoryview]], size: int, digest: str | None
+    ) -> _Upload | None:
+        """Ask the registry what it holds and continue from there.
+
+        Returns the session to continue (its `acked` set to the registry's offset), a session with
+        location "" when the blob turned out to be complete (found by HEAD), or a fresh session
+        when the registry dropped the old one.
         """
-        status = self._status(location) if location is not None and acked > 0 else None
-        if status is not None and status[1] == acked:
-            log(f"{name}: resuming at byte {acked}")
-            return status[0], acked, hasher
-        self.progress.advance(-acked)
-        if acked:
-            log(f"{name}: upload session lost, restarting from byte 0")
-        return None, 0, hashlib.sha256()
+        sent = up.sent
+        if sent is not None and sent[0] == size:
+            up.marks[size] = sent[1]
+        full = digest or ("sha256:" + up.marks[size].hexdigest() if size in up.marks else None)
+        if full and self.client.blob_exists(self.repo, full):
+            log(f"{name}: the registry already holds {full[:19]} (the answer to the last request was lost)")
+            if size not in up.marks:
+                self._hash_at(up, size, reader)
+            self._verify(up, size)
+            self._cancel(up.location)
+            up.location = ""
+            return up
+        reply = self._status(up.location)
+        candidates = parse_range(reply.header("Range")) if reply is not None and reply.status == 204 else None
+        if candidates is None:
+            lost = up.acked
+            if reply is None or reply.status != 404:
+                self._cancel(up.location)  # still there, but unusable: do not leave it behind
+            self.progress.advance(-up.acked)
+            fresh = self._start(up.new_hasher, up.check)
+            log(f"{name}: upload session lost at byte {lost} (HTTP {reply.status if reply else 'unreachable'}); new session from byte 0")
+            return fresh
+        up.location = self.client.upload_location(reply, up.location, trust=False)  # a GET answer
+        if sent is not None:
+            up.marks.setdefault(sent[0], sent[1])
+        known = [c for c in candidates if c in up.marks]
+        if known:
+            offset = known[0]
+        else:
+            # Ambiguous (a partly stored request): resume from the last offset known to be
+            # acknowledged and send the rest again; Quay skips bytes it already holds
+            # (data/registry_model/blobuploader.py: BlobUploadManager.upload_chunk). A registry that
+            # refuses the overlap answers 416, and the next recovery takes distribution's reading.
+            offset = max(m for m in up.marks if m <= min(candidates))
+            if up.overlap_refused:
+                offset = min(candidates[0], size)
+                self._hash_at(up, offset, reader)
+            up.overlap_refused = True
+        self.progress.advance(offset - up.acked)
+        if offset != up.acked:
+            log(f"{name}: registry holds {offset} bytes (acknowledged: {up.acked})")
+        up.acked = offset
+        log(f"{name}: resuming at byte {offset}")
+        return up
 
 
 def _limit(chunks: Iterator[memoryview], length: int) -> Iterator[memoryview]:
@@ -464,6 +731,222 @@ def _limit(chunks: Iterator[memoryview], length: int) -> Iterator[memoryview]:
         raise TransientError("blob source ended early")
     finally:
         getattr(chunks, "close", lambda: None)()
+
+
+class SourceHasher:
+    """SHA-256 of a layer's bytes plus the source's own checksum of the model file inside it.
+
+    `update` is fed the layer bytes in order (tar header, file, padding); the file part also goes
+    to the source check (S3: full-object ChecksumSHA256, single-part MD5 ETag or multipart ETag).
+    `copy` keeps both states, so upload resumes keep working.
+    """
+
+    def __init__(self, head_len: int, expected: Expected) -> None:
+        self.layer, self.pos, self.head_len, self.expected = hashlib.sha256(), 0, head_len, expected
+        kind = expected.kind
+        self.check: Any = None
+        if kind in ("md5", "md5-multipart"):
+            self.check = hashlib.md5(usedforsecurity=False)  # S3 ETag
+        elif kind in ("sha256", "sha256-base64"):
+            self.check = hashlib.sha256()
+        elif kind == "git-sha1":  # a small Hugging Face file: its git blob id
+            self.check = hashlib.sha1(f"blob {expected.size}\0".encode(), usedforsecurity=False)
+        self.parts: list[bytes] = []
+        self.in_part = 0
+
+    def update(self, data: memoryview | bytes) -> None:
+        self.layer.update(data)
+        start, self.pos = self.pos, self.pos + len(data)
+        lo, hi = max(start, self.head_len), min(self.pos, self.head_len + self.expected.size)
+        if self.check is None or lo >= hi:
+            return
+        piece = memoryview(data)[lo - start : hi - start]
+        if self.expected.kind != "md5-multipart":
+            self.check.update(piece)
+            return
+        while len(piece):  # split at part boundaries
+            take = min(len(piece), self.expected.part_size - self.in_part)
+            self.check.update(piece[:take])
+            self.in_part += take
+            piece = piece[take:]
+            if self.in_part == self.expected.part_size:
+                self.parts.append(self.check.digest())
+                self.check, self.in_part = hashlib.md5(usedforsecurity=False), 0
+
+    def copy(self) -> SourceHasher:
+        new = SourceHasher.__new__(SourceHasher)
+        new.__dict__.update(self.__dict__)
+        new.layer, new.parts = self.layer.copy(), list(self.parts)
+        new.check = self.check.copy() if self.check is not None else None
+        return new
+
+    def hexdigest(self) -> str:
+        return self.layer.hexdigest()
+
+    def verify(self, rel: str) -> None:
+        """Raise (exit 3) unless the file bytes match the source's checksum."""
+        kind = self.expected.kind
+        if kind is None:
+            return
+        if kind == "md5-multipart":
+            parts = self.parts + ([self.check.digest()] if self.in_part or not self.parts else [])
+            actual = f"{hashlib.md5(b''.join(parts), usedforsecurity=False).hexdigest()}-{len(parts)}"
+        elif kind == "sha256-base64":
+            actual = base64.b64encode(self.check.digest()).decode()
+        else:
+            actual = self.check.hexdigest()
+        if actual != self.expected.value:
+            raise StepError(
+                f"{rel}: source checksum mismatch, expected {self.expected.describe()}, got {actual}; blob not committed",
+                EXIT_INTEGRITY,
+            )
+
+
+@dataclass
+class S3Object:
+    key: str
+    expected: Expected
+    etag: str
+
+
+class S3Source:
+    """Model files read straight from S3 (no local copy): listing, expected checksums, ranged reads."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        import boto3
+        from botocore.config import Config
+
+        self.bucket, _, prefix = args.source[len("s3://") :].partition("/")
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        config = Config(retries={"max_attempts": 5, "mode": "standard"}, s3={"addressing_style": "path"})
+        self.client = boto3.client(
+            "s3", endpoint_url=args.s3_endpoint_url or None, region_name=args.s3_region or None,
+            verify=args.s3_ca_file or True, config=config,
+        )  # fmt: skip
+        where = f"s3://{self.bucket}/{self.prefix}"
+        try:
+            keys = {}
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix):
+                for obj in page.get("Contents", []):
+                    rel = obj["Key"][len(self.prefix) :]
+                    if rel and not rel.endswith("/") and not any(part.startswith(".") for part in rel.split("/")):
+                        keys[rel] = obj["Key"]
+            chosen = select(list(keys), args.include or list(DEFAULT_INCLUDE), args.exclude)
+            self.objects: dict[str, S3Object] = {}
+            for rel in chosen:
+                head = self.client.head_object(Bucket=self.bucket, Key=keys[rel], ChecksumMode="ENABLED")
+                expected = s3_expected(self.client, self.bucket, keys[rel], head)
+                self.objects[rel] = S3Object(keys[rel], expected, str(head.get("ETag", "")).strip('"'))
+        except s3_exceptions() as exc:
+            raise s3_error(exc, f"reading {where}") from exc
+        if not self.objects:
+            raise StepError(f"no objects to package under {where}", EXIT_NOT_FOUND)
+
+    def reader(self, rel: str, layout: LayerLayout) -> Callable[[int], Iterator[memoryview]]:
+        obj = self.objects[rel]
+
+        def read(offset: int) -> Iterator[memoryview]:
+            head_len, size = len(layout.head), layout.file_size
+            if offset < head_len:
+                yield memoryview(layout.head)[offset:]
+                offset = head_len
+            if offset < head_len + size:
+                try:
+                    body = self.client.get_object(Bucket=self.bucket, Key=obj.key, Range=f"bytes={offset - head_len}-{size - 1}")["Body"]
+                    for piece in body.iter_chunks(8 * STREAM_READ):
+                        yield memoryview(piece)
+                except (*s3_exceptions(), OSError) as exc:
+                    from botocore.exceptions import FlexibleChecksumError
+
+                    if isinstance(exc, FlexibleChecksumError):  # botocore checked the object's own checksum
+                        raise StepError(f"{rel}: source checksum mismatch ({exc}); blob not committed", EXIT_INTEGRITY) from exc
+                    raise TransientError(f"reading s3://{self.bucket}/{obj.key}: {type(exc).__name__}: {exc}") from exc
+                offset = head_len + size
+            yield memoryview(layout.tail)[offset - head_len - size :]
+
+        return read
+
+    def tag(self, rel: str) -> str:
+        """What identifies the source bytes of `rel` (recorded as a layer annotation, compared on re-runs)."""
+        obj = self.objects[rel]
+        return f"s3:{obj.etag}:{obj.expected.size}"
+
+
+class HfSource:
+    """Model files read straight from the Hugging Face Hub at a resolved commit (no local copy).
+
+    Ranged GETs of `<endpoint>/<repo>/resolve/<commit>/<file>` with `HF_TOKEN` through huggingface_hub's
+    httpx client, which drops the Authorization header when the Hub redirects to its CDN. LFS files are
+    checked against their sha256, small files against their git blob id.
+    """
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from huggingface_hub import HfApi
+        from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+        from huggingface_hub.hf_api import RepoFile
+
+        self.repo_id = args.source[len("hf://") :].strip("/")
+        self.token = os.environ.get("HF_TOKEN", "").strip() or None
+        self.endpoint = (args.hf_endpoint or os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+        api = HfApi(endpoint=self.endpoint, token=self.token)
+        try:
+            info = api.repo_info(self.repo_id, revision=args.hf_revision or None)
+            self.commit = str(info.sha)
+            tree = {f.path: f for f in api.list_repo_tree(self.repo_id, revision=self.commit, recursive=True) if isinstance(f, RepoFile)}
+        except (GatedRepoError, RepositoryNotFoundError) as exc:
+            hint = "HF_TOKEN is set" if self.token else "HF_TOKEN is not set"
+            raise StepError(f"hf://{self.repo_id}: repository not found or not accessible ({hint})", EXIT_AUTH) from exc
+        except RevisionNotFoundError as exc:
+            raise StepError(f"hf://{self.repo_id}: revision {args.hf_revision!r} not found", EXIT_NOT_FOUND) from exc
+        except Exception as exc:  # network failures surface as HTTP-library types
+            raise StepError(f"hf://{self.repo_id}: {type(exc).__name__}: {exc}", EXIT_REMOTE) from exc
+        card = getattr(info, "card_data", None) or {}
+        self.license = str((card.get("license") if hasattr(card, "get") else None) or "")
+        chosen = select(list(tree), args.include or list(DEFAULT_INCLUDE), args.exclude)
+        if not chosen:
+            raise StepError(f"hf://{self.repo_id}@{self.commit}: no files match the include patterns", EXIT_NOT_FOUND)
+        self.objects: dict[str, S3Object] = {}
+        for rel in chosen:
+            entry = tree[rel]
+            lfs = entry.lfs
+            expected = Expected(entry.size, "sha256", lfs.sha256) if lfs else Expected(entry.size, "git-sha1", entry.blob_id)
+            self.objects[rel] = S3Object(rel, expected, expected.value)
+
+    def reader(self, rel: str, layout: LayerLayout) -> Callable[[int], Iterator[memoryview]]:
+        from huggingface_hub.utils import get_session
+
+        url = f"{self.endpoint}/{self.repo_id}/resolve/{self.commit}/{urllib.parse.quote(rel)}"
+
+        def read(offset: int) -> Iterator[memoryview]:
+            head_len, size = len(layout.head), layout.file_size
+            if offset < head_len:
+                yield memoryview(layout.head)[offset:]
+                offset = head_len
+            if offset < head_len + size:
+                headers = {"Range": f"bytes={offset - head_len}-{size - 1}", "Accept-Encoding": "identity"}
+                if self.token:
+                    headers["Authorization"] = f"Bearer {self.token}"
+                try:
+                    # huggingface_hub's httpx client drops Authorization on a redirect to another origin (the CDN):
+                    # encode/httpx httpx/_client.py, BaseClient._redirect_headers
+                    with get_session().stream("GET", url, headers=headers, follow_redirects=True, timeout=60) as resp:
+                        if resp.status_code in (401, 403):
+                            raise StepError(f"hf://{self.repo_id}/{rel}: HTTP {resp.status_code} (HF_TOKEN)", EXIT_AUTH)
+                        if resp.status_code != 206:
+                            raise TransientError(f"GET {rel} from {self.endpoint}: HTTP {resp.status_code}")
+                        for piece in resp.iter_bytes(8 * STREAM_READ):
+                            yield memoryview(piece)
+                except (StepError, TransientError):
+                    raise
+                except Exception as exc:  # httpx's transport errors (not pinned here: huggingface_hub's dependency)
+                    raise TransientError(f"reading hf://{self.repo_id}/{rel}: {type(exc).__name__}: {exc}") from exc
+                offset = head_len + size
+            yield memoryview(layout.tail)[offset - head_len - size :]
+
+        return read
+
+    def tag(self, rel: str) -> str:
+        return f"hf:{self.commit}:{self.objects[rel].expected.value}"
 
 
 # --- image assembly ----------------------------------------------------------------------------
@@ -500,7 +983,13 @@ def build_config(base_config: dict[str, Any], layers: list[tuple[str, str]]) -> 
 
 
 def build_manifest(
-    config: bytes, base_layers: list[dict[str, Any]], layers: list[tuple[str, str, int]], base: str, base_digest: str
+    config: bytes,
+    base_layers: list[dict[str, Any]],
+    layers: list[tuple[str, str, int]],
+    base: str,
+    base_digest: str,
+    annotations: dict[str, str] | None = None,
+    layer_notes: dict[str, dict[str, str]] | None = None,
 ) -> bytes:
     manifest = {
         "schemaVersion": 2,
@@ -514,13 +1003,47 @@ def build_manifest(
                 "mediaType": LAYER_MEDIA_TYPE,
                 "digest": digest,
                 "size": size,
-                "annotations": {"org.opencontainers.image.title": rel},
+                "annotations": {"org.opencontainers.image.title": rel, **(layer_notes or {}).get(rel, {})},
             }
             for rel, digest, size in layers
         ],
-        "annotations": {"org.opencontainers.image.base.name": base, "org.opencontainers.image.base.digest": base_digest},
+        "annotations": {
+            **(annotations or {}),
+            "org.opencontainers.image.base.name": base,
+            "org.opencontainers.image.base.digest": base_digest,
+        },
     }
     return json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
+
+
+SOURCE_ANNOTATION = "io.ml-dev-env.source"  # per layer, --source mode: the source object it came from
+
+
+def previous_layers(client: RegistryClient, dest: ImageRef) -> dict[str, tuple[str, str]]:
+    """title → (digest, source annotation) of the image the destination tag names now, if any: a
+    re-run streaming from the same source objects skips their blobs without reading them again."""
+    try:
+        body, media_type = client.get_manifest(dest.repository, dest.tag or "")
+    except StepError:
+        return {}
+    if media_type != OCI_MANIFEST:
+        return {}
+    found = {}
+    for layer in json.loads(body).get("layers", []):
+        notes = layer.get("annotations") or {}
+        if "org.opencontainers.image.title" in notes:
+            found[notes["org.opencontainers.image.title"]] = (layer["digest"], notes.get(SOURCE_ANNOTATION, ""))
+    return found
+
+
+def annotations(pairs: Sequence[str]) -> dict[str, str]:
+    """`KEY=VALUE` flags as manifest annotations; an empty VALUE (an unknown Tekton result) is left out."""
+    found = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        if value:
+            found[key] = value
+    return found
 
 
 def tls_context(verify: bool, ca_file: str | None) -> ssl.SSLContext:
@@ -533,7 +1056,15 @@ def tls_context(verify: bool, ca_file: str | None) -> ssl.SSLContext:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model-dir", required=True, type=Path, help="directory with the model files")
+    p.add_argument("--model-dir", type=Path, help="directory with the model files")
+    p.add_argument("--source", help="instead of --model-dir: s3://bucket[/prefix] or hf://org/name, streamed into the upload")
+    p.add_argument("--hf-endpoint", help="Hugging Face endpoint for an hf:// --source (default: HF_ENDPOINT or huggingface.co)")
+    p.add_argument("--hf-revision", default="main", help="branch, tag or commit of an hf:// --source (empty: the default branch)")
+    p.add_argument("--s3-endpoint-url", help="S3 endpoint for --source (default: AWS_ENDPOINT_URL or AWS)")
+    p.add_argument("--s3-region", default="us-east-1")
+    p.add_argument("--s3-ca-file", help="CA bundle for the S3 endpoint")
+    p.add_argument("--include", action="extend", nargs="*", default=[], help="--source: globs to package (default: as download)")
+    p.add_argument("--exclude", action="extend", nargs="*", default=[], help="--source: globs to skip")
     p.add_argument("--image", required=True, help="destination, e.g. quay.io/org/model:tag")
     p.add_argument("--base-image", required=True, help="runnable base with a shell, e.g. registry.access.redhat.com/ubi9/ubi-micro:9.5")
     p.add_argument("--platform", default="linux/amd64", help="platform to pick from a multi-arch base")
@@ -543,13 +1074,24 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--tls-verify", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--ca-file", help="CA bundle for the registries (e.g. the cluster service CA)")
     p.add_argument("--digest-cache", type=Path, help="digest cache file (default: .<model-dir name>.digests.json next to it)")
-    p.add_argument("--chunk-threshold", type=parse_size, default="20GB", help="blobs larger than this are uploaded in chunks")
+    p.add_argument(
+        "--chunk-threshold", type=parse_size, default="2GB",
+        help="blobs larger than this are uploaded in chunks (resumable; fits proxies' request-size limits)",
+    )
     p.add_argument("--chunk-size", type=parse_size, default="1GiB", help="PATCH size for chunked uploads")
+    p.add_argument(
+        "--max-layer-size", type=lambda v: parse_size(v) if v else 0, default=0,
+        help="refuse (before any upload) a file whose layer would be larger, e.g. 20GB (Quay's default)",
+    )
     p.add_argument("--jobs", type=int, default=2, help="blobs uploaded in parallel")
     p.add_argument("--retries", type=int, default=5, help="retries per blob after a dropped connection or 5xx")
     p.add_argument("--retry-delay", type=float, default=2.0, help="first retry delay in seconds (doubles)")
     p.add_argument("--timeout", type=float, default=600.0, help="socket timeout in seconds")
     p.add_argument("--progress-interval", type=float, default=5.0, help="seconds between progress lines")
+    p.add_argument(
+        "--annotation", action="append", default=[], metavar="KEY=VALUE",
+        help="manifest annotation, e.g. org.opencontainers.image.source=hf://org/name (empty VALUE: left out)",
+    )
     p.add_argument("--result-digest", help="file to write the manifest digest to (Tekton result)")
     p.add_argument("--result-image", help="file to write <registry>/<repo>@<digest> to (Tekton result)")
     args = p.parse_args(argv)
@@ -557,6 +1099,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--chunk-size must be positive and not larger than --chunk-threshold")
     if args.jobs < 1 or args.retries < 0:
         p.error("--jobs must be >= 1 and --retries >= 0")
+    if (args.model_dir is None) == (not args.source):
+        p.error("give exactly one of --model-dir or --source")
+    if args.source and (not args.source.startswith(("s3://", "hf://")) or len(args.source) <= len("s3://")):
+        p.error("--source must be s3://bucket[/prefix] or hf://org/name")
+    if any("=" not in a or not a.partition("=")[0] for a in args.annotation):
+        p.error("--annotation needs KEY=VALUE")
     return args
 
 
@@ -565,10 +1113,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     dest, base = ImageRef.parse(args.image), ImageRef.parse(args.base_image)
     if dest.digest or not dest.tag:
         raise StepError(f"--image needs a tag (and no digest): {args.image}")
-    files = model_files(args.model_dir)
-    if not files:
-        raise StepError(f"no model files in {args.model_dir}", EXIT_NOT_FOUND)
-    cache = DigestCache(args.digest_cache or default_digest_cache(args.model_dir))
+    s3: S3Source | HfSource | None = None
+    if args.source:
+        s3 = S3Source(args) if args.source.startswith("s3://") else HfSource(args)
+        if isinstance(s3, HfSource):  # what the download step would have reported as results
+            given = {a.partition("=")[0] for a in args.annotation if a.partition("=")[2]}
+            args.annotation += [f"{k}={v}" for k, v in (("org.opencontainers.image.revision", s3.commit),
+                                                         ("org.opencontainers.image.licenses", s3.license)) if k not in given]
+    if s3 is not None:
+        files: list[tuple[str, Path | None]] = [(rel, None) for rel in sorted(s3.objects)]
+        check_layer_sizes({rel: obj.expected.size for rel, obj in s3.objects.items()}, args.max_layer_size)
+        cache = DigestCache(args.digest_cache)  # no local files: in memory unless a file is given
+    else:
+        local = model_files(args.model_dir)
+        if not local:
+            raise StepError(f"no model files in {args.model_dir}", EXIT_NOT_FOUND)
+        check_layer_sizes({rel: path.stat().st_size for rel, path in local if not path.is_symlink()}, args.max_layer_size)
+        files = list(local)
+        cache = DigestCache(args.digest_cache or default_digest_cache(args.model_dir))
     ctx = tls_context(args.tls_verify, args.ca_file)
     same_registry = base.registry == dest.registry
     scopes = [f"repository:{dest.repository}:pull,push"]
@@ -581,6 +1143,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         plain_http=args.plain_http,
         tls_context=ctx,
         timeout=args.timeout,
+        retries=args.retries,
+        retry_delay=args.retry_delay,
     )
     source = client
     if not same_registry:
@@ -591,10 +1155,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             plain_http=args.plain_http,
             tls_context=ctx,
             timeout=args.timeout,
+            retries=args.retries,
+            retry_delay=args.retry_delay,
         )
     started = time.monotonic()
     try:
-        digest = package(args, dest, base, files, cache, client, source)
+        digest = package(args, dest, base, files, cache, client, source, s3)
     except TransientError as exc:
         raise StepError(str(exc), EXIT_REMOTE) from exc
     log(f"pushed {dest} as {digest} in {time.monotonic() - started:.1f}s")
@@ -606,19 +1172,25 @@ def package(
     args: argparse.Namespace,
     dest: ImageRef,
     base: ImageRef,
-    files: list[tuple[str, Path]],
+    files: list[tuple[str, Path | None]],
     cache: DigestCache,
     client: RegistryClient,
     source: RegistryClient,
+    s3: S3Source | HfSource | None = None,
 ) -> str:
     base_manifest, base_digest = resolve_base(source, base, args.platform)
     for layer in base_manifest["layers"]:
         if layer["mediaType"] not in LAYER_TYPES:
             raise StepError(f"base image {base}: unsupported layer type {layer['mediaType']}")
     base_config = json.loads(source.get_blob(base.repository, base_manifest["config"]["digest"]))
-    layouts = {rel: LayerLayout.for_file(rel, path.stat().st_size) for rel, path in files}
+    if s3 is not None:
+        layouts = {rel: LayerLayout.for_file(rel, s3.objects[rel].expected.size) for rel, _ in files}
+        previous = previous_layers(client, dest)
+    else:
+        layouts = {rel: LayerLayout.for_path(rel, path) for rel, path in files if path is not None}
+    log_source = args.source or args.model_dir
     total = sum(d["size"] for d in base_manifest["layers"]) + sum(lay.size for lay in layouts.values())
-    log(f"packaging {len(files)} files ({human(total)} with base layers) from {args.model_dir} into {dest}")
+    log(f"packaging {len(files)} files ({human(total)} with base layers) from {log_source} into {dest}")
     progress = Progress("upload", total, args.progress_interval)
     settings = UploadSettings(args.chunk_threshold, args.chunk_size, args.retries, args.retry_delay)
     pusher = BlobPusher(client, dest.repository, settings, progress)
@@ -647,8 +1219,19 @@ def package(
             abort.set()
             raise
 
-    def push_one(rel: str, path: Path) -> tuple[str, str, int]:
+    def push_one(rel: str, path: Path | None) -> tuple[str, str, int]:
         layout = layouts[rel]
+        if s3 is not None:
+            return push_streamed(rel, layout)
+        assert path is not None
+        if path.is_symlink():  # a symlink entry: a few KiB of headers, hashed here, no cache
+            link = sha256_digest(layout.head + layout.tail)
+            if not client.blob_exists(dest.repository, link):
+                pusher.push(rel, layout.size, lambda off: iter([memoryview(layout.head + layout.tail)[off:]]))
+            else:
+                progress.advance(layout.size)
+            log(f"{rel}: symbolic link to {os.readlink(path)} as {link[:19]}")
+            return rel, link, layout.size
         entry = cache.get(rel, path)
         known = entry.get("layer_digest") if entry and entry.get("layer_size") == layout.size else None
         if known and client.blob_exists(dest.repository, known):
@@ -656,12 +1239,40 @@ def package(
             log(f"{rel}: {known[:19]} already in {dest.registry}, skipped")
             return rel, known, layout.size
         begun = time.monotonic()
-        digest = pusher.push(rel, layout.size, lambda off: layout.read(path, off))
+        # A chunked upload an earlier run left unfinished (same file, same destination) continues.
+        target = f"{dest.registry}/{dest.repository}"
+        earlier = entry.get("upload") if entry else None
+        resume = earlier if isinstance(earlier, dict) and earlier.get("target") == target else None
+
+        def remember(state: dict[str, Any] | None) -> None:
+            cache.put(rel, path, upload={**state, "target": target} if state else None)
+
+        reader = lambda off: layout.read(path, off)  # noqa: E731
+        digest = pusher.push(rel, layout.size, reader, digest=known, resume=resume, on_state=remember)
         if known and known != digest:
             log(f"WARNING: {rel}: cached digest {known[:19]} was stale")
         cache.put(rel, path, layer_digest=digest, layer_size=layout.size)
         secs = time.monotonic() - begun
         log(f"{rel}: uploaded {human(layout.size)} as {digest[:19]} in {secs:.1f}s ({layout.size / max(secs, 1e-6) / 1e6:.0f} MB/s)")
+        return rel, digest, layout.size
+
+    def push_streamed(rel: str, layout: LayerLayout) -> tuple[str, str, int]:
+        """Source → registry with no local copy: the layer digest and the source checksum are computed
+        on the way; a mismatch cancels the upload before its final PUT (no manifest is written)."""
+        assert s3 is not None
+        known, tag = previous.get(rel, ("", "")), s3.tag(rel)
+        if known[1] == tag and client.blob_exists(dest.repository, known[0]):
+            progress.advance(layout.size)
+            log(f"{rel}: {known[0][:19]} already in {dest.registry} from the same source object, skipped")
+            return rel, known[0], layout.size
+        expected = s3.objects[rel].expected
+        begun = time.monotonic()
+        digest = pusher.push(
+            rel, layout.size, s3.reader(rel, layout),
+            new_hasher=lambda: SourceHasher(len(layout.head), expected), check=lambda state: state.verify(rel),
+        )  # fmt: skip
+        secs = time.monotonic() - begun
+        log(f"{rel}: streamed {human(layout.size)} as {digest[:19]} in {secs:.1f}s, source {expected.describe()} verified")
         return rel, digest, layout.size
 
     # Largest files first keeps the parallel uploads busy until the end.
@@ -683,7 +1294,8 @@ def package(
     config_digest = sha256_digest(config)
     if not client.blob_exists(dest.repository, config_digest):
         pusher.push("config", len(config), lambda off: iter([memoryview(config)[off:]]))
-    manifest = build_manifest(config, base_manifest["layers"], layers, str(base), base_digest)
+    notes = {rel: {SOURCE_ANNOTATION: s3.tag(rel)} for rel, _, _ in layers} if s3 is not None else {}
+    manifest = build_manifest(config, base_manifest["layers"], layers, str(base), base_digest, annotations(args.annotation), notes)
     # Every blob is in the registry now; only this last request makes the tag point at the image.
     return client.put_manifest(dest.repository, dest.tag or "", manifest, OCI_MANIFEST)
 

@@ -1,14 +1,17 @@
 """Register a model version and its artifact in a Kubeflow model registry over its REST API.
 
-Idempotent: the registered model and version are looked up by name and created when missing;
-an existing version's description and properties, and its model artifact's URI, format and
-properties, are updated in place when they differ; an unchanged re-run changes nothing. OCI URIs
-must pin a digest (`oci://<registry>/<repo>@sha256:...`).
+Keyed by the image digest: the registered model and version are looked up by name and created
+when missing. A version already registered with the same URI is left as it is (its description
+and properties are updated when they differ): an unchanged re-run writes nothing. A version that
+holds another image is never overwritten: the new image registers as `<version>-<digest12>` (the
+first 12 hex digits of its digest), unless the caller bumps the version name. OCI URIs must pin a
+digest (`oci://<registry>/<repo>@sha256:...`).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import re
 import ssl
@@ -30,7 +33,7 @@ def string_properties(values: dict[str, str]) -> dict[str, dict[str, str]]:
 
 
 class RegistryApi:
-    def __init__(self, args: argparse.Namespace, tls: ssl.SSLContext) -> None:
+    def __init__(self, args: argparse.Namespace, tls: ssl.SSLContext | None) -> None:
         self.base = f"{args.registry_url.rstrip('/')}/api/model_registry/{args.api_version}"
         self.token_file, self.tls, self.timeout = args.token_file, tls, args.timeout
         self.retries, self.retry_delay = args.retries, args.retry_delay
@@ -60,6 +63,12 @@ class RegistryApi:
                 if exc.code < 500 or attempt >= self.retries:
                     raise StepError(f"model registry {method} {path}: HTTP {exc.code} {detail}", EXIT_REMOTE) from exc
             except (urllib.error.URLError, OSError) as exc:
+                if isinstance(getattr(exc, "reason", exc), ssl.SSLCertVerificationError):
+                    raise StepError(
+                        f"model registry at {self.base}: TLS certificate not trusted ({getattr(exc, 'reason', exc)}); "
+                        "give its CA with --ca-file (the service CA for an in-cluster registry)",
+                        EXIT_REMOTE,
+                    ) from exc
                 if attempt >= self.retries:
                     raise StepError(f"model registry at {self.base} unreachable: {exc}", EXIT_REMOTE) from exc
             time.sleep(self.retry_delay * 2**attempt)
@@ -89,14 +98,20 @@ def ensure_version(api: RegistryApi, model_id: str, name: str, fields: dict[str,
     return dict(version)
 
 
-def ensure_artifact(api: RegistryApi, version_id: str, fields: dict[str, Any]) -> dict[str, Any]:
+def find_artifact(api: RegistryApi, version_id: str, name: str) -> dict[str, Any] | None:
     listing = api.call("GET", f"/model_versions/{version_id}/artifacts", query={"pageSize": "100"}) or {}
-    same = [a for a in listing.get("items", []) if a.get("artifactType") == ARTIFACT_TYPE and a.get("name") == fields["name"]]
-    if not same:
+    same = [a for a in listing.get("items", []) if a.get("artifactType") == ARTIFACT_TYPE and a.get("name") == name]
+    return dict(same[0]) if same else None
+
+
+def ensure_artifact(api: RegistryApi, version_id: str, fields: dict[str, Any]) -> dict[str, Any]:
+    artifact = find_artifact(api, version_id, fields["name"])
+    if artifact is None:
         artifact = api.call("POST", f"/model_versions/{version_id}/artifacts", {"artifactType": ARTIFACT_TYPE, **fields})
         log(f"model artifact created (id {artifact['id']}): {fields['uri']}")
         return dict(artifact)
-    artifact = same[0]
+    if artifact.get("uri") != fields["uri"]:
+        raise StepError(f"version {version_id} already holds {artifact.get('uri')}; refusing to overwrite it with {fields['uri']}")
     changes = {k: v for k, v in fields.items() if artifact.get(k) != v}
     if changes:
         artifact = api.call("PATCH", f"/model_artifacts/{artifact['id']}", {"artifactType": ARTIFACT_TYPE, **changes})
@@ -104,6 +119,25 @@ def ensure_artifact(api: RegistryApi, version_id: str, fields: dict[str, Any]) -
     else:
         log(f"model artifact {artifact['id']} already points at {fields['uri']}")
     return dict(artifact)
+
+
+def uri_identity(uri: str) -> str:
+    """12 hex digits naming the content: the image digest's, or a hash of a non-OCI URI."""
+    match = re.search(r"@sha256:([0-9a-f]{64})$", uri)
+    return match.group(1)[:12] if match else hashlib.sha256(uri.encode()).hexdigest()[:12]
+
+
+def version_for(api: RegistryApi, model_id: str, name: str, artifact_name: str, uri: str) -> str:
+    """The version name this URI registers under: `name`, unless that version holds another URI."""
+    version = api.call("GET", "/model_version", query={"name": name, "parentResourceId": model_id})
+    if version is None:
+        return name
+    artifact = find_artifact(api, str(version["id"]), artifact_name)
+    if artifact is None or artifact.get("uri") == uri:
+        return name
+    suffixed = f"{name}-{uri_identity(uri)}"
+    log(f"version {name!r} holds {artifact.get('uri')}; this image registers as version {suffixed!r} (never overwritten)")
+    return suffixed
 
 
 def model_uri(args: argparse.Namespace) -> str:
@@ -142,6 +176,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--property", action="append", default=[], metavar="KEY=VALUE", help="extra version metadata (repeatable)")
     p.add_argument("--result-model-id", help="file to write the registered model id to (Tekton result)")
     p.add_argument("--result-version-id", help="file to write the model version id to (Tekton result)")
+    p.add_argument("--result-version-name", help="file to write the version name registered under to (Tekton result)")
     args = p.parse_args(argv)
     for item in args.property:
         if "=" not in item or not item.partition("=")[0]:
@@ -152,16 +187,23 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     uri = model_uri(args)
-    tls = ssl.create_default_context(cafile=args.ca_file)
-    if not args.tls_verify:
-        tls.check_hostname, tls.verify_mode = False, ssl.CERT_NONE
+    tls = None
+    if args.registry_url.startswith("https://"):
+        # A secured RHOAI registry serves HTTPS (kube-rbac-proxy) with an OpenShift service-serving
+        # certificate: --ca-file is then the pod's service-ca.crt. Empty: the system trust store.
+        if args.ca_file and not Path(args.ca_file).is_file():
+            raise StepError(f"--ca-file {args.ca_file}: no such file", EXIT_AUTH)
+        tls = ssl.create_default_context(cafile=args.ca_file or None)
+        if not args.tls_verify:
+            tls.check_hostname, tls.verify_mode = False, ssl.CERT_NONE
     api = RegistryApi(args, tls)
     metadata = {"base_model": args.base_model, "quantization": args.quantization, "source": args.source, "format": args.model_format_name}
     metadata.update(item.split("=", 1) for item in args.property)
     properties = string_properties({k: v for k, v in metadata.items() if v})
     model = ensure_model(api, args.model_name, args.description)
     version_fields = {"author": args.author, "description": args.version_description, "customProperties": properties}
-    version = ensure_version(api, str(model["id"]), args.version, version_fields)
+    version_name = version_for(api, str(model["id"]), args.version, args.model_name, uri)
+    version = ensure_version(api, str(model["id"]), version_name, version_fields)
     artifact_fields = {
         "name": args.model_name,
         "uri": uri,
@@ -170,9 +212,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         "customProperties": properties,
     }
     ensure_artifact(api, str(version["id"]), artifact_fields)
-    log(f"{args.model_name} {args.version} registered: {uri}")
+    log(f"{args.model_name} {version_name} registered: {uri}")
     write_result(args.result_model_id, str(model["id"]))
     write_result(args.result_version_id, str(version["id"]))
+    write_result(args.result_version_name, version_name)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from typing import Any
 
 import pytest
@@ -116,7 +117,7 @@ def test_pipelinerun_scheduling_sizing_and_no_fsgroup(barcelona: RunResult) -> N
     assert claim["resources"]["requests"]["storage"] == "60Gi"  # ceil(48 × 1.15 + 4)
     assert claim["storageClassName"] == "ocs-external-storagecluster-ceph-rbd"
     assert ws["quay-auth"]["secret"] == {"secretName": "model-pipeline-quay"}
-    assert spec["timeouts"]["pipeline"] == model_sizing.duration(model_sizing.pipeline_timeout_minutes(48, False))
+    assert spec["timeouts"]["pipeline"] == model_sizing.duration(model_sizing.pipeline_timeout_minutes(48, False))  # maxModelSizeGi
     quant = run_for(barcelona, "mistral-small-24b-w4a16")["spec"]
     assert {w["name"]: w for w in quant["workspaces"]}["model"]["volumeClaimTemplate"]["spec"]["resources"]["requests"]["storage"] == "14Gi"
 
@@ -219,3 +220,122 @@ def test_full_model_fits_a_node_with_13gb_free() -> None:
 
     pipeline = ModelPipelineConfig(nodeEphemeralFree="13Gi", maxModelSizeGi=48)
     assert model_sizing.preflight(ModelConfig.model_validate(model), pipeline) is None
+
+
+def _minutes(duration: str) -> int:
+    match = re.fullmatch(r"(?:(\d+)h)?(\d+)m0s", duration)
+    assert match, duration
+    return int(match.group(1) or 0) * 60 + int(match.group(2))
+
+
+def test_transfer_tasks_retry_and_the_run_timeout_covers_every_attempt(barcelona: RunResult) -> None:
+    """Tekton times each retry attempt on its own (tektoncd/pipeline pkg/reconciler/taskrun/taskrun.go,
+    `retryTaskRun` resets StartTime), so the run must last Σ (retries + 1) × task timeout + margin."""
+    (pipeline,) = [r.inputs["spec"] for r in barcelona.of_type(PIPELINE)]
+    by_name = {t["name"]: t for t in pipeline["tasks"]}
+    for task in ("download", "package", "mirror", "upload-s3"):
+        assert by_name[task].get("retries", 0) >= 2, task
+    assert by_name["wait-tools"].get("retries", 0) == 0  # waiting again would only double a timeout
+    for model in ("mistral-small-24b-w4a16", "mistral-small-24b-fp16"):
+        spec = run_for(barcelona, model)["spec"]
+        params = {p["name"]: p["value"] for p in spec["params"]}
+        running = [t for t in pipeline["tasks"] if t["name"] != "upload-s3" or params["upload-s3"] == "true"]
+        needed = sum((t.get("retries", 0) + 1) * _minutes(t["timeout"]) for t in running)
+        assert _minutes(spec["timeouts"]["pipeline"]) >= needed + 15, model
+
+
+def test_max_layer_size_reaches_the_download_and_package_steps(barcelona: RunResult) -> None:
+    for task in ("modelcar-download", "modelcar-package"):
+        args = tasks(barcelona)[task]["steps"][0]["args"]
+        assert args[args.index("--max-layer-size") + 1] == "20000000000", task  # Quay's default MAXIMUM_LAYER_SIZE, 20G
+    raised = _with_models(lambda o: o["modelPipeline"].update(maxLayerSize="40Gi"))
+    assert raised.error is None, raised.error
+    args = tasks(raised)["modelcar-download"]["steps"][0]["args"]
+    assert args[args.index("--max-layer-size") + 1] == str(40 * 2**30)
+
+
+def test_secured_model_registry_ca_and_opt_in_role_binding(barcelona: RunResult) -> None:
+    args = tasks(barcelona)["modelcar-register"]["steps"][0]["args"]
+    assert args[args.index("--ca-file") + 1] == "/var/run/secrets/kubernetes.io/serviceaccount/service-ca.crt"
+    bindings = [r.inputs for r in barcelona.of_type("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding")]
+    assert not [b for b in bindings if b["roleRef"]["name"].startswith("registry-user-")], "opt-in only"
+
+    def secured(o: dict[str, Any]) -> None:
+        o["modelPipeline"].update(
+            registryUrl="https://modelregistry-public.rhoai-model-registries.svc:8443",
+            registryAccess={"namespace": "rhoai-model-registries", "name": "modelregistry-public"},
+        )
+
+    result = _with_models(secured)
+    assert result.error is None, result.error
+    (binding,) = [r.inputs for r in result.of_type("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding")
+                  if r.inputs["roleRef"]["name"].startswith("registry-user-")]
+    assert binding["metadata"]["namespace"] == "rhoai-model-registries"
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "registry-user-modelregistry-public"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "model-pipeline", "namespace": "nccl-test"}]
+    params = {p["name"]: p["value"] for p in run_for(result, "mistral-small-24b-fp16")["spec"]["params"]}
+    assert params["registry-url"] == "https://modelregistry-public.rhoai-model-registries.svc:8443"
+
+
+def test_hf_token_only_for_gated_repositories() -> None:
+    from tools.mock_engine import run_program
+
+    objects = stack_objects("barcelona")
+    quay_only = {"quayDockerConfigJson": SECRETS["quayDockerConfigJson"]}
+    result = run_program("barcelona", {f"ml-dev-env:{k}": v for k, v in objects.items()}, quay_only)
+    assert result.error and "ml-dev-env:hfToken: missing" in result.error  # the fp16 repository is gated
+
+    objects["models"][1]["source"]["huggingFace"]["gated"] = False
+    result = run_program("barcelona", {f"ml-dev-env:{k}": v for k, v in objects.items()}, quay_only)
+    assert result.error is None, result.error
+    assert "model-pipeline-hf" not in {r.inputs["metadata"]["name"] for r in result.of_type(SECRET)}
+    env = {e["name"] for e in tasks(result)["modelcar-download"]["steps"][0]["env"]}
+    assert "HF_TOKEN" not in env
+
+
+def test_default_include_is_what_the_download_step_accepts(barcelona: RunResult) -> None:
+    from steps.common import DEFAULT_INCLUDE
+
+    params = {p["name"]: p["value"] for p in run_for(barcelona, "mistral-small-24b-fp16")["spec"]["params"]}
+    assert params["include"] == list(DEFAULT_INCLUDE)
+    assert "*.bin" in params["include"] and "*.py" in params["include"]  # bin-only and remote-code repositories
+    assert "HF_DEFAULT_INCLUDE = DEFAULT_INCLUDE" in step_script("download")
+
+
+def test_streaming_model_has_no_download_task_and_no_weights_pvc() -> None:
+    def stream(o: dict[str, Any]) -> None:
+        model = copy.deepcopy(o["models"][0])
+        model.update(name="streamed", stream=True)
+        model["source"] = {"s3": {"endpoint": "http://minio.model-storage.svc:9000", "bucket": "llm-models", "prefix": "mistral/w4a16"}}
+        o["models"].append(model)
+
+    result = _with_models(stream, {"quayDockerConfigJson": "{}", "hfToken": "x", "s3AccessKeyId": "A", "s3SecretAccessKey": "B"})
+    assert result.error is None, result.error
+    pipelines = {r.inputs["metadata"]["name"]: r.inputs["spec"] for r in result.of_type(PIPELINE)}
+    assert [t["name"] for t in pipelines["modelcar-stream"]["tasks"]] == ["wait-tools", "package", "mirror", "register"]
+    spec = runs(result)[result.outputs["model_pipeline_runs"]["streamed"]]["spec"]
+    assert spec["pipelineRef"] == {"name": "modelcar-stream"}
+    assert "volumeClaimTemplate" not in json.dumps(spec["workspaces"])
+    args = tasks(result)["modelcar-package-stream"]["steps"][0]["args"]
+    assert args[args.index("--source") + 1] == "$(params.source-uri)"
+    env = {e["name"] for e in tasks(result)["modelcar-package-stream"]["steps"][0]["env"]}
+    assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} <= env
+    by_name = {t["name"]: t for t in pipelines["modelcar-stream"]["tasks"]}
+    needed = sum((t.get("retries", 0) + 1) * _minutes(t["timeout"]) for t in by_name.values())
+    assert _minutes(spec["timeouts"]["pipeline"]) >= needed + 15
+    others = runs(result)[result.outputs["model_pipeline_runs"]["mistral-small-24b-fp16"]]["spec"]
+    assert others["pipelineRef"] == {"name": "modelcar"}
+
+
+def test_hugging_face_model_can_stream_but_not_with_an_s3_upload() -> None:
+    result = _with_models(lambda o: o["models"][0].update(stream=True))
+    assert result.error is None, result.error
+    spec = runs(result)[result.outputs["model_pipeline_runs"]["mistral-small-24b-w4a16"]]["spec"]
+    assert spec["pipelineRef"] == {"name": "modelcar-stream"}
+    step = tasks(result)["modelcar-package-stream"]["steps"][0]
+    assert step["args"][step["args"].index("--hf-revision") + 1] == "$(params.revision)"
+    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "model-pipeline-hf", "key": "HF_TOKEN"}}} in step["env"]
+    upload = {"endpoint": "http://minio:9000", "bucket": "b", "prefix": "p"}
+    result = _with_models(lambda o: o["models"][0].update(stream=True, uploadToS3=upload),
+                          {"quayDockerConfigJson": "{}", "s3AccessKeyId": "A", "s3SecretAccessKey": "B"})  # fmt: skip
+    assert result.error and "ml-dev-env:models[0]: got 'stream: true'; not with uploadToS3" in result.error

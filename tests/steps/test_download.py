@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -205,3 +206,74 @@ def test_hf_private_repo_without_token(tmp_path: Path, run_step: StepRunner) -> 
         step = run_step("download", *args, env=hf_env(tmp_path))
     assert step.returncode == 4
     assert "not accessible" in step.error and "HF_TOKEN is not set" in step.error
+
+
+def test_file_above_the_maximum_layer_size_is_refused_before_downloading(tmp_path: Path, run_step: StepRunner, s3: S3Server) -> None:
+    put_files(s3, "too-large", {"m/model.safetensors": os.urandom(2 * MiB), "m/config.json": b"{}"})
+    dest = tmp_path / "models"
+    with run_proxy(int(s3.endpoint.rsplit(":", 1)[1])) as proxy:
+        step = run_step("download", *s3_args(f"http://{proxy.host}", "too-large", dest), "--max-layer-size", "2MiB", env=s3.env())
+        assert step.returncode == 1, step.stderr
+        assert "model.safetensors: 2.0 MiB (2097152 bytes) makes a" in step.error and "maxLayerSize" in step.error
+        assert proxy.count("GET", "/model.safetensors") == 0
+    assert not dest.exists() or not any(dest.iterdir())
+
+
+def hf_files(run_step: StepRunner, tmp_path: Path, repo: str, files: dict[str, bytes], *include: str) -> tuple[int, str, set[str]]:
+    dest = tmp_path / repo.replace("/", "-")
+    with run_hub(FakeHub(repo, files)) as hub:
+        args = ["--source", f"hf://{repo}", "--dest", dest, "--hf-endpoint", hub.endpoint]
+        step = run_step("download", *args, *(["--include", *include] if include else []), env=hf_env(tmp_path))
+    got = {p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file() and ".cache" not in p.parts} if dest.exists() else set()
+    return step.returncode, step.error or step.stdout, got
+
+
+def test_bin_only_repository_is_downloaded_completely(tmp_path: Path, run_step: StepRunner) -> None:
+    files = {"pytorch_model.bin": os.urandom(4096), "config.json": b"{}", "tokenizer.json": b"{}"}
+    code, out, got = hf_files(run_step, tmp_path, "org/bin-only", files)
+    assert code == 0, out
+    assert got == set(files)
+
+
+def test_pytorch_copies_are_skipped_next_to_safetensors(tmp_path: Path, run_step: StepRunner) -> None:
+    files = {"model.safetensors": os.urandom(4096), "pytorch_model.bin": os.urandom(4096), "config.json": b"{}"}
+    code, out, got = hf_files(run_step, tmp_path, "org/both", files)
+    assert code == 0, out
+    assert got == {"model.safetensors", "config.json"}
+
+
+def test_remote_code_is_included_or_refused(tmp_path: Path, run_step: StepRunner) -> None:
+    config = json.dumps({"auto_map": {"AutoModelForCausalLM": "modeling_foo.FooForCausalLM", "AutoConfig": "configuration_foo.FooConfig"}})
+    files = {"model.safetensors": os.urandom(4096), "config.json": config.encode(), "modeling_foo.py": b"", "configuration_foo.py": b""}
+    code, out, got = hf_files(run_step, tmp_path, "org/remote-code", files)
+    assert code == 0, out
+    assert got == set(files)
+    code, out, _ = hf_files(run_step, tmp_path / "narrow", "org/remote-code", files, "*.safetensors", "*.json")
+    assert code == 1
+    assert "config.json's auto_map needs configuration_foo.py, modeling_foo.py, which the include patterns leave out" in out
+
+
+def test_include_without_weights_is_refused(tmp_path: Path, run_step: StepRunner) -> None:
+    files = {"model.safetensors": os.urandom(4096), "config.json": b"{}"}
+    code, out, got = hf_files(run_step, tmp_path, "org/no-weights", files, "*.json")
+    assert code == 1 and "select none of the weight files (model.safetensors)" in out
+    assert not got, "refused before downloading"
+
+
+def test_hf_revision_and_license_results(tmp_path: Path, run_step: StepRunner) -> None:
+    files = {"model.safetensors": os.urandom(4096), "config.json": b"{}"}
+    with run_hub(FakeHub("org/licensed", files, license="apache-2.0")) as hub:
+        args = ["--source", "hf://org/licensed", "--dest", tmp_path / "m", "--hf-endpoint", hub.endpoint]
+        results = ["--result-revision", tmp_path / "revision", "--result-license", tmp_path / "license"]
+        step = run_step("download", *args, *results, env=hf_env(tmp_path))
+    assert step.returncode == 0, step.stderr
+    assert re.fullmatch(r"[0-9a-f]{40}", (tmp_path / "revision").read_text())
+    assert (tmp_path / "license").read_text() == "apache-2.0"
+
+
+def test_s3_writes_empty_revision_and_license(tmp_path: Path, run_step: StepRunner, s3: S3Server) -> None:
+    put_files(s3, "no-card", {"m/model.safetensors": os.urandom(4096)})
+    results = ["--result-revision", tmp_path / "revision", "--result-license", tmp_path / "license"]
+    step = run_step("download", *s3_args(s3.endpoint, "no-card", tmp_path / "m"), *results, env=s3.env())
+    assert step.returncode == 0, step.stderr
+    assert (tmp_path / "revision").read_text() == "" and (tmp_path / "license").read_text() == ""

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.model_registry import ModelRegistryStandIn, run_model_registry
+from tests.fixtures.model_registry import ModelRegistryStandIn, run_model_registry, throwaway_ca
 from tests.steps.conftest import StepRunner
 
 DIGEST_A = "sha256:" + "a" * 64
@@ -42,16 +42,41 @@ def test_registers_then_rerun_is_a_no_op(tmp_path: Path, run_step: StepRunner, m
     assert len(model_registry.writes()) == writes, "an unchanged re-run writes nothing"
 
 
-def test_rerun_with_new_digest_updates_the_artifact(run_step: StepRunner, model_registry: ModelRegistryStandIn) -> None:
+def test_new_digest_registers_a_new_version_and_never_overwrites(
+    tmp_path: Path, run_step: StepRunner, model_registry: ModelRegistryStandIn
+) -> None:
     assert register(run_step, model_registry.url)[0] == 0
-    code, out = register(run_step, model_registry.url, "--property", "note=rebuilt", image=f"{IMAGE}@{DIGEST_B}")
+    (first,) = model_registry.objects["model_artifact"].values()
+    code, out = register(run_step, model_registry.url, "--result-version-name", tmp_path / "name", image=f"{IMAGE}@{DIGEST_B}")
     assert code == 0, out
-    (artifact,) = model_registry.objects["model_artifact"].values()
-    assert artifact["uri"] == f"oci://{IMAGE}@{DIGEST_B}"
-    assert len(model_registry.objects["model_version"]) == 1
-    (version,) = model_registry.objects["model_version"].values()
-    assert version["customProperties"]["note"]["string_value"] == "rebuilt"
-    assert [c[0] for c in model_registry.writes()][-2:] == ["PATCH", "PATCH"]
+    assert (tmp_path / "name").read_text() == "2501-w4a16-bbbbbbbbbbbb"
+    versions = {v["name"]: v for v in model_registry.objects["model_version"].values()}
+    assert set(versions) == {"2501-w4a16", "2501-w4a16-bbbbbbbbbbbb"}
+    uris = sorted(a["uri"] for a in model_registry.objects["model_artifact"].values())
+    assert uris == [f"oci://{IMAGE}@{DIGEST_A}", f"oci://{IMAGE}@{DIGEST_B}"]
+    assert model_registry.objects["model_artifact"][first["id"]]["uri"] == f"oci://{IMAGE}@{DIGEST_A}", "the old version is untouched"
+
+    writes = len(model_registry.writes())  # the same new image again: nothing new
+    code, out = register(run_step, model_registry.url, image=f"{IMAGE}@{DIGEST_B}")
+    assert code == 0, out
+    assert len(model_registry.writes()) == writes
+    assert len(model_registry.objects["model_version"]) == 2
+
+    code, out = register(run_step, model_registry.url, "--version", "2502-w4a16", image=f"{IMAGE}@{DIGEST_B}")
+    assert code == 0, out  # a bumped version name is used as given
+    assert "2502-w4a16" in {v["name"] for v in model_registry.objects["model_version"].values()}
+
+
+def test_https_registry_with_a_private_ca(tmp_path: Path, run_step: StepRunner) -> None:
+    """A secured RHOAI registry serves HTTPS only (kube-rbac-proxy, service-serving certificate)."""
+    bundle, server_tls = throwaway_ca(tmp_path)
+    with run_model_registry(tls=server_tls) as registry:
+        assert registry.url.startswith("https://")
+        code, out = register(run_step, registry.url, "--ca-file", bundle)
+        assert code == 0, out
+        assert len(registry.objects["model_artifact"]) == 1
+        code, out = register(run_step, registry.url, "--retries", 0)
+        assert code == 6 and "TLS certificate not trusted" in out and "--ca-file" in out and "Traceback" not in out
 
 
 @pytest.mark.parametrize("api_version", ["v1", "v1alpha3"])

@@ -116,8 +116,10 @@ def test_digest_cache_entries_follow_the_file(package: types.ModuleType, tmp_pat
     cache = package.DigestCache(cache_file)
     cache.put("w.bin", path, layer_digest="sha256:1")
     cache.put("w.bin", path, source="s3:etag")
+    st = path.stat()
     assert package.DigestCache(cache_file).get("w.bin", path) == {
-        "layer_digest": "sha256:1", "source": "s3:etag", "size": 3, "mtime_ns": path.stat().st_mtime_ns,
+        "layer_digest": "sha256:1", "source": "s3:etag", "size": 3, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns,
+        "ino": st.st_ino,
     }  # fmt: skip
     path.write_bytes(b"abcd")
     assert package.DigestCache(cache_file).get("w.bin", path) is None
@@ -128,6 +130,15 @@ def test_download_selection_drops_consolidated_only_when_sharded(deployed: Deplo
     sharded = ["consolidated.safetensors", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "config.json"]
     assert select(sharded, ["*"], []) == sorted(sharded[1:])
     assert select(["consolidated.safetensors", "params.json"], ["*"], []) == ["consolidated.safetensors", "params.json"]
-    assert select(sharded, ["*.json"], []) == ["config.json"]
+    with pytest.raises(deployed("download").StepError, match="select none of the weight files"):
+        select(sharded, ["*.json"], [])  # an include list without weights would package an incomplete model
     with pytest.raises(deployed("download").StepError, match="unsafe path"):
         select(["../etc/passwd"], ["*"], [])
+
+
+def test_upload_range_forms(deployed: Deployed) -> None:
+    parse = deployed("package").parse_range
+    assert parse("0-1048575") == (1048576, 1048575)  # distribution: last byte index
+    assert parse("bytes=0-1048576") == (1048577, 1048576)  # Quay's status: the byte count
+    assert parse("0-0") == (1, 0)  # a fresh session (or one byte)
+    assert parse("5-10") is None and parse("") is None

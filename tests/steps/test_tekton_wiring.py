@@ -28,7 +28,7 @@ pytestmark = [needs_registry, needs_skopeo]
 REF = re.compile(r"\$\((params|tasks|workspaces|results)\.([\w-]+)(?:\.([\w-]+))?(?:\.([\w-]+))?\)")
 
 
-def render_pipeline(s3: S3Server, quay: Registry, base_image: str, registry_url: str, repo: str) -> Any:
+def render_pipeline(s3: S3Server, quay: Registry, base_image: str, registry_url: str, repo: str, stream: bool = False) -> Any:
     objects = stack_objects("barcelona")
     objects["modelPipeline"].update(registryUrl=registry_url, modelcarBaseImage=base_image)
     objects["models"] = [{
@@ -36,6 +36,7 @@ def render_pipeline(s3: S3Server, quay: Registry, base_image: str, registry_url:
         "source": {"s3": {"endpoint": s3.endpoint, "bucket": "wired", "prefix": "mistral/v1"}},
         "include": ["*.json", "*.safetensors", "tokenizer/*"],
         "registration": {"modelName": "Wired", "versionName": "v1", "baseModel": "mistralai/Mistral-Small-24B-Instruct-2501"},
+        "stream": stream,
     }]
     result = run_objects("barcelona", objects, {"s3AccessKeyId": s3.access_key, "s3SecretAccessKey": s3.secret_key})
     assert result.error is None, result.error
@@ -45,9 +46,10 @@ def render_pipeline(s3: S3Server, quay: Registry, base_image: str, registry_url:
 class Tekton:
     """Resolves Tekton variables for one PipelineRun on this machine."""
 
-    def __init__(self, result: Any, tmp: Path, run_params: dict[str, Any]) -> None:
+    def __init__(self, result: Any, tmp: Path, run_params: dict[str, Any], pipeline_name: str = "modelcar") -> None:
         self.tasks = {r.inputs["metadata"]["name"]: r.inputs["spec"] for r in result.of_type("kubernetes:tekton.dev/v1:Task")}
-        (pipeline,) = [r.inputs["spec"] for r in result.of_type("kubernetes:tekton.dev/v1:Pipeline")]
+        pipelines = {r.inputs["metadata"]["name"]: r.inputs["spec"] for r in result.of_type("kubernetes:tekton.dev/v1:Pipeline")}
+        pipeline = pipelines[pipeline_name]
         self.pipeline = {t["name"]: t for t in pipeline["tasks"]}
         self.run_params = run_params
         self.tmp = tmp
@@ -145,3 +147,36 @@ def test_rendered_tasks_run_end_to_end(
     # nothing but the PVC was written: the weights, the shared digest cache and skopeo's empty temp space
     pvc = sorted(p.relative_to(tekton.workspaces["model"]).as_posix() for p in tekton.workspaces["model"].rglob("*") if p.is_file())
     assert {p.split("/")[0] for p in pvc} <= {"weights", ".weights.digests.json", ".home"}, pvc
+
+
+def test_streaming_run_packages_from_s3_without_a_weights_volume(
+    tmp_path: Path, s3: S3Server, quay: Registry, internal: Registry, base_image: str,
+    model_registry: ModelRegistryStandIn, model_dir: tuple[Path, dict[str, bytes]], repo_name: str,
+) -> None:
+    _, files = model_dir
+    upload_model(s3, "wired", "mistral/v1", files)
+    result = render_pipeline(s3, quay, base_image, model_registry.url, repo_name, stream=True)
+    (run,) = [r.inputs for r in result.of_type("kubernetes:tekton.dev/v1:PipelineRun")]
+    assert run["spec"]["pipelineRef"] == {"name": "modelcar-stream"}
+    assert {w["name"]: w for w in run["spec"]["workspaces"]}["model"] == {"name": "model", "emptyDir": {}}
+    params = {p["name"]: p["value"] for p in run["spec"]["params"]}
+    params["internal-image"] = f"{internal.host}/nccl-test/wired:v1"
+    tekton = Tekton(result, tmp_path, params, "modelcar-stream")
+    assert list(tekton.pipeline) == ["wait-tools", "package", "mirror", "register"]
+    for directory in (tekton.workspaces["model"], tekton.workspaces["quay-auth"], tmp_path / "sa-certs"):
+        directory.mkdir(parents=True)
+    quay.authfile(tekton.workspaces["quay-auth"] / ".dockerconfigjson")
+    (tmp_path / "sa-token").write_text(internal.password)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+
+    package = tekton.run("package", ["--plain-http"], {**env, **s3.env()})
+    assert package.returncode == 0, package.stderr
+    digest = tekton.results["package"]["IMAGE_DIGEST"]
+    mirror = tekton.run("mirror", ["--no-src-tls-verify", "--no-dest-tls-verify"], env)
+    assert mirror.returncode == 0, mirror.stderr
+    register = tekton.run("register", [], env)
+    assert register.returncode == 0, register.stderr
+    (artifact,) = model_registry.objects["model_artifact"].values()
+    assert artifact["uri"] == f"oci://{internal.host}/nccl-test/wired@{digest}"
+    written = [p for p in tekton.workspaces["model"].rglob("*") if p.is_file()]
+    assert not [p for p in written if p.suffix in (".safetensors", ".json") and ".home" not in p.parts], written

@@ -1,0 +1,116 @@
+"""package.py --source s3://…: weights streamed from (moto) S3 straight into the registry upload, no local copy."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import pytest
+from boto3.s3.transfer import TransferConfig
+
+from tests.fixtures.hf_hub import FakeHub, run_hub
+from tests.fixtures.images import pull
+from tests.fixtures.proxy import HttpProxy, run_proxy
+from tests.fixtures.registry import Registry
+from tests.fixtures.s3 import S3Server
+from tests.steps.conftest import StepRunner, needs_registry, needs_skopeo
+from tests.steps.test_package import assert_image_holds, tag_exists, via
+
+pytestmark = [needs_registry, needs_skopeo]
+MiB = 1 << 20
+
+
+def upload(s3: S3Server, bucket: str, files: dict[str, bytes], checksums: bool = True) -> None:
+    client = s3.client(checksums)
+    client.create_bucket(Bucket=bucket)
+    for key, data in files.items():
+        if len(data) > 8 * MiB:  # multipart: the ETag is the MD5 of the part MD5s
+            parts = TransferConfig(multipart_threshold=5 * MiB, multipart_chunksize=5 * MiB)
+            client.upload_fileobj(io.BytesIO(data), bucket, key, Config=parts)
+        else:
+            extra = {"ChecksumAlgorithm": "SHA256"} if checksums else {}
+            client.put_object(Bucket=bucket, Key=key, Body=data, **extra)
+
+
+def stream_args(tmp_path: Path, quay: Registry, host: str, base: str, repo: str, bucket: str, endpoint: str) -> list[object]:
+    return [
+        "--source", f"s3://{bucket}/m", "--s3-endpoint-url", endpoint, "--image", f"{host}/{repo}:v1", "--base-image", base,
+        "--authfile", quay.authfile(tmp_path / "auth.json", host=host), "--plain-http", "--retry-delay", "0.05",
+        "--chunk-threshold", "4MiB", "--chunk-size", "2MiB",
+    ]  # fmt: skip
+
+
+def test_streams_from_s3_verifies_and_reruns_skip(
+    tmp_path: Path, run_step: StepRunner, s3: S3Server, quay: Registry, quay_proxy: HttpProxy, base_image: str, repo_name: str
+) -> None:
+    files = {"model-00001-of-00002.safetensors": os.urandom(11 * MiB + 7), "model-00002-of-00002.safetensors": os.urandom(3 * MiB),
+             "config.json": b'{"architectures": ["X"]}', "notes.md": b"not part of the model"}  # fmt: skip
+    upload(s3, "stream", {f"m/{k}": v for k, v in files.items()})
+    args = stream_args(tmp_path, quay, quay_proxy.host, via(quay_proxy, quay, base_image), repo_name, "stream", s3.endpoint)
+    step = run_step("package", *args, env=s3.env())
+    assert step.returncode == 0, step.stderr
+    assert "md5-multipart" in step.stdout and "sha256-base64" in step.stdout and "verified" in step.stdout
+    packaged = {k: v for k, v in files.items() if k != "notes.md"}  # the default include patterns
+    assert_image_holds(quay, f"{quay.host}/{repo_name}:v1", packaged, tmp_path / "pulled")
+    manifest = pull(quay, f"{quay.host}/{repo_name}:v1", tmp_path / "again").manifest
+    assert all(layer["annotations"]["io.ml-dev-env.source"].startswith("s3:") for layer in manifest["layers"][1:])
+    assert not list(tmp_path.glob("**/*.safetensors")), "nothing of the model was written locally"
+
+    quay_proxy.reset()
+    step = run_step("package", *args, env=s3.env())
+    assert step.returncode == 0, step.stderr
+    assert step.stdout.count("from the same source object, skipped") == len(packaged)
+    assert quay_proxy.count("PATCH") == 0
+
+
+@pytest.mark.parametrize("checksums", [True, False], ids=["sha256-checked-by-botocore", "etag-md5-checked-here"])
+def test_source_checksum_mismatch_aborts_the_blob(
+    tmp_path: Path,
+    run_step: StepRunner,
+    s3: S3Server,
+    quay: Registry,
+    quay_proxy: HttpProxy,
+    base_image: str,
+    repo_name: str,
+    checksums: bool,
+) -> None:
+    bucket = f"stream-bad-{'sha' if checksums else 'md5'}"
+    upload(s3, bucket, {"m/model.safetensors": os.urandom(3 * MiB), "m/config.json": b"{}"}, checksums)
+    with run_proxy(int(s3.endpoint.rsplit(":", 1)[1])) as s3_proxy:
+        s3_proxy.add_fault("corrupt_response", "GET", "/model.safetensors", at=MiB, times=100)
+        args = stream_args(tmp_path, quay, quay_proxy.host, via(quay_proxy, quay, base_image), repo_name, bucket, f"http://{s3_proxy.host}")
+        step = run_step("package", *args, "--retries", 1, env=s3.env())
+    assert step.returncode == 3, step.stderr
+    assert "model.safetensors: source checksum mismatch" in step.error and "blob not committed" in step.error, step.stderr
+    assert "Traceback" not in step.stderr
+    assert not tag_exists(quay, f"{quay.host}/{repo_name}:v1")
+    assert quay_proxy.count("DELETE", "/blobs/uploads/") >= 1, "the upload session was cancelled"
+
+
+def test_streams_from_hugging_face_with_revision_and_license(
+    tmp_path: Path, run_step: StepRunner, quay: Registry, quay_proxy: HttpProxy, base_image: str, repo_name: str
+) -> None:
+    files = {"model.safetensors": os.urandom(3 * MiB + 3), "config.json": b'{"a": 1}', "tokenizer.json": b"{}"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env["HF_HOME"] = str(tmp_path / "hf-home")
+    with run_hub(FakeHub("org/streamed", files, license="apache-2.0")) as hub:
+        args = ["--source", "hf://org/streamed", "--hf-endpoint", hub.endpoint, "--image", f"{quay_proxy.host}/{repo_name}:v1",
+                "--base-image", via(quay_proxy, quay, base_image), "--authfile", quay.authfile(tmp_path / "a.json", host=quay_proxy.host),
+                "--plain-http", "--retry-delay", "0.05"]  # fmt: skip
+        step = run_step("package", *args, env=env)
+        assert step.returncode == 0, step.stderr
+        assert "source sha256" in step.stdout and "source git-sha1" in step.stdout
+        assert_image_holds(quay, f"{quay.host}/{repo_name}:v1", files, tmp_path / "pulled")
+        notes = pull(quay, f"{quay.host}/{repo_name}:v1", tmp_path / "again").manifest["annotations"]
+        assert notes["org.opencontainers.image.licenses"] == "apache-2.0"
+        assert len(notes["org.opencontainers.image.revision"]) == 40
+        assert not list(tmp_path.glob("**/model.safetensors")), "nothing of the model was written locally"
+
+    with run_hub(FakeHub("org/streamed", files, corrupt={"model.safetensors"})) as hub:
+        args[args.index("--hf-endpoint") + 1] = hub.endpoint
+        args[args.index("--image") + 1] = f"{quay_proxy.host}/{repo_name}-bad:v1"
+        step = run_step("package", *args, env=env)
+    assert step.returncode == 3, step.stderr
+    assert "model.safetensors: source checksum mismatch" in step.error
+    assert not tag_exists(quay, f"{quay.host}/{repo_name}-bad:v1")
