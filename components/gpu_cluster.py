@@ -10,7 +10,7 @@ import pulumi_kubernetes as k8s
 import pulumi_random as random
 from pydantic import BaseModel, ConfigDict
 
-from components import crds, devloop, lifecycle, pod
+from components import crds, devloop, fabric, fabric_rbac, lifecycle, pod
 from components.storage import WorkspaceStorage, WorkspaceStorageArgs
 from core import naming
 from stacks.config import StackConfig
@@ -39,12 +39,14 @@ def selector_labels(config: StackConfig) -> dict[str, str]:
 
 
 def rollout_timeout(config: StackConfig) -> int:
-    """Seconds `pulumi up` waits for the pods: image pulls and start.
+    """Seconds `pulumi up` waits for the pods: image pulls and start, plus pod 0's fabric check hold
+    (fabricCheck.onDeploy keeps it un-Ready for up to onDeployTimeoutSeconds).
 
     A stack that builds switches the pods to a new tag only once it exists (ImageBuild's wait Job, awaited
     before the StatefulSet changes), so the builds are not part of this wait (tests/test_waits.py).
     """
-    return 1800
+    fabric = config.fabric_check.on_deploy_timeout_seconds if config.fabric_check.on_deploy else 0
+    return 1800 + fabric
 
 
 def scc_role_name(scc: str) -> str:
@@ -84,6 +86,8 @@ class GpuCluster(pulumi.ComponentResource):
         self._identity()
         self._memlock_privileges()
         self._sriov_attachments()
+        # rack-aware ranks read the pods' nodes (fabricCheck.nodeRacks; README "Fabric check")
+        self._depends += fabric_rbac.pod_reader(name, self._cfg, self._labels, self._child)
         self.storage = self._storage()
         script = pod.startup_script()
         # dev loop (components/devloop.py): SSH keys Secret + SSH NetworkPolicy; sshd.sh and the launcher ride in the startup ConfigMap
@@ -224,7 +228,8 @@ class GpuCluster(pulumi.ComponentResource):
         startup = k8s.core.v1.ConfigMap(
             f"{name}-startup",
             metadata=self._meta(naming.startup_configmap(app)),
-            data={"startup.sh": script, **devloop.scripts(self._cfg), **lifecycle.scripts()},
+            # + the fabric check (fabric_check.py, fabric.json, rank_order.sh; README "Fabric check")
+            data={"startup.sh": script, **devloop.scripts(self._cfg), **lifecycle.scripts(), **fabric.configmap_files(self._cfg)},
             opts=self._child,
         )
         self._depends.append(startup)

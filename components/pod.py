@@ -88,6 +88,7 @@ def pod_env(config: StackConfig) -> list[k8s.core.v1.EnvVarArgs]:
         _field_env("POD_NAME", "metadata.name"),
         _field_env("POD_NAMESPACE", "metadata.namespace"),
         _field_env("POD_IP", "status.podIP"),
+        _field_env("NODE_NAME", "spec.nodeName"),  # fabric check: rack-aware ranks and failure lines name the node
         _plain("ML_DEV_WORKSPACE", workspace),
         _plain("ML_DEV_STATE_DIR", STATE_DIR),
         _plain("ML_DEV_CLUSTER_DIR", CLUSTER_MOUNT),

@@ -795,6 +795,62 @@ class SshConfig(Model):
         return self
 
 
+# ---------------------------------------------------------------------------------- fabric check
+
+
+class FabricCheckConfig(Model):
+    """RDMA preflight, NCCL bandwidth gate and rack-aware ranks (README "Fabric check")."""
+
+    link_gbps: float | None = Field(
+        None, gt=0, le=3200,
+        description="RDMA: link rate of each NIC in Gbit/s (e.g. 400). Preflight checks every HCA runs at it; the gate's "
+        "expected bus bandwidth derives from it. Unset: no rate check and no expectation (the gate only reports).",
+    )
+    efficiency: float | None = Field(
+        None, gt=0, le=1,
+        description="RDMA: fraction of the NICs' line rate NCCL's ring all-reduce reaches as bus bandwidth. Unset: 0.973, "
+        "calibrated on barcelona (194.6 GB/s bus bandwidth with 4 × 400 Gbit/s NICs).",
+    )
+    tcp_link_gbps: float | None = Field(
+        None, gt=0, le=3200,
+        description="TCP: link rate of the pod's primary interface in Gbit/s. "
+        "Unset: TCP stacks get no expectation (the gate only reports).",
+    )
+    tcp_efficiency: float | None = Field(
+        None, gt=0, le=1,
+        description="TCP: fraction of tcpLinkGbps expected as bus bandwidth; "
+        "required with tcpLinkGbps (sockets have no calibration point).",
+    )
+    threshold_fraction: float = Field(
+        0.9, gt=0, le=1, description="The gate passes when the plateau bus bandwidth is at least this fraction of the expectation."
+    )
+    plateau_min_bytes: int = Field(
+        4 << 30, ge=1 << 20, le=8 << 30,
+        description="Message sizes from this many bytes up to 8 GiB form the plateau the gate judges (smaller sizes are reported only).",
+    )
+    on_deploy: bool = Field(
+        False, description="Pod 0 holds its dev servers (and readiness) until the preflight and gate pass after a deploy."
+    )
+    on_deploy_timeout_seconds: int = Field(
+        1800, ge=60, le=6 * 3600,
+        description="How long pod 0 retries the check at start before it stops trying (it keeps holding until a passing "
+        "`fabric-check gate` or `fabric-check release`).",
+    )
+    node_racks: dict[DnsSubdomain, DnsLabel] = Field(
+        default_factory=dict,
+        description="Node name → rack (or leaf switch). Set: ranks are ordered so consecutive ranks share a rack "
+        "(pod 0 stays rank 0). Empty: rank = pod ordinal.",
+    )
+
+    @rule
+    def _tcp_expectation(self) -> Iterator[ConfigProblem]:
+        if self.tcp_link_gbps is not None and self.tcp_efficiency is None:
+            yield ConfigProblem(
+                "tcpEfficiency", None,
+                "required with tcpLinkGbps: the 0.973 efficiency is calibrated for RDMA only (or unset tcpLinkGbps)",
+            )
+
+
 # ----------------------------------------------------------------------------------------- stack
 
 
@@ -813,6 +869,19 @@ class StackConfig(Model):
     models: list[ModelConfig] = Field(default_factory=list)
     lifecycle: LifecycleConfig = Field(default_factory=LifecycleConfig)
     ssh: SshConfig = Field(default_factory=SshConfig)
+    fabric_check: FabricCheckConfig = Field(
+        default_factory=FabricCheckConfig, description="RDMA preflight, NCCL bandwidth gate and rack-aware ranks (README \"Fabric check\")."
+    )
+
+    @rule
+    def _fabric_racks(self) -> Iterator[ConfigProblem]:
+        racks = self.fabric_check.node_racks
+        if racks and self.nodes.gpu_nodes:
+            missing = [n for n in self.nodes.gpu_nodes if n not in racks]
+            if missing:
+                yield ConfigProblem(
+                    "fabricCheck.nodeRacks", missing, "every node in nodes.gpuNodes needs a rack (or leave nodeRacks empty)"
+                )
 
     @rule
     def _cross(self) -> Iterator[ConfigProblem]:

@@ -146,11 +146,20 @@ read_cluster_env() {  # sets C_<KEY> from the environment, then cluster.env; fai
 }
 
 # The rank order, decided in this one place: RANK_PODS lists the pod names in rank order and
-# NODE_RANK is this pod's index in it. Rank = StatefulSet ordinal.
+# NODE_RANK is this pod's index in it. Rank = StatefulSet ordinal, unless fabricCheck.nodeRacks is set:
+# then ml_dev_rank_order (rank_order.sh, README "Fabric check") groups the pods by rack, pod 0 first.
+FABRIC_DIR="$(dirname "${BASH_SOURCE[0]}")"
+RACK_AWARE=""
+if [ -r "$FABRIC_DIR/rank_order.sh" ] && [ -r "$FABRIC_DIR/fabric.json" ] && command -v python3 >/dev/null 2>&1 \
+  && python3 -c 'import json, sys; sys.exit(not json.load(open(sys.argv[1])).get("nodeRacks"))' "$FABRIC_DIR/fabric.json" 2>/dev/null; then
+  # shellcheck source=rank_order.sh
+  . "$FABRIC_DIR/rank_order.sh" && RACK_AWARE=1
+fi
 compute_rank() {
   local i
   RANK_PODS=()
   for ((i = 0; i < C_NNODES; i++)); do RANK_PODS+=("$C_APP_NAME-$i"); done
+  if [ -n "$RACK_AWARE" ]; then read -r -a RANK_PODS <<<"$(ml_dev_rank_order "$C_POD_NAMESPACE" "${RANK_PODS[@]}")"; fi
   NODE_RANK=""
   for i in "${!RANK_PODS[@]}"; do
     if [ "${RANK_PODS[$i]}" = "$POD" ]; then NODE_RANK="$i"; fi
@@ -321,6 +330,19 @@ trap stop TERM INT
 # --- SSH fabric on every pod (dev loop: sshd.sh, next to this script in the startup ConfigMap) ----
 if [ -r "$(dirname "$0")/sshd.sh" ]; then start sshd bash "$(dirname "$0")/sshd.sh"; fi
 
+# --- fabric check hold (fabricCheck.onDeploy; README "Fabric check") ----------------------------
+# Pod 0 only. `fabric_check.py hold` returns at once unless fabric.json has onDeploy; then it retries
+# preflight + gate until they pass or onDeployTimeoutSeconds, and keeps holding until a passing
+# `fabric_check.py gate` or `fabric_check.py release`. Dev servers and readiness wait for it.
+# (It reaches the pods over the SSH fabric, so it comes after sshd starts.)
+if [ "$ORDINAL" -eq 0 ] && [ -r "$FABRIC_DIR/fabric_check.py" ] && command -v python3 >/dev/null 2>&1; then
+  python3 "$FABRIC_DIR/fabric_check.py" hold &
+  FABRIC_PID=$!
+  trap 'kill "$FABRIC_PID" 2>/dev/null; stop' TERM INT
+  wait "$FABRIC_PID" || warn "the fabric check hold failed (exit $?); starting the dev servers"
+  trap stop TERM INT
+fi
+
 if [ "$ORDINAL" -eq 0 ]; then
   for server in $SERVERS; do
     case "$server" in
@@ -385,6 +407,9 @@ while true; do
   if [ "$current" != "$LAST_CLUSTER" ]; then
     LAST_CLUSTER="$current"
     log "$CLUSTER_FILE changed: rewriting rank.env and the hostfile (running processes keep their values)"
+    refresh_rank || true
+  elif [ -n "$RACK_AWARE" ] && [ "$( (compute_rank && printf '%s' "${RANK_PODS[*]}") 2>/dev/null)" != "${RANK_PODS[*]:-}" ]; then
+    log "pod placement changed the rack-aware rank order: rewriting rank.env and the hostfile"
     refresh_rank || true
   fi
 done

@@ -260,3 +260,50 @@ def test_base_replaces_ngc_pip_constraints_with_its_own(base_cf, shell_helpers):
     assert commands.index(move) < commands.index(link) < install
     assert commands[install][commands[install].index("--constraint") + 1] == (
         "/etc/ml-dev-env/constraints.txt")
+
+
+# --------------------------------------------------------------------------- nccl-tests (fabric gate)
+
+
+def test_base_builds_nccl_tests_with_mpi_from_a_pinned_tarball(base_cf, shell_helpers):
+    args = base_cf.stage_args()
+    assert re.fullmatch(r"\d+\.\d+\.\d+", args["NCCLTESTS_VERSION"])
+    assert re.fullmatch(r"[0-9a-f]{64}", args["NCCLTESTS_SHA256"])
+    run = base_cf.run_with("NCCLTESTS_SHA256")
+    commands = shell_helpers["commands"](run)
+    download = next(c for c in commands if c[0] == "curl")
+    assert download[-1] == "https://github.com/NVIDIA/nccl-tests/archive/refs/tags/v${NCCLTESTS_VERSION}.tar.gz"
+    out = download[download.index("-o") + 1]
+    verify = commands.index(["sha256sum", "-c", "-"])
+    extract = next(i for i, c in enumerate(commands) if c[0] == "tar" and out in c)
+    assert verify < extract, "the tarball is verified before it is unpacked"
+    make = next(c for c in commands if c[0] == "make")
+    assert "MPI=1" in make, "multi-pod runs need the MPI build"
+    assert 'MPI_HOME=${mpi_home}' in make and 'CUDA_HOME=${cuda_home}' in make
+    install = next(c for c in commands if c[0] == "install" and "/usr/local/bin/" in c)
+    assert "/tmp/nccl-tests/build/all_reduce_perf" in install
+    # linked against MPI and NCCL, and the launcher and ib_write_bw are there at runtime
+    assert ["ldd", "/usr/local/bin/all_reduce_perf"] in commands
+    assert ["grep", "-q", "libmpi"] in commands and ["grep", "-q", "libnccl"] in commands
+    assert ["command", "-v", "mpirun"] in commands and ["command", "-v", "ib_write_bw"] in commands
+
+
+def test_base_nccl_tests_uses_the_images_mpi_or_apt_openmpi(base_cf, shell_helpers):
+    run = base_cf.run_with("NCCLTESTS_SHA256")
+    assert shell_helpers["apt"](run) == {"openmpi-bin", "libopenmpi-dev"}
+    commands = shell_helpers["commands"](run)
+    # OpenMPI from apt only when the base has none (the NGC image ships /usr/local/mpi)
+    assert any(c[:3] == ["command", "-v", "mpicc"] for c in commands)
+    assert "--showme:incdirs" in run, "MPI_HOME is derived from the OpenMPI compiler wrapper"
+
+
+def test_base_installs_perftest_for_ib_write_bw(base_cf, shell_helpers):
+    assert "perftest" in shell_helpers["apt"]("\n".join(base_cf.runs()))
+
+
+def test_nccl_tests_pin_matches_the_parser_fixture_version():
+    # the stubs print nccl-tests 2.17.6's format; the image must build that release
+    from tests.fabric.sim import nccl_report
+
+    version = re.search(r"ARG NCCLTESTS_VERSION=(\S+)", (Path(__file__).parents[2] / "images" / "base.Containerfile").read_text()).group(1)
+    assert f"# nccl-tests version {version} " in nccl_report(["a", "b"], 1, 1 << 20, 1 << 20, 1.0)

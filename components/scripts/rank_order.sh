@@ -1,0 +1,23 @@
+# shellcheck shell=bash
+# Rack-aware rank order for the startup script's rank computation (README "Fabric check").
+# Sourced from the startup ConfigMap directory (/opt/ml-dev-env), next to fabric_check.py and fabric.json.
+#
+#   ml_dev_rank_order NAMESPACE POD...   prints the pods (given in ordinal order) in rank order, space-separated.
+#
+# Without fabricCheck.nodeRacks, or when anything is missing (python3, the program, API access), it prints
+# the pods unchanged: rank = ordinal. With nodeRacks, pod 0 stays rank 0 (MASTER_ADDR does not move) and
+# the others follow rack by rack, read from the pods' spec.nodeName. The answer is only used when it is
+# a permutation of the input.
+ml_dev_rank_order() {
+  local ns="$1"
+  shift
+  local here ordered
+  here="$(dirname "${BASH_SOURCE[0]}")"
+  if [ -r "$here/fabric_check.py" ] && [ -r "$here/fabric.json" ] && command -v python3 >/dev/null 2>&1 \
+    && ordered="$(python3 "$here/fabric_check.py" --config "$here/fabric.json" rank-order --pods "$*" --from-api --namespace "$ns")" \
+    && [ "$(printf '%s\n' $ordered | sort | paste -sd' ' -)" = "$(printf '%s\n' "$@" | sort | paste -sd' ' -)" ]; then
+    printf '%s\n' "$ordered"
+  else
+    printf '%s\n' "$*"
+  fi
+}
