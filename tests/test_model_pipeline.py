@@ -338,4 +338,4 @@ def test_hugging_face_model_can_stream_but_not_with_an_s3_upload() -> None:
     upload = {"endpoint": "http://minio:9000", "bucket": "b", "prefix": "p"}
     result = _with_models(lambda o: o["models"][0].update(stream=True, uploadToS3=upload),
                           {"quayDockerConfigJson": "{}", "s3AccessKeyId": "A", "s3SecretAccessKey": "B"})  # fmt: skip
-    assert result.error and "ml-dev-env:models[0]: got 'stream: true'; not with uploadToS3" in result.error
+    assert result.error and "ml-dev-env:models[0].stream: got 'stream: true'; not with uploadToS3" in result.error
