@@ -269,8 +269,10 @@ def stream_pipeline_spec(size_gi_for_timeouts: float) -> tekton.PipelineSpec:
     full = pipeline_spec(size_gi_for_timeouts)
     by_name = {t.name: t for t in full.tasks}
     ws = [tekton.WorkspaceBinding(name="model", workspace="model"), tekton.WorkspaceBinding(name="quay-auth", workspace="quay-auth")]
-    names = ("image", "quay-image"), ("base-image", "base-image"), ("source-uri", "source-uri"), ("endpoint-url", "endpoint-url")
-    names += ("region", "region"), ("quantization", "quantization"), ("revision", "revision")
+    names: tuple[tuple[str, str], ...] = (
+        ("image", "quay-image"), ("base-image", "base-image"), ("source-uri", "source-uri"), ("endpoint-url", "endpoint-url"),
+        ("region", "region"), ("quantization", "quantization"), ("revision", "revision"),
+    )
     package = tekton.PipelineTask(
         name="package", task_ref={"kind": "Task", "name": TASKS["package-stream"]}, timeout=by_name["package"].timeout,
         retries=by_name["package"].retries, run_after=["wait-tools"], workspaces=ws,
@@ -455,8 +457,9 @@ class ModelPipeline(pulumi.ComponentResource):
         pipeline = pipeline_spec(cfg.max_model_size_gi)
         deps.append(crds.custom_resource(f"{name}-pipeline", "tekton.dev/v1", "Pipeline", meta(PIPELINE), pipeline, child))
         if streaming:
-            stream = stream_pipeline_spec(cfg.max_model_size_gi)
-            deps.append(crds.custom_resource(f"{name}-pipeline-stream", "tekton.dev/v1", "Pipeline", meta(STREAM_PIPELINE), stream, child))
+            stream_pipeline = stream_pipeline_spec(cfg.max_model_size_gi)
+            deps.append(crds.custom_resource(
+                f"{name}-pipeline-stream", "tekton.dev/v1", "Pipeline", meta(STREAM_PIPELINE), stream_pipeline, child))
 
         self.run_names, self.internal_images, self.runs = {}, {}, {}
         for model in args.models:
@@ -465,17 +468,17 @@ class ModelPipeline(pulumi.ComponentResource):
                 f"{name}-stream-{model.name}", "image.openshift.io/v1", "ImageStream", meta(stream),
                 {"lookupPolicy": {"local": True}}, child,
             ))
-            spec = run_spec(model, cfg, ns, args.build_nodes, tools.image)
+            run_body = run_spec(model, cfg, ns, args.build_nodes, tools.image)
             # The run's own inputs (model, destinations, sizes, tools image, pipeline version): another model
             # or an unchanged config never starts a new run of this one.
             # `retry` (a counter in the model's config) starts a new run of unchanged inputs.
             retry = [f"retry={model.retry}"] if model.retry else []
-            digest = naming.short_hash(str(PIPELINE_VERSION), json.dumps(spec.dump(), sort_keys=True), *retry)
+            digest = naming.short_hash(str(PIPELINE_VERSION), json.dumps(run_body.dump(), sort_keys=True), *retry)
             run = run_name(model, digest)
             crds.custom_resource(
                 f"{name}-run-{model.name}", "tekton.dev/v1", "PipelineRun",
                 meta(run, annotations={"pulumi.com/skipAwait": "true"}),
-                spec,
+                run_body,
                 # Not awaited; kept on replace/destroy so run history and logs stay until Tekton's pruner removes them.
                 pulumi.ResourceOptions(parent=self, depends_on=list(deps), retain_on_delete=True),
             )

@@ -687,7 +687,7 @@ class BlobPusher:
             return up
         reply = self._status(up.location)
         candidates = parse_range(reply.header("Range")) if reply is not None and reply.status == 204 else None
-        if candidates is None:
+        if candidates is None or reply is None:  # (no reply means no candidates; said twice for the type checker)
             lost = up.acked
             if reply is None or reply.status != 404:
                 self._cancel(up.location)  # still there, but unusable: do not leave it behind
@@ -1036,7 +1036,7 @@ def previous_layers(client: RegistryClient, dest: ImageRef) -> dict[str, tuple[s
     return found
 
 
-def annotations(pairs: Sequence[str]) -> dict[str, str]:
+def manifest_annotations(pairs: Sequence[str]) -> dict[str, str]:
     """`KEY=VALUE` flags as manifest annotations; an empty VALUE (an unknown Tekton result) is left out."""
     found = {}
     for pair in pairs:
@@ -1195,6 +1195,9 @@ def package(
     settings = UploadSettings(args.chunk_threshold, args.chunk_size, args.retries, args.retry_delay)
     pusher = BlobPusher(client, dest.repository, settings, progress)
 
+    def base_layer_reader(url: str) -> Callable[[int], Iterator[memoryview]]:
+        return lambda off: source.open_stream(url, off)
+
     for layer in base_manifest["layers"]:
         digest, size = layer["digest"], layer["size"]
         if client.blob_exists(dest.repository, digest):
@@ -1203,14 +1206,13 @@ def package(
             progress.advance(size)
             log(f"base layer {digest[:19]}: mounted from {base.repository}")
         else:
-            url = f"/v2/{base.repository}/blobs/{digest}"
-            got = pusher.push(f"base layer {digest[:19]}", size, lambda off, url=url: source.open_stream(url, off))
+            got = pusher.push(f"base layer {digest[:19]}", size, base_layer_reader(f"/v2/{base.repository}/blobs/{digest}"))
             if got != digest:
                 raise StepError(f"base layer {digest} arrived as {got}", EXIT_INTEGRITY)
 
     abort = threading.Event()  # set by the first failure: queued files are not started
 
-    def push_file(item: tuple[str, Path]) -> tuple[str, str, int]:
+    def push_file(item: tuple[str, Path | None]) -> tuple[str, str, int]:
         if abort.is_set():
             raise StepError("aborted after an earlier failure")
         try:
@@ -1295,7 +1297,7 @@ def package(
     if not client.blob_exists(dest.repository, config_digest):
         pusher.push("config", len(config), lambda off: iter([memoryview(config)[off:]]))
     notes = {rel: {SOURCE_ANNOTATION: s3.tag(rel)} for rel, _, _ in layers} if s3 is not None else {}
-    manifest = build_manifest(config, base_manifest["layers"], layers, str(base), base_digest, annotations(args.annotation), notes)
+    manifest = build_manifest(config, base_manifest["layers"], layers, str(base), base_digest, manifest_annotations(args.annotation), notes)
     # Every blob is in the registry now; only this last request makes the tag point at the image.
     return client.put_manifest(dest.repository, dest.tag or "", manifest, OCI_MANIFEST)
 
