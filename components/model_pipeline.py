@@ -1,4 +1,4 @@
-"""Model-packaging pipeline (SPEC.md §5.6): LLM weights → KServe modelcar → Quay → internal registry → registry.
+"""Model-packaging pipeline: LLM weights → KServe modelcar → Quay → internal registry → registry.
 
 Tekton v1 Tasks run the step programs of `steps/` (embedded verbatim as step scripts) in a small tools
 image the stack builds itself. One PipelineRun per configured model, named from a hash of its inputs
