@@ -37,7 +37,7 @@ from stacks.base import (
     duplicates,
     rule,
 )
-from steps.common import DEFAULT_INCLUDE
+from steps.lib.model import DEFAULT_INCLUDE
 
 # --------------------------------------------------------------------------------------- cluster
 

@@ -294,7 +294,7 @@ def test_hf_token_only_for_gated_repositories() -> None:
 
 
 def test_default_include_is_what_the_download_step_accepts(barcelona: RunResult) -> None:
-    from steps.common import DEFAULT_INCLUDE
+    from steps.lib.model import DEFAULT_INCLUDE
 
     params = {p["name"]: p["value"] for p in run_for(barcelona, "mistral-small-24b-fp16")["spec"]["params"]}
     assert params["include"] == list(DEFAULT_INCLUDE)
