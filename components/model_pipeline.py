@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict
 from components import crds, tekton
 from components.image_build import ToolsImage, ToolsImageArgs
 from core import model_sizing, naming
+from core.model_sizing import STEP, PipelineStep
 from core.quantity import parse_quantity
 from stacks.config import BuildNodesConfig, ModelConfig, ModelPipelineConfig
 from steps.embed import step_script
@@ -24,15 +25,6 @@ from steps.embed import step_script
 PIPELINE = "modelcar"
 # Bump when the pipeline's output changes meaning (e.g. the modelcar layout): every model re-runs.
 PIPELINE_VERSION = 1
-TASKS = {
-    "wait-tools": "modelcar-wait-tools",
-    "download": "modelcar-download",
-    "package": "modelcar-package",
-    "mirror": "modelcar-mirror",
-    "register": "modelcar-register",
-    "upload-s3": "modelcar-upload-s3",
-    "package-stream": "modelcar-package-stream",
-}
 STREAM_PIPELINE = "modelcar-stream"
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # holds service-ca.crt for the internal registry
 SA_TOKEN = f"{SA_DIR}/token"
@@ -42,8 +34,8 @@ SECRET_NAMES = {"quay": "model-pipeline-quay", "hf": "model-pipeline-hf", "s3": 
 STEP_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True}
 
 
-def _resources(task: str) -> tekton.ComputeResources:
-    cpu, mem, eph = model_sizing.CPU[task], model_sizing.MEMORY[task], model_sizing.EPHEMERAL[task]
+def _resources(step: PipelineStep) -> tekton.ComputeResources:
+    cpu, mem, eph = step.cpu, step.memory, step.ephemeral
     return tekton.ComputeResources(
         requests={"cpu": cpu[0], "memory": mem[0], "ephemeral-storage": eph[0]},
         limits={"cpu": cpu[1], "memory": mem[1], "ephemeral-storage": eph[1]},
@@ -58,19 +50,21 @@ def _p(*names: str) -> list[tekton.ParamSpec]:
     return [tekton.ParamSpec(name=n) for n in names]
 
 
-def _step(task: str, script: str, image: str, args: list[str], env: list[tekton.EnvVar] | None = None) -> tekton.Step:
+def _step(key: str, image: str, args: list[str], env: list[tekton.EnvVar] | None = None) -> tekton.Step:
+    """The one step of Task `key`: its program, resources and workspace use come from its row in `STEP`."""
+    step = STEP[key]
     base = [tekton.EnvVar(name="PYTHONUNBUFFERED", value="1")]
-    if task not in ("register", "wait-tools"):
+    if step.uses_workspace:
         # caches and temporary files on the workspace PVC, never on the node
         base += [tekton.EnvVar(name="HOME", value="$(workspaces.model.path)/.home"),
                  tekton.EnvVar(name="TMPDIR", value="$(workspaces.model.path)")]
     return tekton.Step(
-        name=task,
+        name=step.name,
         image=image,
-        script=step_script(script),
+        script=step_script(step.program),
         args=args,
         env=base + (env or []),
-        compute_resources=_resources(task),
+        compute_resources=_resources(step),
         security_context=STEP_SECURITY,
     )
 
@@ -98,7 +92,7 @@ def task_specs(
         "wait-tools": tekton.TaskSpec(
             description="Wait until the tools image is pushed (its build starts with the same `pulumi up`).",
             params=_p("image"),
-            steps=[_step("wait-tools", "wait_image", tools_base, [
+            steps=[_step("wait-tools", tools_base, [
                 "--image", "$(params.image)", "--token-file", SA_TOKEN, "--ca-file", f"{SA_DIR}/service-ca.crt",
                 "--timeout", str(model_sizing.task_timeout_minutes("wait-tools", 0) * 60 - 60),
             ])],
@@ -110,7 +104,7 @@ def task_specs(
                      tekton.ResultSpec(name="REVISION", description="resolved Hugging Face commit (empty for S3)"),
                      tekton.ResultSpec(name="LICENSE", description="model card license (empty when unknown)")],
             workspaces=[model_ws],
-            steps=[_step("download", "download", tools_image, [
+            steps=[_step("download", tools_image, [
                 "--source", "$(params.source-uri)", "--dest", WEIGHTS, "--revision", "$(params.revision)",
                 "--endpoint-url", "$(params.endpoint-url)", "--region", "$(params.region)",
                 "--result-size", "$(results.BYTES.path)", "--max-layer-size", layer_limit,
@@ -123,7 +117,7 @@ def task_specs(
             params=_p("image", "base-image", "source", "revision", "license", "quantization"),
             results=[tekton.ResultSpec(name="IMAGE_DIGEST"), tekton.ResultSpec(name="IMAGE_URL", description="repo@digest")],
             workspaces=[model_ws, quay_ws],
-            steps=[_step("package", "package", tools_image, [
+            steps=[_step("package", tools_image, [
                 # OCI annotations: where the weights came from, at which revision, under which license, how quantized
                 "--annotation", "org.opencontainers.image.source=$(params.source)",
                 "--annotation", "org.opencontainers.image.revision=$(params.revision)",
@@ -140,7 +134,7 @@ def task_specs(
             params=_p("source-image", "destination"),
             results=[tekton.ResultSpec(name="IMAGE_DIGEST"), tekton.ResultSpec(name="IMAGE_URL", description="repo@digest")],
             workspaces=[model_ws, quay_ws],
-            steps=[_step("mirror", "mirror", tools_image, [
+            steps=[_step("mirror", tools_image, [
                 "--src", "$(params.source-image)", "--dest", "$(params.destination)",
                 "--src-authfile", "$(workspaces.quay-auth.path)/.dockerconfigjson",
                 # the service-account token is read right before the push (tokens expire in long runs)
@@ -153,7 +147,7 @@ def task_specs(
             params=_p("registry-url", "model-name", "version-name", "description", "image", "quantization", "base-model", "source"),
             results=[tekton.ResultSpec(name="MODEL_ID"), tekton.ResultSpec(name="VERSION_ID"),
                      tekton.ResultSpec(name="VERSION_NAME", description="<version> or <version>-<digest12> for a new image")],
-            steps=[_step("register", "register", tools_image, [
+            steps=[_step("register", tools_image, [
                 "--registry-url", "$(params.registry-url)", "--token-file", SA_TOKEN, "--ca-file", registry_ca_file,
                 "--result-version-name", "$(results.VERSION_NAME.path)",
                 "--model-name", "$(params.model-name)", "--version", "$(params.version-name)",
@@ -168,7 +162,7 @@ def task_specs(
                     tekton.ParamSpec(name="include", type="array")],
             results=[tekton.ResultSpec(name="IMAGE_DIGEST"), tekton.ResultSpec(name="IMAGE_URL", description="repo@digest")],
             workspaces=[tekton.WorkspaceDeclaration(name="model", description="small scratch (emptyDir): HOME, TMPDIR"), quay_ws],
-            steps=[_step("package", "package", tools_image, [
+            steps=[_step("package-stream", tools_image, [
                 "--source", "$(params.source-uri)", "--hf-revision", "$(params.revision)",
                 "--s3-endpoint-url", "$(params.endpoint-url)", "--s3-region", "$(params.region)",
                 "--image", "$(params.image)", "--base-image", "$(params.base-image)",
@@ -185,7 +179,7 @@ def task_specs(
             params=_p("destination", "endpoint-url", "region"),
             results=[tekton.ResultSpec(name="URI")],
             workspaces=[model_ws],
-            steps=[_step("upload-s3", "upload_s3", tools_image, [
+            steps=[_step("upload-s3", tools_image, [
                 "--src", WEIGHTS, "--dest", "$(params.destination)", "--endpoint-url", "$(params.endpoint-url)",
                 "--region", "$(params.region)", "--result-uri", "$(results.URI.path)",
             ], s3_env)],
@@ -204,7 +198,7 @@ def pipeline_spec(size_gi_for_timeouts: float) -> tekton.PipelineSpec:
     """Download → package → mirror → register (+ optional S3 upload); digests flow through results."""
 
     def ref(task: str) -> dict[str, str]:
-        return {"kind": "Task", "name": TASKS[task]}
+        return {"kind": "Task", "name": STEP[task].task}
 
     def param(name: str, value: str | list[str] | None = None) -> tekton.Param:
         return tekton.Param(name=name, value=value if value is not None else f"$(params.{name})")
@@ -213,7 +207,7 @@ def pipeline_spec(size_gi_for_timeouts: float) -> tekton.PipelineSpec:
         return model_sizing.duration(model_sizing.task_timeout_minutes(task, size_gi_for_timeouts))
 
     def retries(task: str) -> int | None:
-        return model_sizing.TASK_RETRIES[task] or None
+        return STEP[task].retries or None
 
     model_ws = [tekton.WorkspaceBinding(name="model", workspace="model")]
     quay_ws = [tekton.WorkspaceBinding(name="quay-auth", workspace="quay-auth")]
@@ -274,7 +268,7 @@ def stream_pipeline_spec(size_gi_for_timeouts: float) -> tekton.PipelineSpec:
         ("region", "region"), ("quantization", "quantization"), ("revision", "revision"),
     )
     package = tekton.PipelineTask(
-        name="package", task_ref={"kind": "Task", "name": TASKS["package-stream"]}, timeout=by_name["package"].timeout,
+        name="package", task_ref={"kind": "Task", "name": STEP["package-stream"].task}, timeout=by_name["package"].timeout,
         retries=by_name["package"].retries, run_after=["wait-tools"], workspaces=ws,
         params=[*(tekton.Param(name=n, value=f"$(params.{v})") for n, v in names),
                 tekton.Param(name="include", value="$(params.include[*])")],
@@ -453,7 +447,7 @@ class ModelPipeline(pulumi.ComponentResource):
         for task, spec in specs.items():
             if task == "package-stream" and not streaming:
                 continue  # only stacks with a streaming model get the streaming Task and Pipeline
-            deps.append(crds.custom_resource(f"{name}-task-{task}", "tekton.dev/v1", "Task", meta(TASKS[task]), spec, child))
+            deps.append(crds.custom_resource(f"{name}-task-{task}", "tekton.dev/v1", "Task", meta(STEP[task].task), spec, child))
         pipeline = pipeline_spec(cfg.max_model_size_gi)
         deps.append(crds.custom_resource(f"{name}-pipeline", "tekton.dev/v1", "Pipeline", meta(PIPELINE), pipeline, child))
         if streaming:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from core import model_sizing
-from steps.embed import step_script
+from steps.embed import STEPS, step_script
 from tests.conftest import run_objects, stack_objects
 from tools.mock_engine import RunResult
 
@@ -71,6 +71,34 @@ def test_only_v1_compute_resources_and_steps_embed_the_step_programs(barcelona: 
         assert set(res["requests"]) == set(res["limits"]) == {"cpu", "memory", "ephemeral-storage"}
     download = specs["modelcar-download"]["steps"][0]["computeResources"]
     assert download["limits"]["memory"] == "8Gi"  # 20-worker downloads were OOM-killed at 2Gi
+
+
+def test_each_task_is_its_row_in_the_step_table(barcelona: RunResult) -> None:
+    """A Task's name, step name, program, resources, workspace use, timeout and retries all come from its
+    `model_sizing.STEP` row; the rows name exactly the step programs `steps/embed.py` knows."""
+    assert {row.program for row in model_sizing.STEP.values()} == set(STEPS)
+    specs = tasks(barcelona)
+    pipeline = next(r.inputs["spec"] for r in barcelona.of_type(PIPELINE) if r.inputs["metadata"]["name"] == "modelcar")
+    by_task = {t["taskRef"]["name"]: t for t in pipeline["tasks"]}
+    size = barcelona_max_size_gi()
+    for row in model_sizing.PIPELINE_STEPS:
+        (step,) = specs[row.task]["steps"]
+        assert step["name"] == row.name and step["script"] == step_script(row.program)
+        res = step["computeResources"]
+        assert (res["requests"]["cpu"], res["limits"]["cpu"]) == row.cpu
+        assert (res["requests"]["memory"], res["limits"]["memory"]) == row.memory
+        assert (res["requests"]["ephemeral-storage"], res["limits"]["ephemeral-storage"]) == row.ephemeral
+        assert ("TMPDIR" in {e["name"] for e in step["env"]}) == row.uses_workspace
+        task = by_task[row.task]
+        assert task["name"] == row.name and task.get("retries", 0) == row.retries
+        assert task["timeout"] == model_sizing.duration(model_sizing.task_timeout_minutes(row.key, size))
+        assert model_sizing.task_timeout_minutes(row.key, size) >= row.min_timeout_min
+    stream = model_sizing.STEP["package-stream"]
+    assert (stream.name, stream.program, stream.cpu, stream.retries) == ("package", "package", model_sizing.STEP["package"].cpu, 2)
+
+
+def barcelona_max_size_gi() -> float:
+    return float(stack_objects("barcelona")["modelPipeline"]["maxModelSizeGi"])
 
 
 def test_scratch_is_constant_and_on_the_pvc(barcelona: RunResult) -> None:
