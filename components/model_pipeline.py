@@ -19,7 +19,7 @@ from components.image_build import ToolsImage, ToolsImageArgs
 from core import model_sizing, naming
 from core.model_sizing import STEP, PipelineStep
 from core.quantity import parse_quantity
-from stacks.config import BuildNodesConfig, ModelConfig, ModelPipelineConfig
+from stacks.config import PIPELINE_CREDENTIALS, BuildNodesConfig, ModelConfig, ModelPipelineConfig
 from steps.embed import step_script
 
 PIPELINE = "modelcar"
@@ -30,7 +30,6 @@ SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # holds service-ca.crt
 SA_TOKEN = f"{SA_DIR}/token"
 # download, package and upload share the digest cache that lives next to this directory (their default)
 WEIGHTS = "$(workspaces.model.path)/weights"
-SECRET_NAMES = {"quay": "model-pipeline-quay", "hf": "model-pipeline-hf", "s3": "model-pipeline-s3"}
 STEP_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True}
 
 
@@ -81,13 +80,13 @@ def task_specs(
     layer_limit = str(int(parse_quantity(max_layer_size)))  # bytes: the steps' size parser has no Kubernetes suffixes
     model_ws = tekton.WorkspaceDeclaration(name="model", description="PVC holding the downloaded weights")
     quay_ws = tekton.WorkspaceDeclaration(name="quay-auth", description="Quay dockerconfigjson", read_only=True)
-    download_env = []
-    if "hf" in secrets:
-        download_env.append(_secret_env("HF_TOKEN", SECRET_NAMES["hf"], "HF_TOKEN"))
-    s3_env = []
-    if "s3" in secrets:
-        s3_env = [_secret_env("AWS_ACCESS_KEY_ID", SECRET_NAMES["s3"], "AWS_ACCESS_KEY_ID"),
-                  _secret_env("AWS_SECRET_ACCESS_KEY", SECRET_NAMES["s3"], "AWS_SECRET_ACCESS_KEY")]
+
+    def credential_env(cred: str) -> list[tekton.EnvVar]:
+        """The credential's Secret keys as the steps' environment variables, when the Secret exists."""
+        table = PIPELINE_CREDENTIALS[cred]
+        return [_secret_env(env, table.secret, env) for env, _, _ in table.keys] if cred in secrets else []
+
+    download_env, s3_env = credential_env("hf"), credential_env("s3")
     return {
         "wait-tools": tekton.TaskSpec(
             description="Wait until the tools image is pushed (its build starts with the same `pulumi up`).",
@@ -360,7 +359,7 @@ def run_spec(
         params=run_params(model, pipeline, namespace, tools_image),
         workspaces=[
             model_ws,
-            tekton.RunWorkspace(name="quay-auth", secret={"secretName": SECRET_NAMES["quay"]}),
+            tekton.RunWorkspace(name="quay-auth", secret={"secretName": PIPELINE_CREDENTIALS["quay"].secret}),
         ],
         # Build-node placement at the run level, so the affinity assistant shares it (no fsGroup: the SCC assigns it).
         task_run_template=tekton.TaskRunTemplate(service_account_name=pipeline.service_account, pod_template=pod_template),
@@ -423,23 +422,18 @@ class ModelPipeline(pulumi.ComponentResource):
                 subjects=[k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=cfg.service_account, namespace=ns)],
                 opts=child,
             ))
+        # A credential's Secret exists when a model uses it and its stack secrets are set (the loader has already
+        # refused a stack that lacks a secret a model requires, e.g. hfToken for a gated repository).
         secrets = args.secrets
-        deps.append(k8s.core.v1.Secret(
-            f"{name}-quay", metadata=meta(SECRET_NAMES["quay"]), type="kubernetes.io/dockerconfigjson",
-            string_data={".dockerconfigjson": secrets["quayDockerConfigJson"]}, opts=child,
-        ))
+        used = {cred for model in args.models for cred in model.credentials()}
         present = set()
-        # Only gated repositories need the token (the loader requires it then); when set it is used for all.
-        if any(m.source.hugging_face for m in args.models) and secrets.get("hfToken"):
-            present.add("hf")
-            deps.append(k8s.core.v1.Secret(f"{name}-hf", metadata=meta(SECRET_NAMES["hf"]), type="Opaque",
-                                           string_data={"HF_TOKEN": secrets["hfToken"]}, opts=child))
-        if any(m.source.s3 or m.upload_to_s3 for m in args.models):
-            present.add("s3")
+        for cred, table in PIPELINE_CREDENTIALS.items():
+            if cred not in used or not all(secrets.get(key) for _, key, _ in table.keys):
+                continue
+            present.add(cred)
             deps.append(k8s.core.v1.Secret(
-                f"{name}-s3", metadata=meta(SECRET_NAMES["s3"]), type="Opaque",
-                string_data={"AWS_ACCESS_KEY_ID": secrets["s3AccessKeyId"], "AWS_SECRET_ACCESS_KEY": secrets["s3SecretAccessKey"]},
-                opts=child,
+                f"{name}-{cred}", metadata=meta(table.secret), type=table.type,
+                string_data={env: secrets[key] for env, key, _ in table.keys}, opts=child,
             ))
 
         specs = task_specs(tools.image, cfg.tools_base_image, present, cfg.chunk_threshold, cfg.max_layer_size, cfg.registry_ca_file)

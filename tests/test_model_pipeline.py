@@ -167,6 +167,23 @@ def test_secrets_rbac_and_key_names_match_the_steps(barcelona: RunResult) -> Non
     assert SECRETS["hfToken"] not in dump and "dXNlcjpwYXNz" not in dump
 
 
+def test_credential_table_is_what_the_stack_renders_and_requires(barcelona: RunResult) -> None:
+    """`PIPELINE_CREDENTIALS` is the one place that says which Secret holds which keys: the rendered Secrets,
+    the steps' secretKeyRefs and the loader's list of secrets all follow it."""
+    from stacks.config import PIPELINE_CREDENTIALS
+    from stacks.loader import SECRET_KEYS
+
+    rendered = {r.inputs["metadata"]["name"]: r.inputs for r in barcelona.of_type(SECRET)}
+    table = {cred.secret: cred for cred in PIPELINE_CREDENTIALS.values()}
+    for secret, cred in table.items():
+        assert rendered[secret]["type"] == cred.type
+        assert list(rendered[secret]["stringData"]) == [env for env, _, _ in cred.keys]
+        assert {key for _, key, _ in cred.keys} <= set(SECRET_KEYS)
+    refs = {(e["valueFrom"]["secretKeyRef"]["name"], e["valueFrom"]["secretKeyRef"]["key"], e["name"])
+            for spec in tasks(barcelona).values() for e in spec["steps"][0]["env"] if "valueFrom" in e}
+    assert refs and refs <= {(cred.secret, env, env) for cred in PIPELINE_CREDENTIALS.values() for env, _, _ in cred.keys}
+
+
 def test_tools_image_is_built_by_the_stack(barcelona: RunResult) -> None:
     bc = next(r.inputs for r in barcelona.of_type("kubernetes:build.openshift.io/v1:BuildConfig")
               if r.inputs["metadata"]["labels"].get("ml-dev-env/stage") == "tools")
