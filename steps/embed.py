@@ -16,7 +16,7 @@ from pathlib import Path
 STEPS_DIR = Path(__file__).resolve().parent
 STEPS = ("download", "package", "mirror", "register", "upload_s3", "wait_image")
 # Inlined in this order; a module may import only the ones before it.
-LIB = ("runtime", "s3", "registry", "model")
+LIB = ("runtime", "s3", "images", "registry", "model")
 
 
 def _source(path: Path) -> tuple[ast.Module, str]:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lib.images import ImageRef, registry_credentials
 from lib.model import (
     DEFAULT_INCLUDE,
     LAYER_MEDIA_TYPE,
@@ -49,12 +50,10 @@ from lib.registry import (
     STREAM_READ,
     AuthExpired,
     ChunkRefused,
-    ImageRef,
     RegistryClient,
     Reply,
     TransientError,
     backoff,
-    registry_credentials,
     sha256_digest,
 )
 from lib.runtime import (

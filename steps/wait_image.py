@@ -18,7 +18,7 @@ import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
 
-from lib.registry import ImageRef
+from lib.images import ImageRef
 from lib.runtime import EXIT_AUTH, EXIT_NOT_FOUND, EXIT_REMOTE, StepError, log, run_step
 
 ACCEPT = ", ".join((
