@@ -1,4 +1,4 @@
-"""Model-packaging pipeline (SPEC.md §5.6): LLM weights → KServe modelcar → Quay → internal registry → registry.
+"""Model-packaging pipeline: LLM weights → KServe modelcar → Quay → internal registry → registry.
 
 Tekton v1 Tasks run the step programs of `steps/` (embedded verbatim as step scripts) in a small tools
 image the stack builds itself. One PipelineRun per configured model, named from a hash of its inputs
@@ -17,33 +17,24 @@ from pydantic import BaseModel, ConfigDict
 from components import crds, tekton
 from components.image_build import ToolsImage, ToolsImageArgs
 from core import model_sizing, naming
+from core.model_sizing import STEP, PipelineStep
 from core.quantity import parse_quantity
-from stacks.config import BuildNodesConfig, ModelConfig, ModelPipelineConfig
+from stacks.config import PIPELINE_CREDENTIALS, BuildNodesConfig, ModelConfig, ModelPipelineConfig
 from steps.embed import step_script
 
 PIPELINE = "modelcar"
 # Bump when the pipeline's output changes meaning (e.g. the modelcar layout): every model re-runs.
 PIPELINE_VERSION = 1
-TASKS = {
-    "wait-tools": "modelcar-wait-tools",
-    "download": "modelcar-download",
-    "package": "modelcar-package",
-    "mirror": "modelcar-mirror",
-    "register": "modelcar-register",
-    "upload-s3": "modelcar-upload-s3",
-    "package-stream": "modelcar-package-stream",
-}
 STREAM_PIPELINE = "modelcar-stream"
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # holds service-ca.crt for the internal registry
 SA_TOKEN = f"{SA_DIR}/token"
 # download, package and upload share the digest cache that lives next to this directory (their default)
 WEIGHTS = "$(workspaces.model.path)/weights"
-SECRET_NAMES = {"quay": "model-pipeline-quay", "hf": "model-pipeline-hf", "s3": "model-pipeline-s3"}
 STEP_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True}
 
 
-def _resources(task: str) -> tekton.ComputeResources:
-    cpu, mem, eph = model_sizing.CPU[task], model_sizing.MEMORY[task], model_sizing.EPHEMERAL[task]
+def _resources(step: PipelineStep) -> tekton.ComputeResources:
+    cpu, mem, eph = step.cpu, step.memory, step.ephemeral
     return tekton.ComputeResources(
         requests={"cpu": cpu[0], "memory": mem[0], "ephemeral-storage": eph[0]},
         limits={"cpu": cpu[1], "memory": mem[1], "ephemeral-storage": eph[1]},
@@ -58,19 +49,21 @@ def _p(*names: str) -> list[tekton.ParamSpec]:
     return [tekton.ParamSpec(name=n) for n in names]
 
 
-def _step(task: str, script: str, image: str, args: list[str], env: list[tekton.EnvVar] | None = None) -> tekton.Step:
+def _step(key: str, image: str, args: list[str], env: list[tekton.EnvVar] | None = None) -> tekton.Step:
+    """The one step of Task `key`: its program, resources and workspace use come from its row in `STEP`."""
+    step = STEP[key]
     base = [tekton.EnvVar(name="PYTHONUNBUFFERED", value="1")]
-    if task not in ("register", "wait-tools"):
+    if step.uses_workspace:
         # caches and temporary files on the workspace PVC, never on the node
         base += [tekton.EnvVar(name="HOME", value="$(workspaces.model.path)/.home"),
                  tekton.EnvVar(name="TMPDIR", value="$(workspaces.model.path)")]
     return tekton.Step(
-        name=task,
+        name=step.name,
         image=image,
-        script=step_script(script),
+        script=step_script(step.program),
         args=args,
         env=base + (env or []),
-        compute_resources=_resources(task),
+        compute_resources=_resources(step),
         security_context=STEP_SECURITY,
     )
 
@@ -87,18 +80,18 @@ def task_specs(
     layer_limit = str(int(parse_quantity(max_layer_size)))  # bytes: the steps' size parser has no Kubernetes suffixes
     model_ws = tekton.WorkspaceDeclaration(name="model", description="PVC holding the downloaded weights")
     quay_ws = tekton.WorkspaceDeclaration(name="quay-auth", description="Quay dockerconfigjson", read_only=True)
-    download_env = []
-    if "hf" in secrets:
-        download_env.append(_secret_env("HF_TOKEN", SECRET_NAMES["hf"], "HF_TOKEN"))
-    s3_env = []
-    if "s3" in secrets:
-        s3_env = [_secret_env("AWS_ACCESS_KEY_ID", SECRET_NAMES["s3"], "AWS_ACCESS_KEY_ID"),
-                  _secret_env("AWS_SECRET_ACCESS_KEY", SECRET_NAMES["s3"], "AWS_SECRET_ACCESS_KEY")]
+
+    def credential_env(cred: str) -> list[tekton.EnvVar]:
+        """The credential's Secret keys as the steps' environment variables, when the Secret exists."""
+        table = PIPELINE_CREDENTIALS[cred]
+        return [_secret_env(env, table.secret, env) for env, _, _ in table.keys] if cred in secrets else []
+
+    download_env, s3_env = credential_env("hf"), credential_env("s3")
     return {
         "wait-tools": tekton.TaskSpec(
             description="Wait until the tools image is pushed (its build starts with the same `pulumi up`).",
             params=_p("image"),
-            steps=[_step("wait-tools", "wait_image", tools_base, [
+            steps=[_step("wait-tools", tools_base, [
                 "--image", "$(params.image)", "--token-file", SA_TOKEN, "--ca-file", f"{SA_DIR}/service-ca.crt",
                 "--timeout", str(model_sizing.task_timeout_minutes("wait-tools", 0) * 60 - 60),
             ])],
@@ -110,7 +103,7 @@ def task_specs(
                      tekton.ResultSpec(name="REVISION", description="resolved Hugging Face commit (empty for S3)"),
                      tekton.ResultSpec(name="LICENSE", description="model card license (empty when unknown)")],
             workspaces=[model_ws],
-            steps=[_step("download", "download", tools_image, [
+            steps=[_step("download", tools_image, [
                 "--source", "$(params.source-uri)", "--dest", WEIGHTS, "--revision", "$(params.revision)",
                 "--endpoint-url", "$(params.endpoint-url)", "--region", "$(params.region)",
                 "--result-size", "$(results.BYTES.path)", "--max-layer-size", layer_limit,
@@ -123,7 +116,7 @@ def task_specs(
             params=_p("image", "base-image", "source", "revision", "license", "quantization"),
             results=[tekton.ResultSpec(name="IMAGE_DIGEST"), tekton.ResultSpec(name="IMAGE_URL", description="repo@digest")],
             workspaces=[model_ws, quay_ws],
-            steps=[_step("package", "package", tools_image, [
+            steps=[_step("package", tools_image, [
                 # OCI annotations: where the weights came from, at which revision, under which license, how quantized
                 "--annotation", "org.opencontainers.image.source=$(params.source)",
                 "--annotation", "org.opencontainers.image.revision=$(params.revision)",
@@ -140,7 +133,7 @@ def task_specs(
             params=_p("source-image", "destination"),
             results=[tekton.ResultSpec(name="IMAGE_DIGEST"), tekton.ResultSpec(name="IMAGE_URL", description="repo@digest")],
             workspaces=[model_ws, quay_ws],
-            steps=[_step("mirror", "mirror", tools_image, [
+            steps=[_step("mirror", tools_image, [
                 "--src", "$(params.source-image)", "--dest", "$(params.destination)",
                 "--src-authfile", "$(workspaces.quay-auth.path)/.dockerconfigjson",
                 # the service-account token is read right before the push (tokens expire in long runs)
@@ -153,7 +146,7 @@ def task_specs(
             params=_p("registry-url", "model-name", "version-name", "description", "image", "quantization", "base-model", "source"),
             results=[tekton.ResultSpec(name="MODEL_ID"), tekton.ResultSpec(name="VERSION_ID"),
                      tekton.ResultSpec(name="VERSION_NAME", description="<version> or <version>-<digest12> for a new image")],
-            steps=[_step("register", "register", tools_image, [
+            steps=[_step("register", tools_image, [
                 "--registry-url", "$(params.registry-url)", "--token-file", SA_TOKEN, "--ca-file", registry_ca_file,
                 "--result-version-name", "$(results.VERSION_NAME.path)",
                 "--model-name", "$(params.model-name)", "--version", "$(params.version-name)",
@@ -168,7 +161,7 @@ def task_specs(
                     tekton.ParamSpec(name="include", type="array")],
             results=[tekton.ResultSpec(name="IMAGE_DIGEST"), tekton.ResultSpec(name="IMAGE_URL", description="repo@digest")],
             workspaces=[tekton.WorkspaceDeclaration(name="model", description="small scratch (emptyDir): HOME, TMPDIR"), quay_ws],
-            steps=[_step("package", "package", tools_image, [
+            steps=[_step("package-stream", tools_image, [
                 "--source", "$(params.source-uri)", "--hf-revision", "$(params.revision)",
                 "--s3-endpoint-url", "$(params.endpoint-url)", "--s3-region", "$(params.region)",
                 "--image", "$(params.image)", "--base-image", "$(params.base-image)",
@@ -185,7 +178,7 @@ def task_specs(
             params=_p("destination", "endpoint-url", "region"),
             results=[tekton.ResultSpec(name="URI")],
             workspaces=[model_ws],
-            steps=[_step("upload-s3", "upload_s3", tools_image, [
+            steps=[_step("upload-s3", tools_image, [
                 "--src", WEIGHTS, "--dest", "$(params.destination)", "--endpoint-url", "$(params.endpoint-url)",
                 "--region", "$(params.region)", "--result-uri", "$(results.URI.path)",
             ], s3_env)],
@@ -204,7 +197,7 @@ def pipeline_spec(size_gi_for_timeouts: float) -> tekton.PipelineSpec:
     """Download → package → mirror → register (+ optional S3 upload); digests flow through results."""
 
     def ref(task: str) -> dict[str, str]:
-        return {"kind": "Task", "name": TASKS[task]}
+        return {"kind": "Task", "name": STEP[task].task}
 
     def param(name: str, value: str | list[str] | None = None) -> tekton.Param:
         return tekton.Param(name=name, value=value if value is not None else f"$(params.{name})")
@@ -213,7 +206,7 @@ def pipeline_spec(size_gi_for_timeouts: float) -> tekton.PipelineSpec:
         return model_sizing.duration(model_sizing.task_timeout_minutes(task, size_gi_for_timeouts))
 
     def retries(task: str) -> int | None:
-        return model_sizing.TASK_RETRIES[task] or None
+        return STEP[task].retries or None
 
     model_ws = [tekton.WorkspaceBinding(name="model", workspace="model")]
     quay_ws = [tekton.WorkspaceBinding(name="quay-auth", workspace="quay-auth")]
@@ -269,10 +262,12 @@ def stream_pipeline_spec(size_gi_for_timeouts: float) -> tekton.PipelineSpec:
     full = pipeline_spec(size_gi_for_timeouts)
     by_name = {t.name: t for t in full.tasks}
     ws = [tekton.WorkspaceBinding(name="model", workspace="model"), tekton.WorkspaceBinding(name="quay-auth", workspace="quay-auth")]
-    names = ("image", "quay-image"), ("base-image", "base-image"), ("source-uri", "source-uri"), ("endpoint-url", "endpoint-url")
-    names += ("region", "region"), ("quantization", "quantization"), ("revision", "revision")
+    names: tuple[tuple[str, str], ...] = (
+        ("image", "quay-image"), ("base-image", "base-image"), ("source-uri", "source-uri"), ("endpoint-url", "endpoint-url"),
+        ("region", "region"), ("quantization", "quantization"), ("revision", "revision"),
+    )
     package = tekton.PipelineTask(
-        name="package", task_ref={"kind": "Task", "name": TASKS["package-stream"]}, timeout=by_name["package"].timeout,
+        name="package", task_ref={"kind": "Task", "name": STEP["package-stream"].task}, timeout=by_name["package"].timeout,
         retries=by_name["package"].retries, run_after=["wait-tools"], workspaces=ws,
         params=[*(tekton.Param(name=n, value=f"$(params.{v})") for n, v in names),
                 tekton.Param(name="include", value="$(params.include[*])")],
@@ -364,7 +359,7 @@ def run_spec(
         params=run_params(model, pipeline, namespace, tools_image),
         workspaces=[
             model_ws,
-            tekton.RunWorkspace(name="quay-auth", secret={"secretName": SECRET_NAMES["quay"]}),
+            tekton.RunWorkspace(name="quay-auth", secret={"secretName": PIPELINE_CREDENTIALS["quay"].secret}),
         ],
         # Build-node placement at the run level, so the affinity assistant shares it (no fsGroup: the SCC assigns it).
         task_run_template=tekton.TaskRunTemplate(service_account_name=pipeline.service_account, pod_template=pod_template),
@@ -427,23 +422,18 @@ class ModelPipeline(pulumi.ComponentResource):
                 subjects=[k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=cfg.service_account, namespace=ns)],
                 opts=child,
             ))
+        # A credential's Secret exists when a model uses it and its stack secrets are set (the loader has already
+        # refused a stack that lacks a secret a model requires, e.g. hfToken for a gated repository).
         secrets = args.secrets
-        deps.append(k8s.core.v1.Secret(
-            f"{name}-quay", metadata=meta(SECRET_NAMES["quay"]), type="kubernetes.io/dockerconfigjson",
-            string_data={".dockerconfigjson": secrets["quayDockerConfigJson"]}, opts=child,
-        ))
+        used = {cred for model in args.models for cred in model.credentials()}
         present = set()
-        # Only gated repositories need the token (the loader requires it then); when set it is used for all.
-        if any(m.source.hugging_face for m in args.models) and secrets.get("hfToken"):
-            present.add("hf")
-            deps.append(k8s.core.v1.Secret(f"{name}-hf", metadata=meta(SECRET_NAMES["hf"]), type="Opaque",
-                                           string_data={"HF_TOKEN": secrets["hfToken"]}, opts=child))
-        if any(m.source.s3 or m.upload_to_s3 for m in args.models):
-            present.add("s3")
+        for cred, table in PIPELINE_CREDENTIALS.items():
+            if cred not in used or not all(secrets.get(key) for _, key, _ in table.keys):
+                continue
+            present.add(cred)
             deps.append(k8s.core.v1.Secret(
-                f"{name}-s3", metadata=meta(SECRET_NAMES["s3"]), type="Opaque",
-                string_data={"AWS_ACCESS_KEY_ID": secrets["s3AccessKeyId"], "AWS_SECRET_ACCESS_KEY": secrets["s3SecretAccessKey"]},
-                opts=child,
+                f"{name}-{cred}", metadata=meta(table.secret), type=table.type,
+                string_data={env: secrets[key] for env, key, _ in table.keys}, opts=child,
             ))
 
         specs = task_specs(tools.image, cfg.tools_base_image, present, cfg.chunk_threshold, cfg.max_layer_size, cfg.registry_ca_file)
@@ -451,12 +441,13 @@ class ModelPipeline(pulumi.ComponentResource):
         for task, spec in specs.items():
             if task == "package-stream" and not streaming:
                 continue  # only stacks with a streaming model get the streaming Task and Pipeline
-            deps.append(crds.custom_resource(f"{name}-task-{task}", "tekton.dev/v1", "Task", meta(TASKS[task]), spec, child))
+            deps.append(crds.custom_resource(f"{name}-task-{task}", "tekton.dev/v1", "Task", meta(STEP[task].task), spec, child))
         pipeline = pipeline_spec(cfg.max_model_size_gi)
         deps.append(crds.custom_resource(f"{name}-pipeline", "tekton.dev/v1", "Pipeline", meta(PIPELINE), pipeline, child))
         if streaming:
-            stream = stream_pipeline_spec(cfg.max_model_size_gi)
-            deps.append(crds.custom_resource(f"{name}-pipeline-stream", "tekton.dev/v1", "Pipeline", meta(STREAM_PIPELINE), stream, child))
+            stream_pipeline = stream_pipeline_spec(cfg.max_model_size_gi)
+            deps.append(crds.custom_resource(
+                f"{name}-pipeline-stream", "tekton.dev/v1", "Pipeline", meta(STREAM_PIPELINE), stream_pipeline, child))
 
         self.run_names, self.internal_images, self.runs = {}, {}, {}
         for model in args.models:
@@ -465,17 +456,17 @@ class ModelPipeline(pulumi.ComponentResource):
                 f"{name}-stream-{model.name}", "image.openshift.io/v1", "ImageStream", meta(stream),
                 {"lookupPolicy": {"local": True}}, child,
             ))
-            spec = run_spec(model, cfg, ns, args.build_nodes, tools.image)
+            run_body = run_spec(model, cfg, ns, args.build_nodes, tools.image)
             # The run's own inputs (model, destinations, sizes, tools image, pipeline version): another model
             # or an unchanged config never starts a new run of this one.
             # `retry` (a counter in the model's config) starts a new run of unchanged inputs.
             retry = [f"retry={model.retry}"] if model.retry else []
-            digest = naming.short_hash(str(PIPELINE_VERSION), json.dumps(spec.dump(), sort_keys=True), *retry)
+            digest = naming.short_hash(str(PIPELINE_VERSION), json.dumps(run_body.dump(), sort_keys=True), *retry)
             run = run_name(model, digest)
             crds.custom_resource(
                 f"{name}-run-{model.name}", "tekton.dev/v1", "PipelineRun",
                 meta(run, annotations={"pulumi.com/skipAwait": "true"}),
-                spec,
+                run_body,
                 # Not awaited; kept on replace/destroy so run history and logs stay until Tekton's pruner removes them.
                 pulumi.ResourceOptions(parent=self, depends_on=list(deps), retain_on_delete=True),
             )

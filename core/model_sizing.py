@@ -7,6 +7,7 @@ constant per step; only the workspace PVC grows with the model (it holds the dow
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from core.quantity import parse_quantity
@@ -31,38 +32,58 @@ class ModelPipelineConfig(Protocol):
 
 GIB = 2**30
 
-# Per-task node-ephemeral storage (requests, limits). Downloads, caches and skopeo's TMPDIR all live
-# on the workspace PVC; what remains is logs, Python bytecode and in-memory upload buffers.
-EPHEMERAL: dict[str, tuple[str, str]] = {
-    "wait-tools": ("16Mi", "64Mi"),
-    "download": ("256Mi", "1Gi"),
-    "package": ("256Mi", "1Gi"),
-    "mirror": ("256Mi", "1Gi"),
-    "register": ("64Mi", "256Mi"),
-    "upload-s3": ("256Mi", "1Gi"),
-}
-MEMORY: dict[str, tuple[str, str]] = {
-    "wait-tools": ("32Mi", "128Mi"),
-    # 20 parallel download workers OOM-killed a 2Gi container in the original pipeline.
-    "download": ("4Gi", "8Gi"),
-    "package": ("1Gi", "4Gi"),
-    "mirror": ("512Mi", "2Gi"),
-    "register": ("128Mi", "512Mi"),
-    "upload-s3": ("1Gi", "4Gi"),
-}
-CPU: dict[str, tuple[str, str]] = {
-    "wait-tools": ("10m", "100m"),
-    "download": ("1", "4"),
-    "package": ("1", "4"),
-    "mirror": ("500m", "2"),
-    "register": ("100m", "500m"),
-    "upload-s3": ("500m", "2"),
-}
-# Slowest sustained rates we plan for (bytes/s): timeouts are twice the transfer time at these.
-PLANNED_RATE = {"download": 25e6, "package": 25e6, "mirror": 25e6, "upload-s3": 25e6}
-# wait-tools covers the tools-image build on the first `pulumi up` (a small image: minutes, not hours)
-MIN_TIMEOUT_MIN = {"wait-tools": 60, "download": 30, "package": 30, "mirror": 30, "upload-s3": 30, "register": 10}
+@dataclass(frozen=True)
+class PipelineStep:
+    """Everything the pipeline knows about one of its Tasks (each runs one step program)."""
 
+    key: str
+    """The Task's key: Pulumi resource `<component>-task-<key>`, and the row the sizing functions read."""
+    task: str
+    """The Tekton Task object's name."""
+    name: str
+    """The pipeline task's name and its step's name."""
+    program: str
+    """`steps/<program>.py`, embedded verbatim as the step's script (`steps.embed.STEPS`)."""
+    cpu: tuple[str, str]
+    """(request, limit)."""
+    memory: tuple[str, str]
+    ephemeral: tuple[str, str]
+    """Node-ephemeral storage (request, limit): logs, bytecode, in-memory buffers. Downloads, caches and
+    skopeo's TMPDIR live on the workspace."""
+    min_timeout_min: int
+    retries: int
+    """Tekton `retries` of the pipeline task: transfers resume where the failed attempt stopped (the package
+    step continues its upload session, the registry HEAD-checks finished blobs, download skips verified
+    files), so a retry costs little."""
+    planned_rate: float | None = None
+    """Slowest sustained rate (bytes/s) we plan for: the timeout is twice the transfer time at this rate.
+    None: the task moves no weights and its timeout is the minimum."""
+    uses_workspace: bool = True
+    """HOME and TMPDIR on the `model` workspace (the weights PVC, or a streaming run's scratch emptyDir)."""
+
+
+_RATE = 25e6
+PIPELINE_STEPS: tuple[PipelineStep, ...] = (
+    # wait-tools covers the tools-image build on the first `pulumi up` (a small image: minutes, not hours);
+    # it is not retried: a second wait would only double its timeout.
+    PipelineStep("wait-tools", "modelcar-wait-tools", "wait-tools", "wait_image", cpu=("10m", "100m"), memory=("32Mi", "128Mi"),
+                 ephemeral=("16Mi", "64Mi"), min_timeout_min=60, retries=0, uses_workspace=False),
+    # 20 parallel download workers OOM-killed a 2Gi container in the original pipeline.
+    PipelineStep("download", "modelcar-download", "download", "download", cpu=("1", "4"), memory=("4Gi", "8Gi"),
+                 ephemeral=("256Mi", "1Gi"), min_timeout_min=30, retries=2, planned_rate=_RATE),
+    PipelineStep("package", "modelcar-package", "package", "package", cpu=("1", "4"), memory=("1Gi", "4Gi"),
+                 ephemeral=("256Mi", "1Gi"), min_timeout_min=30, retries=2, planned_rate=_RATE),
+    PipelineStep("mirror", "modelcar-mirror", "mirror", "mirror", cpu=("500m", "2"), memory=("512Mi", "2Gi"),
+                 ephemeral=("256Mi", "1Gi"), min_timeout_min=30, retries=2, planned_rate=_RATE),
+    PipelineStep("register", "modelcar-register", "register", "register", cpu=("100m", "500m"), memory=("128Mi", "512Mi"),
+                 ephemeral=("64Mi", "256Mi"), min_timeout_min=10, retries=2, uses_workspace=False),
+    PipelineStep("upload-s3", "modelcar-upload-s3", "upload-s3", "upload_s3", cpu=("500m", "2"), memory=("1Gi", "4Gi"),
+                 ephemeral=("256Mi", "1Gi"), min_timeout_min=30, retries=2, planned_rate=_RATE),
+)
+STEP = {s.key: s for s in PIPELINE_STEPS}
+# The streaming packager: the package step reading straight from the source; the pipeline task keeps
+# the name `package` and the package row's sizing.
+STEP["package-stream"] = replace(STEP["package"], key="package-stream", task="modelcar-package-stream")
 
 def workspace_gib(size_gi: float) -> int:
     """Workspace PVC needed for a model: the weights, plus 15 % and 4 GiB for caches and metadata."""
@@ -74,10 +95,11 @@ def workspace_size(model: ModelConfig) -> str:
 
 
 def task_timeout_minutes(task: str, size_gi: float) -> int:
-    if task not in PLANNED_RATE:
-        return MIN_TIMEOUT_MIN[task]
-    seconds = 2 * size_gi * GIB / PLANNED_RATE[task]
-    return max(MIN_TIMEOUT_MIN[task], math.ceil(seconds / 60 / 5) * 5)
+    step = STEP[task]
+    if step.planned_rate is None:
+        return step.min_timeout_min
+    seconds = 2 * size_gi * GIB / step.planned_rate
+    return max(step.min_timeout_min, math.ceil(seconds / 60 / 5) * 5)
 
 
 def duration(minutes: int) -> str:
@@ -85,10 +107,6 @@ def duration(minutes: int) -> str:
     return f"{hours}h{mins}m0s" if hours else f"{mins}m0s"
 
 
-# Tekton `retries` per pipeline task: transfers resume where the failed attempt stopped (the package
-# step continues its upload session, the registry HEAD-checks finished blobs, download skips verified
-# files), so a retry costs little. wait-tools is not retried: a second wait would only double its timeout.
-TASK_RETRIES = {"wait-tools": 0, "download": 2, "package": 2, "mirror": 2, "register": 2, "upload-s3": 2}
 PIPELINE_MARGIN_MIN = 30
 
 
@@ -102,7 +120,7 @@ def pipeline_timeout_minutes(size_gi: float, upload_s3: bool, stream: bool = Fal
     """
     tasks = ["wait-tools", "package", "mirror", "register"] if stream else ["wait-tools", "download", "package", "mirror", "register"]
     tasks += ["upload-s3"] if upload_s3 else []
-    return sum((TASK_RETRIES[t] + 1) * task_timeout_minutes(t, size_gi) for t in tasks) + PIPELINE_MARGIN_MIN
+    return sum((STEP[t].retries + 1) * task_timeout_minutes(t, size_gi) for t in tasks) + PIPELINE_MARGIN_MIN
 
 
 def preflight(model: ModelConfig, pipeline: ModelPipelineConfig) -> str | None:
@@ -118,7 +136,8 @@ def preflight(model: ModelConfig, pipeline: ModelPipelineConfig) -> str | None:
             f"needs a workspace PVC of at least {needed}Gi for ~{model.size_gi:g}Gi of weights "
             f"(1.15 × size + 4Gi); workspaceSize is {model.workspace_size}"
         )
-    scratch_task, (_, scratch) = max(EPHEMERAL.items(), key=lambda kv: parse_quantity(kv[1][1]))
+    widest = max(PIPELINE_STEPS, key=lambda step: parse_quantity(step.ephemeral[1]))
+    scratch_task, scratch = widest.key, widest.ephemeral[1]
     free = parse_quantity(pipeline.node_ephemeral_free)
     if parse_quantity(scratch) > free:
         return (

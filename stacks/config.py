@@ -14,6 +14,7 @@ import ipaddress
 import re
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, create_model, model_validator
@@ -37,7 +38,7 @@ from stacks.base import (
     duplicates,
     rule,
 )
-from steps.common import DEFAULT_INCLUDE
+from steps.lib.model import DEFAULT_INCLUDE
 
 # --------------------------------------------------------------------------------------- cluster
 
@@ -526,6 +527,31 @@ _REPO = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0
 _TAG = re.compile(r"^[\w][\w.-]{0,127}$")
 
 
+@dataclass(frozen=True)
+class PipelineCredential:
+    """A Secret the model pipeline creates from stack secrets; which models need it is `ModelConfig.credentials`."""
+
+    secret: str
+    """The Kubernetes Secret's name."""
+    type: str
+    keys: tuple[tuple[str, str, str], ...]
+    """(key in the Secret, which is also the steps' environment variable; the stack secret; what it is)."""
+
+
+PIPELINE_CREDENTIALS: dict[str, PipelineCredential] = {
+    "quay": PipelineCredential("model-pipeline-quay", "kubernetes.io/dockerconfigjson", (
+        (".dockerconfigjson", "quayDockerConfigJson", "Quay push credentials, a dockerconfigjson document (models)"),
+    )),
+    "hf": PipelineCredential("model-pipeline-hf", "Opaque", (
+        ("HF_TOKEN", "hfToken", "Hugging Face token (models with a huggingFace source marked gated: true)"),
+    )),
+    "s3": PipelineCredential("model-pipeline-s3", "Opaque", (
+        ("AWS_ACCESS_KEY_ID", "s3AccessKeyId", "S3 access key id (models with an s3 source or uploadToS3)"),
+        ("AWS_SECRET_ACCESS_KEY", "s3SecretAccessKey", "S3 secret access key (models with an s3 source or uploadToS3)"),
+    )),
+}
+
+
 class HuggingFaceSource(Model):
     """Download the weights from Hugging Face (secret hfToken)."""
 
@@ -603,6 +629,16 @@ class ModelConfig(Model):
         description="Package straight from the source (S3 or Hugging Face) into the registry: no download task, no PVC "
         "for the weights; layer digest and the source's checksum computed on the way. Not with uploadToS3.",
     )
+
+    def credentials(self) -> dict[str, bool]:
+        """The `PIPELINE_CREDENTIALS` this model uses, each with whether the stack must set its secrets."""
+        used = {"quay": True}
+        if self.source.hugging_face:
+            # Only gated repositories need the token; when it is set, every Hugging Face download uses it.
+            used["hf"] = self.source.hugging_face.gated
+        if self.source.s3 or self.upload_to_s3:
+            used["s3"] = True
+        return used
 
     @model_validator(mode="after")
     def _destination(self) -> ModelConfig:

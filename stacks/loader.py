@@ -19,16 +19,13 @@ from pydantic import ValidationError
 
 from core.servers import DEV_SERVERS
 from stacks.base import ConfigProblems
-from stacks.config import StackConfig
+from stacks.config import PIPELINE_CREDENTIALS, StackConfig
 from stacks.errors import PREFIX, _clean_loc, _path, format_errors, format_problems, problem_lines
 
 # Secret config keys (always `pulumi config set --secret ml-dev-env:<key> …`) and what needs them.
 SECRET_KEYS: dict[str, str] = {
     **{s.secret_key: s.secret_help for s in DEV_SERVERS if s.routed and s.secret_key},
-    "quayDockerConfigJson": "Quay push credentials, a dockerconfigjson document (models)",
-    "hfToken": "Hugging Face token (models with a huggingFace source marked gated: true)",
-    "s3AccessKeyId": "S3 access key id (models with an s3 source or uploadToS3)",
-    "s3SecretAccessKey": "S3 secret access key (models with an s3 source or uploadToS3)",
+    **{key: text for cred in PIPELINE_CREDENTIALS.values() for _, key, text in cred.keys},
 }
 
 
@@ -296,10 +293,6 @@ def required_secrets(config: StackConfig) -> set[str]:
     needed: set[str] = set()
     if config.access.auth == "token":
         needed |= {s.secret_key for s in config.access.enabled() if s.secret_key}
-    if config.models:
-        needed.add("quayDockerConfigJson")
-    if any(m.source.hugging_face and m.source.hugging_face.gated for m in config.models):
-        needed.add("hfToken")
-    if any(m.source.s3 or m.upload_to_s3 for m in config.models):
-        needed |= {"s3AccessKeyId", "s3SecretAccessKey"}
+    for model in config.models:
+        needed |= {key for cred, required in model.credentials().items() if required for _, key, _ in PIPELINE_CREDENTIALS[cred].keys}
     return needed

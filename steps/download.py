@@ -28,8 +28,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from common import (
-    DEFAULT_INCLUDE,
+from lib.model import DEFAULT_INCLUDE, DigestCache, Expected, LayerLayout, check_layer_sizes, default_digest_cache, s3_expected, select
+from lib.runtime import (
     DISK_ERRORS,
     EXIT_AUTH,
     EXIT_FAILED,
@@ -37,28 +37,18 @@ from common import (
     EXIT_NOT_FOUND,
     EXIT_REMOTE,
     READ_SIZE,
-    DigestCache,
-    Expected,
-    LayerLayout,
     MiB,
     Progress,
     StepError,
-    add_s3_args,
-    check_layer_sizes,
-    default_digest_cache,
     env_secret,
     human,
     log,
     parse_size,
     run_step,
-    s3_client,
-    s3_error,
-    s3_exceptions,
-    s3_expected,
-    select,
     write_result,
     writing,
 )
+from lib.s3 import add_s3_args, s3_client, s3_error, s3_exceptions
 
 HF_DEFAULT_INCLUDE = DEFAULT_INCLUDE
 

@@ -18,7 +18,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from common import EXIT_AUTH, EXIT_INTEGRITY, EXIT_NOT_FOUND, EXIT_REMOTE, ImageRef, StepError, log, run_step, write_result, writing
+from lib.images import ImageRef
+from lib.runtime import EXIT_AUTH, EXIT_INTEGRITY, EXIT_NOT_FOUND, EXIT_REMOTE, StepError, log, run_step, write_result, writing
 
 AUTH_HINTS = ("unauthorized", "authentication required", "denied", "401", "403")
 

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from common import EXIT_AUTH, EXIT_REMOTE, StepError, log, run_step, write_result
+from lib.runtime import EXIT_AUTH, EXIT_REMOTE, StepError, log, run_step, write_result
 
 ARTIFACT_TYPE = "model-artifact"
 

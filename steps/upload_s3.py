@@ -13,25 +13,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from common import (
-    EXIT_NOT_FOUND,
-    DigestCache,
-    MiB,
-    Progress,
-    StepError,
-    add_s3_args,
-    default_digest_cache,
-    human,
-    log,
-    matches,
-    model_files,
-    parse_size,
-    run_step,
-    s3_client,
-    s3_error,
-    s3_exceptions,
-    write_result,
-)
+from lib.model import DigestCache, default_digest_cache, matches, model_files
+from lib.runtime import EXIT_NOT_FOUND, MiB, Progress, StepError, human, log, parse_size, run_step, write_result
+from lib.s3 import add_s3_args, s3_client, s3_error, s3_exceptions
 
 DIGEST_META = "modelcar-layer-digest"
 

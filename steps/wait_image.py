@@ -18,7 +18,8 @@ import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
 
-from common import EXIT_AUTH, EXIT_NOT_FOUND, EXIT_REMOTE, ImageRef, StepError, log, run_step
+from lib.images import ImageRef
+from lib.runtime import EXIT_AUTH, EXIT_NOT_FOUND, EXIT_REMOTE, StepError, log, run_step
 
 ACCEPT = ", ".join((
     "application/vnd.oci.image.index.v1+json",

@@ -1,10 +1,6 @@
 """The repository speaks for itself: no file cites a document a reader of this repository does not have
 (a specification's sections, a `reference/` tree, numbered seeds, a history file). State the fact, or
 link a file of this repository instead.
-
-Allow-list: the model-pipeline step programs and their component (`steps/`, `tests/steps/`,
-`components/model_pipeline.py`, `components/tekton.py`) are rewritten in part 2 of the refactor
-(issue 12); their citations go then, and so does this allow-list.
 """
 
 from __future__ import annotations
@@ -14,7 +10,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SKIP_DIRS = {".git", ".venv", "rendered", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
-ALLOWED_UNTIL_PART_2 = ("steps/", "tests/steps/", "components/model_pipeline.py", "components/tekton.py")
 
 SECTION = "\u00a7"  # spelled as an escape so that this file does not match itself
 CITATION = re.compile(
@@ -42,8 +37,6 @@ def test_no_citation_of_documents_outside_the_repository() -> None:
     found = []
     for path in files():
         rel = path.relative_to(ROOT).as_posix()
-        if rel.startswith(ALLOWED_UNTIL_PART_2):
-            continue
         try:
             text = path.read_text()
         except UnicodeDecodeError:

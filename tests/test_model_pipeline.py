@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from core import model_sizing
-from steps.embed import step_script
+from steps.embed import STEPS, step_script
 from tests.conftest import run_objects, stack_objects
 from tools.mock_engine import RunResult
 
@@ -71,6 +71,34 @@ def test_only_v1_compute_resources_and_steps_embed_the_step_programs(barcelona: 
         assert set(res["requests"]) == set(res["limits"]) == {"cpu", "memory", "ephemeral-storage"}
     download = specs["modelcar-download"]["steps"][0]["computeResources"]
     assert download["limits"]["memory"] == "8Gi"  # 20-worker downloads were OOM-killed at 2Gi
+
+
+def test_each_task_is_its_row_in_the_step_table(barcelona: RunResult) -> None:
+    """A Task's name, step name, program, resources, workspace use, timeout and retries all come from its
+    `model_sizing.STEP` row; the rows name exactly the step programs `steps/embed.py` knows."""
+    assert {row.program for row in model_sizing.STEP.values()} == set(STEPS)
+    specs = tasks(barcelona)
+    pipeline = next(r.inputs["spec"] for r in barcelona.of_type(PIPELINE) if r.inputs["metadata"]["name"] == "modelcar")
+    by_task = {t["taskRef"]["name"]: t for t in pipeline["tasks"]}
+    size = barcelona_max_size_gi()
+    for row in model_sizing.PIPELINE_STEPS:
+        (step,) = specs[row.task]["steps"]
+        assert step["name"] == row.name and step["script"] == step_script(row.program)
+        res = step["computeResources"]
+        assert (res["requests"]["cpu"], res["limits"]["cpu"]) == row.cpu
+        assert (res["requests"]["memory"], res["limits"]["memory"]) == row.memory
+        assert (res["requests"]["ephemeral-storage"], res["limits"]["ephemeral-storage"]) == row.ephemeral
+        assert ("TMPDIR" in {e["name"] for e in step["env"]}) == row.uses_workspace
+        task = by_task[row.task]
+        assert task["name"] == row.name and task.get("retries", 0) == row.retries
+        assert task["timeout"] == model_sizing.duration(model_sizing.task_timeout_minutes(row.key, size))
+        assert model_sizing.task_timeout_minutes(row.key, size) >= row.min_timeout_min
+    stream = model_sizing.STEP["package-stream"]
+    assert (stream.name, stream.program, stream.cpu, stream.retries) == ("package", "package", model_sizing.STEP["package"].cpu, 2)
+
+
+def barcelona_max_size_gi() -> float:
+    return float(stack_objects("barcelona")["modelPipeline"]["maxModelSizeGi"])
 
 
 def test_scratch_is_constant_and_on_the_pvc(barcelona: RunResult) -> None:
@@ -137,6 +165,26 @@ def test_secrets_rbac_and_key_names_match_the_steps(barcelona: RunResult) -> Non
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "model-pipeline", "namespace": "nccl-test"}]
     dump = json.dumps([r.inputs for r in barcelona.resources])
     assert SECRETS["hfToken"] not in dump and "dXNlcjpwYXNz" not in dump
+
+
+def test_credential_table_is_what_the_stack_renders_and_requires(barcelona: RunResult) -> None:
+    """`PIPELINE_CREDENTIALS` is the one place that says which Secret holds which keys: the rendered Secrets,
+    the steps' secretKeyRefs and the loader's list of secrets all follow it."""
+    from stacks.config import PIPELINE_CREDENTIALS
+    from stacks.loader import SECRET_KEYS
+
+    rendered = {r.inputs["metadata"]["name"]: r.inputs for r in barcelona.of_type(SECRET)}
+    table = {cred.secret: cred for cred in PIPELINE_CREDENTIALS.values()}
+    assert {"model-pipeline-quay", "model-pipeline-hf"} <= set(rendered)  # barcelona: Hugging Face models, no S3
+    for secret, cred in table.items():
+        if secret not in rendered:
+            continue
+        assert rendered[secret]["type"] == cred.type
+        assert list(rendered[secret]["stringData"]) == [env for env, _, _ in cred.keys]
+        assert {key for _, key, _ in cred.keys} <= set(SECRET_KEYS)
+    refs = {(e["valueFrom"]["secretKeyRef"]["name"], e["valueFrom"]["secretKeyRef"]["key"], e["name"])
+            for spec in tasks(barcelona).values() for e in spec["steps"][0]["env"] if "valueFrom" in e}
+    assert refs and refs <= {(cred.secret, env, env) for cred in PIPELINE_CREDENTIALS.values() for env, _, _ in cred.keys}
 
 
 def test_tools_image_is_built_by_the_stack(barcelona: RunResult) -> None:
@@ -294,7 +342,7 @@ def test_hf_token_only_for_gated_repositories() -> None:
 
 
 def test_default_include_is_what_the_download_step_accepts(barcelona: RunResult) -> None:
-    from steps.common import DEFAULT_INCLUDE
+    from steps.lib.model import DEFAULT_INCLUDE
 
     params = {p["name"]: p["value"] for p in run_for(barcelona, "mistral-small-24b-fp16")["spec"]["params"]}
     assert params["include"] == list(DEFAULT_INCLUDE)

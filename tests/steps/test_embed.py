@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from steps.embed import STEPS, step_script
+from steps.embed import LIB, STEPS, lib_modules, step_script
 from tests.steps.conftest import StepRunner
 
 # Tekton writes every step script of a Task, base64-encoded, into ONE `sh -c` argument of its
@@ -25,7 +25,8 @@ def test_script_is_self_contained_and_deterministic(name: str) -> None:
     tree = ast.parse(text)
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    assert "common" not in imported, "the shared code is inlined, not imported"
+    assert not {m for m in imported if m and m.startswith("lib")}, "the shared code is inlined, not imported"
+    assert all(n.level == 0 for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)), "no relative import is left"
     third_party = {m.split(".")[0] for m in imported if m} - set(sys.stdlib_module_names) - {"__future__"}
     assert third_party <= {"boto3", "botocore", "huggingface_hub"}, third_party
     assert len(base64.b64encode(text.encode())) < TEKTON_ARG_LIMIT - 4096
@@ -47,9 +48,39 @@ def _top_level_names(source: str) -> list[str]:
     return [n.name for n in ast.parse(source).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
 
 
+def _lib_imports(source: str) -> set[str]:
+    tree = ast.parse(source)
+    return {n.module.removeprefix("lib.") if n.level == 0 else n.module
+            for n in tree.body if isinstance(n, ast.ImportFrom) and n.module and (n.level == 1 or n.module.startswith("lib."))}
+
+
 @pytest.mark.parametrize("name", STEPS)
-def test_script_is_common_plus_step_from_disk(name: str) -> None:
-    """Built from the files at call time: common.py's definitions, then the step's, nothing else."""
+def test_script_is_the_needed_lib_modules_plus_step_from_disk(name: str) -> None:
+    """Built from the files at call time: the definitions of the lib modules the step imports (and those
+    they import), in `LIB` order, then the step's, nothing else."""
     steps_dir = Path(__file__).resolve().parents[2] / "steps"
-    expected = _top_level_names((steps_dir / "common.py").read_text()) + _top_level_names((steps_dir / f"{name}.py").read_text())
+    needed, todo = set(), _lib_imports((steps_dir / f"{name}.py").read_text())
+    while todo:
+        module = todo.pop()
+        needed.add(module)
+        todo |= _lib_imports((steps_dir / "lib" / f"{module}.py").read_text()) - needed
+    assert lib_modules(name) == [m for m in LIB if m in needed]
+    expected = [d for m in lib_modules(name) for d in _top_level_names((steps_dir / "lib" / f"{m}.py").read_text())]
+    expected += _top_level_names((steps_dir / f"{name}.py").read_text())
     assert _top_level_names(step_script(name)) == expected
+
+
+def test_each_step_carries_only_what_it_needs() -> None:
+    """The point of the split: a step carries the shared code it uses, not all of it."""
+    assert lib_modules("register") == ["runtime"]
+    assert lib_modules("mirror") == lib_modules("wait_image") == ["runtime", "images"]  # no client, no S3, no model code
+    assert lib_modules("package") == list(LIB)
+    assert len(step_script("register")) < len(step_script("package")) / 3
+
+
+def test_lib_modules_are_ordered_by_their_imports() -> None:
+    """A lib module imports only modules inlined before it, so every name is defined before its use."""
+    lib_dir = Path(__file__).resolve().parents[2] / "steps" / "lib"
+    for i, module in enumerate(LIB):
+        assert _lib_imports((lib_dir / f"{module}.py").read_text()) <= set(LIB[:i]), module
+

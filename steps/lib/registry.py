@@ -1,0 +1,378 @@
+"""A small OCI distribution client on http.client: auth challenges, streaming bodies, retries."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.client
+import json
+import random
+import re
+import ssl
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+from .runtime import EXIT_AUTH, EXIT_INTEGRITY, EXIT_NOT_FOUND, EXIT_REMOTE, StepError, human, log
+
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+MANIFEST_ACCEPT = ", ".join((OCI_MANIFEST, OCI_INDEX, DOCKER_MANIFEST, DOCKER_LIST))
+STREAM_READ = 1 << 20
+RETRY_STATUSES = (429, 500, 502, 503, 504)
+
+
+# --- the distribution API client ------------------------------------------------------------
+
+
+def sha256_digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+class TransientError(Exception):
+    """A dropped connection, timeout or 5xx: the operation may be retried or resumed."""
+
+
+class AuthExpired(TransientError):
+    """The registry refused the token (401) during an upload; a new one has been fetched."""
+
+
+class ChunkRefused(Exception):
+    """HTTP 413: the registry (or a proxy in front of it) refused a request body of this size."""
+
+
+def backoff(attempt: int, first: float) -> float:
+    """Exponential backoff with jitter: the n-th retry waits 50-100 % of first * 2**(n-1), at most 60 s."""
+    return min(first * 2 ** max(attempt - 1, 0), 60.0) * (0.5 + random.random() / 2)
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: http.client.HTTPMessage
+    body: bytes
+
+    def header(self, name: str) -> str:
+        return self.headers.get(name) or ""
+
+    def error_text(self) -> str:
+        try:
+            errors = json.loads(self.body)["errors"]
+            return "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errors)
+        except (ValueError, KeyError, TypeError):
+            return self.body[:200].decode("utf-8", "replace").strip() or f"HTTP {self.status}"
+
+
+def _parse_challenge(header: str) -> tuple[str, dict[str, str]]:
+    scheme, _, rest = header.strip().partition(" ")
+    return scheme.lower(), dict(re.findall(r'(\w+)="([^"]*)"', rest))
+
+
+class RegistryClient:
+    """Minimal OCI distribution client on http.client: auth challenges, streaming bodies, retries."""
+
+    def __init__(
+        self,
+        registry: str,
+        credentials: tuple[str, str] | None,
+        scopes: Sequence[str],
+        *,
+        plain_http: bool,
+        tls_context: ssl.SSLContext,
+        timeout: float,
+        retries: int = 5,
+        retry_delay: float = 2.0,
+    ) -> None:
+        host = "registry-1.docker.io" if registry == "docker.io" else registry
+        self.registry = registry
+        self.base = f"{'http' if plain_http else 'https'}://{host}"
+        self.credentials, self.scopes = credentials, list(scopes)
+        self.tls_context, self.timeout = tls_context, timeout
+        self.retries, self.retry_delay = retries, retry_delay
+        self._local = threading.local()
+        self._auth_lock = threading.Lock()
+        self._auth: str | None = None
+        # Origins the credentials go to: the registry, plus the hosts of upload URLs the registry
+        # itself hands out in answers to POST/PATCH (Quay builds them from SERVER_HOSTNAME, which
+        # may differ from the name pushed to). Never the targets of GET redirects (signed storage URLs).
+        self._trusted = {self._origin(self.base)}
+
+    # -- connections --------------------------------------------------------------------------
+    def _open(self, url: str) -> tuple[http.client.HTTPConnection, str]:
+        parts = urllib.parse.urlsplit(url if "://" in url else self.base + url)
+        path = parts.path + (f"?{parts.query}" if parts.query else "")
+        pool: dict[str, http.client.HTTPConnection] = self._local.__dict__.setdefault("pool", {})
+        key = f"{parts.scheme}://{parts.netloc}"
+        conn = pool.get(key)
+        if conn is None:
+            conn = self._new_connection(parts.scheme, parts.netloc)
+            pool[key] = conn
+        return conn, path
+
+    def _new_connection(self, scheme: str, netloc: str) -> http.client.HTTPConnection:
+        if scheme == "https":
+            return http.client.HTTPSConnection(netloc, timeout=self.timeout, context=self.tls_context)
+        return http.client.HTTPConnection(netloc, timeout=self.timeout)
+
+    def _discard(self, conn: http.client.HTTPConnection) -> None:
+        conn.close()
+        pool = self._local.__dict__.get("pool", {})
+        for key, value in list(pool.items()):
+            if value is conn:
+                del pool[key]
+
+    @staticmethod
+    def _origin(url: str) -> str:
+        parts = urllib.parse.urlsplit(url)
+        return f"{parts.scheme}://{parts.netloc}".lower()
+
+    def absolute(self, url: str) -> str:
+        return urllib.parse.urljoin(self.base + "/", url)
+
+    def upload_location(self, reply: Reply, current: str, trust: bool = True) -> str:
+        """The upload URL from a POST/PATCH answer of the registry; its host gets the credentials.
+        With `trust=False` (other answers) a URL on a host not yet trusted is ignored."""
+        location = reply.header("Location")
+        if not location:
+            return current
+        url = self.absolute(location)
+        if trust:
+            self._trusted.add(self._origin(url))
+        elif self._origin(url) not in self._trusted:
+            return current
+        return url
+
+    def _headers(self, url: str, extra: dict[str, str] | None) -> dict[str, str]:
+        headers = dict(extra or {})
+        if self._auth and (url.startswith("/") or self._origin(url) in self._trusted):
+            headers["Authorization"] = self._auth
+        return headers
+
+    # -- requests -----------------------------------------------------------------------------
+    def request(
+        self, method: str, url: str, headers: dict[str, str] | None = None, body: bytes = b"", timeout: float | None = None
+    ) -> Reply:
+        """Send a small request: answer auth challenges, retry dropped connections and 429/5xx answers
+        (`retries` times, backoff with jitter). A stale keep-alive connection is retried at once.
+        `timeout` replaces the socket timeout for this request (a slow answer is expected)."""
+        renewed, failures = False, 0
+        while True:
+            conn, path = self._open(url)
+            sent_auth = self._auth
+            try:
+                if timeout is not None:
+                    conn.timeout = timeout
+                    if conn.sock is not None:
+                        conn.sock.settimeout(timeout)
+                conn.request(method, path, body=body, headers=self._headers(url, headers))
+                resp = conn.getresponse()
+                reply = Reply(resp.status, resp.headers, resp.read())
+                if timeout is not None and conn.sock is not None:
+                    conn.timeout = self.timeout
+                    conn.sock.settimeout(self.timeout)
+            except (OSError, http.client.HTTPException) as exc:
+                self._discard(conn)
+                failures += 1
+                if failures > self.retries + 1:
+                    raise TransientError(f"{method} {self.registry}: {exc or type(exc).__name__}") from exc
+                if failures > 1:  # the first one may be a keep-alive connection the server closed
+                    time.sleep(backoff(failures - 1, self.retry_delay))
+                continue
+            if reply.status in RETRY_STATUSES and failures < self.retries:
+                failures += 1
+                delay = backoff(failures, self.retry_delay)
+                log(f"{method} {self.registry}: HTTP {reply.status}; retry {failures}/{self.retries} in {delay:.1f}s")
+                time.sleep(delay)
+                continue
+            if reply.status != 401:
+                return reply
+            if renewed:
+                raise StepError(
+                    f"{self.registry}: credentials rejected or not allowed (HTTP 401: {reply.error_text()})", EXIT_AUTH
+                )
+            self.authenticate(reply.header("WWW-Authenticate"), sent_auth)  # no-op if another thread did
+            renewed = True
+
+    def stream(
+        self,
+        method: str,
+        url: str,
+        headers: dict[str, str],
+        length: int,
+        chunks: Iterable[memoryview],
+        on_sent: Callable[[memoryview], None],
+    ) -> Reply:
+        """Send a request whose body of `length` bytes comes from `chunks`; connection errors are transient."""
+        conn, path = self._open(url)
+        sent, sent_auth = 0, self._auth
+        try:
+            conn.putrequest(method, path, skip_accept_encoding=True)
+            for key, value in {**self._headers(url, headers), "Content-Length": str(length)}.items():
+                conn.putheader(key, value)
+            conn.endheaders()
+            for chunk in chunks:
+                conn.send(chunk)
+                sent += len(chunk)
+                on_sent(chunk)
+            resp = conn.getresponse()
+            reply = Reply(resp.status, resp.headers, resp.read())
+        except (OSError, http.client.HTTPException) as exc:
+            # Registries authenticate (and check sizes) before reading the body, so an expired token
+            # or a too-large request is answered early and the connection then closed while we send.
+            early = self._early_reply(conn) if sent < length else None
+            self._discard(conn)
+            if early is None or early.status >= 500:
+                raise TransientError(f"connection to {self.registry} lost after {human(sent)}: {exc}") from exc
+            reply = early
+        if reply.status >= 500:
+            raise TransientError(f"{method} {self.registry}: HTTP {reply.status} {reply.error_text()}")
+        if reply.status == 401:
+            # Token expired mid-upload (Quay's last one hour): fetch a new one, then resume.
+            self.authenticate(reply.header("WWW-Authenticate"), sent_auth)
+            raise AuthExpired(f"{method} {self.registry}: credentials expired (HTTP 401)")
+        if reply.status == 413:
+            raise ChunkRefused(f"{method} {self.registry}: HTTP 413 for a {human(length)} request")
+        return reply
+
+    @staticmethod
+    def _early_reply(conn: http.client.HTTPConnection) -> Reply | None:
+        """A registry that refuses a body (e.g. 413) answers before it has read it; fetch that answer."""
+        try:
+            resp = conn.getresponse()
+            return Reply(resp.status, resp.headers, resp.read())
+        except (OSError, http.client.HTTPException):
+            return None
+
+    def open_stream(self, url: str, offset: int) -> Iterator[memoryview]:
+        """Yield the body of a GET (following redirects) from byte `offset`, on its own connection."""
+        wanted = {"Range": f"bytes={offset}-"} if offset else None
+        headers, renewed = self._headers(url, wanted), False
+        for _ in range(5):
+            parts = urllib.parse.urlsplit(url if "://" in url else self.base + url)
+            conn = self._new_connection(parts.scheme, parts.netloc)
+            try:
+                conn.request("GET", parts.path + (f"?{parts.query}" if parts.query else ""), headers=headers)
+                resp = conn.getresponse()
+                if resp.status == 401 and not renewed:  # token expired during a long upload
+                    resp.read()
+                    self.authenticate(resp.getheader("WWW-Authenticate", ""), headers.get("Authorization"))
+                    headers, renewed = self._headers(url, wanted), True
+                    continue
+                if resp.status in (301, 302, 303, 307, 308):
+                    url = urllib.parse.urljoin(url if "://" in url else self.base + url, resp.getheader("Location", ""))
+                    resp.read()
+                    headers = {k: v for k, v in headers.items() if k != "Authorization"}
+                    continue
+                if resp.status not in (200, 206):
+                    raise StepError(f"GET {url}: HTTP {resp.status}", EXIT_REMOTE)
+                skip = offset if resp.status == 200 else 0
+                buf = bytearray(STREAM_READ)
+                view = memoryview(buf)
+                while got := resp.readinto(buf):
+                    if skip >= got:
+                        skip -= got
+                        continue
+                    yield view[skip:got]
+                    skip = 0
+                return
+            except (OSError, http.client.HTTPException) as exc:
+                raise TransientError(f"download from {parts.netloc} failed: {exc}") from exc
+            finally:
+                conn.close()
+        raise StepError(f"GET {url}: too many redirects", EXIT_REMOTE)
+
+    # -- authentication -----------------------------------------------------------------------
+    def authenticate(self, challenge: str, rejected: str | None) -> None:
+        """Answer a 401 challenge: Basic credentials, or a Bearer token fetched from the realm."""
+        with self._auth_lock:
+            if self._auth != rejected:
+                return  # another thread already renewed it
+            scheme, params = _parse_challenge(challenge)
+            if scheme == "basic":
+                if not self.credentials:
+                    raise StepError(f"{self.registry}: authentication required, no credentials in the authfile", EXIT_AUTH)
+                self._auth = "Basic " + base64.b64encode(":".join(self.credentials).encode()).decode()
+            elif scheme == "bearer" and params.get("realm"):
+                self._auth = "Bearer " + self._fetch_token(params)
+            else:
+                raise StepError(f"{self.registry}: unsupported authentication challenge {challenge!r}", EXIT_AUTH)
+
+    def _fetch_token(self, params: dict[str, str]) -> str:
+        query = [("service", params.get("service", ""))] + [("scope", s) for s in self.scopes]
+        url = params["realm"] + ("&" if "?" in params["realm"] else "?") + urllib.parse.urlencode(query)
+        headers = {}
+        if self.credentials:
+            headers["Authorization"] = "Basic " + base64.b64encode(":".join(self.credentials).encode()).decode()
+        parts = urllib.parse.urlsplit(url)
+        for attempt in range(self.retries + 1):
+            conn = self._new_connection(parts.scheme, parts.netloc)
+            try:
+                conn.request("GET", f"{parts.path}?{parts.query}", headers=headers)
+                resp = conn.getresponse()
+                status, body, problem = resp.status, resp.read(), ""
+            except (OSError, http.client.HTTPException) as exc:
+                status, body, problem = 0, b"", f"unreachable: {exc or type(exc).__name__}"
+            finally:
+                conn.close()
+            if status and status not in RETRY_STATUSES:
+                break
+            problem = problem or f"HTTP {status}"
+            if attempt == self.retries:
+                # A token service that is down is not a credentials problem (exit 6, not 4).
+                raise StepError(f"token service {parts.netloc} {problem} after {self.retries} retries", EXIT_REMOTE)
+            delay = backoff(attempt + 1, self.retry_delay)
+            log(f"token service {parts.netloc}: {problem}; retry {attempt + 1}/{self.retries} in {delay:.1f}s")
+            time.sleep(delay)
+        if status in (401, 403):
+            raise StepError(f"{self.registry}: credentials rejected by token service (HTTP {status})", EXIT_AUTH)
+        try:
+            data = json.loads(body)
+            return str(data.get("token") or data["access_token"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StepError(f"token service {parts.netloc}: unexpected answer (HTTP {status})", EXIT_AUTH) from exc
+
+    # -- distribution API ---------------------------------------------------------------------
+    def check(self, reply: Reply, what: str, ok: Iterable[int]) -> Reply:
+        if reply.status in ok:
+            return reply
+        if reply.status >= 500:
+            raise TransientError(f"{what}: HTTP {reply.status} {reply.error_text()}")
+        code = {401: EXIT_AUTH, 403: EXIT_AUTH, 404: EXIT_NOT_FOUND}.get(reply.status, EXIT_REMOTE)
+        raise StepError(f"{what}: HTTP {reply.status} {reply.error_text()}", code)
+
+    def blob_exists(self, repo: str, digest: str) -> bool:
+        reply = self.check(self.request("HEAD", f"/v2/{repo}/blobs/{digest}"), f"HEAD blob {digest}", (200, 404))
+        return reply.status == 200
+
+    def get_manifest(self, repo: str, reference: str) -> tuple[bytes, str]:
+        reply = self.request("GET", f"/v2/{repo}/manifests/{reference}", {"Accept": MANIFEST_ACCEPT})
+        self.check(reply, f"manifest {self.registry}/{repo}:{reference}", (200,))
+        media_type = reply.header("Content-Type").split(";")[0].strip()
+        return reply.body, json.loads(reply.body).get("mediaType") or media_type
+
+    def get_blob(self, repo: str, digest: str) -> bytes:
+        data = b"".join(bytes(c) for c in self.open_stream(f"/v2/{repo}/blobs/{digest}", 0))
+        if sha256_digest(data) != digest:
+            raise StepError(f"blob {digest} from {self.registry}/{repo} failed verification", EXIT_INTEGRITY)
+        return data
+
+    def mount_blob(self, repo: str, digest: str, from_repo: str) -> bool:
+        query = urllib.parse.urlencode({"mount": digest, "from": from_repo})
+        reply = self.request("POST", f"/v2/{repo}/blobs/uploads/?{query}", body=b"")
+        self.check(reply, f"mount {digest}", (201, 202))
+        if reply.status == 202 and reply.header("Location"):
+            self.request("DELETE", reply.header("Location"))  # mount refused: drop the upload it opened
+        return reply.status == 201
+
+    def put_manifest(self, repo: str, reference: str, manifest: bytes, media_type: str) -> str:
+        reply = self.request("PUT", f"/v2/{repo}/manifests/{reference}", {"Content-Type": media_type}, manifest)
+        self.check(reply, f"PUT manifest {repo}:{reference}", (200, 201))
+        digest = sha256_digest(manifest)
+        if reply.header("Docker-Content-Digest") not in ("", digest):
+            raise StepError(f"registry stored manifest as {reply.header('Docker-Content-Digest')}, expected {digest}")
+        return digest
