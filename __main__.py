@@ -82,7 +82,10 @@ if cfg.image.build is not None:
     images = ImageBuild(
         "image",
         ImageBuildArgs(
-            namespace=cfg.cluster.namespace, labels=labels, build=cfg.image.build, build_nodes=cfg.build_nodes,
+            namespace=cfg.cluster.namespace,
+            labels=labels,
+            build=cfg.image.build,
+            build_nodes=cfg.build_nodes,
             wait_image=cfg.model_pipeline.tools_base_image,
         ),
         opts=opts,
@@ -96,16 +99,18 @@ if cfg.image.build is not None:
     pulumi.export("build_logs_command", images.logs_command)
 else:
     image = cfg.image.reference
-cluster = GpuCluster(
-    "gpu", GpuClusterArgs(config=cfg, image=image, secrets=stack.secrets), opts=opts
-)
+cluster = GpuCluster("gpu", GpuClusterArgs(config=cfg, image=image, secrets=stack.secrets), opts=opts)
 
 if cfg.models:
     models = ModelPipeline(
         "models",
         ModelPipelineArgs(
-            namespace=cfg.cluster.namespace, labels=labels, pipeline=cfg.model_pipeline, models=cfg.models,
-            build_nodes=cfg.build_nodes, secrets=stack.secrets,
+            namespace=cfg.cluster.namespace,
+            labels=labels,
+            pipeline=cfg.model_pipeline,
+            models=cfg.models,
+            build_nodes=cfg.build_nodes,
+            secrets=stack.secrets,
         ),
         opts=opts,
     )

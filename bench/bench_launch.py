@@ -61,8 +61,10 @@ def one_run(c: Cluster) -> tuple[float, int]:
 def summary(name: str, samples: list[tuple[float, int]]) -> str:
     times = [s for s, _ in samples]
     sent = statistics.median(b for _, b in samples)
-    return (f"{name:<28} median {statistics.median(times):6.2f} s   min {min(times):5.2f} s   max {max(times):5.2f} s"
-            f"   rsync sent (median, 3 pods) {sent / 1e6:8.2f} MB   n={len(times)}")
+    return (
+        f"{name:<28} median {statistics.median(times):6.2f} s   min {min(times):5.2f} s   max {max(times):5.2f} s"
+        f"   rsync sent (median, 3 pods) {sent / 1e6:8.2f} MB   n={len(times)}"
+    )
 
 
 def main() -> int:

@@ -143,11 +143,13 @@ def network_policy_spec(selector: dict[str, str]) -> dict[str, Any]:
         "policyTypes": ["Ingress"],
         "ingress": [
             {"from": [{"podSelector": {"matchLabels": dict(selector)}}], "ports": [{"protocol": "TCP", "port": SSH_PORT}]},
-            {"ports": [
-                {"protocol": "TCP", "port": 1, "endPort": SSH_PORT - 1},
-                {"protocol": "TCP", "port": SSH_PORT + 1, "endPort": 65535},
-                {"protocol": "UDP", "port": 1, "endPort": 65535},
-            ]},
+            {
+                "ports": [
+                    {"protocol": "TCP", "port": 1, "endPort": SSH_PORT - 1},
+                    {"protocol": "TCP", "port": SSH_PORT + 1, "endPort": 65535},
+                    {"protocol": "UDP", "port": 1, "endPort": 65535},
+                ]
+            },
         ],
     }
 
@@ -159,7 +161,9 @@ def _policy_args(spec: dict[str, Any]) -> k8s.networking.v1.NetworkPolicySpecArg
     rules = []
     for rule in spec["ingress"]:
         peers = [
-            k8s.networking.v1.NetworkPolicyPeerArgs(pod_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=f["podSelector"]["matchLabels"]))
+            k8s.networking.v1.NetworkPolicyPeerArgs(
+                pod_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=f["podSelector"]["matchLabels"])
+            )
             for f in rule.get("from", [])
         ]
         rules.append(k8s.networking.v1.NetworkPolicyIngressRuleArgs(from_=peers or None, ports=ports(rule["ports"])))

@@ -105,14 +105,16 @@ class GpuCluster(pulumi.ComponentResource):
         self.world_size = cfg.nodes.count * cfg.nodes.gpus_per_pod
         self.network_mode = cfg.network.effective_mode
         self.lifecycle = lifecycle.summary(cfg)
-        self.register_outputs({
-            "lifecycle": self.lifecycle,
-            "urls": self.urls,
-            "master_addr": self.master_addr,
-            "pod_names": self.pod_names,
-            "world_size": self.world_size,
-            "network_mode": self.network_mode,
-        })
+        self.register_outputs(
+            {
+                "lifecycle": self.lifecycle,
+                "urls": self.urls,
+                "master_addr": self.master_addr,
+                "pod_names": self.pod_names,
+                "world_size": self.world_size,
+                "network_mode": self.network_mode,
+            }
+        )
 
     def _meta(self, obj_name: str, **extra: object) -> k8s.meta.v1.ObjectMetaArgs:
         return k8s.meta.v1.ObjectMetaArgs(name=obj_name, namespace=self._ns, labels=self._labels, **extra)  # type: ignore[arg-type]
@@ -123,8 +125,11 @@ class GpuCluster(pulumi.ComponentResource):
         sa_name = cfg.security.service_account
         redirects = {
             f"{OAUTH_REDIRECT}{server}": json.dumps(
-                {"kind": "OAuthRedirectReference", "apiVersion": "v1",
-                 "reference": {"kind": "Route", "name": naming.route_name(app, server)}},
+                {
+                    "kind": "OAuthRedirectReference",
+                    "apiVersion": "v1",
+                    "reference": {"kind": "Route", "name": naming.route_name(app, server)},
+                },
                 separators=(",", ":"),
             )
             for server in (cfg.access.servers if self._oauth else [])
@@ -175,10 +180,14 @@ class GpuCluster(pulumi.ComponentResource):
                 k8s.rbac.v1.Role(
                     f"{name}-scc-role",
                     metadata=self._meta(scc_role_name(scc)),
-                    rules=[k8s.rbac.v1.PolicyRuleArgs(
-                        api_groups=["security.openshift.io"], resources=["securitycontextconstraints"],
-                        resource_names=[scc], verbs=["use"],
-                    )],
+                    rules=[
+                        k8s.rbac.v1.PolicyRuleArgs(
+                            api_groups=["security.openshift.io"],
+                            resources=["securitycontextconstraints"],
+                            resource_names=[scc],
+                            verbs=["use"],
+                        )
+                    ],
                     opts=pulumi.ResourceOptions(parent=self, depends_on=[scc_obj]),
                 )
             )
@@ -207,7 +216,9 @@ class GpuCluster(pulumi.ComponentResource):
                     "k8s.cni.cncf.io/v1",
                     "NetworkAttachmentDefinition",
                     k8s.meta.v1.ObjectMetaArgs(
-                        name=attachment, namespace=r.attachment_namespace or self._ns, labels=self._labels,
+                        name=attachment,
+                        namespace=r.attachment_namespace or self._ns,
+                        labels=self._labels,
                         annotations={"k8s.v1.cni.cncf.io/resourceName": resource},
                     ),
                     crds.NadSpec(config=crds.sriov_nad_config(attachment, subnet, r.mtu)),
@@ -240,7 +251,9 @@ class GpuCluster(pulumi.ComponentResource):
         # which for this fixed name is a delete-before-replace under the running pods. Its content is
         # deliberately not hashed into the template (the startup script's is: a script change rolls the pods).
         cluster_cm = k8s.core.v1.ConfigMap(
-            f"{name}-cluster", metadata=self._meta(naming.cluster_configmap(app)), data={"cluster.env": pod.cluster_env(self._cfg)},
+            f"{name}-cluster",
+            metadata=self._meta(naming.cluster_configmap(app)),
+            data={"cluster.env": pod.cluster_env(self._cfg)},
             opts=self._child,
         )
         # Updated before the StatefulSet (dependency order), so new pods of a scale-up read the new count.
@@ -249,26 +262,34 @@ class GpuCluster(pulumi.ComponentResource):
     def _lifecycle(self) -> None:
         """Idle-agent settings (updated in place, no restart), the stop record, and the agent's RBAC."""
         cfg, name, app, child = self._cfg, self._name, self._app, self._child
-        self._depends.append(k8s.core.v1.ConfigMap(
-            f"{name}-lifecycle", metadata=self._meta(lifecycle.settings_configmap(app)),
-            data={lifecycle.SETTINGS_KEY: lifecycle.settings_json(cfg)}, opts=child,
-        ))
+        self._depends.append(
+            k8s.core.v1.ConfigMap(
+                f"{name}-lifecycle",
+                metadata=self._meta(lifecycle.settings_configmap(app)),
+                data={lifecycle.SETTINGS_KEY: lifecycle.settings_json(cfg)},
+                opts=child,
+            )
+        )
         # The agent writes the record; Pulumi only creates the object (its data is the agent's).
         k8s.core.v1.ConfigMap(
-            f"{name}-idle-stop", metadata=self._meta(lifecycle.record_configmap(app)), data={},
+            f"{name}-idle-stop",
+            metadata=self._meta(lifecycle.record_configmap(app)),
+            data={},
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["data"]),
         )
         if cfg.lifecycle.idle_stop.enabled:
             agent_role = k8s.rbac.v1.Role(
                 f"{name}-idle-agent", metadata=self._meta(lifecycle.agent_role(app)), rules=lifecycle.agent_rules(app), opts=child
             )
-            self._depends.append(k8s.rbac.v1.RoleBinding(
-                f"{name}-idle-agent",
-                metadata=self._meta(lifecycle.agent_role(app)),
-                role_ref=k8s.rbac.v1.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind="Role", name=lifecycle.agent_role(app)),
-                subjects=[k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=cfg.security.service_account, namespace=self._ns)],
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[agent_role]),
-            ))
+            self._depends.append(
+                k8s.rbac.v1.RoleBinding(
+                    f"{name}-idle-agent",
+                    metadata=self._meta(lifecycle.agent_role(app)),
+                    role_ref=k8s.rbac.v1.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind="Role", name=lifecycle.agent_role(app)),
+                    subjects=[k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=cfg.security.service_account, namespace=self._ns)],
+                    opts=pulumi.ResourceOptions(parent=self, depends_on=[agent_role]),
+                )
+            )
 
     def _dev_credentials(self) -> tuple[list[k8s.core.v1.VolumeArgs], str | None]:
         """OAuth proxy cookie secret (oauth-proxy), or the per-server token Secret (token): volumes, token Secret name."""
@@ -348,9 +369,7 @@ class GpuCluster(pulumi.ComponentResource):
             pod_annotations["k8s.v1.cni.cncf.io/networks"] = pod.multus_annotation(cfg)
         mounts = [*self.storage.mounts, lifecycle.settings_mount(), self.ssh.mount]
         containers = [pod.main_container(cfg, args.image, mounts, tokens_secret), *pod.proxy_containers(cfg, "oauth-cookie")]
-        pod_security = k8s.core.v1.PodSecurityContextArgs(
-            seccomp_profile=k8s.core.v1.SeccompProfileArgs(type="RuntimeDefault")
-        )
+        pod_security = k8s.core.v1.PodSecurityContextArgs(seccomp_profile=k8s.core.v1.SeccompProfileArgs(type="RuntimeDefault"))
         return k8s.apps.v1.StatefulSet(
             f"{self._name}-statefulset",
             metadata=k8s.meta.v1.ObjectMetaArgs(

@@ -280,20 +280,32 @@ def wait_job_spec(build: ImageBuildConfig, image: str, python_image: str) -> k8s
                 security_context=k8s.core.v1.PodSecurityContextArgs(
                     run_as_non_root=True, seccomp_profile=k8s.core.v1.SeccompProfileArgs(type="RuntimeDefault")
                 ),
-                containers=[k8s.core.v1.ContainerArgs(
-                    name="wait",
-                    image=python_image,
-                    image_pull_policy="IfNotPresent",
-                    command=["python3", "-c", step_script("wait_image"),
-                             "--image", image, "--token-file", f"{SA_DIR}/token", "--ca-file", f"{SA_DIR}/service-ca.crt",
-                             "--timeout", str(seconds)],
-                    resources=k8s.core.v1.ResourceRequirementsArgs(
-                        requests={"cpu": "10m", "memory": "64Mi"}, limits={"cpu": "200m", "memory": "128Mi"}
-                    ),
-                    security_context=k8s.core.v1.SecurityContextArgs(
-                        allow_privilege_escalation=False, capabilities=k8s.core.v1.CapabilitiesArgs(drop=["ALL"])
-                    ),
-                )],
+                containers=[
+                    k8s.core.v1.ContainerArgs(
+                        name="wait",
+                        image=python_image,
+                        image_pull_policy="IfNotPresent",
+                        command=[
+                            "python3",
+                            "-c",
+                            step_script("wait_image"),
+                            "--image",
+                            image,
+                            "--token-file",
+                            f"{SA_DIR}/token",
+                            "--ca-file",
+                            f"{SA_DIR}/service-ca.crt",
+                            "--timeout",
+                            str(seconds),
+                        ],
+                        resources=k8s.core.v1.ResourceRequirementsArgs(
+                            requests={"cpu": "10m", "memory": "64Mi"}, limits={"cpu": "200m", "memory": "128Mi"}
+                        ),
+                        security_context=k8s.core.v1.SecurityContextArgs(
+                            allow_privilege_escalation=False, capabilities=k8s.core.v1.CapabilitiesArgs(drop=["ALL"])
+                        ),
+                    )
+                ],
             ),
         ),
     )
@@ -333,12 +345,20 @@ class ImageBuild(pulumi.ComponentResource):
         # Build objects and logs — Pulumi deletes with foreground propagation); the ImageStream keeps the
         # old tags until they are pruned.
         crds.custom_resource(
-            f"{name}-base", "build.openshift.io/v1", "BuildConfig", meta(self.base_build_config, "base"),
-            base_spec(build, args.build_nodes, stream), after_stream,
+            f"{name}-base",
+            "build.openshift.io/v1",
+            "BuildConfig",
+            meta(self.base_build_config, "base"),
+            base_spec(build, args.build_nodes, stream),
+            after_stream,
         )
         crds.custom_resource(
-            f"{name}-runtime", "build.openshift.io/v1", "BuildConfig", meta(self.runtime_build_config, "runtime"),
-            runtime_spec(build, args.build_nodes, stream), after_stream,
+            f"{name}-runtime",
+            "build.openshift.io/v1",
+            "BuildConfig",
+            meta(self.runtime_build_config, "runtime"),
+            runtime_spec(build, args.build_nodes, stream),
+            after_stream,
         )
         self.base_image = naming.internal_image(ns, stream, base_tag(build))
         self.runtime_image = naming.internal_image(ns, stream, runtime_tag(build))
@@ -351,7 +371,9 @@ class ImageBuild(pulumi.ComponentResource):
             job = k8s.batch.v1.Job(
                 f"{name}-wait",
                 metadata=k8s.meta.v1.ObjectMetaArgs(
-                    name=wait_job_name(build), namespace=ns, labels={**args.labels, "ml-dev-env/stage": "wait"},
+                    name=wait_job_name(build),
+                    namespace=ns,
+                    labels={**args.labels, "ml-dev-env/stage": "wait"},
                     annotations={"pulumi.com/timeoutSeconds": str(wait_seconds(build) + 300)},
                 ),
                 spec=wait_job_spec(build, self.runtime_image, args.wait_image),
@@ -423,7 +445,11 @@ class ToolsImage(pulumi.ComponentResource):
         super().__init__("ml-dev-env:image:ToolsImage", name, None, opts)
         meta = k8s.meta.v1.ObjectMetaArgs(name=args.image_stream, namespace=args.namespace, labels=args.labels)
         stream = crds.custom_resource(
-            f"{name}-imagestream", "image.openshift.io/v1", "ImageStream", meta, {"lookupPolicy": {"local": True}},
+            f"{name}-imagestream",
+            "image.openshift.io/v1",
+            "ImageStream",
+            meta,
+            {"lookupPolicy": {"local": True}},
             pulumi.ResourceOptions(parent=self),
         )
         # One BuildConfig per input hash, like ImageBuild (its ConfigChange trigger builds only a new object).
@@ -432,7 +458,10 @@ class ToolsImage(pulumi.ComponentResource):
             name=self.build_config, namespace=args.namespace, labels={**args.labels, "ml-dev-env/stage": "tools"}
         )
         crds.custom_resource(
-            f"{name}-build", "build.openshift.io/v1", "BuildConfig", bc_meta,
+            f"{name}-build",
+            "build.openshift.io/v1",
+            "BuildConfig",
+            bc_meta,
             tools_spec(args.base_image, args.build_nodes, args.image_stream),
             pulumi.ResourceOptions(parent=self, depends_on=[stream]),
         )

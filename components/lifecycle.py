@@ -95,9 +95,7 @@ def settings_json(config: StackConfig) -> str:
 
 
 def settings_volume(app: str) -> k8s.core.v1.VolumeArgs:
-    return k8s.core.v1.VolumeArgs(
-        name=SETTINGS_VOLUME, config_map=k8s.core.v1.ConfigMapVolumeSourceArgs(name=settings_configmap(app))
-    )
+    return k8s.core.v1.VolumeArgs(name=SETTINGS_VOLUME, config_map=k8s.core.v1.ConfigMapVolumeSourceArgs(name=settings_configmap(app)))
 
 
 def settings_mount() -> k8s.core.v1.VolumeMountArgs:

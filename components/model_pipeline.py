@@ -55,8 +55,10 @@ def _step(key: str, image: str, args: list[str], env: list[tekton.EnvVar] | None
     base = [tekton.EnvVar(name="PYTHONUNBUFFERED", value="1")]
     if step.uses_workspace:
         # caches and temporary files on the workspace PVC, never on the node
-        base += [tekton.EnvVar(name="HOME", value="$(workspaces.model.path)/.home"),
-                 tekton.EnvVar(name="TMPDIR", value="$(workspaces.model.path)")]
+        base += [
+            tekton.EnvVar(name="HOME", value="$(workspaces.model.path)/.home"),
+            tekton.EnvVar(name="TMPDIR", value="$(workspaces.model.path)"),
+        ]
     return tekton.Step(
         name=step.name,
         image=image,
@@ -91,105 +93,268 @@ def task_specs(
         "wait-tools": tekton.TaskSpec(
             description="Wait until the tools image is pushed (its build starts with the same `pulumi up`).",
             params=_p("image"),
-            steps=[_step("wait-tools", tools_base, [
-                "--image", "$(params.image)", "--token-file", SA_TOKEN, "--ca-file", f"{SA_DIR}/service-ca.crt",
-                "--timeout", str(model_sizing.task_timeout_minutes("wait-tools", 0) * 60 - 60),
-            ])],
+            steps=[
+                _step(
+                    "wait-tools",
+                    tools_base,
+                    [
+                        "--image",
+                        "$(params.image)",
+                        "--token-file",
+                        SA_TOKEN,
+                        "--ca-file",
+                        f"{SA_DIR}/service-ca.crt",
+                        "--timeout",
+                        str(model_sizing.task_timeout_minutes("wait-tools", 0) * 60 - 60),
+                    ],
+                )
+            ],
         ),
         "download": tekton.TaskSpec(
             description="Download the weights (Hugging Face or S3) onto the workspace PVC, verifying checksums.",
             params=[*_p("source-uri", "revision", "endpoint-url", "region"), tekton.ParamSpec(name="include", type="array")],
-            results=[tekton.ResultSpec(name="BYTES", description="bytes downloaded"),
-                     tekton.ResultSpec(name="REVISION", description="resolved Hugging Face commit (empty for S3)"),
-                     tekton.ResultSpec(name="LICENSE", description="model card license (empty when unknown)")],
+            results=[
+                tekton.ResultSpec(name="BYTES", description="bytes downloaded"),
+                tekton.ResultSpec(name="REVISION", description="resolved Hugging Face commit (empty for S3)"),
+                tekton.ResultSpec(name="LICENSE", description="model card license (empty when unknown)"),
+            ],
             workspaces=[model_ws],
-            steps=[_step("download", tools_image, [
-                "--source", "$(params.source-uri)", "--dest", WEIGHTS, "--revision", "$(params.revision)",
-                "--endpoint-url", "$(params.endpoint-url)", "--region", "$(params.region)",
-                "--result-size", "$(results.BYTES.path)", "--max-layer-size", layer_limit,
-                "--result-revision", "$(results.REVISION.path)", "--result-license", "$(results.LICENSE.path)",
-                "--include", "$(params.include[*])",
-            ], download_env + s3_env)],
+            steps=[
+                _step(
+                    "download",
+                    tools_image,
+                    [
+                        "--source",
+                        "$(params.source-uri)",
+                        "--dest",
+                        WEIGHTS,
+                        "--revision",
+                        "$(params.revision)",
+                        "--endpoint-url",
+                        "$(params.endpoint-url)",
+                        "--region",
+                        "$(params.region)",
+                        "--result-size",
+                        "$(results.BYTES.path)",
+                        "--max-layer-size",
+                        layer_limit,
+                        "--result-revision",
+                        "$(results.REVISION.path)",
+                        "--result-license",
+                        "$(results.LICENSE.path)",
+                        "--include",
+                        "$(params.include[*])",
+                    ],
+                    download_env + s3_env,
+                )
+            ],
         ),
         "package": tekton.TaskSpec(
             description="Stream the weights into a modelcar (one uncompressed GNU tar layer per file) and push it to Quay.",
             params=_p("image", "base-image", "source", "revision", "license", "quantization"),
             results=[tekton.ResultSpec(name="IMAGE_DIGEST"), tekton.ResultSpec(name="IMAGE_URL", description="repo@digest")],
             workspaces=[model_ws, quay_ws],
-            steps=[_step("package", tools_image, [
-                # OCI annotations: where the weights came from, at which revision, under which license, how quantized
-                "--annotation", "org.opencontainers.image.source=$(params.source)",
-                "--annotation", "org.opencontainers.image.revision=$(params.revision)",
-                "--annotation", "org.opencontainers.image.licenses=$(params.license)",
-                "--annotation", "io.ml-dev-env.model.quantization=$(params.quantization)",
-                "--model-dir", WEIGHTS, "--image", "$(params.image)", "--base-image", "$(params.base-image)",
-                "--authfile", "$(workspaces.quay-auth.path)/.dockerconfigjson",
-                "--chunk-threshold", chunk_threshold, "--max-layer-size", layer_limit,
-                "--result-digest", "$(results.IMAGE_DIGEST.path)", "--result-image", "$(results.IMAGE_URL.path)",
-            ])],
+            steps=[
+                _step(
+                    "package",
+                    tools_image,
+                    [
+                        # OCI annotations: where the weights came from, at which revision, under which license, how quantized
+                        "--annotation",
+                        "org.opencontainers.image.source=$(params.source)",
+                        "--annotation",
+                        "org.opencontainers.image.revision=$(params.revision)",
+                        "--annotation",
+                        "org.opencontainers.image.licenses=$(params.license)",
+                        "--annotation",
+                        "io.ml-dev-env.model.quantization=$(params.quantization)",
+                        "--model-dir",
+                        WEIGHTS,
+                        "--image",
+                        "$(params.image)",
+                        "--base-image",
+                        "$(params.base-image)",
+                        "--authfile",
+                        "$(workspaces.quay-auth.path)/.dockerconfigjson",
+                        "--chunk-threshold",
+                        chunk_threshold,
+                        "--max-layer-size",
+                        layer_limit,
+                        "--result-digest",
+                        "$(results.IMAGE_DIGEST.path)",
+                        "--result-image",
+                        "$(results.IMAGE_URL.path)",
+                    ],
+                )
+            ],
         ),
         "mirror": tekton.TaskSpec(
             description="Copy the image from Quay into the internal registry, preserving digests.",
             params=_p("source-image", "destination"),
             results=[tekton.ResultSpec(name="IMAGE_DIGEST"), tekton.ResultSpec(name="IMAGE_URL", description="repo@digest")],
             workspaces=[model_ws, quay_ws],
-            steps=[_step("mirror", tools_image, [
-                "--src", "$(params.source-image)", "--dest", "$(params.destination)",
-                "--src-authfile", "$(workspaces.quay-auth.path)/.dockerconfigjson",
-                # the service-account token is read right before the push (tokens expire in long runs)
-                "--dest-token-file", SA_TOKEN, "--dest-cert-dir", SA_DIR, "--tmpdir", "$(workspaces.model.path)",
-                "--result-digest", "$(results.IMAGE_DIGEST.path)", "--result-image", "$(results.IMAGE_URL.path)",
-            ])],
+            steps=[
+                _step(
+                    "mirror",
+                    tools_image,
+                    [
+                        "--src",
+                        "$(params.source-image)",
+                        "--dest",
+                        "$(params.destination)",
+                        "--src-authfile",
+                        "$(workspaces.quay-auth.path)/.dockerconfigjson",
+                        # the service-account token is read right before the push (tokens expire in long runs)
+                        "--dest-token-file",
+                        SA_TOKEN,
+                        "--dest-cert-dir",
+                        SA_DIR,
+                        "--tmpdir",
+                        "$(workspaces.model.path)",
+                        "--result-digest",
+                        "$(results.IMAGE_DIGEST.path)",
+                        "--result-image",
+                        "$(results.IMAGE_URL.path)",
+                    ],
+                )
+            ],
         ),
         "register": tekton.TaskSpec(
             description="Register the model version with URI oci://<internal repo>@sha256:<digest>.",
             params=_p("registry-url", "model-name", "version-name", "description", "image", "quantization", "base-model", "source"),
-            results=[tekton.ResultSpec(name="MODEL_ID"), tekton.ResultSpec(name="VERSION_ID"),
-                     tekton.ResultSpec(name="VERSION_NAME", description="<version> or <version>-<digest12> for a new image")],
-            steps=[_step("register", tools_image, [
-                "--registry-url", "$(params.registry-url)", "--token-file", SA_TOKEN, "--ca-file", registry_ca_file,
-                "--result-version-name", "$(results.VERSION_NAME.path)",
-                "--model-name", "$(params.model-name)", "--version", "$(params.version-name)",
-                "--description", "$(params.description)", "--image", "$(params.image)",
-                "--quantization", "$(params.quantization)", "--base-model", "$(params.base-model)", "--source", "$(params.source)",
-                "--result-model-id", "$(results.MODEL_ID.path)", "--result-version-id", "$(results.VERSION_ID.path)",
-            ])],
+            results=[
+                tekton.ResultSpec(name="MODEL_ID"),
+                tekton.ResultSpec(name="VERSION_ID"),
+                tekton.ResultSpec(name="VERSION_NAME", description="<version> or <version>-<digest12> for a new image"),
+            ],
+            steps=[
+                _step(
+                    "register",
+                    tools_image,
+                    [
+                        "--registry-url",
+                        "$(params.registry-url)",
+                        "--token-file",
+                        SA_TOKEN,
+                        "--ca-file",
+                        registry_ca_file,
+                        "--result-version-name",
+                        "$(results.VERSION_NAME.path)",
+                        "--model-name",
+                        "$(params.model-name)",
+                        "--version",
+                        "$(params.version-name)",
+                        "--description",
+                        "$(params.description)",
+                        "--image",
+                        "$(params.image)",
+                        "--quantization",
+                        "$(params.quantization)",
+                        "--base-model",
+                        "$(params.base-model)",
+                        "--source",
+                        "$(params.source)",
+                        "--result-model-id",
+                        "$(results.MODEL_ID.path)",
+                        "--result-version-id",
+                        "$(results.VERSION_ID.path)",
+                    ],
+                )
+            ],
         ),
         "package-stream": tekton.TaskSpec(
             description="Stream the weights from S3 or Hugging Face straight into a modelcar pushed to Quay (no weights PVC).",
-            params=[*_p("image", "base-image", "source-uri", "revision", "endpoint-url", "region", "quantization"),
-                    tekton.ParamSpec(name="include", type="array")],
+            params=[
+                *_p("image", "base-image", "source-uri", "revision", "endpoint-url", "region", "quantization"),
+                tekton.ParamSpec(name="include", type="array"),
+            ],
             results=[tekton.ResultSpec(name="IMAGE_DIGEST"), tekton.ResultSpec(name="IMAGE_URL", description="repo@digest")],
             workspaces=[tekton.WorkspaceDeclaration(name="model", description="small scratch (emptyDir): HOME, TMPDIR"), quay_ws],
-            steps=[_step("package-stream", tools_image, [
-                "--source", "$(params.source-uri)", "--hf-revision", "$(params.revision)",
-                "--s3-endpoint-url", "$(params.endpoint-url)", "--s3-region", "$(params.region)",
-                "--image", "$(params.image)", "--base-image", "$(params.base-image)",
-                "--authfile", "$(workspaces.quay-auth.path)/.dockerconfigjson",
-                "--chunk-threshold", chunk_threshold, "--max-layer-size", layer_limit,
-                "--annotation", "org.opencontainers.image.source=$(params.source-uri)",
-                "--annotation", "io.ml-dev-env.model.quantization=$(params.quantization)",
-                "--result-digest", "$(results.IMAGE_DIGEST.path)", "--result-image", "$(results.IMAGE_URL.path)",
-                "--include", "$(params.include[*])",
-            ], download_env + s3_env)],
+            steps=[
+                _step(
+                    "package-stream",
+                    tools_image,
+                    [
+                        "--source",
+                        "$(params.source-uri)",
+                        "--hf-revision",
+                        "$(params.revision)",
+                        "--s3-endpoint-url",
+                        "$(params.endpoint-url)",
+                        "--s3-region",
+                        "$(params.region)",
+                        "--image",
+                        "$(params.image)",
+                        "--base-image",
+                        "$(params.base-image)",
+                        "--authfile",
+                        "$(workspaces.quay-auth.path)/.dockerconfigjson",
+                        "--chunk-threshold",
+                        chunk_threshold,
+                        "--max-layer-size",
+                        layer_limit,
+                        "--annotation",
+                        "org.opencontainers.image.source=$(params.source-uri)",
+                        "--annotation",
+                        "io.ml-dev-env.model.quantization=$(params.quantization)",
+                        "--result-digest",
+                        "$(results.IMAGE_DIGEST.path)",
+                        "--result-image",
+                        "$(results.IMAGE_URL.path)",
+                        "--include",
+                        "$(params.include[*])",
+                    ],
+                    download_env + s3_env,
+                )
+            ],
         ),
         "upload-s3": tekton.TaskSpec(
             description="Upload the weight files to S3.",
             params=_p("destination", "endpoint-url", "region"),
             results=[tekton.ResultSpec(name="URI")],
             workspaces=[model_ws],
-            steps=[_step("upload-s3", tools_image, [
-                "--src", WEIGHTS, "--dest", "$(params.destination)", "--endpoint-url", "$(params.endpoint-url)",
-                "--region", "$(params.region)", "--result-uri", "$(results.URI.path)",
-            ], s3_env)],
+            steps=[
+                _step(
+                    "upload-s3",
+                    tools_image,
+                    [
+                        "--src",
+                        WEIGHTS,
+                        "--dest",
+                        "$(params.destination)",
+                        "--endpoint-url",
+                        "$(params.endpoint-url)",
+                        "--region",
+                        "$(params.region)",
+                        "--result-uri",
+                        "$(results.URI.path)",
+                    ],
+                    s3_env,
+                )
+            ],
         ),
     }
 
 
 PIPELINE_PARAMS = [
-    "tools-image", "source-uri", "revision", "endpoint-url", "region", "quay-image", "internal-image",
-    "base-image", "registry-url", "model-name", "version-name", "description", "quantization", "base-model",
-    "upload-s3", "upload-destination", "upload-endpoint", "upload-region",
+    "tools-image",
+    "source-uri",
+    "revision",
+    "endpoint-url",
+    "region",
+    "quay-image",
+    "internal-image",
+    "base-image",
+    "registry-url",
+    "model-name",
+    "version-name",
+    "description",
+    "quantization",
+    "base-model",
+    "upload-s3",
+    "upload-destination",
+    "upload-endpoint",
+    "upload-region",
 ]
 
 
@@ -216,38 +381,79 @@ def pipeline_spec(size_gi_for_timeouts: float) -> tekton.PipelineSpec:
         workspaces=[tekton.PipelineWorkspace(name="model"), tekton.PipelineWorkspace(name="quay-auth")],
         tasks=[
             tekton.PipelineTask(
-                name="wait-tools", task_ref=ref("wait-tools"), timeout=t("wait-tools"), params=[param("image", "$(params.tools-image)")],
+                name="wait-tools",
+                task_ref=ref("wait-tools"),
+                timeout=t("wait-tools"),
+                params=[param("image", "$(params.tools-image)")],
             ),
             tekton.PipelineTask(
-                name="download", task_ref=ref("download"), timeout=t("download"), retries=retries("download"),
-                run_after=["wait-tools"], workspaces=model_ws,
-                params=[param("source-uri"), param("revision"), param("endpoint-url"), param("region"),
-                        param("include", "$(params.include[*])")],
+                name="download",
+                task_ref=ref("download"),
+                timeout=t("download"),
+                retries=retries("download"),
+                run_after=["wait-tools"],
+                workspaces=model_ws,
+                params=[
+                    param("source-uri"),
+                    param("revision"),
+                    param("endpoint-url"),
+                    param("region"),
+                    param("include", "$(params.include[*])"),
+                ],
             ),
             tekton.PipelineTask(
-                name="package", task_ref=ref("package"), timeout=t("package"), retries=retries("package"), run_after=["download"],
-                workspaces=model_ws + quay_ws, params=[
-                    param("image", "$(params.quay-image)"), param("base-image"), param("source", "$(params.source-uri)"),
-                    param("revision", "$(tasks.download.results.REVISION)"), param("license", "$(tasks.download.results.LICENSE)"),
+                name="package",
+                task_ref=ref("package"),
+                timeout=t("package"),
+                retries=retries("package"),
+                run_after=["download"],
+                workspaces=model_ws + quay_ws,
+                params=[
+                    param("image", "$(params.quay-image)"),
+                    param("base-image"),
+                    param("source", "$(params.source-uri)"),
+                    param("revision", "$(tasks.download.results.REVISION)"),
+                    param("license", "$(tasks.download.results.LICENSE)"),
                     param("quantization"),
                 ],
             ),
             tekton.PipelineTask(
-                name="mirror", task_ref=ref("mirror"), timeout=t("mirror"), retries=retries("mirror"), workspaces=model_ws + quay_ws,
+                name="mirror",
+                task_ref=ref("mirror"),
+                timeout=t("mirror"),
+                retries=retries("mirror"),
+                workspaces=model_ws + quay_ws,
                 params=[param("source-image", "$(tasks.package.results.IMAGE_URL)"), param("destination", "$(params.internal-image)")],
             ),
             tekton.PipelineTask(
-                name="register", task_ref=ref("register"), timeout=t("register"), retries=retries("register"),
-                params=[param("registry-url"), param("model-name"), param("version-name"), param("description"),
-                        param("image", "$(tasks.mirror.results.IMAGE_URL)"), param("quantization"), param("base-model"),
-                        param("source", "$(params.source-uri)")],
+                name="register",
+                task_ref=ref("register"),
+                timeout=t("register"),
+                retries=retries("register"),
+                params=[
+                    param("registry-url"),
+                    param("model-name"),
+                    param("version-name"),
+                    param("description"),
+                    param("image", "$(tasks.mirror.results.IMAGE_URL)"),
+                    param("quantization"),
+                    param("base-model"),
+                    param("source", "$(params.source-uri)"),
+                ],
             ),
             tekton.PipelineTask(
-                name="upload-s3", task_ref=ref("upload-s3"), timeout=t("upload-s3"), retries=retries("upload-s3"), run_after=["download"],
+                name="upload-s3",
+                task_ref=ref("upload-s3"),
+                timeout=t("upload-s3"),
+                retries=retries("upload-s3"),
+                run_after=["download"],
                 workspaces=model_ws,
                 when=[tekton.WhenExpression(input="$(params.upload-s3)", operator="in", values=["true"])],
-                params=[param("destination", "$(params.upload-destination)"), param("endpoint-url", "$(params.upload-endpoint)"),
-                        param("region", "$(params.upload-region)")],
+                params=[
+                    param("destination", "$(params.upload-destination)"),
+                    param("endpoint-url", "$(params.upload-endpoint)"),
+                    param("region", "$(params.upload-region)"),
+                ],
             ),
         ],
         results=[
@@ -263,19 +469,33 @@ def stream_pipeline_spec(size_gi_for_timeouts: float) -> tekton.PipelineSpec:
     by_name = {t.name: t for t in full.tasks}
     ws = [tekton.WorkspaceBinding(name="model", workspace="model"), tekton.WorkspaceBinding(name="quay-auth", workspace="quay-auth")]
     names: tuple[tuple[str, str], ...] = (
-        ("image", "quay-image"), ("base-image", "base-image"), ("source-uri", "source-uri"), ("endpoint-url", "endpoint-url"),
-        ("region", "region"), ("quantization", "quantization"), ("revision", "revision"),
+        ("image", "quay-image"),
+        ("base-image", "base-image"),
+        ("source-uri", "source-uri"),
+        ("endpoint-url", "endpoint-url"),
+        ("region", "region"),
+        ("quantization", "quantization"),
+        ("revision", "revision"),
     )
     package = tekton.PipelineTask(
-        name="package", task_ref={"kind": "Task", "name": STEP["package-stream"].task}, timeout=by_name["package"].timeout,
-        retries=by_name["package"].retries, run_after=["wait-tools"], workspaces=ws,
-        params=[*(tekton.Param(name=n, value=f"$(params.{v})") for n, v in names),
-                tekton.Param(name="include", value="$(params.include[*])")],
+        name="package",
+        task_ref={"kind": "Task", "name": STEP["package-stream"].task},
+        timeout=by_name["package"].timeout,
+        retries=by_name["package"].retries,
+        run_after=["wait-tools"],
+        workspaces=ws,
+        params=[
+            *(tekton.Param(name=n, value=f"$(params.{v})") for n, v in names),
+            tekton.Param(name="include", value="$(params.include[*])"),
+        ],
     )
     tasks = [by_name["wait-tools"], package, by_name["mirror"], by_name["register"]]
     return tekton.PipelineSpec(
         description="Package LLM weights straight from S3 as a KServe modelcar (no weights PVC), mirror internally, register.",
-        params=full.params, workspaces=full.workspaces, tasks=tasks, results=full.results,
+        params=full.params,
+        workspaces=full.workspaces,
+        tasks=tasks,
+        results=full.results,
     )
 
 
@@ -294,12 +514,15 @@ def run_params(model: ModelConfig, pipeline: ModelPipelineConfig, namespace: str
         "internal-image": naming.internal_image(namespace, stream, model.tag),
         "base-image": pipeline.modelcar_base_image,
         "registry-url": pipeline.registry_url,
-        "model-name": model.registration.model_name, "version-name": model.registration.version_name,
-        "description": model.registration.description, "quantization": model.quantization,
+        "model-name": model.registration.model_name,
+        "version-name": model.registration.version_name,
+        "description": model.registration.description,
+        "quantization": model.quantization,
         "base-model": model.registration.base_model or (hf.repo if hf else ""),
         "upload-s3": "true" if up else "false",
         "upload-destination": f"s3://{up.bucket}/{up.prefix.strip('/')}/" if up else "",
-        "upload-endpoint": up.endpoint if up else "", "upload-region": up.region if up else "",
+        "upload-endpoint": up.endpoint if up else "",
+        "upload-region": up.region if up else "",
     }
     return [tekton.Param(name=k, value=v) for k, v in values.items()]
 
@@ -342,9 +565,7 @@ def run_spec(
         claim["spec"]["storageClassName"] = pipeline.storage_class
     # Streaming runs hold no weights: their "model" workspace is only HOME/TMPDIR scratch (an emptyDir).
     model_ws = (
-        tekton.RunWorkspace(name="model", empty_dir={})
-        if model.stream
-        else tekton.RunWorkspace(name="model", volume_claim_template=claim)
+        tekton.RunWorkspace(name="model", empty_dir={}) if model.stream else tekton.RunWorkspace(name="model", volume_claim_template=claim)
     )
     pod_template = None
     if build_nodes.node_selector or build_nodes.tolerations:
@@ -396,32 +617,43 @@ class ModelPipeline(pulumi.ComponentResource):
         def meta(obj: str, **extra: Any) -> k8s.meta.v1.ObjectMetaArgs:
             return k8s.meta.v1.ObjectMetaArgs(name=obj, namespace=ns, labels=args.labels, **extra)
 
-        tools = ToolsImage(f"{name}-tools", ToolsImageArgs(namespace=ns, labels=args.labels, base_image=cfg.tools_base_image,
-                                                           build_nodes=args.build_nodes), opts=child)
+        tools = ToolsImage(
+            f"{name}-tools",
+            ToolsImageArgs(namespace=ns, labels=args.labels, base_image=cfg.tools_base_image, build_nodes=args.build_nodes),
+            opts=child,
+        )
         deps: list[pulumi.Resource] = [tools]
         deps.append(k8s.core.v1.ServiceAccount(f"{name}-sa", metadata=meta(cfg.service_account), opts=child))
-        deps.append(k8s.rbac.v1.RoleBinding(
-            f"{name}-image-builder",
-            metadata=meta(f"{cfg.service_account}-image-builder"),
-            role_ref=k8s.rbac.v1.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind="ClusterRole", name="system:image-builder"),
-            subjects=[k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=cfg.service_account, namespace=ns)],
-            opts=child,
-        ))
+        deps.append(
+            k8s.rbac.v1.RoleBinding(
+                f"{name}-image-builder",
+                metadata=meta(f"{cfg.service_account}-image-builder"),
+                role_ref=k8s.rbac.v1.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind="ClusterRole", name="system:image-builder"),
+                subjects=[k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=cfg.service_account, namespace=ns)],
+                opts=child,
+            )
+        )
         if cfg.registry_access is not None:
             # The model-registry operator creates Role `registry-user-<name>` (get on Service <name>) in the
             # registry's namespace, and its kube-rbac-proxy admits whoever may do that
             # (opendatahub-io/model-registry-operator internal/controller/config/templates/role.yaml.tmpl,
             # kube-rbac-proxy/kube-rbac-proxy-config.yaml.tmpl). This binding lives in that namespace.
             access = cfg.registry_access
-            deps.append(k8s.rbac.v1.RoleBinding(
-                f"{name}-registry-user",
-                metadata=k8s.meta.v1.ObjectMetaArgs(
-                    name=f"{ns}-{cfg.service_account}-registry-user-{access.name}"[:253], namespace=access.namespace, labels=args.labels,
-                ),
-                role_ref=k8s.rbac.v1.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind="Role", name=f"registry-user-{access.name}"),
-                subjects=[k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=cfg.service_account, namespace=ns)],
-                opts=child,
-            ))
+            deps.append(
+                k8s.rbac.v1.RoleBinding(
+                    f"{name}-registry-user",
+                    metadata=k8s.meta.v1.ObjectMetaArgs(
+                        name=f"{ns}-{cfg.service_account}-registry-user-{access.name}"[:253],
+                        namespace=access.namespace,
+                        labels=args.labels,
+                    ),
+                    role_ref=k8s.rbac.v1.RoleRefArgs(
+                        api_group="rbac.authorization.k8s.io", kind="Role", name=f"registry-user-{access.name}"
+                    ),
+                    subjects=[k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=cfg.service_account, namespace=ns)],
+                    opts=child,
+                )
+            )
         # A credential's Secret exists when a model uses it and its stack secrets are set (the loader has already
         # refused a stack that lacks a secret a model requires, e.g. hfToken for a gated repository).
         secrets = args.secrets
@@ -431,10 +663,15 @@ class ModelPipeline(pulumi.ComponentResource):
             if cred not in used or not all(secrets.get(key) for _, key, _ in table.keys):
                 continue
             present.add(cred)
-            deps.append(k8s.core.v1.Secret(
-                f"{name}-{cred}", metadata=meta(table.secret), type=table.type,
-                string_data={env: secrets[key] for env, key, _ in table.keys}, opts=child,
-            ))
+            deps.append(
+                k8s.core.v1.Secret(
+                    f"{name}-{cred}",
+                    metadata=meta(table.secret),
+                    type=table.type,
+                    string_data={env: secrets[key] for env, key, _ in table.keys},
+                    opts=child,
+                )
+            )
 
         specs = task_specs(tools.image, cfg.tools_base_image, present, cfg.chunk_threshold, cfg.max_layer_size, cfg.registry_ca_file)
         streaming = any(m.stream for m in args.models)
@@ -446,16 +683,23 @@ class ModelPipeline(pulumi.ComponentResource):
         deps.append(crds.custom_resource(f"{name}-pipeline", "tekton.dev/v1", "Pipeline", meta(PIPELINE), pipeline, child))
         if streaming:
             stream_pipeline = stream_pipeline_spec(cfg.max_model_size_gi)
-            deps.append(crds.custom_resource(
-                f"{name}-pipeline-stream", "tekton.dev/v1", "Pipeline", meta(STREAM_PIPELINE), stream_pipeline, child))
+            deps.append(
+                crds.custom_resource(f"{name}-pipeline-stream", "tekton.dev/v1", "Pipeline", meta(STREAM_PIPELINE), stream_pipeline, child)
+            )
 
         self.run_names, self.internal_images, self.runs = {}, {}, {}
         for model in args.models:
             stream = model.internal_image_stream or model.name
-            deps.append(crds.custom_resource(
-                f"{name}-stream-{model.name}", "image.openshift.io/v1", "ImageStream", meta(stream),
-                {"lookupPolicy": {"local": True}}, child,
-            ))
+            deps.append(
+                crds.custom_resource(
+                    f"{name}-stream-{model.name}",
+                    "image.openshift.io/v1",
+                    "ImageStream",
+                    meta(stream),
+                    {"lookupPolicy": {"local": True}},
+                    child,
+                )
+            )
             run_body = run_spec(model, cfg, ns, args.build_nodes, tools.image)
             # The run's own inputs (model, destinations, sizes, tools image, pipeline version): another model
             # or an unchanged config never starts a new run of this one.
@@ -464,7 +708,9 @@ class ModelPipeline(pulumi.ComponentResource):
             digest = naming.short_hash(str(PIPELINE_VERSION), json.dumps(run_body.dump(), sort_keys=True), *retry)
             run = run_name(model, digest)
             crds.custom_resource(
-                f"{name}-run-{model.name}", "tekton.dev/v1", "PipelineRun",
+                f"{name}-run-{model.name}",
+                "tekton.dev/v1",
+                "PipelineRun",
                 meta(run, annotations={"pulumi.com/skipAwait": "true"}),
                 run_body,
                 # Not awaited; kept on replace/destroy so run history and logs stay until Tekton's pruner removes them.

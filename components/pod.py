@@ -42,9 +42,7 @@ def effective_nccl_env(config: StackConfig) -> dict[str, str]:
             cross_nic=rdma.cross_nic,
             overrides=net.nccl_env,
         )
-    return nccl.tcp_env(
-        interface_exclude=net.tcp.interface_exclude, p2p_level=net.tcp.p2p_level, overrides=net.nccl_env
-    )
+    return nccl.tcp_env(interface_exclude=net.tcp.interface_exclude, p2p_level=net.tcp.p2p_level, overrides=net.nccl_env)
 
 
 def _field_env(name: str, path: str) -> k8s.core.v1.EnvVarArgs:
@@ -139,9 +137,7 @@ def main_security_context(config: StackConfig) -> k8s.core.v1.SecurityContextArg
         return k8s.core.v1.SecurityContextArgs(privileged=True)
     if memlock.mode == "scc":
         # Capabilities an SCC grants are only effective for UID 0 (the SCC's RunAsAny admits it).
-        return k8s.core.v1.SecurityContextArgs(
-            run_as_user=0, capabilities=k8s.core.v1.CapabilitiesArgs(add=list(memlock.capabilities))
-        )
+        return k8s.core.v1.SecurityContextArgs(run_as_user=0, capabilities=k8s.core.v1.CapabilitiesArgs(add=list(memlock.capabilities)))
     return RESTRICTED_CONTAINER
 
 
@@ -281,8 +277,6 @@ def multus_annotation(config: StackConfig) -> str:
 
 def tolerations(config: StackConfig) -> list[k8s.core.v1.TolerationArgs]:
     return [
-        k8s.core.v1.TolerationArgs(
-            key=t.key, operator=t.operator, value=t.value, effect=t.effect, toleration_seconds=t.toleration_seconds
-        )
+        k8s.core.v1.TolerationArgs(key=t.key, operator=t.operator, value=t.value, effect=t.effect, toleration_seconds=t.toleration_seconds)
         for t in config.nodes.tolerations
     ]

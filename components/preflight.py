@@ -85,10 +85,13 @@ def _file_or_data(entry: dict[str, Any], key: str) -> bytes | None:
 def _exec_credential(spec: dict[str, Any], cluster_server: str) -> dict[str, Any]:
     """Run an exec credential plugin (client.authentication.k8s.io ExecCredential) and return its status."""
     env = {**os.environ, **{e["name"]: e["value"] for e in spec.get("env") or []}}
-    env["KUBERNETES_EXEC_INFO"] = json.dumps({
-        "apiVersion": spec.get("apiVersion", "client.authentication.k8s.io/v1"), "kind": "ExecCredential",
-        "spec": {"interactive": False, "cluster": {"server": cluster_server}},
-    })
+    env["KUBERNETES_EXEC_INFO"] = json.dumps(
+        {
+            "apiVersion": spec.get("apiVersion", "client.authentication.k8s.io/v1"),
+            "kind": "ExecCredential",
+            "spec": {"interactive": False, "cluster": {"server": cluster_server}},
+        }
+    )
     proc = subprocess.run([spec["command"], *(spec.get("args") or [])], capture_output=True, text=True, env=env, timeout=60, check=False)
     if proc.returncode != 0:
         raise LiveReadError(f"credential plugin {spec['command']} failed: {proc.stderr.strip()[:200]}")

@@ -76,9 +76,7 @@ def claim_template_names(storage: StorageConfig) -> list[str]:
     return [v.name for v in storage.volumes if storage.scope_of(v) == "per-pod"]
 
 
-def volume_claim_templates(
-    storage: StorageConfig, labels: dict[str, str]
-) -> list[k8s.core.v1.PersistentVolumeClaimArgs]:
+def volume_claim_templates(storage: StorageConfig, labels: dict[str, str]) -> list[k8s.core.v1.PersistentVolumeClaimArgs]:
     return [
         k8s.core.v1.PersistentVolumeClaimArgs(
             metadata=k8s.meta.v1.ObjectMetaArgs(name=v.name, labels={**labels, STORAGE_LABEL: v.name}),
@@ -118,7 +116,5 @@ class WorkspaceStorage(pulumi.ComponentResource):
                 spec=claim_spec(storage, volume),
                 opts=pulumi.ResourceOptions(parent=self, retain_on_delete=True),
             )
-        self.claim_names = pulumi.Output.all(*[c.metadata.name for c in self.claims.values()]).apply(
-            lambda names: [n for n in names if n]
-        )
+        self.claim_names = pulumi.Output.all(*[c.metadata.name for c in self.claims.values()]).apply(lambda names: [n for n in names if n])
         self.register_outputs({"claim_names": self.claim_names})

@@ -30,7 +30,9 @@ class ModelPipelineConfig(Protocol):
     @property
     def node_ephemeral_free(self) -> str: ...
 
+
 GIB = 2**30
+
 
 @dataclass(frozen=True)
 class PipelineStep:
@@ -66,24 +68,85 @@ _RATE = 25e6
 PIPELINE_STEPS: tuple[PipelineStep, ...] = (
     # wait-tools covers the tools-image build on the first `pulumi up` (a small image: minutes, not hours);
     # it is not retried: a second wait would only double its timeout.
-    PipelineStep("wait-tools", "modelcar-wait-tools", "wait-tools", "wait_image", cpu=("10m", "100m"), memory=("32Mi", "128Mi"),
-                 ephemeral=("16Mi", "64Mi"), min_timeout_min=60, retries=0, uses_workspace=False),
+    PipelineStep(
+        "wait-tools",
+        "modelcar-wait-tools",
+        "wait-tools",
+        "wait_image",
+        cpu=("10m", "100m"),
+        memory=("32Mi", "128Mi"),
+        ephemeral=("16Mi", "64Mi"),
+        min_timeout_min=60,
+        retries=0,
+        uses_workspace=False,
+    ),
     # 20 parallel download workers OOM-killed a 2Gi container in the original pipeline.
-    PipelineStep("download", "modelcar-download", "download", "download", cpu=("1", "4"), memory=("4Gi", "8Gi"),
-                 ephemeral=("256Mi", "1Gi"), min_timeout_min=30, retries=2, planned_rate=_RATE),
-    PipelineStep("package", "modelcar-package", "package", "package", cpu=("1", "4"), memory=("1Gi", "4Gi"),
-                 ephemeral=("256Mi", "1Gi"), min_timeout_min=30, retries=2, planned_rate=_RATE),
-    PipelineStep("mirror", "modelcar-mirror", "mirror", "mirror", cpu=("500m", "2"), memory=("512Mi", "2Gi"),
-                 ephemeral=("256Mi", "1Gi"), min_timeout_min=30, retries=2, planned_rate=_RATE),
-    PipelineStep("register", "modelcar-register", "register", "register", cpu=("100m", "500m"), memory=("128Mi", "512Mi"),
-                 ephemeral=("64Mi", "256Mi"), min_timeout_min=10, retries=2, uses_workspace=False),
-    PipelineStep("upload-s3", "modelcar-upload-s3", "upload-s3", "upload_s3", cpu=("500m", "2"), memory=("1Gi", "4Gi"),
-                 ephemeral=("256Mi", "1Gi"), min_timeout_min=30, retries=2, planned_rate=_RATE),
+    PipelineStep(
+        "download",
+        "modelcar-download",
+        "download",
+        "download",
+        cpu=("1", "4"),
+        memory=("4Gi", "8Gi"),
+        ephemeral=("256Mi", "1Gi"),
+        min_timeout_min=30,
+        retries=2,
+        planned_rate=_RATE,
+    ),
+    PipelineStep(
+        "package",
+        "modelcar-package",
+        "package",
+        "package",
+        cpu=("1", "4"),
+        memory=("1Gi", "4Gi"),
+        ephemeral=("256Mi", "1Gi"),
+        min_timeout_min=30,
+        retries=2,
+        planned_rate=_RATE,
+    ),
+    PipelineStep(
+        "mirror",
+        "modelcar-mirror",
+        "mirror",
+        "mirror",
+        cpu=("500m", "2"),
+        memory=("512Mi", "2Gi"),
+        ephemeral=("256Mi", "1Gi"),
+        min_timeout_min=30,
+        retries=2,
+        planned_rate=_RATE,
+    ),
+    PipelineStep(
+        "register",
+        "modelcar-register",
+        "register",
+        "register",
+        cpu=("100m", "500m"),
+        memory=("128Mi", "512Mi"),
+        ephemeral=("64Mi", "256Mi"),
+        min_timeout_min=10,
+        retries=2,
+        uses_workspace=False,
+    ),
+    PipelineStep(
+        "upload-s3",
+        "modelcar-upload-s3",
+        "upload-s3",
+        "upload_s3",
+        cpu=("500m", "2"),
+        memory=("1Gi", "4Gi"),
+        ephemeral=("256Mi", "1Gi"),
+        min_timeout_min=30,
+        retries=2,
+        planned_rate=_RATE,
+    ),
 )
 STEP = {s.key: s for s in PIPELINE_STEPS}
 # The streaming packager: the package step reading straight from the source; the pipeline task keeps
 # the name `package` and the package row's sizing.
 STEP["package-stream"] = replace(STEP["package"], key="package-stream", task="modelcar-package-stream")
+
 
 def workspace_gib(size_gi: float) -> int:
     """Workspace PVC needed for a model: the weights, plus 15 % and 4 GiB for caches and metadata."""

@@ -7,9 +7,18 @@ import re
 from decimal import Decimal, InvalidOperation
 
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL = {"n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1),
-            "k": Decimal(10**3), "M": Decimal(10**6), "G": Decimal(10**9), "T": Decimal(10**12),
-            "P": Decimal(10**15), "E": Decimal(10**18)}
+_DECIMAL = {
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "": Decimal(1),
+    "k": Decimal(10**3),
+    "M": Decimal(10**6),
+    "G": Decimal(10**9),
+    "T": Decimal(10**12),
+    "P": Decimal(10**15),
+    "E": Decimal(10**18),
+}
 _QUANTITY = re.compile(r"^(?P<num>[0-9]+(\.[0-9]+)?|\.[0-9]+)(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][0-9]+)?$")
 
 
@@ -28,9 +37,7 @@ def parse_quantity(value: str | int | float) -> Decimal:
     text = str(value).strip()
     match = _QUANTITY.match(text)
     if not match:
-        raise QuantityError(
-            f"{value!r} is not a Kubernetes quantity (examples: '32', '500m', '128Gi', '1.5Ti')"
-        )
+        raise QuantityError(f"{value!r} is not a Kubernetes quantity (examples: '32', '500m', '128Gi', '1.5Ti')")
     try:
         number = Decimal(match["num"])
     except InvalidOperation as exc:  # pragma: no cover - the regex already guarantees a number

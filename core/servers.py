@@ -48,12 +48,24 @@ class DevServer:
 DEV_SERVERS: tuple[DevServer, ...] = (
     # code-server: src/node/routes/health.ts answers /healthz with {"status": "alive"|"expired", "lastHeartbeat": …}.
     DevServer(
-        "vscode", "code-server", 8080, 18080, credential_env="PASSWORD", secret_key="vscodePassword", credential="password",
+        "vscode",
+        "code-server",
+        8080,
+        18080,
+        credential_env="PASSWORD",
+        secret_key="vscodePassword",
+        credential="password",
         activity_probe="/healthz",
     ),
     # jupyter_server: services/api/handlers.py, APIStatusHandler answers /api/status with "last_activity".
     DevServer(
-        "jupyter", "Jupyter", 8888, 18888, credential_env="JUPYTER_TOKEN", secret_key="jupyterToken", credential="token",
+        "jupyter",
+        "Jupyter",
+        8888,
+        18888,
+        credential_env="JUPYTER_TOKEN",
+        secret_key="jupyterToken",
+        credential="token",
         activity_probe="/api/status",
     ),
     DevServer("tensorboard", "TensorBoard", 6006, 16006),

@@ -153,9 +153,7 @@ def _check_label(value: str) -> str:
 
 def _check_subdomain(value: str) -> str:
     if not DNS_SUBDOMAIN.match(value):
-        raise ValueError(
-            f"{value!r} is not a valid DNS name: lower-case letters, digits, '-' and '.', at most 253 characters"
-        )
+        raise ValueError(f"{value!r} is not a valid DNS name: lower-case letters, digits, '-' and '.', at most 253 characters")
     return value
 
 

@@ -48,12 +48,8 @@ class ClusterConfig(Model):
 
     name: DnsLabel = Field(description="Cluster name (used in labels and messages).")
     namespace: DnsLabel = Field(description="Namespace (project) the stack deploys into.")
-    create_namespace: bool = Field(
-        False, description="Create the namespace (kept on destroy) instead of adopting an existing one."
-    )
-    apps_domain: DnsSubdomain = Field(
-        description="OpenShift apps domain; Route hosts (and URL outputs) derive from it."
-    )
+    create_namespace: bool = Field(False, description="Create the namespace (kept on destroy) instead of adopting an existing one.")
+    apps_domain: DnsSubdomain = Field(description="OpenShift apps domain; Route hosts (and URL outputs) derive from it.")
     kube_context: str | None = Field(None, description="kubeconfig context; unset = current context.")
     app_name: DnsLabel = Field("ml-dev-env", description="Name of the StatefulSet and prefix of every object.")
     render_yaml_to_directory: str | None = Field(
@@ -70,7 +66,8 @@ class ClusterConfig(Model):
         longest = f"{self.app_name}-{longest_routed_name()}-{self.namespace}"
         if len(longest) > 63:
             yield ConfigProblem(
-                "appName", self.app_name,
+                "appName",
+                self.app_name,
                 f"route hosts start with '<appName>-<server>-<namespace>', which must fit a 63-character DNS label "
                 f"('{longest}' has {len(longest)}); choose a shorter appName",
             )
@@ -118,17 +115,13 @@ class Resources(Model):
             request = getattr(self.requests, kind)
             limit = getattr(self.limits, kind)
             if parse_quantity(request) > parse_quantity(limit):
-                yield ConfigProblem(
-                    f"requests.{kind}", request, f"must not exceed limits.{kind} ({limit})"
-                )
+                yield ConfigProblem(f"requests.{kind}", request, f"must not exceed limits.{kind} ({limit})")
 
 
 class NodesConfig(Model):
     """GPU nodes, pods and their size."""
 
-    gpu_nodes: list[DnsSubdomain] = Field(
-        default_factory=list, description="Ordered GPU node names; empty = any GPU node."
-    )
+    gpu_nodes: list[DnsSubdomain] = Field(default_factory=list, description="Ordered GPU node names; empty = any GPU node.")
     count: int = Field(1, ge=1, le=64, description="Number of pods (one per node).")
     gpus_per_pod: int = Field(1, ge=1, le=16, description="GPUs requested (= limit) by each pod.")
     gpu_product: str | None = Field(
@@ -136,9 +129,7 @@ class NodesConfig(Model):
     )
     resources: Resources = Field(description="CPU/memory requests and limits of the main container.")
     shm_size: Size = Field("32Gi", description="Size of the memory-backed /dev/shm.")
-    node_selector: dict[str, str] = Field(
-        default_factory=lambda: {"nvidia.com/gpu.present": "true"}, description="GPU node selector."
-    )
+    node_selector: dict[str, str] = Field(default_factory=lambda: {"nvidia.com/gpu.present": "true"}, description="GPU node selector.")
     tolerations: list[Toleration] = Field(default_factory=lambda: [GPU_TOLERATION])
 
     @rule
@@ -150,8 +141,7 @@ class NodesConfig(Model):
             yield ConfigProblem(
                 "count",
                 self.count,
-                f"at most {len(self.gpu_nodes)} (the number of listed gpuNodes): "
-                "pods use required anti-affinity, one pod per node",
+                f"at most {len(self.gpu_nodes)} (the number of listed gpuNodes): pods use required anti-affinity, one pod per node",
             )
 
 
@@ -239,7 +229,8 @@ class RdmaConfig(Model):
                 i, j = overlaps[0]
                 more = sorted({f"subnets[{k}]" for k, _ in overlaps} - {f"subnets[{i}]"})
                 yield ConfigProblem(
-                    f"subnets[{i}]", self.subnets[i],
+                    f"subnets[{i}]",
+                    self.subnets[i],
                     f"overlaps subnets[{j}] ({self.subnets[j]}): each NIC needs its own subnet"
                     + (f" (also overlapping: {', '.join(more)})" if more else ""),
                 )
@@ -360,9 +351,9 @@ class AccessConfig(_ServerToggles):
         for s in routed_servers():
             if self.auth == "token" and getattr(self, s.name) and not s.has_own_auth:
                 yield ConfigProblem(
-                    s.name, True,
-                    f"{s.title} has no authentication of its own: with auth 'token' set {s.name}: false, "
-                    "or use auth 'oauth-proxy'",
+                    s.name,
+                    True,
+                    f"{s.title} has no authentication of its own: with auth 'token' set {s.name}: false, or use auth 'oauth-proxy'",
                 )
 
     @property
@@ -424,7 +415,8 @@ class StorageConfig(Model):
                 )
             if self.scope_of(volume) == "shared" and volume.access_modes == ["ReadWriteOnce"]:
                 yield ConfigProblem(
-                    f"volumes[{i}].accessModes", volume.access_modes,
+                    f"volumes[{i}].accessModes",
+                    volume.access_modes,
                     "a shared volume is mounted by pods on different nodes: use ReadWriteMany",
                 )
 
@@ -488,7 +480,8 @@ class ImageBuildConfig(Model):
     def _removed_keys(cls, data: Any) -> Any:
         if isinstance(data, dict) and "rolloutOnNewImage" in data:
             raise ConfigProblem(
-                "rolloutOnNewImage", data["rolloutOnNewImage"],
+                "rolloutOnNewImage",
+                data["rolloutOnNewImage"],
                 "removed: every input change gives a new runtime tag and `pulumi up` rolls the pods to it; delete the key",
             )
         return data
@@ -539,16 +532,24 @@ class PipelineCredential:
 
 
 PIPELINE_CREDENTIALS: dict[str, PipelineCredential] = {
-    "quay": PipelineCredential("model-pipeline-quay", "kubernetes.io/dockerconfigjson", (
-        (".dockerconfigjson", "quayDockerConfigJson", "Quay push credentials, a dockerconfigjson document (models)"),
-    )),
-    "hf": PipelineCredential("model-pipeline-hf", "Opaque", (
-        ("HF_TOKEN", "hfToken", "Hugging Face token (models with a huggingFace source marked gated: true)"),
-    )),
-    "s3": PipelineCredential("model-pipeline-s3", "Opaque", (
-        ("AWS_ACCESS_KEY_ID", "s3AccessKeyId", "S3 access key id (models with an s3 source or uploadToS3)"),
-        ("AWS_SECRET_ACCESS_KEY", "s3SecretAccessKey", "S3 secret access key (models with an s3 source or uploadToS3)"),
-    )),
+    "quay": PipelineCredential(
+        "model-pipeline-quay",
+        "kubernetes.io/dockerconfigjson",
+        ((".dockerconfigjson", "quayDockerConfigJson", "Quay push credentials, a dockerconfigjson document (models)"),),
+    ),
+    "hf": PipelineCredential(
+        "model-pipeline-hf",
+        "Opaque",
+        (("HF_TOKEN", "hfToken", "Hugging Face token (models with a huggingFace source marked gated: true)"),),
+    ),
+    "s3": PipelineCredential(
+        "model-pipeline-s3",
+        "Opaque",
+        (
+            ("AWS_ACCESS_KEY_ID", "s3AccessKeyId", "S3 access key id (models with an s3 source or uploadToS3)"),
+            ("AWS_SECRET_ACCESS_KEY", "s3SecretAccessKey", "S3 secret access key (models with an s3 source or uploadToS3)"),
+        ),
+    ),
 }
 
 
@@ -557,9 +558,7 @@ class HuggingFaceSource(Model):
 
     repo: str = Field(description="Hugging Face repository, e.g. mistralai/Mistral-Small-24B-Instruct-2501.")
     revision: str = Field("main", description="Branch, tag or commit (pin a commit for reproducible runs).")
-    gated: bool = Field(
-        False, description="The repository needs an accepted license / token: the hfToken secret is then required."
-    )
+    gated: bool = Field(False, description="The repository needs an accepted license / token: the hfToken secret is then required.")
 
 
 class S3Source(Model):
@@ -613,7 +612,9 @@ class ModelConfig(Model):
         "sharded ones exist, *.bin weights when *.safetensors ones do; code that config.json's auto_map needs must be included.",
     )
     retry: int = Field(
-        0, ge=0, description="Raise by one to start a new run of an unchanged model (a new run name); blobs already in "
+        0,
+        ge=0,
+        description="Raise by one to start a new run of an unchanged model (a new run name); blobs already in "
         "the registry are not sent again.",
     )
     size_gi: float = Field(gt=0, le=4096, description="Approximate size of the weights in GiB (sizes PVC and timeouts).")
@@ -697,9 +698,7 @@ class ModelPipelineConfig(Model):
         "MAXIMUM_LAYER_SIZE, default 20G, applies to the whole blob, chunked or not. The download task refuses a "
         "larger file before transferring anything.",
     )
-    max_model_size_gi: float = Field(
-        64, gt=0, le=4096, description="Largest model the Pipeline's per-task timeouts are sized for (GiB)."
-    )
+    max_model_size_gi: float = Field(64, gt=0, le=4096, description="Largest model the Pipeline's per-task timeouts are sized for (GiB).")
 
 
 # ------------------------------------------------------------------------------------- lifecycle
@@ -793,8 +792,13 @@ class LifecycleConfig(Model):
 # ------------------------------------------------------------------------------------------- ssh
 
 SSH_KEY_TYPES = (
-    "ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521", "ssh-rsa",
-    "sk-ssh-ed25519@openssh.com", "sk-ecdsa-sha2-nistp256@openssh.com",
+    "ssh-ed25519",
+    "ecdsa-sha2-nistp256",
+    "ecdsa-sha2-nistp384",
+    "ecdsa-sha2-nistp521",
+    "ssh-rsa",
+    "sk-ssh-ed25519@openssh.com",
+    "sk-ecdsa-sha2-nistp256@openssh.com",
 )
 SSH_PUBLIC_KEY = re.compile(r"^(?P<type>[a-z0-9@.-]+) (?P<blob>[A-Za-z0-9+/]+={0,2})( [^\n]*)?$")
 
@@ -806,7 +810,7 @@ def _ssh_blob_type(blob: str) -> str | None:
     except (binascii.Error, ValueError):
         return None
     size = int.from_bytes(raw[:4], "big") if len(raw) >= 4 else -1
-    return raw[4:4 + size].decode("ascii", "replace") if 0 < size <= len(raw) - 4 else None
+    return raw[4 : 4 + size].decode("ascii", "replace") if 0 < size <= len(raw) - 4 else None
 
 
 class SshConfig(Model):
@@ -824,7 +828,8 @@ class SshConfig(Model):
             if not m or m["type"] not in SSH_KEY_TYPES or _ssh_blob_type(m["blob"]) != m["type"]:
                 shown = key if len(key) <= 40 else key[:37] + "..."
                 raise ConfigProblem(
-                    f"authorizedKeys[{i}]", shown,
+                    f"authorizedKeys[{i}]",
+                    shown,
                     f"one OpenSSH public key line '<type> <base64> [comment]' (as in ~/.ssh/id_ed25519.pub) of type "
                     f"{', '.join(SSH_KEY_TYPES)}; never a private key",
                 )
@@ -838,22 +843,30 @@ class FabricCheckConfig(Model):
     """RDMA preflight, NCCL bandwidth gate and rack-aware ranks (README "Fabric check")."""
 
     link_gbps: float | None = Field(
-        None, gt=0, le=3200,
+        None,
+        gt=0,
+        le=3200,
         description="RDMA: link rate of each NIC in Gbit/s (e.g. 400). Preflight checks every HCA runs at it; the gate's "
         "expected bus bandwidth derives from it. Unset: no rate check and no expectation (the gate only reports).",
     )
     efficiency: float | None = Field(
-        None, gt=0, le=1,
+        None,
+        gt=0,
+        le=1,
         description="RDMA: fraction of the NICs' line rate NCCL's ring all-reduce reaches as bus bandwidth. Unset: 0.973, "
         "calibrated on barcelona (194.6 GB/s bus bandwidth with 4 × 400 Gbit/s NICs).",
     )
     tcp_link_gbps: float | None = Field(
-        None, gt=0, le=3200,
+        None,
+        gt=0,
+        le=3200,
         description="TCP: link rate of the pod's primary interface in Gbit/s. "
         "Unset: TCP stacks get no expectation (the gate only reports).",
     )
     tcp_efficiency: float | None = Field(
-        None, gt=0, le=1,
+        None,
+        gt=0,
+        le=1,
         description="TCP: fraction of tcpLinkGbps expected as bus bandwidth; "
         "required with tcpLinkGbps (sockets have no calibration point).",
     )
@@ -861,14 +874,18 @@ class FabricCheckConfig(Model):
         0.9, gt=0, le=1, description="The gate passes when the plateau bus bandwidth is at least this fraction of the expectation."
     )
     plateau_min_bytes: int = Field(
-        4 << 30, ge=1 << 20, le=8 << 30,
+        4 << 30,
+        ge=1 << 20,
+        le=8 << 30,
         description="Message sizes from this many bytes up to 8 GiB form the plateau the gate judges (smaller sizes are reported only).",
     )
     on_deploy: bool = Field(
         False, description="Pod 0 holds its dev servers (and readiness) until the preflight and gate pass after a deploy."
     )
     on_deploy_timeout_seconds: int = Field(
-        1800, ge=60, le=6 * 3600,
+        1800,
+        ge=60,
+        le=6 * 3600,
         description="How long pod 0 retries the check at start before it stops trying (it keeps holding until a passing "
         "`fabric-check gate` or `fabric-check release`).",
     )
@@ -882,7 +899,8 @@ class FabricCheckConfig(Model):
     def _tcp_expectation(self) -> Iterator[ConfigProblem]:
         if self.tcp_link_gbps is not None and self.tcp_efficiency is None:
             yield ConfigProblem(
-                "tcpEfficiency", None,
+                "tcpEfficiency",
+                None,
                 "required with tcpLinkGbps: the 0.973 efficiency is calibrated for RDMA only (or unset tcpLinkGbps)",
             )
 
@@ -906,7 +924,7 @@ class StackConfig(Model):
     lifecycle: LifecycleConfig = Field(default_factory=LifecycleConfig)
     ssh: SshConfig = Field(default_factory=SshConfig)
     fabric_check: FabricCheckConfig = Field(
-        default_factory=FabricCheckConfig, description="RDMA preflight, NCCL bandwidth gate and rack-aware ranks (README \"Fabric check\")."
+        default_factory=FabricCheckConfig, description='RDMA preflight, NCCL bandwidth gate and rack-aware ranks (README "Fabric check").'
     )
 
     @rule

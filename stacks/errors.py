@@ -67,8 +67,7 @@ def _path(loc: tuple[Any, ...]) -> str:
 def _clean_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
     """Drop pydantic's union/validator branch markers from a location."""
     return tuple(
-        p for p in loc
-        if isinstance(p, int) or not (str(p).startswith(("function-", "literal[")) or str(p) in ("int", "str", "bool"))
+        p for p in loc if isinstance(p, int) or not (str(p).startswith(("function-", "literal[")) or str(p) in ("int", "str", "bool"))
     )
 
 
@@ -129,8 +128,10 @@ def problem_lines(exc: ValidationError, root: type[BaseModel]) -> list[str]:
 
 def format_problems(lines: list[str], source: str) -> str:
     """The one message a run reports: a head naming the stack file, then one `  - ` line per mistake."""
-    head = f"invalid stack configuration in {source}" if len(lines) == 1 else (
-        f"invalid stack configuration in {source} ({len(lines)} problems)"
+    head = (
+        f"invalid stack configuration in {source}"
+        if len(lines) == 1
+        else (f"invalid stack configuration in {source} ({len(lines)} problems)")
     )
     return head + ":\n" + "\n".join(f"  - {line}" for line in lines)
 

@@ -90,7 +90,7 @@ def parse_raw(raw_config: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]
             if misplaced:
                 problems.append(misplaced)
             continue
-        key = full_key[len(PREFIX):]
+        key = full_key[len(PREFIX) :]
         if key not in known:
             hint = difflib.get_close_matches(key, sorted(known), n=1)
             suggestion = f" (did you mean '{hint[0]}'?)" if hint else ""
@@ -123,10 +123,7 @@ def _key_path(line: str) -> str:
 
 def _parts(path: str) -> list[str | int | None]:
     """`storage.volumes[1].mountPath` → ['storage', 'volumes', 1, 'mountPath']; `models[].name` has a None index."""
-    return [
-        (int(tok[1:-1]) if tok[1:-1] else None) if tok.startswith("[") else tok
-        for tok in re.findall(r"\[\d*\]|[^.\[\]]+", path)
-    ]
+    return [(int(tok[1:-1]) if tok[1:-1] else None) if tok.startswith("[") else tok for tok in re.findall(r"\[\d*\]|[^.\[\]]+", path)]
 
 
 def _within(path: str, roots: set[str]) -> bool:
@@ -201,7 +198,8 @@ def _lines(exc: ValidationError, removed: set[str]) -> list[str]:
         if isinstance(problems, ConfigProblems) and removed:
             model_path = _path(_clean_loc(tuple(error.get("loc", ()))))
             keep = [
-                p for p in problems.problems
+                p
+                for p in problems.problems
                 if not any(_within(d, {f"{model_path}.{key}" if model_path else key}) for key in p.reads for d in removed)
             ]
             if not keep:

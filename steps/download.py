@@ -159,6 +159,7 @@ class Verifier:
 
 def download_s3(args: argparse.Namespace, cache: DigestCache) -> int:
     from boto3.s3.transfer import TransferConfig
+
     bucket, _, prefix = args.source[len("s3://") :].partition("/")
     prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
     client = s3_client(args)
@@ -315,7 +316,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--digest-cache", type=Path, help="digest cache file (default: .<dest name>.digests.json next to --dest)")
     p.add_argument("--progress-interval", type=float, default=5.0)
     p.add_argument(
-        "--max-layer-size", type=lambda v: parse_size(v) if v else 0, default=0,
+        "--max-layer-size",
+        type=lambda v: parse_size(v) if v else 0,
+        default=0,
         help="refuse (before downloading) a file whose modelcar layer would be larger, e.g. 20GB (Quay's default)",
     )
     p.add_argument("--result-size", help="file to write the total size in bytes to (Tekton result)")

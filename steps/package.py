@@ -652,9 +652,7 @@ def build_manifest(
         "schemaVersion": 2,
         "mediaType": OCI_MANIFEST,
         "config": {"mediaType": OCI_CONFIG, "digest": sha256_digest(config), "size": len(config)},
-        "layers": [
-            {"mediaType": LAYER_TYPES[d["mediaType"]], "digest": d["digest"], "size": d["size"]} for d in base_layers
-        ]
+        "layers": [{"mediaType": LAYER_TYPES[d["mediaType"]], "digest": d["digest"], "size": d["size"]} for d in base_layers]
         + [
             {
                 "mediaType": LAYER_MEDIA_TYPE,
@@ -732,12 +730,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--ca-file", help="CA bundle for the registries (e.g. the cluster service CA)")
     p.add_argument("--digest-cache", type=Path, help="digest cache file (default: .<model-dir name>.digests.json next to it)")
     p.add_argument(
-        "--chunk-threshold", type=parse_size, default="2GB",
+        "--chunk-threshold",
+        type=parse_size,
+        default="2GB",
         help="blobs larger than this are uploaded in chunks (resumable; fits proxies' request-size limits)",
     )
     p.add_argument("--chunk-size", type=parse_size, default="1GiB", help="PATCH size for chunked uploads")
     p.add_argument(
-        "--max-layer-size", type=lambda v: parse_size(v) if v else 0, default=0,
+        "--max-layer-size",
+        type=lambda v: parse_size(v) if v else 0,
+        default=0,
         help="refuse (before any upload) a file whose layer would be larger, e.g. 20GB (Quay's default)",
     )
     p.add_argument("--jobs", type=int, default=2, help="blobs uploaded in parallel")
@@ -746,7 +748,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=600.0, help="socket timeout in seconds")
     p.add_argument("--progress-interval", type=float, default=5.0, help="seconds between progress lines")
     p.add_argument(
-        "--annotation", action="append", default=[], metavar="KEY=VALUE",
+        "--annotation",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="manifest annotation, e.g. org.opencontainers.image.source=hf://org/name (empty VALUE: left out)",
     )
     p.add_argument("--result-digest", help="file to write the manifest digest to (Tekton result)")
@@ -775,8 +780,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         s3 = S3Source(args) if args.source.startswith("s3://") else HfSource(args)
         if isinstance(s3, HfSource):  # what the download step would have reported as results
             given = {a.partition("=")[0] for a in args.annotation if a.partition("=")[2]}
-            args.annotation += [f"{k}={v}" for k, v in (("org.opencontainers.image.revision", s3.commit),
-                                                         ("org.opencontainers.image.licenses", s3.license)) if k not in given]
+            args.annotation += [
+                f"{k}={v}"
+                for k, v in (("org.opencontainers.image.revision", s3.commit), ("org.opencontainers.image.licenses", s3.license))
+                if k not in given
+            ]
     if s3 is not None:
         files: list[tuple[str, Path | None]] = [(rel, None) for rel in sorted(s3.objects)]
         check_layer_sizes({rel: obj.expected.size for rel, obj in s3.objects.items()}, args.max_layer_size)

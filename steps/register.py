@@ -220,4 +220,3 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 if __name__ == "__main__":
     run_step(main)
-

@@ -55,6 +55,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     from boto3.s3.transfer import TransferConfig
+
     args = parse_args(argv)
     bucket, _, prefix = args.dest[len("s3://") :].partition("/")
     prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""

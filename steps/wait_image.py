@@ -21,12 +21,14 @@ from pathlib import Path
 from lib.images import ImageRef
 from lib.runtime import EXIT_AUTH, EXIT_NOT_FOUND, EXIT_REMOTE, StepError, log, run_step
 
-ACCEPT = ", ".join((
-    "application/vnd.oci.image.index.v1+json",
-    "application/vnd.oci.image.manifest.v1+json",
-    "application/vnd.docker.distribution.manifest.list.v2+json",
-    "application/vnd.docker.distribution.manifest.v2+json",
-))
+ACCEPT = ", ".join(
+    (
+        "application/vnd.oci.image.index.v1+json",
+        "application/vnd.oci.image.manifest.v1+json",
+        "application/vnd.docker.distribution.manifest.list.v2+json",
+        "application/vnd.docker.distribution.manifest.v2+json",
+    )
+)
 
 
 def _connection(host: str, plain_http: bool, context: ssl.SSLContext) -> http.client.HTTPConnection:

@@ -13,7 +13,7 @@ from tools.mock_engine import RunResult, run_program, stack_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
-STACKS = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in ROOT.glob("Pulumi.*.yaml"))
+STACKS = sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in ROOT.glob("Pulumi.*.yaml"))
 VALIDATOR = ROOT.parent / "shared" / "tools" / "validate_manifests.py"
 
 

@@ -20,10 +20,16 @@ from tests.conftest import STACKS, run_objects, stack_objects
 
 # The original tool's StatefulSet: another selector, a different headless Service, no claim templates.
 ORIGINAL = {
-    "apiVersion": "apps/v1", "kind": "StatefulSet",
+    "apiVersion": "apps/v1",
+    "kind": "StatefulSet",
     "metadata": {"name": "ml-dev-env", "namespace": "nccl-test", "labels": {"app": "ml-dev-env"}},
-    "spec": {"selector": {"matchLabels": {"app": "ml-dev-env"}}, "serviceName": "ml-dev-env", "replicas": 2,
-             "podManagementPolicy": "Parallel", "template": {"metadata": {"labels": {"app": "ml-dev-env"}}, "spec": {}}},
+    "spec": {
+        "selector": {"matchLabels": {"app": "ml-dev-env"}},
+        "serviceName": "ml-dev-env",
+        "replicas": 2,
+        "podManagementPolicy": "Parallel",
+        "template": {"metadata": {"labels": {"app": "ml-dev-env"}}, "spec": {}},
+    },
 }
 
 
@@ -171,13 +177,21 @@ def api() -> Iterator[str]:
 
 
 def kubeconfig(path: Path, server: str, user: dict[str, Any]) -> Path:
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "admin",
-        "clusters": [{"name": "barcelona", "cluster": {"server": server}}],
-        "users": [{"name": "admin", "user": user}, {"name": "other", "user": {"token": "wrong"}}],
-        "contexts": [{"name": "admin", "context": {"cluster": "barcelona", "user": "admin"}},
-                     {"name": "other", "context": {"cluster": "barcelona", "user": "other"}}],
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "admin",
+                "clusters": [{"name": "barcelona", "cluster": {"server": server}}],
+                "users": [{"name": "admin", "user": user}, {"name": "other", "user": {"token": "wrong"}}],
+                "contexts": [
+                    {"name": "admin", "context": {"cluster": "barcelona", "user": "admin"}},
+                    {"name": "other", "context": {"cluster": "barcelona", "user": "other"}},
+                ],
+            }
+        )
+    )
     return path
 
 
@@ -196,9 +210,11 @@ def test_reader_uses_the_kubeconfig_token_and_context(api: str, tmp_path: Path, 
 
 def test_reader_runs_exec_credential_plugins(api: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     plugin = tmp_path / "plugin"
-    plugin.write_text(f"#!{sys.executable}\nimport json, os\n"
-                      "assert json.loads(os.environ['KUBERNETES_EXEC_INFO'])['kind'] == 'ExecCredential'\n"
-                      "print(json.dumps({'kind': 'ExecCredential', 'status': {'token': 'from-plugin'}}))\n")
+    plugin.write_text(
+        f"#!{sys.executable}\nimport json, os\n"
+        "assert json.loads(os.environ['KUBERNETES_EXEC_INFO'])['kind'] == 'ExecCredential'\n"
+        "print(json.dumps({'kind': 'ExecCredential', 'status': {'token': 'from-plugin'}}))\n"
+    )
     plugin.chmod(plugin.stat().st_mode | stat.S_IXUSR)
     user = {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": str(plugin), "args": []}}
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "config", api, user)))

@@ -13,23 +13,24 @@ SKIP_DIRS = {".git", ".venv", "rendered", "__pycache__", ".mypy_cache", ".pytest
 
 SECTION = "\u00a7"  # spelled as an escape so that this file does not match itself
 CITATION = re.compile(
-    "|".join([
-        r"\bSPEC\.md\b",
-        rf"\bSPEC\s*{SECTION}",
-        r"\breference/",
-        rf"\breference\s*{SECTION}",
-        r"\bseeds?/",
-        r"\bseed \d+",
-        rf"\bhistory\s*{SECTION}",
-        SECTION,
-    ])
+    "|".join(
+        [
+            r"\bSPEC\.md\b",
+            rf"\bSPEC\s*{SECTION}",
+            r"\breference/",
+            rf"\breference\s*{SECTION}",
+            r"\bseeds?/",
+            r"\bseed \d+",
+            rf"\bhistory\s*{SECTION}",
+            SECTION,
+        ]
+    )
 )
 
 
 def files() -> list[Path]:
     return sorted(
-        p for p in ROOT.rglob("*")
-        if p.is_file() and not SKIP_DIRS & set(p.relative_to(ROOT).parts) and p != Path(__file__).resolve()
+        p for p in ROOT.rglob("*") if p.is_file() and not SKIP_DIRS & set(p.relative_to(ROOT).parts) and p != Path(__file__).resolve()
     )
 
 
@@ -46,8 +47,14 @@ def test_no_citation_of_documents_outside_the_repository() -> None:
 
 
 def test_the_check_sees_each_kind_of_citation() -> None:
-    for cited in (f"see SPEC.md {SECTION}5.1", f"(SPEC {SECTION}5.5)", "reference/ml-dev-env-framework.md", "seed 004",
-                  f"history {SECTION}4.1", f"reference {SECTION}3.6"):
+    for cited in (
+        f"see SPEC.md {SECTION}5.1",
+        f"(SPEC {SECTION}5.5)",
+        "reference/ml-dev-env-framework.md",
+        "seed 004",
+        f"history {SECTION}4.1",
+        f"reference {SECTION}3.6",
+    ):
         assert CITATION.search(cited), cited
     for fine in ("POD_SPEC_PATHS", "def write_model(directory, seed: int = 0)", "random.Random(seed)", "a reference to a Secret"):
         assert not CITATION.search(fine), fine

@@ -69,13 +69,18 @@ def test_mermaid_syntax_basics(runs: dict[str, RunResult]) -> None:
             assert line.startswith("  ") and line.count('"') % 2 == 0, line
 
 
-@pytest.mark.parametrize(("urn", "key"), [
-    ("urn:pulumi:s::p::pulumi:pulumi:Stack$ml-dev-env:cluster:GpuCluster::gpu", ("ml-dev-env:cluster:GpuCluster", "gpu")),
-    ("urn:pulumi:s::p::ml-dev-env:cluster:GpuCluster$ml-dev-env:storage:WorkspaceStorage::gpu-storage",
-     ("ml-dev-env:storage:WorkspaceStorage", "gpu-storage")),
-    ("", None),
-    ("not-a-urn", None),
-])
+@pytest.mark.parametrize(
+    ("urn", "key"),
+    [
+        ("urn:pulumi:s::p::pulumi:pulumi:Stack$ml-dev-env:cluster:GpuCluster::gpu", ("ml-dev-env:cluster:GpuCluster", "gpu")),
+        (
+            "urn:pulumi:s::p::ml-dev-env:cluster:GpuCluster$ml-dev-env:storage:WorkspaceStorage::gpu-storage",
+            ("ml-dev-env:storage:WorkspaceStorage", "gpu-storage"),
+        ),
+        ("", None),
+        ("not-a-urn", None),
+    ],
+)
 def test_urn_key(urn: str, key: tuple[str, str] | None) -> None:
     assert diagram.urn_key(urn) == key
 

@@ -38,10 +38,13 @@ def test_readme_render_example_matches_a_real_render(tmp_path: Path) -> None:
     """Every line of the README's barcelona render example is in the real report (`...` marks an abridgement)."""
     readme = (ROOT / "README.md").read_text()
     head = "For barcelona the end of the report reads"
-    block = readme[readme.index(head):].split("```text\n", 1)[1].split("```", 1)[0]
+    block = readme[readme.index(head) :].split("```text\n", 1)[1].split("```", 1)[0]
     proc = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "render.py"), "barcelona", "--out", str(tmp_path / "out")],
-        capture_output=True, text=True, check=False, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = [line.replace(str(tmp_path / "out"), "rendered") for line in proc.stdout.splitlines()]

@@ -21,7 +21,11 @@ ROLEBINDING = "kubernetes:rbac.authorization.k8s.io/v1:RoleBinding"
 CONFIGMAP = "kubernetes:core/v1:ConfigMap"
 
 BARCELONA_NODES = [
-    "moc-r4pcc02u17-nairr", "moc-r4pcc02u18-nairr", "moc-r4pcc02u25-nairr", "moc-r4pcc02u15-yunshi", "moc-r4pcc02u16-yunshi",
+    "moc-r4pcc02u17-nairr",
+    "moc-r4pcc02u18-nairr",
+    "moc-r4pcc02u25-nairr",
+    "moc-r4pcc02u15-yunshi",
+    "moc-r4pcc02u16-yunshi",
 ]
 
 
@@ -99,14 +103,36 @@ def test_barcelona_rdma_attachments_and_sriov_resources(barcelona: RunResult) ->
 def test_barcelona_full_validated_nccl_set(barcelona: RunResult) -> None:
     e = env(barcelona)
     validated = {
-        "NCCL_IB_HCA": "mlx5_6,mlx5_7,mlx5_8,mlx5_9", "NCCL_SOCKET_IFNAME": "net1,net2,net3,net4",
-        "NCCL_IB_GID_INDEX": "3", "NCCL_NET_GDR_LEVEL": "5", "NCCL_CROSS_NIC": "0", "NCCL_DMABUF_ENABLE": "1",
-        "NCCL_MIN_NCHANNELS": "8", "NCCL_MAX_NCHANNELS": "16", "NCCL_IB_TIMEOUT": "23", "NCCL_IB_RETRY_CNT": "7",
-        "NCCL_IB_TC": "106", "NCCL_NET_GDR_READ": "1", "NCCL_IB_SL": "0", "NCCL_IB_AR_THRESHOLD": "8192",
-        "NCCL_IB_PCI_RELAXED_ORDERING": "1", "NCCL_PROTO": "Simple", "NCCL_ALGO": "Ring", "NCCL_BUFFSIZE": "8388608",
-        "NCCL_NTHREADS": "640", "NCCL_LL_THRESHOLD": "0", "NCCL_TREE_THRESHOLD": "0", "NCCL_SOCKET_FAMILY": "4",
-        "NCCL_NSOCKS_PERTHREAD": "8", "NCCL_NVLS_ENABLE": "0", "NCCL_NET_SHARED_BUFFERS": "1", "NCCL_NET_OVERHEAD": "0",
-        "NCCL_IGNORE_CPU_AFFINITY": "1", "NCCL_P2P_LEVEL": "NVL", "NCCL_IB_DISABLE": "0", "NCCL_DEBUG": "INFO",
+        "NCCL_IB_HCA": "mlx5_6,mlx5_7,mlx5_8,mlx5_9",
+        "NCCL_SOCKET_IFNAME": "net1,net2,net3,net4",
+        "NCCL_IB_GID_INDEX": "3",
+        "NCCL_NET_GDR_LEVEL": "5",
+        "NCCL_CROSS_NIC": "0",
+        "NCCL_DMABUF_ENABLE": "1",
+        "NCCL_MIN_NCHANNELS": "8",
+        "NCCL_MAX_NCHANNELS": "16",
+        "NCCL_IB_TIMEOUT": "23",
+        "NCCL_IB_RETRY_CNT": "7",
+        "NCCL_IB_TC": "106",
+        "NCCL_NET_GDR_READ": "1",
+        "NCCL_IB_SL": "0",
+        "NCCL_IB_AR_THRESHOLD": "8192",
+        "NCCL_IB_PCI_RELAXED_ORDERING": "1",
+        "NCCL_PROTO": "Simple",
+        "NCCL_ALGO": "Ring",
+        "NCCL_BUFFSIZE": "8388608",
+        "NCCL_NTHREADS": "640",
+        "NCCL_LL_THRESHOLD": "0",
+        "NCCL_TREE_THRESHOLD": "0",
+        "NCCL_SOCKET_FAMILY": "4",
+        "NCCL_NSOCKS_PERTHREAD": "8",
+        "NCCL_NVLS_ENABLE": "0",
+        "NCCL_NET_SHARED_BUFFERS": "1",
+        "NCCL_NET_OVERHEAD": "0",
+        "NCCL_IGNORE_CPU_AFFINITY": "1",
+        "NCCL_P2P_LEVEL": "NVL",
+        "NCCL_IB_DISABLE": "0",
+        "NCCL_DEBUG": "INFO",
     }
     assert {k: e.get(k) for k in validated} == validated
 
@@ -119,15 +145,29 @@ def cluster_env(result: RunResult) -> dict[str, str]:
 def test_rank_wiring_comes_from_the_cluster_configmap(barcelona: RunResult) -> None:
     """No rank or count value in the pod template: they are in `<app>-cluster`, mounted as a directory."""
     e = env(barcelona)
-    for name in ("NODE_RANK", "NNODES", "WORLD_SIZE", "MASTER_ADDR", "PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR",
-                 "DEEPSPEED_HOSTFILE"):
+    for name in (
+        "NODE_RANK",
+        "NNODES",
+        "WORLD_SIZE",
+        "MASTER_ADDR",
+        "PET_NNODES",
+        "PET_NODE_RANK",
+        "PET_MASTER_ADDR",
+        "DEEPSPEED_HOSTFILE",
+    ):
         assert name not in e, name
     for name, path in (("POD_NAME", "metadata.name"), ("POD_NAMESPACE", "metadata.namespace"), ("POD_IP", "status.podIP")):
         assert e[name] == {"fieldRef": {"fieldPath": path}}
     cm = barcelona.one(CONFIGMAP, "gpu-cluster").inputs
     assert cm["metadata"]["name"] == "ml-dev-env-cluster"
-    assert cluster_env(barcelona) == {"NNODES": "2", "GPUS_PER_NODE": "4", "APP_NAME": "ml-dev-env",
-                                      "HEADLESS_SERVICE": "ml-dev-env-headless", "POD_NAMESPACE": "nccl-test", "MASTER_PORT": "29500"}
+    assert cluster_env(barcelona) == {
+        "NNODES": "2",
+        "GPUS_PER_NODE": "4",
+        "APP_NAME": "ml-dev-env",
+        "HEADLESS_SERVICE": "ml-dev-env-headless",
+        "POD_NAMESPACE": "nccl-test",
+        "MASTER_PORT": "29500",
+    }
     volume = next(v for v in pod_spec(barcelona)["volumes"] if v.get("configMap", {}).get("name") == "ml-dev-env-cluster")
     mounts = [m for m in container(barcelona)["volumeMounts"] if m["name"] == volume["name"]]
     # a directory mount: the kubelet updates it in place (a subPath mount never sees an update)
@@ -180,10 +220,13 @@ def test_home_is_on_a_persistent_volume_per_pod(barcelona: RunResult, nerc: RunR
     assert env(nerc)["ML_DEV_HOME"] == "/workspace/.home/$(POD_NAME)"
 
     def per_pod_scratch(o: dict[str, Any]) -> None:
-        o["storage"] = {"mode": "hybrid", "volumes": [
-            {"name": "workspace", "mountPath": "/workspace", "size": "100Gi", "scope": "shared", "storageClass": "nfs-csi"},
-            {"name": "scratch", "mountPath": "/scratch", "size": "100Gi", "scope": "per-pod"},
-        ]}
+        o["storage"] = {
+            "mode": "hybrid",
+            "volumes": [
+                {"name": "workspace", "mountPath": "/workspace", "size": "100Gi", "scope": "shared", "storageClass": "nfs-csi"},
+                {"name": "scratch", "mountPath": "/scratch", "size": "100Gi", "scope": "per-pod"},
+            ],
+        }
 
     assert env(run("barcelona", per_pod_scratch))["ML_DEV_HOME"] == "/scratch/.home/$(POD_NAME)"
 
@@ -197,14 +240,23 @@ def test_memlock_through_declared_scc_binding(barcelona: RunResult) -> None:
     assert scc["allowPrivilegedContainer"] is False and scc["allowHostNetwork"] is False
     assert scc["seccompProfiles"] == ["runtime/default"]  # the pods ask for RuntimeDefault
     binding = barcelona.one(ROLEBINDING, "gpu-scc-binding").inputs
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                                  "name": "system:openshift:scc:nccl-rdma-scc-nccl-test-ml-dev-env"}
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": "system:openshift:scc:nccl-rdma-scc-nccl-test-ml-dev-env",
+    }
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "ml-dev-sa", "namespace": "nccl-test"}]
     assert binding["metadata"]["name"] == "ml-dev-env-scc-nccl-rdma-scc"
     role = barcelona.one("kubernetes:rbac.authorization.k8s.io/v1:Role").inputs
     assert role["metadata"]["name"] == binding["roleRef"]["name"]
-    assert role["rules"] == [{"apiGroups": ["security.openshift.io"], "resources": ["securitycontextconstraints"],
-                              "resourceNames": [scc["metadata"]["name"]], "verbs": ["use"]}]
+    assert role["rules"] == [
+        {
+            "apiGroups": ["security.openshift.io"],
+            "resources": ["securitycontextconstraints"],
+            "resourceNames": [scc["metadata"]["name"]],
+            "verbs": ["use"],
+        }
+    ]
 
 
 def cluster_scoped(result: RunResult) -> set[tuple[str, str]]:
@@ -348,10 +400,16 @@ def test_hybrid_storage_barcelona(barcelona: RunResult) -> None:
     assert shared["metadata"]["name"] == "ml-dev-env-datasets"
     assert shared["spec"]["accessModes"] == ["ReadWriteMany"] and shared["spec"]["storageClassName"] == "nfs-csi"
     mounts = {m["name"]: m["mountPath"] for m in container(barcelona)["volumeMounts"]}
-    assert mounts == {"workspace": "/workspace", "checkpoints": "/checkpoints", "datasets": "/datasets",
-                      "dshm": "/dev/shm", "startup": "/opt/ml-dev-env", "cluster": "/etc/ml-dev-env/cluster",
-                      "lifecycle": "/etc/ml-dev-env/lifecycle",
-                      "ssh-keys": "/etc/ml-dev-env/ssh"}
+    assert mounts == {
+        "workspace": "/workspace",
+        "checkpoints": "/checkpoints",
+        "datasets": "/datasets",
+        "dshm": "/dev/shm",
+        "startup": "/opt/ml-dev-env",
+        "cluster": "/etc/ml-dev-env/cluster",
+        "lifecycle": "/etc/ml-dev-env/lifecycle",
+        "ssh-keys": "/etc/ml-dev-env/ssh",
+    }
     pod_volumes = {v["name"] for v in pod_spec(barcelona)["volumes"]}
     assert "datasets" in pod_volumes and "workspace" not in pod_volumes  # per-pod comes from the template
 
@@ -448,8 +506,18 @@ def test_adopted_service_account_gets_oauth_annotations_by_patch(run) -> None:
 
 def test_outputs(barcelona: RunResult) -> None:
     out = barcelona.outputs
-    assert set(out) >= {"vscode_url", "jupyter_url", "tensorboard_url", "master_addr", "pod_names", "world_size",
-                        "network_mode", "image", "shell_command", "port_forward_command"}
+    assert set(out) >= {
+        "vscode_url",
+        "jupyter_url",
+        "tensorboard_url",
+        "master_addr",
+        "pod_names",
+        "world_size",
+        "network_mode",
+        "image",
+        "shell_command",
+        "port_forward_command",
+    }
     assert out["shell_command"] == "oc rsh -n nccl-test -c ml-dev ml-dev-env-0"
     assert out["port_forward_command"] == "oc port-forward -n nccl-test pod/ml-dev-env-0 5678:5678"
     assert out["image"] == container(barcelona)["image"]

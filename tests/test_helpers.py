@@ -10,9 +10,17 @@ from core import naming, nccl
 from core.quantity import QuantityError, format_gib, parse_quantity
 
 
-@pytest.mark.parametrize(("text", "value"), [
-    ("128Gi", 128 * 2**30), ("500m", Decimal("0.5")), ("32", 32), ("1.5Ti", Decimal("1.5") * 2**40), ("2k", 2000), ("1e3", 1000),
-])
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("128Gi", 128 * 2**30),
+        ("500m", Decimal("0.5")),
+        ("32", 32),
+        ("1.5Ti", Decimal("1.5") * 2**40),
+        ("2k", 2000),
+        ("1e3", 1000),
+    ],
+)
 def test_parse_quantity(text: str, value: Decimal) -> None:
     assert parse_quantity(text) == value
 
@@ -37,14 +45,16 @@ def test_hostfile_and_dns() -> None:
 
 
 def test_rdma_env_layers_defaults_typed_values_and_overrides() -> None:
-    env = nccl.rdma_env(hcas=["mlx5_6"], socket_interfaces=["net1"], gid_index=3, gdr_level=5, cross_nic=0,
-                        overrides={"NCCL_DEBUG": "WARN"})
+    env = nccl.rdma_env(
+        hcas=["mlx5_6"], socket_interfaces=["net1"], gid_index=3, gdr_level=5, cross_nic=0, overrides={"NCCL_DEBUG": "WARN"}
+    )
     assert env["NCCL_IB_HCA"] == "mlx5_6" and env["NCCL_SOCKET_IFNAME"] == "net1"
     assert env["NCCL_DEBUG"] == "WARN"
     expected = {k: v for k, v in nccl.GOLD_STANDARD.items() if k != "NCCL_DEBUG"}
     assert {k: env[k] for k in expected} == expected
-    assert "NCCL_IB_HCA" not in nccl.rdma_env(hcas=None, socket_interfaces=["net1"], gid_index=3, gdr_level="PHB",
-                                              cross_nic=1, overrides={})
+    assert "NCCL_IB_HCA" not in nccl.rdma_env(
+        hcas=None, socket_interfaces=["net1"], gid_index=3, gdr_level="PHB", cross_nic=1, overrides={}
+    )
 
 
 def test_tcp_env_always_disables_ib() -> None:

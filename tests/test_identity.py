@@ -23,9 +23,14 @@ import pytest
 
 if __name__ == "__main__" and not __package__:
     # Run as a file (`python tests/test_identity.py --write`): re-run as the module of the repository package.
-    os.execve(sys.executable, [sys.executable, "-m", "tests.test_identity", *sys.argv[1:]],
-              {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent),
-                                                                        os.environ.get("PYTHONPATH")]))})
+    os.execve(
+        sys.executable,
+        [sys.executable, "-m", "tests.test_identity", *sys.argv[1:]],
+        {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")])),
+        },
+    )
 
 from tests.conftest import STACKS, run_objects, stack_objects
 
@@ -72,9 +77,12 @@ def test_resource_identities_match_the_committed_snapshot(stack: str) -> None:
 
 def test_the_snapshot_covers_the_stateful_objects() -> None:
     text = snapshot("barcelona").read_text()
-    for line in ("kubernetes:apps/v1:StatefulSet::gpu-statefulset", "kubernetes:core/v1:PersistentVolumeClaim::gpu-storage-datasets",
-                 "kubernetes:tekton.dev/v1:PipelineRun::models-run-mistral-small-24b-fp16",
-                 "kubernetes:build.openshift.io/v1:BuildConfig::image-runtime"):
+    for line in (
+        "kubernetes:apps/v1:StatefulSet::gpu-statefulset",
+        "kubernetes:core/v1:PersistentVolumeClaim::gpu-storage-datasets",
+        "kubernetes:tekton.dev/v1:PipelineRun::models-run-mistral-small-24b-fp16",
+        "kubernetes:build.openshift.io/v1:BuildConfig::image-runtime",
+    ):
         assert line in text, line
 
 

@@ -88,13 +88,17 @@ def test_default_preset_is_the_nvidia_pytorch_base() -> None:
 
 def test_git_source_and_raised_resources() -> None:
     result = build_stack(
-        source="git", git={"uri": "https://github.com/example/ml-dev-env.git", "ref": "v1.2.0"},
+        source="git",
+        git={"uri": "https://github.com/example/ml-dev-env.git", "ref": "v1.2.0"},
         resources={"requests": {"cpu": "8", "memory": "32Gi"}, "limits": {"cpu": "32", "memory": "128Gi"}},
         completionDeadlineSeconds=7200,
     )
     for stage, spec in configs(result).items():
-        assert spec["source"] == {"type": "Git", "git": {"uri": "https://github.com/example/ml-dev-env.git", "ref": "v1.2.0"},
-                                  "contextDir": "images"}, stage
+        assert spec["source"] == {
+            "type": "Git",
+            "git": {"uri": "https://github.com/example/ml-dev-env.git", "ref": "v1.2.0"},
+            "contextDir": "images",
+        }, stage
         assert spec["strategy"]["dockerStrategy"]["dockerfilePath"] == f"{stage}.Containerfile"
         assert spec["completionDeadlineSeconds"] == 7200 and spec["resources"]["limits"]["memory"] == "128Gi"
     runtime = configs(result)["runtime"]["strategy"]["dockerStrategy"]
@@ -123,13 +127,18 @@ def test_stack_without_build_uses_the_configured_image() -> None:
     assert result.outputs["image"] == stack_objects("nerc-production")["image"]["reference"]
 
 
-@pytest.mark.parametrize(("build", "expected"), [
-    ({"preset": "volta"}, "ml-dev-env:image.build.preset: got 'volta'; allowed: ampere, hopper, nvidia-pytorch, turing"),
-    ({"source": "git"}, "ml-dev-env:image.build.git: got None; source 'git' needs git.uri"),
-    ({"runtimeRequirements": ["peft"]}, "ml-dev-env:image.build.runtimeRequirements[0]: got 'peft'; must be a pinned requirement"),
-    ({"completionDeadlineSeconds": 60},
-     "ml-dev-env:image.build.completionDeadlineSeconds: got 60; input should be greater than or equal to 600"),
-])
+@pytest.mark.parametrize(
+    ("build", "expected"),
+    [
+        ({"preset": "volta"}, "ml-dev-env:image.build.preset: got 'volta'; allowed: ampere, hopper, nvidia-pytorch, turing"),
+        ({"source": "git"}, "ml-dev-env:image.build.git: got None; source 'git' needs git.uri"),
+        ({"runtimeRequirements": ["peft"]}, "ml-dev-env:image.build.runtimeRequirements[0]: got 'peft'; must be a pinned requirement"),
+        (
+            {"completionDeadlineSeconds": 60},
+            "ml-dev-env:image.build.completionDeadlineSeconds: got 60; input should be greater than or equal to 600",
+        ),
+    ],
+)
 def test_bad_build_settings(build: dict[str, Any], expected: str) -> None:
     objects = stack_objects("barcelona")
     objects["image"]["build"].update(build)
@@ -178,10 +187,16 @@ def workload_images(result: RunResult) -> dict[str, set[str]]:
     """The images the GPU pods and the model pipeline's tool steps / runs actually use."""
     pod = result.one("kubernetes:apps/v1:StatefulSet").inputs["spec"]["template"]["spec"]
     steps = {s["image"] for r in result.of_type("kubernetes:tekton.dev/v1:Task") for s in r.inputs["spec"]["steps"]}
-    params = {p["value"] for r in result.of_type("kubernetes:tekton.dev/v1:PipelineRun") for p in r.inputs["spec"]["params"]
-              if p["name"] == "tools-image"}
-    return {"pods": {c["image"] for c in pod["containers"] if c["name"] == "ml-dev"},
-            "tools": {i for i in steps if f"/{TOOLS_STREAM}:" in i} | params}
+    params = {
+        p["value"]
+        for r in result.of_type("kubernetes:tekton.dev/v1:PipelineRun")
+        for p in r.inputs["spec"]["params"]
+        if p["name"] == "tools-image"
+    }
+    return {
+        "pods": {c["image"] for c in pod["containers"] if c["name"] == "ml-dev"},
+        "tools": {i for i in steps if f"/{TOOLS_STREAM}:" in i} | params,
+    }
 
 
 def edited(tmp_path: Path, source: Path, extra: str) -> Path:
@@ -194,16 +209,26 @@ CHANGES: dict[str, tuple[set[str], Any]] = {
     # name: (stages that must get a new BuildConfig, how to make the change)
     "preset": ({"base", "runtime"}, lambda o, mp, tmp: o["image"]["build"].update(preset="hopper")),
     "build arg (maxJobs)": ({"base", "runtime"}, lambda o, mp, tmp: o["image"]["build"].update(maxJobs=32)),
-    "base Containerfile": ({"base", "runtime"}, lambda o, mp, tmp: mp.setattr(
-        image_build, "BASE_CONTAINERFILE", edited(tmp, image_build.BASE_CONTAINERFILE, "RUN true\n"))),
-    "runtime requirements": ({"runtime"}, lambda o, mp, tmp: o["image"]["build"].update(
-        runtimeRequirements=["accelerate==1.10.1", "peft==0.17.1", "trl==0.23.0"])),
-    "runtime Containerfile": ({"runtime"}, lambda o, mp, tmp: mp.setattr(
-        image_build, "RUNTIME_CONTAINERFILE", edited(tmp, image_build.RUNTIME_CONTAINERFILE, "RUN true\n"))),
-    "steps/requirements.txt": ({"tools"}, lambda o, mp, tmp: mp.setattr(
-        image_build, "STEP_REQUIREMENTS", edited(tmp, image_build.STEP_REQUIREMENTS, "six==1.17.0\n"))),
-    "tools Containerfile": ({"tools"}, lambda o, mp, tmp: mp.setattr(
-        image_build, "TOOLS_CONTAINERFILE", edited(tmp, image_build.TOOLS_CONTAINERFILE, "RUN true\n"))),
+    "base Containerfile": (
+        {"base", "runtime"},
+        lambda o, mp, tmp: mp.setattr(image_build, "BASE_CONTAINERFILE", edited(tmp, image_build.BASE_CONTAINERFILE, "RUN true\n")),
+    ),
+    "runtime requirements": (
+        {"runtime"},
+        lambda o, mp, tmp: o["image"]["build"].update(runtimeRequirements=["accelerate==1.10.1", "peft==0.17.1", "trl==0.23.0"]),
+    ),
+    "runtime Containerfile": (
+        {"runtime"},
+        lambda o, mp, tmp: mp.setattr(image_build, "RUNTIME_CONTAINERFILE", edited(tmp, image_build.RUNTIME_CONTAINERFILE, "RUN true\n")),
+    ),
+    "steps/requirements.txt": (
+        {"tools"},
+        lambda o, mp, tmp: mp.setattr(image_build, "STEP_REQUIREMENTS", edited(tmp, image_build.STEP_REQUIREMENTS, "six==1.17.0\n")),
+    ),
+    "tools Containerfile": (
+        {"tools"},
+        lambda o, mp, tmp: mp.setattr(image_build, "TOOLS_CONTAINERFILE", edited(tmp, image_build.TOOLS_CONTAINERFILE, "RUN true\n")),
+    ),
 }
 
 
@@ -255,6 +280,7 @@ def test_a_comment_only_edit_changes_nothing(target: str, before: RunResult, mon
     (tmp_path / source.name).write_text("\n".join(lines) + "\n\n# trailing\n")
     monkeypatch.setattr(image_build, target, tmp_path / source.name)
     after = build_stack()
+
     def objects(result: RunResult) -> dict[tuple[str, str], Any]:
         return {(r.typ, r.name): r.inputs for r in result.resources}
 
@@ -265,6 +291,7 @@ def test_stripping_keeps_every_instruction_directives_and_heredocs() -> None:
     from dockerfile_parse import DockerfileParser
 
     for path in (image_build.BASE_CONTAINERFILE, image_build.RUNTIME_CONTAINERFILE, image_build.TOOLS_CONTAINERFILE):
+
         def instructions(text: str) -> list[tuple[str, str]]:
             parser = DockerfileParser(fileobj=io.BytesIO(text.encode()))
             return [(i["instruction"], i["value"]) for i in parser.structure if i["instruction"] != "COMMENT"]
@@ -306,14 +333,21 @@ def built_images(result: RunResult) -> set[str]:
 VARIANTS: dict[str, tuple[str, Any]] = {
     "barcelona": ("barcelona", lambda o: None),
     "barcelona tcp/shared": ("barcelona", tcp_shared_variant),
-    "barcelona git source": ("barcelona", lambda o: o["image"]["build"].update(
-        source="git", git={"uri": "https://github.com/example/ml-dev-env.git", "ref": "v1.2.0"})),
+    "barcelona git source": (
+        "barcelona",
+        lambda o: o["image"]["build"].update(source="git", git={"uri": "https://github.com/example/ml-dev-env.git", "ref": "v1.2.0"}),
+    ),
     **{f"barcelona preset {p}": ("barcelona", lambda o, p=p: o["image"]["build"].update(preset=p)) for p in PRESETS},
     "barcelona without models": ("barcelona", lambda o: o.update(models=[])),
     "nerc-production": ("nerc-production", lambda o: None),
-    "nerc-production with models and a build": ("nerc-production", lambda o: o.update(
-        image={"build": stack_objects("barcelona")["image"]["build"]}, models=stack_objects("barcelona")["models"],
-        modelPipeline=stack_objects("barcelona")["modelPipeline"])),
+    "nerc-production with models and a build": (
+        "nerc-production",
+        lambda o: o.update(
+            image={"build": stack_objects("barcelona")["image"]["build"]},
+            models=stack_objects("barcelona")["models"],
+            modelPipeline=stack_objects("barcelona")["modelPipeline"],
+        ),
+    ),
 }
 
 

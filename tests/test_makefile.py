@@ -41,15 +41,19 @@ def fake_python(path: Path, version: str, venv_ok: bool = True) -> Path:
     """A `python3` that reports `version` and, asked for `-m venv DIR`, makes DIR (a stand-in interpreter in it)."""
     make_venv = (
         'mkdir -p "$3/bin"; printf \'#!/bin/sh\\nexit 0\\n\' > "$3/bin/python"; chmod +x "$3/bin/python"; exit 0'
-        if venv_ok else 'mkdir -p "$3/bin"; echo "Error: ensurepip is not available" >&2; exit 1'
+        if venv_ok
+        else 'mkdir -p "$3/bin"; echo "Error: ensurepip is not available" >&2; exit 1'
     )
-    return script(path, f"""\
+    return script(
+        path,
+        f"""\
 case "$1" in
   --version) echo "Python {version}" ;;
   -m) {make_venv} ;;
   *) exit 0 ;;
 esac
-""")
+""",
+    )
 
 
 def make(checkout: Path, *args: str, path: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -100,8 +104,9 @@ def test_system_deps_without_root_or_sudo_says_what_it_skips(checkout: Path, tmp
     path, calls = stand_ins(tmp_path, uid=1000, sudo=False)
     proc = make(checkout, "system-deps", path=path)
     assert proc.returncode == 0, proc.stderr
-    assert "not root and no password-less sudo: not installing the Debian packages docker-registry skopeo buildah apache2-utils" \
-        in proc.stdout
+    assert (
+        "not root and no password-less sudo: not installing the Debian packages docker-registry skopeo buildah apache2-utils" in proc.stdout
+    )
     assert "tests that need them are skipped" in proc.stdout
     assert not calls.exists(), "apt-get must not run"
 
@@ -126,6 +131,11 @@ def test_pytest_prints_the_skip_reasons(tmp_path: Path) -> None:
     (tmp_path / "test_skips.py").write_text(
         "import pytest\n\n\n@pytest.mark.skip(reason='needs skopeo (apt: skopeo)')\ndef test_a():\n    pass\n"
     )
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
-                          capture_output=True, text=True, cwd=tmp_path, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=False,
+    )
     assert "SKIPPED [1] test_skips.py:4: needs skopeo (apt: skopeo)" in proc.stdout, proc.stdout

@@ -52,8 +52,14 @@ def test_barcelona_declares_both_mistral_models(barcelona: RunResult) -> None:
 
 def test_only_v1_compute_resources_and_steps_embed_the_step_programs(barcelona: RunResult) -> None:
     specs = tasks(barcelona)
-    scripts = {"modelcar-download": "download", "modelcar-package": "package", "modelcar-mirror": "mirror",
-               "modelcar-register": "register", "modelcar-upload-s3": "upload_s3", "modelcar-wait-tools": "wait_image"}
+    scripts = {
+        "modelcar-download": "download",
+        "modelcar-package": "package",
+        "modelcar-mirror": "mirror",
+        "modelcar-register": "register",
+        "modelcar-upload-s3": "upload_s3",
+        "modelcar-wait-tools": "wait_image",
+    }
     assert set(specs) == set(scripts)
     for name, spec in specs.items():
         assert "stepTemplate" not in spec
@@ -159,8 +165,11 @@ def test_secrets_rbac_and_key_names_match_the_steps(barcelona: RunResult) -> Non
     assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "model-pipeline-hf", "key": "HF_TOKEN"}}} in env
     assert "--authfile" in (args := tasks(barcelona)["modelcar-package"]["steps"][0]["args"])
     assert "$(workspaces.quay-auth.path)/.dockerconfigjson" in args
-    binding = next(r.inputs for r in barcelona.of_type("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding")
-                   if r.inputs["metadata"]["name"] == "model-pipeline-image-builder")
+    binding = next(
+        r.inputs
+        for r in barcelona.of_type("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding")
+        if r.inputs["metadata"]["name"] == "model-pipeline-image-builder"
+    )
     assert binding["roleRef"]["name"] == "system:image-builder"
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "model-pipeline", "namespace": "nccl-test"}]
     dump = json.dumps([r.inputs for r in barcelona.resources])
@@ -182,14 +191,21 @@ def test_credential_table_is_what_the_stack_renders_and_requires(barcelona: RunR
         assert rendered[secret]["type"] == cred.type
         assert list(rendered[secret]["stringData"]) == [env for env, _, _ in cred.keys]
         assert {key for _, key, _ in cred.keys} <= set(SECRET_KEYS)
-    refs = {(e["valueFrom"]["secretKeyRef"]["name"], e["valueFrom"]["secretKeyRef"]["key"], e["name"])
-            for spec in tasks(barcelona).values() for e in spec["steps"][0]["env"] if "valueFrom" in e}
+    refs = {
+        (e["valueFrom"]["secretKeyRef"]["name"], e["valueFrom"]["secretKeyRef"]["key"], e["name"])
+        for spec in tasks(barcelona).values()
+        for e in spec["steps"][0]["env"]
+        if "valueFrom" in e
+    }
     assert refs and refs <= {(cred.secret, env, env) for cred in PIPELINE_CREDENTIALS.values() for env, _, _ in cred.keys}
 
 
 def test_tools_image_is_built_by_the_stack(barcelona: RunResult) -> None:
-    bc = next(r.inputs for r in barcelona.of_type("kubernetes:build.openshift.io/v1:BuildConfig")
-              if r.inputs["metadata"]["labels"].get("ml-dev-env/stage") == "tools")
+    bc = next(
+        r.inputs
+        for r in barcelona.of_type("kubernetes:build.openshift.io/v1:BuildConfig")
+        if r.inputs["metadata"]["labels"].get("ml-dev-env/stage") == "tools"
+    )
     args = {a["name"]: a["value"] for a in bc["spec"]["strategy"]["dockerStrategy"]["buildArgs"]}
     assert "boto3==" in args["STEP_REQUIREMENTS"]
     tag = bc["spec"]["output"]["to"]["name"].split(":")[1]
@@ -246,14 +262,18 @@ def test_s3_source_and_upload_need_s3_secrets() -> None:
 def test_preflight_pvc_too_small_is_one_clear_message() -> None:
     result = _with_models(lambda o: o["models"][1].update(workspaceSize="40Gi"))
     assert result.error is not None
-    assert ("ml-dev-env:models[1]: got 'mistral-small-24b-fp16'; needs a workspace PVC of at least 60Gi for ~48Gi of weights "
-            "(1.15 × size + 4Gi); workspaceSize is 40Gi") in result.error
+    assert (
+        "ml-dev-env:models[1]: got 'mistral-small-24b-fp16'; needs a workspace PVC of at least 60Gi for ~48Gi of weights "
+        "(1.15 × size + 4Gi); workspaceSize is 40Gi"
+    ) in result.error
 
 
 def test_preflight_model_above_the_sized_maximum() -> None:
     result = _with_models(lambda o: o["models"][1].update(sizeGi=60))
-    assert result.error and ("ml-dev-env:models[1]: got 'mistral-small-24b-fp16'; sizeGi 60 is above "
-                             "modelPipeline.maxModelSizeGi (48)") in result.error
+    assert (
+        result.error
+        and ("ml-dev-env:models[1]: got 'mistral-small-24b-fp16'; sizeGi 60 is above modelPipeline.maxModelSizeGi (48)") in result.error
+    )
 
 
 def test_preflight_scratch_does_not_fit_the_node() -> None:
@@ -316,8 +336,11 @@ def test_secured_model_registry_ca_and_opt_in_role_binding(barcelona: RunResult)
 
     result = _with_models(secured)
     assert result.error is None, result.error
-    (binding,) = [r.inputs for r in result.of_type("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding")
-                  if r.inputs["roleRef"]["name"].startswith("registry-user-")]
+    (binding,) = [
+        r.inputs
+        for r in result.of_type("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding")
+        if r.inputs["roleRef"]["name"].startswith("registry-user-")
+    ]
     assert binding["metadata"]["namespace"] == "rhoai-model-registries"
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "registry-user-modelregistry-public"}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "model-pipeline", "namespace": "nccl-test"}]

@@ -127,13 +127,18 @@ def test_admin_marking_is_generic() -> None:
     """Cluster-scoped kinds and objects in another namespace (e.g. a model-registry RoleBinding) are marked."""
     objects = [
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a", "namespace": "team"}},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-         "metadata": {"name": "registry-user-x", "namespace": "rhoai-model-registries"}},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "registry-user-x", "namespace": "rhoai-model-registries"},
+        },
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "reader"}},
     ]
     assert admin_needs(objects, "team") == [
-        Need("RoleBinding/registry-user-x in namespace rhoai-model-registries",
-             "outside the stack's namespace team: needs admin in rhoai-model-registries"),
+        Need(
+            "RoleBinding/registry-user-x in namespace rhoai-model-registries",
+            "outside the stack's namespace team: needs admin in rhoai-model-registries",
+        ),
         Need("ClusterRole/reader", "cluster-scoped: needs cluster-admin"),
     ]
 
@@ -167,7 +172,9 @@ def test_render_prints_a_summary_with_secrets_prerequisites_and_admin_objects(tm
     (tmp_path / "Pulumi.demo.yaml").write_text(yaml.safe_dump(config))
     proc = subprocess.run(
         [sys.executable, str(Path(render.__file__)), "demo", "--config-dir", str(tmp_path), "--out", str(tmp_path / "out")],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout

@@ -56,8 +56,9 @@ def test_rendered_objects_pass_strict_schema_check(variant: str, tmp_path: Path)
 
 
 def test_render_cli_writes_one_file_per_object(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, str(Path(render.__file__)), "nerc-production", "--out", str(tmp_path)],
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(Path(render.__file__)), "nerc-production", "--out", str(tmp_path)], capture_output=True, text=True, check=False
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     files = sorted(p.name for p in (tmp_path / "nerc-production").iterdir())
     assert "statefulset-ml-dev-env.yaml" in files and "route-ml-dev-env-vscode.yaml" in files

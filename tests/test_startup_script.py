@@ -21,17 +21,40 @@ from core import naming
 SERVERS = ("code-server", "jupyter", "tensorboard")
 STUBS = {
     # dev servers: record PID, argv and environment, then stay up like a server (exec keeps the PID)
-    **{name: f'out="$(dirname "$0")/../{name}"; echo $$ > "$out.pid"; env | sort > "$out.env.tmp" && mv "$out.env.tmp" "$out.env"\n'
-              'exec sleep 60' for name in SERVERS},
+    **{
+        name: f'out="$(dirname "$0")/../{name}"; echo $$ > "$out.pid"; env | sort > "$out.env.tmp" && mv "$out.env.tmp" "$out.env"\n'
+        "exec sleep 60"
+        for name in SERVERS
+    },
     "nvidia-smi": 'echo "0, NVIDIA H100 80GB HBM3, 81559 MiB"',
     "ibv_devinfo": r'printf "4 HCAs found:\n\tmlx5_7\n\tmlx5_6\n\tmlx5_9\n\tmlx5_8\n"',
 }
 APP, NAMESPACE, HEADLESS = "ml-dev-env", "nccl-test", "ml-dev-env-headless"
-CLUSTER = {"NNODES": "2", "GPUS_PER_NODE": "4", "APP_NAME": APP, "HEADLESS_SERVICE": HEADLESS, "POD_NAMESPACE": NAMESPACE,
-           "MASTER_PORT": "29500"}
-RANK_KEYS = ("ML_DEV_POD", "NODE_RANK", "NNODES", "GPUS_PER_NODE", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PET_NNODES",
-             "PET_NODE_RANK", "PET_NPROC_PER_NODE", "PET_MASTER_ADDR", "PET_MASTER_PORT", "DEEPSPEED_HOSTFILE", "ML_DEV_HOSTS",
-             "ML_DEV_PODS")
+CLUSTER = {
+    "NNODES": "2",
+    "GPUS_PER_NODE": "4",
+    "APP_NAME": APP,
+    "HEADLESS_SERVICE": HEADLESS,
+    "POD_NAMESPACE": NAMESPACE,
+    "MASTER_PORT": "29500",
+}
+RANK_KEYS = (
+    "ML_DEV_POD",
+    "NODE_RANK",
+    "NNODES",
+    "GPUS_PER_NODE",
+    "WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "PET_NNODES",
+    "PET_NODE_RANK",
+    "PET_NPROC_PER_NODE",
+    "PET_MASTER_ADDR",
+    "PET_MASTER_PORT",
+    "DEEPSPEED_HOSTFILE",
+    "ML_DEV_HOSTS",
+    "ML_DEV_PODS",
+)
 
 
 def make_stubs(tmp_path: Path) -> tuple[Path, Path]:
@@ -84,10 +107,15 @@ def base_env(tmp_path: Path, bin_dir: Path, pod: str, **extra: str) -> dict[str,
     return env
 
 
-def start(env: dict[str, str], prefix: list[str] | None = None, script: Path = STARTUP_SCRIPT,
-          cwd: Path | None = None) -> subprocess.Popen[str]:
+def start(
+    env: dict[str, str], prefix: list[str] | None = None, script: Path = STARTUP_SCRIPT, cwd: Path | None = None
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [*(prefix or []), "bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [*(prefix or []), "bash", str(script)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         cwd=cwd,
     )
 
@@ -132,9 +160,18 @@ def expected_rank(pod: str, hostfile: Path, nnodes: int = 2, gpus: int = 4) -> d
     """The rank contract for `pod`, built from the naming helpers the Pulumi program uses."""
     rank, master = str(int(pod.rsplit("-", 1)[1])), naming.pod_dns(APP, NAMESPACE, 0)
     return {
-        "ML_DEV_POD": pod, "NODE_RANK": rank, "NNODES": str(nnodes), "GPUS_PER_NODE": str(gpus),
-        "WORLD_SIZE": str(nnodes * gpus), "MASTER_ADDR": master, "MASTER_PORT": "29500", "PET_NNODES": str(nnodes),
-        "PET_NODE_RANK": rank, "PET_NPROC_PER_NODE": str(gpus), "PET_MASTER_ADDR": master, "PET_MASTER_PORT": "29500",
+        "ML_DEV_POD": pod,
+        "NODE_RANK": rank,
+        "NNODES": str(nnodes),
+        "GPUS_PER_NODE": str(gpus),
+        "WORLD_SIZE": str(nnodes * gpus),
+        "MASTER_ADDR": master,
+        "MASTER_PORT": "29500",
+        "PET_NNODES": str(nnodes),
+        "PET_NODE_RANK": rank,
+        "PET_NPROC_PER_NODE": str(gpus),
+        "PET_MASTER_ADDR": master,
+        "PET_MASTER_PORT": "29500",
         "DEEPSPEED_HOSTFILE": str(hostfile),
         "ML_DEV_HOSTS": " ".join(naming.pod_dns(APP, NAMESPACE, i) for i in range(nnodes)),
         "ML_DEV_PODS": " ".join(naming.pod_names(APP, nnodes)),
@@ -276,8 +313,15 @@ def test_home_is_persistent_per_pod_and_shells_see_the_rank(tmp_path: Path, stub
     # the servers keep their caches and state in HOME
     server_env = dict(line.split("=", 1) for line in (tmp_path / "code-server.env").read_text().splitlines() if "=" in line)
     assert server_env["HOME"] == str(home)
-    for key in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "PIP_CACHE_DIR", "JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR",
-                "HISTFILE"):
+    for key in (
+        "XDG_CACHE_HOME",
+        "XDG_CONFIG_HOME",
+        "XDG_DATA_HOME",
+        "PIP_CACHE_DIR",
+        "JUPYTER_CONFIG_DIR",
+        "JUPYTER_DATA_DIR",
+        "HISTFILE",
+    ):
         assert server_env[key].startswith(f"{home}/"), key
     args = next(line for line in (tmp_path / "calls.log").read_text().splitlines() if line.startswith("code-server"))
     assert f"--user-data-dir {home}/.local/share/code-server --extensions-dir {home}/.local/share/code-server/extensions" in args
@@ -296,18 +340,23 @@ def test_home_is_persistent_per_pod_and_shells_see_the_rank(tmp_path: Path, stub
     # login shells (ssh, `bash -l`), interactive shells (IDE terminals) and `oc rsh`'s /bin/sh ($ENV) see rank.env
     shell_env = {"PATH": "/usr/bin:/bin", "HOME": str(home)}
     rsh_env = {"PATH": "/usr/bin:/bin", "ENV": str(tmp_path / "state" / "env.sh")}
-    for argv, with_env in ((["bash", "-lc", "env -0"], shell_env), (["bash", "-ic", "env -0"], shell_env),
-                           (["sh", "-ic", "env -0"], rsh_env)):
+    for argv, with_env in (
+        (["bash", "-lc", "env -0"], shell_env),
+        (["bash", "-ic", "env -0"], shell_env),
+        (["sh", "-ic", "env -0"], rsh_env),
+    ):
         seen = sourced(Path(), shell=argv, env=with_env)
-        assert (seen.get("NODE_RANK"), seen.get("WORLD_SIZE"), seen.get("MASTER_ADDR")) == (
-            "0", "8", naming.pod_dns(APP, NAMESPACE, 0)), argv
+        assert (seen.get("NODE_RANK"), seen.get("WORLD_SIZE"), seen.get("MASTER_ADDR")) == ("0", "8", naming.pod_dns(APP, NAMESPACE, 0)), (
+            argv
+        )
         assert seen["HOME"] == str(home) and f"{home}/.local/bin" in seen["PATH"].split(":"), argv
 
 
 def test_token_mode_binds_all_interfaces_with_auth(tmp_path: Path, stubs: tuple[Path, Path]) -> None:
     bin_dir, calls = stubs
-    env = base_env(tmp_path, bin_dir, "ml-dev-env-0", ML_DEV_AUTH="token", ML_DEV_SERVERS="vscode jupyter",
-                   PASSWORD="pw", JUPYTER_TOKEN="tok")
+    env = base_env(
+        tmp_path, bin_dir, "ml-dev-env-0", ML_DEV_AUTH="token", ML_DEV_SERVERS="vscode jupyter", PASSWORD="pw", JUPYTER_TOKEN="tok"
+    )
     proc = start(env)
     wait_ready(proc, tmp_path / "state")
     lines = wait_for_calls(calls, 3)
@@ -370,8 +419,7 @@ def test_refused_memlock_cannot_kill_the_pod() -> None:
 
 
 def unwritable_warnings(pod: str, workspace: Path) -> list[str]:
-    warnings = [f"WARNING: cannot write {workspace}/.deepspeed/hostfile",
-                f"WARNING: cannot create or write HOME {workspace}/.home/{pod}"]
+    warnings = [f"WARNING: cannot write {workspace}/.deepspeed/hostfile", f"WARNING: cannot create or write HOME {workspace}/.home/{pod}"]
     if pod.endswith("-0"):
         warnings.append(f"WARNING: cannot create {workspace}/tensorboard")
     return warnings
@@ -383,8 +431,14 @@ def test_unwritable_workspace_does_not_kill_the_pod(tmp_path: Path, stubs: tuple
     bin_dir, _ = stubs
     blocked = tmp_path / "not-a-dir"
     blocked.write_text("a file where the workspace should be")
-    env = base_env(tmp_path, bin_dir, pod, ML_DEV_WORKSPACE=str(blocked), ML_DEV_HOME=f"{blocked}/.home/{pod}",
-                   TENSORBOARD_LOGDIR=f"{blocked}/tensorboard")
+    env = base_env(
+        tmp_path,
+        bin_dir,
+        pod,
+        ML_DEV_WORKSPACE=str(blocked),
+        ML_DEV_HOME=f"{blocked}/.home/{pod}",
+        TENSORBOARD_LOGDIR=f"{blocked}/tensorboard",
+    )
     proc = start(env)
     wait_ready(proc, tmp_path / "state")
     out = stop(proc)
@@ -407,8 +461,14 @@ def test_random_uid_with_read_only_workspace_reaches_ready(pod: str) -> None:
         run_dir = tmp_path / "run"
         run_dir.mkdir()
         run_dir.chmod(0o777)
-        env = base_env(run_dir, bin_dir, pod, ML_DEV_WORKSPACE=str(workspace), ML_DEV_HOME=f"{workspace}/.home/{pod}",
-                       TENSORBOARD_LOGDIR=f"{workspace}/tensorboard")
+        env = base_env(
+            run_dir,
+            bin_dir,
+            pod,
+            ML_DEV_WORKSPACE=str(workspace),
+            ML_DEV_HOME=f"{workspace}/.home/{pod}",
+            TENSORBOARD_LOGDIR=f"{workspace}/tensorboard",
+        )
         proc = start(env, AS_NOBODY, script=script, cwd=tmp_path)
         state = run_dir / "state"
         wait_ready(proc, state)
@@ -441,9 +501,16 @@ def test_kernels_and_terminals_started_after_a_count_change_see_the_new_values(t
     assert "NNODES" not in server_env
     startup = Path(server_env["IPYTHONDIR"]) / "profile_default" / "startup" / "00-ml-dev-env-rank.py"
     kernel = subprocess.run(
-        [sys.executable, "-c", "import json, os, runpy, sys; runpy.run_path(sys.argv[1]); print(json.dumps(dict(os.environ)))",
-         str(startup)],
-        env=server_env, capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            "-c",
+            "import json, os, runpy, sys; runpy.run_path(sys.argv[1]); print(json.dumps(dict(os.environ)))",
+            str(startup),
+        ],
+        env=server_env,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     seen = json.loads(kernel.stdout)
     assert {k: seen.get(k) for k in RANK_KEYS} == expected_rank("ml-dev-env-0", hostfile, nnodes=3)
@@ -460,8 +527,9 @@ def test_ready_is_logged_before_the_ready_file(tmp_path: Path, stubs: tuple[Path
     touch.write_text(f'#!/bin/bash\ngrep -qxF "[ml-dev-env] ready" "{log}" && echo logged > "{checked}"\nexec /usr/bin/touch "$@"\n')
     touch.chmod(0o755)
     with log.open("w") as out:
-        proc = subprocess.Popen(["bash", str(STARTUP_SCRIPT)], env=base_env(tmp_path, bin_dir, "ml-dev-env-1"), stdout=out,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            ["bash", str(STARTUP_SCRIPT)], env=base_env(tmp_path, bin_dir, "ml-dev-env-1"), stdout=out, stderr=subprocess.STDOUT
+        )
         try:
             assert wait_until(lambda: (tmp_path / "state" / "ready").exists(), timeout=15), log.read_text()
         finally:
@@ -496,8 +564,10 @@ def test_no_writable_state_dir_nor_tmpdir_still_runs(tmp_path: Path, stubs: tupl
     assert (tmp_path / "workspace" / ".deepspeed" / "hostfile").read_text() == naming.hostfile(APP, NAMESPACE, 2, 4)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores mode 555; root runners cover this in "
-                    "test_random_uid_with_read_only_workspace_reaches_ready (UID 65534)")
+@pytest.mark.skipif(
+    os.geteuid() == 0,
+    reason="root ignores mode 555; root runners cover this in test_random_uid_with_read_only_workspace_reaches_ready (UID 65534)",
+)
 @pytest.mark.parametrize("pod", ["ml-dev-env-0", "ml-dev-env-1"])
 def test_read_only_workspace_as_non_root(tmp_path: Path, stubs: tuple[Path, Path], pod: str) -> None:
     """A workspace this (non-root) UID cannot write, as on NFS owned by someone else: warnings, ready."""

@@ -16,7 +16,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOWS = ROOT / ".github" / "workflows"
-STACKS = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in ROOT.glob("Pulumi.*.yaml"))
+STACKS = sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in ROOT.glob("Pulumi.*.yaml"))
 # Any network access fails fast: the schema check must work offline.
 OFFLINE = {**os.environ, "HTTP_PROXY": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9", "NO_PROXY": ""}
 
@@ -37,7 +37,10 @@ def step(job: dict[str, Any], *, id: str | None = None, uses: str | None = None)
 def check_jsonschema(*files: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows", *map(str, files)],
-        capture_output=True, text=True, check=False, env=OFFLINE,
+        capture_output=True,
+        text=True,
+        check=False,
+        env=OFFLINE,
     )
 
 
@@ -46,8 +49,14 @@ def run_bash(script: str, cwd: Path, **env: str) -> dict[str, str]:
     with tempfile.TemporaryDirectory() as scratch:
         output = Path(scratch) / "github_output"
         output.write_text("")
-        subprocess.run(["bash", "-e", "-c", script], cwd=cwd, check=True, capture_output=True, text=True,
-                       env={"PATH": os.environ["PATH"], "GITHUB_OUTPUT": str(output), **env})
+        subprocess.run(
+            ["bash", "-e", "-c", script],
+            cwd=cwd,
+            check=True,
+            capture_output=True,
+            text=True,
+            env={"PATH": os.environ["PATH"], "GITHUB_OUTPUT": str(output), **env},
+        )
         return dict(line.split("=", 1) for line in output.read_text().splitlines() if "=" in line)
 
 
@@ -66,8 +75,10 @@ def test_every_workflow_passes_the_github_workflow_schema() -> None:
 
 def test_the_schema_check_rejects_a_broken_workflow(tmp_path: Path) -> None:
     broken = tmp_path / "broken.yml"
-    broken.write_text("on: pull_request\njobs:\n  test:\n    runs-on: ubuntu-24.04\n    steps:\n      - uses: actions/checkout@v6\n"
-                      "        whith: {path: main}\n")
+    broken.write_text(
+        "on: pull_request\njobs:\n  test:\n    runs-on: ubuntu-24.04\n    steps:\n      - uses: actions/checkout@v6\n"
+        "        whith: {path: main}\n"
+    )
     proc = check_jsonschema(broken)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "whith" in proc.stdout + proc.stderr
@@ -108,10 +119,13 @@ def test_stack_list_step_finds_exactly_the_stack_files() -> None:
     assert len(STACKS) >= 2
 
 
-@pytest.mark.parametrize(("files", "expected"), [
-    (["Pulumi.yaml", "Pulumi.b.yaml", "Pulumi.a-1.yaml", "README.md"], ["a-1", "b"]),
-    (["Pulumi.yaml"], []),
-])
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        (["Pulumi.yaml", "Pulumi.b.yaml", "Pulumi.a-1.yaml", "README.md"], ["a-1", "b"]),
+        (["Pulumi.yaml"], []),
+    ],
+)
 def test_stack_list_step_in_other_repositories(tmp_path: Path, files: list[str], expected: list[str]) -> None:
     for name in files:
         (tmp_path / name).write_text("config: {}\n")
@@ -128,10 +142,18 @@ def test_preview_is_a_matrix_over_the_listed_stacks() -> None:
     assert job["strategy"]["fail-fast"] is False
     preview = step(job, uses="pulumi/actions@")
     assert preview["uses"] == "pulumi/actions@v7"
-    assert preview["with"].items() >= {
-        "command": "preview", "stack-name": "${{ matrix.stack }}", "comment-on-pr": True, "edit-pr-comment": True,
-        "diff": True, "policyPacks": "policy", "github-token": "${{ secrets.GITHUB_TOKEN }}",
-    }.items()
+    assert (
+        preview["with"].items()
+        >= {
+            "command": "preview",
+            "stack-name": "${{ matrix.stack }}",
+            "comment-on-pr": True,
+            "edit-pr-comment": True,
+            "diff": True,
+            "policyPacks": "policy",
+            "github-token": "${{ secrets.GITHUB_TOKEN }}",
+        }.items()
+    )
     assert preview["env"]["PULUMI_ACCESS_TOKEN"] == "${{ secrets.PULUMI_ACCESS_TOKEN }}"
     assert (ROOT / preview["with"]["policyPacks"] / "PulumiPolicy.yaml").exists()
 

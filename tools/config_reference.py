@@ -19,9 +19,14 @@ from pydantic_core import PydanticUndefined
 if __name__ == "__main__" and not __package__:
     # Run as a file (`python tools/config_reference.py`): re-run as the module of the repository package, which needs
     # no sys.path edits (`python -m tools.config_reference`, what the Makefile runs).
-    os.execve(sys.executable, [sys.executable, "-m", "tools.config_reference", *sys.argv[1:]],
-              {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent),
-                                                                        os.environ.get("PYTHONPATH")]))})
+    os.execve(
+        sys.executable,
+        [sys.executable, "-m", "tools.config_reference", *sys.argv[1:]],
+        {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")])),
+        },
+    )
 
 from core.presets import presets_file
 from stacks.config import StackConfig

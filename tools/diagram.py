@@ -23,9 +23,14 @@ from pathlib import Path
 if __name__ == "__main__" and not __package__:
     # Run as a file (`python tools/diagram.py`): re-run as the module of the repository package, which needs
     # no sys.path edits (`python -m tools.diagram`, what the Makefile runs).
-    os.execve(sys.executable, [sys.executable, "-m", "tools.diagram", *sys.argv[1:]],
-              {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent),
-                                                                        os.environ.get("PYTHONPATH")]))})
+    os.execve(
+        sys.executable,
+        [sys.executable, "-m", "tools.diagram", *sys.argv[1:]],
+        {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")])),
+        },
+    )
 
 from stacks.loader import SECRET_KEYS
 from tools.mock_engine import ROOT, Recorded, RunResult, run_stack
@@ -37,7 +42,7 @@ MAX_NAMES = 6
 
 
 def stacks_in(config_dir: Path = ROOT) -> list[str]:
-    return sorted(p.name[len("Pulumi."):-len(".yaml")] for p in config_dir.glob("Pulumi.*.yaml"))
+    return sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in config_dir.glob("Pulumi.*.yaml"))
 
 
 def offline_run(stack: str) -> RunResult:

@@ -217,11 +217,10 @@ def run_program(
     try:
         pulumi.runtime.set_all_config(flat, secret_keys)
         settings.ROOT.set(None)
-        pulumi.runtime.set_mocks(
-            mocks, project=PROJECT, stack=stack, preview=False, logger=logger, monitor=RecordingMonitor(mocks)
-        )
+        pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False, logger=logger, monitor=RecordingMonitor(mocks))
         root = settings.get_root_resource()
         try:
+
             def program() -> None:
                 runpy.run_path(str(main), run_name="__main__")
 

@@ -18,12 +18,28 @@ from stacks.errors import PREFIX
 from stacks.loader import SECRET_KEYS, required_secrets
 
 # Kinds the API server keeps outside any namespace (rendered or plausible for this program).
-CLUSTER_SCOPED = frozenset({
-    "Namespace", "Project", "ClusterRole", "ClusterRoleBinding", "SecurityContextConstraints",
-    "CustomResourceDefinition", "StorageClass", "PersistentVolume", "PriorityClass", "RuntimeClass",
-    "IngressClass", "ClusterResourceQuota", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration",
-    "MachineConfig", "MachineConfigPool", "Node", "ClusterTask",
-})
+CLUSTER_SCOPED = frozenset(
+    {
+        "Namespace",
+        "Project",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "SecurityContextConstraints",
+        "CustomResourceDefinition",
+        "StorageClass",
+        "PersistentVolume",
+        "PriorityClass",
+        "RuntimeClass",
+        "IngressClass",
+        "ClusterResourceQuota",
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+        "MachineConfig",
+        "MachineConfigPool",
+        "Node",
+        "ClusterTask",
+    }
+)
 # Container resources every cluster has; any other is an extended resource some operator must advertise.
 CORE_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage"})
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -32,14 +48,34 @@ POD_OWNERS = frozenset({"StatefulSet", "Deployment", "DaemonSet", "ReplicaSet", 
 # OpenShift names the ClusterRole granting `use` of an SCC `system:openshift:scc:<scc>`, and ships one only
 # for its own SCCs; these and the default project roles exist on every OpenShift cluster.
 SCC_ROLE_PREFIX = "system:openshift:scc:"
-DEFAULT_SCCS = frozenset({
-    "anyuid", "hostaccess", "hostmount-anyuid", "hostnetwork", "hostnetwork-v2", "machine-api-termination-handler",
-    "nonroot", "nonroot-v2", "privileged", "restricted", "restricted-v2", "node-exporter",
-})
-DEFAULT_CLUSTER_ROLES = frozenset({
-    "admin", "edit", "view", "system:image-builder", "system:image-puller", "system:image-pusher", "system:deployer",
-    *(SCC_ROLE_PREFIX + scc for scc in DEFAULT_SCCS),
-})
+DEFAULT_SCCS = frozenset(
+    {
+        "anyuid",
+        "hostaccess",
+        "hostmount-anyuid",
+        "hostnetwork",
+        "hostnetwork-v2",
+        "machine-api-termination-handler",
+        "nonroot",
+        "nonroot-v2",
+        "privileged",
+        "restricted",
+        "restricted-v2",
+        "node-exporter",
+    }
+)
+DEFAULT_CLUSTER_ROLES = frozenset(
+    {
+        "admin",
+        "edit",
+        "view",
+        "system:image-builder",
+        "system:image-puller",
+        "system:image-pusher",
+        "system:deployer",
+        *(SCC_ROLE_PREFIX + scc for scc in DEFAULT_SCCS),
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -129,14 +165,13 @@ def _claim_specs(node: Any, owner: str) -> Iterator[tuple[str, Mapping[str, Any]
 
 def _rendered(objects: Sequence[Mapping[str, Any]], kind: str, namespace: str | None = None) -> set[str]:
     return {
-        o.get("metadata", {}).get("name", "") for o in objects
+        o.get("metadata", {}).get("name", "")
+        for o in objects
         if o.get("kind") == kind and (namespace is None or o.get("metadata", {}).get("namespace", namespace) == namespace)
     }
 
 
-def prerequisites(
-    config: StackConfig, objects: Sequence[Mapping[str, Any]], patches: Sequence[Mapping[str, Any]] = ()
-) -> list[Need]:
+def prerequisites(config: StackConfig, objects: Sequence[Mapping[str, Any]], patches: Sequence[Mapping[str, Any]] = ()) -> list[Need]:
     """What the cluster must already have for these objects to work (one `Need` per thing).
 
     `objects` are what the stack creates; `patches` what it patches (server-side apply of a few fields
@@ -148,10 +183,13 @@ def prerequisites(
         namespace = patch.get("metadata", {}).get("namespace") or ns
         name, kind = patch.get("metadata", {}).get("name"), patch.get("kind", "")
         where = "" if kind in CLUSTER_SCOPED else f"{namespace}/"
-        needs.append(Need(
-            f"{kind} {where}{name}", "the stack only patches it (created elsewhere)",
-            f"oc get {kind.lower()} {name}" + ("" if kind in CLUSTER_SCOPED else f" -n {namespace}"),
-        ))
+        needs.append(
+            Need(
+                f"{kind} {where}{name}",
+                "the stack only patches it (created elsewhere)",
+                f"oc get {kind.lower()} {name}" + ("" if kind in CLUSTER_SCOPED else f" -n {namespace}"),
+            )
+        )
     if ns not in _rendered(objects, "Namespace"):
         needs.append(Need(f"namespace {ns} exists", "cluster.createNamespace is false", f"oc get namespace {ns}"))
 
@@ -185,12 +223,14 @@ def prerequisites(
             missing_nads.setdefault(namespace, []).append(name)
             nad_users += users
     for namespace, names in missing_nads.items():
-        needs.append(Need(
-            f"NetworkAttachmentDefinitions in namespace {namespace}: {', '.join(names)}",
-            f"{_users(nad_users)} attach them"
-            + ("" if config.network.rdma.create_attachments else " (network.rdma.createAttachments is false)"),
-            f"oc get network-attachment-definitions -n {namespace}",
-        ))
+        needs.append(
+            Need(
+                f"NetworkAttachmentDefinitions in namespace {namespace}: {', '.join(names)}",
+                f"{_users(nad_users)} attach them"
+                + ("" if config.network.rdma.create_attachments else " (network.rdma.createAttachments is false)"),
+                f"oc get network-attachment-definitions -n {namespace}",
+            )
+        )
 
     classes: dict[str, tuple[set[str], set[str]]] = {}
     for obj in objects:
@@ -200,70 +240,98 @@ def prerequisites(
             modes.update(claim.get("accessModes") or [])
     for storage_class, (claim_users, modes) in sorted(classes.items()):
         what = f"StorageClass {storage_class}" if storage_class else "a default StorageClass"
-        needs.append(Need(
-            f"{what} ({', '.join(sorted(modes))})", f"claims of {_users(sorted(claim_users))}",
-            f"oc get storageclass {storage_class}".strip(),
-        ))
+        needs.append(
+            Need(
+                f"{what} ({', '.join(sorted(modes))})",
+                f"claims of {_users(sorted(claim_users))}",
+                f"oc get storageclass {storage_class}".strip(),
+            )
+        )
 
     if GPU_RESOURCE in extended:
-        needs.append(Need(
-            f"NVIDIA GPU operator: nodes advertise {GPU_RESOURCE}"
-            + (f" and carry {', '.join(sorted(gpu_labels))}" if gpu_labels else ""),
-            f"{_users(extended.pop(GPU_RESOURCE))} request GPUs",
-            "oc get nodes -l nvidia.com/gpu.present=true -o custom-columns=NODE:.metadata.name,GPUS:.status.allocatable.nvidia\\.com/gpu",
-        ))
+        needs.append(
+            Need(
+                f"NVIDIA GPU operator: nodes advertise {GPU_RESOURCE}"
+                + (f" and carry {', '.join(sorted(gpu_labels))}" if gpu_labels else ""),
+                f"{_users(extended.pop(GPU_RESOURCE))} request GPUs",
+                "oc get nodes -l nvidia.com/gpu.present=true -o custom-columns=NODE:.metadata.name,GPUS:.status.allocatable.nvidia\\.com/gpu",
+            )
+        )
     if config.nodes.gpu_nodes:
-        needs.append(Need(
-            f"nodes {', '.join(config.nodes.gpu_nodes)}", "nodes.gpuNodes pins the pods to them",
-            f"oc get nodes {' '.join(config.nodes.gpu_nodes)}",
-        ))
+        needs.append(
+            Need(
+                f"nodes {', '.join(config.nodes.gpu_nodes)}",
+                "nodes.gpuNodes pins the pods to them",
+                f"oc get nodes {' '.join(config.nodes.gpu_nodes)}",
+            )
+        )
     if extended:
-        needs.append(Need(
-            f"SR-IOV network operator: nodes advertise {', '.join(sorted(extended))}",
-            f"{_users([u for users in extended.values() for u in users])} request them (network.rdma.sriovResources)",
-            "oc get sriovnetworknodepolicies -n openshift-sriov-network-operator",
-        ))
+        needs.append(
+            Need(
+                f"SR-IOV network operator: nodes advertise {', '.join(sorted(extended))}",
+                f"{_users([u for users in extended.values() for u in users])} request them (network.rdma.sriovResources)",
+                "oc get sriovnetworknodepolicies -n openshift-sriov-network-operator",
+            )
+        )
 
     rendered_accounts = _rendered(objects, "ServiceAccount", ns)
     patched = {(p.get("kind"), p.get("metadata", {}).get("name")) for p in patches}
     for account, users in sorted(service_accounts.items()):
         if account not in rendered_accounts and ("ServiceAccount", account) not in patched:
-            needs.append(Need(
-                f"ServiceAccount {ns}/{account}", f"{_users(users)} run as it",
-                f"oc get serviceaccount -n {ns} {account}",
-            ))
+            needs.append(
+                Need(
+                    f"ServiceAccount {ns}/{account}",
+                    f"{_users(users)} run as it",
+                    f"oc get serviceaccount -n {ns} {account}",
+                )
+            )
 
     rendered_roles = {("Role", n) for n in _rendered(objects, "Role", ns)} | {("ClusterRole", n) for n in _rendered(objects, "ClusterRole")}
     for obj in objects:
         ref = obj.get("roleRef") or {}
-        if obj.get("kind") == "RoleBinding" and (ref.get("kind"), ref.get("name")) not in rendered_roles \
-                and ref.get("name") not in DEFAULT_CLUSTER_ROLES:
+        if (
+            obj.get("kind") == "RoleBinding"
+            and (ref.get("kind"), ref.get("name")) not in rendered_roles
+            and ref.get("name") not in DEFAULT_CLUSTER_ROLES
+        ):
             where = f"{ns}/" if ref.get("kind") == "Role" else ""
-            needs.append(Need(
-                f"{ref.get('kind')} {where}{ref.get('name')} (created by an admin)", f"{_name(obj)} binds it",
-                f"oc get {str(ref.get('kind')).lower()} {ref.get('name')}" + (f" -n {ns}" if where else ""),
-            ))
+            needs.append(
+                Need(
+                    f"{ref.get('kind')} {where}{ref.get('name')} (created by an admin)",
+                    f"{_name(obj)} binds it",
+                    f"oc get {str(ref.get('kind')).lower()} {ref.get('name')}" + (f" -n {ns}" if where else ""),
+                )
+            )
 
     rendered_sccs = _rendered(objects, "SecurityContextConstraints")
     for obj in objects:
         for scc in _scc_grants(obj):
             if scc not in rendered_sccs:
-                needs.append(Need(
-                    f"SecurityContextConstraints {scc} (created by a cluster admin)", f"{_name(obj)} grants its use",
-                    f"oc get scc {scc}",
-                ))
+                needs.append(
+                    Need(
+                        f"SecurityContextConstraints {scc} (created by a cluster admin)",
+                        f"{_name(obj)} grants its use",
+                        f"oc get scc {scc}",
+                    )
+                )
 
     tekton = sorted({o["kind"] for o in objects if str(o.get("apiVersion", "")).startswith("tekton.dev/")})
     if tekton:
-        needs.append(Need(
-            "OpenShift Pipelines operator (Tekton, tekton.dev/v1)", f"models are configured: {', '.join(tekton)}",
-            "oc get crd pipelineruns.tekton.dev",
-        ))
+        needs.append(
+            Need(
+                "OpenShift Pipelines operator (Tekton, tekton.dev/v1)",
+                f"models are configured: {', '.join(tekton)}",
+                "oc get crd pipelineruns.tekton.dev",
+            )
+        )
     if config.models:
-        needs.append(Need(
-            f"model registry at {config.model_pipeline.registry_url}", "models[].registration (modelPipeline.registryUrl)",
-            "oc get modelregistries.modelregistry.opendatahub.io -A",
-        ))
+        needs.append(
+            Need(
+                f"model registry at {config.model_pipeline.registry_url}",
+                "models[].registration (modelPipeline.registryUrl)",
+                "oc get modelregistries.modelregistry.opendatahub.io -A",
+            )
+        )
     return needs
 
 
@@ -303,10 +371,12 @@ def admin_needs(objects: Sequence[Mapping[str, Any]], namespace: str) -> list[Ne
             out.append(Need(f"{_name(obj)} in namespace {other}", f"outside the stack's namespace {namespace}: needs admin in {other}"))
         elif _scc_grants(obj):
             binding = kind == "RoleBinding"
-            out.append(Need(
-                _name(obj),
-                f"{'binds a role granting' if binding else 'grants'} use of SCC {', '.join(_scc_grants(obj))}: "
-                f"its creator must hold that use{', or `bind` on the role,' if binding else ''} already "
-                "(RBAC escalation check): cluster-admin, or an admin grants it first",
-            ))
+            out.append(
+                Need(
+                    _name(obj),
+                    f"{'binds a role granting' if binding else 'grants'} use of SCC {', '.join(_scc_grants(obj))}: "
+                    f"its creator must hold that use{', or `bind` on the role,' if binding else ''} already "
+                    "(RBAC escalation check): cluster-admin, or an admin grants it first",
+                )
+            )
     return out

@@ -25,9 +25,14 @@ import yaml
 if __name__ == "__main__" and not __package__:
     # Run as a file (`python tools/render.py`): re-run as the module of the repository package, which needs
     # no sys.path edits (`python -m tools.render`, what the Makefile runs).
-    os.execve(sys.executable, [sys.executable, "-m", "tools.render", *sys.argv[1:]],
-              {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent),
-                                                                        os.environ.get("PYTHONPATH")]))})
+    os.execve(
+        sys.executable,
+        [sys.executable, "-m", "tools.render", *sys.argv[1:]],
+        {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")])),
+        },
+    )
 
 from policy.rules import POLICIES, evaluate, format_report, has_mandatory
 from stacks.config import StackConfig
@@ -113,8 +118,10 @@ def needs_report(stack_file: Path, config: dict[str, Any], written: list[tuple[R
     if missing:
         lines.append(f"  pulumi preview stops until {len(missing)} missing secret(s) are set (rendered here with placeholders)")
     lines.append("\n== cluster prerequisites (this stack assumes them; it does not create them)")
-    lines += [f"  - {need.what} — {need.why}" + (f"\n      check: {need.check}" if need.check else "")
-              for need in prerequisites(settings, objects, patches)]
+    lines += [
+        f"  - {need.what} — {need.why}" + (f"\n      check: {need.check}" if need.check else "")
+        for need in prerequisites(settings, objects, patches)
+    ]
     admin = admin_needs(objects + patches, settings.cluster.namespace)
     lines.append(f"\n== needs more than namespace admin in {settings.cluster.namespace} ({len(admin)} objects)")
     lines += [f"  - {need.what}: {need.why}" for need in admin] or ["  none: namespace admin is enough"]
@@ -122,7 +129,7 @@ def needs_report(stack_file: Path, config: dict[str, Any], written: list[tuple[R
 
 
 def stacks_in(config_dir: Path) -> list[str]:
-    return sorted(p.name[len("Pulumi."):-len(".yaml")] for p in config_dir.glob("Pulumi.*.yaml"))
+    return sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in config_dir.glob("Pulumi.*.yaml"))
 
 
 def render(stack: str, out_root: Path, validate: bool = True, config_dir: Path = ROOT) -> int:

@@ -210,12 +210,21 @@ def parse_nccl_tests(text: str) -> dict:
         wrong = [parts[8], parts[12]]
         wrong_n = sum(int(float(w)) for w in wrong if w != "N/A")
         wrong_total += wrong_n
-        rows.append({
-            "bytes": size, "count": count, "type": parts[2], "redop": parts[3],
-            "time_us": oop[0], "algbw": oop[1], "busbw": oop[2],
-            "in_place_time_us": ip[0], "in_place_algbw": ip[1], "in_place_busbw": ip[2],
-            "wrong": wrong_n,
-        })
+        rows.append(
+            {
+                "bytes": size,
+                "count": count,
+                "type": parts[2],
+                "redop": parts[3],
+                "time_us": oop[0],
+                "algbw": oop[1],
+                "busbw": oop[2],
+                "in_place_time_us": ip[0],
+                "in_place_algbw": ip[1],
+                "in_place_busbw": ip[2],
+                "wrong": wrong_n,
+            }
+        )
     return {"rows": rows, "avg_busbw": avg, "wrong": wrong_total}
 
 
@@ -233,8 +242,14 @@ def parse_ib_write_bw(text: str) -> dict | None:
             if len(parts) >= 5 and parts[0].isdigit():
                 avg = float(parts[3])
                 gbps = avg if unit == "Gb/sec" else avg * 8 * (1 << 20) / 1e9 if unit == "MiB/sec" else avg * 8 / 1e3
-                return {"bytes": int(parts[0]), "iterations": int(parts[1]), "peak": float(parts[2]), "average": avg,
-                        "unit": unit, "gbps": round(gbps, 2)}
+                return {
+                    "bytes": int(parts[0]),
+                    "iterations": int(parts[1]),
+                    "peak": float(parts[2]),
+                    "average": avg,
+                    "unit": unit,
+                    "gbps": round(gbps, 2),
+                }
     return None
 
 
@@ -308,44 +323,65 @@ def preflight(cfg: dict) -> Findings:
         listing = run(["ibv_devinfo", "-l"], timeout=30)
         present = parse_ibv_devinfo_list(listing.stdout) if listing.returncode == 0 else []
         if listing.returncode != 0:
-            f.fail("ibv_devinfo", f"`ibv_devinfo -l` failed ({listing.stderr.strip() or listing.returncode})",
-                   "the image needs rdma-core/ibverbs-utils with the mlx5 provider (ibverbs-providers)")
+            f.fail(
+                "ibv_devinfo",
+                f"`ibv_devinfo -l` failed ({listing.stderr.strip() or listing.returncode})",
+                "the image needs rdma-core/ibverbs-utils with the mlx5 provider (ibverbs-providers)",
+            )
         elif not present:
-            f.fail("RDMA devices", "no RDMA device in this pod",
-                   "the SR-IOV attachment did not happen: check network.rdma.attachments and network.rdma.sriovResources "
-                   "(pod annotation k8s.v1.cni.cncf.io/networks and the resource requests)")
+            f.fail(
+                "RDMA devices",
+                "no RDMA device in this pod",
+                "the SR-IOV attachment did not happen: check network.rdma.attachments and network.rdma.sriovResources "
+                "(pod annotation k8s.v1.cni.cncf.io/networks and the resource requests)",
+            )
         if cfg.get("hcaMode") == "auto" and not hcas:
             hcas = present
         for hca in hcas:
             if present and hca not in present:
-                f.fail(hca, f"HCA not present in this pod (present: {', '.join(present)})",
-                       "network.rdma.hcas must list the VF HCAs this pod sees (`ibv_devinfo -l`); a wrong list costs ~50 % bandwidth")
+                f.fail(
+                    hca,
+                    f"HCA not present in this pod (present: {', '.join(present)})",
+                    "network.rdma.hcas must list the VF HCAs this pod sees (`ibv_devinfo -l`); a wrong list costs ~50 % bandwidth",
+                )
         # SR-IOV allocation: the PCI functions the device plugin gave this pod, and their HCAs.
         allocated: dict[str, tuple[str, str]] = {}
         for resource in cfg.get("sriovResources") or []:
             name = sriov_env_name(resource)
             value = env(name)
             if not value:
-                f.fail(resource, f"no {name} in the environment: the SR-IOV device plugin allocated no VF",
-                       "network.rdma.sriovResources must name the SriovNetworkNodePolicy resourceName; the node needs a free VF")
+                f.fail(
+                    resource,
+                    f"no {name} in the environment: the SR-IOV device plugin allocated no VF",
+                    "network.rdma.sriovResources must name the SriovNetworkNodePolicy resourceName; the node needs a free VF",
+                )
                 continue
             for address in [a for a in value.split(",") if a]:
                 backing = hcas_of_pci(root, address)
                 if not backing:
-                    f.fail(f"{resource} {address}", "allocated VF has no RDMA device",
-                           "node prerequisite: the SriovNetworkNodePolicy needs isRdma: true (and deviceType netdevice)")
+                    f.fail(
+                        f"{resource} {address}",
+                        "allocated VF has no RDMA device",
+                        "node prerequisite: the SriovNetworkNodePolicy needs isRdma: true (and deviceType netdevice)",
+                    )
                 for hca in backing:
                     allocated[hca] = (resource, address)
         if allocated:
             listed = ", ".join(f"{h} ({r} {a})" for h, (r, a) in sorted(allocated.items()))
             for hca in hcas:
                 if hca not in allocated:
-                    f.fail(hca, f"not backed by a VF allocated to this pod (allocated: {listed})",
-                           "network.rdma.hcas: use the allocated VF HCAs")
+                    f.fail(
+                        hca,
+                        f"not backed by a VF allocated to this pod (allocated: {listed})",
+                        "network.rdma.hcas: use the allocated VF HCAs",
+                    )
             for hca, (resource, address) in sorted(allocated.items()):
                 if hcas and hca not in hcas:
-                    f.fail(hca, f"allocated VF ({resource} {address}) is not in network.rdma.hcas: NCCL leaves it idle",
-                           "add it to network.rdma.hcas")
+                    f.fail(
+                        hca,
+                        f"allocated VF ({resource} {address}) is not in network.rdma.hcas: NCCL leaves it idle",
+                        "add it to network.rdma.hcas",
+                    )
                 elif hca in hcas:
                     f.ok(hca, f"allocated by {resource} ({address})")
         # link state and rate
@@ -357,20 +393,29 @@ def preflight(cfg: dict) -> Findings:
             out = run(["ibstat", hca], timeout=30)
             port = parse_ibstat(out.stdout).get(hca, {}).get(number)
             if out.returncode != 0 or port is None:
-                f.fail(hca, f"`ibstat {hca}` gave no port {number} ({out.stderr.strip() or 'no output'})",
-                       "the image needs infiniband-diags; the HCA must be visible (network.rdma.hcas)")
+                f.fail(
+                    hca,
+                    f"`ibstat {hca}` gave no port {number} ({out.stderr.strip() or 'no output'})",
+                    "the image needs infiniband-diags; the HCA must be visible (network.rdma.hcas)",
+                )
                 continue
             state = port.get("State", "?")
             rate_text = port.get("Rate", "0").split()[0]
             rate = float(rate_text) if re.match(r"^[0-9.]+$", rate_text) else 0.0
             if state != "Active":
-                f.fail(hca, f"port {number} is {state} (physical state {port.get('Physical state', '?')})",
-                       "node prerequisite: link up on the NIC and its switch port (check cabling, `ibstat` on the node)")
+                f.fail(
+                    hca,
+                    f"port {number} is {state} (physical state {port.get('Physical state', '?')})",
+                    "node prerequisite: link up on the NIC and its switch port (check cabling, `ibstat` on the node)",
+                )
             elif link and rate + 1e-6 < float(link):
-                f.fail(hca, f"port {number} Active at {rate:g} Gb/s, expected {float(link):g} Gb/s",
-                       "node prerequisite: NIC firmware/link speed (e.g. ConnectX-7 firmware enforcing PHY_RATE_MASK caps "
-                       "links at ~100 Gb/s; mlnx_qos rate limits persist until a NIC reset), or set fabricCheck.linkGbps "
-                       "to the real rate")
+                f.fail(
+                    hca,
+                    f"port {number} Active at {rate:g} Gb/s, expected {float(link):g} Gb/s",
+                    "node prerequisite: NIC firmware/link speed (e.g. ConnectX-7 firmware enforcing PHY_RATE_MASK caps "
+                    "links at ~100 Gb/s; mlnx_qos rate limits persist until a NIC reset), or set fabricCheck.linkGbps "
+                    "to the real rate",
+                )
             else:
                 f.ok(hca, f"port {number} Active at {rate:g} Gb/s")
         # pod interfaces
@@ -379,12 +424,18 @@ def preflight(cfg: dict) -> Findings:
             out = run(["ip", "addr", "show", "dev", iface], timeout=30)
             info = parse_ip_addr(out.stdout).get(iface)
             if out.returncode != 0 or info is None:
-                f.fail(iface, "interface missing",
-                       "network.rdma.attachments (Multus names the attachments net1..netN) and network.rdma.socketInterfaces")
+                f.fail(
+                    iface,
+                    "interface missing",
+                    "network.rdma.attachments (Multus names the attachments net1..netN) and network.rdma.socketInterfaces",
+                )
                 continue
             if info["mtu"] != mtu:
-                f.fail(iface, f"MTU {info['mtu']}, expected {mtu}",
-                       "the NetworkAttachmentDefinition's mtu (network.rdma.mtu with createAttachments) and the PF/switch MTU")
+                f.fail(
+                    iface,
+                    f"MTU {info['mtu']}, expected {mtu}",
+                    "the NetworkAttachmentDefinition's mtu (network.rdma.mtu with createAttachments) and the PF/switch MTU",
+                )
             if not info["inet"]:
                 f.fail(iface, "no IPv4 address", "the attachment's IPAM (whereabouts range; network.rdma.subnets)")
             if info["mtu"] == mtu and info["inet"]:
@@ -402,8 +453,11 @@ def preflight(cfg: dict) -> Findings:
             if gid is None:
                 f.fail(hca, f"GID index {gid_index} unreadable", f"network.rdma.gidIndex{hint}")
             elif not gid.lower().startswith("0000:0000:0000:0000:0000:ffff:") or kind != "RoCE v2":
-                f.fail(hca, f"GID index {gid_index} is {gid} type {kind or '?'}, not a RoCE v2 IPv4 GID",
-                       f"network.rdma.gidIndex{hint}; without an address on the interface the GID table has no IPv4 entry")
+                f.fail(
+                    hca,
+                    f"GID index {gid_index} is {gid} type {kind or '?'}, not a RoCE v2 IPv4 GID",
+                    f"network.rdma.gidIndex{hint}; without an address on the interface the GID table has no IPv4 entry",
+                )
             else:
                 f.ok(hca, f"GID index {gid_index} RoCE v2 {gid}")
         # IOMMU: translated DMA (type DMA or DMA-FQ) breaks RDMA registration (IBV_WC_LOC_PROT_ERR).
@@ -419,15 +473,21 @@ def preflight(cfg: dict) -> Findings:
             elif kind not in ("DMA", "DMA-FQ"):
                 f.ok(hca, f"IOMMU group type {kind or 'not shown'} (not translated DMA)")
             else:
-                f.fail(hca, f"IOMMU domain type {kind} (translated DMA): RDMA fails with IBV_WC_LOC_PROT_ERR",
-                       "node prerequisite: IOMMU passthrough (MachineConfig kernelArguments iommu=pt, rolling reboot) "
-                       "or IOMMU off in the BIOS")
+                f.fail(
+                    hca,
+                    f"IOMMU domain type {kind} (translated DMA): RDMA fails with IBV_WC_LOC_PROT_ERR",
+                    "node prerequisite: IOMMU passthrough (MachineConfig kernelArguments iommu=pt, rolling reboot) "
+                    "or IOMMU off in the BIOS",
+                )
     # memlock (both modes: NCCL pins host buffers; RDMA needs it unlimited)
     limits = parse_proc_limits(read_text(sys_root() / "proc/self/limits") or "")
     soft = limits.get("Max locked memory", ("?", "?"))[0]
     if rdma and soft != "unlimited":
-        f.fail("memlock", f"max locked memory is {soft} bytes, not unlimited",
-               "security.memlock.mode (scc with IPC_LOCK and SYS_RESOURCE, or privileged)")
+        f.fail(
+            "memlock",
+            f"max locked memory is {soft} bytes, not unlimited",
+            "security.memlock.mode (scc with IPC_LOCK and SYS_RESOURCE, or privileged)",
+        )
     else:
         f.ok("memlock", f"max locked memory {soft}")
     # GPUs
@@ -435,11 +495,17 @@ def preflight(cfg: dict) -> Findings:
     out = run(["nvidia-smi", "-L"], timeout=60)
     gpus = parse_nvidia_smi_list(out.stdout) if out.returncode == 0 else []
     if out.returncode != 0:
-        f.fail("GPUs", f"`nvidia-smi -L` failed ({out.stderr.strip() or out.returncode})",
-               "node prerequisite: NVIDIA GPU operator (driver, container toolkit) on this node")
+        f.fail(
+            "GPUs",
+            f"`nvidia-smi -L` failed ({out.stderr.strip() or out.returncode})",
+            "node prerequisite: NVIDIA GPU operator (driver, container toolkit) on this node",
+        )
     elif len(gpus) != want:
-        f.fail("GPUs", f"{len(gpus)} visible, expected {want}",
-               "nodes.gpusPerPod, and nothing narrowing NVIDIA_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES")
+        f.fail(
+            "GPUs",
+            f"{len(gpus)} visible, expected {want}",
+            "nodes.gpusPerPod, and nothing narrowing NVIDIA_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES",
+        )
     else:
         f.ok("GPUs", f"{len(gpus)} visible")
     return f
@@ -458,8 +524,10 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-NO_RANK_ENV = ("no {path}: the startup script writes it (the rank contract); fix: wait for the pod's startup, "
-               "or check its log (oc logs <pod> -c ml-dev)")
+NO_RANK_ENV = (
+    "no {path}: the startup script writes it (the rank contract); fix: wait for the pod's startup, "
+    "or check its log (oc logs <pod> -c ml-dev)"
+)
 
 
 def preflight_all() -> tuple[bool, list[str]]:
@@ -479,8 +547,10 @@ def preflight_all() -> tuple[bool, list[str]]:
         for host, res in pool.map(one, hosts):
             out = [ln for ln in res.stdout.splitlines() if ln.strip()]
             if res.returncode not in (0, 1) or not out:
-                lines.append(f"FAIL {host}: preflight did not run ({res.stderr.strip() or 'exit ' + str(res.returncode)}); "
-                             "fix: the SSH fabric between pods (sshd in every pod, keys in the workspace)")
+                lines.append(
+                    f"FAIL {host}: preflight did not run ({res.stderr.strip() or 'exit ' + str(res.returncode)}); "
+                    "fix: the SSH fabric between pods (sshd in every pod, keys in the workspace)"
+                )
                 ok = False
                 continue
             ok = ok and res.returncode == 0
@@ -504,10 +574,26 @@ def mpirun_cmd(hostfile: Path, nprocs: int, per_node: int, min_bytes: int, max_b
     OpenMPI (NGC's, or Ubuntu's openmpi-bin 4.1) is 4.1.x."""
     rsh = env("ML_DEV_SSH")
     cmd = [
-        env("ML_DEV_MPIRUN", "mpirun"), "--allow-run-as-root", "--hostfile", str(hostfile),
-        "-np", str(nprocs), "-npernode", str(per_node), "--bind-to", "none",
+        env("ML_DEV_MPIRUN", "mpirun"),
+        "--allow-run-as-root",
+        "--hostfile",
+        str(hostfile),
+        "-np",
+        str(nprocs),
+        "-npernode",
+        str(per_node),
+        "--bind-to",
+        "none",
         # MPI itself only bootstraps; keep its own traffic on the pod network
-        "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0",
+        "--mca",
+        "btl",
+        "tcp,self",
+        "--mca",
+        "btl_tcp_if_include",
+        "eth0",
+        "--mca",
+        "oob_tcp_if_include",
+        "eth0",
     ]
     if rsh:
         cmd += ["--mca", "plm_rsh_agent", rsh]
@@ -631,9 +717,16 @@ def gate(cfg: dict, localise: bool = True) -> dict:
     try:
         rank = read_rank_env()
     except OSError:
-        return {"time": utc_now(), "status": "error", "mode": cfg.get("mode"), "hosts": [], "gpusPerNode": cfg.get("gpusPerPod"),
-                "expectation": cfg.get("expectation"), "plateauMinBytes": cfg.get("plateauMinBytes"),
-                "diagnosis": [NO_RANK_ENV.format(path=state_dir() / "rank.env")]}
+        return {
+            "time": utc_now(),
+            "status": "error",
+            "mode": cfg.get("mode"),
+            "hosts": [],
+            "gpusPerNode": cfg.get("gpusPerPod"),
+            "expectation": cfg.get("expectation"),
+            "plateauMinBytes": cfg.get("plateauMinBytes"),
+            "diagnosis": [NO_RANK_ENV.format(path=state_dir() / "rank.env")],
+        }
     hosts = rank.get("ML_DEV_HOSTS", "").split()
     pods = rank.get("ML_DEV_PODS", "").split() or hosts
     gpus = int(rank.get("GPUS_PER_NODE") or cfg.get("gpusPerPod") or 1)
@@ -641,8 +734,16 @@ def gate(cfg: dict, localise: bool = True) -> dict:
     min_plateau = int(cfg.get("plateauMinBytes") or 4 * GIB)
     result: dict = {
         "time": utc_now(),
-        "mode": cfg.get("mode"), "pods": pods, "hosts": hosts, "gpusPerNode": gpus, "expectation": exp,
-        "plateauMinBytes": min_plateau, "pairs": [], "suspects": [], "nics": [], "diagnosis": [],
+        "mode": cfg.get("mode"),
+        "pods": pods,
+        "hosts": hosts,
+        "gpusPerNode": gpus,
+        "expectation": exp,
+        "plateauMinBytes": min_plateau,
+        "pairs": [],
+        "suspects": [],
+        "nics": [],
+        "diagnosis": [],
     }
     if len(hosts) < 2:
         result.update(status="skipped", diagnosis=["single pod: all-reduce stays on NVLink/PCIe, nothing crosses the fabric"])
@@ -671,11 +772,15 @@ def gate(cfg: dict, localise: bool = True) -> dict:
     suspects, cleared = suspects_from_pairs(len(hosts), result["pairs"])
     result["suspects"] = [pods[i] for i in suspects]
     if result["pairs"] and all(not p["pass"] for p in result["pairs"]):
-        result["diagnosis"].append("every pair is below the expectation: a fabric-wide cause (NCCL settings, MTU, switch QoS, "
-                                   "IOMMU on every node); run `preflight --all`")
+        result["diagnosis"].append(
+            "every pair is below the expectation: a fabric-wide cause (NCCL settings, MTU, switch QoS, "
+            "IOMMU on every node); run `preflight --all`"
+        )
     elif result["pairs"] and not suspects and all(p["pass"] for p in result["pairs"]):
-        result["diagnosis"].append("every pair reaches the expectation but the full ring does not: placement across racks or "
-                                   "switch oversubscription; set fabricCheck.nodeRacks so consecutive ranks share a rack")
+        result["diagnosis"].append(
+            "every pair reaches the expectation but the full ring does not: placement across racks or "
+            "switch oversubscription; set fabricCheck.nodeRacks so consecutive ranks share a rack"
+        )
     elif result["pairs"] and not suspects:
         result["diagnosis"].append("failing pairs do not single out a pod: see the pair table")
     for i in suspects:
@@ -692,7 +797,8 @@ def gate(cfg: dict, localise: bool = True) -> dict:
                 for n in bad:
                     got = f"{n['gbps']:g} Gb/s" if n["gbps"] is not None else n.get("error", "no result")
                     result["diagnosis"].append(
-                        f"{pods[i]} {n['hca']} ({n['interface']}): ib_write_bw {got}, need {n.get('need_gbps')} Gb/s")
+                        f"{pods[i]} {n['hca']} ({n['interface']}): ib_write_bw {got}, need {n.get('need_gbps')} Gb/s"
+                    )
             else:
                 result["diagnosis"].append(f"{pods[i]}: every HCA reaches line rate alone; check its GPUs/PCIe (nvidia-smi topo -m)")
         else:
@@ -706,12 +812,16 @@ def ensure(path: Path) -> Path:
 
 
 def table(result: dict) -> str:
-    lines = [f"fabric gate {result['status'].upper()}  {result['time']}  mode {result.get('mode')}  "
-             f"{len(result.get('hosts', []))} pods x {result.get('gpusPerNode')} GPUs"]
+    lines = [
+        f"fabric gate {result['status'].upper()}  {result['time']}  mode {result.get('mode')}  "
+        f"{len(result.get('hosts', []))} pods x {result.get('gpusPerNode')} GPUs"
+    ]
     exp = result.get("expectation")
     if exp:
-        lines.append(f"expected bus bandwidth {exp['expected_busbw_gbs']:.1f} GB/s = {exp['nics']} NICs x {exp['link_gbps']:g} Gbit/s / 8 "
-                     f"x {exp['efficiency']}; pass at >= {exp['pass_busbw_gbs']:.1f} GB/s ({exp['threshold_fraction']:g})")
+        lines.append(
+            f"expected bus bandwidth {exp['expected_busbw_gbs']:.1f} GB/s = {exp['nics']} NICs x {exp['link_gbps']:g} Gbit/s / 8 "
+            f"x {exp['efficiency']}; pass at >= {exp['pass_busbw_gbs']:.1f} GB/s ({exp['threshold_fraction']:g})"
+        )
     else:
         lines.append("no expectation configured (fabricCheck.linkGbps): measurement only")
     if result.get("plateauBusbw") is not None:
@@ -755,8 +865,11 @@ def write_result(result: dict) -> list[Path]:
     for d in result_dirs():
         try:
             ensure(d)
-            for name, content in ((f"gate-{stamp}.json", json.dumps(result, indent=2)), ("latest.json", json.dumps(result, indent=2)),
-                                  ("latest.txt", text)):
+            for name, content in (
+                (f"gate-{stamp}.json", json.dumps(result, indent=2)),
+                ("latest.json", json.dumps(result, indent=2)),
+                ("latest.txt", text),
+            ):
                 tmp = d / f".{name}.tmp"
                 tmp.write_text(content + ("" if content.endswith("\n") else "\n"))
                 tmp.replace(d / name)
@@ -875,11 +988,19 @@ def cmd_hold(args: argparse.Namespace) -> int:
             if line.startswith("FAIL"):
                 log(line)
         if not ok:
-            write_result({"time": utc_now(),
-                          "status": "fail", "mode": cfg.get("mode"), "hosts": read_rank_env().get("ML_DEV_HOSTS", "").split(),
-                          "gpusPerNode": cfg.get("gpusPerPod"), "expectation": cfg.get("expectation"),
-                          "plateauMinBytes": cfg.get("plateauMinBytes"), "preflight": lines,
-                          "diagnosis": [f"preflight failed (attempt {attempt})"]})
+            write_result(
+                {
+                    "time": utc_now(),
+                    "status": "fail",
+                    "mode": cfg.get("mode"),
+                    "hosts": read_rank_env().get("ML_DEV_HOSTS", "").split(),
+                    "gpusPerNode": cfg.get("gpusPerPod"),
+                    "expectation": cfg.get("expectation"),
+                    "plateauMinBytes": cfg.get("plateauMinBytes"),
+                    "preflight": lines,
+                    "diagnosis": [f"preflight failed (attempt {attempt})"],
+                }
+            )
             log(f"attempt {attempt}: preflight failed; retrying in {interval:g} s")
             time.sleep(interval)
             continue
@@ -891,8 +1012,10 @@ def cmd_hold(args: argparse.Namespace) -> int:
             return 0
         log(f"attempt {attempt}: gate {result['status']}; retrying in {interval:g} s")
         time.sleep(interval)
-    log(f"the fabric check did not pass within {timeout:g} s (fabricCheck.onDeployTimeoutSeconds). Dev servers stay held until "
-        f"`{PROGRAM} gate` passes on this pod or `{PROGRAM} release`; `{PROGRAM} status` shows the last result.")
+    log(
+        f"the fabric check did not pass within {timeout:g} s (fabricCheck.onDeployTimeoutSeconds). Dev servers stay held until "
+        f"`{PROGRAM} gate` passes on this pod or `{PROGRAM} release`; `{PROGRAM} status` shows the last result."
+    )
     while not passed_or_released(start):
         time.sleep(interval)
     log("fabric check passed (or released)")
@@ -993,8 +1116,12 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_status)
     p = sub.add_parser("hold", help="(startup, pod 0) wait for the fabric check when fabricCheck.onDeploy is set")
     p.add_argument("--timeout", type=float, help="seconds (default fabricCheck.onDeployTimeoutSeconds)")
-    p.add_argument("--interval", type=float, default=float(env("ML_DEV_FABRIC_INTERVAL", "30")),
-                   help="seconds between attempts (default $ML_DEV_FABRIC_INTERVAL or 30)")
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=float(env("ML_DEV_FABRIC_INTERVAL", "30")),
+        help="seconds between attempts (default $ML_DEV_FABRIC_INTERVAL or 30)",
+    )
     p.set_defaults(func=cmd_hold)
     p = sub.add_parser("release", help="let a holding pod 0 start its dev servers")
     p.set_defaults(func=cmd_release)

@@ -139,8 +139,15 @@ def parse_gpu_csv(text: str) -> list[dict[str, Any]]:
             value = cell.removesuffix(unit).strip()
             return float(value)  # '[N/A]', '[Not Supported]' raise: the GPU cannot be judged
 
-        gpus.append({"index": int(index), "uuid": uuid, "util": number(util, "%"),
-                     "memUtil": number(mem_util, "%"), "memUsedMiB": number(mem_used, "MiB")})
+        gpus.append(
+            {
+                "index": int(index),
+                "uuid": uuid,
+                "util": number(util, "%"),
+                "memUtil": number(mem_util, "%"),
+                "memUsedMiB": number(mem_used, "MiB"),
+            }
+        )
     if not gpus:
         raise ValueError("nvidia-smi listed no GPU")
     return gpus
@@ -155,8 +162,7 @@ def probe_gpu(settings: dict[str, Any]) -> dict[str, Any]:
         gpus = parse_gpu_csv(proc.stdout)
     except (OSError, ValueError, subprocess.SubprocessError) as exc:
         return signal("gpu", False, error=str(exc))
-    busy = [g["index"] for g in gpus
-            if g["util"] >= settings["gpuUtilThreshold"] or g["memUtil"] >= settings["gpuMemoryUtilThreshold"]]
+    busy = [g["index"] for g in gpus if g["util"] >= settings["gpuUtilThreshold"] or g["memUtil"] >= settings["gpuMemoryUtilThreshold"]]
     return signal("gpu", True, active=bool(busy), busy=busy, gpus=gpus)
 
 
@@ -263,8 +269,16 @@ def probe_jupyter(now: float) -> dict[str, Any]:
     except (OSError, ValueError, KeyError, TypeError, urllib.error.URLError) as exc:
         return signal("jupyter", False, error=str(exc))
     busy = [k.get("id") for k in kernels if k.get("execution_state") == "busy"]
-    return signal("jupyter", True, active=bool(busy), age=now - max(stamps), busyKernels=busy,
-                  kernels=len(kernels), terminals=len(terminals), connections=status.get("connections"))
+    return signal(
+        "jupyter",
+        True,
+        active=bool(busy),
+        age=now - max(stamps),
+        busyKernels=busy,
+        kernels=len(kernels),
+        terminals=len(terminals),
+        connections=status.get("connections"),
+    )
 
 
 def local_activity(settings: dict[str, Any]) -> dict[str, Any]:
@@ -375,9 +389,11 @@ def summary(reports: list[dict[str, Any]]) -> dict[str, Any]:
 
 def warning_text(stop_at: float, idle: float) -> str:
     when = time.strftime("%H:%M:%S UTC", time.gmtime(stop_at))
-    return (f"ml-dev-env: this environment has been idle for {int(idle // 60)} min and will be SUSPENDED at {when} "
-            "(GPUs released, data kept). Any activity cancels it: a command, a running job, GPU work. "
-            "Resume later with `pulumi up --refresh`.")
+    return (
+        f"ml-dev-env: this environment has been idle for {int(idle // 60)} min and will be SUSPENDED at {when} "
+        "(GPUs released, data kept). Any activity cancels it: a command, a running job, GPU work. "
+        "Resume later with `pulumi up --refresh`."
+    )
 
 
 def show_warning(text: str | None) -> None:
@@ -434,9 +450,12 @@ def rfc3339(ts: float) -> str:
 
 def scale_body(name: str, namespace: str, resource_version: str, replicas: int) -> dict[str, Any]:
     """The autoscaling/v1 Scale the agent PUTs to statefulsets/<name>/scale."""
-    return {"apiVersion": "autoscaling/v1", "kind": "Scale",
-            "metadata": {"name": name, "namespace": namespace, "resourceVersion": resource_version},
-            "spec": {"replicas": replicas}}
+    return {
+        "apiVersion": "autoscaling/v1",
+        "kind": "Scale",
+        "metadata": {"name": name, "namespace": namespace, "resourceVersion": resource_version},
+        "spec": {"replicas": replicas},
+    }
 
 
 def stop(settings: dict[str, Any], decider: Decider, idle: float, now: float) -> bool:
@@ -453,8 +472,10 @@ def stop(settings: dict[str, Any], decider: Decider, idle: float, now: float) ->
     meta = current["metadata"]
     kube.call("PUT", f"{scale_path}?{manager}", scale_body(name, ns, meta["resourceVersion"], 0))
     signals = summary(decider.last_reports)
-    message = (f"Suspended by the idle agent after {int(idle)}s without activity (idleTimeout "
-               f"{settings['idleTimeoutSeconds']}s); replicas {before} -> 0, claims kept. Resume: pulumi up --refresh")
+    message = (
+        f"Suspended by the idle agent after {int(idle)}s without activity (idleTimeout "
+        f"{settings['idleTimeoutSeconds']}s); replicas {before} -> 0, claims kept. Resume: pulumi up --refresh"
+    )
     record = {
         "stoppedAt": rfc3339(now),
         "idleSeconds": str(int(idle)),
@@ -467,22 +488,31 @@ def stop(settings: dict[str, Any], decider: Decider, idle: float, now: float) ->
     with contextlib.suppress(OSError):
         (state_dir() / "idle-stop.json").write_text(json.dumps(record, indent=2))
     try:
-        kube.call("PATCH", f"/api/v1/namespaces/{ns}/configmaps/{settings['recordConfigMap']}?{manager}",
-                  {"data": record}, "application/merge-patch+json")
+        kube.call(
+            "PATCH",
+            f"/api/v1/namespaces/{ns}/configmaps/{settings['recordConfigMap']}?{manager}",
+            {"data": record},
+            "application/merge-patch+json",
+        )
     except (OSError, urllib.error.URLError) as exc:
         log(f"WARNING: stop record not written: {exc}")
     involved: dict[str, str] = {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": name, "namespace": ns}
     if meta.get("uid"):
         involved["uid"] = meta["uid"]
     event: dict[str, Any] = {
-        "apiVersion": "v1", "kind": "Event",
+        "apiVersion": "v1",
+        "kind": "Event",
         "metadata": {"name": f"{name}.idle-stop.{int(now * 1000):x}", "namespace": ns},
         "involvedObject": involved,
-        "reason": "IdleStop", "type": "Normal",
+        "reason": "IdleStop",
+        "type": "Normal",
         "message": (message + " Signals: " + json.dumps(signals, sort_keys=True, separators=(",", ":")))[:1024],
         "source": {"component": AGENT, "host": env("POD_NAME") or env("HOSTNAME")},
-        "reportingComponent": AGENT, "reportingInstance": env("POD_NAME") or env("HOSTNAME") or AGENT,
-        "firstTimestamp": rfc3339(now), "lastTimestamp": rfc3339(now), "count": 1,
+        "reportingComponent": AGENT,
+        "reportingInstance": env("POD_NAME") or env("HOSTNAME") or AGENT,
+        "firstTimestamp": rfc3339(now),
+        "lastTimestamp": rfc3339(now),
+        "count": 1,
     }
     try:
         kube.call("POST", f"/api/v1/namespaces/{ns}/events", event)

@@ -49,10 +49,7 @@ def evaluate(
     `options` may hold `retain_on_delete`, `protect` (and `name`, used when an object has no
     metadata.name); a missing `retain_on_delete` means "not known", never "false".
     """
-    items = [
-        Resource(i, str(item[0]), _m(item[1]), _m(item[2]) if len(item) > 2 else {})
-        for i, item in enumerate(resources)
-    ]
+    items = [Resource(i, str(item[0]), _m(item[1]), _m(item[2]) if len(item) > 2 else {}) for i, item in enumerate(resources)]
     wanted = set(POLICY_NAMES if policies is None else policies)
     unknown = wanted - set(POLICY_NAMES)
     if unknown:
@@ -81,11 +78,16 @@ def format_report(violations: Sequence[Violation]) -> str:
         return f"policy {PACK_NAME}: {len(POLICIES)} policies, no violations"
     order = {MANDATORY: 0, ADVISORY: 1}
     mandatory = sum(v.level == MANDATORY for v in violations)
-    lines = [
-        f"policy {PACK_NAME}: {len(violations)} violation(s) ({mandatory} mandatory, {len(violations) - mandatory} advisory)"
-    ]
-    for v in sorted(violations, key=lambda v: (order[v.level], POLICY_NAMES.index(v.policy) if v.policy in POLICY_NAMES else 99,
-                                               v.index if v.index is not None else -1, v.message)):
+    lines = [f"policy {PACK_NAME}: {len(violations)} violation(s) ({mandatory} mandatory, {len(violations) - mandatory} advisory)"]
+    for v in sorted(
+        violations,
+        key=lambda v: (
+            order[v.level],
+            POLICY_NAMES.index(v.policy) if v.policy in POLICY_NAMES else 99,
+            v.index if v.index is not None else -1,
+            v.message,
+        ),
+    ):
         lines.append(f"  [{v.level}] {v.policy}: {v.resource}")
         lines.append(f"      {v.message}")
     return "\n".join(lines)

@@ -36,7 +36,9 @@ def check_gpu_requests_equal_limits(res: Resource) -> Iterator[str]:
 
 
 POLICY = PolicySpec(
-    "gpu-requests-equal-limits", MANDATORY, "resource",
+    "gpu-requests-equal-limits",
+    MANDATORY,
+    "resource",
     "In every container (pod templates, Tekton steps) device resources - nvidia.com/gpu, openshift.io/* SR-IOV, "
     "rdma/* and any other extended resource - have requests equal to limits.",
     "Set requests and limits of each device resource to the same value.",

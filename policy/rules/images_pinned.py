@@ -80,13 +80,15 @@ def check_images_pinned(res: Resource) -> Iterator[str]:
                 yield f"spec.tags[{tag.get('name') or i}].from: {found[0]!r} {found[1]}. {IMAGE_FIX}"
     for path, key, value in walk(res.spec, "spec"):
         if key == "storageUri" and isinstance(value, str) and value.startswith("oci://"):
-            problem = image_problem(value[len("oci://"):])
+            problem = image_problem(value[len("oci://") :])
             if problem:
                 yield f"{path}.storageUri {value!r} {problem}. Fix: register the modelcar by digest (oci://...@sha256:<digest>)."
 
 
 POLICY = PolicySpec(
-    "images-pinned", MANDATORY, "resource",
+    "images-pinned",
+    MANDATORY,
+    "resource",
     "Every image - containers, init containers, Tekton steps/sidecars/stepTemplate, BuildConfig from/output/"
     "ImageChange triggers, ImageStream DockerImage imports, KServe oci:// storageUri - is pinned by a tag other "
     "than latest or by a digest.",

@@ -20,8 +20,10 @@ CREDENTIAL_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("a Hugging Face token", re.compile(r"\bhf_[A-Za-z0-9]{30,}\b")),
     ("a GitHub token", re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{36}|github_pat_[A-Za-z0-9_]{22,})\b")),
     ("a private key", re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----\s*[A-Za-z0-9+/=\s]{40,}")),
-    ("registry credentials (dockerconfigjson auths)",
-     re.compile(r'"auths"\s*:\s*\{.*?"(?:auth|password|identitytoken)"\s*:\s*"[^"]{4,}"', re.S)),
+    (
+        "registry credentials (dockerconfigjson auths)",
+        re.compile(r'"auths"\s*:\s*\{.*?"(?:auth|password|identitytoken)"\s*:\s*"[^"]{4,}"', re.S),
+    ),
     ("an AWS secret access key", re.compile(r"(?i)aws_secret_access_key\s*[=:]\s*[\"']?[A-Za-z0-9/+]{40}\b")),
 )
 # `NAME=literal` / `name: literal` lines of env files, properties and YAML configs (not `$VAR` expansions).
@@ -119,7 +121,9 @@ def check_no_plaintext_credentials(res: Resource) -> Iterator[str]:
 
 
 POLICY = PolicySpec(
-    "no-plaintext-credentials", MANDATORY, "resource",
+    "no-plaintext-credentials",
+    MANDATORY,
+    "resource",
     "No credential in a ConfigMap or a literal env value: credential-named keys/variables (password, token, "
     "secret, api key, access key, private key; not NCCL_* or *_FILE/*_PATH/*_NAME) come from a Secret, and no "
     "value looks like a credential (AWS/Hugging Face/GitHub tokens, private keys, dockerconfigjson auths).",

@@ -37,7 +37,9 @@ def check_persistent_data_retained(res: Resource) -> Iterator[str]:
 
 
 POLICY = PolicySpec(
-    "persistent-data-retained", MANDATORY, "resource",
+    "persistent-data-retained",
+    MANDATORY,
+    "resource",
     "Data survives `pulumi destroy` and replacements: PersistentVolumeClaims and a created Namespace are "
     "retain_on_delete (or protected); StatefulSets with volumeClaimTemplates set "
     "persistentVolumeClaimRetentionPolicy whenDeleted/whenScaled: Retain. (The policy-pack protocol does not "

@@ -18,9 +18,18 @@ BUILTIN_SCCS: dict[str, dict[str, Any]] = {
     "hostaccess": {"privileged": False, "caps": set(), "host": {"hostNetwork", "hostPID", "hostIPC"}},
     "hostnetwork": {"privileged": False, "caps": set(), "host": {"hostNetwork"}},
     "hostnetwork-v2": {"privileged": False, "caps": set(), "host": {"hostNetwork"}},
-    **{n: {"privileged": False, "caps": set(), "host": set()} for n in (
-        "restricted", "restricted-v2", "nonroot", "nonroot-v2", "anyuid", "hostmount-anyuid", "machine-api-termination-handler",
-    )},
+    **{
+        n: {"privileged": False, "caps": set(), "host": set()}
+        for n in (
+            "restricted",
+            "restricted-v2",
+            "nonroot",
+            "nonroot-v2",
+            "anyuid",
+            "hostmount-anyuid",
+            "machine-api-termination-handler",
+        )
+    },
 }
 SCC_HOST_FIELDS = {"hostNetwork": "allowHostNetwork", "hostPID": "allowHostPID", "hostIPC": "allowHostIPC"}
 
@@ -107,7 +116,7 @@ def _bound_sccs(sa: str, ns: str | None, resources: Sequence[Resource]) -> tuple
                 subject_ok = True
         if not subject_ok:
             continue
-        scc = role_name[len(SCC_ROLE_PREFIX):]
+        scc = role_name[len(SCC_ROLE_PREFIX) :]
         if ref.get("kind") == "Role":
             role = roles.get((binding.namespace, role_name)) or next(
                 (r for (rns, rname), r in roles.items() if rname == role_name and _same_ns(rns, binding.namespace)), None
@@ -116,7 +125,8 @@ def _bound_sccs(sa: str, ns: str | None, resources: Sequence[Resource]) -> tuple
                 notes.append(f"{binding.label} refers to Role {role_name!r}, which the stack does not create")
                 continue
             if not any(
-                "use" in _seq(rule.get("verbs")) and "securitycontextconstraints" in _seq(rule.get("resources"))
+                "use" in _seq(rule.get("verbs"))
+                and "securitycontextconstraints" in _seq(rule.get("resources"))
                 and (not _seq(rule.get("resourceNames")) or scc in _seq(rule.get("resourceNames")))
                 for rule in map(_m, _seq(role.inputs.get("rules")))
             ):
@@ -226,7 +236,9 @@ def _tekton_privileges(resources: Sequence[Resource], sccs: dict[str, Mapping[st
 
 
 POLICY = PolicySpec(
-    "privileges-require-scc-binding", MANDATORY, "stack",
+    "privileges-require-scc-binding",
+    MANDATORY,
+    "stack",
     "Privileged containers, added capabilities (beyond NET_BIND_SERVICE) and host namespaces appear only in pods "
     "whose service account the stack binds to an SCC (RoleBinding to system:openshift:scc:<scc>) that allows them: "
     "the RDMA memlock setting, declared, never granted out of band.",

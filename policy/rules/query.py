@@ -20,15 +20,17 @@ ADVISORY: Level = "advisory"
 PACK_NAME = "ml-dev-env-guardrails"
 
 # The engine's "value unknown during preview" sentinels (pulumi_policy.proxy / pulumi.runtime.rpc).
-UNKNOWN_SENTINELS = frozenset({
-    "1c4a061d-8072-4f0a-a4cb-0ff528b18fe7",  # boolean
-    "3eeb2bf0-c639-47a8-9e75-3b44932eb421",  # number
-    "04da6b54-80e4-46f7-96ec-b56ff0331ba9",  # string
-    "6a19a0b0-7e62-4c92-b797-7f8e31da9cc2",  # array
-    "030794c1-ac77-496b-92df-f27374a8bd58",  # asset
-    "e48ece36-62e2-4504-bad9-02848725956a",  # archive
-    "dd056dcd-154b-4c76-9bd3-c8f88648b5ff",  # object
-})
+UNKNOWN_SENTINELS = frozenset(
+    {
+        "1c4a061d-8072-4f0a-a4cb-0ff528b18fe7",  # boolean
+        "3eeb2bf0-c639-47a8-9e75-3b44932eb421",  # number
+        "04da6b54-80e4-46f7-96ec-b56ff0331ba9",  # string
+        "6a19a0b0-7e62-4c92-b797-7f8e31da9cc2",  # array
+        "030794c1-ac77-496b-92df-f27374a8bd58",  # asset
+        "e48ece36-62e2-4504-bad9-02848725956a",  # archive
+        "dd056dcd-154b-4c76-9bd3-c8f88648b5ff",  # object
+    }
+)
 # What the offline recorder (tools/mock_engine.py) writes in place of a Pulumi secret's value.
 REDACTED = "REDACTED"
 
@@ -246,9 +248,22 @@ def _pipeline_specs(res: Resource) -> Iterator[tuple[str, Mapping[str, Any]]]:
 
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eE][+-]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?$")
 _SUFFIX = {
-    "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1),
-    "k": Decimal("1e3"), "M": Decimal("1e6"), "G": Decimal("1e9"), "T": Decimal("1e12"), "P": Decimal("1e15"), "E": Decimal("1e18"),
-    "Ki": Decimal(2**10), "Mi": Decimal(2**20), "Gi": Decimal(2**30), "Ti": Decimal(2**40), "Pi": Decimal(2**50), "Ei": Decimal(2**60),
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "": Decimal(1),
+    "k": Decimal("1e3"),
+    "M": Decimal("1e6"),
+    "G": Decimal("1e9"),
+    "T": Decimal("1e12"),
+    "P": Decimal("1e15"),
+    "E": Decimal("1e18"),
+    "Ki": Decimal(2**10),
+    "Mi": Decimal(2**20),
+    "Gi": Decimal(2**30),
+    "Ti": Decimal(2**40),
+    "Pi": Decimal(2**50),
+    "Ei": Decimal(2**60),
 }
 
 
@@ -295,7 +310,6 @@ def _workloads(resources: Sequence[Resource]) -> list[_Workload]:
         if spec is not None:
             out.append(_Workload(res, spec, pod_labels(res)))
     return out
-
 
 
 # ======================================================================================= rule shapes

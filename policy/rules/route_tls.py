@@ -25,7 +25,9 @@ def check_route_tls(res: Resource) -> Iterator[str]:
 
 
 POLICY = PolicySpec(
-    "route-tls-redirect", ADVISORY, "resource",
+    "route-tls-redirect",
+    ADVISORY,
+    "resource",
     "Routes terminate TLS and redirect plain HTTP (edge + Redirect). Advisory: the authentication policy already "
     "keeps unauthenticated users out; this one keeps session cookies off plain HTTP.",
     "Set spec.tls {termination: edge, insecureEdgeTerminationPolicy: Redirect}.",

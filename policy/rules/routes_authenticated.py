@@ -33,11 +33,21 @@ SERVICE_PORT_AUTH: dict[str, tuple[str, frozenset[str]]] = {
 }
 SERVICE_PORT_NUMBERS = {8080: "vscode", 8888: "jupyter"}
 # Labels a controller adds to the pods it creates (a Service may select on them).
-CONTROLLER_LABELS = frozenset({
-    "statefulset.kubernetes.io/pod-name", "apps.kubernetes.io/pod-index", "controller-revision-hash",
-    "pod-template-hash", "job-name", "controller-uid", "batch.kubernetes.io/job-name",
-    "batch.kubernetes.io/controller-uid", "batch.kubernetes.io/job-completion-index", "deployment", "deploymentconfig",
-})
+CONTROLLER_LABELS = frozenset(
+    {
+        "statefulset.kubernetes.io/pod-name",
+        "apps.kubernetes.io/pod-index",
+        "controller-revision-hash",
+        "pod-template-hash",
+        "job-name",
+        "controller-uid",
+        "batch.kubernetes.io/job-name",
+        "batch.kubernetes.io/controller-uid",
+        "batch.kubernetes.io/job-completion-index",
+        "deployment",
+        "deploymentconfig",
+    }
+)
 
 
 def is_oauth_proxy(container: Mapping[str, Any]) -> bool:
@@ -144,9 +154,12 @@ def _route_backend(
 ) -> Iterator[tuple[Resource, str]]:
     matches = [s for s in services if s.name == service_name and _same_ns(s.namespace, route.namespace)]
     if not matches:
-        yield route, (
-            f"targets Service {service_name!r}, which this stack does not create, so nothing proves the route is "
-            f"authenticated. {ROUTE_FIX}"
+        yield (
+            route,
+            (
+                f"targets Service {service_name!r}, which this stack does not create, so nothing proves the route is "
+                f"authenticated. {ROUTE_FIX}"
+            ),
         )
         return
     service = matches[0]
@@ -158,9 +171,12 @@ def _route_backend(
         return
     ports = _service_ports(service, target)
     if not ports:
-        yield route, (
-            f"port {target!r} matches no port of Service {service_name!r}, so the route has no backend (set "
-            f"spec.port.targetPort to a port name of the Service). {ROUTE_FIX}"
+        yield (
+            route,
+            (
+                f"port {target!r} matches no port of Service {service_name!r}, so the route has no backend (set "
+                f"spec.port.targetPort to a port name of the Service). {ROUTE_FIX}"
+            ),
         )
         return
     selected = [w for w in workloads if _same_ns(w.res.namespace, service.namespace) and _selects(_m(selector), w)]
@@ -189,7 +205,9 @@ def _route_backend(
 
 
 POLICY = PolicySpec(
-    "routes-require-authentication", MANDATORY, "stack",
+    "routes-require-authentication",
+    MANDATORY,
+    "stack",
     "Every OpenShift Route reaches only an OpenShift OAuth proxy (--provider=openshift) or a dev server that "
     "requires its own credential from a Secret (code-server PASSWORD/HASHED_PASSWORD, Jupyter JUPYTER_TOKEN), "
     "resolved Route -> Service port -> selected pod template -> container port.",

@@ -116,10 +116,13 @@ def check_ssh_only_from_stack_pods(resources: Sequence[Resource]) -> Iterator[tu
         if undecided:
             continue  # a selector with unknowns or expressions: not judged
         if not selecting:
-            yield workload.res, (
-                f"runs sshd on port {shown} but no NetworkPolicy with Ingress rules selects its pods, so every pod in the "
-                "cluster can reach it. Fix: a NetworkPolicy selecting these pods whose only rule for the SSH port admits "
-                "podSelector = the workload's selector (components/devloop.py network_policy_spec)."
+            yield (
+                workload.res,
+                (
+                    f"runs sshd on port {shown} but no NetworkPolicy with Ingress rules selects its pods, so every pod in the "
+                    "cluster can reach it. Fix: a NetworkPolicy selecting these pods whose only rule for the SSH port admits "
+                    "podSelector = the workload's selector (components/devloop.py network_policy_spec)."
+                ),
             )
             continue
         for pol in selecting:
@@ -127,18 +130,25 @@ def check_ssh_only_from_stack_pods(resources: Sequence[Resource]) -> Iterator[tu
                 if not isinstance(rule, Mapping) or not _rule_admits(rule, ports):
                     continue
                 peers = [p for p in _seq(rule.get("from")) if isinstance(p, Mapping)]
-                problems = ["admits every source (no `from`)"] if not peers else [
-                    msg for msg in (_peer_problem(p, workload, own) for p in peers) if msg
-                ]
+                problems = (
+                    ["admits every source (no `from`)"]
+                    if not peers
+                    else [msg for msg in (_peer_problem(p, workload, own) for p in peers) if msg]
+                )
                 for problem in problems:
-                    yield pol, (
-                        f"ingress[{i}] {problem} on the SSH port {shown} of {workload.res.label}. Fix: admit the SSH port only "
-                        f"from podSelector {dict(own)}, and leave it out of rules for other ports (split ranges with endPort)."
+                    yield (
+                        pol,
+                        (
+                            f"ingress[{i}] {problem} on the SSH port {shown} of {workload.res.label}. Fix: admit the SSH port only "
+                            f"from podSelector {dict(own)}, and leave it out of rules for other ports (split ranges with endPort)."
+                        ),
                     )
 
 
 POLICY = PolicySpec(
-    "ssh-only-from-stack-pods", MANDATORY, "stack",
+    "ssh-only-from-stack-pods",
+    MANDATORY,
+    "stack",
     "Pods running the stack's sshd (pod-template annotation ml-dev-env/ssh-port, or a container port named ssh) are "
     "selected by a NetworkPolicy, and every ingress rule that admits the SSH port admits only podSelector peers "
     "at least as specific as the workload's own selector (no namespaceSelector, ipBlock or empty selector).",

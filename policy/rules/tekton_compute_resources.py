@@ -42,7 +42,9 @@ def check_tekton_compute_resources(res: Resource) -> Iterator[str]:
 
 
 POLICY = PolicySpec(
-    "tekton-v1-compute-resources", MANDATORY, "resource",
+    "tekton-v1-compute-resources",
+    MANDATORY,
+    "resource",
     "Tekton objects are tekton.dev/v1 and no step, sidecar or stepTemplate (of a Task, or an inline taskSpec of a "
     "Pipeline/PipelineRun/TaskRun) carries `resources`: v1 calls it computeResources and silently drops the old name.",
     "Rename step `resources` to `computeResources`; use tekton.dev/v1.",

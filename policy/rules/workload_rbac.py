@@ -50,19 +50,25 @@ def check_workload_rbac(res: Any) -> Iterator[str]:
                     continue
                 if sub == "scale":
                     if not names:
-                        yield (f"rules[{i}] grants {sorted(verbs)} on {resource} of every object. Fix: limit it with "
-                               "resourceNames to the one workload it scales")
+                        yield (
+                            f"rules[{i}] grants {sorted(verbs)} on {resource} of every object. Fix: limit it with "
+                            "resourceNames to the one workload it scales"
+                        )
                     elif verbs - SCALE_VERBS:
                         yield f"rules[{i}] grants {sorted(verbs - SCALE_VERBS)} on {resource}. Fix: grant only get/update/patch"
                 elif sub in ENTRY_SUBRESOURCES and verbs & {"create", "get", "*"}:
                     yield f"rules[{i}] grants {sorted(verbs)} on {resource}, which runs code inside the pods. Fix: remove the rule"
                 elif not sub and verbs & WRITE_VERBS:
-                    yield (f"rules[{i}] grants {sorted(verbs & WRITE_VERBS)} on {group or 'core'}/{base}, which could change "
-                           f"a pod template. Fix: scale through {base}/scale with resourceNames instead")
+                    yield (
+                        f"rules[{i}] grants {sorted(verbs & WRITE_VERBS)} on {group or 'core'}/{base}, which could change "
+                        f"a pod template. Fix: scale through {base}/scale with resourceNames instead"
+                    )
 
 
 POLICY = PolicySpec(
-    "workload-rbac-scale-only", MANDATORY, "resource",
+    "workload-rbac-scale-only",
+    MANDATORY,
+    "resource",
     "Roles and ClusterRoles the stack declares grant no write verb on workload objects (StatefulSets, "
     "Deployments, pods, jobs, ...), no pods/exec-style entry and no wildcards; scaling goes through "
     "<workload>/scale limited by resourceNames (the idle agent's `statefulsets/scale` on its one StatefulSet).",

@@ -88,6 +88,4 @@ class ImageRef:
         return self.digest or self.tag or "latest"
 
     def __str__(self) -> str:
-        return f"{self.registry}/{self.repository}" + (f":{self.tag}" if self.tag else "") + (
-            f"@{self.digest}" if self.digest else ""
-        )
+        return f"{self.registry}/{self.repository}" + (f":{self.tag}" if self.tag else "") + (f"@{self.digest}" if self.digest else "")

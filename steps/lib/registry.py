@@ -192,9 +192,7 @@ class RegistryClient:
             if reply.status != 401:
                 return reply
             if renewed:
-                raise StepError(
-                    f"{self.registry}: credentials rejected or not allowed (HTTP 401: {reply.error_text()})", EXIT_AUTH
-                )
+                raise StepError(f"{self.registry}: credentials rejected or not allowed (HTTP 401: {reply.error_text()})", EXIT_AUTH)
             self.authenticate(reply.header("WWW-Authenticate"), sent_auth)  # no-op if another thread did
             renewed = True
 

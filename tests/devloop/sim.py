@@ -100,8 +100,14 @@ class Cluster:
     """`Cluster(n).start()`; `exec(i, cmd)` runs a shell command inside pod i as the pod user."""
 
     def __init__(
-        self, count: int = 4, gpus: int = 2, nss_pods: tuple[int, ...] = (), user_keys: list[str] | None = None,
-        python_packages: tuple[str, ...] = (), uid: int = UID, capabilities: tuple[str, ...] = (),
+        self,
+        count: int = 4,
+        gpus: int = 2,
+        nss_pods: tuple[int, ...] = (),
+        user_keys: list[str] | None = None,
+        python_packages: tuple[str, ...] = (),
+        uid: int = UID,
+        capabilities: tuple[str, ...] = (),
     ) -> None:
         """uid 0: an RDMA pod of an SCC (root, CRI-O's default capabilities + `capabilities`)."""
         self.count, self.gpus, self.uid, self.capabilities = count, gpus, uid, capabilities
@@ -134,6 +140,7 @@ class Cluster:
         self.configmap = self.base / "configmap"
         self.configmap.mkdir()
         from components import pod as podmod
+
         data = {"startup.sh": podmod.startup_script(), **devloop.scripts(_config())}
         for name, text in data.items():
             (self.configmap / name).write_text(text)
@@ -253,12 +260,14 @@ mount --bind {self.cluster_dir} /etc/ml-dev-env/cluster
 mount --bind {self.base}/hosts /etc/hosts
 mount --bind {passwd} /etc/passwd
 exec setpriv {drop} \\
-  env -i {' '.join(f'{k}={v}' for k, v in pod.env.items())} /bin/bash /opt/ml-dev-env/startup.sh
+  env -i {" ".join(f"{k}={v}" for k, v in pod.env.items())} /bin/bash /opt/ml-dev-env/startup.sh
 """
         log = open(pod.log, "wb")
         pod.proc = subprocess.Popen(
             ["unshare", "--uts", "--mount", "--fork", "bash", "-c", setup],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
     def _ensure_rank_env(self, pod: Pod) -> None:
@@ -270,11 +279,21 @@ exec setpriv {drop} \\
         names = " ".join(naming.pod_name(APP, i) for i in range(self.count))
         master = naming.pod_dns(APP, NS, 0)
         values = {
-            "ML_DEV_POD": pod.name, "NODE_RANK": pod.index, "NNODES": self.count, "GPUS_PER_NODE": self.gpus,
-            "WORLD_SIZE": self.count * self.gpus, "MASTER_ADDR": master, "MASTER_PORT": naming.MASTER_PORT,
-            "PET_NNODES": self.count, "PET_NODE_RANK": pod.index, "PET_NPROC_PER_NODE": self.gpus,
-            "PET_MASTER_ADDR": master, "PET_MASTER_PORT": naming.MASTER_PORT,
-            "DEEPSPEED_HOSTFILE": f"{WORKSPACE}/.deepspeed/hostfile", "ML_DEV_HOSTS": hosts, "ML_DEV_PODS": names,
+            "ML_DEV_POD": pod.name,
+            "NODE_RANK": pod.index,
+            "NNODES": self.count,
+            "GPUS_PER_NODE": self.gpus,
+            "WORLD_SIZE": self.count * self.gpus,
+            "MASTER_ADDR": master,
+            "MASTER_PORT": naming.MASTER_PORT,
+            "PET_NNODES": self.count,
+            "PET_NODE_RANK": pod.index,
+            "PET_NPROC_PER_NODE": self.gpus,
+            "PET_MASTER_ADDR": master,
+            "PET_MASTER_PORT": naming.MASTER_PORT,
+            "DEEPSPEED_HOSTFILE": f"{WORKSPACE}/.deepspeed/hostfile",
+            "ML_DEV_HOSTS": hosts,
+            "ML_DEV_PODS": names,
         }
         tmp = pod.state / "rank.env.tmp"
         tmp.write_text("".join(f"export {k}='{v}'\n" for k, v in values.items()))
@@ -323,9 +342,7 @@ exec setpriv {drop} \\
         children = Path(f"/proc/{pod.proc.pid}/task/{pod.proc.pid}/children").read_text().split()
         return int(children[0]) if children else pod.proc.pid
 
-    def command(
-        self, index: int, script: str, cwd: str = WORKSPACE, env: dict[str, str] | None = None, nss: bool = True
-    ) -> list[str]:
+    def command(self, index: int, script: str, cwd: str = WORKSPACE, env: dict[str, str] | None = None, nss: bool = True) -> list[str]:
         """argv running `script` in pod `index` like `oc exec ... bash -lc` (the container env, the pod user);
         nss=False: without the nss_wrapper environment, exactly as `oc exec` starts processes."""
         pod = self.pods[index]
@@ -333,10 +350,23 @@ exec setpriv {drop} \\
         nss_env = pod.state / "ssh" / "nss.env"
         prefix = f". {STATE}/ssh/nss.env; " if nss and nss_env.exists() else ""
         return [
-            "nsenter", "-t", str(self.pid(pod)), "-u", "-m", "--",
-            "setpriv", f"--reuid={self.uid}", "--regid=0", "--clear-groups", "--no-new-privs",
-            "env", "-i", *(f"{k}={v}" for k, v in penv.items()),
-            "bash", "-c", f"{prefix}cd {cwd} && {script}",
+            "nsenter",
+            "-t",
+            str(self.pid(pod)),
+            "-u",
+            "-m",
+            "--",
+            "setpriv",
+            f"--reuid={self.uid}",
+            "--regid=0",
+            "--clear-groups",
+            "--no-new-privs",
+            "env",
+            "-i",
+            *(f"{k}={v}" for k, v in penv.items()),
+            "bash",
+            "-c",
+            f"{prefix}cd {cwd} && {script}",
         ]
 
     def exec(self, index: int, script: str, timeout: float = 120, **kw: object) -> subprocess.CompletedProcess[str]:
@@ -344,7 +374,10 @@ exec setpriv {drop} \\
 
     def popen(self, index: int, script: str, **kw: object) -> subprocess.Popen[str]:
         return subprocess.Popen(
-            self.command(index, script, **kw), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,  # type: ignore[arg-type]
+            self.command(index, script, **kw),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,  # type: ignore[arg-type]
             start_new_session=True,
         )
 
@@ -373,13 +406,21 @@ def _config():
     """A per-pod-workspace stack configuration for the rendered ConfigMap (devloop.env)."""
     from stacks.config import StackConfig
 
-    return StackConfig.model_validate({
-        "cluster": {"name": "sim", "namespace": NS, "appsDomain": "apps.example.org"},
-        "nodes": {"count": 4, "gpusPerPod": 2, "resources": {"requests": {"cpu": "1", "memory": "1Gi"},
-                                                              "limits": {"cpu": "1", "memory": "1Gi"}}},
-        "storage": {"mode": "per-pod", "volumes": [{"name": "workspace", "mountPath": WORKSPACE.replace("/tmp", "/data"), "size": "1Gi"}]},
-        "image": {"reference": "quay.io/org/img:1.0"},
-    })
+    return StackConfig.model_validate(
+        {
+            "cluster": {"name": "sim", "namespace": NS, "appsDomain": "apps.example.org"},
+            "nodes": {
+                "count": 4,
+                "gpusPerPod": 2,
+                "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "1Gi"}},
+            },
+            "storage": {
+                "mode": "per-pod",
+                "volumes": [{"name": "workspace", "mountPath": WORKSPACE.replace("/tmp", "/data"), "size": "1Gi"}],
+            },
+            "image": {"reference": "quay.io/org/img:1.0"},
+        }
+    )
 
 
 def dump(obj: object) -> str:

@@ -31,7 +31,7 @@ PROJECT = f"{WORKSPACE}/proj"
 LAUNCHER = "python3 /opt/ml-dev-env/ml-dev"
 
 # The test program: what every rank saw (its rank environment, its pod, the tree it ran on).
-PROGRAM = r'''
+PROGRAM = r"""
 import hashlib, json, os, socket, stat, sys, time
 root = os.path.dirname(os.path.abspath(__file__))
 files = []
@@ -62,7 +62,7 @@ if mode == "fail":
     time.sleep(300)
 if mode == "sleep":
     time.sleep(300)
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -78,8 +78,11 @@ def cluster() -> Iterator[Cluster]:
         c.write(0, "proj/.ml-devignore", "scratch/\n")
         c.write(0, "proj/train.log", "ignored by git\n")
         c.write(0, "proj/scratch/notes.txt", "ignored by the launcher\n")
-        git = c.exec(0, "git init -q . && git add prog.py version.txt .gitignore && git -c user.email=a@b -c user.name=u commit -qm init",
-                     cwd=PROJECT)
+        git = c.exec(
+            0,
+            "git init -q . && git add prog.py version.txt .gitignore && git -c user.email=a@b -c user.name=u commit -qm init",
+            cwd=PROJECT,
+        )
         assert git.returncode == 0, git.stderr
         yield c
     finally:
@@ -237,10 +240,29 @@ def test_user_key_from_config_logs_in_and_an_unknown_key_is_refused(cluster: Clu
 
     def ssh(key: str, *extra: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            ["ssh", "-F", "none", "-p", str(devloop.SSH_PORT), "-i", str(cluster.keys / key), "-o", "IdentitiesOnly=yes",
-             "-o", f"UserKnownHostsFile={known}", "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", *extra,
-             f"ml-dev@{cluster.pods[1].addr}", "hostname; python3 -c 'import getpass; print(getpass.getuser())'; echo $NODE_RANK"],
-            capture_output=True, text=True, timeout=30,
+            [
+                "ssh",
+                "-F",
+                "none",
+                "-p",
+                str(devloop.SSH_PORT),
+                "-i",
+                str(cluster.keys / key),
+                "-o",
+                "IdentitiesOnly=yes",
+                "-o",
+                f"UserKnownHostsFile={known}",
+                "-o",
+                "StrictHostKeyChecking=yes",
+                "-o",
+                "BatchMode=yes",
+                *extra,
+                f"ml-dev@{cluster.pods[1].addr}",
+                "hostname; python3 -c 'import getpass; print(getpass.getuser())'; echo $NODE_RANK",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
         )
 
     ok = ssh("user")
@@ -253,9 +275,26 @@ def test_user_key_from_config_logs_in_and_an_unknown_key_is_refused(cluster: Clu
     assert pw.returncode == 255 and "Permission denied (publickey)" in pw.stderr
     # a laptop-style login runs the launcher by name (on PATH in SSH sessions)
     status = subprocess.run(
-        ["ssh", "-F", "none", "-p", str(devloop.SSH_PORT), "-i", str(cluster.keys / "user"), "-o", "IdentitiesOnly=yes",
-         "-o", f"UserKnownHostsFile={known}", "-o", "BatchMode=yes", f"ml-dev@{cluster.pods[1].addr}", "ml-dev status"],
-        capture_output=True, text=True, timeout=60,
+        [
+            "ssh",
+            "-F",
+            "none",
+            "-p",
+            str(devloop.SSH_PORT),
+            "-i",
+            str(cluster.keys / "user"),
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            f"UserKnownHostsFile={known}",
+            "-o",
+            "BatchMode=yes",
+            f"ml-dev@{cluster.pods[1].addr}",
+            "ml-dev status",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert status.returncode == 0, status.stdout + status.stderr
     assert "ml-dev-env-1" in status.stdout and "(this pod)" in status.stdout and "rank=3/4" in status.stdout
@@ -263,9 +302,27 @@ def test_user_key_from_config_logs_in_and_an_unknown_key_is_refused(cluster: Clu
     batch = tmp_path / "sftp.batch"
     batch.write_text("ls -a /tmp/workspace\n")
     sftp = subprocess.run(
-        ["sftp", "-F", "none", "-P", str(devloop.SSH_PORT), "-i", str(cluster.keys / "user"), "-o", "IdentitiesOnly=yes",
-         "-o", f"UserKnownHostsFile={known}", "-o", "BatchMode=yes", "-b", str(batch), f"ml-dev@{cluster.pods[1].addr}"],
-        capture_output=True, text=True, timeout=60,
+        [
+            "sftp",
+            "-F",
+            "none",
+            "-P",
+            str(devloop.SSH_PORT),
+            "-i",
+            str(cluster.keys / "user"),
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            f"UserKnownHostsFile={known}",
+            "-o",
+            "BatchMode=yes",
+            "-b",
+            str(batch),
+            f"ml-dev@{cluster.pods[1].addr}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert sftp.returncode == 0 and ".deepspeed" in sftp.stdout, sftp.stdout + sftp.stderr
     config = (cluster.pods[1].state / "ssh" / "sshd_config").read_text()
@@ -316,7 +373,7 @@ def test_deepspeed_pdsh_launch_path_reaches_every_pod(cluster: Cluster) -> None:
     PDSH_RCMD_TYPE=ssh. Only the remote module is a stub (no torch here)."""
     if not shutil.which("pdsh"):
         pytest.skip("needs pdsh (Debian: pdsh)")
-    stub = '''import argparse, json, os, socket
+    stub = """import argparse, json, os, socket
 p = argparse.ArgumentParser()
 p.add_argument("--world_info"); p.add_argument("--node_rank", type=int); p.add_argument("--master_addr"); p.add_argument("--master_port")
 a, rest = p.parse_known_args()
@@ -324,14 +381,14 @@ os.makedirs("out", exist_ok=True)
 with open("out/ds-%d.json" % a.node_rank, "w") as f:
     json.dump({"node_rank": a.node_rank, "host": socket.gethostname(), "master": a.master_addr, "script": rest}, f)
 print("deepspeed stub rank", a.node_rank, "on", socket.gethostname())
-'''
+"""
     cluster.write(0, "proj/deepspeed/__init__.py", "")
     cluster.write(0, "proj/deepspeed/launcher/__init__.py", "")
     cluster.write(0, "proj/deepspeed/launcher/launch.py", stub)
     sync = launch(cluster, "sync")
     assert sync.returncode == 0, sync.stderr
     script = (
-        '. /tmp/ml-dev-env/rank.env; '
+        ". /tmp/ml-dev-env/rank.env; "
         'hosts=$(cut -d" " -f1 "$DEEPSPEED_HOSTFILE" | paste -sd, -); first=${hosts%%,*}; '
         'ssh -o PasswordAuthentication=no "$first" hostname >/dev/null && '
         'PDSH_RCMD_TYPE=ssh pdsh -S -f 1024 -w "$hosts" '
@@ -382,7 +439,10 @@ def test_laptop_ssh_config_parses_and_logs_in_through_oc(cluster: Cluster, tmp_p
     (tmp_path / "pods.json").write_text(json.dumps(table))
     res = subprocess.run(
         ["ssh", "-F", str(config), "ml-dev-env-2", "hostname; id -un; echo $NODE_RANK"],
-        capture_output=True, text=True, timeout=30, env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
     )
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["ml-dev-env-2", "ml-dev", "2"]
@@ -390,7 +450,10 @@ def test_laptop_ssh_config_parses_and_logs_in_through_oc(cluster: Cluster, tmp_p
     known.write_text(devloop.known_hosts(APP, NS, 4, cluster.user_pub))
     bad = subprocess.run(
         ["ssh", "-F", str(config), "ml-dev-env-2", "true"],
-        capture_output=True, text=True, timeout=30, env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
     )
     assert bad.returncode == 255 and "Host key verification failed" in bad.stderr
 
@@ -470,9 +533,26 @@ def test_a_key_added_to_the_stack_logs_in_without_a_restart(cluster: Cluster, tm
 
     def stranger() -> int:
         return subprocess.run(
-            ["ssh", "-F", "none", "-p", str(devloop.SSH_PORT), "-i", str(cluster.keys / "stranger"), "-o", "IdentitiesOnly=yes",
-             "-o", f"UserKnownHostsFile={known}", "-o", "BatchMode=yes", f"ml-dev@{cluster.pods[2].addr}", "true"],
-            capture_output=True, text=True, timeout=30,
+            [
+                "ssh",
+                "-F",
+                "none",
+                "-p",
+                str(devloop.SSH_PORT),
+                "-i",
+                str(cluster.keys / "stranger"),
+                "-o",
+                "IdentitiesOnly=yes",
+                "-o",
+                f"UserKnownHostsFile={known}",
+                "-o",
+                "BatchMode=yes",
+                f"ml-dev@{cluster.pods[2].addr}",
+                "true",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
         ).returncode
 
     def wait_for(code: int) -> bool:

@@ -28,9 +28,27 @@ def test_root_pods_admit_keys_only_and_run_ranks_as_root(tmp_path: Path) -> None
 
         def ssh(key: str, *extra: str) -> subprocess.CompletedProcess[str]:
             return subprocess.run(
-                ["ssh", "-F", "none", "-p", str(devloop.SSH_PORT), "-i", str(c.keys / key), "-o", "IdentitiesOnly=yes",
-                 "-o", f"UserKnownHostsFile={known}", "-o", "BatchMode=yes", *extra, f"root@{c.pods[1].addr}", "id -u; hostname"],
-                capture_output=True, text=True, timeout=30,
+                [
+                    "ssh",
+                    "-F",
+                    "none",
+                    "-p",
+                    str(devloop.SSH_PORT),
+                    "-i",
+                    str(c.keys / key),
+                    "-o",
+                    "IdentitiesOnly=yes",
+                    "-o",
+                    f"UserKnownHostsFile={known}",
+                    "-o",
+                    "BatchMode=yes",
+                    *extra,
+                    f"root@{c.pods[1].addr}",
+                    "id -u; hostname",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=30,
             )
 
         ok = ssh("user")

@@ -150,8 +150,14 @@ def test_user_keys_from_config_reach_authorized_keys() -> None:
 
 @pytest.mark.parametrize(
     "bad",
-    ["-----BEGIN OPENSSH PRIVATE KEY-----", "ssh-dss AAAAB3NzaC1kc3MAAACBAP", "ssh-ed25519", "ssh-ed25519 not base64!", "x",
-     "ssh-rsa AAAAC3NzaC1lZDI1NTE5AAAAIDUxK0twHQP5AsKo46vFCC1SQXzGFDazoq+CmOtH86lL"],
+    [
+        "-----BEGIN OPENSSH PRIVATE KEY-----",
+        "ssh-dss AAAAB3NzaC1kc3MAAACBAP",
+        "ssh-ed25519",
+        "ssh-ed25519 not base64!",
+        "x",
+        "ssh-rsa AAAAC3NzaC1lZDI1NTE5AAAAIDUxK0twHQP5AsKo46vFCC1SQXzGFDazoq+CmOtH86lL",
+    ],
 )
 def test_a_bad_user_key_is_one_config_line(bad: str) -> None:
     objects = stack_objects("nerc-production")
@@ -243,7 +249,9 @@ def test_hash_cache_does_not_trust_a_racy_rewrite(tmp_path: Path, monkeypatch: p
 
 def test_launcher_runs_with_plain_python3_and_explains_outside_a_pod(tmp_path: Path) -> None:
     res = subprocess.run(
-        [sys.executable, str(devloop.SCRIPTS / "ml-dev"), "status"], capture_output=True, text=True,
+        [sys.executable, str(devloop.SCRIPTS / "ml-dev"), "status"],
+        capture_output=True,
+        text=True,
         env={**os.environ, "ML_DEV_STATE_DIR": str(tmp_path)},
     )
     assert res.returncode == 1

@@ -44,8 +44,9 @@ class Sim:
         return subprocess.run([sys.executable, str(PROGRAM), *args], env=env, capture_output=True, text=True, timeout=timeout)
 
     def start(self, *args: str, host: int = 0) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, str(PROGRAM), *args], env=self.env(host), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+        return subprocess.Popen(
+            [sys.executable, str(PROGRAM), *args], env=self.env(host), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
 
     def calls(self, tool: str) -> list[dict]:
         path = self.tmp / "calls.log"

@@ -15,8 +15,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-TOOLS = ("ibv_devinfo", "ibstat", "ip", "nvidia-smi", "mpirun", "all_reduce_perf", "ib_write_bw", "ssh",
-         "code-server", "jupyter", "tensorboard")
+TOOLS = (
+    "ibv_devinfo",
+    "ibstat",
+    "ip",
+    "nvidia-smi",
+    "mpirun",
+    "all_reduce_perf",
+    "ib_write_bw",
+    "ssh",
+    "code-server",
+    "jupyter",
+    "tensorboard",
+)
 GIB = 1 << 30
 
 # --------------------------------------------------------------------------------------- scenario
@@ -32,11 +43,15 @@ def default_host(i: int, app: str = "ml-dev-env", ns: str = "nccl-test") -> dict
         "ifaces": {f"net{k + 1}": {"mtu": 9000, "inet": f"10.0.{103 + k}.{10 + i}/24"} for k in range(4)},
         # SR-IOV VFs: resource -> (PCI address, HCA behind it)
         "sriov": {f"openshift.io/eno{5 + k}np0rdma": [f"0000:{0x03 + 0x20 * k:02x}:00.{2 + i % 4}", hcas[k]] for k in range(4)},
-        "gids": {h: {"0": ["fe80:0000:0000:0000:0000:0000:0000:0001", "IB/RoCE v1"],
-                     "1": ["fe80:0000:0000:0000:0000:0000:0000:0001", "RoCE v2"],
-                     "2": [f"0000:0000:0000:0000:0000:ffff:0a00:{103 + k:02x}{10 + i:02x}", "IB/RoCE v1"],
-                     "3": [f"0000:0000:0000:0000:0000:ffff:0a00:{103 + k:02x}{10 + i:02x}", "RoCE v2"]}
-                 for k, h in enumerate(hcas)},
+        "gids": {
+            h: {
+                "0": ["fe80:0000:0000:0000:0000:0000:0000:0001", "IB/RoCE v1"],
+                "1": ["fe80:0000:0000:0000:0000:0000:0000:0001", "RoCE v2"],
+                "2": [f"0000:0000:0000:0000:0000:ffff:0a00:{103 + k:02x}{10 + i:02x}", "IB/RoCE v1"],
+                "3": [f"0000:0000:0000:0000:0000:ffff:0a00:{103 + k:02x}{10 + i:02x}", "RoCE v2"],
+            }
+            for k, h in enumerate(hcas)
+        },
         "iommu": "identity",
         "memlock": "unlimited",
         "gpus": 4,
@@ -94,9 +109,15 @@ class Cluster:
         n = len(self.hosts)
         rank = self.names.index(name)
         lines = [
-            f"export ML_DEV_POD={h['pod']}", f"export NODE_RANK={rank}", f"export NNODES={n}", "export GPUS_PER_NODE=4",
-            f"export WORLD_SIZE={4 * n}", f"export MASTER_ADDR={self.names[0]}", "export MASTER_PORT=29500",
-            f"export ML_DEV_HOSTS='{hosts}'", f"export ML_DEV_PODS='{pods}'",
+            f"export ML_DEV_POD={h['pod']}",
+            f"export NODE_RANK={rank}",
+            f"export NNODES={n}",
+            "export GPUS_PER_NODE=4",
+            f"export WORLD_SIZE={4 * n}",
+            f"export MASTER_ADDR={self.names[0]}",
+            "export MASTER_PORT=29500",
+            f"export ML_DEV_HOSTS='{hosts}'",
+            f"export ML_DEV_PODS='{pods}'",
             f"export DEEPSPEED_HOSTFILE={h['workspace']}/.deepspeed/hostfile",
         ]
         return "\n".join(lines) + "\n"
@@ -191,14 +212,20 @@ def nccl_report(hosts: list[str], gpus: int, min_bytes: int, max_bytes: int, pla
     ]
     for r in range(nranks):
         host = hosts[r // gpus].split(".")[0]
-        out.append("#  Rank %2d Group %2d Pid %6d on %10s device %2d [%04x:%02x:%02x] %s"
-                   % (r, 0, 4000 + r, host, r % gpus, 0, 0x19 + 0x20 * (r % gpus), 0, "NVIDIA H100 80GB HBM3"))
+        out.append(
+            "#  Rank %2d Group %2d Pid %6d on %10s device %2d [%04x:%02x:%02x] %s"
+            % (r, 0, 4000 + r, host, r % gpus, 0, 0x19 + 0x20 * (r % gpus), 0, "NVIDIA H100 80GB HBM3")
+        )
     out.append("#")
     out.append("# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place          " % ("", "", "", "", ""))
-    out.append("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s %20s"
-               % ("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong", ""))
-    out.append("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s %20s"
-               % ("(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "", ""))
+    out.append(
+        "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s %20s"
+        % ("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong", "")
+    )
+    out.append(
+        "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s %20s"
+        % ("(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "", "")
+    )
     size = min_bytes
     total = 0.0
     rows = 0
@@ -209,8 +236,12 @@ def nccl_report(hosts: list[str], gpus: int, min_bytes: int, max_bytes: int, pla
         time_us = size / (algbw * 1e3)
         line = "%12li  %12li  %8s  %6s  %6s" % (size, size // 4, "float", "sum", "-1")
         for bw_scale in (1.0, 0.998):
-            line += "  %7s  %6s  %6s  %6g" % (float_str(time_us / bw_scale, 7), float_str(algbw * bw_scale, 6),
-                                              float_str(busbw * bw_scale, 6), 0)
+            line += "  %7s  %6s  %6s  %6g" % (
+                float_str(time_us / bw_scale, 7),
+                float_str(algbw * bw_scale, 6),
+                float_str(busbw * bw_scale, 6),
+                0,
+            )
         out.append(line)
         total += busbw
         rows += 1
@@ -240,11 +271,13 @@ def stub_mpirun(scenario: dict, args: list[str]) -> int:
     unknown = [h for h in hosts if h not in scenario["hosts"]]
     ar = scenario["allreduce"]
     if unknown or ar["fail"]:
-        sys.stderr.write("--------------------------------------------------------------------------\n"
-                         "ORTE was unable to reliably start one or more daemons.\n")
+        sys.stderr.write(
+            "--------------------------------------------------------------------------\n"
+            "ORTE was unable to reliably start one or more daemons.\n"
+        )
         return 1
     prog = next(i for i, a in enumerate(args) if a.endswith("all_reduce_perf"))
-    perf = args[prog + 1:]
+    perf = args[prog + 1 :]
     gpus = int(option(args, "-npernode", "--npernode", default="1"))
     if any(h in ar["slow_hosts"] for h in hosts):
         busbw = ar["slow_busbw"]
@@ -252,8 +285,9 @@ def stub_mpirun(scenario: dict, args: list[str]) -> int:
         busbw = ar["full_ring_busbw"]
     else:
         busbw = ar["busbw"]
-    sys.stdout.write(nccl_report(hosts, gpus, size_arg(option(perf, "-b", default="32M")), size_arg(option(perf, "-e", default="32M")),
-                                 busbw))
+    sys.stdout.write(
+        nccl_report(hosts, gpus, size_arg(option(perf, "-b", default="32M")), size_arg(option(perf, "-e", default="32M")), busbw)
+    )
     return 0
 
 
@@ -261,13 +295,20 @@ def stub_ssh(scenario: dict, args: list[str]) -> int:
     i = 0
     while i < len(args) and args[i].startswith("-"):
         i += 2 if args[i] in ("-o", "-p", "-i", "-l", "-F") else 1
-    host, command = args[i], " ".join(args[i + 1:])
+    host, command = args[i], " ".join(args[i + 1 :])
     if host not in scenario["hosts"]:
         sys.stderr.write(f"ssh: Could not resolve hostname {host}: Name or service not known\r\n")
         return 255
     h = scenario["hosts"][host]
-    env = dict(os.environ, FAKE_HOST=host, ML_DEV_FABRIC_ROOT=h["root"], ML_DEV_STATE_DIR=h["state"],
-               ML_DEV_WORKSPACE=h["workspace"], POD_NAME=h["pod"], NODE_NAME=h["node"])
+    env = dict(
+        os.environ,
+        FAKE_HOST=host,
+        ML_DEV_FABRIC_ROOT=h["root"],
+        ML_DEV_STATE_DIR=h["state"],
+        ML_DEV_WORKSPACE=h["workspace"],
+        POD_NAME=h["pod"],
+        NODE_NAME=h["node"],
+    )
     for key in [k for k in env if k.startswith("PCIDEVICE_")]:
         del env[key]
     for resource, (address, _hca) in h["sriov"].items():
@@ -285,11 +326,13 @@ def stub_ibv_devinfo(h: dict, args: list[str]) -> int:
         return 0
     for d in h["hcas"]:
         st = h["ibstat"].get(d, {"state": "Active"})
-        sys.stdout.write(f"hca_id:\t{d}\n\ttransport:\t\t\tInfiniBand (0)\n\tfw_ver:\t\t\t\t28.39.1002\n"
-                         f"\tphys_port_cnt:\t\t\t1\n\t\tport:\t1\n\t\t\tstate:\t\t\t"
-                         f"{'PORT_ACTIVE (4)' if st['state'] == 'Active' else 'PORT_DOWN (1)'}\n"
-                         "\t\t\tmax_mtu:\t\t4096 (5)\n\t\t\tactive_mtu:\t\t4096 (5)\n\t\t\tsm_lid:\t\t\t0\n"
-                         "\t\t\tport_lid:\t\t0\n\t\t\tport_lmc:\t\t0x00\n\t\t\tlink_layer:\t\tEthernet\n\n")
+        sys.stdout.write(
+            f"hca_id:\t{d}\n\ttransport:\t\t\tInfiniBand (0)\n\tfw_ver:\t\t\t\t28.39.1002\n"
+            f"\tphys_port_cnt:\t\t\t1\n\t\tport:\t1\n\t\t\tstate:\t\t\t"
+            f"{'PORT_ACTIVE (4)' if st['state'] == 'Active' else 'PORT_DOWN (1)'}\n"
+            "\t\t\tmax_mtu:\t\t4096 (5)\n\t\t\tactive_mtu:\t\t4096 (5)\n\t\t\tsm_lid:\t\t\t0\n"
+            "\t\t\tport_lid:\t\t0\n\t\t\tport_lmc:\t\t0x00\n\t\t\tlink_layer:\t\tEthernet\n\n"
+        )
     return 0
 
 
@@ -301,11 +344,13 @@ def stub_ibstat(h: dict, args: list[str]) -> int:
             return 255
         st = h["ibstat"][ca]
         phys = "LinkUp" if st["state"] == "Active" else "Disabled"
-        sys.stdout.write(f"CA '{ca}'\n\tCA type: MT4126\n\tNumber of ports: 1\n\tFirmware version: 28.39.1002\n"
-                         "\tHardware version: 0\n\tNode GUID: 0x0000000000000000\n\tSystem image GUID: 0xa088c20300f1a2b4\n"
-                         f"\tPort 1:\n\t\tState: {st['state']}\n\t\tPhysical state: {phys}\n\t\tRate: {st['rate']}\n"
-                         "\t\tBase lid: 0\n\t\tLMC: 0\n\t\tSM lid: 0\n\t\tCapability mask: 0x00010000\n"
-                         "\t\tPort GUID: 0x0000000000000000\n\t\tLink layer: Ethernet\n")
+        sys.stdout.write(
+            f"CA '{ca}'\n\tCA type: MT4126\n\tNumber of ports: 1\n\tFirmware version: 28.39.1002\n"
+            "\tHardware version: 0\n\tNode GUID: 0x0000000000000000\n\tSystem image GUID: 0xa088c20300f1a2b4\n"
+            f"\tPort 1:\n\t\tState: {st['state']}\n\t\tPhysical state: {phys}\n\t\tRate: {st['rate']}\n"
+            "\t\tBase lid: 0\n\t\tLMC: 0\n\t\tSM lid: 0\n\t\tCapability mask: 0x00010000\n"
+            "\t\tPort GUID: 0x0000000000000000\n\t\tLink layer: Ethernet\n"
+        )
     return 0
 
 
@@ -317,14 +362,15 @@ def stub_ip(h: dict, args: list[str]) -> int:
         if iface is None:
             sys.stderr.write(f'Device "{name}" does not exist.\n')
             return 1
-        sys.stdout.write(f"{index}: {name}: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu {iface['mtu']} qdisc mq state UP "
-                         "group default qlen 1000\n"
-                         f"    link/ether 2e:c9:3b:1a:77:{index:02x} brd ff:ff:ff:ff:ff:ff\n")
+        sys.stdout.write(
+            f"{index}: {name}: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu {iface['mtu']} qdisc mq state UP "
+            "group default qlen 1000\n"
+            f"    link/ether 2e:c9:3b:1a:77:{index:02x} brd ff:ff:ff:ff:ff:ff\n"
+        )
         if iface.get("inet"):
             address, prefix = iface["inet"].split("/")
             brd = ".".join([*address.split(".")[:3], "255"])
-            sys.stdout.write(f"    inet {address}/{prefix} brd {brd} scope global {name}\n"
-                             "       valid_lft forever preferred_lft forever\n")
+            sys.stdout.write(f"    inet {address}/{prefix} brd {brd} scope global {name}\n       valid_lft forever preferred_lft forever\n")
         sys.stdout.write(f"    inet6 fe80::2cc9:3bff:fe1a:77{index:02x}/64 scope link \n       valid_lft forever preferred_lft forever\n")
     return 0
 
@@ -358,8 +404,9 @@ def stub_ib_write_bw(scenario: dict, name: str, h: dict, args: list[str]) -> int
     peer = None
     if positional:  # client: find the server pod by address
         address = positional[0]
-        peer = next((n for n, x in scenario["hosts"].items() for f in x["ifaces"].values()
-                     if f.get("inet", "").split("/")[0] == address), None)
+        peer = next(
+            (n for n, x in scenario["hosts"].items() for f in x["ifaces"].values() if f.get("inet", "").split("/")[0] == address), None
+        )
     slow = scenario["nic"]["slow"]
     if hca in slow.get(name, []) or (peer and hca in slow.get(peer, [])):
         gbps = scenario["nic"]["slow_gbps"]
@@ -367,14 +414,16 @@ def stub_ib_write_bw(scenario: dict, name: str, h: dict, args: list[str]) -> int
     if not positional:
         stars = "*" * 36
         sys.stdout.write(f"\n{stars}\n* Waiting for client to connect... *\n{stars}\n")
-    sys.stdout.write(f"{line}\n                    RDMA_Write BW Test\n Dual-port       : OFF          Device         : {hca}\n"
-                     " Number of qps   : 1            Transport type : IB\n Connection type : RC           Using SRQ      : OFF\n"
-                     " PCIe relax order: ON\n ibv_wr* API     : ON\n TX depth        : 128\n CQ Moderation   : 1\n"
-                     " Mtu             : 4096[B]\n Link type       : Ethernet\n GID index       : 3\n Max inline data : 0[B]\n"
-                     " rdma_cm QPs     : OFF\n Data ex. method : Ethernet\n"
-                     f"{line}\n local address: LID 0000 QPN 0x03ad PSN 0x17d925 RKey 0x029300 VAddr 0x0073f17a0af000\n"
-                     f" GID: 00:00:00:00:00:00:00:00:00:00:255:255:10:00:103:10\n{line}\n"
-                     " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]\n")
+    sys.stdout.write(
+        f"{line}\n                    RDMA_Write BW Test\n Dual-port       : OFF          Device         : {hca}\n"
+        " Number of qps   : 1            Transport type : IB\n Connection type : RC           Using SRQ      : OFF\n"
+        " PCIe relax order: ON\n ibv_wr* API     : ON\n TX depth        : 128\n CQ Moderation   : 1\n"
+        " Mtu             : 4096[B]\n Link type       : Ethernet\n GID index       : 3\n Max inline data : 0[B]\n"
+        " rdma_cm QPs     : OFF\n Data ex. method : Ethernet\n"
+        f"{line}\n local address: LID 0000 QPN 0x03ad PSN 0x17d925 RKey 0x029300 VAddr 0x0073f17a0af000\n"
+        f" GID: 00:00:00:00:00:00:00:00:00:00:255:255:10:00:103:10\n{line}\n"
+        " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]\n"
+    )
     rate = gbps * 1e9 / 8 / 65536 / 1e6
     sys.stdout.write(" %-7lu    %-10d       %-7.2lf            %-7.2lf\t\t     %-7.6lf\n" % (65536, 3790000, gbps + 0.4, gbps, rate))
     sys.stdout.write(f"{line}\n")

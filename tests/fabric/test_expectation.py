@@ -44,11 +44,11 @@ def test_barcelona_stack_expectation():
 @pytest.mark.parametrize(
     ("nics", "gpus", "link", "expected"),
     [
-        (4, 4, 400, 194.6),   # calibration point
-        (2, 4, 400, 97.3),    # a wrong two-entry HCA list halves it (the ~50 % loss seen on barcelona)
-        (4, 1, 400, 48.65),   # one GPU drives one NIC
+        (4, 4, 400, 194.6),  # calibration point
+        (2, 4, 400, 97.3),  # a wrong two-entry HCA list halves it (the ~50 % loss seen on barcelona)
+        (4, 1, 400, 48.65),  # one GPU drives one NIC
         (8, 8, 400, 389.2),
-        (4, 4, 100, 48.65),   # links capped at 100 Gbit/s by firmware
+        (4, 4, 100, 48.65),  # links capped at 100 Gbit/s by firmware
     ],
 )
 def test_expected_busbw_scales_with_nics_gpus_and_link(nics, gpus, link, expected):

@@ -54,11 +54,15 @@ def test_parser_reads_the_stub_report_like_the_real_one():
 
 
 def test_ib_write_bw_parser_gbits_and_mib():
-    text = (" #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]\n"
-            " 65536      3790000          392.90             392.50\t\t     0.748634\n")
+    text = (
+        " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]\n"
+        " 65536      3790000          392.90             392.50\t\t     0.748634\n"
+    )
     assert fc.parse_ib_write_bw(text)["gbps"] == 392.5
-    mib = (" #bytes     #iterations    BW peak[MiB/sec]    BW average[MiB/sec]   MsgRate[Mpps]\n"
-           " 65536      5000             11025.44            11024.71            0.176395\n")
+    mib = (
+        " #bytes     #iterations    BW peak[MiB/sec]    BW average[MiB/sec]   MsgRate[Mpps]\n"
+        " 65536      5000             11025.44            11024.71            0.176395\n"
+    )
     assert fc.parse_ib_write_bw(mib)["gbps"] == round(11024.71 * 8 * (1 << 20) / 1e9, 2)
 
 
@@ -78,8 +82,12 @@ def test_pair_rounds_are_log2_rounds_of_distinct_pairs(n):
 
 
 def test_suspects_need_a_cleared_partner():
-    pairs = [{"index": [0, 1], "pass": True}, {"index": [2, 3], "pass": False},
-             {"index": [0, 2], "pass": False}, {"index": [1, 3], "pass": True}]
+    pairs = [
+        {"index": [0, 1], "pass": True},
+        {"index": [2, 3], "pass": False},
+        {"index": [0, 2], "pass": False},
+        {"index": [1, 3], "pass": True},
+    ]
     assert fc.suspects_from_pairs(4, pairs) == ([2], [0, 1, 3])
     assert fc.suspects_from_pairs(2, [{"index": [0, 1], "pass": False}]) == ([], [])
 
@@ -102,8 +110,8 @@ def test_gate_passes_on_a_healthy_fabric(sim) -> None:
     hostfile = Path(args[args.index("--hostfile") + 1]).read_text().split("\n")
     assert hostfile[:3] == [f"{h} slots=4" for h in s.cluster.names], "hostfile in rank order from rank.env"
     assert args[args.index("-np") + 1] == "12" and args[args.index("-npernode") + 1] == "4"
-    assert ["-x", "NCCL_IB_HCA"] == args[args.index("NCCL_IB_HCA") - 1: args.index("NCCL_IB_HCA") + 1]
-    perf = args[next(i for i, a in enumerate(args) if a.endswith("all_reduce_perf")):]
+    assert ["-x", "NCCL_IB_HCA"] == args[args.index("NCCL_IB_HCA") - 1 : args.index("NCCL_IB_HCA") + 1]
+    perf = args[next(i for i, a in enumerate(args) if a.endswith("all_reduce_perf")) :]
     assert perf[1:] == ["-b", str(1 << 20), "-e", str(8 << 30), "-f", "2", "-g", "1"]
     assert "fabric gate PASS" in res.stdout and "expected bus bandwidth 194.6 GB/s = 4 NICs x 400 Gbit/s / 8 x 0.973" in res.stdout
     status = s.run("status")

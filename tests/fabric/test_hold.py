@@ -92,11 +92,22 @@ def test_startup_hook_holds_pod_0_dev_servers_until_release(sim, tmp_path: Path)
         shutil.copy(src, opt / src.name)
     shutil.copy(env.pop("ML_DEV_FABRIC_CONFIG"), opt / "fabric.json")
     state = Path(env["ML_DEV_STATE_DIR"])
-    env.update(APP_NAME="ml-dev-env", HEADLESS_SERVICE="ml-dev-env-headless", POD_NAMESPACE="nccl-test", NNODES="2",
-               GPUS_PER_NODE="4", MASTER_ADDR=s.cluster.names[0], MASTER_PORT="29500", ML_DEV_SERVERS="vscode",
-               ML_DEV_AUTH="oauth-proxy", HOSTNAME="ml-dev-env-0", ML_DEV_FABRIC_INTERVAL="0.2")
-    proc = subprocess.Popen(["/bin/bash", str(opt / "startup.sh")], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    env.update(
+        APP_NAME="ml-dev-env",
+        HEADLESS_SERVICE="ml-dev-env-headless",
+        POD_NAMESPACE="nccl-test",
+        NNODES="2",
+        GPUS_PER_NODE="4",
+        MASTER_ADDR=s.cluster.names[0],
+        MASTER_PORT="29500",
+        ML_DEV_SERVERS="vscode",
+        ML_DEV_AUTH="oauth-proxy",
+        HOSTNAME="ml-dev-env-0",
+        ML_DEV_FABRIC_INTERVAL="0.2",
+    )
+    proc = subprocess.Popen(
+        ["/bin/bash", str(opt / "startup.sh")], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         assert proc.stdout is not None
         lines = read_until(proc.stdout, "did not pass within")

@@ -16,9 +16,15 @@ def test_healthy_pod_passes(sim: Callable[..., Sim]) -> None:
     assert "FAIL" not in res.stdout
     assert "preflight ml-dev-env-0: passed" in res.stdout
     # what it looked at: every configured HCA, its link rate, each interface, the GID, memlock, IOMMU and GPUs
-    for expected in ("mlx5_8: port 1 Active at 400 Gb/s", "net3: MTU 9000, 10.0.105.10/24", "mlx5_9: GID index 3 RoCE v2",
-                     "mlx5_6: allocated by openshift.io/eno5np0rdma", "memlock: max locked memory unlimited",
-                     "mlx5_7: IOMMU passthrough", "GPUs: 4 visible"):
+    for expected in (
+        "mlx5_8: port 1 Active at 400 Gb/s",
+        "net3: MTU 9000, 10.0.105.10/24",
+        "mlx5_9: GID index 3 RoCE v2",
+        "mlx5_6: allocated by openshift.io/eno5np0rdma",
+        "memlock: max locked memory unlimited",
+        "mlx5_7: IOMMU passthrough",
+        "GPUs: 4 visible",
+    ):
         assert expected in res.stdout, res.stdout
 
 
@@ -28,38 +34,75 @@ def gid(h: dict, hca: str, index: str, value: str, kind: str) -> None:
 
 CASES = [
     # (id, mutate host 0, device, problem, fix)
-    ("hca-missing", lambda h: h.update(hcas=["mlx5_6", "mlx5_7", "mlx5_8"]),
-     "mlx5_9", "HCA not present in this pod (present: mlx5_6, mlx5_7, mlx5_8)", "network.rdma.hcas must list the VF HCAs"),
-    ("sriov-not-allocated", lambda h: h["env"].update(PCIDEVICE_OPENSHIFT_IO_ENO8NP0RDMA=None),
-     "openshift.io/eno8np0rdma", "no PCIDEVICE_OPENSHIFT_IO_ENO8NP0RDMA in the environment", "network.rdma.sriovResources"),
-    ("sriov-other-hca", lambda h: (h["sriov"]["openshift.io/eno8np0rdma"].__setitem__(1, "mlx5_11"),
-                                   h.update(hcas=["mlx5_6", "mlx5_7", "mlx5_8", "mlx5_9", "mlx5_11"]),
-                                   h["ibstat"].update(mlx5_11={"state": "Active", "rate": 400})),
-     "mlx5_9", "not backed by a VF allocated to this pod", "network.rdma.hcas: use the allocated VF HCAs"),
-    ("port-down", lambda h: h["ibstat"].update(mlx5_7={"state": "Down", "rate": 10}),
-     "mlx5_7", "port 1 is Down (physical state Disabled)", "node prerequisite: link up"),
-    ("rate-capped", lambda h: h["ibstat"].update(mlx5_8={"state": "Active", "rate": 100}),
-     "mlx5_8", "port 1 Active at 100 Gb/s, expected 400 Gb/s", "PHY_RATE_MASK"),
-    ("mtu-1500", lambda h: h["ifaces"]["net2"].update(mtu=1500),
-     "net2", "MTU 1500, expected 9000", "NetworkAttachmentDefinition's mtu"),
-    ("no-address", lambda h: h["ifaces"]["net4"].update(inet=None),
-     "net4", "no IPv4 address", "whereabouts range; network.rdma.subnets"),
-    ("interface-missing", lambda h: h["ifaces"].pop("net3"),
-     "net3", "interface missing", "network.rdma.attachments"),
-    ("gid-roce-v1", lambda h: gid(h, "mlx5_6", "3", "0000:0000:0000:0000:0000:ffff:0a00:670a", "IB/RoCE v1"),
-     "mlx5_6", "GID index 3 is 0000:0000:0000:0000:0000:ffff:0a00:670a type IB/RoCE v1, not a RoCE v2 IPv4 GID",
-     "network.rdma.gidIndex (this HCA has none)"),
-    ("gid-ipv6-only", lambda h: (gid(h, "mlx5_7", "3", "fe80:0000:0000:0000:0000:0000:0000:0001", "RoCE v2"),
-                                 gid(h, "mlx5_7", "5", "0000:0000:0000:0000:0000:ffff:0a00:680a", "RoCE v2")),
-     "mlx5_7", "not a RoCE v2 IPv4 GID", "network.rdma.gidIndex (RoCE v2 IPv4 GIDs on this HCA: index 5)"),
-    ("memlock-8m", lambda h: h.update(memlock="8388608"),
-     "memlock", "max locked memory is 8388608 bytes, not unlimited", "security.memlock.mode"),
-    ("iommu-translated", lambda h: h.update(iommu="DMA-FQ"),
-     "mlx5_6", "IOMMU domain type DMA-FQ (translated DMA)", "iommu=pt"),
-    ("iommu-dma", lambda h: h.update(iommu="DMA"),
-     "mlx5_9", "IOMMU domain type DMA (translated DMA)", "IOMMU off in the BIOS"),
-    ("gpus-missing", lambda h: h.update(gpus=2),
-     "GPUs", "2 visible, expected 4", "nodes.gpusPerPod"),
+    (
+        "hca-missing",
+        lambda h: h.update(hcas=["mlx5_6", "mlx5_7", "mlx5_8"]),
+        "mlx5_9",
+        "HCA not present in this pod (present: mlx5_6, mlx5_7, mlx5_8)",
+        "network.rdma.hcas must list the VF HCAs",
+    ),
+    (
+        "sriov-not-allocated",
+        lambda h: h["env"].update(PCIDEVICE_OPENSHIFT_IO_ENO8NP0RDMA=None),
+        "openshift.io/eno8np0rdma",
+        "no PCIDEVICE_OPENSHIFT_IO_ENO8NP0RDMA in the environment",
+        "network.rdma.sriovResources",
+    ),
+    (
+        "sriov-other-hca",
+        lambda h: (
+            h["sriov"]["openshift.io/eno8np0rdma"].__setitem__(1, "mlx5_11"),
+            h.update(hcas=["mlx5_6", "mlx5_7", "mlx5_8", "mlx5_9", "mlx5_11"]),
+            h["ibstat"].update(mlx5_11={"state": "Active", "rate": 400}),
+        ),
+        "mlx5_9",
+        "not backed by a VF allocated to this pod",
+        "network.rdma.hcas: use the allocated VF HCAs",
+    ),
+    (
+        "port-down",
+        lambda h: h["ibstat"].update(mlx5_7={"state": "Down", "rate": 10}),
+        "mlx5_7",
+        "port 1 is Down (physical state Disabled)",
+        "node prerequisite: link up",
+    ),
+    (
+        "rate-capped",
+        lambda h: h["ibstat"].update(mlx5_8={"state": "Active", "rate": 100}),
+        "mlx5_8",
+        "port 1 Active at 100 Gb/s, expected 400 Gb/s",
+        "PHY_RATE_MASK",
+    ),
+    ("mtu-1500", lambda h: h["ifaces"]["net2"].update(mtu=1500), "net2", "MTU 1500, expected 9000", "NetworkAttachmentDefinition's mtu"),
+    ("no-address", lambda h: h["ifaces"]["net4"].update(inet=None), "net4", "no IPv4 address", "whereabouts range; network.rdma.subnets"),
+    ("interface-missing", lambda h: h["ifaces"].pop("net3"), "net3", "interface missing", "network.rdma.attachments"),
+    (
+        "gid-roce-v1",
+        lambda h: gid(h, "mlx5_6", "3", "0000:0000:0000:0000:0000:ffff:0a00:670a", "IB/RoCE v1"),
+        "mlx5_6",
+        "GID index 3 is 0000:0000:0000:0000:0000:ffff:0a00:670a type IB/RoCE v1, not a RoCE v2 IPv4 GID",
+        "network.rdma.gidIndex (this HCA has none)",
+    ),
+    (
+        "gid-ipv6-only",
+        lambda h: (
+            gid(h, "mlx5_7", "3", "fe80:0000:0000:0000:0000:0000:0000:0001", "RoCE v2"),
+            gid(h, "mlx5_7", "5", "0000:0000:0000:0000:0000:ffff:0a00:680a", "RoCE v2"),
+        ),
+        "mlx5_7",
+        "not a RoCE v2 IPv4 GID",
+        "network.rdma.gidIndex (RoCE v2 IPv4 GIDs on this HCA: index 5)",
+    ),
+    (
+        "memlock-8m",
+        lambda h: h.update(memlock="8388608"),
+        "memlock",
+        "max locked memory is 8388608 bytes, not unlimited",
+        "security.memlock.mode",
+    ),
+    ("iommu-translated", lambda h: h.update(iommu="DMA-FQ"), "mlx5_6", "IOMMU domain type DMA-FQ (translated DMA)", "iommu=pt"),
+    ("iommu-dma", lambda h: h.update(iommu="DMA"), "mlx5_9", "IOMMU domain type DMA (translated DMA)", "IOMMU off in the BIOS"),
+    ("gpus-missing", lambda h: h.update(gpus=2), "GPUs", "2 visible, expected 4", "nodes.gpusPerPod"),
 ]
 
 

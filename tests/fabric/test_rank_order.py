@@ -19,8 +19,14 @@ from tests.fabric.test_gate import fc
 PODS = [f"ml-dev-env-{i}" for i in range(6)]
 RACKS = {"n-a1": "rack-a", "n-a2": "rack-a", "n-a3": "rack-a", "n-b1": "rack-b", "n-b2": "rack-b", "n-b3": "rack-b"}
 # what the scheduler did: interleaved across racks
-PLACED = {"ml-dev-env-0": "n-a1", "ml-dev-env-1": "n-b1", "ml-dev-env-2": "n-a2", "ml-dev-env-3": "n-b2",
-          "ml-dev-env-4": "n-a3", "ml-dev-env-5": "n-b3"}
+PLACED = {
+    "ml-dev-env-0": "n-a1",
+    "ml-dev-env-1": "n-b1",
+    "ml-dev-env-2": "n-a2",
+    "ml-dev-env-3": "n-b2",
+    "ml-dev-env-4": "n-a3",
+    "ml-dev-env-5": "n-b3",
+}
 
 
 def cross_rack_hops(order: list[str], placed: dict[str, str]) -> int:
@@ -88,8 +94,13 @@ def test_rank_order_command_reads_spec_node_name_from_the_api(sim, api, tmp_path
     (sa / "token").write_text("tok3n\n")
     env = s.env(0)
     env.update(ML_DEV_KUBE_API=api, ML_DEV_SA_DIR=str(sa), POD_NAMESPACE="nccl-test")
-    res = subprocess.run([sys.executable, str(fc.__file__), "rank-order", "--pods", " ".join(PODS), "--from-api"],
-                         env=env, capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [sys.executable, str(fc.__file__), "rank-order", "--pods", " ".join(PODS), "--from-api"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["ml-dev-env-0", "ml-dev-env-2", "ml-dev-env-4", "ml-dev-env-1", "ml-dev-env-3", "ml-dev-env-5"]
     path, auth = FakeApi.seen[0]
@@ -103,8 +114,13 @@ def test_rank_order_command_falls_back_to_ordinals_without_api_access(sim, api, 
     FakeApi.status[:] = [403]
     env = s.env(0)
     env.update(ML_DEV_KUBE_API=api, ML_DEV_SA_DIR=str(tmp_path), POD_NAMESPACE="nccl-test")
-    res = subprocess.run([sys.executable, str(fc.__file__), "rank-order", "--pods", " ".join(PODS), "--from-api"],
-                         env=env, capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [sys.executable, str(fc.__file__), "rank-order", "--pods", " ".join(PODS), "--from-api"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0 and res.stdout.split() == PODS
     assert "cannot read pod placement (HTTP Error 403: Forbidden)" in res.stderr
 
@@ -170,12 +186,26 @@ def test_startup_script_writes_rack_aware_ranks_and_follows_placement(sim, api, 
     env = s.env(0)
     env.pop("ML_DEV_FABRIC_CONFIG")
     state = tmp_path / "pod1-state"
-    env.update(POD_NAME="ml-dev-env-1", HOSTNAME="ml-dev-env-1", NODE_NAME="n-b1", APP_NAME="ml-dev-env",
-               HEADLESS_SERVICE="ml-dev-env-headless", POD_NAMESPACE="nccl-test", NNODES="6", GPUS_PER_NODE="4",
-               MASTER_PORT="29500", ML_DEV_STATE_DIR=str(state), ML_DEV_CLUSTER_DIR=str(tmp_path / "no-cluster-dir"),
-               ML_DEV_POLL_SECONDS="0.2", ML_DEV_KUBE_API=api, ML_DEV_SA_DIR=str(tmp_path), ML_DEV_SERVERS="")
-    proc = subprocess.Popen(["/bin/bash", str(opt / "startup.sh")], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    env.update(
+        POD_NAME="ml-dev-env-1",
+        HOSTNAME="ml-dev-env-1",
+        NODE_NAME="n-b1",
+        APP_NAME="ml-dev-env",
+        HEADLESS_SERVICE="ml-dev-env-headless",
+        POD_NAMESPACE="nccl-test",
+        NNODES="6",
+        GPUS_PER_NODE="4",
+        MASTER_PORT="29500",
+        ML_DEV_STATE_DIR=str(state),
+        ML_DEV_CLUSTER_DIR=str(tmp_path / "no-cluster-dir"),
+        ML_DEV_POLL_SECONDS="0.2",
+        ML_DEV_KUBE_API=api,
+        ML_DEV_SA_DIR=str(tmp_path),
+        ML_DEV_SERVERS="",
+    )
+    proc = subprocess.Popen(
+        ["/bin/bash", str(opt / "startup.sh")], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         assert proc.stdout is not None
         read_until(proc.stdout, "] ready")
@@ -186,8 +216,10 @@ def test_startup_script_writes_rack_aware_ranks_and_follows_placement(sim, api, 
         hostfile = Path(rank["DEEPSPEED_HOSTFILE"]).read_text().split()
         assert [h.split(".")[0] for h in hostfile[::2]] == order == [h.split(".")[0] for h in rank["ML_DEV_HOSTS"].split()]
         # pod 1 moves to rack a (rescheduled): the poll loop rewrites rank.env
-        FakeApi.items = [{"metadata": {"name": p}, "spec": {"nodeName": n}}
-                         for p, n in dict(PLACED, **{"ml-dev-env-1": "n-a2", "ml-dev-env-2": "n-b1"}).items()]
+        FakeApi.items = [
+            {"metadata": {"name": p}, "spec": {"nodeName": n}}
+            for p, n in dict(PLACED, **{"ml-dev-env-1": "n-a2", "ml-dev-env-2": "n-b1"}).items()
+        ]
         read_until(proc.stdout, "pod placement changed the rack-aware rank order")
         read_until(proc.stdout, "NODE_RANK=")
         rank = fc.read_rank_env(state / "rank.env")

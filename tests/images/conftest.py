@@ -71,8 +71,20 @@ def pytest_configure(config: pytest.Config) -> None:
 RESERVED_WORDS = {"if", "then", "elif", "else", "fi", "while", "until", "do", "done", "!"}
 SEPARATORS = {";", "&&", "||", "|", "&", "(", ")", "()", ";;", "{", "}"}
 PIP_OPTIONS_WITH_VALUE = {
-    "-c", "--constraint", "-r", "--requirement", "-i", "--index-url", "--extra-index-url",
-    "-f", "--find-links", "-t", "--target", "--prefix", "--root", "--trusted-host",
+    "-c",
+    "--constraint",
+    "-r",
+    "--requirement",
+    "-i",
+    "--index-url",
+    "--extra-index-url",
+    "-f",
+    "--find-links",
+    "-t",
+    "--target",
+    "--prefix",
+    "--root",
+    "--trusted-host",
 }
 
 
@@ -144,8 +156,7 @@ class Containerfile:
 
     def _parse(self, build_args: dict[str, str] | None = None) -> DockerfileParser:
         # fileobj: the parser treats a `path` not named "Dockerfile" as a directory.
-        return DockerfileParser(fileobj=io.BytesIO(self.path.read_bytes()),
-                                build_args=build_args or {})
+        return DockerfileParser(fileobj=io.BytesIO(self.path.read_bytes()), build_args=build_args or {})
 
     @property
     def structure(self) -> list[dict]:
@@ -172,15 +183,14 @@ class Containerfile:
         return name.strip(), (default.strip().strip('"') if sep else None)
 
     def global_args(self) -> dict[str, str | None]:
-        return dict(self._arg(i["value"]) for i in self.structure[: self._first_from()]
-                    if i["instruction"] == "ARG")
+        return dict(self._arg(i["value"]) for i in self.structure[: self._first_from()] if i["instruction"] == "ARG")
 
     def stage_args(self) -> dict[str, str | None]:
         """ARGs declared in the (single) stage, with Docker's defaulting: a stage ARG without
         a value inherits the default of the global ARG of the same name."""
         glob = self.global_args()
         result: dict[str, str | None] = {}
-        for i in self.structure[self._first_from():]:
+        for i in self.structure[self._first_from() :]:
             if i["instruction"] == "ARG":
                 name, default = self._arg(i["value"])
                 result[name] = default if default is not None else glob.get(name)
@@ -216,8 +226,7 @@ class Containerfile:
                 if command[:2] == ["python3", "-c"] and "keep" in command[2]:
                     tree = ast.parse(command[2])
                     for node in ast.walk(tree):
-                        if (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
-                                and node.targets[0].id == "keep"):
+                        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and node.targets[0].id == "keep":
                             return set(ast.literal_eval(node.value))
         raise AssertionError(f"no pins() keep set in {self.path.name}")
 
@@ -244,6 +253,7 @@ def shell_helpers():
 
 
 # --------------------------------------------------------------------------- build rig
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -280,26 +290,37 @@ class ImageRig:
 
     @property
     def global_flags(self) -> list[str]:
-        return ["--root", str(self.workdir / "storage"), "--runroot", str(self.workdir / "run"),
-                "--storage-driver", "vfs"]
+        return ["--root", str(self.workdir / "storage"), "--runroot", str(self.workdir / "run"), "--storage-driver", "vfs"]
 
-    def buildah(self, *args: str, check: bool = True, timeout: float = 300,
-                ) -> subprocess.CompletedProcess:
+    def buildah(
+        self,
+        *args: str,
+        check: bool = True,
+        timeout: float = 300,
+    ) -> subprocess.CompletedProcess:
         cmd = ["buildah", *self.global_flags, *args]
         started = time.monotonic()
         proc = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=timeout)
         self.log.append(f"{time.monotonic() - started:6.1f}s buildah {' '.join(args[:2])}")
         if check and proc.returncode != 0:
-            raise BuildFailed(
-                f"buildah {' '.join(args)} failed ({proc.returncode}):\n"
-                f"{(proc.stdout + proc.stderr)[-6000:]}")
+            raise BuildFailed(f"buildah {' '.join(args)} failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-6000:]}")
         return proc
 
-    def bud(self, containerfile: Path, context: Path, tag: str,
-            build_args: dict[str, str], check: bool = True) -> subprocess.CompletedProcess:
-        args = ["bud", "--isolation", "chroot", "--tls-verify=false",
-                "--signature-policy", str(self.workdir / "policy.json"),
-                "-f", str(containerfile), "-t", tag]
+    def bud(
+        self, containerfile: Path, context: Path, tag: str, build_args: dict[str, str], check: bool = True
+    ) -> subprocess.CompletedProcess:
+        args = [
+            "bud",
+            "--isolation",
+            "chroot",
+            "--tls-verify=false",
+            "--signature-policy",
+            str(self.workdir / "policy.json"),
+            "-f",
+            str(containerfile),
+            "-t",
+            tag,
+        ]
         for key, value in build_args.items():
             args += ["--build-arg", f"{key}={value}"]
         return self.buildah(*args, str(context), check=check)
@@ -308,8 +329,7 @@ class ImageRig:
         out = self.buildah("inspect", "--type", "image", image).stdout
         return json.loads(out)["OCIv1"]["config"]
 
-    def run_in(self, image: str, *command: str, user: str | None = None,
-               check: bool = True) -> subprocess.CompletedProcess:
+    def run_in(self, image: str, *command: str, user: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
         ctr = self.buildah("from", "--pull-never", image).stdout.strip().splitlines()[-1]
         try:
             args = ["run", "--isolation", "chroot"]
@@ -333,23 +353,27 @@ def image_rig(tmp_path_factory: pytest.TempPathFactory):
 
     workdir = tmp_path_factory.mktemp("image-rig")
     (workdir / "auth.json").write_text('{"auths": {}}')
-    (workdir / "policy.json").write_text(
-        json.dumps({"default": [{"type": "insecureAcceptAnything"}]}))
+    (workdir / "policy.json").write_text(json.dumps({"default": [{"type": "insecureAcceptAnything"}]}))
     port = _free_port()
     registry = f"127.0.0.1:{port}"
-    (workdir / "registries.conf").write_text(textwrap.dedent(f"""\
+    (workdir / "registries.conf").write_text(
+        textwrap.dedent(f"""\
         unqualified-search-registries = []
         [[registry]]
         location = "{registry}"
         insecure = true
-        """))
-    (workdir / "storage.conf").write_text(textwrap.dedent(f"""\
+        """)
+    )
+    (workdir / "storage.conf").write_text(
+        textwrap.dedent(f"""\
         [storage]
         driver = "vfs"
-        graphroot = "{workdir / 'storage'}"
-        runroot = "{workdir / 'run'}"
-        """))
-    (workdir / "registry.yml").write_text(textwrap.dedent(f"""\
+        graphroot = "{workdir / "storage"}"
+        runroot = "{workdir / "run"}"
+        """)
+    )
+    (workdir / "registry.yml").write_text(
+        textwrap.dedent(f"""\
         version: 0.1
         log:
           level: warn
@@ -357,10 +381,11 @@ def image_rig(tmp_path_factory: pytest.TempPathFactory):
             disabled: true
         storage:
           filesystem:
-            rootdirectory: {workdir / 'registry-data'}
+            rootdirectory: {workdir / "registry-data"}
         http:
           addr: {registry}
-        """))
+        """)
+    )
     env = {
         "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
         "HOME": str(workdir),
@@ -371,15 +396,13 @@ def image_rig(tmp_path_factory: pytest.TempPathFactory):
         "REGISTRY_AUTH_FILE": str(workdir / "auth.json"),
     }
     registry_log = (workdir / "registry.log").open("w")
-    proc = subprocess.Popen(["docker-registry", "serve", str(workdir / "registry.yml")],
-                            stdout=registry_log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(["docker-registry", "serve", str(workdir / "registry.yml")], stdout=registry_log, stderr=subprocess.STDOUT)
     rig = ImageRig(workdir=workdir, registry=registry, env=env)
     try:
         try:
             _wait_http(f"http://{registry}/v2/", 20, proc)
         except RuntimeError as exc:
-            pytest.fail(f"docker-registry did not start: {exc}\n"
-                        f"{(workdir / 'registry.log').read_text()[-2000:]}")
+            pytest.fail(f"docker-registry did not start: {exc}\n{(workdir / 'registry.log').read_text()[-2000:]}")
         yield rig
     finally:
         proc.terminate()
@@ -389,8 +412,7 @@ def image_rig(tmp_path_factory: pytest.TempPathFactory):
             proc.kill()
             proc.wait()
         registry_log.close()
-        subprocess.run(["buildah", *rig.global_flags, "rm", "--all"], env=env,
-                       capture_output=True, check=False)
+        subprocess.run(["buildah", *rig.global_flags, "rm", "--all"], env=env, capture_output=True, check=False)
         shutil.rmtree(workdir / "storage", ignore_errors=True)
         shutil.rmtree(workdir / "registry-data", ignore_errors=True)
 
@@ -398,8 +420,18 @@ def image_rig(tmp_path_factory: pytest.TempPathFactory):
 # --------------------------------------------------------------------------- stand-in base
 
 STANDIN_TOOLS = ("dash", "cat", "mkdir", "rm", "ls", "chmod", "chgrp", "id")
-STDLIB_SKIP = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3",
-               "site-packages", "dist-packages", "__pycache__", "pydoc_data"}
+STDLIB_SKIP = {
+    "test",
+    "idlelib",
+    "tkinter",
+    "turtledemo",
+    "ensurepip",
+    "lib2to3",
+    "site-packages",
+    "dist-packages",
+    "__pycache__",
+    "pydoc_data",
+}
 
 
 class _RootfsBuilder:
@@ -443,8 +475,7 @@ def _dist_info(site: Path, name: str, version: str, files: dict[str, str]) -> No
     info.mkdir(parents=True)
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
     (info / "INSTALLER").write_text("ml-dev-env-tests\n")
-    (info / "RECORD").write_text("".join(f"{rel},,\n" for rel in files)
-                                 + f"{info.name}/METADATA,,\n{info.name}/RECORD,,\n")
+    (info / "RECORD").write_text("".join(f"{rel},,\n" for rel in files) + f"{info.name}/METADATA,,\n{info.name}/RECORD,,\n")
 
 
 def build_standin_rootfs(root: Path) -> str:
@@ -472,19 +503,20 @@ def build_standin_rootfs(root: Path) -> str:
     builder.link("/bin", "usr/bin")
     builder.finish()
 
-    site = Path(str(root) + subprocess.run(
-        [base_python, "-I", "-c", "import site; print(site.getsitepackages()[0])"],
-        capture_output=True, text=True, check=True).stdout.strip())
+    site = Path(
+        str(root)
+        + subprocess.run(
+            [base_python, "-I", "-c", "import site; print(site.getsitepackages()[0])"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    )
     site.mkdir(parents=True, exist_ok=True)
     spec = importlib.util.find_spec("pip")
     assert spec and spec.origin, "pip is not importable in the test environment"
-    shutil.copytree(Path(spec.origin).parent, site / "pip",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(Path(spec.origin).parent, site / "pip", ignore=shutil.ignore_patterns("__pycache__"))
     pip_dist = importlib.metadata.distribution("pip")
     pip_info = Path(str(pip_dist.locate_file(f"pip-{pip_dist.version}.dist-info")))
     shutil.copytree(pip_info, site / pip_info.name)
-    _dist_info(site, "torch", STANDIN_TORCH_VERSION,
-               {"torch/__init__.py": f'__version__ = "{STANDIN_TORCH_VERSION}"\n'})
+    _dist_info(site, "torch", STANDIN_TORCH_VERSION, {"torch/__init__.py": f'__version__ = "{STANDIN_TORCH_VERSION}"\n'})
 
     (root / "etc").mkdir(exist_ok=True)
     (root / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
@@ -502,15 +534,18 @@ def standin_base(image_rig: ImageRig) -> str:
     build_standin_rootfs(rootfs)
     ctr = image_rig.buildah("from", "scratch").stdout.strip().splitlines()[-1]
     image_rig.buildah("copy", ctr, f"{rootfs}/", "/")
-    image_rig.buildah("config", "--env", "PATH=/usr/local/bin:/usr/bin:/bin",
-                      "--cmd", "/bin/sh", ctr)
-    image_rig.buildah("commit", "-q", "--signature-policy",
-                      str(image_rig.workdir / "policy.json"), ctr, "localhost/standin-build")
+    image_rig.buildah("config", "--env", "PATH=/usr/local/bin:/usr/bin:/bin", "--cmd", "/bin/sh", ctr)
+    image_rig.buildah("commit", "-q", "--signature-policy", str(image_rig.workdir / "policy.json"), ctr, "localhost/standin-build")
     image_rig.buildah("rm", ctr)
     ref = f"{image_rig.registry}/ml-dev-env/standin-base:py{sys.version_info.major}{sys.version_info.minor}"
-    image_rig.buildah("push", "--tls-verify=false", "--signature-policy",
-                      str(image_rig.workdir / "policy.json"),
-                      "localhost/standin-build", f"docker://{ref}")
+    image_rig.buildah(
+        "push",
+        "--tls-verify=false",
+        "--signature-policy",
+        str(image_rig.workdir / "policy.json"),
+        "localhost/standin-build",
+        f"docker://{ref}",
+    )
     # Builds must pull the stand-in from the registry, as an on-cluster build pulls its base.
     image_rig.buildah("rmi", "localhost/standin-build")
     shutil.rmtree(rootfs)
@@ -519,23 +554,23 @@ def standin_base(image_rig: ImageRig) -> str:
 
 # --------------------------------------------------------------------------- package index
 
+
 def _record_hash(data: bytes) -> str:
     digest = hashlib.sha256(data).digest()
     return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
-def make_wheel(dest: Path, name: str, version: str, requires: tuple[str, ...] = (),
-               modules: dict[str, str] | None = None) -> Path:
+def make_wheel(dest: Path, name: str, version: str, requires: tuple[str, ...] = (), modules: dict[str, str] | None = None) -> Path:
     """Write a pure-Python wheel (PEP 427) without any build backend."""
     modules = modules or {f"{name}/__init__.py": f'VERSION = "{version}"\n'}
     info = f"{name}-{version}.dist-info"
-    metadata = "".join([f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-                        *(f"Requires-Dist: {r}\n" for r in requires)])
-    files = {**modules, f"{info}/METADATA": metadata,
-             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: ml-dev-env-tests\n"
-                              "Root-Is-Purelib: true\nTag: py3-none-any\n"}
-    record = "".join(f"{path},{_record_hash(body.encode())},{len(body.encode())}\n"
-                     for path, body in files.items()) + f"{info}/RECORD,,\n"
+    metadata = "".join([f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n", *(f"Requires-Dist: {r}\n" for r in requires)])
+    files = {
+        **modules,
+        f"{info}/METADATA": metadata,
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: ml-dev-env-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = "".join(f"{path},{_record_hash(body.encode())},{len(body.encode())}\n" for path, body in files.items()) + f"{info}/RECORD,,\n"
     files[f"{info}/RECORD"] = record
     dest.mkdir(parents=True, exist_ok=True)
     wheel = dest / f"{name}-{version}-py3-none-any.whl"
@@ -555,8 +590,8 @@ def write_simple_index(index_root: Path, wheels: list[Path]) -> None:
         page = index_root / "simple" / project / "index.html"
         page.parent.mkdir(parents=True, exist_ok=True)
         links = "".join(
-            f'<a href="../../files/{w.name}#sha256={hashlib.sha256(w.read_bytes()).hexdigest()}">'
-            f"{w.name}</a>\n" for w in project_wheels)
+            f'<a href="../../files/{w.name}#sha256={hashlib.sha256(w.read_bytes()).hexdigest()}">{w.name}</a>\n' for w in project_wheels
+        )
         page.write_text(f"<!DOCTYPE html><html><body>\n{links}</body></html>\n")
 
 
@@ -574,14 +609,12 @@ def package_index(tmp_path_factory: pytest.TempPathFactory):
         make_wheel(root / "primary/files", "mlapp", "0.1.0", requires=("torch",)),
         make_wheel(root / "primary/files", "mlapp", "0.2.0", requires=("torch>=2.0",)),
         make_wheel(root / "primary/files", "torchgreedy", "1.0.0", requires=("torch>=2.10",)),
-        make_wheel(root / "primary/files", "torch", "2.10.0",
-                   modules={"torch/__init__.py": '__version__ = "2.10.0"\n'}),
+        make_wheel(root / "primary/files", "torch", "2.10.0", modules={"torch/__init__.py": '__version__ = "2.10.0"\n'}),
     ]
     extra = [make_wheel(root / "extra/files", "mlextra", "1.0.0")]
     write_simple_index(root / "primary", primary)
     write_simple_index(root / "extra", extra)
-    server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), partial(_QuietHandler, directory=str(root)))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(_QuietHandler, directory=str(root)))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     base = f"http://127.0.0.1:{server.server_address[1]}"

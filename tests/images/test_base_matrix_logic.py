@@ -67,14 +67,17 @@ def run_matrix_step(base_cf, tmp_path):
     log = tmp_path / "pip.log"
     dash = shutil.which("dash") or "/bin/sh"
 
-    def run(build_args: dict[str, str], installed: dict[str, str] | None = None,
-            stub_env: dict[str, str] | None = None):
+    def run(build_args: dict[str, str], installed: dict[str, str] | None = None, stub_env: dict[str, str] | None = None):
         for name, version in (installed or {}).items():
             install_fake(site, name, version)
-        env = {**base_cf.build_env(build_args), "PATH": f"{bindir}:/usr/bin:/bin",
-               "STUB_SITE": str(site), "STUB_LOG": str(log), **(stub_env or {})}
-        proc = subprocess.run([dash, "-c", script], env=env, capture_output=True, text=True,
-                              timeout=60)
+        env = {
+            **base_cf.build_env(build_args),
+            "PATH": f"{bindir}:/usr/bin:/bin",
+            "STUB_SITE": str(site),
+            "STUB_LOG": str(log),
+            **(stub_env or {}),
+        }
+        proc = subprocess.run([dash, "-c", script], env=env, capture_output=True, text=True, timeout=60)
         calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
         return proc, calls
 
@@ -97,13 +100,15 @@ def test_containerfile_defaults_behave_as_the_nvidia_preset(run_matrix_step):
     assert calls == []
 
 
-@pytest.mark.parametrize("installed, wrong", [
-    ({"torch": "2.8.0a0+5228986c39.nv25.06", "flash_attn": "2.7.4.post1"}, "torch"),
-    ({"torch": "2.9.0a0+50eac811a6.nv25.09"}, "flash_attn"),
-    ({"flash_attn": "2.7.4.post1"}, "PyTorch"),
-])
-def test_nvidia_preset_fails_when_the_image_does_not_match(presets, run_matrix_step,
-                                                           installed, wrong):
+@pytest.mark.parametrize(
+    "installed, wrong",
+    [
+        ({"torch": "2.8.0a0+5228986c39.nv25.06", "flash_attn": "2.7.4.post1"}, "torch"),
+        ({"torch": "2.9.0a0+50eac811a6.nv25.09"}, "flash_attn"),
+        ({"flash_attn": "2.7.4.post1"}, "PyTorch"),
+    ],
+)
+def test_nvidia_preset_fails_when_the_image_does_not_match(presets, run_matrix_step, installed, wrong):
     proc, calls = run_matrix_step(presets["presets"]["nvidia-pytorch"]["build_args"], installed)
     assert proc.returncode != 0
     assert wrong in proc.stderr
@@ -121,11 +126,15 @@ def test_arch_preset_installs_torch_and_builds_flash_attention(presets, run_matr
     assert tools["args"][:3] == ["install", "--no-cache-dir", "--upgrade"]
     assert all("==" in arg for arg in tools["args"][3:]), "build tools must be pinned too"
     assert torch["args"] == [
-        "install", "--no-cache-dir", "--index-url", preset["torch_index_url"],
-        f"torch=={preset['torch']}", f"torchvision=={preset['torchvision']}",
-        f"torchaudio=={preset['torchaudio']}"]
-    assert fa["args"] == ["install", "--no-cache-dir", "--no-build-isolation",
-                          f"flash-attn=={preset['flash_attn']}"]
+        "install",
+        "--no-cache-dir",
+        "--index-url",
+        preset["torch_index_url"],
+        f"torch=={preset['torch']}",
+        f"torchvision=={preset['torchvision']}",
+        f"torchaudio=={preset['torchaudio']}",
+    ]
+    assert fa["args"] == ["install", "--no-cache-dir", "--no-build-isolation", f"flash-attn=={preset['flash_attn']}"]
     assert fa["env"]["MAX_JOBS"] == "7"
     assert fa["env"]["FLASH_ATTN_CUDA_ARCHS"] == preset["flash_attn_cuda_archs"]
     assert fa["env"]["TORCH_CUDA_ARCH_LIST"] == preset["torch_cuda_arch_list"]
@@ -137,22 +146,19 @@ def test_turing_installs_torch_but_no_flash_attention(presets, run_matrix_step):
     preset = presets["presets"]["turing"]
     proc, calls = run_matrix_step(preset["build_args"])
     assert proc.returncode == 0, proc.stderr
-    installed = [arg for call in calls if "--upgrade" not in call["args"]
-                 for arg in call["args"] if "==" in arg]
+    installed = [arg for call in calls if "--upgrade" not in call["args"] for arg in call["args"] if "==" in arg]
     assert installed == ["torch==2.7.1", "torchvision==0.22.1", "torchaudio==2.7.1"]
     assert "Flash-Attention: not installed" in proc.stdout
 
 
 def test_arch_preset_keeps_a_matching_torch(presets, run_matrix_step):
     preset = presets["presets"]["hopper"]
-    proc, calls = run_matrix_step(preset["build_args"],
-                                  {"torch": "2.8.0+cu128", "flash_attn": "2.8.3"})
+    proc, calls = run_matrix_step(preset["build_args"], {"torch": "2.8.0+cu128", "flash_attn": "2.8.3"})
     assert proc.returncode == 0, proc.stderr
     assert [c["args"][2] for c in calls] == ["--upgrade"], "only the build tools are refreshed"
 
 
 def test_failed_pip_install_fails_the_step(presets, run_matrix_step):
-    proc, calls = run_matrix_step(presets["presets"]["hopper"]["build_args"],
-                                  stub_env={"STUB_PIP_EXIT": "1"})
+    proc, calls = run_matrix_step(presets["presets"]["hopper"]["build_args"], stub_env={"STUB_PIP_EXIT": "1"})
     assert proc.returncode != 0
     assert len(calls) == 1, "the step must stop at the first failing pip"

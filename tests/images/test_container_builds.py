@@ -47,16 +47,20 @@ def inline_context(tmp_path: Path) -> Path:
     return context
 
 
-def test_runtime_inline_mode_installs_app_requirements(image_rig, standin_base, package_index,
-                                                      tmp_path):
+def test_runtime_inline_mode_installs_app_requirements(image_rig, standin_base, package_index, tmp_path):
     tag = "localhost/ml-dev-env-runtime:inline"
     context = inline_context(tmp_path)
-    image_rig.bud(context / "Dockerfile", context, tag, {
-        "BASE_IMAGE": standin_base,
-        "APP_REQUIREMENTS": "mlapp==0.1.0",
-        "PIP_INDEX_URL": package_index["primary"],
-        "SOURCE_REF": "0123abc",
-    })
+    image_rig.bud(
+        context / "Dockerfile",
+        context,
+        tag,
+        {
+            "BASE_IMAGE": standin_base,
+            "APP_REQUIREMENTS": "mlapp==0.1.0",
+            "PIP_INDEX_URL": package_index["primary"],
+            "SOURCE_REF": "0123abc",
+        },
+    )
     config = image_rig.inspect(tag)
     assert config["Labels"]["ml-dev-env.source-ref"] == "0123abc"
     assert config["Labels"]["org.opencontainers.image.revision"] == "0123abc"
@@ -70,20 +74,24 @@ def test_runtime_inline_mode_installs_app_requirements(image_rig, standin_base, 
     assert "mlapp==0.1.0" in result["reqs"].splitlines()
 
 
-def test_runtime_git_mode_uses_the_context_requirements_file(image_rig, standin_base,
-                                                             package_index, tmp_path):
+def test_runtime_git_mode_uses_the_context_requirements_file(image_rig, standin_base, package_index, tmp_path):
     context = tmp_path / "app"
     context.mkdir()
     (context / "requirements.txt").write_text("# app pins\nmlapp==0.2.0\n")
     # OpenShift writes the (inline or dockerfilePath) Dockerfile into the Git context.
     shutil.copy(RUNTIME_CONTAINERFILE, context / "Dockerfile")
     tag = "localhost/ml-dev-env-runtime:git"
-    image_rig.bud(context / "Dockerfile", context, tag, {
-        "BASE_IMAGE": standin_base,
-        "APP_REQUIREMENTS": "mlextra==1.0.0",
-        "PIP_INDEX_URL": package_index["primary"],
-        "PIP_EXTRA_INDEX_URL": package_index["extra"],
-    })
+    image_rig.bud(
+        context / "Dockerfile",
+        context,
+        tag,
+        {
+            "BASE_IMAGE": standin_base,
+            "APP_REQUIREMENTS": "mlextra==1.0.0",
+            "PIP_INDEX_URL": package_index["primary"],
+            "PIP_EXTRA_INDEX_URL": package_index["extra"],
+        },
+    )
     result = probe(image_rig, tag)
     assert result["mlapp"] == "0.2.0"
     assert result["extra"] == ["mlextra"], "PIP_EXTRA_INDEX_URL did not reach pip"
@@ -94,48 +102,57 @@ def test_runtime_git_mode_uses_the_context_requirements_file(image_rig, standin_
     assert labels["ml-dev-env.source-ref"] == "unknown"
 
 
-def test_runtime_refuses_to_replace_the_base_torch(image_rig, standin_base, package_index,
-                                                   tmp_path):
+def test_runtime_refuses_to_replace_the_base_torch(image_rig, standin_base, package_index, tmp_path):
     # Control: without the runtime stage's constraints pip WOULD swap torch for the index's
     # 2.10.0 to satisfy torchgreedy's `torch>=2.10`.
-    dry = image_rig.run_in(standin_base, "python3", "-m", "pip", "install", "--dry-run",
-                           "--index-url", package_index["primary"], "torchgreedy==1.0.0")
+    dry = image_rig.run_in(
+        standin_base, "python3", "-m", "pip", "install", "--dry-run", "--index-url", package_index["primary"], "torchgreedy==1.0.0"
+    )
     assert "torch-2.10.0" in dry.stdout
     context = inline_context(tmp_path)
-    proc = image_rig.bud(context / "Dockerfile", context, "localhost/ml-dev-env-runtime:greedy",
-                         {"BASE_IMAGE": standin_base, "APP_REQUIREMENTS": "torchgreedy==1.0.0",
-                          "PIP_INDEX_URL": package_index["primary"]}, check=False)
+    proc = image_rig.bud(
+        context / "Dockerfile",
+        context,
+        "localhost/ml-dev-env-runtime:greedy",
+        {"BASE_IMAGE": standin_base, "APP_REQUIREMENTS": "torchgreedy==1.0.0", "PIP_INDEX_URL": package_index["primary"]},
+        check=False,
+    )
     assert proc.returncode != 0
     output = proc.stdout + proc.stderr
     assert "torchgreedy 1.0.0 depends on torch>=2.10" in output
     assert f"The user requested (constraint) torch=={STANDIN_TORCH_VERSION}" in output
-    assert image_rig.buildah("inspect", "--type", "image", "localhost/ml-dev-env-runtime:greedy",
-                             check=False).returncode != 0, "no image may be tagged"
+    assert image_rig.buildah("inspect", "--type", "image", "localhost/ml-dev-env-runtime:greedy", check=False).returncode != 0, (
+        "no image may be tagged"
+    )
 
 
-def test_runtime_rejects_a_missing_explicit_requirements_file(image_rig, standin_base,
-                                                              tmp_path):
+def test_runtime_rejects_a_missing_explicit_requirements_file(image_rig, standin_base, tmp_path):
     context = inline_context(tmp_path)
-    proc = image_rig.bud(context / "Dockerfile", context, "localhost/ml-dev-env-runtime:missing",
-                         {"BASE_IMAGE": standin_base,
-                          "REQUIREMENTS_FILE": "runtime-requirements.txt"}, check=False)
+    proc = image_rig.bud(
+        context / "Dockerfile",
+        context,
+        "localhost/ml-dev-env-runtime:missing",
+        {"BASE_IMAGE": standin_base, "REQUIREMENTS_FILE": "runtime-requirements.txt"},
+        check=False,
+    )
     assert proc.returncode != 0
     assert "REQUIREMENTS_FILE=runtime-requirements.txt is not at the root" in proc.stderr
 
 
-def test_runtime_without_requirements_builds_and_installs_nothing(image_rig, standin_base,
-                                                                  package_index, tmp_path):
+def test_runtime_without_requirements_builds_and_installs_nothing(image_rig, standin_base, package_index, tmp_path):
     """REQUIREMENTS_FILE="" ignores the context's requirements.txt (this repository's root
     has one: the Pulumi program's) and, with no APP_REQUIREMENTS, installs nothing."""
     tag = "localhost/ml-dev-env-runtime:empty"
     context = inline_context(tmp_path)
     (context / "requirements.txt").write_text("mlapp==0.1.0\n")
-    proc = image_rig.bud(context / "Dockerfile", context, tag, {
-        "BASE_IMAGE": standin_base, "REQUIREMENTS_FILE": "",
-        "PIP_INDEX_URL": package_index["primary"]})
+    proc = image_rig.bud(
+        context / "Dockerfile",
+        context,
+        tag,
+        {"BASE_IMAGE": standin_base, "REQUIREMENTS_FILE": "", "PIP_INDEX_URL": package_index["primary"]},
+    )
     assert "No application requirements" in proc.stdout
-    check = image_rig.run_in(tag, "python3", "-c",
-                             "import importlib.util as u; print(u.find_spec('mlapp') is None)")
+    check = image_rig.run_in(tag, "python3", "-c", "import importlib.util as u; print(u.find_spec('mlapp') is None)")
     assert check.stdout.strip() == "True"
 
 
@@ -189,28 +206,28 @@ def test_base_layout_is_writable_by_an_arbitrary_uid(image_rig, offline_base):
         "print(json.dumps({'uid': os.getuid(), 'gid': st.st_gid, "
         "'g_rwx': stat.S_IMODE(st.st_mode) & 0o070 == 0o070, 'cwd': os.getcwd()}))"
     )
-    result = json.loads(image_rig.run_in(offline_base, "python3", "-c", script,
-                                         user=ARBITRARY_UID).stdout.strip().splitlines()[-1])
+    result = json.loads(image_rig.run_in(offline_base, "python3", "-c", script, user=ARBITRARY_UID).stdout.strip().splitlines()[-1])
     assert result == {"uid": 1000770000, "gid": 0, "g_rwx": True, "cwd": "/workspace"}
 
 
 def test_base_memlock_limits_file(image_rig, offline_base):
-    out = image_rig.run_in(offline_base, "cat",
-                           "/etc/security/limits.d/99-ml-dev-env-memlock.conf").stdout
+    out = image_rig.run_in(offline_base, "cat", "/etc/security/limits.d/99-ml-dev-env-memlock.conf").stdout
     assert out.splitlines() == ["* soft memlock unlimited", "* hard memlock unlimited"]
 
 
 def test_profile_hook_picks_up_the_pod_env_file(image_rig, offline_base):
-    script = ("mkdir -p /tmp/ml-dev-env && "
-              "printf 'export NCCL_IB_HCA=mlx5_6,mlx5_7,mlx5_8,mlx5_9\\n' > /tmp/ml-dev-env/env.sh && "
-              ". /etc/profile.d/ml-dev-env.sh && echo \"HCA=$NCCL_IB_HCA\"")
+    script = (
+        "mkdir -p /tmp/ml-dev-env && "
+        "printf 'export NCCL_IB_HCA=mlx5_6,mlx5_7,mlx5_8,mlx5_9\\n' > /tmp/ml-dev-env/env.sh && "
+        '. /etc/profile.d/ml-dev-env.sh && echo "HCA=$NCCL_IB_HCA"'
+    )
     out = image_rig.run_in(offline_base, "sh", "-c", script, user=ARBITRARY_UID).stdout
     assert "HCA=mlx5_6,mlx5_7,mlx5_8,mlx5_9" in out
     # Without the file (workers before the startup script ran, `oc exec` shells) sourcing is a
     # harmless no-op, even under `set -e`.
-    out = image_rig.run_in(offline_base, "sh", "-c",
-                           "set -eu; . /etc/profile.d/ml-dev-env.sh; echo \"ok ${NCCL_IB_HCA:-unset}\"",
-                           user=ARBITRARY_UID).stdout
+    out = image_rig.run_in(
+        offline_base, "sh", "-c", 'set -eu; . /etc/profile.d/ml-dev-env.sh; echo "ok ${NCCL_IB_HCA:-unset}"', user=ARBITRARY_UID
+    ).stdout
     assert "ok unset" in out
     bashrc = image_rig.run_in(offline_base, "cat", "/etc/bash.bashrc").stdout
     assert "if [ -r /etc/profile.d/ml-dev-env.sh ]; then . /etc/profile.d/ml-dev-env.sh; fi" in bashrc

@@ -17,8 +17,16 @@ from packaging.requirements import Requirement
 
 IMAGES = Path(__file__).resolve().parents[2] / "images"
 
-RDMA_PACKAGES = {"rdma-core", "ibverbs-providers", "ibverbs-utils", "infiniband-diags",
-                 "libibverbs-dev", "librdmacm-dev", "numactl", "pciutils"}
+RDMA_PACKAGES = {
+    "rdma-core",
+    "ibverbs-providers",
+    "ibverbs-utils",
+    "infiniband-diags",
+    "libibverbs-dev",
+    "librdmacm-dev",
+    "numactl",
+    "pciutils",
+}
 CUDA_BOUND = {"torch", "torchvision", "torchaudio", "triton", "flash-attn"}
 
 
@@ -29,8 +37,7 @@ def nccl_violations(parser: DockerfileParser) -> list[str]:
     found = []
     for instruction in parser.structure:
         if instruction["instruction"] == "ENV":
-            found += [f"ENV {key}" for key in get_key_val_dictionary(instruction["value"])
-                      if key.startswith("NCCL_")]
+            found += [f"ENV {key}" for key in get_key_val_dictionary(instruction["value"]) if key.startswith("NCCL_")]
         elif instruction["instruction"] != "COMMENT" and "NCCL_" in instruction["value"]:
             found.append(f"{instruction['instruction']} (line {instruction['startline'] + 1})")
     return found
@@ -52,8 +59,7 @@ def test_runtime_from_resolves_to_default_base_tag(runtime_cf, presets):
     default = presets["presets"][presets["default"]]
     assert runtime_cf.parent_images() == [f"{presets['image_stream']}:{default['tag']}"]
     assert runtime_cf.instructions("FROM")[0]["value"] == "${BASE_IMAGE}"
-    assert runtime_cf.parent_images({"BASE_IMAGE": "registry.local/ns/base:x"}) == [
-        "registry.local/ns/base:x"]
+    assert runtime_cf.parent_images({"BASE_IMAGE": "registry.local/ns/base:x"}) == ["registry.local/ns/base:x"]
 
 
 @pytest.mark.parametrize("name", ["base_cf", "runtime_cf"])
@@ -79,10 +85,12 @@ def test_no_nccl_values_baked_in(name, request):
 def test_nccl_check_catches_the_original_images_env():
     """The original image's BuildConfig ENV (a fixed barcelona HCA list) must be flagged, as must a RUN
     that writes an NCCL value into a profile script."""
-    original = (b"FROM nvcr.io/nvidia/pytorch:25.09-py3 AS base\n"
-                b"ENV NCCL_DEBUG=INFO NCCL_IB_DISABLE=0 NCCL_IB_HCA=mlx5_6,mlx5_7,mlx5_10,mlx5_11 \\\n"
-                b"    NCCL_IB_GID_INDEX=3 NCCL_SOCKET_IFNAME=net1,net2,net3,net4\n"
-                b"RUN echo 'export NCCL_IB_HCA=mlx5_6' >> /etc/profile\n")
+    original = (
+        b"FROM nvcr.io/nvidia/pytorch:25.09-py3 AS base\n"
+        b"ENV NCCL_DEBUG=INFO NCCL_IB_DISABLE=0 NCCL_IB_HCA=mlx5_6,mlx5_7,mlx5_10,mlx5_11 \\\n"
+        b"    NCCL_IB_GID_INDEX=3 NCCL_SOCKET_IFNAME=net1,net2,net3,net4\n"
+        b"RUN echo 'export NCCL_IB_HCA=mlx5_6' >> /etc/profile\n"
+    )
     found = nccl_violations(DockerfileParser(fileobj=io.BytesIO(original)))
     assert "ENV NCCL_IB_HCA" in found and "ENV NCCL_SOCKET_IFNAME" in found
     assert any(f.startswith("RUN") for f in found)
@@ -114,15 +122,13 @@ def test_base_dev_servers_and_training_libs_are_pinned(base_cf, shell_helpers):
             req = Requirement(arg)
             if str(req.specifier).startswith("=="):
                 pinned[req.name] = str(req.specifier)[2:]
-    for name in ("jupyterlab", "tensorboard", "deepspeed", "transformers", "accelerate",
-                 "ipykernel", "debugpy"):
+    for name in ("jupyterlab", "tensorboard", "deepspeed", "transformers", "accelerate", "ipykernel", "debugpy"):
         assert name in pinned, f"{name} is not installed with an exact pin"
     assert not CUDA_BOUND & set(pinned), "CUDA-bound packages must come from the preset"
 
 
 def test_base_torch_and_flash_attn_come_from_build_args(base_cf, shell_helpers):
-    args = [a for group in shell_helpers["pip"](base_cf.run_with("FLASH_ATTN_VERSION"))
-            for a in group]
+    args = [a for group in shell_helpers["pip"](base_cf.run_with("FLASH_ATTN_VERSION")) for a in group]
     assert "torch==${TORCH_VERSION}" in args
     assert "flash-attn==${FLASH_ATTN_VERSION}" in args
     commands = shell_helpers["commands"](base_cf.run_with("FLASH_ATTN_VERSION"))
@@ -130,7 +136,7 @@ def test_base_torch_and_flash_attn_come_from_build_args(base_cf, shell_helpers):
     assert torch_install[torch_install.index("--index-url") + 1] == "${TORCH_INDEX_URL}"
     fa_install = next(c for c in commands if "flash-attn==${FLASH_ATTN_VERSION}" in c)
     assert "--no-build-isolation" in fa_install
-    assert 'MAX_JOBS=${MAX_JOBS}' in fa_install
+    assert "MAX_JOBS=${MAX_JOBS}" in fa_install
 
 
 def test_base_installs_code_server_from_a_verified_release(base_cf, shell_helpers):
@@ -141,11 +147,9 @@ def test_base_installs_code_server_from_a_verified_release(base_cf, shell_helper
     run = base_cf.run_with("code-server")
     commands = shell_helpers["commands"](run)
     download = next(c for c in commands if c[0] == "curl")
-    assert download[-1].startswith(
-        "https://github.com/coder/code-server/releases/download/v${CODE_SERVER_VERSION}/")
+    assert download[-1].startswith("https://github.com/coder/code-server/releases/download/v${CODE_SERVER_VERSION}/")
     assert any(c[:2] == ["sha512sum", "-c"] for c in commands), "download is not verified"
-    assert ["ln", "-sf", "/opt/code-server/bin/code-server",
-            "/usr/local/bin/code-server"] in commands
+    assert ["ln", "-sf", "/opt/code-server/bin/code-server", "/usr/local/bin/code-server"] in commands
 
 
 @pytest.mark.parametrize("name", ["base_cf", "runtime_cf"])
@@ -196,8 +200,7 @@ def test_base_freezes_cuda_bound_packages_for_later_installs(base_cf, runtime_cf
 
 def test_runtime_installs_requirements_constrained(runtime_cf, shell_helpers):
     args = runtime_cf.stage_args()
-    for name in ("BASE_IMAGE", "SOURCE_REF", "REQUIREMENTS_FILE", "APP_REQUIREMENTS",
-                 "PIP_EXTRA_INDEX_URL", "PIP_INDEX_URL"):
+    for name in ("BASE_IMAGE", "SOURCE_REF", "REQUIREMENTS_FILE", "APP_REQUIREMENTS", "PIP_EXTRA_INDEX_URL", "PIP_INDEX_URL"):
         assert name in args
     # index args reach pip only when given: empty by default and then unset for pip
     assert args["PIP_INDEX_URL"] == "" and args["PIP_EXTRA_INDEX_URL"] == ""
@@ -205,8 +208,7 @@ def test_runtime_installs_requirements_constrained(runtime_cf, shell_helpers):
     assert ["unset", "PIP_INDEX_URL"] in commands and ["unset", "PIP_EXTRA_INDEX_URL"] in commands
     copy = runtime_cf.instructions("COPY")
     assert len(copy) == 1 and "*requirements*.txt" in copy[0]["value"].split()
-    installs = [c for c in shell_helpers["commands"]("\n".join(runtime_cf.runs()))
-                if "pip" in c and "install" in c[c.index("pip"):]]
+    installs = [c for c in shell_helpers["commands"]("\n".join(runtime_cf.runs())) if "pip" in c and "install" in c[c.index("pip") :]]
     assert len(installs) == 1
     install = installs[0]
     assert install[install.index("--constraint") + 1] == "${app}/constraints.txt"
@@ -227,8 +229,9 @@ def test_runtime_does_not_change_user_entrypoint_or_env(runtime_cf):
 
 
 def test_default_runtime_requirements_are_pinned_and_leave_torch_alone():
-    lines = [line.strip() for line in (IMAGES / "runtime-requirements.txt").read_text()
-             .splitlines() if line.strip() and not line.startswith("#")]
+    lines = [
+        line.strip() for line in (IMAGES / "runtime-requirements.txt").read_text().splitlines() if line.strip() and not line.startswith("#")
+    ]
     assert lines
     for line in lines:
         req = Requirement(line)
@@ -258,8 +261,7 @@ def test_base_replaces_ngc_pip_constraints_with_its_own(base_cf, shell_helpers):
     link = ["ln", "-s", "/etc/ml-dev-env/constraints.txt", "/etc/pip/constraint.txt"]
     install = next(i for i, c in enumerate(commands) if "pip" in c and "install" in c)
     assert commands.index(move) < commands.index(link) < install
-    assert commands[install][commands[install].index("--constraint") + 1] == (
-        "/etc/ml-dev-env/constraints.txt")
+    assert commands[install][commands[install].index("--constraint") + 1] == ("/etc/ml-dev-env/constraints.txt")
 
 
 # --------------------------------------------------------------------------- nccl-tests (fabric gate)
@@ -279,7 +281,7 @@ def test_base_builds_nccl_tests_with_mpi_from_a_pinned_tarball(base_cf, shell_he
     assert verify < extract, "the tarball is verified before it is unpacked"
     make = next(c for c in commands if c[0] == "make")
     assert "MPI=1" in make, "multi-pod runs need the MPI build"
-    assert 'MPI_HOME=${mpi_home}' in make and 'CUDA_HOME=${cuda_home}' in make
+    assert "MPI_HOME=${mpi_home}" in make and "CUDA_HOME=${cuda_home}" in make
     install = next(c for c in commands if c[0] == "install" and "/usr/local/bin/" in c)
     assert "/tmp/nccl-tests/build/all_reduce_perf" in install
     # linked against MPI and NCCL, and the launcher and ib_write_bw are there at runtime

@@ -7,14 +7,17 @@ import re
 
 import pytest
 
-REQUIRED_KEYS = {"arch", "base_image", "cuda", "torch", "flash_attn", "torch_index_url", "tag",
-                 "build_args"}
+REQUIRED_KEYS = {"arch", "base_image", "cuda", "torch", "flash_attn", "torch_index_url", "tag", "build_args"}
 ARCH_PRESETS = ("ampere", "hopper", "turing")
-TAG_RE = re.compile(r"^(?P<arch>[a-z0-9]+)-(?P<cuda>cu\d{3})-torch(?P<torch>\d+\.\d+[0-9a-z.]*)"
-                    r"-fa(?P<fa>none|\d+\.\d+[0-9a-z.]*)$")
+TAG_RE = re.compile(
+    r"^(?P<arch>[a-z0-9]+)-(?P<cuda>cu\d{3})-torch(?P<torch>\d+\.\d+[0-9a-z.]*)"
+    r"-fa(?P<fa>none|\d+\.\d+[0-9a-z.]*)$"
+)
 OCI_TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
-CUDA_IMAGE_RE = re.compile(r"^nvcr\.io/nvidia/cuda:(?P<major>\d+)\.(?P<minor>\d+)\.\d+"
-                           r"-cudnn-devel-ubuntu\d+\.\d+$")
+CUDA_IMAGE_RE = re.compile(
+    r"^nvcr\.io/nvidia/cuda:(?P<major>\d+)\.(?P<minor>\d+)\.\d+"
+    r"-cudnn-devel-ubuntu\d+\.\d+$"
+)
 
 
 def test_default_is_the_nvidia_pytorch_image(presets):
@@ -47,8 +50,7 @@ def test_tag_is_derived_from_the_preset(presets, name):
     preset = presets["presets"][name]
     match = TAG_RE.match(preset["tag"])
     assert match, f"{preset['tag']} does not match <arch>-<cuda>-torch<ver>-fa<ver>"
-    assert match.groupdict() == {"arch": preset["arch"], "cuda": preset["cuda"],
-                                 "torch": preset["torch"], "fa": preset["flash_attn"]}
+    assert match.groupdict() == {"arch": preset["arch"], "cuda": preset["cuda"], "torch": preset["torch"], "fa": preset["flash_attn"]}
     assert preset["tag"] == presets["tag_format"].format(**preset)
     assert OCI_TAG_RE.match(preset["tag"]), "not a valid image tag"
     if name in ARCH_PRESETS:

@@ -76,8 +76,10 @@ class FakeApiServer:
         self.replicas = replicas
         self.resource_version = 100
         self.configmap: dict[str, Any] = {
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": f"{APP}-idle-stop", "namespace": NS, "resourceVersion": "7"}, "data": {},
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": f"{APP}-idle-stop", "namespace": NS, "resourceVersion": "7"},
+            "data": {},
         }
         self.events: list[dict[str, Any]] = []
         self.scales: list[dict[str, Any]] = []
@@ -112,10 +114,18 @@ class FakeApiServer:
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
     def scale(self) -> dict[str, Any]:
-        return {"apiVersion": "autoscaling/v1", "kind": "Scale",
-                "metadata": {"name": APP, "namespace": NS, "uid": "0d7a9c1e-5f0b-4c55-9d3e-2b1f4e6a8c01",
-                             "resourceVersion": str(self.resource_version)},
-                "spec": {"replicas": self.replicas}, "status": {"replicas": self.replicas}}
+        return {
+            "apiVersion": "autoscaling/v1",
+            "kind": "Scale",
+            "metadata": {
+                "name": APP,
+                "namespace": NS,
+                "uid": "0d7a9c1e-5f0b-4c55-9d3e-2b1f4e6a8c01",
+                "resourceVersion": str(self.resource_version),
+            },
+            "spec": {"replicas": self.replicas},
+            "status": {"replicas": self.replicas},
+        }
 
     def serve(self, method: str, raw_path: str, headers: Any, body: Any) -> tuple[int, dict[str, Any]]:
         url = urlsplit(raw_path)
@@ -229,10 +239,15 @@ class SimPod:
         sa.mkdir(exist_ok=True)
         (sa / "token").write_text(TOKEN + "\n")
         env = {
-            "PATH": f"{self.bin}:/usr/bin:/bin", "HOME": str(self.dir), "POD_NAME": self.name,
-            "ML_DEV_STATE_DIR": str(self.state), "ML_DEV_IDLE_SETTINGS": str(settings),
-            "ML_DEV_NVIDIA_SMI": str(self.bin / "nvidia-smi"), "ML_DEV_PTS_DIR": str(self.pts),
-            "ML_DEV_SSH_PROCESS_SCAN": "0", "ML_DEV_SA_DIR": str(sa),
+            "PATH": f"{self.bin}:/usr/bin:/bin",
+            "HOME": str(self.dir),
+            "POD_NAME": self.name,
+            "ML_DEV_STATE_DIR": str(self.state),
+            "ML_DEV_IDLE_SETTINGS": str(settings),
+            "ML_DEV_NVIDIA_SMI": str(self.bin / "nvidia-smi"),
+            "ML_DEV_PTS_DIR": str(self.pts),
+            "ML_DEV_SSH_PROCESS_SCAN": "0",
+            "ML_DEV_SA_DIR": str(sa),
             "ML_DEV_CODE_SERVER_HEARTBEAT": str(self.dir / "code-server" / "heartbeat"),
         }
         if api is not None:
@@ -271,9 +286,18 @@ class SimPod:
 
 def write_settings(path: Path, **overrides: Any) -> Path:
     settings = {
-        "enabled": True, "idleTimeoutSeconds": 6, "intervalSeconds": 1, "warningLeadSeconds": 3,
-        "gpuUtilThreshold": 5, "gpuMemoryUtilThreshold": 5, "statefulset": APP, "namespace": NS,
-        "recordConfigMap": f"{APP}-idle-stop", "activityPort": 9099, "servers": ["vscode", "jupyter"], **overrides,
+        "enabled": True,
+        "idleTimeoutSeconds": 6,
+        "intervalSeconds": 1,
+        "warningLeadSeconds": 3,
+        "gpuUtilThreshold": 5,
+        "gpuMemoryUtilThreshold": 5,
+        "statefulset": APP,
+        "namespace": NS,
+        "recordConfigMap": f"{APP}-idle-stop",
+        "activityPort": 9099,
+        "servers": ["vscode", "jupyter"],
+        **overrides,
     }
     path.write_text(json.dumps(settings))
     return path
@@ -286,11 +310,29 @@ class Jupyter:
     def __init__(self, root: Path) -> None:
         self.token = "jupyter-test-token-5b1e"
         self.runtime = root / "runtime"
-        env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(self.runtime), "JUPYTER_CONFIG_DIR": str(root / "config"),
-               "JUPYTER_DATA_DIR": str(root / "data"), "HOME": str(root), "JUPYTER_PLATFORM_DIRS": "1"}
-        cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root", "--ip=127.0.0.1", "--port=0",
-               "--ServerApp.port_retries=0", f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={root}",
-               "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+        env = {
+            **os.environ,
+            "JUPYTER_RUNTIME_DIR": str(self.runtime),
+            "JUPYTER_CONFIG_DIR": str(root / "config"),
+            "JUPYTER_DATA_DIR": str(root / "data"),
+            "HOME": str(root),
+            "JUPYTER_PLATFORM_DIRS": "1",
+        }
+        cmd = [
+            sys.executable,
+            "-m",
+            "jupyter",
+            "lab",
+            "--no-browser",
+            "--allow-root",
+            "--ip=127.0.0.1",
+            "--port=0",
+            "--ServerApp.port_retries=0",
+            f"--IdentityProvider.token={self.token}",
+            f"--ServerApp.root_dir={root}",
+            "--LabApp.news_url=",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        ]
         self.log = open(root / "jupyter.log", "w")
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=root)
         deadline = time.monotonic() + 120

@@ -23,8 +23,7 @@ agent = load_agent()
 # What `nvidia-smi --query-gpu=index,uuid,utilization.gpu,utilization.memory,memory.used --format=csv,noheader[,nounits]`
 # prints on an H100 node (values chosen; format as the driver prints it).
 WITH_UNITS = (
-    "0, GPU-8f6c2d4e-3a1b-4c5d-9e7f-0a1b2c3d4e50, 97 %, 41 %, 61234 MiB\n"
-    "1, GPU-8f6c2d4e-3a1b-4c5d-9e7f-0a1b2c3d4e51, 0 %, 0 %, 4 MiB\n"
+    "0, GPU-8f6c2d4e-3a1b-4c5d-9e7f-0a1b2c3d4e50, 97 %, 41 %, 61234 MiB\n1, GPU-8f6c2d4e-3a1b-4c5d-9e7f-0a1b2c3d4e51, 0 %, 0 %, 4 MiB\n"
 )
 NO_UNITS = "0, GPU-8f6c2d4e-3a1b-4c5d-9e7f-0a1b2c3d4e50, 97, 41, 61234\n1, GPU-8f6c2d4e-3a1b-4c5d-9e7f-0a1b2c3d4e51, 0, 0, 4\n"
 MIG = "0, GPU-8f6c2d4e-3a1b-4c5d-9e7f-0a1b2c3d4e50, [N/A], [N/A], 61234\n"
@@ -76,8 +75,9 @@ class Answer:
         self.httpd.server_close()
 
 
-def decide(pod: SimPod, settings: Path, api: FakeApiServer, monkeypatch: pytest.MonkeyPatch, idle_for: float = 3600,
-           **extra: str) -> tuple[str, Any]:
+def decide(
+    pod: SimPod, settings: Path, api: FakeApiServer, monkeypatch: pytest.MonkeyPatch, idle_for: float = 3600, **extra: str
+) -> tuple[str, Any]:
     """One round of pod 0's decision when nothing was seen for `idle_for` seconds."""
     for key, value in pod.env(settings, api, **extra).items():
         monkeypatch.setenv(key, value)
@@ -111,17 +111,38 @@ def test_untouched_environment_is_stopped_and_the_reason_recorded(
     assert signals[f"{APP}-1/ssh"] == {"ok": True, "active": False, "age": None, "records": []}
     # ... and as an Event on the StatefulSet
     (event,) = api.events
-    assert event["involvedObject"] == {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": APP, "namespace": NS,
-                                       "uid": "0d7a9c1e-5f0b-4c55-9d3e-2b1f4e6a8c01"}
+    assert event["involvedObject"] == {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "name": APP,
+        "namespace": NS,
+        "uid": "0d7a9c1e-5f0b-4c55-9d3e-2b1f4e6a8c01",
+    }
     assert event["reason"] == "IdleStop" and event["type"] == "Normal" and "replicas 2 -> 0" in event["message"]
     assert f'"{APP}-1/gpu"' in event["message"]
     assert_event_shape(event)
 
 
 # core/v1 Event fields (k8s.io/api/core/v1 types.go `Event`); ../shared/schemas has no Event schema.
-EVENT_FIELDS = {"apiVersion", "kind", "metadata", "involvedObject", "reason", "message", "source", "firstTimestamp",
-                "lastTimestamp", "count", "type", "eventTime", "series", "action", "related", "reportingComponent",
-                "reportingInstance"}
+EVENT_FIELDS = {
+    "apiVersion",
+    "kind",
+    "metadata",
+    "involvedObject",
+    "reason",
+    "message",
+    "source",
+    "firstTimestamp",
+    "lastTimestamp",
+    "count",
+    "type",
+    "eventTime",
+    "series",
+    "action",
+    "related",
+    "reportingComponent",
+    "reportingInstance",
+}
 OBJECT_REFERENCE_FIELDS = {"kind", "namespace", "name", "uid", "apiVersion", "resourceVersion", "fieldPath"}
 
 
@@ -152,25 +173,34 @@ def test_scale_request_and_record_pass_the_official_schemas(
     # PUT on the scale subresource with the agent's field manager; never a PATCH of the StatefulSet itself
     writes = [(m, p) for m, p in api.requests if m != "GET"]
     assert ("PUT", f"/apis/apps/v1/namespaces/{NS}/statefulsets/{APP}/scale?fieldManager=ml-dev-env-idle-agent") in writes
-    assert not any(p.startswith(f"/apis/apps/v1/namespaces/{NS}/statefulsets/{APP}?") or p.endswith(f"statefulsets/{APP}")
-                   for _, p in api.requests)
+    assert not any(
+        p.startswith(f"/apis/apps/v1/namespaces/{NS}/statefulsets/{APP}?") or p.endswith(f"statefulsets/{APP}") for _, p in api.requests
+    )
 
 
-def test_already_scaled_to_zero_is_left_alone(pods: list[SimPod], api: FakeApiServer, monkeypatch: pytest.MonkeyPatch,
-                                              tmp_path: Path) -> None:
+def test_already_scaled_to_zero_is_left_alone(
+    pods: list[SimPod], api: FakeApiServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     api.replicas = 0
     pods[0].state.joinpath("rank.env").write_text(f"export NODE_RANK=0 ML_DEV_PODS='{APP}-0' ML_DEV_HOSTS='{APP}-0.x'\n")
     outcome, _ = decide(pods[0], write_settings(tmp_path / "idle.json", servers=[]), api, monkeypatch)
     assert outcome == "stop" and api.scales == [] and api.events == []
 
 
-FAILURES = ["nvidia-smi fails", "GPU values [N/A]", "worker unreachable", "worker probe fails", "rank.env unreadable",
-            "jupyter answers 500"]
+FAILURES = [
+    "nvidia-smi fails",
+    "GPU values [N/A]",
+    "worker unreachable",
+    "worker probe fails",
+    "rank.env unreadable",
+    "jupyter answers 500",
+]
 
 
 @pytest.mark.parametrize("failure", FAILURES)
-def test_a_failed_probe_counts_as_active(failure: str, pods: list[SimPod], peer: SimPod, api: FakeApiServer,
-                                         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_a_failed_probe_counts_as_active(
+    failure: str, pods: list[SimPod], peer: SimPod, api: FakeApiServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     settings = write_settings(tmp_path / "idle.json", servers=["jupyter"] if "jupyter" in failure else [])
     extra = {"ML_DEV_ACTIVITY_PEERS": f"{APP}-1={peer.address()}"}
     broken: Answer | None = None
@@ -201,8 +231,9 @@ def test_a_failed_probe_counts_as_active(failure: str, pods: list[SimPod], peer:
     assert not pods[0].state.joinpath("idle-warning").exists()
 
 
-def test_activity_records_real_processes_and_heartbeats(pods: list[SimPod], api: FakeApiServer,
-                                                       monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_activity_records_real_processes_and_heartbeats(
+    pods: list[SimPod], api: FakeApiServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     pod = pods[0]
     pod.state.joinpath("rank.env").write_text(f"export NODE_RANK=0 ML_DEV_PODS='{APP}-0' ML_DEV_HOSTS='{APP}-0.x'\n")
     settings = write_settings(tmp_path / "idle.json", servers=["vscode"])
@@ -250,8 +281,9 @@ def test_activity_records_real_processes_and_heartbeats(pods: list[SimPod], api:
     assert signals[f"{APP}-0/launcher"]["age"] >= 7000 and signals[f"{APP}-0/vscode"]["age"] >= 7000
 
 
-def test_the_ssh_fabric_and_launcher_record_formats(pods: list[SimPod], api: FakeApiServer,
-                                                     monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_the_ssh_fabric_and_launcher_record_formats(
+    pods: list[SimPod], api: FakeApiServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """ssh-sessions/<pid> (first line: the process start time) and heartbeat/{run,rank}-<pid>.json, as the
     SSH fabric's ForceCommand and the `ml-dev` launcher write them."""
     pod = pods[0]
@@ -284,8 +316,9 @@ def test_the_ssh_fabric_and_launcher_record_formats(pods: list[SimPod], api: Fak
     assert outcome == "stop", decider.reason
 
 
-def test_sshd_session_processes_count_without_records(pods: list[SimPod], api: FakeApiServer,
-                                                      monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_sshd_session_processes_count_without_records(
+    pods: list[SimPod], api: FakeApiServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     pod = pods[0]
     pod.state.joinpath("rank.env").write_text(f"export NODE_RANK=0 ML_DEV_PODS='{APP}-0' ML_DEV_HOSTS='{APP}-0.x'\n")
     session = subprocess.Popen(["bash", "-c", 'exec -a "sshd: dev@pts/7" sleep 60'])
@@ -309,8 +342,9 @@ def test_disabled_agent_decides_nothing(pods: list[SimPod], api: FakeApiServer, 
 # ------------------------------------------------------------------------------- real JupyterLab
 
 
-def test_jupyter_idle_server_polled_by_the_agent_stays_idle(jupyter: Jupyter, pods: list[SimPod], api: FakeApiServer,
-                                                            monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_jupyter_idle_server_polled_by_the_agent_stays_idle(
+    jupyter: Jupyter, pods: list[SimPod], api: FakeApiServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     pod = pods[0]
     pod.state.joinpath("rank.env").write_text(f"export NODE_RANK=0 ML_DEV_PODS='{APP}-0' ML_DEV_HOSTS='{APP}-0.x'\n")
     settings = write_settings(tmp_path / "idle.json", servers=["jupyter"], idleTimeoutSeconds=2, warningLeadSeconds=1)
@@ -351,8 +385,7 @@ def start_env(pods: list[SimPod], settings: Path, api: FakeApiServer, jupyter: J
     """Pod 0 (decides; IDE servers) and pod 1 (reports, mirrors pod 0's warning), each its own agent process."""
     worker, master = pods[1], pods[0]
     peers = tmp_path / "peers"  # pod 0 treats the worker as unreachable (= active) until this file exists
-    master.start(master.env(settings, api, ML_DEV_ACTIVITY_PEERS=f"@{peers}",
-                            ML_DEV_JUPYTER_URL=jupyter.url, JUPYTER_TOKEN=jupyter.token))
+    master.start(master.env(settings, api, ML_DEV_ACTIVITY_PEERS=f"@{peers}", ML_DEV_JUPYTER_URL=jupyter.url, JUPYTER_TOKEN=jupyter.token))
     worker.start(worker.env(settings, None, ML_DEV_MASTER_ACTIVITY=master.address()))
     peers.write_text(f"{worker.name}={worker.address()}\n")
 

@@ -79,9 +79,17 @@ def test_idle_settings_are_a_directory_mount_and_not_in_the_pod_hash(running: Ru
     busy = render(lifecycle={"idleStop": {"enabled": True, "idleTimeout": "2h", "interval": "30s", "warningLead": "15m"}})
     settings = json.loads(busy.one(CM, "gpu-lifecycle").inputs["data"]["idle.json"])
     assert settings == {
-        "enabled": True, "idleTimeoutSeconds": 7200, "intervalSeconds": 30, "warningLeadSeconds": 900,
-        "gpuUtilThreshold": 5, "gpuMemoryUtilThreshold": 5, "statefulset": "ml-dev-env", "namespace": "nccl-test",
-        "recordConfigMap": "ml-dev-env-idle-stop", "activityPort": 9099, "servers": ["vscode", "jupyter", "tensorboard"],
+        "enabled": True,
+        "idleTimeoutSeconds": 7200,
+        "intervalSeconds": 30,
+        "warningLeadSeconds": 900,
+        "gpuUtilThreshold": 5,
+        "gpuMemoryUtilThreshold": 5,
+        "statefulset": "ml-dev-env",
+        "namespace": "nccl-test",
+        "recordConfigMap": "ml-dev-env-idle-stop",
+        "activityPort": 9099,
+        "servers": ["vscode", "jupyter", "tensorboard"],
     }
     # toggling the idle stop changes no pod template (no restart), only the settings and the RBAC
     assert busy.one(STS).inputs["spec"]["template"] == running.one(STS).inputs["spec"]["template"]
@@ -134,21 +142,32 @@ def test_kueue_queue_label_only_on_the_statefulset(running: RunResult) -> None:
     assert queued.outputs["lifecycle"]["kueue_queue"] == "gpu-team"
 
 
-@pytest.mark.parametrize(("lifecycle", "message"), [
-    ({"idleStop": {"idleTimeout": "5m"}},
-     "ml-dev-env:lifecycle.idleStop.idleTimeout: got '5m'; between 900s and 86400s (admin bounds of the idle stop)"),
-    ({"idleStop": {"idleTimeout": "30h"}}, "ml-dev-env:lifecycle.idleStop.idleTimeout: got '30h'; between 900s and 86400s"),
-    ({"idleStop": {"interval": "5s"}}, "ml-dev-env:lifecycle.idleStop.interval: got '5s'; between 15s and 300s"),
-    ({"idleStop": {"idleTimeout": "20m", "warningLead": "30m"}},
-     "ml-dev-env:lifecycle.idleStop.warningLead: got '30m'; must be shorter than idleTimeout (20m)"),
-    ({"idleStop": {"interval": "5m", "warningLead": "5m"}},
-     "ml-dev-env:lifecycle.idleStop.interval: got '5m'; at most half of warningLead"),
-    ({"idleStop": {"idleTimeout": "1 hour"}}, "ml-dev-env:lifecycle.idleStop.idleTimeout: got '1 hour'; '1 hour' is not a duration"),
-    ({"idleStop": {"gpuUtilThreshold": 90}},
-     "ml-dev-env:lifecycle.idleStop.gpuUtilThreshold: got 90; input should be less than or equal to 50"),
-    ({"kueue": {"queueName": "Team_Q"}}, "ml-dev-env:lifecycle.kueue.queueName: got 'Team_Q'"),
-    ({"suspend": True}, "ml-dev-env:lifecycle.suspend: unknown key (did you mean 'suspended'?)"),
-])
+@pytest.mark.parametrize(
+    ("lifecycle", "message"),
+    [
+        (
+            {"idleStop": {"idleTimeout": "5m"}},
+            "ml-dev-env:lifecycle.idleStop.idleTimeout: got '5m'; between 900s and 86400s (admin bounds of the idle stop)",
+        ),
+        ({"idleStop": {"idleTimeout": "30h"}}, "ml-dev-env:lifecycle.idleStop.idleTimeout: got '30h'; between 900s and 86400s"),
+        ({"idleStop": {"interval": "5s"}}, "ml-dev-env:lifecycle.idleStop.interval: got '5s'; between 15s and 300s"),
+        (
+            {"idleStop": {"idleTimeout": "20m", "warningLead": "30m"}},
+            "ml-dev-env:lifecycle.idleStop.warningLead: got '30m'; must be shorter than idleTimeout (20m)",
+        ),
+        (
+            {"idleStop": {"interval": "5m", "warningLead": "5m"}},
+            "ml-dev-env:lifecycle.idleStop.interval: got '5m'; at most half of warningLead",
+        ),
+        ({"idleStop": {"idleTimeout": "1 hour"}}, "ml-dev-env:lifecycle.idleStop.idleTimeout: got '1 hour'; '1 hour' is not a duration"),
+        (
+            {"idleStop": {"gpuUtilThreshold": 90}},
+            "ml-dev-env:lifecycle.idleStop.gpuUtilThreshold: got 90; input should be less than or equal to 50",
+        ),
+        ({"kueue": {"queueName": "Team_Q"}}, "ml-dev-env:lifecycle.kueue.queueName: got 'Team_Q'"),
+        ({"suspend": True}, "ml-dev-env:lifecycle.suspend: unknown key (did you mean 'suspended'?)"),
+    ],
+)
 def test_lifecycle_config_errors(lifecycle: dict[str, Any], message: str) -> None:
     objects = stack_objects("barcelona")
     objects["lifecycle"] = lifecycle

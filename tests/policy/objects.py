@@ -27,7 +27,8 @@ def container(name: str = "main", image: str = "quay.io/org/tool:1.0", **extra: 
 
 def oauth_proxy(port_name: str = "p-web", port: int = 18080) -> dict[str, Any]:
     return container(
-        "proxy", "quay.io/openshift/origin-oauth-proxy:4.20",
+        "proxy",
+        "quay.io/openshift/origin-oauth-proxy:4.20",
         args=["--provider=openshift", f"--http-address=:{port}", "--upstream=http://127.0.0.1:8080"],
         ports=[{"name": port_name, "containerPort": port}],
     )
@@ -40,21 +41,36 @@ def statefulset(
     if sa:
         pod["serviceAccountName"] = sa
     pod.update(spec.pop("pod", {}))
-    return item("kubernetes:apps/v1:StatefulSet", {
-        "apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": meta(name),
-        "spec": {
-            "replicas": replicas, "serviceName": f"{name}-headless", "selector": {"matchLabels": {"app": name}},
-            "template": {"metadata": {"labels": {"app": name}}, "spec": pod}, **spec,
+    return item(
+        "kubernetes:apps/v1:StatefulSet",
+        {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": meta(name),
+            "spec": {
+                "replicas": replicas,
+                "serviceName": f"{name}-headless",
+                "selector": {"matchLabels": {"app": name}},
+                "template": {"metadata": {"labels": {"app": name}}, "spec": pod},
+                **spec,
+            },
         },
-    })
+    )
 
 
 def deployment(name: str, containers: list[dict[str, Any]], **pod: Any) -> Item:
-    return item("kubernetes:apps/v1:Deployment", {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta(name),
-        "spec": {"selector": {"matchLabels": {"app": name}},
-                 "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": containers, **pod}}},
-    })
+    return item(
+        "kubernetes:apps/v1:Deployment",
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": meta(name),
+            "spec": {
+                "selector": {"matchLabels": {"app": name}},
+                "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": containers, **pod}},
+            },
+        },
+    )
 
 
 def service(name: str, selector: dict[str, str] | None, ports: list[dict[str, Any]]) -> Item:
@@ -66,41 +82,69 @@ def service(name: str, selector: dict[str, str] | None, ports: list[dict[str, An
 
 def route(name: str, to: str, target_port: Any = None, **spec: Any) -> Item:
     body: dict[str, Any] = {
-        "host": f"{name}.apps.example.org", "to": {"kind": "Service", "name": to, "weight": 100},
-        "tls": {"termination": "edge", "insecureEdgeTerminationPolicy": "Redirect"}, **spec,
+        "host": f"{name}.apps.example.org",
+        "to": {"kind": "Service", "name": to, "weight": 100},
+        "tls": {"termination": "edge", "insecureEdgeTerminationPolicy": "Redirect"},
+        **spec,
     }
     if target_port is not None:
         body["port"] = {"targetPort": target_port}
-    return item("kubernetes:route.openshift.io/v1:Route",
-                {"apiVersion": "route.openshift.io/v1", "kind": "Route", "metadata": meta(name), "spec": body})
+    return item(
+        "kubernetes:route.openshift.io/v1:Route",
+        {"apiVersion": "route.openshift.io/v1", "kind": "Route", "metadata": meta(name), "spec": body},
+    )
 
 
 def scc_binding(sa: str, scc: str, role_kind: str = "ClusterRole", name: str = "scc-binding") -> Item:
-    return item("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding", {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta(name),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": f"system:openshift:scc:{scc}"},
-        "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": NS}],
-    })
+    return item(
+        "kubernetes:rbac.authorization.k8s.io/v1:RoleBinding",
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": meta(name),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": f"system:openshift:scc:{scc}"},
+            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": NS}],
+        },
+    )
 
 
 def scc_role(scc: str) -> Item:
-    return item("kubernetes:rbac.authorization.k8s.io/v1:Role", {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta(f"system:openshift:scc:{scc}"),
-        "rules": [{"apiGroups": ["security.openshift.io"], "resources": ["securitycontextconstraints"],
-                   "resourceNames": [scc], "verbs": ["use"]}],
-    })
+    return item(
+        "kubernetes:rbac.authorization.k8s.io/v1:Role",
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": meta(f"system:openshift:scc:{scc}"),
+            "rules": [
+                {
+                    "apiGroups": ["security.openshift.io"],
+                    "resources": ["securitycontextconstraints"],
+                    "resourceNames": [scc],
+                    "verbs": ["use"],
+                }
+            ],
+        },
+    )
 
 
 def scc(name: str, caps: list[str], privileged: bool = False) -> Item:
-    return item("kubernetes:security.openshift.io/v1:SecurityContextConstraints", {
-        "apiVersion": "security.openshift.io/v1", "kind": "SecurityContextConstraints", "metadata": {"name": name},
-        "allowPrivilegedContainer": privileged, "allowedCapabilities": caps,
-    })
+    return item(
+        "kubernetes:security.openshift.io/v1:SecurityContextConstraints",
+        {
+            "apiVersion": "security.openshift.io/v1",
+            "kind": "SecurityContextConstraints",
+            "metadata": {"name": name},
+            "allowPrivilegedContainer": privileged,
+            "allowedCapabilities": caps,
+        },
+    )
 
 
 def tekton(kind: str, name: str, spec: dict[str, Any], version: str = "v1") -> Item:
-    return item(f"kubernetes:tekton.dev/{version}:{kind}",
-                {"apiVersion": f"tekton.dev/{version}", "kind": kind, "metadata": meta(name), "spec": spec})
+    return item(
+        f"kubernetes:tekton.dev/{version}:{kind}",
+        {"apiVersion": f"tekton.dev/{version}", "kind": kind, "metadata": meta(name), "spec": spec},
+    )
 
 
 def step(name: str = "run", **extra: Any) -> dict[str, Any]:

@@ -56,7 +56,10 @@ def test_policies_mirror_the_rules_catalogue() -> None:
     assert levels["route-tls-redirect"] == EnforcementLevel.ADVISORY
     assert sum(level == EnforcementLevel.MANDATORY for level in levels.values()) == 9
     assert {p.name for p in policies if isinstance(p, StackValidationPolicy)} == {
-        "routes-require-authentication", "privileges-require-scc-binding", "ssh-only-from-stack-pods"}
+        "routes-require-authentication",
+        "privileges-require-scc-binding",
+        "ssh-only-from-stack-pods",
+    }
 
 
 def test_main_builds_the_named_pack(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -100,14 +103,20 @@ def test_resource_adapter_cannot_see_retain_on_delete_and_stays_quiet() -> None:
 
 
 def test_stack_adapter_reports_against_the_offending_urn() -> None:
-    items = [statefulset("app", [container("server", ports=[{"name": "http", "containerPort": 80}]), oauth_proxy()]),
-             service("app", {"app": "app"}, [{"name": "web", "port": 80, "targetPort": "http"}]),
-             route("app", "app", "web"), route("later", UNKNOWN, "web")]
-    resources = [PolicyResource(typ, unknown_checking_proxy(inputs), f"urn:{i}", f"r{i}", _opts(), None, None, [], {})
-                 for i, (typ, inputs, _) in enumerate(items)]
+    items = [
+        statefulset("app", [container("server", ports=[{"name": "http", "containerPort": 80}]), oauth_proxy()]),
+        service("app", {"app": "app"}, [{"name": "web", "port": 80, "targetPort": "http"}]),
+        route("app", "app", "web"),
+        route("later", UNKNOWN, "web"),
+    ]
+    resources = [
+        PolicyResource(typ, unknown_checking_proxy(inputs), f"urn:{i}", f"r{i}", _opts(), None, None, [], {})
+        for i, (typ, inputs, _) in enumerate(items)
+    ]
     reports: list[tuple[str, str | None]] = []
     _by_name("routes-require-authentication").validate(
-        StackValidationArgs(resources), lambda message, urn=None: reports.append((message, urn)))
+        StackValidationArgs(resources), lambda message, urn=None: reports.append((message, urn))
+    )
     assert [urn for _, urn in reports] == ["urn:2"]
     assert reports[0][0].startswith("Route team/app: Service app port web -> StatefulSet team/app port 'http'")
 
@@ -147,19 +156,26 @@ def test_served_pack_describes_its_policies(analyzer: analyzer_pb2_grpc.Analyzer
 
 def test_served_pack_analyzes_a_resource_with_unknowns(analyzer: analyzer_pb2_grpc.AnalyzerStub) -> None:
     typ, inputs, _ = statefulset("app", [container(image="busybox", resources={"requests": {"nvidia.com/gpu": UNKNOWN}})])
-    request = analyzer_pb2.AnalyzeRequest(type=typ, properties=_struct(inputs), urn="urn:pulumi:s::p::t::app", name="app",
-                                          options=analyzer_pb2.AnalyzerResourceOptions())
+    request = analyzer_pb2.AnalyzeRequest(
+        type=typ, properties=_struct(inputs), urn="urn:pulumi:s::p::t::app", name="app", options=analyzer_pb2.AnalyzerResourceOptions()
+    )
     response = analyzer.Analyze(request, timeout=30)
     assert [(d.policyName, d.enforcementLevel) for d in response.diagnostics] == [("images-pinned", analyzer_pb2.MANDATORY)]
     assert "image 'busybox' has no tag" in response.diagnostics[0].message
 
 
 def test_served_pack_analyzes_the_stack(analyzer: analyzer_pb2_grpc.AnalyzerStub) -> None:
-    items = [statefulset("app", [container("server", ports=[{"name": "http", "containerPort": 80}])]),
-             service("app", {"app": "app"}, [{"name": "web", "port": 80, "targetPort": "http"}]), route("app", "app", "web")]
-    resources = [analyzer_pb2.AnalyzerResource(type=typ, properties=_struct(inputs), urn=f"urn:{i}", name=f"r{i}",
-                                               options=analyzer_pb2.AnalyzerResourceOptions())
-                 for i, (typ, inputs, _) in enumerate(items)]
+    items = [
+        statefulset("app", [container("server", ports=[{"name": "http", "containerPort": 80}])]),
+        service("app", {"app": "app"}, [{"name": "web", "port": 80, "targetPort": "http"}]),
+        route("app", "app", "web"),
+    ]
+    resources = [
+        analyzer_pb2.AnalyzerResource(
+            type=typ, properties=_struct(inputs), urn=f"urn:{i}", name=f"r{i}", options=analyzer_pb2.AnalyzerResourceOptions()
+        )
+        for i, (typ, inputs, _) in enumerate(items)
+    ]
     response = analyzer.AnalyzeStack(analyzer_pb2.AnalyzeStackRequest(resources=resources), timeout=30)
     assert [(d.policyName, d.urn) for d in response.diagnostics] == [("routes-require-authentication", "urn:2")]
 

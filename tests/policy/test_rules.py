@@ -64,8 +64,12 @@ def test_route_to_oauth_proxy_port_is_quiet() -> None:
 
 def test_route_to_plain_server_fires_with_the_resolved_chain() -> None:
     sts = statefulset("app", [container("server", ports=[{"name": "http", "containerPort": 8000}])])
-    found = one("routes-require-authentication", sts, service("app", {"app": "app"}, [{"name": "web", "port": 80, "targetPort": "http"}]),
-                route("app", "app", "web"))
+    found = one(
+        "routes-require-authentication",
+        sts,
+        service("app", {"app": "app"}, [{"name": "web", "port": 80, "targetPort": "http"}]),
+        route("app", "app", "web"),
+    )
     assert found.level == "mandatory" and found.resource == f"Route {NS}/app"
     assert "Service app port web -> StatefulSet team/app port 'http'" in found.message
     assert "container 'server' is neither an OpenShift OAuth proxy" in found.message
@@ -82,14 +86,14 @@ def test_proxy_without_openshift_provider_is_not_a_proxy() -> None:
 def test_provider_flag_as_two_arguments_counts() -> None:
     proxy = oauth_proxy()
     proxy["args"] = ["--provider", "openshift"]
-    assert not run("routes-require-authentication", statefulset("app", [proxy]), service("app", {"app": "app"}, WEB),
-                   route("app", "app", "web"))
+    assert not run(
+        "routes-require-authentication", statefulset("app", [proxy]), service("app", {"app": "app"}, WEB), route("app", "app", "web")
+    )
 
 
 def _token_server(env: list[dict[str, Any]], port_name: str = "vscode", number: int = 8080) -> list[Item]:
     server = container("ml-dev", env=env, ports=[{"name": port_name, "containerPort": number}])
-    return [statefulset("app", [server]),
-            service("app", {"app": "app"}, [{"name": port_name, "port": number, "targetPort": port_name}])]
+    return [statefulset("app", [server]), service("app", {"app": "app"}, [{"name": port_name, "port": number, "targetPort": port_name}])]
 
 
 def test_code_server_with_password_from_secret_is_quiet() -> None:
@@ -99,8 +103,10 @@ def test_code_server_with_password_from_secret_is_quiet() -> None:
 
 def test_code_server_with_literal_password_fires_twice() -> None:
     items = [*_token_server([{"name": "PASSWORD", "value": "hunter2hunter2"}]), route("app", "app", "vscode")]
-    assert "is code-server without its own credential (no HASHED_PASSWORD or PASSWORD from a valueFrom.secretKeyRef)" in one(
-        "routes-require-authentication", *items).message
+    assert (
+        "is code-server without its own credential (no HASHED_PASSWORD or PASSWORD from a valueFrom.secretKeyRef)"
+        in one("routes-require-authentication", *items).message
+    )
     assert "sets a credential-named variable from a literal value" in one("no-plaintext-credentials", *items).message
 
 
@@ -151,8 +157,11 @@ def test_named_target_port_no_container_declares_has_no_backend() -> None:
 
 
 def test_numeric_port_nobody_declares_fires() -> None:
-    items = [statefulset("app", [container("server")]), service("app", {"app": "app"}, [{"port": 80, "targetPort": 8000}]),
-             route("app", "app", 8000)]
+    items = [
+        statefulset("app", [container("server")]),
+        service("app", {"app": "app"}, [{"port": 80, "targetPort": 8000}]),
+        route("app", "app", 8000),
+    ]
     assert "no container declares this port" in one("routes-require-authentication", *items).message
 
 
@@ -164,8 +173,10 @@ def test_route_without_port_checks_every_service_port() -> None:
 
 
 def test_alternate_backends_are_checked() -> None:
-    plain = [deployment("plain", [container("server", ports=[{"name": "web", "containerPort": 8080}])]),
-             service("plain", {"app": "plain"}, [{"name": "web", "port": 8080, "targetPort": "web"}])]
+    plain = [
+        deployment("plain", [container("server", ports=[{"name": "web", "containerPort": 8080}])]),
+        service("plain", {"app": "plain"}, [{"name": "web", "port": 8080, "targetPort": "web"}]),
+    ]
     r = route("app", "app", "web", alternateBackends=[{"kind": "Service", "name": "plain", "weight": 10}])
     found = one("routes-require-authentication", *proxied_app(), *plain, r)
     assert "Deployment team/plain" in found.message
@@ -200,14 +211,15 @@ def test_declared_scc_with_role_and_binding_is_quiet() -> None:
 
 def test_binding_to_a_role_the_stack_lacks_grants_nothing() -> None:
     items = [rdma_pod(), scc("rdma", ["IPC_LOCK", "SYS_RESOURCE"]), scc_binding("dev-sa", "rdma", "Role")]
-    assert "refers to Role 'system:openshift:scc:rdma', which the stack does not create" in one(
-        "privileges-require-scc-binding", *items).message
+    assert (
+        "refers to Role 'system:openshift:scc:rdma', which the stack does not create"
+        in one("privileges-require-scc-binding", *items).message
+    )
 
 
 def test_declared_scc_must_allow_the_capabilities() -> None:
     items = [rdma_pod(), scc("rdma", ["IPC_LOCK"]), scc_role("rdma"), scc_binding("dev-sa", "rdma", "Role")]
-    assert "SCC 'rdma' is bound but does not set allowedCapabilities SYS_RESOURCE" in one(
-        "privileges-require-scc-binding", *items).message
+    assert "SCC 'rdma' is bound but does not set allowedCapabilities SYS_RESOURCE" in one("privileges-require-scc-binding", *items).message
 
 
 def test_binding_for_another_service_account_does_not_count() -> None:
@@ -223,8 +235,10 @@ def test_privileged_scc_cluster_role_admits_privileged_pods() -> None:
 
 
 def test_restricted_scc_grants_no_capabilities() -> None:
-    assert "SCC 'restricted-v2' is bound but does not set allowedCapabilities IPC_LOCK, SYS_RESOURCE" in one(
-        "privileges-require-scc-binding", rdma_pod(), scc_binding("dev-sa", "restricted-v2")).message
+    assert (
+        "SCC 'restricted-v2' is bound but does not set allowedCapabilities IPC_LOCK, SYS_RESOURCE"
+        in one("privileges-require-scc-binding", rdma_pod(), scc_binding("dev-sa", "restricted-v2")).message
+    )
 
 
 def test_net_bind_service_and_dropped_caps_need_nothing() -> None:
@@ -278,12 +292,15 @@ def test_gpu_request_without_limit_fires() -> None:
     assert "is requested (4) without a limit" in one("gpu-requests-equal-limits", gpu_pod({"nvidia.com/gpu": "4"}, {})).message
 
 
-@pytest.mark.parametrize(("requests", "limits"), [
-    ({"nvidia.com/gpu": "4"}, {"nvidia.com/gpu": 4}),
-    ({}, {"nvidia.com/gpu": "4"}),  # a limit alone: the request defaults to it
-    ({"cpu": "32", "memory": "128Gi"}, {"cpu": "64", "memory": "256Gi"}),  # over-commit of cpu/memory is allowed
-    ({"openshift.io/eno5np0rdma": "1"}, {"openshift.io/eno5np0rdma": "1000m"}),
-])
+@pytest.mark.parametrize(
+    ("requests", "limits"),
+    [
+        ({"nvidia.com/gpu": "4"}, {"nvidia.com/gpu": 4}),
+        ({}, {"nvidia.com/gpu": "4"}),  # a limit alone: the request defaults to it
+        ({"cpu": "32", "memory": "128Gi"}, {"cpu": "64", "memory": "256Gi"}),  # over-commit of cpu/memory is allowed
+        ({"openshift.io/eno5np0rdma": "1"}, {"openshift.io/eno5np0rdma": "1000m"}),
+    ],
+)
 def test_equal_or_native_resources_are_quiet(requests: dict[str, Any], limits: dict[str, Any]) -> None:
     assert run("gpu-requests-equal-limits", gpu_pod(requests, limits)) == []
 
@@ -308,8 +325,11 @@ def test_unknown_gpu_quantities_are_not_judged() -> None:
 
 
 def pvc(**options: Any) -> Item:
-    return item("kubernetes:core/v1:PersistentVolumeClaim",
-                {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta("data"), "spec": {}}, **options)
+    return item(
+        "kubernetes:core/v1:PersistentVolumeClaim",
+        {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta("data"), "spec": {}},
+        **options,
+    )
 
 
 def test_pvc_deleted_on_destroy_fires() -> None:
@@ -348,18 +368,30 @@ def test_statefulset_claims_need_an_explicit_retain_policy() -> None:
 RESOURCES = {"requests": {"memory": "4Gi"}}
 
 
-@pytest.mark.parametrize(("kind", "spec", "where"), [
-    ("Task", {"steps": [step(resources=RESOURCES)]}, "spec.steps[run] carries `resources`"),
-    ("Task", {"steps": [step()], "stepTemplate": {"resources": RESOURCES}}, "spec.stepTemplate carries `resources`"),
-    ("Task", {"steps": [step()], "sidecars": [step("cache", resources=RESOURCES)]}, "spec.sidecars[cache] carries `resources`"),
-    ("Pipeline", {"tasks": [{"name": "dl", "taskSpec": {"steps": [step(resources=RESOURCES)]}}]},
-     "spec.tasks[dl].taskSpec.steps[run] carries `resources`"),
-    ("Pipeline", {"tasks": [], "finally": [{"name": "cleanup", "taskSpec": {"steps": [step(resources=RESOURCES)]}}]},
-     "spec.finally[cleanup].taskSpec.steps[run]"),
-    ("PipelineRun", {"pipelineSpec": {"tasks": [{"name": "dl", "taskSpec": {"steps": [step(resources=RESOURCES)]}}]}},
-     "spec.pipelineSpec.tasks[dl].taskSpec.steps[run] carries `resources`"),
-    ("TaskRun", {"taskSpec": {"steps": [step(resources=RESOURCES)]}}, "spec.taskSpec.steps[run] carries `resources`"),
-])
+@pytest.mark.parametrize(
+    ("kind", "spec", "where"),
+    [
+        ("Task", {"steps": [step(resources=RESOURCES)]}, "spec.steps[run] carries `resources`"),
+        ("Task", {"steps": [step()], "stepTemplate": {"resources": RESOURCES}}, "spec.stepTemplate carries `resources`"),
+        ("Task", {"steps": [step()], "sidecars": [step("cache", resources=RESOURCES)]}, "spec.sidecars[cache] carries `resources`"),
+        (
+            "Pipeline",
+            {"tasks": [{"name": "dl", "taskSpec": {"steps": [step(resources=RESOURCES)]}}]},
+            "spec.tasks[dl].taskSpec.steps[run] carries `resources`",
+        ),
+        (
+            "Pipeline",
+            {"tasks": [], "finally": [{"name": "cleanup", "taskSpec": {"steps": [step(resources=RESOURCES)]}}]},
+            "spec.finally[cleanup].taskSpec.steps[run]",
+        ),
+        (
+            "PipelineRun",
+            {"pipelineSpec": {"tasks": [{"name": "dl", "taskSpec": {"steps": [step(resources=RESOURCES)]}}]}},
+            "spec.pipelineSpec.tasks[dl].taskSpec.steps[run] carries `resources`",
+        ),
+        ("TaskRun", {"taskSpec": {"steps": [step(resources=RESOURCES)]}}, "spec.taskSpec.steps[run] carries `resources`"),
+    ],
+)
 def test_step_resources_fire_everywhere(kind: str, spec: dict[str, Any], where: str) -> None:
     found = one("tekton-v1-compute-resources", tekton(kind, "x", spec))
     assert where in found.message
@@ -379,24 +411,30 @@ def test_v1beta1_objects_fire() -> None:
 # ---------------------------------------------------------------------------------------- images
 
 
-@pytest.mark.parametrize(("image", "problem"), [
-    ("busybox", "has no tag"),
-    ("quay.io/org/tool:latest", "uses the floating :latest tag"),
-    ("image-registry.openshift-image-registry.svc:5000/ns/tool", "has no tag"),
-    ("quay.io/org/tool@sha256:abc", "has a malformed digest"),
-])
+@pytest.mark.parametrize(
+    ("image", "problem"),
+    [
+        ("busybox", "has no tag"),
+        ("quay.io/org/tool:latest", "uses the floating :latest tag"),
+        ("image-registry.openshift-image-registry.svc:5000/ns/tool", "has no tag"),
+        ("quay.io/org/tool@sha256:abc", "has a malformed digest"),
+    ],
+)
 def test_floating_images_fire(image: str, problem: str) -> None:
     found = one("images-pinned", statefulset("app", [container(image=image)]))
     assert f"image {image!r} {problem}" in found.message and "Fix: pin a version tag" in found.message
 
 
-@pytest.mark.parametrize("image", [
-    "image-registry.openshift-image-registry.svc:5000/ns/tool:pytorch-2.9",
-    "quay.io/org/tool@sha256:" + "a" * 64,
-    "quay.io/org/tool:1.0@sha256:" + "b" * 64,
-    "$(params.toolsImage)",
-    UNKNOWN,
-])
+@pytest.mark.parametrize(
+    "image",
+    [
+        "image-registry.openshift-image-registry.svc:5000/ns/tool:pytorch-2.9",
+        "quay.io/org/tool@sha256:" + "a" * 64,
+        "quay.io/org/tool:1.0@sha256:" + "b" * 64,
+        "$(params.toolsImage)",
+        UNKNOWN,
+    ],
+)
 def test_pinned_or_unknowable_images_are_quiet(image: str) -> None:
     assert run("images-pinned", statefulset("app", [container(image=image)])) == []
 
@@ -404,23 +442,36 @@ def test_pinned_or_unknowable_images_are_quiet(image: str) -> None:
 def test_init_containers_and_tekton_images_are_checked() -> None:
     pod = statefulset("app", [container()], pod={"initContainers": [container("init", image="alpine")]})
     assert "spec.template.spec.initContainers[init]: image 'alpine'" in one("images-pinned", pod).message
-    task = tekton("Task", "t", {"steps": [step(image="python:latest")], "stepTemplate": {"image": "ubi9"},
-                                "sidecars": [step("s", image="registry:2")]})
+    task = tekton(
+        "Task",
+        "t",
+        {"steps": [step(image="python:latest")], "stepTemplate": {"image": "ubi9"}, "sidecars": [step("s", image="registry:2")]},
+    )
     found = messages("images-pinned", task)
     assert len(found) == 2 and any("spec.stepTemplate" in m for m in found)
 
 
 def buildconfig(strategy_from: dict[str, str], output_to: dict[str, str]) -> Item:
-    return item("kubernetes:build.openshift.io/v1:BuildConfig", {
-        "apiVersion": "build.openshift.io/v1", "kind": "BuildConfig", "metadata": meta("base"),
-        "spec": {"strategy": {"type": "Docker", "dockerStrategy": {"from": strategy_from}}, "output": {"to": output_to},
-                 "triggers": [{"type": "ImageChange", "imageChange": {"from": {"kind": "ImageStreamTag", "name": "base:latest"}}}]},
-    })
+    return item(
+        "kubernetes:build.openshift.io/v1:BuildConfig",
+        {
+            "apiVersion": "build.openshift.io/v1",
+            "kind": "BuildConfig",
+            "metadata": meta("base"),
+            "spec": {
+                "strategy": {"type": "Docker", "dockerStrategy": {"from": strategy_from}},
+                "output": {"to": output_to},
+                "triggers": [{"type": "ImageChange", "imageChange": {"from": {"kind": "ImageStreamTag", "name": "base:latest"}}}],
+            },
+        },
+    )
 
 
 def test_buildconfig_from_output_and_trigger_are_checked() -> None:
-    found = messages("images-pinned", buildconfig({"kind": "DockerImage", "name": "nvcr.io/nvidia/pytorch"},
-                                                  {"kind": "DockerImage", "name": "quay.io/org/base:latest"}))
+    found = messages(
+        "images-pinned",
+        buildconfig({"kind": "DockerImage", "name": "nvcr.io/nvidia/pytorch"}, {"kind": "DockerImage", "name": "quay.io/org/base:latest"}),
+    )
     assert len(found) == 3
     assert "spec.strategy.dockerStrategy.from: DockerImage 'nvcr.io/nvidia/pytorch' has no tag" in found[0]
     assert "spec.output.to: DockerImage 'quay.io/org/base:latest' uses the floating :latest tag" in found[1]
@@ -428,22 +479,36 @@ def test_buildconfig_from_output_and_trigger_are_checked() -> None:
 
 
 def test_pinned_buildconfig_is_quiet() -> None:
-    bc = buildconfig({"kind": "DockerImage", "name": "nvcr.io/nvidia/pytorch:25.09-py3"},
-                     {"kind": "ImageStreamTag", "name": "ml-dev-env:base"})
+    bc = buildconfig(
+        {"kind": "DockerImage", "name": "nvcr.io/nvidia/pytorch:25.09-py3"}, {"kind": "ImageStreamTag", "name": "ml-dev-env:base"}
+    )
     bc[1]["spec"]["triggers"] = [{"type": "ConfigChange"}]
     assert run("images-pinned", bc) == []
 
 
 def test_imagestream_imports_and_modelcar_uris_are_checked() -> None:
-    stream = item("kubernetes:image.openshift.io/v1:ImageStream", {
-        "apiVersion": "image.openshift.io/v1", "kind": "ImageStream", "metadata": meta("tools"),
-        "spec": {"lookupPolicy": {"local": True}, "tags": [{"name": "upstream", "from": {"kind": "DockerImage", "name": "python:latest"}}]},
-    })
+    stream = item(
+        "kubernetes:image.openshift.io/v1:ImageStream",
+        {
+            "apiVersion": "image.openshift.io/v1",
+            "kind": "ImageStream",
+            "metadata": meta("tools"),
+            "spec": {
+                "lookupPolicy": {"local": True},
+                "tags": [{"name": "upstream", "from": {"kind": "DockerImage", "name": "python:latest"}}],
+            },
+        },
+    )
     assert "spec.tags[upstream].from: 'python:latest' uses the floating :latest tag" in one("images-pinned", stream).message
-    isvc = item("kubernetes:serving.kserve.io/v1beta1:InferenceService", {
-        "apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService", "metadata": meta("llm"),
-        "spec": {"predictor": {"model": {"modelFormat": {"name": "vLLM"}, "storageUri": "oci://quay.io/org/modelcar"}}},
-    })
+    isvc = item(
+        "kubernetes:serving.kserve.io/v1beta1:InferenceService",
+        {
+            "apiVersion": "serving.kserve.io/v1beta1",
+            "kind": "InferenceService",
+            "metadata": meta("llm"),
+            "spec": {"predictor": {"model": {"modelFormat": {"name": "vLLM"}, "storageUri": "oci://quay.io/org/modelcar"}}},
+        },
+    )
     assert "spec.predictor.model.storageUri 'oci://quay.io/org/modelcar' has no tag" in one("images-pinned", isvc).message
     isvc[1]["spec"]["predictor"]["model"]["storageUri"] = "oci://quay.io/org/modelcar@sha256:" + "c" * 64
     assert run("images-pinned", isvc) == []
@@ -452,17 +517,25 @@ def test_imagestream_imports_and_modelcar_uris_are_checked() -> None:
 # --------------------------------------------------------------------------------------- secrets
 
 
-@pytest.mark.parametrize(("data", "what"), [
-    ({"password": "correct-horse"}, "holds a credential-named value in a ConfigMap"),
-    ({"creds": f"aws_access_key_id = {AWS_KEY_ID}\n"}, "contains an AWS access key id"),
-    ({"env": f"HF_TOKEN={HF_TOKEN}\n"}, "contains a Hugging Face token"),
-    ({"key.pem": "-----BEGIN RSA PRIVATE KEY-----\n" + "MIIEpAIBAAKCAQEA" * 5 + "\n-----END RSA PRIVATE KEY-----\n"},
-     "contains a private key"),
-    ({"config.json": '{"auths": {"quay.io": {"auth": "dXNlcjpwYXNzd29yZA=="}}}'}, "contains registry credentials (dockerconfigjson auths)"),
-    ({"app.env": "S3_SECRET_ACCESS_KEY=wJalrXUtnFEMIbK7MDENG\n"}, "contains a literal value for S3_SECRET_ACCESS_KEY"),
-    ({"settings.yaml": "registry:\n  password: s3cr3tvalue\n"}, "contains a literal value for password"),
-    ({"startup.sh": "REDACTED"}, "embeds a Pulumi secret in a plain ConfigMap"),
-])
+@pytest.mark.parametrize(
+    ("data", "what"),
+    [
+        ({"password": "correct-horse"}, "holds a credential-named value in a ConfigMap"),
+        ({"creds": f"aws_access_key_id = {AWS_KEY_ID}\n"}, "contains an AWS access key id"),
+        ({"env": f"HF_TOKEN={HF_TOKEN}\n"}, "contains a Hugging Face token"),
+        (
+            {"key.pem": "-----BEGIN RSA PRIVATE KEY-----\n" + "MIIEpAIBAAKCAQEA" * 5 + "\n-----END RSA PRIVATE KEY-----\n"},
+            "contains a private key",
+        ),
+        (
+            {"config.json": '{"auths": {"quay.io": {"auth": "dXNlcjpwYXNzd29yZA=="}}}'},
+            "contains registry credentials (dockerconfigjson auths)",
+        ),
+        ({"app.env": "S3_SECRET_ACCESS_KEY=wJalrXUtnFEMIbK7MDENG\n"}, "contains a literal value for S3_SECRET_ACCESS_KEY"),
+        ({"settings.yaml": "registry:\n  password: s3cr3tvalue\n"}, "contains a literal value for password"),
+        ({"startup.sh": "REDACTED"}, "embeds a Pulumi secret in a plain ConfigMap"),
+    ],
+)
 def test_credentials_in_config_maps_fire(data: dict[str, str], what: str) -> None:
     found = one("no-plaintext-credentials", config_map("cfg", data))
     assert what in found.message and "Fix: keep the value in a Secret" in found.message
@@ -492,46 +565,60 @@ grep -q -- "-----BEGIN OPENSSH PRIVATE KEY-----" "$KEY" || true
     assert run("no-plaintext-credentials", config_map("startup", data)) == []
 
 
-@pytest.mark.parametrize("env", [
-    {"name": "HF_TOKEN", "value": HF_TOKEN},
-    {"name": "PASSWORD", "value": "hunter2hunter2"},
-    {"name": "awsSecretAccessKey", "value": "x" * 40},
-    {"name": "DATABASE_URL_EXTRA", "value": f"token={HF_TOKEN}"},
-    {"name": "SOME_VALUE", "value": "REDACTED"},
-    {"name": "HF_TOKEN", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "hf"}}},
-])
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"name": "HF_TOKEN", "value": HF_TOKEN},
+        {"name": "PASSWORD", "value": "hunter2hunter2"},
+        {"name": "awsSecretAccessKey", "value": "x" * 40},
+        {"name": "DATABASE_URL_EXTRA", "value": f"token={HF_TOKEN}"},
+        {"name": "SOME_VALUE", "value": "REDACTED"},
+        {"name": "HF_TOKEN", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "hf"}}},
+    ],
+)
 def test_credentials_in_env_fire(env: dict[str, Any]) -> None:
     found = one("no-plaintext-credentials", with_env(env))
     assert f"spec.template.spec.containers[main].env[{env['name']}]" in found.message
     assert HF_TOKEN not in found.message and "hunter2" not in found.message
 
 
-@pytest.mark.parametrize("env", [
-    {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}},
-    {"name": "HF_TOKEN_FILE", "value": "/var/run/secrets/hf/token"},
-    {"name": "QUAY_SECRET_NAME", "value": "quay-push"},
-    {"name": "NCCL_IB_TOKEN_SPACE", "value": "something-long-enough"},
-    {"name": "TOKENIZERS_PARALLELISM", "value": "false"},
-    {"name": "MAX_NEW_TOKENS", "value": "4096"},
-    {"name": "PASSWORD", "value": ""},
-    {"name": "PASSWORD", "value": UNKNOWN},
-    {"name": "ML_DEV_AUTH", "value": "token"},
-])
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}},
+        {"name": "HF_TOKEN_FILE", "value": "/var/run/secrets/hf/token"},
+        {"name": "QUAY_SECRET_NAME", "value": "quay-push"},
+        {"name": "NCCL_IB_TOKEN_SPACE", "value": "something-long-enough"},
+        {"name": "TOKENIZERS_PARALLELISM", "value": "false"},
+        {"name": "MAX_NEW_TOKENS", "value": "4096"},
+        {"name": "PASSWORD", "value": ""},
+        {"name": "PASSWORD", "value": UNKNOWN},
+        {"name": "ML_DEV_AUTH", "value": "token"},
+    ],
+)
 def test_references_and_lookalikes_in_env_are_quiet(env: dict[str, Any]) -> None:
     assert run("no-plaintext-credentials", with_env(env)) == []
 
 
 def test_tekton_and_buildconfig_env_and_args_are_checked() -> None:
-    task = tekton("Task", "dl", {"steps": [step("download", args=["--token", HF_TOKEN]),
-                                           step("push", env=[{"name": "REGISTRY_PASSWORD", "value": "p4ssw0rd!"}])]})
+    task = tekton(
+        "Task",
+        "dl",
+        {"steps": [step("download", args=["--token", HF_TOKEN]), step("push", env=[{"name": "REGISTRY_PASSWORD", "value": "p4ssw0rd!"}])]},
+    )
     found = messages("no-plaintext-credentials", task)
     assert len(found) == 2
     assert any("spec.steps[push].env[REGISTRY_PASSWORD]" in m for m in found)
     assert any("spec.steps[download]: command/args/script contain a Hugging Face token" in m for m in found)
-    bc = item("kubernetes:build.openshift.io/v1:BuildConfig", {
-        "apiVersion": "build.openshift.io/v1", "kind": "BuildConfig", "metadata": meta("b"),
-        "spec": {"strategy": {"dockerStrategy": {"env": [{"name": "AWS_ACCESS_KEY_ID", "value": AWS_KEY_ID}]}}},
-    })
+    bc = item(
+        "kubernetes:build.openshift.io/v1:BuildConfig",
+        {
+            "apiVersion": "build.openshift.io/v1",
+            "kind": "BuildConfig",
+            "metadata": meta("b"),
+            "spec": {"strategy": {"dockerStrategy": {"env": [{"name": "AWS_ACCESS_KEY_ID", "value": AWS_KEY_ID}]}}},
+        },
+    )
     assert "spec.strategy.dockerStrategy.env[AWS_ACCESS_KEY_ID]" in one("no-plaintext-credentials", bc).message
     build_args = [{"name": "HF_TOKEN", "value": HF_TOKEN}, {"name": "BASE_TAG", "value": "cu130"}]
     bc[1]["spec"]["strategy"]["dockerStrategy"] = {"buildArgs": build_args}
@@ -539,8 +626,9 @@ def test_tekton_and_buildconfig_env_and_args_are_checked() -> None:
 
 
 def test_secrets_themselves_are_not_flagged() -> None:
-    secret = item("kubernetes:core/v1:Secret", {"apiVersion": "v1", "kind": "Secret", "metadata": meta("hf"),
-                                                "stringData": {"token": HF_TOKEN}})
+    secret = item(
+        "kubernetes:core/v1:Secret", {"apiVersion": "v1", "kind": "Secret", "metadata": meta("hf"), "stringData": {"token": HF_TOKEN}}
+    )
     assert run("no-plaintext-credentials", secret) == []
 
 
@@ -561,9 +649,16 @@ def test_route_without_tls_is_advisory() -> None:
 
 
 def test_evaluate_skips_non_kubernetes_resources_and_rejects_unknown_policy_names() -> None:
-    assert evaluate([("random:index/randomPassword:RandomPassword", {"length": 32}, {}),
-                     ("pulumi:providers:kubernetes", {"namespace": NS}, {}),
-                     ("ml-dev-env:cluster:GpuCluster", {}, {})]) == []
+    assert (
+        evaluate(
+            [
+                ("random:index/randomPassword:RandomPassword", {"length": 32}, {}),
+                ("pulumi:providers:kubernetes", {"namespace": NS}, {}),
+                ("ml-dev-env:cluster:GpuCluster", {}, {}),
+            ]
+        )
+        == []
+    )
     with pytest.raises(ValueError, match="unknown policies"):
         evaluate([], policies=["no-such-policy"])
 
@@ -572,16 +667,31 @@ def test_violations_carry_type_index_and_level() -> None:
     items = [pvc(retain_on_delete=True), statefulset("app", [container(image="busybox")])]
     [found] = evaluate(items)
     assert (found.policy, found.level, found.resource_type, found.index) == (
-        "images-pinned", "mandatory", "kubernetes:apps/v1:StatefulSet", 1)
+        "images-pinned",
+        "mandatory",
+        "kubernetes:apps/v1:StatefulSet",
+        1,
+    )
 
 
 def test_every_message_says_how_to_fix() -> None:
     bad = [
-        pvc(), rdma_pod(), gpu_pod({"nvidia.com/gpu": "1"}, {"nvidia.com/gpu": "2"}),
-        tekton("Task", "t", {"steps": [step(resources=RESOURCES)]}), config_map("c", {"token": "abcdefgh12345"}),
-        route("app", "missing", "web", tls=None), deployment("img", [container(image="busybox")]),
-        item("kubernetes:rbac.authorization.k8s.io/v1:Role", {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-             "metadata": meta("agent"), "rules": [{"apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": ["patch"]}]}),
+        pvc(),
+        rdma_pod(),
+        gpu_pod({"nvidia.com/gpu": "1"}, {"nvidia.com/gpu": "2"}),
+        tekton("Task", "t", {"steps": [step(resources=RESOURCES)]}),
+        config_map("c", {"token": "abcdefgh12345"}),
+        route("app", "missing", "web", tls=None),
+        deployment("img", [container(image="busybox")]),
+        item(
+            "kubernetes:rbac.authorization.k8s.io/v1:Role",
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "Role",
+                "metadata": meta("agent"),
+                "rules": [{"apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": ["patch"]}],
+            },
+        ),
         statefulset("sshd", [container(ports=[{"name": "ssh", "containerPort": 2222}])]),
     ]
     found = evaluate(bad)

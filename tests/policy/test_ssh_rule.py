@@ -24,9 +24,15 @@ def sshd_workload(annotated: bool = True, port_name: bool = False) -> Item:
 
 
 def network_policy(spec: dict[str, Any], name: str = "app-ssh", namespace: str = NS) -> Item:
-    return item("kubernetes:networking.k8s.io/v1:NetworkPolicy", {
-        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {**meta(name), "namespace": namespace}, "spec": spec,
-    })
+    return item(
+        "kubernetes:networking.k8s.io/v1:NetworkPolicy",
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {**meta(name), "namespace": namespace},
+            "spec": spec,
+        },
+    )
 
 
 def good() -> dict[str, Any]:

@@ -14,9 +14,15 @@ POLICY = ["workload-rbac-scale-only"]
 
 
 def role(*rules: dict[str, Any], kind: str = "Role") -> Any:
-    return item(f"kubernetes:rbac.authorization.k8s.io/v1:{kind}", {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": meta("agent"), "rules": list(rules),
-    })
+    return item(
+        f"kubernetes:rbac.authorization.k8s.io/v1:{kind}",
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": kind,
+            "metadata": meta("agent"),
+            "rules": list(rules),
+        },
+    )
 
 
 SCALE_ONE = {"apiGroups": ["apps"], "resources": ["statefulsets/scale"], "resourceNames": ["app"], "verbs": ["get", "update"]}
@@ -32,19 +38,28 @@ def test_scale_of_one_statefulset_events_and_one_configmap_are_allowed() -> None
     assert messages(SCALE_ONE, EVENTS, RECORD) == []
 
 
-@pytest.mark.parametrize(("rule", "expected"), [
-    ({"apiGroups": ["apps"], "resources": ["statefulsets"], "resourceNames": ["app"], "verbs": ["get", "patch"]},
-     "grants ['patch'] on apps/statefulsets, which could change a pod template. Fix: scale through statefulsets/scale"),
-    ({"apiGroups": ["apps"], "resources": ["statefulsets/scale"], "verbs": ["update"]},
-     "on statefulsets/scale of every object. Fix: limit it with resourceNames"),
-    ({"apiGroups": ["apps"], "resources": ["statefulsets/scale"], "resourceNames": ["app"], "verbs": ["delete"]},
-     "grants ['delete'] on statefulsets/scale. Fix: grant only get/update/patch"),
-    ({"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create"]}, "on pods/exec, which runs code inside the pods"),
-    ({"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]}, "grants ['delete'] on core/pods"),
-    ({"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create"]}, "grants ['create'] on batch/jobs"),
-    ({"apiGroups": ["apps"], "resources": ["*"], "verbs": ["get"]}, "uses a wildcard"),
-    ({"apiGroups": ["*"], "resources": ["statefulsets"], "verbs": ["get"]}, "uses a wildcard"),
-])
+@pytest.mark.parametrize(
+    ("rule", "expected"),
+    [
+        (
+            {"apiGroups": ["apps"], "resources": ["statefulsets"], "resourceNames": ["app"], "verbs": ["get", "patch"]},
+            "grants ['patch'] on apps/statefulsets, which could change a pod template. Fix: scale through statefulsets/scale",
+        ),
+        (
+            {"apiGroups": ["apps"], "resources": ["statefulsets/scale"], "verbs": ["update"]},
+            "on statefulsets/scale of every object. Fix: limit it with resourceNames",
+        ),
+        (
+            {"apiGroups": ["apps"], "resources": ["statefulsets/scale"], "resourceNames": ["app"], "verbs": ["delete"]},
+            "grants ['delete'] on statefulsets/scale. Fix: grant only get/update/patch",
+        ),
+        ({"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create"]}, "on pods/exec, which runs code inside the pods"),
+        ({"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]}, "grants ['delete'] on core/pods"),
+        ({"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create"]}, "grants ['create'] on batch/jobs"),
+        ({"apiGroups": ["apps"], "resources": ["*"], "verbs": ["get"]}, "uses a wildcard"),
+        ({"apiGroups": ["*"], "resources": ["statefulsets"], "verbs": ["get"]}, "uses a wildcard"),
+    ],
+)
 def test_workload_writes_fire(rule: dict[str, Any], expected: str) -> None:
     found = messages(SCALE_ONE, rule)
     assert len(found) == 1 and expected in found[0], found
@@ -64,7 +79,12 @@ def test_the_rendered_idle_agent_role_passes_and_a_patch_role_would_not() -> Non
     assert [r for r in rendered if r[1].get("metadata", {}).get("name") == "ml-dev-env-idle-agent" and r[0].endswith(":Role")]
     assert evaluate(rendered, POLICY) == []
     role_inputs = next(r[1] for r in rendered if r[0].endswith(":Role") and r[1]["metadata"]["name"] == "ml-dev-env-idle-agent")
-    widened = {**role_inputs, "rules": [*role_inputs["rules"], {"apiGroups": ["apps"], "resources": ["statefulsets"],
-                                                                "resourceNames": ["ml-dev-env"], "verbs": ["patch"]}]}
+    widened = {
+        **role_inputs,
+        "rules": [
+            *role_inputs["rules"],
+            {"apiGroups": ["apps"], "resources": ["statefulsets"], "resourceNames": ["ml-dev-env"], "verbs": ["patch"]},
+        ],
+    }
     [violation] = evaluate([("kubernetes:rbac.authorization.k8s.io/v1:Role", widened, {})], POLICY)
     assert violation.level == "mandatory" and violation.resource == f"Role {NS.replace('team', 'nccl-test')}/ml-dev-env-idle-agent"

@@ -50,8 +50,11 @@ def _top_level_names(source: str) -> list[str]:
 
 def _lib_imports(source: str) -> set[str]:
     tree = ast.parse(source)
-    return {n.module.removeprefix("lib.") if n.level == 0 else n.module
-            for n in tree.body if isinstance(n, ast.ImportFrom) and n.module and (n.level == 1 or n.module.startswith("lib."))}
+    return {
+        n.module.removeprefix("lib.") if n.level == 0 else n.module
+        for n in tree.body
+        if isinstance(n, ast.ImportFrom) and n.module and (n.level == 1 or n.module.startswith("lib."))
+    }
 
 
 @pytest.mark.parametrize("name", STEPS)
@@ -83,4 +86,3 @@ def test_lib_modules_are_ordered_by_their_imports() -> None:
     lib_dir = Path(__file__).resolve().parents[2] / "steps" / "lib"
     for i, module in enumerate(LIB):
         assert _lib_imports((lib_dir / f"{module}.py").read_text()) <= set(LIB[:i]), module
-

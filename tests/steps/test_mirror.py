@@ -31,9 +31,7 @@ def mirror_args(tmp_path: Path, quay: Registry, src: str, dest: str, *extra: obj
             "--no-src-tls-verify", "--no-dest-tls-verify", *extra]  # fmt: skip
 
 
-def test_token_file_and_digest_verified(
-    tmp_path: Path, run_step: StepRunner, quay: Registry, internal: Registry, pushed: str
-) -> None:
+def test_token_file_and_digest_verified(tmp_path: Path, run_step: StepRunner, quay: Registry, internal: Registry, pushed: str) -> None:
     token = tmp_path / "token"
     token.write_text(internal.password)
     dest = f"{internal.host}/team/mirrored:v1"

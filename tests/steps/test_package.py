@@ -275,7 +275,6 @@ def test_usage_errors(tmp_path: Path, run_step: StepRunner) -> None:
     assert step.returncode == 2 and "--chunk-size" in step.stderr
 
 
-
 def test_token_expiring_during_a_large_chunk_is_renewed_and_resumed(
     tmp_path: Path, run_step: StepRunner, quay: Registry, quay_proxy: HttpProxy, base_image: str, repo_name: str
 ) -> None:

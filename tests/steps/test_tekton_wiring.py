@@ -31,13 +31,19 @@ REF = re.compile(r"\$\((params|tasks|workspaces|results)\.([\w-]+)(?:\.([\w-]+))
 def render_pipeline(s3: S3Server, quay: Registry, base_image: str, registry_url: str, repo: str, stream: bool = False) -> Any:
     objects = stack_objects("barcelona")
     objects["modelPipeline"].update(registryUrl=registry_url, modelcarBaseImage=base_image)
-    objects["models"] = [{
-        "name": "wired", "sizeGi": 1, "quantization": "w4a16", "quayRepository": f"{quay.host}/{repo}", "tag": "v1",
-        "source": {"s3": {"endpoint": s3.endpoint, "bucket": "wired", "prefix": "mistral/v1"}},
-        "include": ["*.json", "*.safetensors", "tokenizer/*"],
-        "registration": {"modelName": "Wired", "versionName": "v1", "baseModel": "mistralai/Mistral-Small-24B-Instruct-2501"},
-        "stream": stream,
-    }]
+    objects["models"] = [
+        {
+            "name": "wired",
+            "sizeGi": 1,
+            "quantization": "w4a16",
+            "quayRepository": f"{quay.host}/{repo}",
+            "tag": "v1",
+            "source": {"s3": {"endpoint": s3.endpoint, "bucket": "wired", "prefix": "mistral/v1"}},
+            "include": ["*.json", "*.safetensors", "tokenizer/*"],
+            "registration": {"modelName": "Wired", "versionName": "v1", "baseModel": "mistralai/Mistral-Small-24B-Instruct-2501"},
+            "stream": stream,
+        }
+    ]
     result = run_objects("barcelona", objects, {"s3AccessKeyId": s3.access_key, "s3SecretAccessKey": s3.secret_key})
     assert result.error is None, result.error
     return result
@@ -84,26 +90,37 @@ class Tekton:
             if arg == "$(params.include[*])":
                 args += params["include"]
             else:
-                args.append(self._sub(arg, params, pipeline_task).replace(SA_TOKEN, str(self.tmp / "sa-token"))
-                            .replace(SA_DIR, str(self.tmp / "sa-certs")))
+                args.append(
+                    self._sub(arg, params, pipeline_task)
+                    .replace(SA_TOKEN, str(self.tmp / "sa-token"))
+                    .replace(SA_DIR, str(self.tmp / "sa-certs"))
+                )
         step_env = {**env}
         for e in step.get("env", []):
             if "value" in e:
                 step_env[e["name"]] = self._sub(e["value"], params, pipeline_task)
         script = self.tmp / f"{pipeline_task}.py"
         script.write_text(step["script"])
-        proc = subprocess.run([sys.executable, str(script), *args, *extra_args], capture_output=True, text=True,
-                              env=step_env, timeout=300, check=False)
+        proc = subprocess.run(
+            [sys.executable, str(script), *args, *extra_args], capture_output=True, text=True, env=step_env, timeout=300, check=False
+        )
         self.results[pipeline_task] = {
             r["name"]: (self.tmp / "results" / pipeline_task / r["name"]).read_text()
-            for r in spec.get("results", []) if (self.tmp / "results" / pipeline_task / r["name"]).exists()
+            for r in spec.get("results", [])
+            if (self.tmp / "results" / pipeline_task / r["name"]).exists()
         }
         return proc
 
 
 def test_rendered_tasks_run_end_to_end(
-    tmp_path: Path, s3: S3Server, quay: Registry, internal: Registry, base_image: str,
-    model_registry: ModelRegistryStandIn, model_dir: tuple[Path, dict[str, bytes]], repo_name: str,
+    tmp_path: Path,
+    s3: S3Server,
+    quay: Registry,
+    internal: Registry,
+    base_image: str,
+    model_registry: ModelRegistryStandIn,
+    model_dir: tuple[Path, dict[str, bytes]],
+    repo_name: str,
 ) -> None:
     _, files = model_dir
     upload_model(s3, "wired", "mistral/v1", files)
@@ -150,8 +167,14 @@ def test_rendered_tasks_run_end_to_end(
 
 
 def test_streaming_run_packages_from_s3_without_a_weights_volume(
-    tmp_path: Path, s3: S3Server, quay: Registry, internal: Registry, base_image: str,
-    model_registry: ModelRegistryStandIn, model_dir: tuple[Path, dict[str, bytes]], repo_name: str,
+    tmp_path: Path,
+    s3: S3Server,
+    quay: Registry,
+    internal: Registry,
+    base_image: str,
+    model_registry: ModelRegistryStandIn,
+    model_dir: tuple[Path, dict[str, bytes]],
+    repo_name: str,
 ) -> None:
     _, files = model_dir
     upload_model(s3, "wired", "mistral/v1", files)
