@@ -14,7 +14,7 @@ help:
 	@echo "make render STACK=<name>   render one stack offline into rendered/<name>/ (+ schema check)"
 	@echo "make render-all            render every Pulumi.<stack>.yaml"
 	@echo "make runs STACK=<name>     state of each model's packaging run (needs oc, logged in)"
-	@echo "make test                  lint + the whole test suite (installs what it needs)"
+	@echo "make test                  ruff check + format check, mypy, the whole test suite (installs what it needs)"
 	@echo "make lock                  re-lock requirements*.txt (hashes) after editing requirements*.in"
 	@echo "make docs                  regenerate the configuration reference, presets and diagram in README.md"
 	@echo "make policy-preview        pulumi preview with the policy pack (needs the Pulumi CLI and a cluster)"
@@ -67,6 +67,7 @@ runs: venv
 
 lint: venv
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 typecheck: venv
 	$(PY) -m mypy
@@ -90,7 +91,7 @@ policy-preview: venv
 	pulumi preview --stack $(STACK) --policy-pack policy --diff
 
 # pyproject's `addopts = -ra` makes pytest end with a summary of every skipped test and its reason.
-test: venv system-deps lint
+test: venv system-deps lint typecheck
 	$(PY) -m pytest -q
 
 bench-package: venv system-deps

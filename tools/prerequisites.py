@@ -254,7 +254,8 @@ def prerequisites(config: StackConfig, objects: Sequence[Mapping[str, Any]], pat
                 f"NVIDIA GPU operator: nodes advertise {GPU_RESOURCE}"
                 + (f" and carry {', '.join(sorted(gpu_labels))}" if gpu_labels else ""),
                 f"{_users(extended.pop(GPU_RESOURCE))} request GPUs",
-                "oc get nodes -l nvidia.com/gpu.present=true -o custom-columns=NODE:.metadata.name,GPUS:.status.allocatable.nvidia\\.com/gpu",
+                "oc get nodes -l nvidia.com/gpu.present=true"
+                " -o custom-columns=NODE:.metadata.name,GPUS:.status.allocatable.nvidia\\.com/gpu",
             )
         )
     if config.nodes.gpu_nodes:
