@@ -374,10 +374,10 @@ exec setpriv {drop} \\
 
     def popen(self, index: int, script: str, **kw: object) -> subprocess.Popen[str]:
         return subprocess.Popen(
-            self.command(index, script, **kw),
+            self.command(index, script, **kw),  # type: ignore[arg-type]
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            text=True,  # type: ignore[arg-type]
+            text=True,
             start_new_session=True,
         )
 
