@@ -9,16 +9,13 @@ The service-account token is re-read on every attempt (tokens rotate during long
 from __future__ import annotations
 
 import argparse
-import base64
-import http.client
-import json
 import ssl
 import time
-import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
 
 from lib.images import ImageRef
+from lib.registry import RegistryClient, TransientError
 from lib.runtime import EXIT_AUTH, EXIT_NOT_FOUND, EXIT_REMOTE, StepError, log, run_step
 
 ACCEPT = ", ".join(
@@ -31,57 +28,30 @@ ACCEPT = ", ".join(
 )
 
 
-def _connection(host: str, plain_http: bool, context: ssl.SSLContext) -> http.client.HTTPConnection:
-    if plain_http:
-        return http.client.HTTPConnection(host, timeout=30)
-    return http.client.HTTPSConnection(host, timeout=30, context=context)
-
-
-def _get(
-    url: str, headers: dict[str, str], plain_http: bool, context: ssl.SSLContext, method: str = "GET"
-) -> tuple[int, dict[str, str], bytes]:
-    parts = urllib.parse.urlsplit(url)
-    conn = _connection(parts.netloc, plain_http or parts.scheme == "http", context)
-    try:
-        conn.request(method, parts.path + (f"?{parts.query}" if parts.query else ""), headers=headers)
-        resp = conn.getresponse()
-        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
-    finally:
-        conn.close()
-
-
-def _challenge(header: str) -> tuple[str, dict[str, str]]:
-    scheme, _, rest = header.partition(" ")
-    params = dict((k.strip(), v.strip().strip('"')) for k, _, v in (p.partition("=") for p in rest.split(",")) if k)
-    return scheme.lower(), params
-
-
 def manifest_exists(ref: ImageRef, user: str, secret: str, plain_http: bool, context: ssl.SSLContext) -> bool:
-    """HEAD the manifest; answer the registry's auth challenge (Bearer token flow or Basic) once."""
-    scheme = "http" if plain_http else "https"
-    url = f"{scheme}://{ref.registry}/v2/{ref.repository}/manifests/{ref.reference}"
-    headers = {"Accept": ACCEPT, "Authorization": f"Bearer {secret}"}  # OpenShift's registry takes the token as is
-    status, resp_headers, _ = _get(url, headers, plain_http, context, "HEAD")
-    if status == 401:
-        kind, params = _challenge(resp_headers.get("www-authenticate", ""))
-        basic = "Basic " + base64.b64encode(f"{user}:{secret}".encode()).decode()
-        if kind == "bearer" and "realm" in params:
-            query = urllib.parse.urlencode({"service": params.get("service", ""), "scope": f"repository:{ref.repository}:pull"})
-            token_status, _, body = _get(f"{params['realm']}?{query}", {"Authorization": basic}, plain_http, context)
-            if token_status != 200:
-                raise StepError(f"{ref.registry}: token request refused (HTTP {token_status}); check the token", EXIT_AUTH)
-            answer = json.loads(body)
-            headers["Authorization"] = f"Bearer {answer.get('token') or answer.get('access_token')}"
-        else:
-            headers["Authorization"] = basic
-        status, _, _ = _get(url, headers, plain_http, context, "HEAD")
-    if status == 200:
+    """HEAD the manifest through the shared registry client (auth challenge: Bearer token flow or Basic).
+
+    The service-account token is tried first as a Bearer token as is (what OpenShift's registry takes);
+    a fresh client per check, because the token file is re-read on every attempt (tokens rotate).
+    """
+    client = RegistryClient(
+        ref.registry,
+        (user, secret),
+        [f"repository:{ref.repository}:pull"],
+        plain_http=plain_http,
+        tls_context=context,
+        timeout=30,
+        retries=2,
+        initial_auth=f"Bearer {secret}",
+    )
+    reply = client.request("HEAD", f"/v2/{ref.repository}/manifests/{ref.reference}", {"Accept": ACCEPT})
+    if reply.status == 200:
         return True
-    if status == 404:
+    if reply.status == 404:
         return False
-    if status in (401, 403):
-        raise StepError(f"{ref}: access denied (HTTP {status}); the service account needs pull rights", EXIT_AUTH)
-    raise StepError(f"{ref}: unexpected HTTP {status} from the registry", EXIT_REMOTE)
+    if reply.status == 403:
+        raise StepError(f"{ref}: access denied (HTTP 403); the service account needs pull rights", EXIT_AUTH)
+    raise StepError(f"{ref}: unexpected HTTP {reply.status} from the registry", EXIT_REMOTE)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -114,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             if manifest_exists(ref, args.username, secret, args.plain_http, context):
                 log(f"{ref} is available after {time.monotonic() - started:.0f} s")
                 return
-        except OSError as exc:  # registry not reachable yet: keep waiting
+        except (OSError, TransientError) as exc:  # registry not reachable yet: keep waiting
             log(f"{ref.registry} not reachable ({exc}); retrying")
         waited = time.monotonic() - started
         if waited >= args.timeout:

@@ -87,7 +87,10 @@ class RegistryClient:
         timeout: float,
         retries: int = 5,
         retry_delay: float = 2.0,
+        initial_auth: str | None = None,
     ) -> None:
+        """`initial_auth`: an Authorization value to try first (OpenShift's registry takes a service-account
+        token as a Bearer token as is); a 401 to it falls back to the challenge like any expired credential."""
         host = "registry-1.docker.io" if registry == "docker.io" else registry
         self.registry = registry
         self.base = f"{'http' if plain_http else 'https'}://{host}"
@@ -96,7 +99,7 @@ class RegistryClient:
         self.retries, self.retry_delay = retries, retry_delay
         self._local = threading.local()
         self._auth_lock = threading.Lock()
-        self._auth: str | None = None
+        self._auth: str | None = initial_auth
         # Origins the credentials go to: the registry, plus the hosts of upload URLs the registry
         # itself hands out in answers to POST/PATCH (Quay builds them from SERVER_HOSTNAME, which
         # may differ from the name pushed to). Never the targets of GET redirects (signed storage URLs).

@@ -66,4 +66,4 @@ def test_wrong_token_is_an_auth_error(tmp_path: Path, run_step: StepRunner, quay
         "5",
     )
     assert step.returncode == 4, step.stderr
-    assert "token request refused" in step.error
+    assert "credentials rejected by token service (HTTP 401)" in step.error
