@@ -124,7 +124,11 @@ RUNTIME_REQUIREMENTS = IMAGES / "runtime-requirements.txt"
 
 
 def _pins(path: Path) -> list[str]:
-    lines = (line.split("#", 1)[0].strip() for line in path.read_text().splitlines())
+    return _pins_text(path.read_text())
+
+
+def _pins_text(text: str) -> list[str]:
+    lines = (line.split("#", 1)[0].strip() for line in text.splitlines())
     return [line for line in lines if line]
 
 
@@ -392,8 +396,15 @@ class ImageBuild(pulumi.ComponentResource):
 
 
 def step_requirements() -> list[str]:
-    """The step programs' pins, one per line in steps/requirements.txt (comments dropped)."""
-    return _pins(STEP_REQUIREMENTS)
+    """The tools image's hash lock (steps/requirements.txt, `make lock`): one entry per package,
+    `name==version --hash=sha256:… …`, continuation lines joined and comments dropped."""
+    joined = STEP_REQUIREMENTS.read_text().replace("\\\n", " ")
+    return [" ".join(line.split()) for line in _pins_text(joined)]
+
+
+# Separates the lock's entries in the STEP_REQUIREMENTS build arg (a build arg is one line; `|` never
+# occurs in a requirement); images/tools.Containerfile turns it back into a requirements file.
+STEP_REQUIREMENTS_SEPARATOR = "|"
 
 
 def tools_hash(base_image: str) -> str:
@@ -417,7 +428,7 @@ def tools_spec(base_image: str, nodes: BuildNodesConfig, image_stream: str) -> d
             "dockerStrategy": {
                 "dockerfilePath": "Dockerfile",
                 "from": {"kind": "DockerImage", "name": base_image},
-                "buildArgs": _build_args({"STEP_REQUIREMENTS": " ".join(step_requirements())}),
+                "buildArgs": _build_args({"STEP_REQUIREMENTS": STEP_REQUIREMENTS_SEPARATOR.join(step_requirements())}),
             },
         },
         "output": {"to": {"kind": "ImageStreamTag", "name": f"{image_stream}:{tools_tag(base_image)}"}},

@@ -274,7 +274,8 @@ def test_a_comment_only_edit_changes_nothing(target: str, before: RunResult, mon
     source: Path = getattr(image_build, target)
     lines = source.read_text().splitlines()
     # a new comment line after the first instruction, an edited comment, a blank line and a trailing comment
-    first = next(i for i, line in enumerate(lines) if line.strip() and not line.startswith("#"))
+    # (after a complete line: a comment cannot split a `\`-continued instruction or a locked entry's hashes)
+    first = next(i for i, line in enumerate(lines) if line.strip() and not line.startswith("#") and not line.endswith("\\"))
     lines.insert(first + 1, "# a comment someone added")
     lines = [line + " (edited)" if line.startswith("# ") else line for line in lines]
     (tmp_path / source.name).write_text("\n".join(lines) + "\n\n# trailing\n")

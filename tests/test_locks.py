@@ -15,6 +15,7 @@ LOCKS = {
     "requirements.in": "requirements.txt",
     "requirements-dev.in": "requirements-dev.txt",
     "policy/requirements.in": "policy/requirements.txt",
+    "steps/requirements.in": "steps/requirements.txt",  # the tools image (images/tools.Containerfile)
 }
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s;\\#]+)")
 
@@ -53,8 +54,8 @@ def test_every_direct_pin_is_locked_at_its_version(source: str) -> None:
         assert lock.get(name) == version, f"{LOCKS[source]}: {name} locked at {lock.get(name)}, {source} pins {version}: run make lock"
 
 
-def test_runtime_and_policy_locks_agree_with_the_dev_lock() -> None:
+def test_runtime_policy_and_tools_locks_agree_with_the_dev_lock() -> None:
     dev = locked(ROOT / "requirements-dev.txt")
-    for lock in ("requirements.txt", "policy/requirements.txt"):
+    for lock in ("requirements.txt", "policy/requirements.txt", "steps/requirements.txt"):
         for name, version in locked(ROOT / lock).items():
             assert dev.get(name) == version, f"{lock}: {name}=={version} but requirements-dev.txt has {dev.get(name)}"

@@ -5,13 +5,17 @@ from __future__ import annotations
 import copy
 import json
 import re
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
+from dockerfile_parse import DockerfileParser
 
 from core import model_sizing
 from steps.embed import STEPS, step_script
-from tests.conftest import run_objects, stack_objects
+from tests.conftest import ROOT, run_objects, stack_objects
 from tools.mock_engine import RunResult
 
 TASK = "kubernetes:tekton.dev/v1:Task"
@@ -410,3 +414,44 @@ def test_hugging_face_model_can_stream_but_not_with_an_s3_upload() -> None:
     result = _with_models(lambda o: o["models"][0].update(stream=True, uploadToS3=upload),
                           {"quayDockerConfigJson": "{}", "s3AccessKeyId": "A", "s3SecretAccessKey": "B"})  # fmt: skip
     assert result.error and "ml-dev-env:models[0].stream: got 'stream: true'; not with uploadToS3" in result.error
+
+
+def test_tools_image_installs_exactly_the_hash_lock(barcelona: RunResult, tmp_path: Path) -> None:
+    """The rendered BuildConfig's RUN line, executed as written, hands pip the whole lock with every hash,
+    in a file pip parses, installed with --require-hashes (pip itself stands in only for the install)."""
+    bc = next(
+        r.inputs
+        for r in barcelona.of_type("kubernetes:build.openshift.io/v1:BuildConfig")
+        if r.inputs["metadata"]["labels"].get("ml-dev-env/stage") == "tools"
+    )
+    args = {a["name"]: a["value"] for a in bc["spec"]["strategy"]["dockerStrategy"]["buildArgs"]}
+    parser = DockerfileParser(path=str(tmp_path / "Dockerfile"))
+    parser.content = bc["spec"]["source"]["dockerfile"]
+    run = next(i["value"] for i in parser.structure if i["instruction"] == "RUN" and "STEP_REQUIREMENTS" in i["value"])
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stub = (
+        f'#!/bin/bash\necho "$@" >> {tmp_path}/pip-calls\nfor a in "$@"; do last="$a"; done\n'
+        f'if [[ " $* " == *" -r "* ]]; then cp "$last" {tmp_path}/installed.txt; fi\n'
+    )
+    (bin_dir / "python3").write_text(stub)
+    (bin_dir / "python3").chmod(0o755)
+    script = run.replace("/tmp/", f"{tmp_path}/")
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "STEP_REQUIREMENTS": args["STEP_REQUIREMENTS"]}
+    proc = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "--require-hashes" in (tmp_path / "pip-calls").read_text()
+    installed = (tmp_path / "installed.txt").read_text().splitlines()
+    lock = (ROOT / "steps" / "requirements.txt").read_text()
+    locked = re.findall(r"^([A-Za-z0-9][A-Za-z0-9._-]*==\S+)", lock, flags=re.M)
+    assert [line.split()[0] for line in installed] == locked
+    assert sum(line.count("--hash=sha256:") for line in installed) == lock.count("--hash=sha256:")
+    # pip parses the file (a syntax problem is "Invalid requirement"); the venv already holds these versions
+    # (the dev lock includes this one), else with no index it would find nothing to install
+    check = subprocess.run(
+        [sys.executable, "-m", "pip", "--isolated", "install", "--dry-run", "--no-index", "--require-hashes",
+         "-r", str(tmp_path / "installed.txt")],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert "Invalid requirement" not in check.stdout + check.stderr
+    assert check.returncode == 0 or "No matching distribution found" in check.stderr, check.stderr

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Compile the direct pins (*.in) into hash-locked requirement sets with uv.
-#   tools/lock.sh           rewrite requirements-dev.txt, requirements.txt, policy/requirements.txt
+#   tools/lock.sh           rewrite steps/requirements.txt (the tools image), requirements-dev.txt,
+#                           requirements.txt, policy/requirements.txt
 #   tools/lock.sh --check   fail (exit 1) when a lock is out of date with its .in file
-# The dev lock (what .venv gets) is resolved first; the runtime lock (what `pulumi up` installs) and the
+# The tools image's lock (its Python is 3.11 too) comes first: the dev lock includes it through
+# steps/requirements-test.txt, so the tests run the step programs on exactly those pins. The dev lock (what .venv gets) is next; the runtime lock (what `pulumi up` installs) and the
 # policy pack's lock are resolved with it as a constraint, so every set pins the same versions.
 # (In --check mode a stale dev lock fails first, so constraining by the committed one is exact.)
 set -euo pipefail
@@ -12,18 +14,20 @@ compile() {  # compile <in> <out> [constraint]
   "$UV" pip compile --quiet --python-version 3.11 --generate-hashes --no-header --annotation-style line \
     "$1" ${3:+-c "$3"} -o "$2"
 }
+LOCKS="steps/requirements.txt requirements-dev.txt requirements.txt policy/requirements.txt"
 check=false; [ "${1:-}" = "--check" ] && check=true
 out=.
 if $check; then
   out="$(mktemp -d)"; trap 'rm -rf "$out"' EXIT
-  mkdir -p "$out/policy"
-  for f in requirements-dev.txt requirements.txt policy/requirements.txt; do cp "$f" "$out/$f"; done
+  mkdir -p "$out/policy" "$out/steps"
+  for f in $LOCKS; do cp "$f" "$out/$f"; done
 fi
+compile steps/requirements.in "$out/steps/requirements.txt"
 compile requirements-dev.in "$out/requirements-dev.txt"
 compile requirements.in "$out/requirements.txt" requirements-dev.txt
 compile policy/requirements.in "$out/policy/requirements.txt" requirements-dev.txt
 if $check; then
-  for f in requirements-dev.txt requirements.txt policy/requirements.txt; do
+  for f in $LOCKS; do
     cmp -s "$out/$f" "$f" || { echo "$f is out of date with ${f%.txt}.in: run make lock"; exit 1; }
   done
 fi
