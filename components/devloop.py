@@ -30,7 +30,7 @@ from stacks.config import StackConfig
 SCRIPTS = Path(__file__).parent / "scripts"
 SSH_PORT = 2222
 SECRET_MOUNT = "/etc/ml-dev-env/ssh"
-STARTUP_MOUNT = "/opt/ml-dev-env"
+STARTUP_MOUNT = naming.STARTUP_MOUNT
 LAUNCHER = "ml-dev"
 TCP_USER = "ml-dev"
 ANNOTATION_SSH_PORT = "ml-dev-env/ssh-port"
@@ -94,7 +94,7 @@ def known_hosts(app: str, namespace: str, count: int, host_public_key: str) -> s
 
 def proxy_command(namespace: str, pod: str) -> str:
     """stdin/stdout of a fresh `sshd -i` in the pod (inetd mode, the pod's own sshd_config) through `oc exec`."""
-    return f"oc exec -i -n {namespace} -c ml-dev {pod} -- /bin/bash {STARTUP_MOUNT}/sshd.sh --inetd"
+    return f"oc exec -i -n {namespace} -c {naming.MAIN_CONTAINER} {pod} -- /bin/bash {STARTUP_MOUNT}/sshd.sh --inetd"
 
 
 def ssh_config(app: str, namespace: str, count: int, user: str, known_hosts_file: str) -> str:
@@ -121,7 +121,10 @@ def laptop_known_hosts_file(app: str, namespace: str) -> str:
 
 
 def shell_commands(app: str, namespace: str, count: int) -> dict[str, str]:
-    return {naming.pod_name(app, i): f"oc exec -it -n {namespace} -c ml-dev {naming.pod_name(app, i)} -- bash -l" for i in range(count)}
+    return {
+        naming.pod_name(app, i): f"oc exec -it -n {namespace} -c {naming.MAIN_CONTAINER} {naming.pod_name(app, i)} -- bash -l"
+        for i in range(count)
+    }
 
 
 def port_forward_commands(app: str, namespace: str, count: int) -> dict[str, str]:

@@ -14,7 +14,7 @@ from core import naming, nccl
 from stacks.config import StackConfig
 
 STARTUP_SCRIPT = Path(__file__).parent / "scripts" / "startup.sh"
-STARTUP_MOUNT = "/opt/ml-dev-env"
+STARTUP_MOUNT = naming.STARTUP_MOUNT
 STATE_DIR = "/tmp/ml-dev-env"
 CLUSTER_MOUNT = "/etc/ml-dev-env/cluster"
 CLUSTER_VOLUME = "cluster"

@@ -32,6 +32,10 @@ def selector_labels(app: str) -> dict[str, str]:
     return {"app.kubernetes.io/name": "ml-dev-env", "app.kubernetes.io/instance": app}
 
 
+STARTUP_MOUNT = "/opt/ml-dev-env"
+"""Where the startup ConfigMap (startup.sh, the dev-loop, fabric and idle-agent programs) is mounted."""
+
+
 def startup_configmap(app: str) -> str:
     return f"{app}-startup"
 
