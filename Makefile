@@ -8,7 +8,7 @@ STACK ?= barcelona
 APT_PACKAGES := docker-registry skopeo buildah apache2-utils openssh-server openssh-client rsync pdsh libnss-wrapper
 # Hash-locked sets compiled from the *.in files by `make lock` (tools/lock.sh, uv); .venv gets the dev lock.
 
-.PHONY: lock lock-check typecheck help venv system-deps render render-all runs test lint docs diagram policy-preview bench-package bench-launch clean
+.PHONY: lock lock-check verify-base-lock typecheck help venv system-deps render render-all runs test lint docs diagram policy-preview bench-package bench-launch clean
 
 help:
 	@echo "make render STACK=<name>   render one stack offline into rendered/<name>/ (+ schema check)"
@@ -16,6 +16,7 @@ help:
 	@echo "make runs STACK=<name>     state of each model's packaging run (needs oc, logged in)"
 	@echo "make test                  ruff check + format check, mypy, the whole test suite (installs what it needs)"
 	@echo "make lock                  re-lock requirements*.txt (hashes) after editing requirements*.in"
+	@echo "make verify-base-lock      install the base image's locks for real (PyPI) and pip check them"
 	@echo "make docs                  regenerate the configuration reference, presets and diagram in README.md"
 	@echo "make policy-preview        pulumi preview with the policy pack (needs the Pulumi CLI and a cluster)"
 	@echo "make bench-package         modelcar packaging benchmark (SIZE=2GiB)"
@@ -79,6 +80,10 @@ lock: venv
 # Fails when a lock is out of date with its .in file (the pre-commit hook runs it).
 lock-check: venv
 	tools/lock.sh --check
+
+# Installs each base-image lock for real (PyPI, a CPython per lock) as the base build does, then pip check.
+verify-base-lock: venv
+	tools/verify_base_lock.sh
 
 docs: venv
 	$(PY) -m tools.config_reference --write README.md

@@ -5,13 +5,13 @@ BuildConfig has never built (openshift/openshift-controller-manager,
 pkg/build/controller/buildconfig/buildconfig_controller.go, `handleBuildConfig`:
 `if bc.Status.LastVersion > 0 { return nil }`), so editing a BuildConfig that already built builds
 nothing. Here every stage's image-relevant inputs (Containerfile without comments, base image, build
-args, requirements, Git source) are hashed; the hash is in both the output tag and the BuildConfig's
+args, requirements and hash locks, Git source) are hashed; the hash is in both the output tag and the BuildConfig's
 name. A changed input therefore gives a NEW BuildConfig object (Pulumi replaces it: create the new
 name, then delete the old one) whose first build produces exactly the new tag the pods / PipelineRuns
 reference; an unchanged stage keeps its BuildConfig and tag untouched.
 
 * base `<stream>-base-<hash>` → `<stream>:<preset tag>-<hash>`; ConfigChange trigger (FROM a public
-  image).
+  image); its hash lock in the ConfigMap `<stream>-base-<hash>-lock`.
 * runtime `<stream>-runtime-<hash>` → `<stream>:runtime-<hash>`; its hash includes the base tag, so a
   new base gives a new runtime BuildConfig too. It has only an ImageChange trigger on the base tag:
   the image trigger controller builds a newly added BuildConfig at once when the base tag exists, or
@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict
 
 from components import crds
 from core import naming
-from core.presets import preset, presets_file
+from core.presets import base_lock, preset, presets_file
 from stacks.config import BuildNodesConfig, ImageBuildConfig
 
 IMAGES = Path(__file__).resolve().parent.parent / "images"
@@ -104,11 +104,41 @@ def _source_inputs(build: ImageBuildConfig, containerfile: Path) -> dict[str, An
     return {"containerfile": containerfile_text(containerfile)}
 
 
+# The base stage's hash lock reaches the build as a ConfigMap the builder copies into the build context
+# (openshift/builder pkg/build/builder/docker.go `dockerBuild` → `copyConfigMaps`/`copyLocalObject`: each key
+# into <context dir>/<destinationDir>, after the inline Dockerfile is written, for inline and Git sources
+# alike), where the Containerfile COPYs it. Not a build arg: the build pod gets the whole Build object in ONE
+# environment variable, BUILD (openshift-controller-manager pkg/build/controller/strategy/docker.go
+# `CreateBuildPod`), and Linux refuses an exec whose single env string exceeds 128 KiB; the lock is ~150 KB.
+# A missing ConfigMap holds the build back rather than failing it (pkg/build/controller/build/build_controller.go
+# `checkForNonExistantResources`); the BuildConfig depends on it anyway.
+BASE_LOCK_DIR = "ml-dev-env-lock"
+BASE_LOCK_KEY = "base-requirements.txt"
+
+
+def lock_entries(path: Path) -> list[str]:
+    """A uv hash lock's entries, one per package (`name==version --hash=sha256:… …`): continuation lines
+    joined, comments dropped — so regenerating the lock's annotations changes no hash."""
+    joined = path.read_text().replace("\\\n", " ")
+    return [" ".join(line.split()) for line in _pins_text(joined)]
+
+
+def base_lock_text(build: ImageBuildConfig) -> str:
+    """The requirements file the base stage installs (its preset's Python's lock, one line per entry)."""
+    return "".join(f"{entry}\n" for entry in lock_entries(base_lock(build.preset)))
+
+
 def base_inputs(build: ImageBuildConfig) -> dict[str, Any]:
     """Everything the base stage's result depends on (build resources and placement are not inputs)."""
     p = preset(build.preset)
     args = {k: str(v) for k, v in base_args(build).items()}
-    return {"from": p["base_image"], "tag": p["tag"], "args": args, **_source_inputs(build, BASE_CONTAINERFILE)}
+    return {
+        "from": p["base_image"],
+        "tag": p["tag"],
+        "args": args,
+        "lock": base_lock_text(build),
+        **_source_inputs(build, BASE_CONTAINERFILE),
+    }
 
 
 def base_hash(build: ImageBuildConfig) -> str:
@@ -156,6 +186,10 @@ def base_build_config(build: ImageBuildConfig) -> str:
     return f"{build.image_stream}-base-{base_hash(build)}"
 
 
+def base_lock_config_map(build: ImageBuildConfig) -> str:
+    return f"{base_build_config(build)}-lock"
+
+
 def runtime_build_config(build: ImageBuildConfig) -> str:
     return f"{build.image_stream}-runtime-{runtime_hash(build)}"
 
@@ -181,9 +215,10 @@ def _build_args(values: dict[str, Any]) -> list[dict[str, str]]:
 def base_spec(build: ImageBuildConfig, nodes: BuildNodesConfig, image_stream: str) -> dict[str, Any]:
     p = preset(build.preset)
     args = base_args(build)
+    lock = {"configMap": {"name": base_lock_config_map(build)}, "destinationDir": BASE_LOCK_DIR}
     return {
         **_common_spec(build, nodes),
-        "source": _source(build, BASE_CONTAINERFILE),
+        "source": {**_source(build, BASE_CONTAINERFILE), "configMaps": [lock]},
         "strategy": {
             "type": "Docker",
             "dockerStrategy": {
@@ -348,13 +383,21 @@ class ImageBuild(pulumi.ComponentResource):
         # the new BuildConfig is created (and builds), the old one is deleted after the update (with its
         # Build objects and logs — Pulumi deletes with foreground propagation); the ImageStream keeps the
         # old tags until they are pruned.
+        # The base lock, one immutable ConfigMap per base hash (named after its BuildConfig): replaced with it.
+        lock = k8s.core.v1.ConfigMap(
+            f"{name}-base-lock",
+            metadata=meta(base_lock_config_map(build), "base"),
+            immutable=True,
+            data={BASE_LOCK_KEY: base_lock_text(build)},
+            opts=child,
+        )
         crds.custom_resource(
             f"{name}-base",
             "build.openshift.io/v1",
             "BuildConfig",
             meta(self.base_build_config, "base"),
             base_spec(build, args.build_nodes, stream),
-            after_stream,
+            pulumi.ResourceOptions(parent=self, depends_on=[image_stream, lock]),
         )
         crds.custom_resource(
             f"{name}-runtime",
@@ -396,10 +439,8 @@ class ImageBuild(pulumi.ComponentResource):
 
 
 def step_requirements() -> list[str]:
-    """The tools image's hash lock (steps/requirements.txt, `make lock`): one entry per package,
-    `name==version --hash=sha256:… …`, continuation lines joined and comments dropped."""
-    joined = STEP_REQUIREMENTS.read_text().replace("\\\n", " ")
-    return [" ".join(line.split()) for line in _pins_text(joined)]
+    """The tools image's hash lock (steps/requirements.txt, `make lock`), one entry per package."""
+    return lock_entries(STEP_REQUIREMENTS)
 
 
 # Separates the lock's entries in the STEP_REQUIREMENTS build arg (a build arg is one line; `|` never

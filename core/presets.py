@@ -22,3 +22,13 @@ def presets_file() -> dict[str, Any]:
 def preset(name: str | None) -> dict[str, Any]:
     data = presets_file()
     return data["presets"][name or data["default"]]
+
+
+def base_lock(name: str | None) -> Path:
+    """The hash lock the base stage installs for this preset's Python (`make lock` writes it)."""
+    return PRESETS_FILE.parent / f"base-requirements-py{preset(name)['python']}.txt"
+
+
+def base_lock_pythons() -> list[str]:
+    """Every Python version a preset's base image runs: one lock each."""
+    return sorted({str(p["python"]) for p in presets_file()["presets"].values()})

@@ -75,6 +75,30 @@ def test_preset_renders_two_stage_build(preset: str, tmp_path: Path) -> None:
         assert proc.returncode == 0, proc.stdout
 
 
+CM = "kubernetes:core/v1:ConfigMap"
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_the_base_build_gets_its_presets_hash_lock_from_a_configmap(preset: str) -> None:
+    result = build_stack(preset=preset)
+    base = next(r for r in result.of_type(BC) if r.inputs["metadata"]["labels"].get("ml-dev-env/stage") == "base")
+    lock = result.one(CM, "image-base-lock")
+    name = lock.inputs["metadata"]["name"]
+    assert name == base.inputs["metadata"]["name"] + "-lock", "one lock per base hash, replaced with its BuildConfig"
+    assert lock.inputs["immutable"] is True
+    # the lock of the preset's Python, entry by entry (comments dropped), each with its hashes
+    python = image_build.presets_file()["presets"][preset]["python"]
+    text = lock.inputs["data"]["base-requirements.txt"]
+    entries = text.splitlines()
+    assert entries == image_build.lock_entries(image_build.IMAGES / f"base-requirements-py{python}.txt")
+    assert entries and all(re.fullmatch(r"[A-Za-z0-9._-]+==\S+( ; [^-]+)? (--hash=sha256:[0-9a-f]{64} ?)+", e) for e in entries)
+    assert any(e.startswith("jupyterlab==") for e in entries)
+    # into the build context, where the Containerfile COPYs it from; the BuildConfig waits for it
+    assert base.inputs["spec"]["source"]["configMaps"] == [{"configMap": {"name": name}, "destinationDir": "ml-dev-env-lock"}]
+    assert "COPY ml-dev-env-lock/base-requirements.txt " in base.inputs["spec"]["source"]["dockerfile"]
+    assert any(urn.endswith("::image-base-lock") for urn in base.options["dependencies"])
+
+
 def test_turing_has_no_flash_attention() -> None:
     p = image_build.presets_file()["presets"]["turing"]
     assert p["flash_attn"] == "none" and p["tag"].endswith("-fanone")
@@ -94,10 +118,13 @@ def test_git_source_and_raised_resources() -> None:
         completionDeadlineSeconds=7200,
     )
     for stage, spec in configs(result).items():
+        # the base lock's ConfigMap is copied into the Git context as into an inline one
+        lock = {"configMaps": spec["source"]["configMaps"]} if stage == "base" else {}
         assert spec["source"] == {
             "type": "Git",
             "git": {"uri": "https://github.com/example/ml-dev-env.git", "ref": "v1.2.0"},
             "contextDir": "images",
+            **lock,
         }, stage
         assert spec["strategy"]["dockerStrategy"]["dockerfilePath"] == f"{stage}.Containerfile"
         assert spec["completionDeadlineSeconds"] == 7200 and spec["resources"]["limits"]["memory"] == "128Gi"
@@ -205,6 +232,7 @@ def edited(tmp_path: Path, source: Path, extra: str) -> Path:
     return target
 
 
+SIX_LOCKED = "six==1.17.0 --hash=sha256:" + "a" * 64 + "\n"
 CHANGES: dict[str, tuple[set[str], Any]] = {
     # name: (stages that must get a new BuildConfig, how to make the change)
     "preset": ({"base", "runtime"}, lambda o, mp, tmp: o["image"]["build"].update(preset="hopper")),
@@ -212,6 +240,12 @@ CHANGES: dict[str, tuple[set[str], Any]] = {
     "base Containerfile": (
         {"base", "runtime"},
         lambda o, mp, tmp: mp.setattr(image_build, "BASE_CONTAINERFILE", edited(tmp, image_build.BASE_CONTAINERFILE, "RUN true\n")),
+    ),
+    "base lock (make lock)": (
+        {"base", "runtime"},
+        lambda o, mp, tmp: mp.setattr(
+            image_build, "base_lock", lambda name, lock=image_build.base_lock: edited(tmp, lock(name), SIX_LOCKED)
+        ),
     ),
     "runtime requirements": (
         {"runtime"},
@@ -269,9 +303,9 @@ def test_an_input_change_creates_one_new_build_config_whose_output_the_workloads
     assert images["tools"] == {output_image(after, new["tools"])}
 
 
-@pytest.mark.parametrize("target", ["BASE_CONTAINERFILE", "RUNTIME_CONTAINERFILE", "TOOLS_CONTAINERFILE", "STEP_REQUIREMENTS"])
+@pytest.mark.parametrize("target", ["BASE_CONTAINERFILE", "RUNTIME_CONTAINERFILE", "TOOLS_CONTAINERFILE", "STEP_REQUIREMENTS", "base_lock"])
 def test_a_comment_only_edit_changes_nothing(target: str, before: RunResult, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    source: Path = getattr(image_build, target)
+    source: Path = image_build.base_lock(None) if target == "base_lock" else getattr(image_build, target)
     lines = source.read_text().splitlines()
     # a new comment line after the first instruction, an edited comment, a blank line and a trailing comment
     # (after a complete line: a comment cannot split a `\`-continued instruction or a locked entry's hashes)
@@ -279,7 +313,7 @@ def test_a_comment_only_edit_changes_nothing(target: str, before: RunResult, mon
     lines.insert(first + 1, "# a comment someone added")
     lines = [line + " (edited)" if line.startswith("# ") else line for line in lines]
     (tmp_path / source.name).write_text("\n".join(lines) + "\n\n# trailing\n")
-    monkeypatch.setattr(image_build, target, tmp_path / source.name)
+    monkeypatch.setattr(image_build, target, (lambda name: tmp_path / source.name) if target == "base_lock" else tmp_path / source.name)
     after = build_stack()
 
     def objects(result: RunResult) -> dict[tuple[str, str], Any]:

@@ -419,7 +419,7 @@ def image_rig(tmp_path_factory: pytest.TempPathFactory):
 
 # --------------------------------------------------------------------------- stand-in base
 
-STANDIN_TOOLS = ("dash", "cat", "mkdir", "rm", "ls", "chmod", "chgrp", "id")
+STANDIN_TOOLS = ("dash", "cat", "mkdir", "rm", "ls", "chmod", "chgrp", "id", "grep", "sort", "comm", "mv", "ln")
 STDLIB_SKIP = {
     "test",
     "idlelib",

@@ -84,6 +84,7 @@ def run_matrix_step(base_cf, tmp_path):
     return run
 
 
+LOCK_INSTALL = ["install", "--no-cache-dir", "--require-hashes", "--no-deps", "-r", "/etc/ml-dev-env/base-requirements.txt"]
 NGC_SHIPS = {"torch": "2.9.0a0+50eac811a6.nv25.09", "flash_attn": "2.7.4.post1"}
 
 
@@ -122,9 +123,9 @@ def test_arch_preset_installs_torch_and_builds_flash_attention(presets, run_matr
     proc, calls = run_matrix_step(args)
     assert proc.returncode == 0, proc.stderr
     assert len(calls) == 3, calls
-    tools, torch, fa = calls
-    assert tools["args"][:3] == ["install", "--no-cache-dir", "--upgrade"]
-    assert all("==" in arg for arg in tools["args"][3:]), "build tools must be pinned too"
+    lock, torch, fa = calls
+    # the hash lock first: Flash-Attention's build tools come from it, hash-checked, nothing resolved
+    assert lock["args"] == LOCK_INSTALL
     assert torch["args"] == [
         "install",
         "--no-cache-dir",
@@ -146,7 +147,7 @@ def test_turing_installs_torch_but_no_flash_attention(presets, run_matrix_step):
     preset = presets["presets"]["turing"]
     proc, calls = run_matrix_step(preset["build_args"])
     assert proc.returncode == 0, proc.stderr
-    installed = [arg for call in calls if "--upgrade" not in call["args"] for arg in call["args"] if "==" in arg]
+    installed = [arg for call in calls if call["args"] != LOCK_INSTALL for arg in call["args"] if "==" in arg]
     assert installed == ["torch==2.7.1", "torchvision==0.22.1", "torchaudio==2.7.1"]
     assert "Flash-Attention: not installed" in proc.stdout
 
@@ -155,7 +156,7 @@ def test_arch_preset_keeps_a_matching_torch(presets, run_matrix_step):
     preset = presets["presets"]["hopper"]
     proc, calls = run_matrix_step(preset["build_args"], {"torch": "2.8.0+cu128", "flash_attn": "2.8.3"})
     assert proc.returncode == 0, proc.stderr
-    assert [c["args"][2] for c in calls] == ["--upgrade"], "only the build tools are refreshed"
+    assert [c["args"] for c in calls] == [LOCK_INSTALL], "only the lock is installed"
 
 
 def test_failed_pip_install_fails_the_step(presets, run_matrix_step):

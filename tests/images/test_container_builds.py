@@ -10,7 +10,9 @@ image pulled from a local ``docker-registry``, with pip reaching only local pack
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -22,8 +24,10 @@ STANDIN_TORCH_VERSION = "2.9.0a0+standin"  # tests/images/conftest.py builds it 
 
 pytestmark = pytest.mark.image_build
 
+LOCK_DIR = "ml-dev-env-lock"  # components/image_build.py BASE_LOCK_DIR
 ARBITRARY_UID = "1000770000:0"  # what restricted-v2 assigns: some high UID, group 0
-NETWORK_COMMANDS = {"apt-get", "curl", "pip"}
+# RUN steps the stand-in cannot run: downloads, and the smoke test of what they installed
+NETWORK_COMMANDS = {"apt-get", "curl", "pip", "jupyter"}
 
 PROBE = (
     "import importlib.metadata as md, json, mlapp, torch; "
@@ -177,6 +181,9 @@ def offline_base(image_rig, standin_base, base_cf, shell_helpers, tmp_path_facto
     context = tmp_path_factory.mktemp("base-offline")
     containerfile = context / "Containerfile"
     containerfile.write_text(offline_base_containerfile(base_cf, shell_helpers["commands"]))
+    # what the BuildConfig's lock ConfigMap puts into the context (the COPY is part of the offline build)
+    (context / LOCK_DIR).mkdir()
+    shutil.copy(IMAGES / "base-requirements-py3.12.txt", context / LOCK_DIR / "base-requirements.txt")
     assert "memlock" in containerfile.read_text(), "the layout step must be part of the build"
     tag = "localhost/ml-dev-env-base:offline"
     image_rig.bud(containerfile, context, tag, {"BASE_IMAGE": standin_base})
@@ -238,4 +245,74 @@ def test_offline_subset_really_excludes_only_network_steps(base_cf, shell_helper
     assert text.count("\nRUN ") == 1 and "chmod -R g=u" in text
     for marker in ("apt-get", "pip install", "curl "):
         assert marker not in text
-    assert BASE_CONTAINERFILE.read_text().count("\nRUN ") == 6  # + the nccl-tests build (fabric check)
+    assert BASE_CONTAINERFILE.read_text().count("\nRUN ") == 7  # + the nccl-tests build (fabric check), the smoke test
+
+
+# --------------------------------------------------------------------------- base, the hash lock
+# The base stage's lock steps — its COPY of the lock from the context (where the BuildConfig's ConfigMap
+# puts it) and the RUN that installs it — built verbatim on the stand-in, pip reaching the local index.
+
+
+def index_lock_line(index: str, project: str, version: str, digest: str | None = None) -> str:
+    """`name==version --hash=sha256:…` with the digest the index publishes for that wheel."""
+    with urllib.request.urlopen(f"{index}/{project}/") as page:
+        links = re.findall(r'href="[^"]*/([^/"]+)#sha256=([0-9a-f]{64})"', page.read().decode())
+    published = next(d for f, d in links if f.startswith(f"{project}-{version}-"))
+    return f"{project}=={version} --hash=sha256:{digest or published}\n"
+
+
+def build_lock_stage(rig, base_cf, standin: str, index: str, tmp_path: Path, lock: str, tag: str, before: str = ""):
+    context = tmp_path / "lock-context"
+    (context / LOCK_DIR).mkdir(parents=True)
+    (context / LOCK_DIR / "base-requirements.txt").write_text(lock)
+    copy = next(i for i in base_cf.instructions("COPY") if LOCK_DIR in i["value"])
+    install = next(i for i in base_cf.instructions("RUN") if "--require-hashes" in i["value"] and "pip check" in i["value"])
+    containerfile = context / "Containerfile"
+    containerfile.write_text(
+        "ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\nARG BASE_IMAGE\nARG PIP_INDEX_URL\n" + before + copy["content"] + install["content"]
+    )
+    return rig.bud(containerfile, context, tag, {"BASE_IMAGE": standin, "PIP_INDEX_URL": index}, check=False)
+
+
+def test_base_installs_exactly_the_hash_lock(image_rig, standin_base, package_index, base_cf, tmp_path):
+    lock = index_lock_line(package_index["primary"], "mlapp", "0.2.0")
+    tag = "localhost/ml-dev-env-base:lock"
+    proc = build_lock_stage(image_rig, base_cf, standin_base, package_index["primary"], tmp_path, lock, tag)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    script = (
+        "import importlib.metadata as md, json; "
+        "print(json.dumps({'mlapp': md.version('mlapp'), 'torch': md.version('torch'), "
+        "'lock': open('/etc/ml-dev-env/base-requirements.txt').read(), "
+        "'constraints': open('/etc/ml-dev-env/constraints.txt').read()}))"
+    )
+    result = json.loads(image_rig.run_in(tag, "python3", "-c", script).stdout.strip().splitlines()[-1])
+    assert result == {"mlapp": "0.2.0", "torch": STANDIN_TORCH_VERSION, "lock": lock, "constraints": f"torch=={STANDIN_TORCH_VERSION}\n"}
+
+
+def test_base_tolerates_a_conflict_the_base_image_already_had(image_rig, standin_base, package_index, base_cf, tmp_path):
+    # the "base image" ships torchgreedy, whose torch>=2.10 its own torch does not meet
+    before = "RUN python3 -m pip install --no-deps --index-url ${PIP_INDEX_URL} torchgreedy==1.0.0\n"
+    lock = index_lock_line(package_index["primary"], "mlapp", "0.1.0")
+    proc = build_lock_stage(image_rig, base_cf, standin_base, package_index["primary"], tmp_path, lock, "localhost/lock:old", before)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+
+
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        # a tampered or substituted download
+        (lambda index: index_lock_line(index, "mlapp", "0.2.0", digest="0" * 64), "DO NOT MATCH THE HASHES"),
+        # an entry without a hash
+        (lambda index: "mlapp==0.2.0\n", "Hashes are required in --require-hashes mode"),
+        # a lock whose package needs another torch than the base's: a conflict the lock introduced
+        (lambda index: index_lock_line(index, "torchgreedy", "1.0.0"), "the base lock conflicts with a package of"),
+        # a lock that would replace the base's torch
+        (lambda index: index_lock_line(index, "torch", "2.10.0"), "The user requested (constraint) torch==2.9.0a0+standin"),
+    ],
+    ids=["wrong-hash", "no-hash", "new-conflict", "replaces-torch"],
+)
+def test_base_lock_install_fails(image_rig, standin_base, package_index, base_cf, tmp_path, entry, message):
+    lock = entry(package_index["primary"])
+    proc = build_lock_stage(image_rig, base_cf, standin_base, package_index["primary"], tmp_path, lock, "localhost/lock:bad")
+    assert proc.returncode != 0
+    assert message in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-4000:]

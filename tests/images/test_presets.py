@@ -7,7 +7,11 @@ import re
 
 import pytest
 
-REQUIRED_KEYS = {"arch", "base_image", "cuda", "torch", "flash_attn", "torch_index_url", "tag", "build_args"}
+REQUIRED_KEYS = {"arch", "base_image", "cuda", "torch", "flash_attn", "torch_index_url", "tag", "build_args", "python"}
+# python3 of the base images: the Ubuntu release's own (CUDA devel images install it from apt), and NGC
+# PyTorch 25.xx's (release notes: Python 3.12). It picks the base stage's hash lock.
+UBUNTU_PYTHON = {"22.04": "3.10", "24.04": "3.12"}
+NGC_PYTORCH_PYTHON = "3.12"
 ARCH_PRESETS = ("ampere", "hopper", "turing")
 TAG_RE = re.compile(
     r"^(?P<arch>[a-z0-9]+)-(?P<cuda>cu\d{3})-torch(?P<torch>\d+\.\d+[0-9a-z.]*)"
@@ -102,3 +106,15 @@ def test_base_containerfile_defaults_are_the_default_preset(presets, base_cf):
     declared = base_cf.stage_args()
     assert {k: declared[k] for k in default} == default
     assert base_cf.global_args()["BASE_IMAGE"] == default["BASE_IMAGE"]
+
+
+@pytest.mark.parametrize("name", ["nvidia-pytorch", *ARCH_PRESETS])
+def test_preset_python_is_its_base_images_and_has_a_lock(presets, name):
+    from core.presets import base_lock
+
+    preset = presets["presets"][name]
+    ubuntu = re.search(r"-ubuntu(\d+\.\d+)$", preset["base_image"])
+    expected = UBUNTU_PYTHON[ubuntu[1]] if ubuntu else NGC_PYTORCH_PYTHON
+    assert preset["python"] == expected, f"{name}: base image {preset['base_image']} runs Python {expected}"
+    assert base_lock(name).name == f"base-requirements-py{expected}.txt"
+    assert base_lock(name).is_file(), f"no lock for Python {expected}: run make lock"
