@@ -38,14 +38,6 @@ ANNOTATION_SSH_PORT = "ml-dev-env/ssh-port"
 ANNOTATION_HASH = "ml-dev-env/devloop-sha256"
 
 
-def secret_name(app: str) -> str:
-    return f"{app}-ssh"
-
-
-def network_policy_name(app: str) -> str:
-    return f"{app}-ssh"
-
-
 def login_user(config: StackConfig) -> str:
     """RDMA pods with an SCC or privileged run as UID 0 (root, keys only); TCP pods as the arbitrary UID (`ml-dev`)."""
     if config.network.effective_mode == "rdma" and config.security.memlock.mode in ("scc", "privileged"):
@@ -88,7 +80,7 @@ def authorized_keys(stack_public_key: str, user_keys: list[str]) -> str:
 def known_hosts(app: str, namespace: str, count: int, host_public_key: str) -> str:
     """Laptop known_hosts lines: the ssh_config's host aliases (the in-pod client writes its own, by port)."""
     key = " ".join(host_public_key.split()[:2])
-    names = ",".join(f"{app}-{i}" for i in range(count))
+    names = ",".join(naming.pod_names(app, count))
     return f"{names} {key}\n" if count else ""
 
 
@@ -194,7 +186,7 @@ class SshFabric(pulumi.ComponentResource):
         client = tls.PrivateKey(f"{name}-client-key", algorithm="ED25519", opts=child)
         self.host_public_key = host.public_key_openssh.apply(lambda k: (k or "").strip())
         users = list(config.ssh.authorized_keys)
-        meta = k8s.meta.v1.ObjectMetaArgs(name=secret_name(app), namespace=ns, labels=labels)
+        meta = k8s.meta.v1.ObjectMetaArgs(name=naming.ssh_secret(app), namespace=ns, labels=labels)
         k8s.core.v1.Secret(
             f"{name}-secret",
             metadata=meta,
@@ -210,7 +202,7 @@ class SshFabric(pulumi.ComponentResource):
         )
         k8s.networking.v1.NetworkPolicy(
             f"{name}-policy",
-            metadata=k8s.meta.v1.ObjectMetaArgs(name=network_policy_name(app), namespace=ns, labels=labels),
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=naming.ssh_network_policy(app), namespace=ns, labels=labels),
             spec=_policy_args(network_policy_spec(selector)),
             opts=child,
         )
@@ -219,7 +211,7 @@ class SshFabric(pulumi.ComponentResource):
         # pkg/volume/volume_linux.go SetVolumeOwnership, roMask); UID-0 pods read it anyway. sshd.sh copies
         # the private keys to 0600 files it owns, as sshd and ssh require.
         self.volume = k8s.core.v1.VolumeArgs(
-            name="ssh-keys", secret=k8s.core.v1.SecretVolumeSourceArgs(secret_name=secret_name(app), default_mode=0o440)
+            name="ssh-keys", secret=k8s.core.v1.SecretVolumeSourceArgs(secret_name=naming.ssh_secret(app), default_mode=0o440)
         )
         self.mount = k8s.core.v1.VolumeMountArgs(name="ssh-keys", mount_path=SECRET_MOUNT, read_only=True)
         self.register_outputs({"host_public_key": self.host_public_key})

@@ -265,7 +265,7 @@ class GpuCluster(pulumi.ComponentResource):
         self._depends.append(
             k8s.core.v1.ConfigMap(
                 f"{name}-lifecycle",
-                metadata=self._meta(lifecycle.settings_configmap(app)),
+                metadata=self._meta(naming.lifecycle_configmap(app)),
                 data={lifecycle.SETTINGS_KEY: lifecycle.settings_json(cfg)},
                 opts=child,
             )
@@ -273,19 +273,19 @@ class GpuCluster(pulumi.ComponentResource):
         # The agent writes the record; Pulumi only creates the object (its data is the agent's).
         k8s.core.v1.ConfigMap(
             f"{name}-idle-stop",
-            metadata=self._meta(lifecycle.record_configmap(app)),
+            metadata=self._meta(naming.idle_record_configmap(app)),
             data={},
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["data"]),
         )
         if cfg.lifecycle.idle_stop.enabled:
             agent_role = k8s.rbac.v1.Role(
-                f"{name}-idle-agent", metadata=self._meta(lifecycle.agent_role(app)), rules=lifecycle.agent_rules(app), opts=child
+                f"{name}-idle-agent", metadata=self._meta(naming.idle_agent_role(app)), rules=lifecycle.agent_rules(app), opts=child
             )
             self._depends.append(
                 k8s.rbac.v1.RoleBinding(
                     f"{name}-idle-agent",
-                    metadata=self._meta(lifecycle.agent_role(app)),
-                    role_ref=k8s.rbac.v1.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind="Role", name=lifecycle.agent_role(app)),
+                    metadata=self._meta(naming.idle_agent_role(app)),
+                    role_ref=k8s.rbac.v1.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind="Role", name=naming.idle_agent_role(app)),
                     subjects=[k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=cfg.security.service_account, namespace=self._ns)],
                     opts=pulumi.ResourceOptions(parent=self, depends_on=[agent_role]),
                 )

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import pulumi_kubernetes as k8s
 
+from core import naming
 from stacks.config import StackConfig
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -44,19 +45,6 @@ ACTIVITY_PORT = 9099
 AGENT_NAME = "ml-dev-env-idle-agent"
 PATCH_FORCE = "pulumi.com/patchForce"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-
-
-def settings_configmap(app: str) -> str:
-    return f"{app}-lifecycle"
-
-
-def record_configmap(app: str) -> str:
-    """The ConfigMap the agent writes its stop record into (the only object it may update)."""
-    return f"{app}-idle-stop"
-
-
-def agent_role(app: str) -> str:
-    return f"{app}-idle-agent"
 
 
 def scripts() -> dict[str, str]:
@@ -84,7 +72,7 @@ def agent_settings(config: StackConfig) -> dict[str, object]:
         **config.lifecycle.idle_stop.agent_settings(),
         "statefulset": app,
         "namespace": config.cluster.namespace,
-        "recordConfigMap": record_configmap(app),
+        "recordConfigMap": naming.idle_record_configmap(app),
         "activityPort": ACTIVITY_PORT,
         "servers": list(config.access.servers),
     }
@@ -95,7 +83,9 @@ def settings_json(config: StackConfig) -> str:
 
 
 def settings_volume(app: str) -> k8s.core.v1.VolumeArgs:
-    return k8s.core.v1.VolumeArgs(name=SETTINGS_VOLUME, config_map=k8s.core.v1.ConfigMapVolumeSourceArgs(name=settings_configmap(app)))
+    return k8s.core.v1.VolumeArgs(
+        name=SETTINGS_VOLUME, config_map=k8s.core.v1.ConfigMapVolumeSourceArgs(name=naming.lifecycle_configmap(app))
+    )
 
 
 def settings_mount() -> k8s.core.v1.VolumeMountArgs:
@@ -108,7 +98,7 @@ def agent_rules(app: str) -> list[k8s.rbac.v1.PolicyRuleArgs]:
         k8s.rbac.v1.PolicyRuleArgs(api_groups=["apps"], resources=["statefulsets/scale"], resource_names=[app], verbs=["get", "update"]),
         k8s.rbac.v1.PolicyRuleArgs(api_groups=[""], resources=["events"], verbs=["create"]),
         k8s.rbac.v1.PolicyRuleArgs(
-            api_groups=[""], resources=["configmaps"], resource_names=[record_configmap(app)], verbs=["get", "update", "patch"]
+            api_groups=[""], resources=["configmaps"], resource_names=[naming.idle_record_configmap(app)], verbs=["get", "update", "patch"]
         ),
     ]
 
@@ -131,7 +121,7 @@ def summary(config: StackConfig) -> dict[str, object]:
         "replicas": replicas(config),
         "idle_stop": lc.idle_stop.enabled,
         "kueue_queue": lc.kueue.queue_name or "",
-        "stop_record": f"oc get configmap {record_configmap(app)} -n {ns} -o yaml",
+        "stop_record": f"oc get configmap {naming.idle_record_configmap(app)} -n {ns} -o yaml",
     }
     if lc.suspended:
         out["frees"] = frees(config)

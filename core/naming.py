@@ -57,6 +57,30 @@ def scc_binding(app: str, scc: str) -> str:
     return f"{app}-scc-{scc}"
 
 
+def ssh_secret(app: str) -> str:
+    """The dev loop's SSH host and client keys (components/devloop.py)."""
+    return f"{app}-ssh"
+
+
+def ssh_network_policy(app: str) -> str:
+    """Who may reach the pods' sshd (components/devloop.py)."""
+    return f"{app}-ssh"
+
+
+def lifecycle_configmap(app: str) -> str:
+    """The idle agent's settings (`idle.json`, components/lifecycle.py)."""
+    return f"{app}-lifecycle"
+
+
+def idle_record_configmap(app: str) -> str:
+    """The ConfigMap the idle agent writes its stop record into (the only object it may update)."""
+    return f"{app}-idle-stop"
+
+
+def idle_agent_role(app: str) -> str:
+    return f"{app}-idle-agent"
+
+
 def headless_service(app: str) -> str:
     return f"{app}-headless"
 

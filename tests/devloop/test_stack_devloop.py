@@ -49,7 +49,7 @@ def test_network_policy_admits_ssh_only_from_the_stacks_pods_and_everything_else
     pol = result.one(NETPOL).inputs
     sts = result.one(STS).inputs
     selector = sts["spec"]["selector"]["matchLabels"]
-    assert pol["metadata"]["name"] == devloop.network_policy_name(sts["metadata"]["name"])
+    assert pol["metadata"]["name"] == naming.ssh_network_policy(sts["metadata"]["name"])
     assert pol["spec"]["podSelector"]["matchLabels"] == selector
     assert pol["spec"]["policyTypes"] == ["Ingress"]
     ssh_rule, other = pol["spec"]["ingress"]
