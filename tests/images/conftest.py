@@ -29,7 +29,6 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -46,6 +45,8 @@ import pytest
 import yaml
 from dockerfile_parse import DockerfileParser
 from dockerfile_parse.util import get_key_val_dictionary
+
+from tests.fixtures.net import start_on_free_port
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGES = REPO / "images"
@@ -255,12 +256,6 @@ def shell_helpers():
 # --------------------------------------------------------------------------- build rig
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -354,7 +349,30 @@ def image_rig(tmp_path_factory: pytest.TempPathFactory):
     workdir = tmp_path_factory.mktemp("image-rig")
     (workdir / "auth.json").write_text('{"auths": {}}')
     (workdir / "policy.json").write_text(json.dumps({"default": [{"type": "insecureAcceptAnything"}]}))
-    port = _free_port()
+
+    def registry_command(port: int) -> list[str]:
+        (workdir / "registry.yml").write_text(
+            textwrap.dedent(f"""\
+            version: 0.1
+            log:
+              level: info
+              accesslog:
+                disabled: true
+            storage:
+              filesystem:
+                rootdirectory: {workdir / "registry-data"}
+            http:
+              addr: 127.0.0.1:{port}
+            """)
+        )
+        return ["docker-registry", "serve", str(workdir / "registry.yml")]
+
+    # distribution logs "listening on <addr>" once its listener is bound: a port another process took first is
+    # retried elsewhere, never mistaken for ours (tests/fixtures/net.py)
+    try:
+        port, proc = start_on_free_port(registry_command, workdir / "registry.log", lambda port: f"listening on 127.0.0.1:{port}")
+    except (RuntimeError, TimeoutError) as exc:
+        pytest.fail(f"docker-registry did not start: {exc}")
     registry = f"127.0.0.1:{port}"
     (workdir / "registries.conf").write_text(
         textwrap.dedent(f"""\
@@ -372,20 +390,6 @@ def image_rig(tmp_path_factory: pytest.TempPathFactory):
         runroot = "{workdir / "run"}"
         """)
     )
-    (workdir / "registry.yml").write_text(
-        textwrap.dedent(f"""\
-        version: 0.1
-        log:
-          level: warn
-          accesslog:
-            disabled: true
-        storage:
-          filesystem:
-            rootdirectory: {workdir / "registry-data"}
-        http:
-          addr: {registry}
-        """)
-    )
     env = {
         "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
         "HOME": str(workdir),
@@ -395,14 +399,8 @@ def image_rig(tmp_path_factory: pytest.TempPathFactory):
         "CONTAINERS_STORAGE_CONF": str(workdir / "storage.conf"),
         "REGISTRY_AUTH_FILE": str(workdir / "auth.json"),
     }
-    registry_log = (workdir / "registry.log").open("w")
-    proc = subprocess.Popen(["docker-registry", "serve", str(workdir / "registry.yml")], stdout=registry_log, stderr=subprocess.STDOUT)
     rig = ImageRig(workdir=workdir, registry=registry, env=env)
     try:
-        try:
-            _wait_http(f"http://{registry}/v2/", 20, proc)
-        except RuntimeError as exc:
-            pytest.fail(f"docker-registry did not start: {exc}\n{(workdir / 'registry.log').read_text()[-2000:]}")
         yield rig
     finally:
         proc.terminate()
@@ -411,7 +409,6 @@ def image_rig(tmp_path_factory: pytest.TempPathFactory):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        registry_log.close()
         subprocess.run(["buildah", *rig.global_flags, "rm", "--all"], env=env, capture_output=True, check=False)
         shutil.rmtree(workdir / "storage", ignore_errors=True)
         shutil.rmtree(workdir / "registry-data", ignore_errors=True)
