@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from core.presets import base_lock_pythons
+
 ROOT = Path(__file__).resolve().parent.parent
 LOCKS = {
     "requirements.in": "requirements.txt",
@@ -59,3 +61,22 @@ def test_runtime_policy_and_tools_locks_agree_with_the_dev_lock() -> None:
     for lock in ("requirements.txt", "policy/requirements.txt", "steps/requirements.txt"):
         for name, version in locked(ROOT / lock).items():
             assert dev.get(name) == version, f"{lock}: {name}=={version} but requirements-dev.txt has {dev.get(name)}"
+
+
+# The base image's locks (images/base-requirements-py<python>.txt), one per Python of a preset's base image.
+BASE_IN = ROOT / "images" / "base-requirements.in"
+BASE_OWNED = {"torch", "torchvision", "torchaudio", "triton", "flash-attn", "numpy"}  # images/base-overrides.txt
+
+
+@pytest.mark.parametrize("python", base_lock_pythons())
+def test_the_base_lock_of_each_python_pins_the_dev_tools_and_leaves_the_base_owned_packages_out(python: str) -> None:
+    lock = locked(ROOT / "images" / f"base-requirements-py{python}.txt")
+    pins = direct_pins(BASE_IN)
+    for name in ("jupyterlab", "tensorboard", "deepspeed", "transformers", "accelerate", "ipykernel", "debugpy", "ninja"):
+        assert name in pins, f"{name} is not pinned in {BASE_IN.name}"
+    for name, version in pins.items():
+        assert lock.get(name) == version, (
+            f"Python {python}: {name} locked at {lock.get(name)}, {BASE_IN.name} pins {version}: run make lock"
+        )
+    assert not BASE_OWNED & set(lock), f"base-owned packages in the lock: {sorted(BASE_OWNED & set(lock))}"
+    assert not [n for n in lock if n.startswith("nvidia-")], "the torch family's CUDA wheels are the base image's"

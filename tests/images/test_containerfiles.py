@@ -11,7 +11,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 from dockerfile_parse import DockerfileParser
 from dockerfile_parse.util import get_key_val_dictionary
 from packaging.requirements import Requirement
@@ -114,25 +113,6 @@ def test_base_sets_memlock_unlimited(base_cf, shell_helpers):
     assert {"* soft memlock unlimited", "* hard memlock unlimited"} <= lines
 
 
-BASE_LOCK_IN = IMAGES / "base-requirements.in"
-BASE_OWNED = CUDA_BOUND | {"numpy"}  # kept out of the lock by images/base-overrides.txt
-LOCK_ENTRY = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)")
-
-
-def _norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def lock_entries(path: Path) -> dict[str, list[str]]:
-    """name -> the sha256 hashes of one uv lock (continuation lines joined)."""
-    entries: dict[str, list[str]] = {}
-    for block in re.split(r"\n(?=[A-Za-z0-9])", path.read_text().strip()):
-        m = LOCK_ENTRY.match(block)
-        assert m, f"{path.name}: unexpected entry {block.splitlines()[0]!r}"
-        entries[_norm(m[1])] = re.findall(r"--hash=sha256:([0-9a-f]{64})", block)
-    return entries
-
-
 def test_base_installs_only_the_hash_lock(base_cf, shell_helpers):
     """Every pip install of the stage outside the torch family is the lock, hash-checked, unresolved."""
     lock_installs = []
@@ -148,30 +128,6 @@ def test_base_installs_only_the_hash_lock(base_cf, shell_helpers):
     assert len(lock_installs) == 2, "arch presets: before torch (build tools); every preset: the dev tools"
     copy = [i["value"].split() for i in base_cf.instructions("COPY")]
     assert ["ml-dev-env-lock/base-requirements.txt", "/etc/ml-dev-env/base-requirements.txt"] in copy
-
-
-PYTHONS = sorted({str(p["python"]) for p in yaml.safe_load((IMAGES / "presets.yaml").read_text())["presets"].values()})
-
-
-@pytest.mark.parametrize("python", PYTHONS)
-def test_base_lock_pins_the_dev_tools_with_hashes(python):
-    lock = lock_entries(IMAGES / f"base-requirements-py{python}.txt")
-    pins = {}
-    for line in BASE_LOCK_IN.read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line:
-            req = Requirement(line)
-            assert str(req.specifier).startswith("=="), f"{line}: direct pins are exact"
-            pins[_norm(req.name)] = str(req.specifier)[2:]
-    for name in ("jupyterlab", "tensorboard", "deepspeed", "transformers", "accelerate", "ipykernel", "debugpy", "ninja"):
-        assert name in pins, f"{name} is not in {BASE_LOCK_IN.name}"
-    text = (IMAGES / f"base-requirements-py{python}.txt").read_text()
-    for name, version in pins.items():
-        entry = rf"^{re.escape(name)}=={re.escape(version)} "
-        assert re.search(entry, text, re.M | re.I), f"{name}=={version} not locked for Python {python}"
-    assert all(lock.values()), "every entry carries a hash"
-    assert not BASE_OWNED & set(lock), f"base-owned packages in the lock: {sorted(BASE_OWNED & set(lock))}"
-    assert not [n for n in lock if n.startswith("nvidia-")], "the torch family's CUDA wheels are the base's"
 
 
 def test_base_torch_and_flash_attn_come_from_build_args(base_cf, shell_helpers):
