@@ -6,7 +6,7 @@
   All pods of a stack share the host key: they are one trust domain (same Secret, same image, same
   service account), and one key keeps known_hosts valid whatever the pod count.
 * `authorized_keys` = the stack key + `ml-dev-env:ssh.authorizedKeys`.
-* sshd in every pod (scripts/sshd.sh, started by the startup script), unprivileged, port 2222.
+* sshd in every pod (inpod/sshd.sh, started by the startup script), unprivileged, port 2222.
 * A NetworkPolicy admitting the SSH port only from the stack's own pods; every other port stays open.
 * The launcher `ml-dev` and its helpers ride in the startup ConfigMap (works with any image).
 * Laptop access: an ssh_config block whose ProxyCommand runs `sshd -i` in the pod through `oc exec`
@@ -17,17 +17,16 @@ from __future__ import annotations
 
 import hashlib
 import shlex
-from pathlib import Path
 from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
 import pulumi_tls as tls
 
+import inpod
 from core import naming
 from stacks.config import StackConfig
 
-SCRIPTS = Path(__file__).parent / "scripts"
 SSH_PORT = 2222
 SECRET_MOUNT = "/etc/ml-dev-env/ssh"
 STARTUP_MOUNT = naming.STARTUP_MOUNT
@@ -58,9 +57,7 @@ def scripts(config: StackConfig) -> dict[str, str]:
         f"ML_DEV_SHARED_PATHS={shlex.quote(' '.join(shared_paths(config)))}\n"
     )
     return {
-        "sshd.sh": (SCRIPTS / "sshd.sh").read_text(),
-        "ssh-session.sh": (SCRIPTS / "ssh-session.sh").read_text(),
-        LAUNCHER: (SCRIPTS / LAUNCHER).read_text(),
+        **inpod.group("devloop"),
         "devloop.env": env,
     }
 

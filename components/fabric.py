@@ -1,6 +1,6 @@
 """Fabric check: expected NCCL bus bandwidth and the settings the in-pod program reads (pure, no Pulumi).
 
-The pods run `components/scripts/fabric_check.py` (delivered in the startup ConfigMap next to
+The pods run `inpod/fabric_check.py` (delivered in the startup ConfigMap next to
 `startup.sh`, mounted at /opt/ml-dev-env). It reads `fabric.json`, written here from the stack
 config, so the preflight and the gate judge exactly what the stack configured.
 
@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
+import inpod
 from stacks.config import StackConfig
 
-PROGRAM = Path(__file__).parent / "scripts" / "fabric_check.py"
-RANK_ORDER = Path(__file__).parent / "scripts" / "rank_order.sh"
+PROGRAM = inpod.path("fabric_check.py")
+RANK_ORDER = inpod.path("rank_order.sh")
 CONFIG_KEY = "fabric.json"
 PROGRAM_KEY = "fabric_check.py"
 
@@ -129,7 +129,6 @@ def pod_settings(config: StackConfig) -> dict:
 def configmap_files(config: StackConfig) -> dict[str, str]:
     """Files added to the startup ConfigMap (mounted at /opt/ml-dev-env, mode 0555)."""
     return {
-        PROGRAM_KEY: PROGRAM.read_text(),
-        RANK_ORDER.name: RANK_ORDER.read_text(),
+        **inpod.group("fabric"),
         CONFIG_KEY: json.dumps(pod_settings(config), indent=2, sort_keys=True) + "\n",
     }

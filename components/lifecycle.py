@@ -13,7 +13,7 @@ Pure builders used by `GpuCluster` (kept apart so the pod-template code stays re
   `pulumi preview --refresh` / `pulumi up --refresh` read the live 0 and bring N back (the provider diffs
   new inputs against the checkpoint's live object: provider/pkg/provider/provider.go `kubeProvider.Diff`,
   `pruneLiveState`).
-* **Idle agent** (components/scripts/idle_agent.py) runs inside the main container of every pod
+* **Idle agent** (inpod/idle_agent.py) runs inside the main container of every pod
   (it needs that container's GPUs, processes and terminals); pod 0 decides for the whole environment.
   Its settings live in the `<app>-lifecycle` ConfigMap, mounted as a directory so that a settings
   change reaches running pods without a restart. Its RBAC is `get`/`update` of `statefulsets/scale`
@@ -28,16 +28,15 @@ Pure builders used by `GpuCluster` (kept apart so the pod-template code stays re
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pulumi_kubernetes as k8s
 
+import inpod
 from core import naming
 from stacks.config import StackConfig
 
-SCRIPTS = Path(__file__).parent / "scripts"
-AGENT_SCRIPT = SCRIPTS / "idle_agent.py"
-WARNING_SNIPPET = SCRIPTS / "idle-warning.sh"
+AGENT_SCRIPT = inpod.path("idle_agent.py")
+WARNING_SNIPPET = inpod.path("idle-warning.sh")
 SETTINGS_MOUNT = "/etc/ml-dev-env/lifecycle"
 SETTINGS_KEY = "idle.json"
 SETTINGS_VOLUME = "lifecycle"
@@ -49,7 +48,7 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 def scripts() -> dict[str, str]:
     """Files delivered with the startup script (same ConfigMap, mounted at /opt/ml-dev-env)."""
-    return {"idle_agent.py": AGENT_SCRIPT.read_text(), "idle-warning.sh": WARNING_SNIPPET.read_text()}
+    return inpod.group("lifecycle")
 
 
 def replicas(config: StackConfig) -> int:

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
 
 import pulumi
 import pulumi_kubernetes as k8s
 
+import inpod
 from components import storage
 from core import naming, nccl
 from stacks.config import StackConfig
 
-STARTUP_SCRIPT = Path(__file__).parent / "scripts" / "startup.sh"
+STARTUP_SCRIPT = inpod.path("startup.sh")
 STARTUP_MOUNT = naming.STARTUP_MOUNT
 STATE_DIR = "/tmp/ml-dev-env"
 CLUSTER_MOUNT = "/etc/ml-dev-env/cluster"
@@ -23,7 +23,7 @@ COOKIE_MOUNT = "/etc/oauth-proxy"
 
 
 def startup_script() -> str:
-    return STARTUP_SCRIPT.read_text()
+    return inpod.text("startup.sh")
 
 
 def content_hash(text: str) -> str:

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RANK = {
     "core": 0,
     "steps": 0,
+    "inpod": 0,
     "stacks": 1,
     "components": 2,
     "__main__": 3,

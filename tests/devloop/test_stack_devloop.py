@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+import inpod
 from components import devloop
 from core import naming
 from stacks.config import SshConfig
@@ -121,7 +122,7 @@ def test_startup_configmap_carries_the_launcher_and_sshd(stack: tuple[str, RunRe
     _, result = stack
     data = result.one(CM, "-startup").inputs["data"]
     assert {"startup.sh", "sshd.sh", "ssh-session.sh", "ml-dev", "devloop.env"} <= set(data)
-    assert data["ml-dev"] == (Path(devloop.SCRIPTS) / "ml-dev").read_text()
+    assert data["ml-dev"] == inpod.path("ml-dev").read_text()
     assert 'start sshd bash "$(dirname "$0")/sshd.sh"' in data["startup.sh"]
 
 
@@ -187,7 +188,7 @@ def test_shared_paths_tell_the_launcher_when_not_to_sync() -> None:
 
 
 def launcher() -> Any:
-    path = str(devloop.SCRIPTS / "ml-dev")
+    path = str(inpod.path("ml-dev"))
     loader = importlib.machinery.SourceFileLoader("ml_dev_launcher", path)
     spec = importlib.util.spec_from_loader("ml_dev_launcher", loader)
     assert spec
@@ -249,7 +250,7 @@ def test_hash_cache_does_not_trust_a_racy_rewrite(tmp_path: Path, monkeypatch: p
 
 def test_launcher_runs_with_plain_python3_and_explains_outside_a_pod(tmp_path: Path) -> None:
     res = subprocess.run(
-        [sys.executable, str(devloop.SCRIPTS / "ml-dev"), "status"],
+        [sys.executable, str(inpod.path("ml-dev")), "status"],
         capture_output=True,
         text=True,
         env={**os.environ, "ML_DEV_STATE_DIR": str(tmp_path)},

@@ -29,7 +29,7 @@ import pytest
 
 from tests.conftest import ROOT, run_objects, stack_objects
 
-AGENT_PATH = ROOT / "components" / "scripts" / "idle_agent.py"
+AGENT_PATH = ROOT / "inpod" / "idle_agent.py"
 APP, NS = "ml-dev-env", "nccl-test"
 TOKEN = "sa-token-for-tests"
 ROLE = "kubernetes:rbac.authorization.k8s.io/v1:Role"

@@ -34,7 +34,7 @@ def test_startup_starts_the_agent_and_hooks_the_warning(tmp_path: Path) -> None:
     assert report["signals"][0]["ok"] is False
     home = Path(env["ML_DEV_HOME"])
     bashrc = (home / ".bashrc").read_text()
-    assert bashrc.count("idle-warning.sh") == 2 and "components/scripts/idle-warning.sh" in bashrc  # one line, path twice
+    assert bashrc.count("idle-warning.sh") == 2 and "inpod/idle-warning.sh" in bashrc  # one line, path twice
     # the agent stopped with the pod
     time.sleep(0.5)
     try:

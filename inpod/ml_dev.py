@@ -63,7 +63,9 @@ def read_env_file(path: Path) -> dict[str, str]:
         return {}
     out = subprocess.run(
         ["bash", "-c", 'set -a; . "$1" >/dev/null 2>&1; env -0', "_", str(path)],
-        stdout=subprocess.PIPE, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, check=False,
+        stdout=subprocess.PIPE,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+        check=False,
     ).stdout
     values = dict(item.split("=", 1) for item in out.decode().split("\0") if "=" in item)
     return {k: v for k, v in values.items() if k not in ("PWD", "SHLVL", "_", "PATH")}
@@ -90,8 +92,20 @@ class Cluster:
 
     def ssh(self, rank: int, remote: list[str], batch: bool = True) -> list[str]:
         control = STATE_DIR / "ssh" / "cm-%C"
-        opts = ["-F", str(self.ssh_config), "-o", "ConnectTimeout=5", "-o", "ControlMaster=auto",
-                "-o", f"ControlPath={control}", "-o", "ControlPersist=30", "-o", "LogLevel=ERROR"]
+        opts = [
+            "-F",
+            str(self.ssh_config),
+            "-o",
+            "ConnectTimeout=5",
+            "-o",
+            "ControlMaster=auto",
+            "-o",
+            f"ControlPath={control}",
+            "-o",
+            "ControlPersist=30",
+            "-o",
+            "LogLevel=ERROR",
+        ]
         if batch:
             opts += ["-o", "BatchMode=yes"]
         return ["ssh", *opts, self.hosts[rank], shlex.join(remote)]
@@ -287,7 +301,7 @@ class Heartbeat:
             pass
 
 
-DEBUG_SITECUSTOMIZE = '''
+DEBUG_SITECUSTOMIZE = """
 import os, sys
 def _ml_dev_debug():
     argv = " ".join(getattr(sys, "orig_argv", sys.argv))
@@ -309,7 +323,7 @@ def _ml_dev_debug():
 port = os.environ.get("ML_DEV_DEBUG_PORT")
 if port:
     _ml_dev_debug()
-'''
+"""
 
 
 def cmd_rank(args: argparse.Namespace) -> int:
@@ -451,9 +465,22 @@ def sync(cluster: Cluster, root: Path, quiet: bool = False) -> str:
         # rewrite within one timestamp tick: when the hashes differ, compare contents (--checksum) once.
         for extra in ([], ["--checksum"]):
             res = subprocess.run(
-                ["rsync", "-a", "--stats", "--modify-window=-1", *extra, "--from0", "--files-from=-", "-e", rsh,
-                 f"{root}/", f"{host}:{root}/"],
-                input=rsync_list, capture_output=True, check=False,
+                [
+                    "rsync",
+                    "-a",
+                    "--stats",
+                    "--modify-window=-1",
+                    *extra,
+                    "--from0",
+                    "--files-from=-",
+                    "-e",
+                    rsh,
+                    f"{root}/",
+                    f"{host}:{root}/",
+                ],
+                input=rsync_list,
+                capture_output=True,
+                check=False,
             )
             if res.returncode != 0:
                 raise RuntimeError(f"rsync exited {res.returncode}: {res.stderr.decode(errors='replace').strip()}")
@@ -479,8 +506,11 @@ def sync(cluster: Cluster, root: Path, quiet: bool = False) -> str:
     if problems:
         die("\n  ".join(problems))
     if not quiet:
-        print(f"ml-dev: synced {root} ({len(files)} files, tree {local_hash[:12]}) to {len(results)} pods in "
-              f"{time.monotonic() - started:.1f} s, {sum(sent.values())} bytes sent", flush=True)
+        print(
+            f"ml-dev: synced {root} ({len(files)} files, tree {local_hash[:12]}) to {len(results)} pods in "
+            f"{time.monotonic() - started:.1f} s, {sum(sent.values())} bytes sent",
+            flush=True,
+        )
     return local_hash
 
 
@@ -507,8 +537,11 @@ def run_everywhere(cluster: Cluster, command: list[str], cwd: Path, debug_rank: 
     for s in streams:
         s.start()
     if debug_rank is not None:
-        print(f"ml-dev: {cluster.label(debug_rank)} runs under debugpy on port {DEBUG_PORT}: "
-              f"oc port-forward pod/{cluster.pods[debug_rank]} {DEBUG_PORT}:{DEBUG_PORT}, then attach", flush=True)
+        print(
+            f"ml-dev: {cluster.label(debug_rank)} runs under debugpy on port {DEBUG_PORT}: "
+            f"oc port-forward pod/{cluster.pods[debug_rank]} {DEBUG_PORT}:{DEBUG_PORT}, then attach",
+            flush=True,
+        )
 
     interrupted = threading.Event()
 
@@ -606,7 +639,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
     return max(bad.values()) if bad else 0
 
 
-STATUS_SCRIPT = r'''
+STATUS_SCRIPT = r"""
 . "${ML_DEV_STATE_DIR:-/tmp/ml-dev-env}/rank.env" 2>/dev/null
 gpus="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | sort | uniq -c | sed 's/^ *//' | paste -sd, -)"
 rdma="$(ls /sys/class/infiniband 2>/dev/null | paste -sd, -)"
@@ -617,7 +650,7 @@ for f in "${ML_DEV_STATE_DIR:-/tmp/ml-dev-env}"/ssh-sessions/*; do
   if [ -r "/proc/$pid/stat" ] && [ "$(cut -d' ' -f22 "/proc/$pid/stat")" = "$start" ]; then n=$((n + 1)); else rm -f "$f"; fi
 done
 printf 'rank=%s/%s gpus=%s rdma=%s ssh_sessions=%s\n' "${NODE_RANK:-?}" "${NNODES:-?}" "${gpus:-none}" "${rdma:-none}" "$n"
-'''
+"""
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -631,8 +664,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         return res.stdout.strip()
 
     results = parallel(one, list(range(len(cluster.hosts))))
-    print(f"{len(cluster.hosts)} pods, WORLD_SIZE={cluster.rank_env.get('WORLD_SIZE', '?')}, "
-          f"master {cluster.rank_env.get('MASTER_ADDR', '?')}:{cluster.rank_env.get('MASTER_PORT', '?')}")
+    print(
+        f"{len(cluster.hosts)} pods, WORLD_SIZE={cluster.rank_env.get('WORLD_SIZE', '?')}, "
+        f"master {cluster.rank_env.get('MASTER_ADDR', '?')}:{cluster.rank_env.get('MASTER_PORT', '?')}"
+    )
     unreachable = 0
     for rank in range(len(cluster.hosts)):
         text = results[rank]
@@ -649,9 +684,12 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--no-sync", action="store_true", help="do not sync the working tree first")
     run.add_argument("--debug", type=int, metavar="RANK", help=f"run RANK's Python under debugpy on port {DEBUG_PORT}")
     run.add_argument("--no-wait", action="store_true", help="with --debug: do not wait for the debugger to attach")
-    for p in (run, sub.add_parser("sync", help="sync the working tree to every pod"),
-              sub.add_parser("exec", help="run a command on every pod (no sync)"),
-              sub.add_parser("status", help="pods, ranks, GPUs, RDMA devices, SSH sessions")):
+    for p in (
+        run,
+        sub.add_parser("sync", help="sync the working tree to every pod"),
+        sub.add_parser("exec", help="run a command on every pod (no sync)"),
+        sub.add_parser("status", help="pods, ranks, GPUs, RDMA devices, SSH sessions"),
+    ):
         p.add_argument("--timeout", type=float, default=60, help="seconds to wait for every pod to be reachable (60)")
         if p.prog.split()[-1] in ("run", "exec"):
             p.add_argument("command", nargs=argparse.REMAINDER)
