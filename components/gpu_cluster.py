@@ -14,6 +14,7 @@ from components import crds, devloop, fabric, fabric_rbac, lifecycle, pod
 from components.storage import WorkspaceStorage, WorkspaceStorageArgs
 from core import naming
 from stacks.config import StackConfig
+from stacks.environment import ClusterFacts
 
 OAUTH_REDIRECT = "serviceaccounts.openshift.io/oauth-redirectreference."
 
@@ -28,6 +29,8 @@ class GpuClusterArgs(BaseModel):
     """Secret config values (`pulumi.Output[str]`) by key."""
     statefulset_annotations: dict[str, str] = {}
     """Extra StatefulSet annotations (e.g. OpenShift's image-change trigger)."""
+    cluster: ClusterFacts | None = None
+    """An environment stack: its cluster's facts (the SCC and shared claims it uses but does not own)."""
 
 
 def labels(config: StackConfig) -> dict[str, str]:
@@ -158,6 +161,40 @@ class GpuCluster(pulumi.ComponentResource):
         assert configured_scc is not None  # guaranteed by MemlockConfig
         scc = configured_scc
         role_kind = "ClusterRole"
+        facts = self._args.cluster
+        if facts is not None and facts.scc_role is not None and facts.scc == configured_scc:
+            # An environment using the SCC its cluster stack created: the cluster's Role grants its use in the cluster
+            # namespace; in its own namespace the environment needs a Role of its own (named after it, granting the same).
+            role_kind, role_name = "Role", facts.scc_role
+            if ns != facts.namespace:
+                role_name = naming.scc_binding(app, configured_scc)
+                self._depends.append(
+                    k8s.rbac.v1.Role(
+                        f"{name}-scc-role",
+                        metadata=self._meta(role_name),
+                        rules=[
+                            k8s.rbac.v1.PolicyRuleArgs(
+                                api_groups=["security.openshift.io"],
+                                resources=["securitycontextconstraints"],
+                                resource_names=[configured_scc],
+                                verbs=["use"],
+                            )
+                        ],
+                        opts=self._child,
+                    )
+                )
+            # Policy pack (policy/rules/privileges_bound.py): the cluster stack's Role, named on the binding.
+            owner = {"ml-dev-env/role-owner": facts.cluster} if ns == facts.namespace else None
+            self._depends.append(
+                k8s.rbac.v1.RoleBinding(
+                    f"{name}-scc-binding",
+                    metadata=self._meta(naming.scc_binding(app, configured_scc), annotations=owner),
+                    role_ref=k8s.rbac.v1.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind=role_kind, name=role_name),
+                    subjects=[k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=cfg.security.service_account, namespace=ns)],
+                    opts=pulumi.ResourceOptions(parent=self, depends_on=list(self._depends)),
+                )
+            )
+            return
         if memlock.mode == "scc" and memlock.create_scc:
             # A created SCC is cluster-scoped: named per stack (namespace and app) so a second
             # environment in the cluster neither collides with nor deletes this one's.
@@ -227,9 +264,17 @@ class GpuCluster(pulumi.ComponentResource):
             )
 
     def _storage(self) -> WorkspaceStorage:
+        facts = self._args.cluster
         return WorkspaceStorage(
             f"{self._name}-storage",
-            WorkspaceStorageArgs(app=self._app, namespace=self._ns, labels=self._labels, storage=self._cfg.storage),
+            WorkspaceStorageArgs(
+                app=self._app,
+                namespace=self._ns,
+                labels=self._labels,
+                storage=self._cfg.storage,
+                # An environment in its cluster's namespace mounts the cluster's shared claims (claims cannot cross namespaces).
+                existing_claims=dict(facts.shared_claims) if facts is not None and facts.namespace == self._ns else {},
+            ),
             opts=self._child,
         )
 
