@@ -81,6 +81,11 @@ def idle_agent_role(app: str) -> str:
     return f"{app}-idle-agent"
 
 
+def image_wait(image_stream: str) -> str:
+    """ServiceAccount, Role and RoleBinding of the image wait Job (it lists its BuildConfigs' Builds)."""
+    return f"{image_stream[:40]}-wait"
+
+
 def headless_service(app: str) -> str:
     return f"{app}-headless"
 
