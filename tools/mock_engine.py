@@ -7,6 +7,7 @@ root stack, so runs never leak into each other.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import runpy
@@ -256,6 +257,20 @@ def run_program(
     finally:
         settings.ROOT.set(None)
         pulumi.runtime.set_all_config({}, [])
+        # A run that failed in an apply (an environment's facts check) leaves its output tasks and RPCs in the
+        # SDK's global settings (pulumi/runtime/stack.py wait_for_rpcs reads SETTINGS.outputs and the RPC manager):
+        # drop them, or the next run waits on tasks of this closed loop.
+        with settings.SETTINGS.lock:
+            settings.SETTINGS.outputs.clear()
+        settings._get_rpc_manager().clear()
+        if error is not None:
+            # Its futures hold the error nobody retrieves: retrieve it now. Otherwise asyncio logs "Future exception was
+            # never retrieved" from the future's finalizer, at whatever point the garbage collector frees it (seen: in
+            # the next run's compile of __main__.py, where CPython 3.11 then fails with "AST constructor recursion
+            # depth mismatch").
+            for obj in gc.get_objects():
+                if isinstance(obj, asyncio.Future) and obj.done() and not obj.cancelled():
+                    obj.exception()
         pending = asyncio.all_tasks(loop)
         for task in pending:
             task.cancel()
