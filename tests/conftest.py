@@ -30,9 +30,14 @@ MODEL_SECRETS = {"quayDockerConfigJson": '{"auths":{"quay.io":{"auth":"cm9ib3Q6d
 PLACEHOLDER_SECRETS = {**{key: f"test-placeholder-{key}" for key in SECRET_KEYS}, **MODEL_SECRETS}
 
 
-def run_objects(stack: str, objects: dict[str, Any], secrets: dict[str, str] | None = None) -> RunResult:
-    """Run the program; every secret is set (placeholders; tests about secrets pass their own values)."""
-    return run_program(stack, {f"ml-dev-env:{k}": v for k, v in objects.items()}, {**PLACEHOLDER_SECRETS, **(secrets or {})})
+def run_objects(stack: str, objects: dict[str, Any], secrets: dict[str, str | None] | None = None) -> RunResult:
+    """Run the program; every secret is set (placeholders; tests about secrets pass their own values, None = not set)."""
+    chosen = {**PLACEHOLDER_SECRETS, **(secrets or {})}
+    return run_program(stack, {f"ml-dev-env:{k}": v for k, v in objects.items()}, {k: v for k, v in chosen.items() if v is not None})
+
+
+ONLY_MODEL_SECRETS: dict[str, str | None] = {key: None for key in SECRET_KEYS if key not in MODEL_SECRETS}
+"""`secrets=` for a run where only the models' secrets are set (tests of what a missing secret does)."""
 
 
 @pytest.fixture
