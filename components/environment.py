@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pulumi
@@ -71,7 +71,9 @@ def facts_problem(deployed: Any, expected: ClusterFacts, stack_ref: str) -> str 
             f"reads version {FACTS_VERSION}; run `pulumi up -s {expected.cluster}` with this program first"
         )
     facts = ClusterFacts.model_validate(deployed)
-    differ = [key for key in ("namespace", "app_name", "runtime_image", "scc", "shared_claims") if getattr(facts, key) != getattr(expected, key)]
+    differ = [
+        key for key in ("namespace", "app_name", "runtime_image", "scc", "shared_claims") if getattr(facts, key) != getattr(expected, key)
+    ]
     if differ:
         return (
             f"ml-dev-env:environment.cluster: the cluster stack {stack_ref} is deployed with other {', '.join(differ)} than "
@@ -123,11 +125,9 @@ def ownership_conflict(live: dict[str, Any] | None, stack: str, kind: str, names
 LiveReader = Callable[[str], "dict[str, Any] | None"]
 
 
-def _metadata_of(props: dict[str, Any]) -> tuple[str, Any] | None:
-    for key in ("metadata",):
-        if key in props and props[key] is not None:
-            return key, props[key]
-    return None
+def _metadata_of(props: Mapping[str, Any]) -> tuple[str, Any] | None:
+    meta = props.get("metadata")
+    return None if meta is None else ("metadata", meta)
 
 
 def _get(meta: Any, key: str) -> Any:

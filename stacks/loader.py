@@ -247,9 +247,7 @@ def stack_raw(raw_config: Mapping[str, Any], config_dir: Path | None) -> tuple[d
     return merged, problems + env_problems
 
 
-def check(
-    raw_config: Mapping[str, Any], secret_keys: set[str], config_dir: Path | None = None
-) -> tuple[StackConfig | None, list[str]]:
+def check(raw_config: Mapping[str, Any], secret_keys: set[str], config_dir: Path | None = None) -> tuple[StackConfig | None, list[str]]:
     """Every problem of flat Pulumi config at once: keys, plain-text secrets, values, missing secrets.
 
     `secret_keys` are the `ml-dev-env:<key>` secrets that are set (as secrets). Returns the config

@@ -103,12 +103,18 @@ def test_in_its_own_namespace_it_pulls_the_cluster_image_and_has_its_own_claims(
         pullers = [o for o in objs if o["kind"] == "RoleBinding" and o["roleRef"]["name"] == "system:image-puller"]
         claims = [o for o in objs if o["kind"] == "PersistentVolumeClaim"]
         (sts,) = [o for o in objs if o["kind"] == "StatefulSet"]
-        mounted = {v["persistentVolumeClaim"]["claimName"] for v in sts["spec"]["template"]["spec"]["volumes"] if "persistentVolumeClaim" in v}
+        mounted = {
+            v["persistentVolumeClaim"]["claimName"] for v in sts["spec"]["template"]["spec"]["volumes"] if "persistentVolumeClaim" in v
+        }
         if env.get("namespace"):
             (binding,) = pullers
             assert binding["metadata"]["namespace"] == cluster_ns
-            assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sts["spec"]["template"]["spec"]["serviceAccountName"], "namespace": env["namespace"]}]
-            assert mounted == {c["metadata"]["name"] for c in claims} and all(c["metadata"]["namespace"] == env["namespace"] for c in claims)
+            assert binding["subjects"] == [
+                {"kind": "ServiceAccount", "name": sts["spec"]["template"]["spec"]["serviceAccountName"], "namespace": env["namespace"]}
+            ]
+            assert mounted == {c["metadata"]["name"] for c in claims} and all(
+                c["metadata"]["namespace"] == env["namespace"] for c in claims
+            )
         else:
             assert not pullers and not claims
             cluster_claims = {o["metadata"]["name"] for o in objects(renders["barcelona"]) if o["kind"] == "PersistentVolumeClaim"}
@@ -142,12 +148,17 @@ def test_a_cluster_deployed_with_other_settings_stops_it() -> None:
 
 
 def test_cluster_keys_and_foreign_nodes_in_an_environment_are_one_line_each() -> None:
-    config = env_config("barcelona-alice", storage={"mode": "shared", "volumes": []}, nodes={"count": 1, "gpuNodes": ["not-a-cluster-node"]})
+    config = env_config(
+        "barcelona-alice", storage={"mode": "shared", "volumes": []}, nodes={"count": 1, "gpuNodes": ["not-a-cluster-node"]}
+    )
     result = run_program("barcelona-alice", config, stack_outputs={})
     assert result.error is not None
     lines = [line.strip().removeprefix("- ") for line in result.error.splitlines()[1:]]
     assert len(lines) == 2, result.error
-    assert any("ml-dev-env:storage: an environment stack" in line and "takes only environment, nodes, access, ssh, lifecycle" in line for line in lines), result.error
+    assert any(
+        "ml-dev-env:storage: an environment stack" in line and "takes only environment, nodes, access, ssh, lifecycle" in line
+        for line in lines
+    ), result.error
     assert any("ml-dev-env:nodes.gpuNodes: got ['not-a-cluster-node']" in line for line in lines), result.error
 
 
@@ -180,7 +191,9 @@ def test_the_guard_stops_a_second_owner_with_one_line_naming_both_stacks() -> No
     assert "StatefulSet nccl-test/ml-dev-env-alice" in message
 
 
-@pytest.mark.parametrize("live", [None, {"metadata": {"labels": {"app": "by-hand"}}}, {"metadata": {"labels": {STACK_LABEL: "barcelona-alice"}}}])
+@pytest.mark.parametrize(
+    "live", [None, {"metadata": {"labels": {"app": "by-hand"}}}, {"metadata": {"labels": {STACK_LABEL: "barcelona-alice"}}}]
+)
 def test_the_guard_adopts_unowned_objects_and_keeps_its_own(live: Any) -> None:
     result = transform(lambda path: live)
     assert result.props["metadata"]["labels"] == {"a": "b", STACK_LABEL: "barcelona-alice"}
@@ -188,7 +201,12 @@ def test_the_guard_adopts_unowned_objects_and_keeps_its_own(live: Any) -> None:
 
 def test_api_paths_of_the_kinds_the_program_creates() -> None:
     assert api_path("kubernetes:core/v1:ServiceAccount", "ns", "x") == "/api/v1/namespaces/ns/serviceaccounts/x"
-    assert api_path("kubernetes:networking.k8s.io/v1:NetworkPolicy", "ns", "x") == "/apis/networking.k8s.io/v1/namespaces/ns/networkpolicies/x"
-    assert api_path("kubernetes:security.openshift.io/v1:SecurityContextConstraints", None, "x") == "/apis/security.openshift.io/v1/securitycontextconstraints/x"
+    assert (
+        api_path("kubernetes:networking.k8s.io/v1:NetworkPolicy", "ns", "x") == "/apis/networking.k8s.io/v1/namespaces/ns/networkpolicies/x"
+    )
+    assert (
+        api_path("kubernetes:security.openshift.io/v1:SecurityContextConstraints", None, "x")
+        == "/apis/security.openshift.io/v1/securitycontextconstraints/x"
+    )
     assert api_path("ml-dev-env:cluster:GpuCluster", "ns", "x") is None
     assert ownership_conflict({"metadata": {}}, "a", "ConfigMap", "ns", "x") is None

@@ -247,7 +247,7 @@ def test_memlock_through_declared_scc_binding(barcelona: RunResult) -> None:
     }
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "ml-dev-sa", "namespace": "nccl-test"}]
     assert binding["metadata"]["name"] == "ml-dev-env-scc-nccl-rdma-scc"
-    role = barcelona.one("kubernetes:rbac.authorization.k8s.io/v1:Role").inputs
+    role = barcelona.one("kubernetes:rbac.authorization.k8s.io/v1:Role", "gpu-scc-role").inputs
     assert role["metadata"]["name"] == binding["roleRef"]["name"]
     assert role["rules"] == [
         {

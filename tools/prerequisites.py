@@ -192,9 +192,7 @@ def prerequisites(config: StackConfig, objects: Sequence[Mapping[str, Any]], pat
         )
     env = config.environment
     if env is not None and env.namespace:
-        needs.append(
-            Need(f"namespace {ns} exists", f"environment.namespace (create it: `oc new-project {ns}`)", f"oc get namespace {ns}")
-        )
+        needs.append(Need(f"namespace {ns} exists", f"environment.namespace (create it: `oc new-project {ns}`)", f"oc get namespace {ns}"))
     elif ns not in _rendered(objects, "Namespace"):
         needs.append(Need(f"namespace {ns} exists", "cluster.createNamespace is false", f"oc get namespace {ns}"))
     creator = f"the cluster stack {env.cluster}" if env is not None else "an admin"

@@ -125,7 +125,7 @@ def test_error_and_cancelled_end_it_too(tmp_path: Path, run_step: StepRunner, st
 def test_a_retried_build_counts_not_the_failed_one_before_it(tmp_path: Path, run_step: StepRunner, stand_in: tuple[StandIn, str]) -> None:
     state, host = stand_in
     state.builds = [build(BASE, 1, "Failed"), build(BASE, 2, "Running")]
-    step, seconds = wait(run_step, tmp_path, host, timeout=3)
+    step, _ = wait(run_step, tmp_path, host, timeout=3)
     assert step.returncode == 5, step.stderr  # EXIT_NOT_FOUND: it waited the whole (short) timeout
     assert "did not appear within 3 s" in step.stderr
     assert len(state.selectors) >= 2
