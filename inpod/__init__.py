@@ -21,7 +21,7 @@ class Shipped:
     source: str
     """The file in this package."""
     group: str
-    """Which part of the stack ships it: startup (PID 1), devloop (SSH fabric, launcher), lifecycle, fabric."""
+    """Which part of the stack ships it: startup (PID 1), devloop (SSH fabric, launcher), lifecycle, fabric, usage."""
 
 
 SHIPPED: tuple[Shipped, ...] = (
@@ -33,6 +33,7 @@ SHIPPED: tuple[Shipped, ...] = (
     Shipped("idle-warning.sh", "idle-warning.sh", "lifecycle"),
     Shipped("fabric_check.py", "fabric_check.py", "fabric"),
     Shipped("rank_order.sh", "rank_order.sh", "fabric"),
+    Shipped("usage.py", "usage.py", "usage"),
 )
 _BY_KEY = {s.key: s for s in SHIPPED}
 
