@@ -64,7 +64,7 @@ render-all: venv
 	$(PY) -m tools.render
 
 runs: venv
-	$(PY) tools/runs.py $(STACK)
+	$(PY) -m tools.runs $(STACK)
 
 lint: venv
 	$(PY) -m ruff check .
