@@ -118,3 +118,20 @@ def test_no_module_edits_sys_path(tmp_path: Path) -> None:
         for line in sys_path_edits(path)
     ]
     assert not found, f"sys.path edits: {found}"
+
+
+def test_inpod_imports_only_the_standard_library() -> None:
+    """The in-pod programs run on whatever python3 the image has: no Pulumi, nothing of ours (`components`,
+    `stacks`, …), no third-party package; a program may import a sibling that ships next to it."""
+    import inpod
+
+    siblings = {Path(s.source).stem for s in inpod.SHIPPED if s.source.endswith(".py")} | {"inpod"}
+    allowed = set(sys.stdlib_module_names) | siblings
+    found = [
+        f"{path.relative_to(ROOT)}:{line}: {name}"
+        for path in modules()
+        if package_of(path) == "inpod"
+        for line, name in imported(path)
+        if name not in allowed
+    ]
+    assert {package_of(p) for p in modules()} >= {"inpod"} and not found, found
