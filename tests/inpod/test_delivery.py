@@ -18,7 +18,7 @@ CONFIGMAP = "kubernetes:core/v1:ConfigMap"
 # Rendered from the stack's config (data, not programs): the launcher's facts and the fabric check's settings.
 SETTINGS = {"devloop.env", fabric.CONFIG_KEY}
 # Files of the package that are not programs.
-NOT_SHIPPED = {"__init__.py", "ruff.toml"}
+NOT_SHIPPED = {"__init__.py"}
 
 
 def startup_data(stack: str) -> dict[str, str]:
