@@ -25,7 +25,7 @@ COOKIE_MOUNT = "/etc/oauth-proxy"
 
 READINESS = (
     f"test -f {STATE_DIR}/ready && "
-    f"{{ test ! -f {STATE_DIR}/ssh/wanted || kill -0 \"$(cat {STATE_DIR}/ssh/sshd.pid 2>/dev/null)\" 2>/dev/null; }}"
+    f'{{ test ! -f {STATE_DIR}/ssh/wanted || kill -0 "$(cat {STATE_DIR}/ssh/sshd.pid 2>/dev/null)" 2>/dev/null; }}'
 )
 """The main container's readiness: the startup script's ready file, and sshd alive where the image has one
 (startup.sh writes ssh/wanted; sshd writes its PidFile, inpod/sshd.sh)."""
