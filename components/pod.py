@@ -11,7 +11,7 @@ import pulumi_kubernetes as k8s
 import inpod
 from components import storage
 from core import naming, nccl
-from inpod import contract
+from core import pod_contract as contract
 from stacks.config import StackConfig
 
 STARTUP_SCRIPT = inpod.path("startup.sh")
@@ -106,7 +106,7 @@ def pod_env(config: StackConfig) -> list[k8s.core.v1.EnvVarArgs]:
         # `oc rsh` starts `/bin/sh`, which as an interactive shell reads the file named by $ENV
         # (POSIX sh; bash reads ~/.bashrc and ~/.profile, where the startup script adds the same line).
         _plain("ENV", f"{STATE_DIR}/env.sh"),
-        # programs hand other pods this path, never their resolved one (inpod/contract.py)
+        # programs hand other pods this path, never their resolved one (core/pod_contract.py)
         _plain(contract.STARTUP_DIR_ENV, STARTUP_MOUNT),
     ]
 

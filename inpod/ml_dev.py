@@ -77,7 +77,7 @@ PER_POD_ENV = (
     "KUBERNETES_*",
 )
 """Never carried from the launching pod to the others (glob patterns): what differs per pod by nature.
-inpod/contract.py re-exports it; `ml-dev run --help` prints it."""
+core/pod_contract.py holds the same tuple (tests/test_contract.py); `ml-dev run --help` prints it."""
 
 
 def die(message: str, code: int = 1) -> None:

@@ -1,4 +1,4 @@
-"""The pod contract (inpod/contract.py) holds from both sides: what the render gives the pods, and what
+"""The pod contract (core/pod_contract.py) holds from both sides: what the render gives the pods, and what
 the shipped programs read and write."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import re
 import pytest
 
 import inpod
-from inpod import contract
+from core import pod_contract as contract
+from inpod import ml_dev
 from tests.conftest import run_objects, stack_objects
 from tools.mock_engine import RunResult
 
@@ -58,3 +59,7 @@ def test_programs_hand_other_pods_the_mount_path(key: str) -> None:
     text = inpod.text(key)
     assert not re.search(r"Path\(__file__\)\.resolve\(\)", text)
     assert contract.STARTUP_DIR_ENV in text
+
+
+def test_the_launcher_carries_the_contract_per_pod_set() -> None:
+    assert ml_dev.PER_POD_ENV == contract.PER_POD_ENV

@@ -3,12 +3,11 @@
 Defined here once. The components render from it (components/pod.py: the container env and `cluster.env`;
 components/devloop.py: `devloop.env`) and the programs read only these names (tests/test_contract.py
 asserts both sides: every name a program reads is rendered or written by another program, and every
-rendered name is listed here). Not shipped into the pods: the shell programs cannot import it.
+rendered name is listed here). Not in inpod/ (everything there ships): the programs cannot import it, so
+what a program must know itself (ml-dev's PER_POD_ENV) is asserted equal to this module by the tests.
 """
 
 from __future__ import annotations
-
-from inpod import ml_dev
 
 STARTUP_DIR_ENV = "ML_DEV_DIR"
 """Container env: the startup ConfigMap's mount path (core.naming.STARTUP_MOUNT). Programs that hand their
@@ -56,6 +55,30 @@ RANK_ENV = (
 )
 """`$ML_DEV_STATE_DIR/rank.env`, written by startup.sh only (+ NCCL_IB_HCA when auto-detected)."""
 
-PER_POD_ENV = ml_dev.PER_POD_ENV
-"""Names `ml-dev run` never carries from the launching pod to the others (glob patterns), defined in the
-shipped launcher itself (it cannot import this module in the pod)."""
+PER_POD_ENV = (
+    "HOSTNAME",
+    "HOME",
+    "PWD",
+    "OLDPWD",
+    "SHLVL",
+    "_",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "MAIL",
+    "TERM",
+    "POD_*",
+    "NODE_NAME",
+    "ML_DEV_POD",
+    "ML_DEV_HOME",
+    "NODE_RANK",
+    "PET_NODE_RANK",
+    "RANK",
+    "LOCAL_RANK",
+    "SSH_*",
+    "LD_PRELOAD",
+    "NSS_WRAPPER_*",
+    "KUBERNETES_*",
+)
+"""Names `ml-dev run` never carries from the launching pod to the others (glob patterns): what differs per
+pod by nature. The shipped launcher holds the same tuple (inpod/ml_dev.py PER_POD_ENV; tests/test_contract.py)."""
