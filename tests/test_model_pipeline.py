@@ -428,7 +428,8 @@ def test_streaming_model_has_no_download_task_and_no_weights_pvc() -> None:
         model["source"] = {"s3": {"endpoint": "http://minio.model-storage.svc:9000", "bucket": "llm-models", "prefix": "mistral/w4a16"}}
         o["models"].append(model)
 
-    result = _with_models(stream, {"quayDockerConfigJson": "{}", "hfToken": "x", "s3AccessKeyId": "A", "s3SecretAccessKey": "B"}, stream=False)
+    secrets = {"quayDockerConfigJson": "{}", "hfToken": "x", "s3AccessKeyId": "A", "s3SecretAccessKey": "B"}
+    result = _with_models(stream, secrets, stream=False)
     assert result.error is None, result.error
     pipelines = {r.inputs["metadata"]["name"]: r.inputs["spec"] for r in result.of_type(PIPELINE)}
     assert [t["name"] for t in pipelines["modelcar-stream"]["tasks"]] == ["wait-tools", "package", "mirror", "register"]
