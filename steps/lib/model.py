@@ -87,7 +87,8 @@ class Expected:
     """What a downloaded file must match: its size and a checksum.
 
     kind: sha256 (hex, HF LFS), sha256-base64 (S3 ChecksumSHA256), md5 (single-part ETag),
-    md5-multipart (ETag `<md5 of part md5s>-<parts>`), git-sha1 (HF blob id), None (size only).
+    md5-multipart (ETag `<md5 of part md5s>-<parts>`), crc32 / crc32-multipart (S3 ChecksumCRC32, base64,
+    full-object / `<crc32 of part crc32s>-<parts>`), git-sha1 (HF blob id), None (size only).
     """
 
     size: int
@@ -123,9 +124,18 @@ def select(relpaths: Sequence[str], include: Sequence[str], exclude: Sequence[st
     return sorted(chosen)
 
 
-def s3_expected(client: Any, bucket: str, key: str, head: dict[str, Any]) -> Expected:
+def s3_expected(client: Any, bucket: str, key: str, head: dict[str, Any], crc: bool = False) -> Expected:
+    """The check for an S3 object; `crc`: its CRC32 first (the cheapest), full-object or COMPOSITE."""
     size, etag = int(head["ContentLength"]), str(head.get("ETag", "")).strip('"')
     sha, multipart = head.get("ChecksumSHA256"), "-" in etag
+    value, _, parts = str(head.get("ChecksumCRC32") or "").partition("-")
+    if crc and value:
+        if head.get("ChecksumType", "COMPOSITE" if multipart else "FULL_OBJECT") == "FULL_OBJECT":
+            return Expected(size, "crc32", value)
+        count = parts or etag.partition("-")[2]
+        part_size = int(client.head_object(Bucket=bucket, Key=key, PartNumber=1)["ContentLength"]) if count.isdigit() else 0
+        if part_size and -(-size // part_size) == int(count):
+            return Expected(size, "crc32-multipart", f"{value}-{count}", part_size)
     # A multipart object's checksum is a checksum of part checksums unless S3 says FULL_OBJECT
     # (some S3-compatible stores omit the `-<parts>` suffix that marks it as composite).
     if sha and "-" not in sha and head.get("ChecksumType", "COMPOSITE" if multipart else "FULL_OBJECT") == "FULL_OBJECT":
@@ -206,11 +216,8 @@ class LayerLayout:
         return len(self.head) + self.file_size + len(self.tail)
 
     def read(self, path: Path, offset: int = 0, buf_size: int = READ_SIZE) -> Iterator[memoryview]:
-        """Yield the layer bytes from `offset` to the end, the file's in `buf_size` pieces.
-
-        The file is memory-mapped in windows (MAP_POPULATE: the pages are mapped in one call): its bytes
-        are hashed and sent from the page cache with no read() copy. A window is unmapped once the last
-        view of it is released."""
+        """Yield the layer bytes from `offset` to the end; the file's from memory-mapped windows (hashed and
+        sent from the page cache, no read() copy), unmapped when their last view is released."""
         head_len = len(self.head)
         if offset < head_len:
             yield memoryview(self.head)[offset:]
