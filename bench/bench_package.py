@@ -10,7 +10,8 @@ plus small JSON files) and pushes it to a local docker-registry with every appro
                 beforehand (untimed), then one monolithic PUT per file, sent with sendfile().
                 The physical reference at that parallelism.
   ours1 / ours2 steps/package.py --jobs 1 / --jobs 2, run as the deployed script text.
-  s3read        the source read alone: every object GET from a moto S3 server, 2 streams.
+  s3read        the source read alone: every object read from a moto S3 server (one signed GET each, into one
+                buffer, as the streaming packager reads), 2 streams.
   stream2       steps/package.py --source s3:// --jobs 2: S3 → registry in one pass, no model dir.
   buildah       `buildah bud` (FROM <base>, COPY models /models; vfs, chroot) + `buildah push`.
   olot          `skopeo copy` of the base into an OCI layout, `olot`, `skopeo copy --preserve-digests`.
@@ -18,9 +19,13 @@ plus small JSON files) and pushes it to a local docker-registry with every appro
 Fair comparison: ours1 is judged against raw1 and ours2 against raw2 (equal parallelism). The
 approaches are interleaved (round-robin, `--repeat` rounds, default 3), so drift of the machine
 (page cache, other load) hits all of them alike; the report shows the median, the spread (min–max)
-and the per-run values. CPU breakdown per approach (medians): CPU seconds of the pushing process
-(user/system), of the registry process, and the share of the pushing CPU that SHA-256 alone costs
-(model bytes / this machine's measured hashlib rate). Each run gets a fresh registry storage and
+and the per-run values. CPU per approach (medians): `cpu: <x> CPU-s/GiB = <r> × sha256 floor (<f> CPU-s/GiB
+in this run)` for the pushing process (user + system), where the floor is SHA-256 of the model's own bytes
+in one process (memory-mapped, no copy), measured every round on the packager's CPUs; and the registry
+process's CPU. With `--pin auto` (default) the registry and the S3 server run on the upper half of the
+CPUs and the packager (raw: the sending threads; s3read: the reading threads) on the lower half — on a
+2-CPU machine one core each — so the servers never share the packager's cores; the report names the
+split and the load average at start and end. Each run gets a fresh registry storage and
 repository. A sampler polls the disk usage of the approach's scratch locations every 0.2 s; "peak
 scratch" is the largest growth seen (node-ephemeral space needed besides the model directory).
 """

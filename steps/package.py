@@ -391,7 +391,7 @@ def _limit(chunks: Iterator[memoryview], length: int) -> Iterator[memoryview]:
         getattr(chunks, "close", lambda: None)()
 
 
-try:  # ISA-L: 4 x zlib's speed
+try:  # ISA-L: 4 x zlib's rate
     from isal.isal_zlib import crc32
 except ImportError:
     from zlib import crc32
@@ -412,15 +412,15 @@ class _Crc32:
 
 
 _CHECKS: dict[str | None, Callable[[], Any]] = {
-    "md5": lambda: hashlib.md5(usedforsecurity=False),  # S3 ETag
+    "md5": lambda: hashlib.md5(usedforsecurity=False),
     "sha256": hashlib.sha256,
     "crc32": _Crc32,
 }
 
 
 class SourceHasher:
-    """SHA-256 of a layer's bytes (tar header, file, padding) plus the source's own checksum of the file
-    (per part for multipart ones). `copy` keeps both states, so upload resumes keep working."""
+    """SHA-256 of a layer's bytes plus the source's own checksum of the file in it (per part if multipart);
+    `copy` keeps both states, so upload resumes keep working."""
 
     def __init__(self, head_len: int, expected: Expected) -> None:
         self.layer, self.pos, self.head_len, self.expected = hashlib.sha256(), 0, head_len, expected
@@ -541,8 +541,7 @@ class S3Source:
             raise StepError(f"no objects to package under {where}", EXIT_NOT_FOUND)
 
     def reader(self, rel: str, layout: LayerLayout) -> Callable[[int], Iterator[memoryview]]:
-        """Ranged GETs (signed: botocore/auth.py S3SigV4Auth.add_auth) read into one buffer that is hashed and
-        sent; ours is the one checksum. If-Match: a replaced object fails (412)."""
+        """Signed (botocore/auth.py S3SigV4Auth.add_auth) ranged GETs into one buffer; If-Match the listed ETag."""
         from botocore.auth import S3SigV4Auth
         from botocore.awsrequest import AWSRequest
 

@@ -127,29 +127,24 @@ def select(relpaths: Sequence[str], include: Sequence[str], exclude: Sequence[st
 def s3_expected(client: Any, bucket: str, key: str, head: dict[str, Any], crc: bool = False) -> Expected:
     """The check for an S3 object; `crc`: its CRC32 first (the cheapest), full-object or COMPOSITE."""
     size, etag = int(head["ContentLength"]), str(head.get("ETag", "")).strip('"')
-    sha, multipart = head.get("ChecksumSHA256"), "-" in etag
-    value, _, parts = str(head.get("ChecksumCRC32") or "").partition("-")
-    if crc and value:
-        if head.get("ChecksumType", "COMPOSITE" if multipart else "FULL_OBJECT") == "FULL_OBJECT":
-            return Expected(size, "crc32", value)
-        count = parts or etag.partition("-")[2]
-        part_size = int(client.head_object(Bucket=bucket, Key=key, PartNumber=1)["ContentLength"]) if count.isdigit() else 0
-        if part_size and -(-size // part_size) == int(count):
-            return Expected(size, "crc32-multipart", f"{value}-{count}", part_size)
+    sha, multipart, count = head.get("ChecksumSHA256"), "-" in etag, etag.partition("-")[2]
     # A multipart object's checksum is a checksum of part checksums unless S3 says FULL_OBJECT
     # (some S3-compatible stores omit the `-<parts>` suffix that marks it as composite).
-    if sha and "-" not in sha and head.get("ChecksumType", "COMPOSITE" if multipart else "FULL_OBJECT") == "FULL_OBJECT":
+    whole = head.get("ChecksumType", "COMPOSITE" if multipart else "FULL_OBJECT") == "FULL_OBJECT"
+    part = int(client.head_object(Bucket=bucket, Key=key, PartNumber=1)["ContentLength"]) if count.isdigit() else 0
+    part = part if part and -(-size // part) == int(count) else 0
+    value = str(head.get("ChecksumCRC32") or "").partition("-")[0]
+    if crc and value and (whole or part):
+        return Expected(size, "crc32", value) if whole else Expected(size, "crc32-multipart", f"{value}-{count}", part)
+    if sha and "-" not in sha and whole:
         return Expected(size, "sha256-base64", sha)
     if head.get("ServerSideEncryption") == "aws:kms" or head.get("SSECustomerAlgorithm"):
         log(f"WARNING: {key}: encrypted object, ETag is not an MD5; checking size only")
         return Expected(size)
     if len(etag) == 32 and not multipart:
         return Expected(size, "md5", etag)
-    count = etag.partition("-")[2]
-    if count.isdigit():
-        part_size = int(client.head_object(Bucket=bucket, Key=key, PartNumber=1)["ContentLength"])
-        if part_size and -(-size // part_size) == int(count):
-            return Expected(size, "md5-multipart", etag, part_size)
+    if part:
+        return Expected(size, "md5-multipart", etag, part)
     log(f"WARNING: {key}: ETag {etag!r} cannot be verified; checking size only")
     return Expected(size)
 
@@ -216,8 +211,7 @@ class LayerLayout:
         return len(self.head) + self.file_size + len(self.tail)
 
     def read(self, path: Path, offset: int = 0, buf_size: int = READ_SIZE) -> Iterator[memoryview]:
-        """Yield the layer bytes from `offset` to the end; the file's from memory-mapped windows (hashed and
-        sent from the page cache, no read() copy), unmapped when their last view is released."""
+        """Yield the layer bytes from `offset` on; the file's from mmap windows (no read() copy)."""
         head_len = len(self.head)
         if offset < head_len:
             yield memoryview(self.head)[offset:]
@@ -230,12 +224,22 @@ class LayerLayout:
                         raise StepError(f"{path} shrank while being read", EXIT_INTEGRITY)
                     start = (offset - head_len) // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
                     size = min(_WINDOW, self.file_size - start)
-                    flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-                    view = memoryview(mmap.mmap(fh.fileno(), size, flags=flags, prot=mmap.PROT_READ, offset=start))
+                    win = FileWindow(
+                        fh.fileno(), size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=mmap.PROT_READ, offset=start
+                    )
+                    win.file, view = fh, memoryview(win)
                     for pos in range(offset - head_len - start, size, buf_size):
+                        win.pos = start + pos
                         yield view[pos : pos + buf_size]
                     offset = head_len + start + size
         yield memoryview(self.tail)[offset - file_end :]
+
+
+class FileWindow(mmap.mmap):
+    """Part of a file, mapped; `pos`: the file offset of the slice handed out now."""
+
+    file: Any
+    pos: int
 
 
 def check_layer_sizes(sizes: dict[str, int], limit: int | None) -> None:
