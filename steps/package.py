@@ -137,6 +137,7 @@ class BlobPusher:
     def __init__(self, client: RegistryClient, repo: str, settings: UploadSettings, progress: Progress) -> None:
         self.client, self.repo, self.settings, self.progress = client, repo, settings, progress
         self.uploaded = 0
+        self.reread = 0  # bytes read again from the source to rebuild hash states (resumes)
         self._count_lock = threading.Lock()
 
     def push(
@@ -146,7 +147,7 @@ class BlobPusher:
         reader: Callable[[int], Iterator[memoryview]],
         digest: str | None = None,
         resume: dict[str, Any] | None = None,
-        on_state: Callable[[dict[str, Any] | None], None] | None = None,
+        on_state: Callable[[dict[str, Any] | None], object] | None = None,
         new_hasher: Callable[[], Any] = hashlib.sha256,
         check: Callable[[Any], None] | None = None,
     ) -> str:
@@ -163,13 +164,26 @@ class BlobPusher:
         blob = (new_hasher, check)  # per push: the pusher is shared by the upload threads
         chunk = size if size <= self.settings.chunk_threshold else self.settings.chunk_size
         up: _Upload | None = None
-        failures, auth_failures, progress_mark = 0, 0, -1
+        failures, auth_failures, progress_mark, refused = 0, 0, -1, 0
+        recover, kept = False, False  # kept: the session's state is durably recorded (a later run resumes it)
         if resume and resume.get("location"):
-            up = self._resume_earlier(name, resume, reader, size, digest, blob)
-            if up is not None and up.location == "":
-                return self._finished(up, on_state)
+            up = _Upload(str(resume["location"]), 0, *blob)
+            kept = recover = True
+            acked = int(resume.get("acked", 0))
+            if 0 < acked <= size:
+                self._hash_at(up, acked, reader)  # the offset the earlier run saw acknowledged
+                up.acked = acked
+            self.progress.advance(up.acked)
+            log(f"{name}: continuing the upload an earlier run left at byte {acked}")
         while True:
             try:
+                if recover and up is not None:
+                    recover, earlier = False, up
+                    up = self._recover(name, up, reader, size, digest)
+                    kept = kept and up is earlier  # a new session is recorded once its first chunk is acknowledged
+                    if up.location == "":
+                        return self._finished(up, on_state)
+                    chunk = max(chunk, up.min_chunk)
                 if up is None:
                     up = self._start(*blob)
                     chunk = max(chunk, up.min_chunk)
@@ -177,79 +191,76 @@ class BlobPusher:
                     end = min(up.acked + chunk, size)
                     up.location = self._patch(up, end, reader)
                     if on_state is not None and size > chunk:
-                        on_state({"location": up.location, "acked": up.acked})
+                        kept = bool(on_state({"location": up.location, "acked": up.acked}))
                 self._verify(up, size)
                 self._finish(up, "sha256:" + up.marks[size].hexdigest(), size)
                 return self._finished(up, on_state)
             except StepError as exc:
-                if exc.code == EXIT_INTEGRITY and up is not None and up.location:
-                    self._cancel(up.location)  # the source failed verification: nothing of it is committed
+                # A session no later run will resume is cancelled; one whose state is recorded is kept
+                # unless its bytes failed verification (then nothing of it may be committed).
+                if up is not None and up.location and (not kept or exc.code == EXIT_INTEGRITY):
+                    self._cancel(up.location, name)
+                    if kept and on_state is not None:
+                        on_state(None)
                 raise
             except ChunkRefused as exc:
                 if up is None:
                     raise StepError(f"upload of {name}: {exc}", EXIT_REMOTE) from exc
                 smaller = max(chunk // 2, up.min_chunk, 1)
                 if smaller >= chunk or chunk <= 1 << 20:
+                    self._give_up(up, name, kept)
                     raise StepError(
                         f"upload of {name}: the registry refuses requests of {human(chunk)} (HTTP 413) and the chunk cannot "
-                        f"shrink further (minimum {human(max(up.min_chunk, 1 << 20))})",
+                        f"shrink further (minimum {human(max(up.min_chunk, 1 << 20))}); lower --chunk-size "
+                        "(modelPipeline.chunkSize) if a proxy limits request bodies",
                         EXIT_REMOTE,
                     ) from exc
                 log(f"{name}: registry refused a {human(chunk)} request (HTTP 413); continuing in chunks of {human(smaller)}")
-                chunk = smaller
-                up = self._recover(name, up, reader, size, digest)
+                chunk, recover = smaller, True
             except TransientError as exc:
                 if up is not None and up.acked > progress_mark:
-                    failures, progress_mark = 0, up.acked  # progress since the last failure: fresh budget
+                    # progress since the last failure: a fresh budget, and renewals that worked are no failures
+                    failures, auth_failures, progress_mark = 0, 0, up.acked
                 failures += 1
                 auth_failures = auth_failures + 1 if isinstance(exc, AuthExpired) else 0
+                refused = refused + 1 if " 416" in str(exc) else 0
                 if auth_failures > 2:
+                    self._give_up(up, name, kept)
                     raise StepError(f"upload of {name}: credentials refused again after renewal ({exc})", EXIT_AUTH) from exc
                 if failures > self.settings.retries:
-                    raise StepError(f"upload of {name} failed after {self.settings.retries} retries: {exc}", EXIT_REMOTE) from exc
+                    self._give_up(up, name, kept)
+                    hint = ""
+                    if refused > 1:
+                        hint = (
+                            f"; the registry (or a proxy in front of it) keeps refusing {human(chunk)} requests with HTTP 416: "
+                            "lower --chunk-size (modelPipeline.chunkSize)"
+                        )
+                    raise StepError(f"upload of {name} failed after {self.settings.retries} retries: {exc}{hint}", EXIT_REMOTE) from exc
                 delay = 0.0 if isinstance(exc, AuthExpired) and auth_failures == 1 else backoff(failures, self.settings.retry_delay)
                 log(f"{name}: {exc}; retry {failures}/{self.settings.retries} in {delay:.1f}s")
                 time.sleep(delay)
-                if up is not None:
-                    up = self._recover(name, up, reader, size, digest)
-                    if up is not None and up.location == "":
-                        return self._finished(up, on_state)
+                recover = up is not None
+
+    def _give_up(self, up: _Upload | None, name: str, kept: bool) -> None:
+        """The step fails on this blob: a recorded session stays for the next run, any other is cancelled."""
+        if up is None or not up.location:
+            return
+        if kept:
+            log(f"{name}: upload session kept at byte {up.acked}; a re-run continues it")
+        else:
+            self._cancel(up.location, name)
 
     def _verify(self, up: _Upload, size: int) -> None:
         if up.check is None:
             return
-        try:
-            up.check(up.marks[size])
-        except StepError:
-            self._cancel(up.location)  # never committed: no blob of unverified bytes stays behind
-            raise
+        up.check(up.marks[size])  # raises StepError (exit 3): push cancels the session, nothing is committed
 
-    def _finished(self, up: _Upload, on_state: Callable[[dict[str, Any] | None], None] | None) -> str:
+    def _finished(self, up: _Upload, on_state: Callable[[dict[str, Any] | None], object] | None) -> str:
         if on_state is not None:
             on_state(None)
         with self._count_lock:
             self.uploaded += 1
         return "sha256:" + up.marks[max(up.marks)].hexdigest()
-
-    def _resume_earlier(
-        self,
-        name: str,
-        state: dict[str, Any],
-        reader: Callable[[int], Iterator[memoryview]],
-        size: int,
-        digest: str | None,
-        blob: tuple[Callable[[], Any], Callable[[Any], None] | None],
-    ) -> _Upload | None:
-        """Continue an upload session an earlier run left (Tekton retry, re-run): the registry's
-        offset is checked, the hash up to it is rebuilt by reading those bytes again."""
-        up = _Upload(str(state["location"]), 0, *blob)
-        acked = int(state.get("acked", 0))
-        if 0 < acked <= size:
-            self._hash_at(up, acked, reader)  # the offset the earlier run saw acknowledged
-            up.acked = acked
-        self.progress.advance(up.acked)
-        log(f"{name}: continuing the upload an earlier run left at byte {acked}")
-        return self._recover(name, up, reader, size, digest)
 
     def _start(self, new_hasher: Callable[[], Any] = hashlib.sha256, check: Callable[[Any], None] | None = None) -> _Upload:
         reply = self.client.request("POST", f"/v2/{self.repo}/blobs/uploads/", body=b"")
@@ -297,18 +308,16 @@ class BlobPusher:
             raise TransientError(f"registry computed a different digest than {digest} (data changed in transit?)")
         self.client.check(reply, f"complete upload {digest}", (201, 204))
 
-    def _status(self, location: str) -> Reply | None:
+    def _cancel(self, location: str, name: str) -> None:
+        """DELETE an upload session nobody will resume (OCI distribution spec, "Deleting an upload";
+        distribution's CancelBlobUpload, Quay's cancel_upload). Best effort: a failure is logged."""
         try:
-            return self.client.request("GET", location)
-        except TransientError:
-            return None
-
-    def _cancel(self, location: str) -> None:
-        """Cancel an upload session that is given up (best effort: it may be gone already)."""
-        try:
-            self.client.request("DELETE", location)
-        except (TransientError, StepError):
-            pass
+            status = self.client.request("DELETE", location).status
+        except (TransientError, StepError) as exc:
+            log(f"{name}: could not cancel the upload session ({exc}); the registry purges it later")
+            return
+        if status not in (202, 204, 404):
+            log(f"{name}: cancelling the upload session answered HTTP {status}; the registry purges it later")
 
     def _hash_at(self, up: _Upload, offset: int, reader: Callable[[int], Iterator[memoryview]]) -> None:
         """Make sure the hash state at `offset` is known: continue from the nearest known one by
@@ -317,13 +326,15 @@ class BlobPusher:
             return
         base = max(m for m in up.marks if m <= offset)
         hasher = up.marks[base].copy()
+        with self._count_lock:
+            self.reread += offset - base
         for piece in _limit(reader(base), offset - base) if offset > base else ():
             hasher.update(piece)
         up.marks[offset] = hasher
 
     def _recover(
         self, name: str, up: _Upload, reader: Callable[[int], Iterator[memoryview]], size: int, digest: str | None
-    ) -> _Upload | None:
+    ) -> _Upload:
         """Ask the registry what it holds and continue from there.
 
         Returns the session to continue (its `acked` set to the registry's offset), a session with
@@ -339,18 +350,26 @@ class BlobPusher:
             if size not in up.marks:
                 self._hash_at(up, size, reader)
             self._verify(up, size)
-            self._cancel(up.location)
+            self._cancel(up.location, name)
             up.location = ""
             return up
-        reply = self._status(up.location)
-        candidates = parse_range(reply.header("Range")) if reply is not None and reply.status == 204 else None
-        if candidates is None or reply is None:  # (no reply means no candidates; said twice for the type checker)
+        # Where does the upload stand? A status request that fails (unreachable, 5xx after the client's own
+        # retries) says nothing about the session: keep it and its hash marks, and let the blob's budget retry.
+        reply = self.client.request("GET", up.location)
+        if reply.status >= 500:
+            raise TransientError(f"upload status: HTTP {reply.status} (session kept)")
+        candidates = parse_range(reply.header("Range")) if reply.status == 204 else None
+        if candidates is None:
+            # The registry no longer accepts the session. distribution answers 404 BLOB_UPLOAD_INVALID when
+            # the stored size differs from the offset signed into `_state` (a lost PATCH answer, a partly
+            # received chunk) and cancels it itself (registry/handlers/blobupload.go, ResumeBlobUpload); a
+            # status request cannot carry another offset (the state is HMAC-signed). DELETE it anyway so
+            # nothing stays behind on a registry that kept it, then start again.
             lost = up.acked
-            if reply is None or reply.status != 404:
-                self._cancel(up.location)  # still there, but unusable: do not leave it behind
+            self._cancel(up.location, name)
             self.progress.advance(-up.acked)
             fresh = self._start(up.new_hasher, up.check)
-            log(f"{name}: upload session lost at byte {lost} (HTTP {reply.status if reply else 'unreachable'}); new session from byte 0")
+            log(f"{name}: upload session lost at byte {lost} (HTTP {reply.status}); new session from byte 0")
             return fresh
         up.location = self.client.upload_location(reply, up.location, trust=False)  # a GET answer
         if sent is not None:
