@@ -51,7 +51,6 @@ from lib.registry import (
     AuthExpired,
     ChunkRefused,
     RegistryClient,
-    Reply,
     TransientError,
     backoff,
     sha256_digest,
@@ -332,9 +331,7 @@ class BlobPusher:
             hasher.update(piece)
         up.marks[offset] = hasher
 
-    def _recover(
-        self, name: str, up: _Upload, reader: Callable[[int], Iterator[memoryview]], size: int, digest: str | None
-    ) -> _Upload:
+    def _recover(self, name: str, up: _Upload, reader: Callable[[int], Iterator[memoryview]], size: int, digest: str | None) -> _Upload:
         """Ask the registry what it holds and continue from there.
 
         Returns the session to continue (its `acked` set to the registry's offset), a session with
@@ -710,6 +707,130 @@ def previous_layers(client: RegistryClient, dest: ImageRef) -> dict[str, tuple[s
     return found
 
 
+RECORD_ANNOTATION = "io.ml-dev-env.resume-record"  # the tag a resume record belongs to
+UPLOADS_ANNOTATION = "io.ml-dev-env.uploads"  # JSON: relpath -> {location, acked, source} of unfinished uploads
+RECORD_EXPIRY = "14d"  # Quay drops a record tag left behind after this (config label quay.expires-after)
+
+
+def record_tag(tag: str) -> str:
+    """The tag holding the resume record of `tag` (OCI tags: at most 128 characters)."""
+    name = f"{tag}.resume"
+    return name if len(name) <= 128 else f"{tag[:100]}-{hashlib.sha256(tag.encode()).hexdigest()[:12]}.resume"
+
+
+class ResumeRecord:
+    """What a streaming run has done so far, kept where a retry finds it: in the destination registry.
+
+    The stream Task has no claim (its workspace is an emptyDir, new per Tekton retry), so the record is
+    a small image manifest under the tag `<tag>.resume`: the base layers plus every model layer completed
+    so far, each annotated with the source object it came from (`io.ml-dev-env.source`, so the entry is
+    (path, source size + checksum/ETag) -> layer digest), and the upload sessions in flight with their
+    acknowledged offsets. It is rewritten when a blob completes and when a chunk is acknowledged; a retry
+    HEAD-checks the recorded digests and sends nothing for them, and continues the recorded sessions. The
+    record also keeps the completed blobs from garbage collection. After the image's tag is written the
+    record is deleted (by digest); where deleting is refused, Quay expires it (config label
+    `quay.expires-after`).
+    """
+
+    def __init__(
+        self,
+        client: RegistryClient,
+        dest: ImageRef,
+        base_manifest: dict[str, Any],
+        base_config: dict[str, Any],
+        base_digest: str,
+        base: str,
+    ) -> None:
+        self.client, self.dest, self.tag = client, dest, record_tag(dest.tag or "")
+        self.base_manifest, self.base_config, self.base_digest, self.base = base_manifest, base_config, base_digest, base
+        self.layers: dict[str, tuple[str, int, str]] = {}  # relpath -> (digest, size, source)
+        self.uploads: dict[str, dict[str, Any]] = {}
+        self.digest = ""  # of the record manifest the registry holds
+        self.usable = True
+        self._lock = threading.Lock()
+
+    def load(self) -> None:
+        try:
+            body, media_type = self.client.get_manifest(self.dest.repository, self.tag)
+        except StepError:
+            return  # none (404), or not readable: start without one
+        manifest = json.loads(body)
+        notes = manifest.get("annotations") or {}
+        if media_type != OCI_MANIFEST or notes.get(RECORD_ANNOTATION) != self.dest.tag:
+            self.usable = False  # a tag of that name that is not our record: never overwrite it
+            log(f"WARNING: {self.dest.repository}:{self.tag} exists and is not a resume record; this run keeps none")
+            return
+        self.digest = sha256_digest(body)
+        for layer in manifest.get("layers", []):
+            ann = layer.get("annotations") or {}
+            if "org.opencontainers.image.title" in ann:
+                self.layers[ann["org.opencontainers.image.title"]] = (layer["digest"], int(layer["size"]), ann.get(SOURCE_ANNOTATION, ""))
+        try:
+            uploads = json.loads(notes.get(UPLOADS_ANNOTATION, "{}"))
+            self.uploads = {str(k): v for k, v in uploads.items() if isinstance(v, dict)}
+        except ValueError:
+            self.uploads = {}
+        log(f"resume record {self.tag}: {len(self.layers)} finished layers, {len(self.uploads)} unfinished uploads")
+
+    def layer_done(self, rel: str, digest: str, size: int, source: str) -> None:
+        with self._lock:
+            self.layers[rel] = (digest, size, source)
+            self.uploads.pop(rel, None)
+            self._write()
+
+    def upload_state(self, rel: str, source: str, state: dict[str, Any] | None) -> bool:
+        """Record (or, with None, drop) the upload session of `rel`; True when the registry holds it."""
+        with self._lock:
+            if state is None:  # the blob is complete (layer_done writes) or its session was cancelled
+                self.uploads.pop(rel, None)
+                return False
+            else:
+                self.uploads[rel] = {"location": state["location"], "acked": state["acked"], "source": source}
+            return self._write()
+
+    def _write(self) -> bool:
+        if not self.usable:
+            return False
+        done = sorted(self.layers.items())
+        config = json.loads(build_config(self.base_config, [(rel, d) for rel, (d, _, _) in done]))
+        inner = config.get("config") if isinstance(config.get("config"), dict) else {}
+        config["config"] = {**inner, "Labels": {**(inner.get("Labels") or {}), "quay.expires-after": RECORD_EXPIRY}}
+        config_bytes = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
+        notes = {RECORD_ANNOTATION: self.dest.tag or "", UPLOADS_ANNOTATION: json.dumps(self.uploads, sort_keys=True)}
+        manifest = build_manifest(
+            config_bytes,
+            self.base_manifest["layers"],
+            [(rel, d, size) for rel, (d, size, _) in done],
+            self.base,
+            self.base_digest,
+            notes,
+            {rel: {SOURCE_ANNOTATION: source} for rel, (_, _, source) in done},
+        )
+        try:
+            self.client.put_blob(self.dest.repository, config_bytes)
+            self.digest = self.client.put_manifest(self.dest.repository, self.tag, manifest, OCI_MANIFEST)
+            return True
+        except (StepError, TransientError) as exc:
+            log(f"WARNING: resume record {self.tag} not written ({exc}); a retry of this run re-sends what it cannot find")
+            return False
+
+    def delete(self) -> None:
+        """Drop the record once the image is tagged (its blobs are referenced by the image now)."""
+        if not self.digest:
+            return
+        try:
+            status = self.client.delete_manifest(self.dest.repository, self.digest)
+        except (StepError, TransientError) as exc:
+            status, detail = 0, str(exc)
+        else:
+            detail = f"HTTP {status}"
+        if status not in (200, 202, 204, 404):
+            log(
+                f"WARNING: could not delete the resume record {self.dest.repository}:{self.tag} ({detail}); "
+                f"it names a partial image: delete the tag (Quay expires it after {RECORD_EXPIRY})"
+            )
+
+
 def manifest_annotations(pairs: Sequence[str]) -> dict[str, str]:
     """`KEY=VALUE` flags as manifest annotations; an empty VALUE (an unknown Tekton result) is left out."""
     found = {}
@@ -867,9 +988,12 @@ def package(
         if layer["mediaType"] not in LAYER_TYPES:
             raise StepError(f"base image {base}: unsupported layer type {layer['mediaType']}")
     base_config = json.loads(source.get_blob(base.repository, base_manifest["config"]["digest"]))
+    record: ResumeRecord | None = None
     if s3 is not None:
         layouts = {rel: LayerLayout.for_file(rel, s3.objects[rel].expected.size) for rel, _ in files}
         previous = previous_layers(client, dest)
+        record = ResumeRecord(client, dest, base_manifest, base_config, base_digest, str(base))
+        record.load()
     else:
         layouts = {rel: LayerLayout.for_path(rel, path) for rel, path in files if path is not None}
     log_source = args.source or args.model_dir
@@ -945,18 +1069,24 @@ def package(
     def push_streamed(rel: str, layout: LayerLayout) -> tuple[str, str, int]:
         """Source → registry with no local copy: the layer digest and the source checksum are computed
         on the way; a mismatch cancels the upload before its final PUT (no manifest is written)."""
-        assert s3 is not None
-        known, tag = previous.get(rel, ("", "")), s3.tag(rel)
-        if known[1] == tag and client.blob_exists(dest.repository, known[0]):
-            progress.advance(layout.size)
-            log(f"{rel}: {known[0][:19]} already in {dest.registry} from the same source object, skipped")
-            return rel, known[0], layout.size
+        assert s3 is not None and record is not None
+        tag = s3.tag(rel)
+        done = record.layers.get(rel)
+        for known, where in ((previous.get(rel, ("", "")), "the tag"), ((done[0], done[2]) if done else ("", ""), "the resume record")):
+            if known[0] and known[1] == tag and client.blob_exists(dest.repository, known[0]):
+                progress.advance(layout.size)
+                log(f"{rel}: {known[0][:19]} already in {dest.registry} from the same source object, skipped (found via {where})")
+                return rel, known[0], layout.size
+        earlier = record.uploads.get(rel)
+        resume = earlier if earlier and earlier.get("source") == tag else None
         expected = s3.objects[rel].expected
         begun = time.monotonic()
         digest = pusher.push(
-            rel, layout.size, s3.reader(rel, layout),
+            rel, layout.size, s3.reader(rel, layout), resume=resume,
+            on_state=lambda state: record.upload_state(rel, tag, state),
             new_hasher=lambda: SourceHasher(len(layout.head), expected), check=lambda state: state.verify(rel),
         )  # fmt: skip
+        record.layer_done(rel, digest, layout.size, tag)
         secs = time.monotonic() - begun
         log(f"{rel}: streamed {human(layout.size)} as {digest[:19]} in {secs:.1f}s, source {expected.describe()} verified")
         return rel, digest, layout.size
@@ -983,7 +1113,12 @@ def package(
     notes = {rel: {SOURCE_ANNOTATION: s3.tag(rel)} for rel, _, _ in layers} if s3 is not None else {}
     manifest = build_manifest(config, base_manifest["layers"], layers, str(base), base_digest, manifest_annotations(args.annotation), notes)
     # Every blob is in the registry now; only this last request makes the tag point at the image.
-    return client.put_manifest(dest.repository, dest.tag or "", manifest, OCI_MANIFEST)
+    digest = client.put_manifest(dest.repository, dest.tag or "", manifest, OCI_MANIFEST)
+    if record is not None:
+        record.delete()
+    if pusher.reread:
+        log(f"source bytes re-read to rebuild hash states after resumes: {pusher.reread} ({human(pusher.reread)})")
+    return digest
 
 
 if __name__ == "__main__":

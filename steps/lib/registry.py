@@ -332,13 +332,28 @@ class RegistryClient:
                 self._auth = "Basic " + base64.b64encode(":".join(self.credentials).encode()).decode()
             elif scheme == "bearer" and params.get("realm"):
                 self._realm = {"realm": params["realm"], "service": params.get("service", "")}
+                self._widen(params.get("scope", ""))
                 self._auth = "Bearer " + self._fetch_token(self._realm)
             else:
                 raise StepError(f"{self.registry}: unsupported authentication challenge {challenge!r}", EXIT_AUTH)
 
+    def _widen(self, wanted: str) -> None:
+        """Add the actions the registry's challenge names for a repository we already hold a scope for
+        (distribution names `repository:<name>:delete` for a DELETE: registry/auth/token/accesscontroller.go,
+        authChallenge.SetHeaders); never a repository we did not ask for."""
+        for scope in wanted.split():
+            kind, _, rest = scope.partition(":")
+            name, _, actions = rest.rpartition(":")
+            for i, held in enumerate(self.scopes):
+                h_kind, _, h_rest = held.partition(":")
+                h_name, _, h_actions = h_rest.rpartition(":")
+                if (h_kind, h_name) == (kind, name) and name:
+                    merged = list(dict.fromkeys(h_actions.split(",") + actions.split(",")))
+                    self.scopes[i] = f"{kind}:{name}:{','.join(a for a in merged if a)}"
+
     def _fetch_token(self, params: dict[str, str]) -> str:
         if self._origin_self.startswith("https:") and not params["realm"].lower().startswith("https:") and self.credentials:
-            raise StepError(f"{self.registry}: token realm {params['realm']} is not https; credentials are not sent in clear text", EXIT_AUTH)
+            raise StepError(f"{self.registry}: token realm {params['realm']} is not https; no credentials in clear text", EXIT_AUTH)
         query = [("service", params.get("service", ""))] + [("scope", s) for s in self.scopes]
         url = params["realm"] + ("&" if "?" in params["realm"] else "?") + urllib.parse.urlencode(query)
         headers = {}
