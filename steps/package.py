@@ -38,6 +38,7 @@ from lib.model import (
     check_layer_sizes,
     default_digest_cache,
     model_files,
+    path_rule,
     s3_expected,
     select,
 )
@@ -502,7 +503,7 @@ class S3Source:
             for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix):
                 for obj in page.get("Contents", []):
                     rel = obj["Key"][len(self.prefix) :]
-                    if rel and not rel.endswith("/") and not any(part.startswith(".") for part in rel.split("/")):
+                    if rel and not rel.endswith("/") and path_rule(rel) != "hidden":
                         keys[rel] = obj["Key"]
             chosen = select(list(keys), args.include or list(DEFAULT_INCLUDE), args.exclude)
             self.objects: dict[str, S3Object] = {}
@@ -533,6 +534,9 @@ class S3Source:
 
                     if isinstance(exc, FlexibleChecksumError):  # botocore checked the object's own checksum
                         raise StepError(f"{rel}: source checksum mismatch ({exc}); blob not committed", EXIT_INTEGRITY) from exc
+                    code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+                    if code in ("NoSuchKey", "404"):  # gone since the listing: retrying cannot help
+                        raise StepError(f"{rel}: s3://{self.bucket}/{obj.key} no longer exists (HTTP 404)", EXIT_NOT_FOUND) from exc
                     raise TransientError(f"reading s3://{self.bucket}/{obj.key}: {type(exc).__name__}: {exc}") from exc
                 offset = head_len + size
             yield memoryview(layout.tail)[offset - head_len - size :]
@@ -575,7 +579,7 @@ class HfSource:
             raise StepError(f"hf://{self.repo_id}: {type(exc).__name__}: {exc}", EXIT_REMOTE) from exc
         card = getattr(info, "card_data", None) or {}
         self.license = str((card.get("license") if hasattr(card, "get") else None) or "")
-        chosen = select(list(tree), args.include or list(DEFAULT_INCLUDE), args.exclude)
+        chosen = select([p for p in tree if path_rule(p) != "hidden"], args.include or list(DEFAULT_INCLUDE), args.exclude)
         if not chosen:
             raise StepError(f"hf://{self.repo_id}@{self.commit}: no files match the include patterns", EXIT_NOT_FOUND)
         self.objects: dict[str, S3Object] = {}
@@ -605,6 +609,8 @@ class HfSource:
                     with get_session().stream("GET", url, headers=headers, follow_redirects=True, timeout=60) as resp:
                         if resp.status_code in (401, 403):
                             raise StepError(f"hf://{self.repo_id}/{rel}: HTTP {resp.status_code} (HF_TOKEN)", EXIT_AUTH)
+                        if resp.status_code == 404:  # gone since the listing: retrying cannot help
+                            raise StepError(f"hf://{self.repo_id}/{rel}: no longer exists at {self.commit} (HTTP 404)", EXIT_NOT_FOUND)
                         if resp.status_code != 206:
                             raise TransientError(f"GET {rel} from {self.endpoint}: HTTP {resp.status_code}")
                         for piece in resp.iter_bytes(8 * STREAM_READ):
@@ -983,6 +989,7 @@ def package(
     source: RegistryClient,
     s3: S3Source | HfSource | None = None,
 ) -> str:
+    listed = {rel: os.lstat(path) for rel, path in files if path is not None}  # what the reads must find again
     base_manifest, base_digest = resolve_base(source, base, args.platform)
     for layer in base_manifest["layers"]:
         if layer["mediaType"] not in LAYER_TYPES:
@@ -1054,10 +1061,11 @@ def package(
         earlier = entry.get("upload") if entry else None
         resume = earlier if isinstance(earlier, dict) and earlier.get("target") == target else None
 
-        def remember(state: dict[str, Any] | None) -> None:
+        def remember(state: dict[str, Any] | None) -> bool:
             cache.put(rel, path, upload={**state, "target": target} if state else None)
+            return cache.path is not None  # on the workspace claim: a retry of the Task finds it
 
-        reader = lambda off: layout.read(path, off)  # noqa: E731
+        reader = lambda off: layout.read(path, off, listed=listed[rel])  # noqa: E731
         digest = pusher.push(rel, layout.size, reader, digest=known, resume=resume, on_state=remember)
         if known and known != digest:
             log(f"WARNING: {rel}: cached digest {known[:19]} was stale")

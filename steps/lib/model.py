@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import json
 import os
+import stat
 import tarfile
 import threading
 from collections.abc import Iterator, Sequence
@@ -25,8 +27,22 @@ _BLOCK = tarfile.BLOCKSIZE
 _RECORD = tarfile.RECORDSIZE
 
 
-def model_files(model_dir: Path) -> list[tuple[str, Path]]:
+def path_rule(rel: str) -> str:
+    """The one path rule of every source (model directory, S3 keys, Hugging Face tree): "unsafe" for a path
+    that is absolute or has an empty (`//`), `.` or `..` component (refused by name when selected),
+    "hidden" for one with a component starting with `.` (`.cache/x.json`, `.git/…`: skipped), else "ok"."""
+    parts = rel.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        return "unsafe"
+    return "hidden" if any(part.startswith(".") for part in parts) else "ok"
+
+
+def model_files(model_dir: Path, include: Sequence[str] = ()) -> list[tuple[str, Path]]:
     """Files under `model_dir` as sorted `(relative posix path, path)`; hidden entries skipped.
+
+    An entry that is neither a regular file, a directory nor a symbolic link (a FIFO, socket or device)
+    is refused by name when it matches `include` (default: DEFAULT_INCLUDE; reading a FIFO named like a
+    shard would block or package whatever a writer sends), and skipped with a log line otherwise.
 
     Symbolic links: one whose target lies outside the model directory is refused (it could carry a
     mounted secret, e.g. a service-account token, into a public image); a dangling one is reported;
@@ -43,9 +59,9 @@ def model_files(model_dir: Path) -> list[tuple[str, Path]]:
         dirs[:] = [d for d in dirs if d not in links]
         for name in [*files, *links]:
             path = Path(root) / name
-            if name.startswith("."):
-                continue
             rel = path.relative_to(model_dir).as_posix()
+            if path_rule(rel) != "ok":
+                continue
             if path.is_symlink():
                 target = os.readlink(path)
                 real = Path(os.path.realpath(path))
@@ -57,8 +73,12 @@ def model_files(model_dir: Path) -> list[tuple[str, Path]]:
                 if not real.exists():
                     raise StepError(f"{rel} is a dangling symbolic link (to {target})", EXIT_NOT_FOUND)
                 found.append((rel, path))
-            elif path.is_file():
+            elif stat.S_ISREG(path.lstat().st_mode):
                 found.append((rel, path))
+            elif matches(rel, include or DEFAULT_INCLUDE):
+                raise StepError(f"{rel} is not a regular file (a FIFO, socket or device); refusing to package it")
+            else:
+                log(f"skipping {rel}: not a regular file")
     return sorted(found)
 
 
@@ -116,8 +136,8 @@ def select(relpaths: Sequence[str], include: Sequence[str], exclude: Sequence[st
             log(f"safetensors weights present; skipping the PyTorch copies {', '.join(dropped)}")
         chosen = [r for r in chosen if r not in dropped]
     for rel in chosen:
-        if rel.startswith("/") or ".." in rel.split("/"):
-            raise StepError(f"refusing unsafe path {rel!r} in the source")
+        if path_rule(rel) == "unsafe":
+            raise StepError(f"refusing unsafe path {rel!r} in the source (absolute, empty, '.' or '..' component)")
     return sorted(chosen)
 
 
@@ -203,7 +223,25 @@ class LayerLayout:
     def size(self) -> int:
         return len(self.head) + self.file_size + len(self.tail)
 
-    def read(self, path: Path, offset: int = 0, buf_size: int = READ_SIZE) -> Iterator[memoryview]:
+    def open(self, path: Path, listed: os.stat_result | None = None) -> Any:
+        """Open the model file without following a symbolic link (O_NOFOLLOW) and check it is the regular
+        file that was listed (device, inode, size): a shard swapped for a link or another file during a
+        long upload is refused, never packaged."""
+        flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(path, flags)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise StepError(f"{path} became a symbolic link after it was listed; refusing to follow it", EXIT_INTEGRITY) from exc
+            raise
+        st = os.fstat(fd)
+        same = listed is None or (st.st_dev, st.st_ino) == (listed.st_dev, listed.st_ino)
+        if not stat.S_ISREG(st.st_mode) or not same or st.st_size != self.file_size:
+            os.close(fd)
+            raise StepError(f"{path} was replaced or changed size after it was listed; refusing to package it", EXIT_INTEGRITY)
+        return os.fdopen(fd, "rb", buffering=0)
+
+    def read(self, path: Path, offset: int = 0, buf_size: int = READ_SIZE, listed: os.stat_result | None = None) -> Iterator[memoryview]:
         """Yield the layer bytes from `offset` to the end, reading the file in `buf_size` pieces."""
         head_len = len(self.head)
         if offset < head_len:
@@ -213,7 +251,7 @@ class LayerLayout:
         if offset < file_end:
             buf = bytearray(buf_size)
             view = memoryview(buf)
-            with open(path, "rb", buffering=0) as fh:
+            with self.open(path, listed) as fh:
                 fh.seek(offset - head_len)
                 remaining = file_end - offset
                 while remaining > 0:

@@ -451,7 +451,7 @@ def test_unfinished_chunked_upload_continues_in_the_next_run(
     step = run_step("package", *args)
     assert step.returncode == 0, step.stderr
     assert "continuing the upload an earlier run left at byte 1048576" in step.stdout, step.stdout
-    assert f"resuming at byte {1 << 20}" in step.stdout
+    assert f"resuming at byte {1 << 20}" in step.stdout, step.stdout
     assert upload_sessions(quay_proxy) == len(files) + 1 - 1  # every blob but the continued one (+ config)
     assert_image_holds(quay, f"{quay.host}/{repo_name}:v1", files, tmp_path / "pulled")
 
