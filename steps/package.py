@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import base64
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -281,7 +282,13 @@ class BlobPusher:
         headers = {"Content-Type": "application/octet-stream", "Content-Range": f"{start}-{end - 1}"}
         up.sent = None
         try:
-            reply = self.client.stream("PATCH", up.location, headers, end - start, _limit(reader(start), end - start), count)
+            body = _limit(reader(start), end - start)
+            # The first piece before the request: readers open their source before their first piece, so a
+            # source that fails (a 404, a swapped file) fails before a half-sent PATCH leaves the registry a
+            # partly written chunk (distribution cannot then resume nor cancel the session: its `_state` is stale).
+            first = next(body, None)
+            chunks = body if first is None else itertools.chain([first], body)
+            reply = self.client.stream("PATCH", up.location, headers, end - start, chunks, count)
         except (TransientError, ChunkRefused):
             self.progress.advance(-sent)
             if sent == end - start:
@@ -521,27 +528,36 @@ class S3Source:
 
         def read(offset: int) -> Iterator[memoryview]:
             head_len, size = len(layout.head), layout.file_size
+            body = None
+            if offset < head_len + size:  # requested before the first piece: a 404 fails before the PATCH is sent
+                try:
+                    start = max(offset - head_len, 0)
+                    body = self.client.get_object(Bucket=self.bucket, Key=obj.key, Range=f"bytes={start}-{size - 1}")["Body"]
+                except (*s3_exceptions(), OSError) as exc:
+                    raise self._error(rel, obj, exc) from exc
             if offset < head_len:
                 yield memoryview(layout.head)[offset:]
                 offset = head_len
-            if offset < head_len + size:
+            if offset < head_len + size and body is not None:
                 try:
-                    body = self.client.get_object(Bucket=self.bucket, Key=obj.key, Range=f"bytes={offset - head_len}-{size - 1}")["Body"]
                     for piece in body.iter_chunks(8 * STREAM_READ):
                         yield memoryview(piece)
                 except (*s3_exceptions(), OSError) as exc:
-                    from botocore.exceptions import FlexibleChecksumError
-
-                    if isinstance(exc, FlexibleChecksumError):  # botocore checked the object's own checksum
-                        raise StepError(f"{rel}: source checksum mismatch ({exc}); blob not committed", EXIT_INTEGRITY) from exc
-                    code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
-                    if code in ("NoSuchKey", "404"):  # gone since the listing: retrying cannot help
-                        raise StepError(f"{rel}: s3://{self.bucket}/{obj.key} no longer exists (HTTP 404)", EXIT_NOT_FOUND) from exc
-                    raise TransientError(f"reading s3://{self.bucket}/{obj.key}: {type(exc).__name__}: {exc}") from exc
+                    raise self._error(rel, obj, exc) from exc
                 offset = head_len + size
             yield memoryview(layout.tail)[offset - head_len - size :]
 
         return read
+
+    def _error(self, rel: str, obj: S3Object, exc: Exception) -> Exception:
+        from botocore.exceptions import FlexibleChecksumError
+
+        if isinstance(exc, FlexibleChecksumError):  # botocore checked the object's own checksum
+            return StepError(f"{rel}: source checksum mismatch ({exc}); blob not committed", EXIT_INTEGRITY)
+        code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+        if code in ("NoSuchKey", "404"):  # gone since the listing: retrying cannot help
+            return StepError(f"{rel}: s3://{self.bucket}/{obj.key} no longer exists (HTTP 404)", EXIT_NOT_FOUND)
+        return TransientError(f"reading s3://{self.bucket}/{obj.key}: {type(exc).__name__}: {exc}")
 
     def tag(self, rel: str) -> str:
         """What identifies the source bytes of `rel` (recorded as a layer annotation, compared on re-runs)."""

@@ -242,16 +242,18 @@ class LayerLayout:
         return os.fdopen(fd, "rb", buffering=0)
 
     def read(self, path: Path, offset: int = 0, buf_size: int = READ_SIZE, listed: os.stat_result | None = None) -> Iterator[memoryview]:
-        """Yield the layer bytes from `offset` to the end, reading the file in `buf_size` pieces."""
+        """Yield the layer bytes from `offset` to the end, reading the file in `buf_size` pieces. The file is
+        opened (and checked) before the first piece is yielded, so a refused file fails before a request is sent."""
         head_len = len(self.head)
+        file_end = head_len + self.file_size
+        fh = self.open(path, listed) if offset < file_end else None
         if offset < head_len:
             yield memoryview(self.head)[offset:]
             offset = head_len
-        file_end = head_len + self.file_size
-        if offset < file_end:
+        if offset < file_end and fh is not None:
             buf = bytearray(buf_size)
             view = memoryview(buf)
-            with self.open(path, listed) as fh:
+            with fh:
                 fh.seek(offset - head_len)
                 remaining = file_end - offset
                 while remaining > 0:

@@ -249,6 +249,11 @@ class RegistryClient:
             if early is None or early.status >= 500:
                 raise TransientError(f"connection to {self.registry} lost after {human(sent)}: {exc}") from exc
             reply = early
+        except BaseException:
+            # The body's source failed (a StepError from the reader): the request is half sent. Close the
+            # connection, so the registry ends that request before anything else (a DELETE) is sent.
+            self._discard(conn)
+            raise
         if reply.status >= 500:
             raise TransientError(f"{method} {self.registry}: HTTP {reply.status} {reply.error_text()}")
         if reply.status == 401:
