@@ -4,9 +4,10 @@ The image is the base image's layers and config plus one uncompressed GNU-tar la
 file under /models. Every layer is streamed from the model file into the registry's blob upload
 (OCI distribution API: POST, PATCH, PUT ?digest=) while it is hashed, so nothing is staged on
 local disk. Layers are deterministic, so a re-run finds every blob with a HEAD request (digests
-come from the digest cache on the workspace) and uploads nothing. Blobs above the chunk threshold
-are sent as several PATCH requests; a dropped upload is resumed from the registry's reported
-offset or restarted. The tag is written last, after every blob is in the registry.
+come from the digest cache on the workspace, or when streaming from the `<tag>.resume` record in the
+registry) and uploads nothing. Blobs above the chunk threshold are sent as several PATCH requests; a
+dropped upload is resumed from the registry's reported offset or restarted. The tag is written last,
+after every blob is in the registry.
 """
 
 from __future__ import annotations
