@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import hashlib
 import itertools
 import json
@@ -613,30 +614,34 @@ class HfSource:
 
         def read(offset: int) -> Iterator[memoryview]:
             head_len, size = len(layout.head), layout.file_size
-            if offset < head_len:
-                yield memoryview(layout.head)[offset:]
-                offset = head_len
-            if offset < head_len + size:
-                headers = {"Range": f"bytes={offset - head_len}-{size - 1}", "Accept-Encoding": "identity"}
-                if self.token:
-                    headers["Authorization"] = f"Bearer {self.token}"
+            with contextlib.ExitStack() as stack:
+                resp = None
                 try:
-                    # huggingface_hub's httpx client drops Authorization on a redirect to another origin (the CDN):
-                    # encode/httpx httpx/_client.py, BaseClient._redirect_headers
-                    with get_session().stream("GET", url, headers=headers, follow_redirects=True, timeout=60) as resp:
+                    if offset < head_len + size:  # requested before the first piece: a 404 fails before the PATCH is sent
+                        start = max(offset - head_len, 0)
+                        headers = {"Range": f"bytes={start}-{size - 1}", "Accept-Encoding": "identity"}
+                        if self.token:
+                            headers["Authorization"] = f"Bearer {self.token}"
+                        # huggingface_hub's httpx client drops Authorization on a redirect to another origin (the CDN):
+                        # encode/httpx httpx/_client.py, BaseClient._redirect_headers
+                        resp = stack.enter_context(get_session().stream("GET", url, headers=headers, follow_redirects=True, timeout=60))
                         if resp.status_code in (401, 403):
                             raise StepError(f"hf://{self.repo_id}/{rel}: HTTP {resp.status_code} (HF_TOKEN)", EXIT_AUTH)
                         if resp.status_code == 404:  # gone since the listing: retrying cannot help
                             raise StepError(f"hf://{self.repo_id}/{rel}: no longer exists at {self.commit} (HTTP 404)", EXIT_NOT_FOUND)
                         if resp.status_code != 206:
                             raise TransientError(f"GET {rel} from {self.endpoint}: HTTP {resp.status_code}")
+                    if offset < head_len:
+                        yield memoryview(layout.head)[offset:]
+                        offset = head_len
+                    if offset < head_len + size and resp is not None:
                         for piece in resp.iter_bytes(8 * STREAM_READ):
                             yield memoryview(piece)
-                except (StepError, TransientError):
+                        offset = head_len + size
+                except (StepError, TransientError, GeneratorExit):
                     raise
                 except Exception as exc:  # httpx's transport errors (not pinned here: huggingface_hub's dependency)
                     raise TransientError(f"reading hf://{self.repo_id}/{rel}: {type(exc).__name__}: {exc}") from exc
-                offset = head_len + size
             yield memoryview(layout.tail)[offset - head_len - size :]
 
         return read
