@@ -9,7 +9,9 @@ plus small JSON files) and pushes it to a local docker-registry with every appro
   raw1 / raw2   the registry's blob-ingest rate with 1 / 2 parallel streams: digests computed
                 beforehand (untimed), then one monolithic PUT per file, sent with sendfile().
                 The physical reference at that parallelism.
-  ours1 / ours2 steps/package.py --jobs 1 / --jobs 2, run as the deployed script text.
+  ours1 / ours2 steps/package.py --jobs 1 / --jobs 2, run as deployed (the tools image's file tree).
+  base1 / base2 / basestream2  the same runs of another revision's packager (`--baseline REF`, e.g. main:
+                its steps/ from git, in the deployable form it had): an interleaved A/B.
   s3read        the source read alone: every object GET from a moto S3 server, 2 streams.
   stream2       steps/package.py --source s3:// --jobs 2: S3 → registry in one pass, no model dir.
   buildah       `buildah bud` (FROM <base>, COPY models /models; vfs, chroot) + `buildah push`.
@@ -32,6 +34,7 @@ import base64
 import functools
 import hashlib
 import http.client
+import io
 import json
 import os
 import resource
@@ -39,6 +42,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -47,7 +51,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from steps.embed import step_script
+from steps.embed import write_tree
 from tests.fixtures.images import push_base
 from tests.fixtures.registry import Registry, registry_available, run_registry
 from tests.fixtures.s3 import S3Server, run_s3
@@ -278,6 +282,28 @@ class Env:
     logs: Path
     digests: dict[Path, str]
     s3: S3Server | None = None  # moto S3 holding the same model under s3://bench/m/ (streaming approaches)
+    baseline: str | None = None  # git ref of the packager the base* approaches run (--baseline)
+
+
+def package_program(env: Env, scratch: Path, baseline: bool = False) -> Path:
+    """The package step as it deploys: this tree's files laid out as the tools image has them, or (baseline)
+    the deployable form of `env.baseline`'s steps/ (its files, or its inlined script where it had one)."""
+    if not baseline:
+        return write_tree(scratch / "image") / "package.py"
+    assert env.baseline is not None, "base* approaches need --baseline REF"
+    src = scratch / "baseline"
+    src.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", env.baseline, "steps"], capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(src, filter="data")
+    code = (
+        "import sys; from pathlib import Path; import steps.embed as e\n"
+        "if hasattr(e, 'write_tree') and 'package' not in e.EMBEDDED: print(e.write_tree(Path(sys.argv[1])) / 'package.py')\n"
+        "else: p = Path(sys.argv[1]) / 'package.py'; p.parent.mkdir(parents=True, exist_ok=True); "
+        "p.write_text(e.step_script('package')); print(p)"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(scratch / "baseline-image")], cwd=src, capture_output=True, text=True, check=True)
+    return Path(out.stdout.strip())
 
 
 @contextmanager
@@ -301,12 +327,11 @@ def approach_raw(env: Env, name: str, streams: int = 1) -> Result:
     return Result(name, seconds, sampler.peak, 0, after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime, registry_cpu)
 
 
-def approach_ours(env: Env, name: str, jobs: int = 2) -> Result:
+def approach_ours(env: Env, name: str, jobs: int = 2, baseline: bool = False) -> Result:
     scratch = env.work / name
     tmp = scratch / "tmp"
     tmp.mkdir(parents=True)
-    script = scratch / "package.py"
-    script.write_text(step_script("package"))
+    script = package_program(env, scratch, baseline)
     cache = env.model_dir.parent / f".{env.model_dir.name}.digests.json"
     cache.unlink(missing_ok=True)  # cold: every layer is hashed while it is uploaded
     run = Runner(env.logs)
@@ -344,14 +369,13 @@ def approach_s3read(env: Env, name: str, streams: int = 2) -> Result:
     return Result(name, seconds, 0, 0, after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime)
 
 
-def approach_stream(env: Env, name: str, jobs: int = 2) -> Result:
+def approach_stream(env: Env, name: str, jobs: int = 2, baseline: bool = False) -> Result:
     """ours with --source s3://: no model directory, no PVC; S3 → registry in one pass."""
     assert env.s3 is not None
     scratch = env.work / name
     tmp = scratch / "tmp"
     tmp.mkdir(parents=True)
-    script = scratch / "package.py"
-    script.write_text(step_script("package"))
+    script = package_program(env, scratch, baseline)
     run = Runner(env.logs)
     with fresh_registry(env, name, with_base=True) as (registry, base):
         authfile = registry.authfile(scratch / "auth.json")
@@ -418,6 +442,13 @@ APPROACHES: dict[str, tuple[str, Callable[[Env, str], Result], str | None]] = {
     "ours2": ("ours: steps/package.py --jobs 2 (default)", functools.partial(approach_ours, jobs=2), "raw2"),
     "s3read": ("source read alone: moto S3 GET, 2 streams", approach_s3read, None),
     "stream2": ("ours --source s3:// (no PVC), --jobs 2", functools.partial(approach_stream, jobs=2), "raw2"),
+    "base1": ("baseline (--baseline REF): package.py --jobs 1", functools.partial(approach_ours, jobs=1, baseline=True), "raw1"),
+    "base2": ("baseline (--baseline REF): package.py --jobs 2", functools.partial(approach_ours, jobs=2, baseline=True), "raw2"),
+    "basestream2": (
+        "baseline (--baseline REF): --source s3://, --jobs 2",
+        functools.partial(approach_stream, jobs=2, baseline=True),
+        "raw2",
+    ),  # noqa: E501
     "buildah": ("original: buildah bud + push", approach_buildah, "raw1"),
     "olot": ("peer: olot + skopeo", approach_olot, "raw1"),
 }
@@ -495,6 +526,7 @@ def main() -> None:
     p.add_argument("--approaches", default="raw1,ours1,raw2,ours2", help="comma-separated, from: " + ", ".join(APPROACHES))
     p.add_argument("--repeat", type=int, default=3, help="interleaved rounds (each approach runs once per round)")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
+    p.add_argument("--baseline", help="git ref whose package step the base1/base2/basestream2 approaches run (A/B, e.g. main)")
     args = p.parse_args()
     size = parse_size(args.size)
     shards = args.files or max(2, -(-size // GiB))
@@ -502,6 +534,8 @@ def main() -> None:
     unknown = [n for n in names if n not in APPROACHES]
     if unknown or args.repeat < 1:
         raise SystemExit(f"unknown approaches {unknown} (known: {', '.join(APPROACHES)}) or --repeat < 1")
+    if any(n.startswith("base") for n in names) and not args.baseline:
+        raise SystemExit("the base* approaches run another revision's packager: give --baseline REF (e.g. main)")
     missing = [tool for tool, needed in (("buildah", "buildah" in names), ("skopeo", True)) if needed and not shutil.which(tool)]
     if missing or not registry_available():
         tools = ", ".join(missing) or "docker-registry/htpasswd"
@@ -517,11 +551,11 @@ def main() -> None:
     stack = ExitStack()
     try:
         print(f"generating a {args.size} model ({shards} shards + 4 JSON files) in {args.workdir / 'model'} ...", flush=True)
-        env = Env(args.workdir, args.workdir / "model" / "models", [], args.workdir / "logs", {})
+        env = Env(args.workdir, args.workdir / "model" / "models", [], args.workdir / "logs", {}, baseline=args.baseline)
         env.files = make_model(env.model_dir, size, shards)
         env.digests = {path: file_digest(path) for path in env.files}  # the raw reference's, untimed
         model_bytes = sum(f.stat().st_size for f in env.files)
-        if any(n in ("s3read", "stream2") for n in names):
+        if any(n in ("s3read", "stream2", "basestream2") for n in names):
             print("starting moto S3 and uploading the model to s3://bench/m/ (untimed) ...", flush=True)
             env.s3 = stack.enter_context(run_s3())
             client = env.s3.client()
