@@ -116,14 +116,20 @@ def test_outage_longer_than_the_status_retries_keeps_the_session(
     tmp_path: Path, run_step: StepRunner, deployed: Deployed, quay: Registry, quay_proxy: HttpProxy, base_image: str, repo_name: str
 ) -> None:
     """Every request answered 503 for longer than one status request's own retries (scaled: retry delay 0.05 s,
-    so 5 retries span at most 1.6 s; the outage lasts 3.5 s; with the default 2 s delay the same budget outlasts
-    a 90 s outage). The session and its hash marks are kept: at most one chunk is sent again."""
+    so 5 retries span at most 1.6 s; the outage lasts 3.5 s). ML_DEV_ENV_OUTAGE_S=90 runs the real case with
+    the default 2 s retry delay (about 3 minutes). The session and its hash marks are kept: at most one chunk
+    is sent again."""
+    seconds = float(os.environ.get("ML_DEV_ENV_OUTAGE_S", "3.5"))
+    delay = "0.05" if seconds < 10 else "2"
     model = tmp_path / "ws" / "models"
     files = write_model(model, {"big.safetensors": 6 * MiB, "config.json": 300})
     layers = layer_sizes(deployed, files)
-    quay_proxy.add_outage("PATCH", "/blobs/uploads/", seconds=3.5, skip=2)
+    quay_proxy.add_outage("PATCH", "/blobs/uploads/", seconds=seconds, skip=2)
     args = package_args(tmp_path, quay, quay_proxy.host, via(quay_proxy, quay, base_image), repo_name, model, "--jobs", 1)
-    step = run_step("package", *args, "--chunk-threshold", "2MiB", "--chunk-size", "1MiB")
+    args[args.index("--retry-delay") + 1] = delay
+    started = time.monotonic()
+    step = run_step("package", *args, "--chunk-threshold", "2MiB", "--chunk-size", "1MiB", timeout=seconds * 4 + 120)
+    print(f"outage {seconds}s, retry delay {delay}s: step took {time.monotonic() - started:.1f}s")
     assert quay_proxy.outage_answers > 5
     assert step.returncode == 0, step.stderr
     assert "new session" not in step.stdout, step.stdout
