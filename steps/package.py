@@ -169,17 +169,25 @@ class BlobPusher:
         up: _Upload | None = None
         failures, auth_failures, progress_mark, refused = 0, 0, -1, 0
         recover, kept = False, False  # kept: the session's state is durably recorded (a later run resumes it)
+        resume_at = 0  # an earlier run's acknowledged offset, until the hash up to it is rebuilt
         if resume and resume.get("location"):
             up = _Upload(str(resume["location"]), 0, *blob)
             kept = recover = True
-            acked = int(resume.get("acked", 0))
-            if 0 < acked <= size:
-                self._hash_at(up, acked, reader)  # the offset the earlier run saw acknowledged
-                up.acked = acked
-            self.progress.advance(up.acked)
-            log(f"{name}: continuing the upload an earlier run left at byte {acked}")
+            resume_at = int(resume.get("acked", 0)) if 0 < int(resume.get("acked", 0)) <= size else 0
+            log(f"{name}: continuing the upload an earlier run left at byte {resume_at}")
         while True:
             try:
+                if resume_at and up is not None:
+                    # Re-read the acknowledged prefix (a hash state cannot be saved) only for a session that is
+                    # still there; an unreachable status keeps the offset for the next attempt.
+                    reply = self.client.request("GET", up.location)
+                    if reply.status >= 500:
+                        raise TransientError(f"upload status: HTTP {reply.status} (session kept)")
+                    if reply.status == 204:
+                        self._hash_at(up, resume_at, reader)
+                        up.acked = resume_at
+                        self.progress.advance(up.acked)
+                    resume_at = 0
                 if recover and up is not None:
                     recover, earlier = False, up
                     up = self._recover(name, up, reader, size, digest)
