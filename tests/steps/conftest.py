@@ -10,6 +10,7 @@ and are torn down after use; tests skip only when a required binary is absent.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import random
 import re
@@ -93,10 +94,15 @@ def deployed(scripts: dict[str, Path]) -> Callable[[str], types.ModuleType]:
             sys.modules[module_name] = module  # dataclasses resolve annotations through sys.modules
             if name in EMBEDDED:
                 exec(compile(step_script(name), f"<step_script({name!r})>", "exec"), module.__dict__)
-            else:  # the image's file, importing `lib` from the image's tree (as `python3 <file>` does)
+            else:  # the image's file; its `lib` is the image tree's package (as `python3 <file>` finds it)
                 path = scripts[name]
-                if str(path.parent) not in sys.path:
-                    sys.path.append(str(path.parent))
+                if "lib" not in sys.modules:
+                    init = path.parent / "lib" / "__init__.py"
+                    spec = importlib.util.spec_from_file_location("lib", init, submodule_search_locations=[str(init.parent)])
+                    assert spec is not None and spec.loader is not None
+                    sys.modules["lib"] = importlib.util.module_from_spec(spec)
+                    spec.loader.exec_module(sys.modules["lib"])
+                assert Path(sys.modules["lib"].__file__ or "").parent == path.parent / "lib", "one image tree per session"
                 module.__file__ = str(path)
                 exec(compile(path.read_text(), str(path), "exec"), module.__dict__)
         return sys.modules[module_name]
