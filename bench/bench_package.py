@@ -448,7 +448,7 @@ APPROACHES: dict[str, tuple[str, Callable[[Env, str], Result], str | None]] = {
         "baseline (--baseline REF): --source s3://, --jobs 2",
         functools.partial(approach_stream, jobs=2, baseline=True),
         "raw2",
-    ),  # noqa: E501
+    ),
     "buildah": ("original: buildah bud + push", approach_buildah, "raw1"),
     "olot": ("peer: olot + skopeo", approach_olot, "raw1"),
 }

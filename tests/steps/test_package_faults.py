@@ -141,8 +141,9 @@ def test_outage_longer_than_the_status_retries_keeps_the_session(
 def test_token_renewals_that_work_are_not_failures(
     tmp_path: Path, run_step: StepRunner, quay: Registry, quay_proxy: HttpProxy, base_image: str, repo_name: str
 ) -> None:
-    """Short-lived tokens: a 401 on most chunks of one blob (distribution allows 60 s of clock leeway, so the
-    expiry is injected as the registry's own 401 answer). Each renewal works and is followed by progress."""
+    """Short-lived tokens: a 401 on most chunks of one blob, injected as the registry's own answer to an expired
+    token (the test token service signs 5-minute tokens). Each renewal works and is followed by progress; the
+    old count ended the run (exit 4) at the third expiry within one blob."""
     model = tmp_path / "ws" / "models"
     files = write_model(model, {"big.safetensors": 6 * MiB, "config.json": 300})
     for skip in (1, 2, 3, 4, 5):
