@@ -457,7 +457,7 @@ def tools_hash(base_image: str) -> str:
 
 def tools_steps_config_map(base_image: str, image_stream: str, part: str) -> str:
     """The immutable ConfigMap carrying one part of the step files (`steps.embed.SHIPPED_DIRS`) into the build."""
-    return f"{tools_build_config(base_image, image_stream)}-{part}"
+    return f"{image_stream}-{part}-{tools_hash(base_image)}"  # the hash last, as in every per-hash name
 
 
 def tools_tag(base_image: str) -> str:

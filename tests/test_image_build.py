@@ -412,4 +412,4 @@ def test_a_changed_step_file_rebuilds_the_tools_image(monkeypatch: pytest.Monkey
     files["steps-lib"]["registry.py"] += "\n# changed\n"
     monkeypatch.setattr(steps.embed, "shipped", lambda: files)
     assert image_build.tools_hash(base) != before
-    assert image_build.tools_steps_config_map(base, "s", "steps").startswith(f"s-{image_build.tools_hash(base)}")
+    assert image_build.tools_steps_config_map(base, "s", "steps") == f"s-steps-{image_build.tools_hash(base)}"
