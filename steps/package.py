@@ -370,6 +370,8 @@ class BlobPusher:
             return up
         # Where does the upload stand? A status request that fails (unreachable, 5xx after the client's own
         # retries) says nothing about the session: keep it and its hash marks, and let the blob's budget retry.
+        # Quay keys a session by its UUID alone (endpoints/v2/blob.py: fetch_existing_upload answers the stored
+        # byte count, cancel_upload deletes it), so there a lost answer costs at most the chunk in flight.
         reply = self.client.request("GET", up.location)
         if reply.status >= 500:
             raise TransientError(f"upload status: HTTP {reply.status} (session kept)")
