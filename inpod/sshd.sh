@@ -9,7 +9,8 @@
 #   id_ed25519[.pub]        the stack's client key (pod-to-pod: launcher, pdsh, DeepSpeed, MPI)
 #   authorized_keys         the stack key + the users' keys from `ml-dev-env:ssh.authorizedKeys`
 # Inputs (env): APP_NAME HEADLESS_SERVICE POD_NAMESPACE ML_DEV_STATE_DIR, optional ML_DEV_SSH_PORT (2222),
-#   ML_DEV_SSH_LISTEN (listen address; default all), ML_DEV_SSH_USER (login name of a UID without a
+#   ML_DEV_SSH_LISTEN (listen addresses, space-separated; default $POD_IP and 127.0.0.1, never a wildcard:
+#   nothing answers on the SR-IOV interfaces net1..N, which NetworkPolicy does not cover), ML_DEV_SSH_USER (login name of a UID without a
 #   passwd entry; default ml-dev).
 #
 # Outputs under $ML_DEV_STATE_DIR/ssh (mode 0700, owned by the pod's UID):
@@ -37,7 +38,7 @@ log() { printf '[ml-dev-env sshd] %s\n' "$*"; }
 STATE_DIR="${ML_DEV_STATE_DIR:-/tmp/ml-dev-env}"
 SECRET_DIR="${ML_DEV_SSH_SECRET_DIR:-/etc/ml-dev-env/ssh}"
 PORT="${ML_DEV_SSH_PORT:-2222}"
-LISTEN="${ML_DEV_SSH_LISTEN:-}"
+LISTEN="${ML_DEV_SSH_LISTEN:-${POD_IP:+$POD_IP }127.0.0.1}"
 LOGIN="${ML_DEV_SSH_USER:-ml-dev}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 D="$STATE_DIR/ssh"
@@ -183,7 +184,7 @@ done
 cat > "$D/sshd_config" <<CONF
 # written by sshd.sh (ml-dev-env SSH fabric); unprivileged: no PAM, no privilege separation user
 Port $PORT
-${LISTEN:+ListenAddress $LISTEN}
+$(for a in $LISTEN; do printf 'ListenAddress %s\n' "$a"; done)
 HostKey $D/host_ed25519_key
 PidFile $D/sshd.pid
 AuthorizedKeysFile .ssh/ml-dev-env_authorized_keys .ssh/authorized_keys

@@ -140,7 +140,7 @@ def check_ssh_only_from_stack_pods(resources: Sequence[Resource]) -> Iterator[tu
                         pol,
                         (
                             f"ingress[{i}] {problem} on the SSH port {shown} of {workload.res.label}. Fix: admit the SSH port only "
-                            f"from podSelector {dict(own)}, and leave it out of the router's rule (components/devloop.py network_policy_spec)."
+                            f"from podSelector {dict(own)}, and leave it out of the router's rule (devloop.py network_policy_spec)."
                         ),
                     )
 
