@@ -145,7 +145,10 @@ def network_policy_spec(selector: dict[str, str], router_ports: tuple[int, ...])
       IP to every node switch, above the policies' default deny (base_network_controller_policy.go,
       BaseNetworkController.addAllowACLFromNode).
 
-    NetworkPolicies add up: in a namespace that denies by default, this policy opens exactly the above.
+    NetworkPolicies add up: in a namespace that denies by default, this policy opens exactly the above. It
+    covers the pod network only: torch's TCPStore (29500) binds every interface, SR-IOV ones included
+    (pytorch torch/csrc/distributed/c10d/TCPStoreLibUvBackend.cpp, UvTcpServer::makeWithPort binds "::" or
+    "0.0.0.0"; there is no bind-address option), which only a MultiNetworkPolicy restricts (README).
     """
     own = {"podSelector": {"matchLabels": dict(selector)}}
     rules: list[dict[str, Any]] = [{"from": [own]}]
