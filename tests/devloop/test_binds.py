@@ -145,6 +145,26 @@ def _wait_listening(ns: Netns, port: int, proc: subprocess.Popen[bytes], count: 
 
 WILDCARDS = {"0.0.0.0", "::"}
 
+# A debug adapter client's first request (what VS Code sends after `oc port-forward`), answered by debugpy.
+DAP_INITIALIZE = r"""
+import json, socket, sys
+sock = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
+body = json.dumps({"seq": 1, "type": "request", "command": "initialize", "arguments": {"adapterID": "test"}}).encode()
+sock.sendall(b"Content-Length: %d\r\n\r\n" % len(body) + body)
+buf = b""
+for _ in range(20):  # events may come first
+    while b"\r\n\r\n" not in buf:
+        buf += sock.recv(65536)
+    head, _, buf = buf.partition(b"\r\n\r\n")
+    size = int(head.split(b":")[1])
+    while len(buf) < size:
+        buf += sock.recv(65536)
+    msg, buf = json.loads(buf[:size]), buf[size:]
+    if msg.get("type") == "response" and msg.get("command") == "initialize":
+        sys.exit(0 if msg.get("success") else 1)
+sys.exit(1)
+"""
+
 
 def test_idle_agent_answers_the_pod_ip_and_loopback_only(pods: tuple[Netns, Netns], tmp_path: Path) -> None:
     pod, other = pods
@@ -199,7 +219,9 @@ def test_debugger_listens_on_loopback_unless_debug_host_pod(pods: tuple[Netns, N
             assert not pod.reaches("127.0.0.1", 5678), "port-forward does not reach it (the launch line says so)"
         else:
             assert bound == {("127.0.0.1", 5678)}
-            assert pod.reaches("127.0.0.1", 5678), "oc port-forward dials 127.0.0.1:5678 inside the pod"
+            # oc port-forward dials 127.0.0.1:5678 inside the pod (debugpy serves one client: this is it)
+            dap = subprocess.run(pod.argv(sys.executable, "-c", DAP_INITIALIZE, "127.0.0.1", "5678"), timeout=30)
+            assert dap.returncode == 0, "the debugger answers a DAP initialize through the pod's loopback"
             assert not other.reaches(POD_IP, 5678), "no other pod reaches the debugger by default"
         assert not other.reaches(POD_NET1, 5678)
         assert not {a for a in pod.listeners() if a[0] in WILDCARDS}, pod.listeners()
