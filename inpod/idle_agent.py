@@ -4,7 +4,8 @@
 Runs in the main container of every pod (started by startup.sh; it needs that container's GPUs,
 processes, terminals and state directory), standard library only:
 
-* every pod serves `GET /activity` (its local signals as JSON) on the activity port;
+* every pod serves `GET /activity` (its local signals as JSON) on the activity port of its pod IP and
+  127.0.0.1 (never a wildcard: nothing answers on the SR-IOV interfaces);
 * pod 0 (NODE_RANK 0 in rank.env) samples its own signals and every other pod's `/activity` each
   interval, keeps the time of the last activity anywhere, shows a warning `warningLead` before the
   stop (a file the shells print at each prompt + a banner written to open terminals) and, after
