@@ -10,8 +10,8 @@
 #   authorized_keys         the stack key + the users' keys from `ml-dev-env:ssh.authorizedKeys`
 # Inputs (env): APP_NAME HEADLESS_SERVICE POD_NAMESPACE ML_DEV_STATE_DIR, optional ML_DEV_SSH_PORT (2222),
 #   ML_DEV_SSH_LISTEN (listen addresses, space-separated; default $POD_IP and 127.0.0.1, never a wildcard:
-#   nothing answers on the SR-IOV interfaces net1..N, which NetworkPolicy does not cover), ML_DEV_SSH_USER (login name of a UID without a
-#   passwd entry; default ml-dev).
+#   nothing answers on the SR-IOV interfaces net1..N, which NetworkPolicy does not cover),
+#   ML_DEV_SSH_USER (login name of a UID without a passwd entry; default ml-dev).
 #
 # Outputs under $ML_DEV_STATE_DIR/ssh (mode 0700, owned by the pod's UID):
 #   sshd_config, host key copy, client key copy, client.conf (Port/IdentityFile/known_hosts for the
