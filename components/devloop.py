@@ -138,7 +138,8 @@ def network_policy_spec(selector: dict[str, str], router_ports: tuple[int, ...])
       puts a selected pod in a default-deny port group that admits only `(arp || nd)`
       (ovn-org/ovn-kubernetes go-controller/pkg/ovn/base_network_controller_policy.go, arpAllowPolicyMatch);
       a rule with ports matches `tcp && tcp.dst==...` only, while a rule without ports gets no L4 match at
-      all (go-controller/pkg/libovsdb/util/acl.go, GetL4MatchesFromNetworkPolicyPorts), so ping works.
+      all (go-controller/pkg/libovsdb/util/acl.go, GetL4MatchesFromNetworkPolicyPorts -> UnspecifiedL4Match;
+      go-controller/pkg/ovn/gress_policy.go, gressPolicy.buildLocalPodACLs leaves the L4 term out), so ping works.
     * From the router's namespaces (any pod there), only `router_ports` (core/servers.py router_ports: the
       OAuth proxies, or the servers themselves with auth `token`).
     * Kubelet probes need no rule: OVN-Kubernetes adds an allow-related ACL for the node's management port
