@@ -55,7 +55,7 @@ def env(name: str, default: str = "") -> str:
 
 def utc_now() -> str:
     # timezone.utc, not datetime.UTC: the pods' python3 may be older than 3.11 (CUDA devel images)
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")  # noqa: UP017
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def state_dir() -> Path:
