@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from .query import MANDATORY, PolicySpec, Resource, _get, _m, _same_ns, _seq, _str, _Workload, _workloads, is_unknown
-from .routes_authenticated import _container_ports, _numeric, _selects, _service_ports
+from .routes_authenticated import _container_ports, _selects, _service_ports
 
 ROUTER_LABEL = "policy-group.network.openshift.io/ingress"
 FIX = (
@@ -21,6 +21,19 @@ FIX = (
     "from podSelector = the policy's own podSelector (every port), one rule from namespaceSelector "
     f"{{{ROUTER_LABEL}: ''}} for the routed proxies' ports only (core/servers.py router_ports)."
 )
+
+
+def _port(value: Any) -> int | str | None:
+    """A port as a number or a name; the served pack sees numbers as floats (protobuf Struct), 18080.0 is 18080."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        return int(value) if value.isdigit() else value
+    return None
 
 
 def _routed_ports(resources: Sequence[Resource], workloads: list[_Workload]) -> set[int | str]:
@@ -40,7 +53,7 @@ def _routed_ports(resources: Sequence[Resource], workloads: list[_Workload]) -> 
                     pod_port = port.get("targetPort", port.get("port"))
                     for workload in selected:
                         for _, cport in _container_ports(workload.spec, pod_port):
-                            found |= {v for v in (cport.get("name"), cport.get("containerPort")) if isinstance(v, (int, str))}
+                            found |= {p for p in (_port(cport.get("name")), _port(cport.get("containerPort"))) if p is not None}
     return found
 
 
@@ -91,16 +104,16 @@ def _router_port_problems(rule: Mapping[str, Any], routed: set[int | str]) -> It
         yield "admits the router on every port (no `ports`)"
         return
     for entry in ports:
-        port, end = entry.get("port"), entry.get("endPort")
-        if is_unknown(port) or is_unknown(end):
+        if is_unknown(entry.get("port")) or is_unknown(entry.get("endPort")):
             continue
+        port, end = _port(entry.get("port")), _port(entry.get("endPort"))
         if port is None:
             yield f"admits the router on every {entry.get('protocol', 'TCP')} port (a ports entry without `port`)"
-        elif isinstance(end, int) and end != _numeric(port):
+        elif end is not None and end != port:
             yield f"admits the router on the range {port}-{end}"
         elif entry.get("protocol", "TCP") != "TCP":
             yield f"admits the router on {entry.get('protocol')} port {port}"
-        elif port not in routed and _numeric(port) not in routed:
+        elif port not in routed:
             yield f"admits the router on port {port!r}, which no Route of the stack leads to"
 
 

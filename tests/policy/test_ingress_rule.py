@@ -71,6 +71,17 @@ def test_every_stacks_rendered_policy_passes_and_admits_only_its_router_ports(st
     )
 
 
+def test_numbers_as_the_served_pack_sees_them_are_ports() -> None:
+    """pulumi-policy hands numbers over as floats (protobuf Struct)."""
+    items = routed_app()
+    items[0][1]["spec"]["template"]["spec"]["containers"][1]["ports"][0]["containerPort"] = 18080.0
+    spec = good()
+    spec["ingress"][1]["ports"] = [{"protocol": "TCP", "port": 18080.0}]
+    assert messages(spec, items) == []
+    spec["ingress"][1]["ports"] = [{"protocol": "TCP", "port": 2222.0}]
+    assert len(messages(spec, items)) == 1
+
+
 def test_no_routed_server_means_no_router_rule() -> None:
     assert devloop.network_policy_spec(SELECTOR, ())["ingress"] == [{"from": [{"podSelector": {"matchLabels": SELECTOR}}]}]
 
