@@ -4,7 +4,8 @@
 Runs in the main container of every pod (started by startup.sh; it needs that container's GPUs,
 processes, terminals and state directory), standard library only:
 
-* every pod serves `GET /activity` (its local signals as JSON) on the activity port;
+* every pod serves `GET /activity` (its local signals as JSON) on the activity port of its pod IP and
+  127.0.0.1 (never a wildcard: nothing answers on the SR-IOV interfaces);
 * pod 0 (NODE_RANK 0 in rank.env) samples its own signals and every other pod's `/activity` each
   interval, keeps the time of the last activity anywhere, shows a warning `warningLead` before the
   stop (a file the shells print at each prompt + a banner written to open terminals) and, after
@@ -37,6 +38,7 @@ import contextlib
 import json
 import os
 import shlex
+import socket
 import ssl
 import subprocess
 import sys
@@ -588,14 +590,40 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
 
-def serve(listen: str, decider: Decider | None) -> ThreadingHTTPServer:
-    host, _, port = listen.rpartition(":")
+class _Server6(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
+def listen_addresses(listen: str | None, port: int) -> list[tuple[str, int]]:
+    """Where /activity and /decision answer: `host:port` items (`[v6]:port`), separated by spaces or commas.
+
+    Default: the pod IP (pod 0 and the workers reach each other there; the NetworkPolicy admits only the stack's
+    pods) plus 127.0.0.1 (local clients, `oc port-forward`); never a wildcard, so nothing answers on the SR-IOV
+    interfaces (net1..N), which NetworkPolicy does not cover.
+    """
+    items = (listen or "").replace(",", " ").split()
+    if not items:
+        items = [f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}" for ip in (env("POD_IP"), "127.0.0.1") if ip]
+    out = []
+    for item in items:
+        host, _, number = item.rpartition(":")
+        host = host.strip("[]")
+        if not host or host in ("0.0.0.0", "::"):
+            raise ValueError(f"listen address {item!r}: name the address to bind (the pod IP, 127.0.0.1), not a wildcard")
+        out.append((host, int(number)))
+    return out
+
+
+def serve(listen: str | None, decider: Decider | None, port: int = 0) -> list[ThreadingHTTPServer]:
     handler = type("BoundHandler", (Handler,), {"decider": decider})
-    server = ThreadingHTTPServer((host or "0.0.0.0", int(port)), handler)
-    bound_host, bound_port = server.server_address[:2]
-    (state_dir() / "activity.addr").write_text(f"{bound_host!s}:{bound_port}\n")
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
+    servers: list[ThreadingHTTPServer] = []
+    for host, number in listen_addresses(listen, port):
+        server = (_Server6 if ":" in host else ThreadingHTTPServer)((host, number), handler)
+        servers.append(server)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    bound = [(str(s.server_address[0]), s.server_address[1]) for s in servers]
+    (state_dir() / "activity.addr").write_text("".join(f"[{h}]:{p}\n" if ":" in h else f"{h}:{p}\n" for h, p in bound))
+    return servers
 
 
 def follow_master(settings: dict[str, Any]) -> None:
@@ -614,8 +642,9 @@ def run(listen: str | None, rounds: int | None = None) -> int:
     settings = load_settings()
     state_dir().mkdir(parents=True, exist_ok=True)
     decider = Decider()
-    serve(listen or env("ML_DEV_ACTIVITY_LISTEN") or f"0.0.0.0:{settings['activityPort']}", decider)
-    log(f"serving /activity; idle stop {'on' if settings['enabled'] else 'off'}")
+    servers = serve(listen or env("ML_DEV_ACTIVITY_LISTEN"), decider, int(settings["activityPort"]))
+    where = ", ".join(str(s.server_address[:2]) for s in servers)
+    log(f"serving /activity on {where}; idle stop {'on' if settings['enabled'] else 'off'}")
     done, next_round = 0, time.monotonic()
     while rounds is None or done < rounds:
         settings = load_settings()
@@ -640,7 +669,7 @@ def run(listen: str | None, rounds: int | None = None) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=["run", "probe"])
-    parser.add_argument("--listen", help="host:port for /activity (default 0.0.0.0:<activityPort>)")
+    parser.add_argument("--listen", help="host:port[,host:port] for /activity (default $POD_IP and 127.0.0.1, port activityPort)")
     parser.add_argument("--rounds", type=int, help="stop after this many intervals (tests)")
     args = parser.parse_args(argv)
     if args.command == "probe":

@@ -298,7 +298,12 @@ if command -v nvidia-smi >/dev/null 2>&1; then
 fi
 
 # --- 4. dev servers (pod 0 only: the dev Service selects the pod named <app>-0) ------------------
-if [ "$AUTH" = "token" ]; then BIND=0.0.0.0; else BIND=127.0.0.1; fi
+# Behind the OAuth proxy a server needs only loopback; in token mode the router dials the pod IP. Never a
+# wildcard: nothing of ours answers on the SR-IOV interfaces (net1..N), which NetworkPolicy does not cover.
+if [ "$AUTH" = "token" ]; then BIND="${POD_IP:-127.0.0.1}"; else BIND=127.0.0.1; fi
+if [[ "$BIND" == *:* ]]; then BIND_HOSTPORT="[$BIND]"; else BIND_HOSTPORT="$BIND"; fi
+# the idle agent asks Jupyter whether it is in use where Jupyter listens
+export ML_DEV_JUPYTER_URL="${ML_DEV_JUPYTER_URL:-http://$BIND_HOSTPORT:8888}"
 PIDS=()
 # The dev servers start WITHOUT the rank.env values in their environment: a server lives through count
 # changes, and what it passes on (a Jupyter kernel inherits the server's environment, also after a kernel
@@ -396,10 +401,10 @@ if [ "$ORDINAL" -eq 0 ]; then
         dirs=(--user-data-dir "$XDG_DATA_HOME/code-server" --extensions-dir "$XDG_DATA_HOME/code-server/extensions")
         if [ "$AUTH" = "token" ]; then
           : "${PASSWORD:?token mode needs PASSWORD for code-server}"
-          start vscode code-server --bind-addr "$BIND:8080" --auth password --disable-telemetry "${dirs[@]}" "$WORKSPACE"
+          start vscode code-server --bind-addr "$BIND_HOSTPORT:8080" --auth password --disable-telemetry "${dirs[@]}" "$WORKSPACE"
         else
           # Only reachable through the OAuth proxy sidecar on this pod's loopback.
-          start vscode code-server --bind-addr "$BIND:8080" --auth none --disable-telemetry "${dirs[@]}" "$WORKSPACE"
+          start vscode code-server --bind-addr "$BIND_HOSTPORT:8080" --auth none --disable-telemetry "${dirs[@]}" "$WORKSPACE"
         fi
         ;;
       jupyter)

@@ -469,3 +469,25 @@ def test_shells_print_the_warning_at_each_prompt(tmp_path: Path) -> None:
     (state / "idle-warning").write_text("ml-dev-env: this environment will be SUSPENDED at 12:00:00 UTC\n")
     loud = subprocess.run(["bash", "-i", "-c", show], env=env, capture_output=True, text=True, check=False)
     assert "will be SUSPENDED at 12:00:00 UTC" in loud.stderr and loud.stdout.strip() == "done"
+
+
+@pytest.mark.parametrize(
+    ("pod_ip", "listen", "expected"),
+    [
+        ("10.131.0.7", None, [("10.131.0.7", 9099), ("127.0.0.1", 9099)]),
+        ("fd02::7", None, [("fd02::7", 9099), ("127.0.0.1", 9099)]),
+        ("", None, [("127.0.0.1", 9099)]),
+        ("10.131.0.7", "127.0.0.2:0, [::1]:9100", [("127.0.0.2", 0), ("::1", 9100)]),
+    ],
+)
+def test_the_agent_listens_on_the_pod_ip_and_loopback(
+    monkeypatch: pytest.MonkeyPatch, pod_ip: str, listen: str | None, expected: list[tuple[str, int]]
+) -> None:
+    monkeypatch.setenv("POD_IP", pod_ip)
+    assert load_agent().listen_addresses(listen, 9099) == expected
+
+
+@pytest.mark.parametrize("listen", ["0.0.0.0:9099", "[::]:9099", ":9099"])
+def test_the_agent_refuses_a_wildcard(listen: str) -> None:
+    with pytest.raises(ValueError, match="not a wildcard"):
+        load_agent().listen_addresses(listen, 9099)
