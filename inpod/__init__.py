@@ -31,6 +31,7 @@ SHIPPED: tuple[Shipped, ...] = (
     Shipped("ml-dev", "ml_dev.py", "devloop"),
     Shipped("idle_agent.py", "idle_agent.py", "lifecycle"),
     Shipped("idle-warning.sh", "idle-warning.sh", "lifecycle"),
+    Shipped("checkpoint_stop.sh", "checkpoint_stop.sh", "lifecycle"),
     Shipped("fabric_check.py", "fabric_check.py", "fabric"),
     Shipped("rank_order.sh", "rank_order.sh", "fabric"),
 )

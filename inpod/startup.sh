@@ -20,11 +20,13 @@
 #   ML_DEV_SERVERS="vscode jupyter tensorboard"   ML_DEV_AUTH=oauth-proxy|token
 #   ML_DEV_WORKSPACE (/workspace)  ML_DEV_STATE_DIR (/tmp/ml-dev-env)  TENSORBOARD_LOGDIR
 #   PASSWORD (code-server, token mode)  JUPYTER_TOKEN (token mode)
+#   ML_DEV_CHECKPOINT_GRACE_SECONDS (30)  ML_DEV_CHECKPOINT_SIGNAL (SIGTERM): what a stop gives each rank
 #
 # Outputs (the rank contract: other tools read these files and never recompute ranks):
 #   $ML_DEV_STATE_DIR/rank.env   `export KEY='value'` lines: ML_DEV_POD NODE_RANK NNODES GPUS_PER_NODE
 #       WORLD_SIZE MASTER_ADDR MASTER_PORT PET_NNODES PET_NODE_RANK PET_NPROC_PER_NODE PET_MASTER_ADDR
-#       PET_MASTER_PORT DEEPSPEED_HOSTFILE ML_DEV_HOSTS ML_DEV_PODS (+ NCCL_IB_HCA when auto-detected)
+#       PET_MASTER_PORT DEEPSPEED_HOSTFILE ML_DEV_HOSTS ML_DEV_PODS ML_DEV_CHECKPOINT_GRACE_SECONDS
+#       ML_DEV_CHECKPOINT_SIGNAL (+ NCCL_IB_HCA when auto-detected)
 #   $DEEPSPEED_HOSTFILE          `<pod fqdn> slots=<gpus>` per line, in rank order
 #   $ML_DEV_STATE_DIR/env.sh     sources rank.env and sets the HOME caches; sourced by ~/.bashrc,
 #                                ~/.profile, $ENV (`oc rsh`'s /bin/sh) and /etc/profile.d in our images
@@ -149,6 +151,7 @@ read_cluster_env() {  # sets C_<KEY> from the environment, then cluster.env; fai
 # NODE_RANK is this pod's index in it. Rank = StatefulSet ordinal, unless fabricCheck.nodeRacks is set:
 # then ml_dev_rank_order (rank_order.sh, README "Fabric check") groups the pods by rack, pod 0 first.
 FABRIC_DIR="$(dirname "${BASH_SOURCE[0]}")"
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 RACK_AWARE=""
 if [ -r "$FABRIC_DIR/rank_order.sh" ] && [ -r "$FABRIC_DIR/fabric.json" ] && command -v python3 >/dev/null 2>&1 \
   && python3 -c 'import json, sys; sys.exit(not json.load(open(sys.argv[1])).get("nodeRacks"))' "$FABRIC_DIR/fabric.json" 2>/dev/null; then
@@ -224,6 +227,9 @@ refresh_rank() {  # read cluster.env, write the hostfile and rank.env, export th
     printf 'export ML_DEV_HOSTS=%s\n' "$(q "${hosts[*]}")"
     printf 'export ML_DEV_PODS=%s\n' "$(q "${pods[*]}")"
     if [ -n "${DETECTED_HCA:-}" ]; then printf 'export NCCL_IB_HCA=%s\n' "$(q "$DETECTED_HCA")"; fi
+    # what a stop gives each rank of `ml-dev run` (lifecycle.checkpointGraceSeconds / checkpointSignal)
+    printf 'export ML_DEV_CHECKPOINT_GRACE_SECONDS=%s\n' "$(q "${ML_DEV_CHECKPOINT_GRACE_SECONDS:-30}")"
+    printf 'export ML_DEV_CHECKPOINT_SIGNAL=%s\n' "$(q "${ML_DEV_CHECKPOINT_SIGNAL:-SIGTERM}")"
   )"
   if ! write_file "$STATE_DIR/rank.env" "$content"$'\n'; then
     warn "cannot write $STATE_DIR/rank.env"
@@ -320,8 +326,14 @@ start() {  # start <name> <command...>
   PIDS+=("$!")
 }
 SLEEP_PID=""
+# A stop (idle stop, suspend, destroy, pod deletion) sends SIGTERM to PID 1, this script. It forwards the
+# stop to the ranks of running `ml-dev run` jobs and waits up to lifecycle.checkpointGraceSeconds for them
+# to save a checkpoint and exit (checkpoint_stop.sh, also the preStop hook), and only then stops the dev
+# servers and sshd (a rank's SSH channel must outlive its checkpoint).
 stop() {
+  trap '' TERM INT
   log "stopping"
+  bash "$SCRIPT_DIR/checkpoint_stop.sh" || true
   kill "${PIDS[@]}" $SLEEP_PID 2>/dev/null || true
   exit 0
 }
@@ -385,7 +397,6 @@ fi
 # Started when its settings are mounted (/etc/ml-dev-env/lifecycle/idle.json, updated in place; the agent
 # only reports while idleStop is off). It ships next to this script in the startup ConfigMap.
 export ML_DEV_IDLE_SETTINGS="${ML_DEV_IDLE_SETTINGS:-/etc/ml-dev-env/lifecycle/idle.json}"
-SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 if [ -f "$ML_DEV_IDLE_SETTINGS" ] && [ -f "$SCRIPT_DIR/idle_agent.py" ] && command -v python3 >/dev/null 2>&1; then
   start idle-agent python3 "$SCRIPT_DIR/idle_agent.py" run
   # interactive shells print the pending idle-stop warning at each prompt

@@ -773,9 +773,22 @@ class IdleStopConfig(Model):
         }
 
 
+# Kueue's own default of waitForPodsReady.timeout (kubernetes-sigs/kueue apis/config/v1beta1/defaults.go,
+# SetDefaults_Configuration: `defaultPodsReadyTimeout = 5 * time.Minute`).
+KUEUE_PODS_READY_TIMEOUT_DEFAULT = "5m"
+
+
 class KueueConfig(Model):
     queue_name: DnsLabel | None = Field(
         None, description="Kueue LocalQueue: the StatefulSet gets kueue.x-k8s.io/queue-name and is admitted as one workload (opt-in)."
+    )
+    wait_for_pods_ready_timeout: Duration = Field(
+        KUEUE_PODS_READY_TIMEOUT_DEFAULT,
+        description="The cluster's Kueue `waitForPodsReady.timeout` (Kueue's default 5m; ask the Kueue admin): with "
+        "fabricCheck.onDeploy it must exceed the image pull time plus onDeployTimeoutSeconds, else Kueue evicts the workload.",
+    )
+    image_pull_seconds: int = Field(
+        600, ge=0, le=6 * 3600, description="How long the pods may take to pull the image (checked against waitForPodsReadyTimeout)."
     )
 
 
@@ -787,6 +800,16 @@ class LifecycleConfig(Model):
     )
     idle_stop: IdleStopConfig = Field(default_factory=IdleStopConfig)
     kueue: KueueConfig = Field(default_factory=KueueConfig)
+    checkpoint_grace_seconds: int = Field(
+        30,
+        ge=5,
+        le=3600,
+        description="On every stop (idle stop, suspend, destroy, pod deletion) each rank of a running `ml-dev run` gets "
+        "checkpointSignal and this long to save and exit before it is killed; the pods' termination grace follows it.",
+    )
+    checkpoint_signal: Literal["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"] = Field(
+        "SIGTERM", description="The signal the ranks get on a stop (the job's handler saves a checkpoint and exits)."
+    )
 
 
 # ------------------------------------------------------------------------------------------- ssh
