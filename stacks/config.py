@@ -728,6 +728,7 @@ Duration = Annotated[str, AfterValidator(_check_duration)]
 IDLE_TIMEOUT_BOUNDS = (15 * 60, 24 * 3600)
 IDLE_INTERVAL_BOUNDS = (15, 5 * 60)
 IDLE_WARNING_BOUNDS = (60, 3600)
+IDLE_UNREACHABLE_BOUNDS = (120, 3600)
 
 
 class IdleStopConfig(Model):
@@ -745,6 +746,18 @@ class IdleStopConfig(Model):
     gpu_memory_util_threshold: int = Field(
         5, ge=1, le=50, description="A GPU whose utilization.memory (memory-controller activity, %) at or above this counts as busy."
     )
+    gpu_memory_floor_mib: int = Field(
+        1024,
+        ge=64,
+        le=65536,
+        description="A GPU with at least this much memory.used (MiB) counts as busy, whatever its utilisation (a job in a "
+        "CPU phase keeps its memory); a GPU with a compute process always does.",
+    )
+    unreachable_after: Duration = Field(
+        "10m",
+        description="A worker pod unreachable this long (Pending, no network) is reported (an Event) and no longer holds "
+        "the stop (2m to 1h; until then it counts as active).",
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> IdleStopConfig:
@@ -752,6 +765,7 @@ class IdleStopConfig(Model):
             ("idleTimeout", self.idle_timeout, IDLE_TIMEOUT_BOUNDS),
             ("interval", self.interval, IDLE_INTERVAL_BOUNDS),
             ("warningLead", self.warning_lead, IDLE_WARNING_BOUNDS),
+            ("unreachableAfter", self.unreachable_after, IDLE_UNREACHABLE_BOUNDS),
         ):
             if not low <= duration_seconds(value) <= high:
                 raise ConfigProblem(key, value, f"between {low}s and {high}s (admin bounds of the idle stop)")
@@ -770,6 +784,8 @@ class IdleStopConfig(Model):
             "warningLeadSeconds": duration_seconds(self.warning_lead),
             "gpuUtilThreshold": self.gpu_util_threshold,
             "gpuMemoryUtilThreshold": self.gpu_memory_util_threshold,
+            "gpuMemoryFloorMiB": self.gpu_memory_floor_mib,
+            "unreachableSeconds": duration_seconds(self.unreachable_after),
         }
 
 
