@@ -149,7 +149,7 @@ def parse_csv(text: str) -> list[dict[str, str]]:
             if len(cells) == 1:
                 continue
             raise ValueError(f"unexpected nvidia-smi row {line!r} for header {header}")
-        rows.append(dict(zip(header, cells)))
+        rows.append(dict(zip(header, cells)))  # noqa: B905 (no strict= before Python 3.10)
     return rows
 
 
@@ -169,7 +169,7 @@ def number(cell: str | None) -> float | None:
 
 def parse_gpu_csv(text: str) -> list[dict[str, Any]]:
     """GPUs of `nvidia-smi --query-gpu=<GPU_QUERY> --format=csv`; a value the GPU does not report is None."""
-    gpus = []
+    gpus: list[dict[str, Any]] = []
     for row in parse_csv(text):
         gpus.append(
             {
@@ -411,7 +411,7 @@ def peers(settings: dict[str, Any]) -> list[tuple[str, str]]:
     if not pods or len(pods) != len(hosts):
         raise ValueError("rank.env has no ML_DEV_PODS/ML_DEV_HOSTS pair")
     me = env("POD_NAME") or env("HOSTNAME")
-    return [(pod, f"http://{host}:{settings['activityPort']}") for pod, host in zip(pods, hosts) if pod != me]
+    return [(pod, f"http://{host}:{settings['activityPort']}") for pod, host in zip(pods, hosts) if pod != me]  # noqa: B905 (Python 3.8)
 
 
 def fetch_json(url: str, timeout: float = 15) -> Any:
@@ -628,7 +628,9 @@ def stop(settings: dict[str, Any], decider: Decider, idle: float, now: float) ->
     except (OSError, urllib.error.URLError) as exc:
         log(f"WARNING: stop record not written: {exc}")
     try:
-        event(settings, "IdleStop", message + " Signals: " + json.dumps(signals, sort_keys=True, separators=(",", ":")), now, meta.get("uid"))
+        event(
+            settings, "IdleStop", message + " Signals: " + json.dumps(signals, sort_keys=True, separators=(",", ":")), now, meta.get("uid")
+        )
     except (OSError, urllib.error.URLError) as exc:
         log(f"WARNING: event not created: {exc}")
     log(message)

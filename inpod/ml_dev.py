@@ -57,6 +57,8 @@ def stop_signal(values: dict[str, str] | None = None) -> signal.Signals:
     """The signal a stopped rank gets first (lifecycle.checkpointSignal; SIGTERM unless set)."""
     name = (values or {}).get("ML_DEV_CHECKPOINT_SIGNAL") or os.environ.get("ML_DEV_CHECKPOINT_SIGNAL", "SIGTERM")
     return getattr(signal.Signals, name, signal.SIGTERM) if name.startswith("SIG") else signal.SIGTERM
+
+
 DEBUG_PORT = 5678
 PY = "python3"
 

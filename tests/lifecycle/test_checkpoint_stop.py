@@ -87,7 +87,12 @@ def start_pod(tmp: Path, name: str, ranks: int, signal_name: str) -> Pod:
     pod = Pod(name, root, env)
     # PID 1 in its own process group: the simulated runtime kills the whole container at the end
     pod.pid1 = subprocess.Popen(
-        ["bash", str(inpod.path("startup.sh"))], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        ["bash", str(inpod.path("startup.sh"))],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
     wait_ready(pod.pid1, root / "state")
     train = root / "train.py"

@@ -27,7 +27,10 @@ WITH_UNITS = (
     "index, uuid, utilization.gpu [%], utilization.memory [%], memory.used [MiB]\n"
     "0, GPU-8f6c2d4e-3a1b-4c5d-9e7f-0a1b2c3d4e50, 97 %, 41 %, 61234 MiB\n1, GPU-8f6c2d4e-3a1b-4c5d-9e7f-0a1b2c3d4e51, 0 %, 0 %, 4 MiB\n"
 )
-MIG = "index, uuid, utilization.gpu [%], utilization.memory [%], memory.used [MiB]\n0, GPU-8f6c2d4e-3a1b-4c5d-9e7f-0a1b2c3d4e50, [N/A], [N/A], 61234 MiB\n"
+MIG = (
+    "index, uuid, utilization.gpu [%], utilization.memory [%], memory.used [MiB]\n"
+    "0, GPU-8f6c2d4e-3a1b-4c5d-9e7f-0a1b2c3d4e50, [N/A], [N/A], 61234 MiB\n"
+)
 
 
 def test_gpu_rows_in_the_real_csv_format() -> None:
