@@ -44,15 +44,13 @@ if TYPE_CHECKING or __package__:  # in the repository: the inpod package
     from .fabric_parse import parse_ip_addr
     from .fabric_preflight import hca_netdevs, preflight, preflight_all
     from .fabric_report import latest, table, write_result
-    from .fabric_util import ensure, env, load_config, log, read_rank_env, read_text, remote, run, state_dir, sys_root, utc_now
+    from .fabric_util import PROGRAM, ensure, env, load_config, log, read_rank_env, read_text, remote, run, state_dir, sys_root, utc_now
 else:  # in the pod: the modules ship next to this program (/opt/ml-dev-env), whose directory is sys.path[0]
     from fabric_gate import gate
     from fabric_parse import parse_ip_addr
     from fabric_preflight import hca_netdevs, preflight, preflight_all
     from fabric_report import latest, table, write_result
-    from fabric_util import ensure, env, load_config, log, read_rank_env, read_text, remote, run, state_dir, sys_root, utc_now
-
-PROGRAM = Path(__file__).resolve()
+    from fabric_util import PROGRAM, ensure, env, load_config, log, read_rank_env, read_text, remote, run, state_dir, sys_root, utc_now
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:

@@ -47,7 +47,7 @@ def mpirun_cmd(hostfile: Path, nprocs: int, per_node: int, min_bytes: int, max_b
         # MPI itself only bootstraps; keep its own traffic on the pod network (eth0). The BTL settings bind
         # only the ob1 PML: stock Open MPI 4.1 also builds pml ucx at a higher priority (51 against ob1's 20)
         # and selects it whenever an mlx* device is present (pml_ucx_devices), and HPC-X's Open MPI prefers
-        # UCX too, which would carry MPI over the RDMA VFs: so pml ob1 is named (tests/fixtures/tool_output/
+        # UCX too, which would carry MPI over the RDMA VFs: so pml ob1 is named (tests/data/tool_output/
         # ompi_info-pml-4.1.4-debian.txt), and the collective components with their own transports
         # (HPC-X hcoll, ucc) are excluded (an excluded component that is not built is ignored).
         "--mca",

@@ -1,5 +1,5 @@
 """Parsers of the tools' output, the one place that knows their formats (tests/fabric/data/SOURCES.md,
-tests/fixtures/tool_output/PROVENANCE.md: each format from the tool's source, checked on real output).
+tests/data/tool_output/PROVENANCE.md: each format from the tool's source, checked on real output).
 
 Part of the fabric check (fabric_check.py is the program); standard library only, Python 3.8+.
 """

@@ -13,8 +13,9 @@ import socket
 import subprocess
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-PROGRAM = HERE / "fabric_check.py"
+# Handed to other pods: the startup ConfigMap's mount path (ML_DEV_DIR, core.naming.STARTUP_MOUNT) or this file's
+# directory as called, never resolve()d (the kubelet's `..<timestamp>` directory behind the mount differs on every pod).
+PROGRAM = Path(os.environ.get("ML_DEV_DIR") or os.path.dirname(os.path.abspath(__file__))) / "fabric_check.py"
 
 
 GIB = 1 << 30
@@ -26,7 +27,7 @@ def env(name: str, default: str = "") -> str:
 
 def utc_now() -> str:
     # timezone.utc, not datetime.UTC: the pods' python3 may be older than 3.11 (CUDA devel images)
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")  # noqa: UP017
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def state_dir() -> Path:

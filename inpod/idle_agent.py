@@ -52,7 +52,7 @@ import urllib.parse
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 AGENT = "ml-dev-env-idle-agent"
 GPU_QUERY = "index,uuid,utilization.gpu,utilization.memory,memory.used"
@@ -149,7 +149,7 @@ def parse_csv(text: str) -> list[dict[str, str]]:
             if len(cells) == 1:
                 continue
             raise ValueError(f"unexpected nvidia-smi row {line!r} for header {header}")
-        rows.append(dict(zip(header, cells)))  # noqa: B905 (no strict= before Python 3.10)
+        rows.append(dict(zip(header, cells)))
     return rows
 
 
@@ -359,29 +359,28 @@ def probe_jupyter(now: float) -> dict[str, Any]:
     )
 
 
-def guarded(name: str, probe: Any, *args: Any) -> dict[str, Any]:
-    """A local probe's result; anything it raises unexpectedly is a failed probe (= active), never a crash."""
+def guarded(name: str, probe: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """A probe's signal; any exception it did not expect is a failed probe (counts as active), never a crash."""
     try:
-        result: dict[str, Any] = probe(*args)
-        return result
-    except Exception as exc:  # the agent must judge every round, whatever a probe meets
+        return probe()
+    except Exception as exc:
         return signal(name, False, error=f"{type(exc).__name__}: {exc}")
 
 
 def local_activity(settings: dict[str, Any]) -> dict[str, Any]:
     now = time.time()
     signals = [
-        guarded("gpu", probe_gpu, settings),
-        guarded("terminals", probe_terminals, now),
+        guarded("gpu", lambda: probe_gpu(settings)),
+        guarded("terminals", lambda: probe_terminals(now)),
         guarded("ssh", probe_ssh),
-        guarded("launcher", probe_launcher, now),
+        guarded("launcher", lambda: probe_launcher(now)),
     ]
     # the IDE servers run on pod 0 only (startup.sh); workers report only their own signals
     if is_rank0():
         if "vscode" in settings.get("servers", []):
-            signals.append(guarded("vscode", probe_vscode, now))
+            signals.append(guarded("vscode", lambda: probe_vscode(now)))
         if "jupyter" in settings.get("servers", []):
-            signals.append(guarded("jupyter", probe_jupyter, now))
+            signals.append(guarded("jupyter", lambda: probe_jupyter(now)))
     return {"pod": env("POD_NAME") or env("HOSTNAME"), "time": now, "signals": signals}
 
 
@@ -411,7 +410,7 @@ def peers(settings: dict[str, Any]) -> list[tuple[str, str]]:
     if not pods or len(pods) != len(hosts):
         raise ValueError("rank.env has no ML_DEV_PODS/ML_DEV_HOSTS pair")
     me = env("POD_NAME") or env("HOSTNAME")
-    return [(pod, f"http://{host}:{settings['activityPort']}") for pod, host in zip(pods, hosts) if pod != me]  # noqa: B905 (Python 3.8)
+    return [(pod, f"http://{host}:{settings['activityPort']}") for pod, host in zip(pods, hosts) if pod != me]  # same length: checked above
 
 
 def fetch_json(url: str, timeout: float = 15) -> Any:

@@ -288,9 +288,9 @@ def stub_mpirun(scenario: dict, args: list[str]) -> int:
         )
         return 1
     if any(h in ar.get("corrupt_hosts", []) for h in hosts):
-        # a real run with #wrong > 0 (tests/fixtures/tool_output/PROVENANCE.md); nccl-tests then exits with
+        # a real run with #wrong > 0 (tests/data/tool_output/PROVENANCE.md); nccl-tests then exits with
         # testNumResults (src/common.cu main), which mpirun passes on
-        sys.stdout.write((Path(__file__).resolve().parents[1] / "fixtures/tool_output/all_reduce_perf-2x1-rtx3090-corrupt.txt").read_text())
+        sys.stdout.write((Path(__file__).resolve().parents[1] / "data/tool_output/all_reduce_perf-2x1-rtx3090-corrupt.txt").read_text())
         return 7
     prog = next(i for i, a in enumerate(args) if a.endswith("all_reduce_perf"))
     perf = args[prog + 1 :]

@@ -1,4 +1,4 @@
-"""The fabric check names the real fault, on real tool output (tests/fixtures/tool_output/PROVENANCE.md):
+"""The fabric check names the real fault, on real tool output (tests/data/tool_output/PROVENANCE.md):
 data corruption whatever the exit status, the ring algorithm set by the gate itself, each HCA with its own
 interface from sysfs, and MPI's own traffic kept on eth0 under a stock Open MPI that also has pml ucx."""
 
@@ -15,7 +15,7 @@ import pytest
 from inpod import fabric_gate, fabric_parse
 from tests.fabric.conftest import Sim
 
-REAL = Path(__file__).resolve().parents[1] / "fixtures" / "tool_output"
+REAL = Path(__file__).resolve().parents[1] / "data" / "tool_output"
 DATA = Path(__file__).parent / "data"
 
 

@@ -188,7 +188,7 @@ def api(agent_rules: list[dict[str, Any]], tmp_path: Path) -> Iterator[FakeApiSe
 # -------------------------------------------------------------------------------- simulated pods
 
 NVIDIA_SMI = """#!/bin/bash
-# stub nvidia-smi printing the real `--format=csv` layout (header with units; see tests/lifecycle/data): four
+# stub nvidia-smi printing the real `--format=csv` layout (header with units; see tests/data/tool_output): four
 # GPUs with utilisation from $DIR/gpu-util, memory used from $DIR/gpu-mem-used (MiB), compute processes
 # from $DIR/gpu-apps (CSV rows without header)
 dir="$(dirname "$0")"

@@ -22,7 +22,7 @@ agent = load_agent()
 
 # What `nvidia-smi --query-gpu=index,uuid,utilization.gpu,utilization.memory,memory.used --format=csv` prints on an
 # H100 node (values chosen; the layout with header and units as the driver prints it; real outputs of other
-# GPUs are in tests/fixtures/tool_output and test_real_output.py).
+# GPUs are in tests/data/tool_output and test_real_output.py).
 WITH_UNITS = (
     "index, uuid, utilization.gpu [%], utilization.memory [%], memory.used [MiB]\n"
     "0, GPU-8f6c2d4e-3a1b-4c5d-9e7f-0a1b2c3d4e50, 97 %, 41 %, 61234 MiB\n1, GPU-8f6c2d4e-3a1b-4c5d-9e7f-0a1b2c3d4e51, 0 %, 0 %, 4 MiB\n"

@@ -1,4 +1,4 @@
-"""Idle means idle, judged on real `nvidia-smi` output (tests/fixtures/tool_output, sources in PROVENANCE.md).
+"""Idle means idle, judged on real `nvidia-smi` output (tests/data/tool_output, sources in PROVENANCE.md).
 
 The agent runs a stub `nvidia-smi` that prints a fixture file verbatim for `--query-gpu` and another for
 `--query-compute-apps`, with the fixture's exit status; the rules are the agent's own (`probe_gpu`).
@@ -14,7 +14,7 @@ import pytest
 from tests.lifecycle.conftest import load_agent
 
 agent = load_agent()
-REAL = Path(__file__).resolve().parents[1] / "fixtures" / "tool_output"
+REAL = Path(__file__).resolve().parents[1] / "data" / "tool_output"
 NO_APPS = "gpu_uuid, pid, process_name, used_gpu_memory [MiB]\n"  # the header alone: no compute process
 SETTINGS: dict[str, Any] = {**agent.DEFAULTS, "gpuUtilThreshold": 5, "gpuMemoryUtilThreshold": 5}
 
