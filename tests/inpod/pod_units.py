@@ -135,7 +135,7 @@ class IdleAgent(unittest.TestCase):
         """nvidia-smi printing `row` for --query-gpu and no compute process for --query-compute-apps."""
         stub = self.tmp / "nvidia-smi"
         stub.write_text(
-            "#!/bin/sh\ncase \"$1\" in\n"
+            '#!/bin/sh\ncase "$1" in\n'
             "  --query-compute-apps=*) echo 'gpu_uuid, pid, process_name, used_gpu_memory [MiB]' ;;\n"
             f"  *) printf '%s\\n' '{row}' ;;\nesac\n"
         )
