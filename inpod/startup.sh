@@ -25,8 +25,7 @@
 # Outputs (the rank contract: other tools read these files and never recompute ranks):
 #   $ML_DEV_STATE_DIR/rank.env   `export KEY='value'` lines: ML_DEV_POD NODE_RANK NNODES GPUS_PER_NODE
 #       WORLD_SIZE MASTER_ADDR MASTER_PORT PET_NNODES PET_NODE_RANK PET_NPROC_PER_NODE PET_MASTER_ADDR
-#       PET_MASTER_PORT DEEPSPEED_HOSTFILE ML_DEV_HOSTS ML_DEV_PODS ML_DEV_CHECKPOINT_GRACE_SECONDS
-#       ML_DEV_CHECKPOINT_SIGNAL (+ NCCL_IB_HCA when auto-detected)
+#       PET_MASTER_PORT DEEPSPEED_HOSTFILE ML_DEV_HOSTS ML_DEV_PODS (+ NCCL_IB_HCA when auto-detected)
 #   $DEEPSPEED_HOSTFILE          `<pod fqdn> slots=<gpus>` per line, in rank order
 #   $ML_DEV_STATE_DIR/env.sh     sources rank.env and sets the HOME caches; sourced by ~/.bashrc,
 #                                ~/.profile, $ENV (`oc rsh`'s /bin/sh) and /etc/profile.d in our images
@@ -227,9 +226,6 @@ refresh_rank() {  # read cluster.env, write the hostfile and rank.env, export th
     printf 'export ML_DEV_HOSTS=%s\n' "$(q "${hosts[*]}")"
     printf 'export ML_DEV_PODS=%s\n' "$(q "${pods[*]}")"
     if [ -n "${DETECTED_HCA:-}" ]; then printf 'export NCCL_IB_HCA=%s\n' "$(q "$DETECTED_HCA")"; fi
-    # what a stop gives each rank of `ml-dev run` (lifecycle.checkpointGraceSeconds / checkpointSignal)
-    printf 'export ML_DEV_CHECKPOINT_GRACE_SECONDS=%s\n' "$(q "${ML_DEV_CHECKPOINT_GRACE_SECONDS:-30}")"
-    printf 'export ML_DEV_CHECKPOINT_SIGNAL=%s\n' "$(q "${ML_DEV_CHECKPOINT_SIGNAL:-SIGTERM}")"
   )"
   if ! write_file "$STATE_DIR/rank.env" "$content"$'\n'; then
     warn "cannot write $STATE_DIR/rank.env"
