@@ -2,7 +2,8 @@
 give every rank of `ml-dev run` (the real `ml-dev _rank` agent) the configured signal and wait for it.
 
 Each simulated pod is a real `startup.sh` process with its own state directory and one rank agent running a
-small "training job" that saves a checkpoint when signalled. The kubelet's part is simulated as the
+small "training job" that saves a checkpoint when signalled. The stop settings (terminationGracePeriodSeconds, the preStop
+command, the container env) come from the render, read with tests/podsim. The kubelet's part is simulated as the
 kubelet does it (kubernetes pkg/kubelet/kuberuntime/kuberuntime_container.go, killContainer): run the
 preStop hook within terminationGracePeriodSeconds, then SIGTERM to PID 1, then SIGKILL to everything
 left when the period ends. All pods are terminated at once, like a scale to 0 of a Parallel StatefulSet.
@@ -21,12 +22,46 @@ from pathlib import Path
 
 import inpod
 from components import lifecycle
+from tests.conftest import run_objects, stack_objects
+from tests.podsim.render import PodFacts, container_env, main_container
 from tests.test_startup_script import base_env, make_stubs, wait_ready, wait_until
 
 ML_DEV = inpod.path("ml-dev")
-STOP_HOOK = inpod.path("checkpoint_stop.sh")
-GRACE = 4  # seconds each rank gets (lifecycle.checkpointGraceSeconds)
 SAVE_SECONDS = 1.0  # how long the job takes to write its checkpoint
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """What the render gives the kubelet and the container for a stop (read with tests/podsim's env reading)."""
+
+    grace_period: int  # terminationGracePeriodSeconds
+    pre_stop: list[str]  # the preStop exec command, with the mount path mapped to inpod/
+    env: dict[str, str]  # the checkpoint settings in the container env
+
+
+def rendered_stop(grace: int, signal_name: str) -> Rendered:
+    objects = stack_objects("barcelona")
+    objects.setdefault("lifecycle", {}).update(checkpointGraceSeconds=grace, checkpointSignal=signal_name)
+    res = run_objects("barcelona", objects)
+    assert res.error is None, res.error
+    sts = next(r for r in res.resources if r.kind == "StatefulSet").inputs
+    main = main_container(sts, "ml-dev")
+    env = container_env(main, PodFacts("ml-dev-env-0", "nccl-test", "10.128.0.10", "node-a"), {})
+    mount = next(m["mountPath"] for m in main["volumeMounts"] if m["name"] == "startup")
+    command = [c.replace(mount, str(inpod.HERE)) for c in main["lifecycle"]["preStop"]["exec"]["command"]]
+    keys = ("ML_DEV_CHECKPOINT_GRACE_SECONDS", "ML_DEV_CHECKPOINT_SIGNAL")
+    return Rendered(sts["spec"]["template"]["spec"]["terminationGracePeriodSeconds"], command, {k: env[k] for k in keys})
+
+
+STOP = rendered_stop(5, "SIGTERM")
+GRACE = int(STOP.env["ML_DEV_CHECKPOINT_GRACE_SECONDS"])  # seconds each rank gets (lifecycle.checkpointGraceSeconds)
+
+
+def test_the_render_ties_grace_period_pre_stop_and_env_together() -> None:
+    assert GRACE == 5 and STOP.grace_period == GRACE + lifecycle.STOP_MARGIN_SECONDS
+    assert STOP.pre_stop == ["/bin/bash", str(inpod.path("checkpoint_stop.sh"))]
+    assert rendered_stop(120, "SIGUSR1").env == {"ML_DEV_CHECKPOINT_GRACE_SECONDS": "120", "ML_DEV_CHECKPOINT_SIGNAL": "SIGUSR1"}
+
 
 # A training loop as a user writes it (README "Checkpoint before a stop"): the handler only sets a flag; the
 # loop saves at the next step boundary (write to a temporary file, fsync, rename) and exits.
@@ -74,15 +109,8 @@ def start_pod(tmp: Path, name: str, ranks: int, signal_name: str) -> Pod:
     root = tmp / name
     root.mkdir(parents=True)
     bin_dir, _ = make_stubs(root)
-    env = base_env(
-        root,
-        bin_dir,
-        name,
-        ML_DEV_SERVERS="",
-        ML_DEV_IDLE_SETTINGS=str(root / "no-idle.json"),
-        ML_DEV_CHECKPOINT_GRACE_SECONDS=str(GRACE),
-        ML_DEV_CHECKPOINT_SIGNAL=signal_name,
-    )
+    stop = STOP if signal_name == "SIGTERM" else rendered_stop(GRACE, signal_name)
+    env = base_env(root, bin_dir, name, ML_DEV_SERVERS="", ML_DEV_IDLE_SETTINGS=str(root / "no-idle.json"), **stop.env)
     env["PATH"] = f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin"
     pod = Pod(name, root, env)
     # PID 1 in its own process group: the simulated runtime kills the whole container at the end
@@ -122,7 +150,7 @@ def kubelet_terminate(pod: Pod, grace_period: int) -> None:
     start = time.monotonic()
     deadline = start + grace_period
     try:
-        subprocess.run(["bash", str(STOP_HOOK)], env=pod.env, timeout=grace_period, capture_output=True, check=False)
+        subprocess.run(STOP.pre_stop, env=pod.env, timeout=grace_period, capture_output=True, check=False)
     except subprocess.TimeoutExpired:
         pass
     # the kubelet gives the container at least 2 s after the hook (minimumGracePeriodInSeconds)
@@ -153,7 +181,7 @@ def complete(path: Path) -> bool:
 
 def run_trial(tmp: Path, pods: int, ranks: int, signal_name: str = "SIGTERM") -> list[Pod]:
     started = [start_pod(tmp, f"ml-dev-env-{i}", ranks, signal_name) for i in range(pods)]
-    period = GRACE + lifecycle.STOP_MARGIN_SECONDS
+    period = STOP.grace_period
     threads = [threading.Thread(target=kubelet_terminate, args=(p, period)) for p in started]
     for t in threads:
         t.start()
@@ -196,7 +224,7 @@ def test_pid1_alone_forwards_and_waits(tmp_path: Path) -> None:
     assert pod.pid1.returncode == 0, out
     assert complete(pod.checkpoints[0]), out
     assert elapsed >= SAVE_SECONDS * 0.8, f"PID 1 exited after {elapsed:.2f} s, before the rank saved"
-    assert "stop: 1 rank(s) of ml-dev run get SIGTERM and up to 4s to save a checkpoint" in out, out
+    assert f"stop: 1 rank(s) of ml-dev run get SIGTERM and up to {GRACE}s to save a checkpoint" in out, out
 
 
 def test_a_rank_that_ignores_the_signal_is_killed_at_the_grace(tmp_path: Path) -> None:
