@@ -156,8 +156,9 @@ class NodesConfig(Model):
 
     @rule
     def _shm_within_memory(self) -> Iterator[ConfigProblem]:
-        # /dev/shm is a memory-backed emptyDir: its pages count against the container's memory limit
-        if parse_quantity(self.shm_size) > parse_quantity(self.resources.limits.memory):
+        # /dev/shm is a memory-backed emptyDir: its pages count against the container's memory limit. Only a
+        # size the stack sets is judged (the default stands for "as much as the image needs").
+        if "shm_size" in self.model_fields_set and parse_quantity(self.shm_size) > parse_quantity(self.resources.limits.memory):
             yield ConfigProblem(
                 "shmSize",
                 self.shm_size,
