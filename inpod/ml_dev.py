@@ -49,7 +49,21 @@ STATE_DIR = Path(os.environ.get("ML_DEV_STATE_DIR", "/tmp/ml-dev-env"))
 IGNORE_FILE = ".ml-devignore"
 SYNC_MANIFEST = ".ml-dev-synced"
 HEARTBEAT_SECONDS = 10
-STOP_GRACE_SECONDS = 10
+STOP_GRACE_DEFAULT = 30  # lifecycle.checkpointGraceSeconds' default; the pod's value comes with rank.env
+
+
+def stop_grace(values: dict[str, str] | None = None) -> int:
+    """Seconds a stopped rank gets to save a checkpoint before its process group is killed."""
+    text = (values or {}).get("ML_DEV_CHECKPOINT_GRACE_SECONDS") or os.environ.get("ML_DEV_CHECKPOINT_GRACE_SECONDS", "")
+    return int(text) if text.isdigit() else STOP_GRACE_DEFAULT
+
+
+def stop_signal(values: dict[str, str] | None = None) -> signal.Signals:
+    """The signal a stopped rank gets first (lifecycle.checkpointSignal; SIGTERM unless set)."""
+    name = (values or {}).get("ML_DEV_CHECKPOINT_SIGNAL") or os.environ.get("ML_DEV_CHECKPOINT_SIGNAL", "SIGTERM")
+    return getattr(signal.Signals, name, signal.SIGTERM) if name.startswith("SIG") else signal.SIGTERM
+
+
 DEBUG_PORT = 5678
 PY = "python3"
 PER_POD_ENV = (
@@ -475,15 +489,20 @@ def cmd_rank(args: argparse.Namespace) -> int:
         ["bash", "-c", 'exec "$@"', "_", *args.command], cwd=cwd, env=env, start_new_session=True, stdin=subprocess.DEVNULL
     )
 
+    grace, first = stop_grace(env), stop_signal(env)
+    stopping = threading.Lock()
+
     def stop_group() -> None:
-        if proc.poll() is not None:
+        # once: a pod stop (SIGTERM from checkpoint_stop.sh) and the launcher's EOF may both arrive; the
+        # rank gets the checkpoint signal once and `grace` seconds before its group is killed
+        if proc.poll() is not None or not stopping.acquire(blocking=False):
             return
         try:
-            os.killpg(proc.pid, signal.SIGTERM)
+            os.killpg(proc.pid, first)
         except ProcessLookupError:
             return
         try:
-            proc.wait(STOP_GRACE_SECONDS)
+            proc.wait(grace)
         except subprocess.TimeoutExpired:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -500,9 +519,11 @@ def cmd_rank(args: argparse.Namespace) -> int:
 
     if not args.no_stdin_watch:
         threading.Thread(target=watch_stdin, daemon=True).start()
+    # never wait inside the handler: it interrupts proc.wait() below, whose lock a nested wait cannot take
+    # (it would sleep out the whole grace after the rank has already exited)
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop_group())
-    with Heartbeat("rank", {"command": args.command, "cwd": args.cwd}):
+        signal.signal(sig, lambda *_: threading.Thread(target=stop_group, daemon=True).start())
+    with Heartbeat("rank", {"command": args.command, "cwd": args.cwd, "pgid": proc.pid}):
         code = proc.wait()
     # a rank killed by a signal reports 128+N like a shell
     return code if code >= 0 else 128 - code
@@ -745,7 +766,7 @@ def stop_all(procs: dict[int, subprocess.Popen]) -> None:
                 p.stdin.close()
         except OSError:
             pass
-    deadline = time.monotonic() + STOP_GRACE_SECONDS + 5
+    deadline = time.monotonic() + stop_grace(read_env_file(STATE_DIR / "rank.env")) + 5
     for p in procs.values():
         try:
             p.wait(max(0.1, deadline - time.monotonic()))

@@ -20,6 +20,7 @@
 #   ML_DEV_SERVERS="vscode jupyter tensorboard"   ML_DEV_AUTH=oauth-proxy|token
 #   ML_DEV_WORKSPACE (/workspace)  ML_DEV_STATE_DIR (/tmp/ml-dev-env)  TENSORBOARD_LOGDIR
 #   PASSWORD (code-server, token mode)  JUPYTER_TOKEN (token mode)
+#   ML_DEV_CHECKPOINT_GRACE_SECONDS (30)  ML_DEV_CHECKPOINT_SIGNAL (SIGTERM): what a stop gives each rank
 #
 # Outputs (the rank contract: other tools read these files and never recompute ranks):
 #   $ML_DEV_STATE_DIR/rank.env   `export KEY='value'` lines: ML_DEV_POD NODE_RANK NNODES GPUS_PER_NODE
@@ -149,6 +150,7 @@ read_cluster_env() {  # sets C_<KEY> from the environment, then cluster.env; fai
 # NODE_RANK is this pod's index in it. Rank = StatefulSet ordinal, unless fabricCheck.nodeRacks is set:
 # then ml_dev_rank_order (rank_order.sh, README "Fabric check") groups the pods by rack, pod 0 first.
 FABRIC_DIR="$(dirname "${BASH_SOURCE[0]}")"
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"  # logical: the mount path (the stop trap needs it early)
 RACK_AWARE=""
 if [ -r "$FABRIC_DIR/rank_order.sh" ] && [ -r "$FABRIC_DIR/fabric.json" ] && command -v python3 >/dev/null 2>&1 \
   && python3 -c 'import json, sys; sys.exit(not json.load(open(sys.argv[1])).get("nodeRacks"))' "$FABRIC_DIR/fabric.json" 2>/dev/null; then
@@ -324,8 +326,14 @@ start() {  # start <name> <command...>
   PIDS+=("$!")
 }
 SLEEP_PID=""
+# A stop (idle stop, suspend, destroy, pod deletion) sends SIGTERM to PID 1, this script. It forwards the
+# stop to the ranks of running `ml-dev run` jobs and waits up to lifecycle.checkpointGraceSeconds for them
+# to save a checkpoint and exit (checkpoint_stop.sh, also the preStop hook), and only then stops the dev
+# servers and sshd (a rank's SSH channel must outlive its checkpoint).
 stop() {
+  trap '' TERM INT
   log "stopping"
+  bash "$SCRIPT_DIR/checkpoint_stop.sh" || true
   kill "${PIDS[@]}" $SLEEP_PID 2>/dev/null || true
   exit 0
 }
@@ -352,7 +360,6 @@ supervise_sshd() {
     delay=$((delay * 2 > 60 ? 60 : delay * 2))
   done
 }
-SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"  # logical: the mount path
 if [ -r "$SCRIPT_DIR/sshd.sh" ]; then
   if PATH="$PATH:/usr/sbin:/usr/local/sbin" command -v sshd >/dev/null 2>&1; then
     { mkdir -p "$STATE_DIR/ssh" && : > "$STATE_DIR/ssh/wanted"; } 2>/dev/null || true
