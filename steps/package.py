@@ -600,7 +600,8 @@ class S3Source:
                 conn.request("GET", url.path, headers=dict(req.headers.items()))
                 resp = conn.getresponse()
                 if resp.status != 206:
-                    text = f"{where}: HTTP {resp.status} {resp.read(300).decode('utf-8', 'replace')}"
+                    detail = " ".join(resp.read(300).decode("utf-8", "replace").split())  # one line
+                    text = f"{where}: HTTP {resp.status} " + ("(no longer exists)" if resp.status == 404 else detail)
                     code = {403: EXIT_AUTH, 404: EXIT_NOT_FOUND, 412: EXIT_INTEGRITY}.get(resp.status)
                     raise StepError(text, code) if code else TransientError(text)
                 buf = memoryview(bytearray(8 * STREAM_READ))
