@@ -83,6 +83,8 @@ LAYER_TYPES = {
     LAYER_MEDIA_TYPE: LAYER_MEDIA_TYPE,
 }
 _RANGE_RE = re.compile(r"^(?:bytes=)?(\d+)-(\d+)$")
+Reader = Callable[[int, int], Iterator[memoryview]]
+"""`reader(offset, end)`: a blob's bytes from `offset`; a ranged source reads only up to `end` (the chunk's)."""
 # Slowest rate (bytes/s) at which we expect a registry to commit a blob on the final PUT: a 40 GB
 # blob gets 2000 s before the socket times out (the answer to a 0-byte request, not a stall).
 COMMIT_RATE = 20e6
@@ -147,14 +149,14 @@ class BlobPusher:
         self,
         name: str,
         size: int,
-        reader: Callable[[int], Iterator[memoryview]],
+        reader: Reader,
         digest: str | None = None,
         resume: dict[str, Any] | None = None,
         on_state: Callable[[dict[str, Any] | None], object] | None = None,
         new_hasher: Callable[[], Any] = hashlib.sha256,
         check: Callable[[Any], None] | None = None,
     ) -> str:
-        """Upload `size` bytes from `reader(offset)`; return the digest the registry accepted.
+        """Upload `size` bytes from `reader(offset, end)`; return the digest the registry accepted.
 
         `digest`, when known beforehand, lets a recovery find the finished blob by HEAD even
         before every byte has been hashed in this run. `resume` is the state an earlier run left
@@ -279,7 +281,7 @@ class BlobPusher:
         min_chunk = reply.header("OCI-Chunk-Min-Length")
         return _Upload(self.client.upload_location(reply, ""), int(min_chunk) if min_chunk.isdigit() else 0, new_hasher, check)
 
-    def _patch(self, up: _Upload, end: int, reader: Callable[[int], Iterator[memoryview]]) -> str:
+    def _patch(self, up: _Upload, end: int, reader: Reader) -> str:
         start, sent = up.acked, 0
         hasher = up.marks[start].copy()
 
@@ -292,7 +294,7 @@ class BlobPusher:
         headers = {"Content-Type": "application/octet-stream", "Content-Range": f"{start}-{end - 1}"}
         up.sent = None
         try:
-            body = _limit(reader(start), end - start)
+            body = _limit(reader(start, end), end - start)
             # The first piece before the request: readers open their source before their first piece, so a
             # source that fails (a 404, a swapped file) fails before a half-sent PATCH leaves the registry a
             # partly written chunk (distribution cannot then resume nor cancel the session: its `_state` is stale).
@@ -336,7 +338,7 @@ class BlobPusher:
         if status not in (202, 204, 404):
             log(f"{name}: cancelling the upload session answered HTTP {status}; the registry purges it later")
 
-    def _hash_at(self, up: _Upload, offset: int, reader: Callable[[int], Iterator[memoryview]]) -> None:
+    def _hash_at(self, up: _Upload, offset: int, reader: Reader) -> None:
         """Make sure the hash state at `offset` is known: continue from the nearest known one by
         reading the blob's bytes again (from the file, or the source it is streamed from)."""
         if offset in up.marks:
@@ -345,11 +347,11 @@ class BlobPusher:
         hasher = up.marks[base].copy()
         with self._count_lock:
             self.reread += offset - base
-        for piece in _limit(reader(base), offset - base) if offset > base else ():
+        for piece in _limit(reader(base, offset), offset - base) if offset > base else ():
             hasher.update(piece)
         up.marks[offset] = hasher
 
-    def _recover(self, name: str, up: _Upload, reader: Callable[[int], Iterator[memoryview]], size: int, digest: str | None) -> _Upload:
+    def _recover(self, name: str, up: _Upload, reader: Reader, size: int, digest: str | None) -> _Upload:
         """Ask the registry what it holds and continue from there.
 
         Returns the session to continue (its `acked` set to the registry's offset), a session with
@@ -517,14 +519,16 @@ class SourceHasher:
             )
 
 
-def _framed(layout: LayerLayout, body: Callable[[int], Iterator[memoryview]]) -> Callable[[int], Iterator[memoryview]]:
-    """The layer from an offset: tar header, `body(file offset)` (to the file's end), padding."""
+def _framed(layout: LayerLayout, body: Reader) -> Reader:
+    """The layer's bytes [offset, end): tar header, `body(file start, file end)` (one ranged read of just
+    the file bytes the chunk needs), padding."""
 
-    def read(offset: int) -> Iterator[memoryview]:
+    def read(offset: int, end: int) -> Iterator[memoryview]:
         head_len, size = len(layout.head), layout.file_size
+        start, stop = max(offset - head_len, 0), min(max(end - head_len, 0), size)
         # The source answers before the first piece is yielded: a 404 or refusal fails before a PATCH is sent
         # (a half-sent chunk leaves distribution a session it can neither resume nor cancel).
-        pieces = body(max(offset - head_len, 0)) if offset < head_len + size else None
+        pieces = body(start, stop) if start < stop else None
         first = next(pieces, None) if pieces is not None else None
         if offset < head_len:
             yield memoryview(layout.head)[offset:]
@@ -581,15 +585,15 @@ class S3Source:
         if not self.objects:
             raise StepError(f"no objects to package under {where}", EXIT_NOT_FOUND)
 
-    def reader(self, rel: str, layout: LayerLayout) -> Callable[[int], Iterator[memoryview]]:
+    def reader(self, rel: str, layout: LayerLayout) -> Reader:
         """Signed (botocore/auth.py S3SigV4Auth.add_auth) ranged GETs into one buffer; If-Match the listed ETag."""
         from botocore.auth import S3SigV4Auth
         from botocore.awsrequest import AWSRequest
 
         obj, where = self.objects[rel], f"GET s3://{self.bucket}/{self.objects[rel].key}"
 
-        def body(start: int) -> Iterator[memoryview]:
-            headers = {"Range": f"bytes={start}-{layout.file_size - 1}", "If-Match": f'"{obj.etag}"'}
+        def body(start: int, stop: int) -> Iterator[memoryview]:
+            headers = {"Range": f"bytes={start}-{stop - 1}", "If-Match": f'"{obj.etag}"'}
             req = AWSRequest("GET", f"{self.client.meta.endpoint_url}/{self.bucket}/{urllib.parse.quote(obj.key)}", headers)
             S3SigV4Auth(self.session.get_credentials().get_frozen_credentials(), "s3", self.client.meta.region_name).add_auth(req)
             url = urllib.parse.urlsplit(req.url)
@@ -660,13 +664,13 @@ class HfSource:
             expected = Expected(entry.size, "sha256", lfs.sha256) if lfs else Expected(entry.size, "git-sha1", entry.blob_id)
             self.objects[rel] = S3Object(rel, expected, expected.value)
 
-    def reader(self, rel: str, layout: LayerLayout) -> Callable[[int], Iterator[memoryview]]:
+    def reader(self, rel: str, layout: LayerLayout) -> Reader:
         from huggingface_hub.utils import get_session
 
         url = f"{self.endpoint}/{self.repo_id}/resolve/{self.commit}/{urllib.parse.quote(rel)}"
 
-        def body(start: int) -> Iterator[memoryview]:
-            headers = {"Range": f"bytes={start}-{layout.file_size - 1}", "Accept-Encoding": "identity"}
+        def body(start: int, stop: int) -> Iterator[memoryview]:
+            headers = {"Range": f"bytes={start}-{stop - 1}", "Accept-Encoding": "identity"}
             if self.token:
                 headers["Authorization"] = f"Bearer {self.token}"
             try:
@@ -1074,8 +1078,8 @@ def package(
     settings = UploadSettings(args.chunk_threshold, args.chunk_size, args.retries, args.retry_delay)
     pusher = BlobPusher(client, dest.repository, settings, progress)
 
-    def base_layer_reader(url: str) -> Callable[[int], Iterator[memoryview]]:
-        return lambda off: source.open_stream(url, off)
+    def base_layer_reader(url: str) -> Reader:
+        return lambda off, _end: source.open_stream(url, off)
 
     for layer in base_manifest["layers"]:
         digest, size = layer["digest"], layer["size"]
@@ -1108,7 +1112,7 @@ def package(
         if path.is_symlink():  # a symlink entry: a few KiB of headers, hashed here, no cache
             link = sha256_digest(layout.head + layout.tail)
             if not client.blob_exists(dest.repository, link):
-                pusher.push(rel, layout.size, lambda off: iter([memoryview(layout.head + layout.tail)[off:]]))
+                pusher.push(rel, layout.size, lambda off, _end: iter([memoryview(layout.head + layout.tail)[off:]]))
             else:
                 progress.advance(layout.size)
             log(f"{rel}: symbolic link to {os.readlink(path)} as {link[:19]}")
@@ -1129,7 +1133,7 @@ def package(
             cache.put(rel, path, upload={**state, "target": target} if state else None)
             return cache.path is not None  # on the workspace claim: a retry of the Task finds it
 
-        reader = lambda off: layout.read(path, off, listed=listed[rel])  # noqa: E731
+        reader = lambda off, _end: layout.read(path, off, listed=listed[rel])  # noqa: E731
         digest = pusher.push(rel, layout.size, reader, digest=known, resume=resume, on_state=remember)
         if known and known != digest:
             log(f"WARNING: {rel}: cached digest {known[:19]} was stale")
@@ -1181,7 +1185,7 @@ def package(
     config = build_config(base_config, [(rel, digest) for rel, digest, _ in layers])
     config_digest = sha256_digest(config)
     if not client.blob_exists(dest.repository, config_digest):
-        pusher.push("config", len(config), lambda off: iter([memoryview(config)[off:]]))
+        pusher.push("config", len(config), lambda off, _end: iter([memoryview(config)[off:]]))
     notes = {rel: {SOURCE_ANNOTATION: s3.tag(rel)} for rel, _, _ in layers} if s3 is not None else {}
     manifest = build_manifest(config, base_manifest["layers"], layers, str(base), base_digest, manifest_annotations(args.annotation), notes)
     # Every blob is in the registry now; only this last request makes the tag point at the image.
