@@ -9,7 +9,7 @@ plus small JSON files) and pushes it to a local docker-registry with every appro
   raw1 / raw2   the registry's blob-ingest rate with 1 / 2 parallel streams: digests computed
                 beforehand (untimed), then one monolithic PUT per file, sent with sendfile().
                 The physical reference at that parallelism.
-  ours1 / ours2 steps/package.py --jobs 1 / --jobs 2, run as the deployed script text.
+  ours1 / ours2 steps/package.py --jobs 1 / --jobs 2, run as deployed (the tools image's file tree).
   s3read        the source read alone: every object read from a moto S3 server (one signed GET each, into one
                 buffer, as the streaming packager reads), 2 streams.
   stream2       steps/package.py --source s3:// --jobs 2: S3 → registry in one pass, no model dir.
@@ -53,7 +53,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from steps.embed import step_script
+from steps.embed import write_tree
 from tests.fixtures.images import push_base
 from tests.fixtures.registry import Registry, registry_available, run_registry
 from tests.fixtures.s3 import S3Server, run_s3
@@ -357,8 +357,7 @@ def approach_ours(env: Env, name: str, jobs: int = 2) -> Result:
     scratch = env.work / name
     tmp = scratch / "tmp"
     tmp.mkdir(parents=True)
-    script = scratch / "package.py"
-    script.write_text(step_script("package"))
+    script = write_tree(scratch / "image") / "package.py"  # as deployed: the tools image's file tree
     cache = env.model_dir.parent / f".{env.model_dir.name}.digests.json"
     cache.unlink(missing_ok=True)  # cold: every layer is hashed while it is uploaded
     run = Runner(env.logs, env.cpus)
@@ -418,8 +417,7 @@ def approach_stream(env: Env, name: str, jobs: int = 2) -> Result:
     scratch = env.work / name
     tmp = scratch / "tmp"
     tmp.mkdir(parents=True)
-    script = scratch / "package.py"
-    script.write_text(step_script("package"))
+    script = write_tree(scratch / "image") / "package.py"  # as deployed: the tools image's file tree
     run = Runner(env.logs, env.cpus)
     with fresh_registry(env, name, with_base=True) as (registry, base):
         authfile = registry.authfile(scratch / "auth.json")

@@ -483,7 +483,15 @@ STEP_REQUIREMENTS_SEPARATOR = "|"
 
 
 def tools_hash(base_image: str) -> str:
-    return _hash([base_image, containerfile_text(TOOLS_CONTAINERFILE), step_requirements()])
+    """Everything the tools image depends on, the step programs' files included (a changed step rebuilds it)."""
+    from steps.embed import shipped
+
+    return _hash([base_image, containerfile_text(TOOLS_CONTAINERFILE), step_requirements(), shipped()])
+
+
+def tools_steps_config_map(base_image: str, image_stream: str, part: str) -> str:
+    """The immutable ConfigMap carrying one part of the step files (`steps.embed.SHIPPED_DIRS`) into the build."""
+    return f"{image_stream}-{part}-{tools_hash(base_image)}"  # the hash last, as in every per-hash name
 
 
 def tools_tag(base_image: str) -> str:
@@ -494,10 +502,21 @@ def tools_build_config(base_image: str, image_stream: str) -> str:
     return f"{image_stream}-{tools_hash(base_image)}"
 
 
+# The step files reach the build like the base lock does (see BASE_LOCK_DIR): ConfigMaps the builder copies
+# into the build context, here under ml-dev-env-steps/<part>, where images/tools.Containerfile COPYs them.
+TOOLS_STEPS_DIR = "ml-dev-env-steps"
+
+
 def tools_spec(base_image: str, nodes: BuildNodesConfig, image_stream: str) -> dict[str, Any]:
+    from steps.embed import SHIPPED_DIRS
+
+    steps = [
+        {"configMap": {"name": tools_steps_config_map(base_image, image_stream, part)}, "destinationDir": f"{TOOLS_STEPS_DIR}/{part}"}
+        for part in SHIPPED_DIRS
+    ]
     return {
         **_run_spec(1800, {"cpu": "1", "memory": "2Gi"}, {"cpu": "2", "memory": "4Gi"}, nodes),
-        "source": {"type": "Dockerfile", "dockerfile": containerfile_text(TOOLS_CONTAINERFILE)},
+        "source": {"type": "Dockerfile", "dockerfile": containerfile_text(TOOLS_CONTAINERFILE), "configMaps": steps},
         "strategy": {
             "type": "Docker",
             "dockerStrategy": {
@@ -543,13 +562,30 @@ class ToolsImage(pulumi.ComponentResource):
         bc_meta = k8s.meta.v1.ObjectMetaArgs(
             name=self.build_config, namespace=args.namespace, labels={**args.labels, "ml-dev-env/stage": "tools"}
         )
+        from steps.embed import shipped
+
+        # The step files, immutable ConfigMaps per tools hash (named after the BuildConfig): replaced with it.
+        files = [
+            k8s.core.v1.ConfigMap(
+                f"{name}-{part}",
+                metadata=k8s.meta.v1.ObjectMetaArgs(
+                    name=tools_steps_config_map(args.base_image, args.image_stream, part),
+                    namespace=args.namespace,
+                    labels={**args.labels, "ml-dev-env/stage": "tools"},
+                ),
+                immutable=True,
+                data=data,
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+            for part, data in shipped().items()
+        ]
         crds.custom_resource(
             f"{name}-build",
             "build.openshift.io/v1",
             "BuildConfig",
             bc_meta,
             tools_spec(args.base_image, args.build_nodes, args.image_stream),
-            pulumi.ResourceOptions(parent=self, depends_on=[stream]),
+            pulumi.ResourceOptions(parent=self, depends_on=[stream, *files]),
         )
         self.image = naming.internal_image(args.namespace, args.image_stream, tools_tag(args.base_image))
         self.register_outputs({"image": self.image})
