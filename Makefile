@@ -8,12 +8,13 @@ STACK ?= barcelona
 APT_PACKAGES := docker-registry skopeo buildah apache2-utils openssh-server openssh-client rsync pdsh libnss-wrapper shellcheck
 # Hash-locked sets compiled from the *.in files by `make lock` (tools/lock.sh, uv); .venv gets the dev lock.
 
-.PHONY: lock lock-check verify-base-lock typecheck help venv system-deps render render-all runs test lint docs diagram policy-preview bench-package bench-launch clean
+.PHONY: lock lock-check verify-base-lock typecheck help venv system-deps render render-all runs status test lint docs diagram policy-preview bench-package bench-launch clean
 
 help:
 	@echo "make render STACK=<name>   render one stack offline into rendered/<name>/ (+ schema check)"
 	@echo "make render-all            render every Pulumi.<stack>.yaml"
 	@echo "make runs STACK=<name>     state of each model's packaging run (needs oc, logged in)"
+	@echo "make status CLUSTER=<name> every environment of a cluster: owner, size, state, GPU-hours (needs oc)"
 	@echo "make test                  ruff check + format check, mypy, the whole test suite (installs what it needs)"
 	@echo "make lock                  re-lock requirements*.txt (hashes) after editing requirements*.in"
 	@echo "make verify-base-lock      install the base image's locks for real (PyPI) and pip check them"
@@ -65,6 +66,12 @@ render-all: venv
 
 runs: venv
 	$(PY) -m tools.runs $(STACK)
+
+# Who holds the GPUs: every environment of cluster $(CLUSTER) (owner, namespace, size, state, GPU-hours of 7 days)
+# from the live objects (needs oc, logged in with list rights on the namespaces). inpod/usage.py is stdlib only.
+CLUSTER ?= $(STACK)
+status:
+	set -o pipefail; oc get statefulsets,configmaps --all-namespaces -l ml-dev-env/cluster=$(CLUSTER) -o json | $(PYTHON) inpod/usage.py status --from-json -
 
 lint: venv
 	$(PY) -m ruff check .

@@ -1018,6 +1018,28 @@ class FabricCheckConfig(Model):
             )
 
 
+# ----------------------------------------------------------------------------------- environment
+
+
+class EnvironmentConfig(Model):
+    """Makes the stack an environment stack: one person's environment on a cluster stack's cluster (README "Team environments")."""
+
+    cluster: DnsLabel = Field(
+        description="The cluster stack (its `Pulumi.<cluster>.yaml` in this project) whose image, storage and network it uses."
+    )
+    name: DnsLabel = Field(
+        description="Environment name (usually the person's): every object's name carries it (`<cluster appName>-<name>`)."
+    )
+    namespace: DnsLabel | None = Field(
+        None,
+        description="Own namespace (stronger isolation: nobody with `pods/exec` in the cluster's namespace can enter "
+        "its pods); unset = the cluster's.",
+    )
+    stack_reference: str | None = Field(
+        None, description="Pulumi stack holding the cluster's `environment_facts` output; unset = `<organization>/ml-dev-env/<cluster>`."
+    )
+
+
 # ----------------------------------------------------------------------------------------- stack
 
 
@@ -1038,6 +1060,11 @@ class StackConfig(Model):
     ssh: SshConfig = Field(default_factory=SshConfig)
     fabric_check: FabricCheckConfig = Field(
         default_factory=FabricCheckConfig, description='RDMA preflight, NCCL bandwidth gate and rack-aware ranks (README "Fabric check").'
+    )
+    environment: EnvironmentConfig | None = Field(
+        None,
+        description="Set only in an environment stack (`Pulumi.<cluster>-<env>.yaml`): the cluster and the environment "
+        '(README "Team environments").',
     )
 
     @rule

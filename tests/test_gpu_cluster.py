@@ -247,7 +247,7 @@ def test_memlock_through_declared_scc_binding(barcelona: RunResult) -> None:
     }
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "ml-dev-sa", "namespace": "nccl-test"}]
     assert binding["metadata"]["name"] == "ml-dev-env-scc-nccl-rdma-scc"
-    role = barcelona.one("kubernetes:rbac.authorization.k8s.io/v1:Role").inputs
+    role = barcelona.one("kubernetes:rbac.authorization.k8s.io/v1:Role", "gpu-scc-role").inputs
     assert role["metadata"]["name"] == binding["roleRef"]["name"]
     assert role["rules"] == [
         {
@@ -353,7 +353,9 @@ def assert_restricted(result: RunResult) -> None:
     for c in pod["containers"]:
         assert c["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}, c["name"]
     assert "hostNetwork" not in pod and "hostIPC" not in pod
-    assert [r for r in result.of_type(ROLEBINDING) if r.name.startswith("gpu-")] == [] and result.of_type(SCC) == []
+    # No SCC binding (the usage recorder's binding grants only its record and scale reads).
+    assert [r for r in result.of_type(ROLEBINDING) if r.name.startswith("gpu-") and r.name != "gpu-usage-binding"] == []
+    assert result.of_type(SCC) == []
 
 
 def test_nerc_production_is_tcp_and_restricted(nerc: RunResult) -> None:

@@ -14,6 +14,7 @@ import pytest
 from dockerfile_parse import DockerfileParser
 
 from core import model_sizing
+from stacks.loader import SECRET_KEYS
 from steps.embed import EMBEDDED, STEPS, step_command, step_script
 from tests.conftest import ROOT, run_objects, stack_objects
 from tools.mock_engine import RunResult
@@ -238,10 +239,11 @@ def test_tools_image_is_built_by_the_stack(barcelona: RunResult) -> None:
 
 
 def _with_models(mutate: Any, secrets: dict[str, str] | None = None, stream: bool = True) -> RunResult:
-    """barcelona changed by `mutate`; `stream=False` starts from its PVC-mode variant (`pvc_objects`)."""
+    """barcelona changed by `mutate`; `stream=False` starts from its PVC-mode variant (`pvc_objects`); `secrets`
+    given: exactly those are set (the others unset)."""
     objects = stack_objects("barcelona") if stream else pvc_objects()
     mutate(objects)
-    return run_objects("barcelona", objects, SECRETS if secrets is None else secrets)
+    return run_objects("barcelona", objects, SECRETS if secrets is None else {**{k: None for k in SECRET_KEYS}, **secrets})
 
 
 def test_run_name_is_a_hash_of_its_inputs(barcelona: RunResult) -> None:

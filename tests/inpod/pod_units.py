@@ -185,6 +185,33 @@ class IdleAgent(unittest.TestCase):
         self.assertFalse(report["signals"][0]["ok"])
 
 
+class Usage(unittest.TestCase):
+    """inpod/usage.py: the GPU-hours arithmetic and the status rows, on every interpreter."""
+
+    NOW = 1_780_000_000.0
+
+    def setUp(self) -> None:
+        self.usage = load("usage.py")
+
+    def test_record_arithmetic(self) -> None:
+        u = self.usage
+        data = u.add_usage({u.LAST: str(int(self.NOW - 600))}, 2, 4, self.NOW, 600)
+        self.assertEqual(data[u.BUCKET + u.day(self.NOW)], "4800")
+        self.assertEqual(u.add_usage({u.LAST: "0"}, 1, 1, self.NOW, 600)[u.BUCKET + u.day(self.NOW)], "1200")
+        self.assertEqual(u.week_hours({u.BUCKET + u.day(self.NOW - d * 86400): "3600" for d in range(10)}, self.NOW), 7.0)
+
+    def test_status_rows(self) -> None:
+        sts = {
+            "kind": "StatefulSet",
+            "metadata": {"name": "a", "namespace": "ns", "labels": {"ml-dev-env/stack": "c-a"}},
+            "spec": {"replicas": 0, "template": {"spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "2"}}}]}}},
+        }
+        record = {"kind": "ConfigMap", "metadata": {"name": "a-idle-stop", "namespace": "ns"}, "data": {"x": "y"}}
+        (row,) = self.usage.environments([sts, record], self.NOW)
+        self.assertEqual((row["owner"], row["state"], row["size"], row["gpuHoursWeek"]), ("c-a", "idle-stopped", "0 × 2 GPU", 0.0))
+        self.assertIn("c-a", self.usage.table([row]))
+
+
 class Programs(unittest.TestCase):
     def test_every_program_starts(self) -> None:
         for path in program_files():
