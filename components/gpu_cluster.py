@@ -10,6 +10,7 @@ import pulumi_kubernetes as k8s
 import pulumi_random as random
 from pydantic import BaseModel, ConfigDict
 
+import inpod
 from components import crds, devloop, fabric, fabric_rbac, lifecycle, pod
 from components.storage import WorkspaceStorage, WorkspaceStorageArgs
 from core import naming
@@ -239,8 +240,15 @@ class GpuCluster(pulumi.ComponentResource):
         startup = k8s.core.v1.ConfigMap(
             f"{name}-startup",
             metadata=self._meta(naming.startup_configmap(app)),
-            # + the fabric check (fabric_check.py, fabric.json, rank_order.sh; README "Fabric check")
-            data={"startup.sh": script, **devloop.scripts(self._cfg), **lifecycle.scripts(), **fabric.configmap_files(self._cfg)},
+            # + the fabric check (fabric_check.py, fabric.json, rank_order.sh; README "Fabric check"),
+            # + the home page and the SVG plots (home_page.py, svgplot.py; always: the fabric gate draws with svgplot)
+            data={
+                "startup.sh": script,
+                **devloop.scripts(self._cfg),
+                **lifecycle.scripts(),
+                **fabric.configmap_files(self._cfg),
+                **inpod.group("home"),
+            },
             opts=self._child,
         )
         self._depends.append(startup)
@@ -362,6 +370,7 @@ class GpuCluster(pulumi.ComponentResource):
         pod_annotations = {
             "ml-dev-env/startup-sha256": pod.content_hash(script),
             "ml-dev-env/idle-agent-sha256": pod.content_hash("".join(lifecycle.scripts().values())),
+            "ml-dev-env/home-page-sha256": pod.content_hash("".join(inpod.group("home").values())),
             devloop.ANNOTATION_SSH_PORT: str(devloop.SSH_PORT),
             devloop.ANNOTATION_HASH: devloop.restart_hash(cfg),
         }

@@ -21,7 +21,8 @@ class Shipped:
     source: str
     """The file in this package."""
     group: str
-    """Which part of the stack ships it: startup (PID 1), devloop (SSH fabric, launcher), lifecycle, fabric."""
+    """Which part of the stack ships it: startup (PID 1), devloop (SSH fabric, launcher), lifecycle, fabric,
+    home (the home page and the SVG plots it and the fabric gate draw; always shipped)."""
 
 
 SHIPPED: tuple[Shipped, ...] = (
@@ -33,6 +34,8 @@ SHIPPED: tuple[Shipped, ...] = (
     Shipped("idle-warning.sh", "idle-warning.sh", "lifecycle"),
     Shipped("fabric_check.py", "fabric_check.py", "fabric"),
     Shipped("rank_order.sh", "rank_order.sh", "fabric"),
+    Shipped("home_page.py", "home_page.py", "home"),
+    Shipped("svgplot.py", "svgplot.py", "home"),
 )
 _BY_KEY = {s.key: s for s in SHIPPED}
 

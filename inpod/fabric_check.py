@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import datetime
+import importlib
 import json
 import math
 import os
@@ -858,18 +859,33 @@ def result_dirs() -> list[Path]:
     return [Path(workspace) / ".ml-dev-env" / "fabric", state_dir() / "fabric"]
 
 
+def gate_svg(result: dict) -> str | None:
+    """The bus-bandwidth curve against the expectation (svgplot.gate_curve); None without svgplot.py."""
+    if str(PROGRAM.parent) not in sys.path:
+        sys.path.append(str(PROGRAM.parent))
+    try:
+        svgplot = importlib.import_module("svgplot")
+    except ImportError:
+        return None
+    return svgplot.gate_curve(result)
+
+
 def write_result(result: dict) -> list[Path]:
     text = table(result)
+    svg = gate_svg(result)
     stamp = result["time"].replace(":", "").replace("-", "")
     written = []
     for d in result_dirs():
         try:
             ensure(d)
-            for name, content in (
+            files = [
                 (f"gate-{stamp}.json", json.dumps(result, indent=2)),
                 ("latest.json", json.dumps(result, indent=2)),
                 ("latest.txt", text),
-            ):
+            ]
+            if svg is not None:  # the curve next to its JSON (svgplot.py, shipped beside this program)
+                files += [(f"gate-{stamp}.svg", svg), ("latest.svg", svg)]
+            for name, content in files:
                 tmp = d / f".{name}.tmp"
                 tmp.write_text(content + ("" if content.endswith("\n") else "\n"))
                 tmp.replace(d / name)

@@ -374,6 +374,14 @@ if [ "$ORDINAL" -eq 0 ]; then
         fi
         start tensorboard tensorboard --logdir "$logdir" --host "$BIND" --port 6006
         ;;
+      home)
+        # the environment's home page (home_page.py, next to this script); behind its OAuth proxy only
+        if command -v python3 >/dev/null 2>&1; then
+          start home python3 "$(dirname "${BASH_SOURCE[0]}")/home_page.py" serve --listen "$BIND:8090"
+        else
+          warn "no python3 in the image: no home page"
+        fi
+        ;;
       *) warn "unknown dev server '$server' ignored" ;;
     esac
   done

@@ -324,7 +324,14 @@ _ServerToggles = create_model(  # type: ignore[call-overload]
     "_ServerToggles",
     __base__=Model,
     **{
-        s.name: (bool, Field(True, description=f"Run {s.title} on pod 0 (port {s.port}), reachable at an https Route."))
+        s.name: (
+            bool,
+            Field(
+                True,
+                description=f"Run {s.title} on pod 0 (port {s.port}), reachable at an https Route."
+                + ("" if s.on_under_token_auth else " Off under auth 'token' unless set (then refused: no login of its own)."),
+            ),
+        )
         for s in DEV_SERVERS
         if s.routed
     },
@@ -349,7 +356,8 @@ class AccessConfig(_ServerToggles):
     @rule
     def _servers_without_auth_need_proxy(self) -> Iterator[ConfigProblem]:
         for s in routed_servers():
-            if self.auth == "token" and getattr(self, s.name) and not s.has_own_auth:
+            explicit = s.on_under_token_auth or s.name in self.model_fields_set
+            if self.auth == "token" and getattr(self, s.name) and not s.has_own_auth and explicit:
                 yield ConfigProblem(
                     s.name,
                     True,
@@ -359,11 +367,12 @@ class AccessConfig(_ServerToggles):
     @property
     def servers(self) -> list[str]:
         """Names of the enabled routed servers, in table order."""
-        return [s.name for s in routed_servers() if getattr(self, s.name)]
+        return [s.name for s in self.enabled()]
 
     def enabled(self) -> list[DevServer]:
-        """The enabled routed servers (rows of core/servers.py), in table order."""
-        return [s for s in routed_servers() if getattr(self, s.name)]
+        """The enabled routed servers (rows of core/servers.py), in table order; under auth 'token' never one
+        without its own login (the rule above refuses those that are on explicitly)."""
+        return [s for s in routed_servers() if getattr(self, s.name) and (self.auth != "token" or s.has_own_auth)]
 
 
 # --------------------------------------------------------------------------------------- storage
