@@ -4,8 +4,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STACK ?= barcelona
-# Debian packages the tests and benchmarks use for real (registry, skopeo, buildah, htpasswd).
-APT_PACKAGES := docker-registry skopeo buildah apache2-utils openssh-server openssh-client rsync pdsh libnss-wrapper
+# Debian packages the tests and benchmarks use for real (registry, skopeo, buildah, htpasswd, headless chromium).
+APT_PACKAGES := docker-registry skopeo buildah apache2-utils openssh-server openssh-client rsync pdsh libnss-wrapper chromium chromium-driver
 # Hash-locked sets compiled from the *.in files by `make lock` (tools/lock.sh, uv); .venv gets the dev lock.
 
 .PHONY: lock lock-check verify-base-lock typecheck help venv system-deps render render-all runs test lint docs diagram policy-preview bench-package bench-launch clean

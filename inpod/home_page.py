@@ -282,7 +282,7 @@ def pods_html(col: Collector, plots: Any) -> str:
             t0 = history[-1][0]
             count = max(len(u) for _, u in history)
             series = [{"label": f"GPU {i}", "points": [((t - t0) / 60, u[i]) for t, u in history if i < len(u)]} for i in range(count)]
-            plot = plots.line_chart(series, width=320, height=110, y_max=100, legend=False, x_label="minutes (last hour)")
+            plot = plots.line_chart(series, width=320, height=110, y_max=100, x_range=(-60, 0), legend=False, x_label="minutes ago (GPU %)")
         ssh = signal_of(report, "ssh") or {}
         launcher = signal_of(report, "launcher") or {}
         sessions = len(ssh.get("detail", {}).get("records", [])) + len(ssh.get("detail", {}).get("sessionProcesses", []))
@@ -371,7 +371,7 @@ def fragment(col: Collector, now: float | None = None) -> str:
 
 STYLE = """
 body{font-family:system-ui,sans-serif;margin:0;background:#f4f5f7;color:#222}
-header{background:#151c28;color:#fff;padding:10px 20px}header h1{font-size:20px;margin:0}
+header{background:#151c28;color:#fff;padding:12px 20px}header h1{font-size:20px;margin:0 0 8px 0}
 nav a{color:#fff;background:#2c6ecb;padding:4px 10px;border-radius:4px;margin-right:8px;text-decoration:none}
 main{padding:12px 20px}.card{background:#fff;border-radius:6px;padding:8px 16px;margin-bottom:12px;box-shadow:0 1px 2px #0002}
 h2{font-size:16px;margin:6px 0}h3{font-size:14px;margin:6px 0}table{border-collapse:collapse}

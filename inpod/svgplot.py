@@ -49,11 +49,13 @@ def line_chart(
     x_log2: bool = False,
     x_format: Callable[[float], str] = fmt,
     y_max: float | None = None,
+    x_range: tuple[float, float] | None = None,
     hlines: Sequence[tuple[float, str, str]] = (),
     legend: bool = True,
 ) -> str:
     """An SVG document: one polyline per series (x ascending), optional horizontal reference lines
-    (value, label, color). `x_log2` spaces x on a log2 scale (message sizes)."""
+    (value, label, color). `x_log2` spaces x on a log2 scale (message sizes); `x_range` fixes the x axis
+    (points outside it are clipped to its edges)."""
     left, right, top, bottom = 52, 12, 24 if title else 10, 36
     plot_w, plot_h = width - left - right, height - top - bottom
     xs = [float(p[0]) for s in series for p in _points(s)]
@@ -63,12 +65,14 @@ def line_chart(
         return math.log2(x) if x_log2 and x > 0 else x
 
     x_lo, x_hi = (min(map(xt, xs)), max(map(xt, xs))) if xs else (0.0, 1.0)
+    if x_range is not None:
+        x_lo, x_hi = xt(x_range[0]), xt(x_range[1])
     if x_hi <= x_lo:
         x_hi = x_lo + 1
     top_y = y_max if y_max is not None else nice_max(max(ys) * 1.05 if ys else 1.0)
 
     def px(x: float) -> float:
-        return left + (xt(x) - x_lo) / (x_hi - x_lo) * plot_w
+        return left + (min(max(xt(x), x_lo), x_hi) - x_lo) / (x_hi - x_lo) * plot_w
 
     def py(y: float) -> float:
         return top + plot_h - min(max(y, 0.0), top_y) / top_y * plot_h
