@@ -92,7 +92,10 @@ def line_chart(
         out.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e5e5e5"/>')
         out.append(f'<text x="{left - 4}" y="{y + 4:.1f}" text-anchor="end" fill="#555">{esc(fmt(value))}</text>')
     # x ticks: every point of the first series on a log scale (thinned), else 5 steps
+    every_x = sorted(set(xs))
     ticks = sorted({float(p[0]) for p in _points(series[0])}) if (series and x_log2) else []
+    if not x_log2 and x_range is None and every_x and len(every_x) <= 12 and all(x == int(x) for x in every_x):
+        ticks = every_x  # run numbers, rounds: whole numbers only
     if not ticks:
         ticks = [x_lo + (x_hi - x_lo) * i / 4 for i in range(5)]
     stride = max(1, math.ceil(len(ticks) / 8))

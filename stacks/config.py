@@ -611,7 +611,7 @@ class S3Upload(Model):
 
 
 class ModelConfig(Model):
-    """One model to package as a KServe modelcar (README: "Model-packaging pipeline")."""
+    """One model to package as a KServe modelcar (docs: Models, "Packaging pipeline")."""
 
     name: DnsLabel = Field(description="Short name; the PipelineRun and internal ImageStream derive from it.")
     source: ModelSource = Field(description="Where the weights come from.")
@@ -849,7 +849,7 @@ class SshConfig(Model):
 
 
 class FabricCheckConfig(Model):
-    """RDMA preflight, NCCL bandwidth gate and rack-aware ranks (README "Fabric check")."""
+    """RDMA preflight, NCCL bandwidth gate and rack-aware ranks (docs: Operate, "Fabric check")."""
 
     link_gbps: float | None = Field(
         None,
@@ -933,7 +933,8 @@ class StackConfig(Model):
     lifecycle: LifecycleConfig = Field(default_factory=LifecycleConfig)
     ssh: SshConfig = Field(default_factory=SshConfig)
     fabric_check: FabricCheckConfig = Field(
-        default_factory=FabricCheckConfig, description='RDMA preflight, NCCL bandwidth gate and rack-aware ranks (README "Fabric check").'
+        default_factory=FabricCheckConfig,
+        description='RDMA preflight, NCCL bandwidth gate and rack-aware ranks (docs: Operate, "Fabric check").',
     )
 
     @rule

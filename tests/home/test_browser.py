@@ -4,8 +4,9 @@ Nothing is downloaded at run time: Selenium gets the driver's path and the brows
 SE_OFFLINE keeps Selenium Manager from looking anything up. The test checks what the state implies (an
 idle environment shows its stop time, a failed gate is red, a busy GPU shows busy after a refresh that
 is not a reload), that the console logged no error, and that a `<script>` in a command line is text.
-It saves the screenshot the docs show (docs/img/home-page.png) when ML_DEV_WRITE_SCREENSHOTS=1
-(`make screenshots`), else under the test's temporary directory.
+It saves the screenshot the docs show (docs/img/home-page.png, and the failed gate's curve as
+docs/img/fabric-gate.svg) when ML_DEV_WRITE_SCREENSHOTS=1 (`make screenshots`), else the screenshot goes
+under the test's temporary directory.
 """
 
 from __future__ import annotations
@@ -88,10 +89,18 @@ def test_home_page_in_chromium(environment: Environment, browser: Any, tmp_path:
     wait(browser, lambda: bool(js(browser, curve)), "the curve")
 
     env.busy()
-    wait(browser, lambda: "GPU 0: 87% busy" in text_of(browser, "pods") and "train.py" in text_of(browser, "live"), "busy")
+    # the GPU table follows the page's own sampling, the idle state pod 0's agent's next round: wait for both
+    wait(
+        browser,
+        lambda: (
+            "GPU 0: 87% busy" in text_of(browser, "pods")
+            and "train.py" in text_of(browser, "live")
+            and "in use" in text_of(browser, "idle-state")
+        ),
+        "busy",
+    )
     assert browser.execute_script("return window.__notReloaded === true;"), "the page refreshed by a full reload"
     assert style_of(browser, "#pods .gpu.busy", "backgroundColor") == "rgb(30, 142, 62)", "a busy GPU shows busy (green)"
-    assert "in use" in text_of(browser, "idle-state")
     runs = js(browser, "return Array.from(document.querySelectorAll('li.run code')).map(function (c) { return c.textContent; });")
     assert any(INJECTED in r for r in runs), runs
     assert browser.execute_script("return window.__xss;") is None, "the injected script ran"
@@ -103,6 +112,10 @@ def test_home_page_in_chromium(environment: Environment, browser: Any, tmp_path:
 
     errors = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
     assert not errors, errors
-    shot = SCREENSHOT if os.environ.get("ML_DEV_WRITE_SCREENSHOTS") == "1" else tmp_path / "home-page.png"
+    write = os.environ.get("ML_DEV_WRITE_SCREENSHOTS") == "1"
+    shot = SCREENSHOT if write else tmp_path / "home-page.png"
     shot.parent.mkdir(parents=True, exist_ok=True)
     assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+    if write:  # the docs' fabric-check page shows the curve this failed gate drew
+        curve = env.workspace / ".ml-dev-env" / "fabric" / "latest.svg"
+        (SCREENSHOT.parent / "fabric-gate.svg").write_text(curve.read_text())
