@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import shutil
+import subprocess
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
+from pathlib import Path
+
+import pytest
 
 from tests.conftest import ROOT
 from tests.home.conftest import INJECTED, Environment, fabric_result, load
@@ -69,3 +76,36 @@ def test_plot_escapes_its_text() -> None:
     root = ET.fromstring(out)
     assert not list(root.iter(f"{SVG}script")) and not list(root.iter("script"))
     assert INJECTED in [t.text for t in root.iter(f"{SVG}text")], "shown as text"
+
+
+def oldest_python() -> str | None:
+    """A working Python 3.8 on this machine (pyenv or PATH), the oldest the pods' images may run."""
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    candidates = [str(p) for p in sorted(root.glob("versions/3.8.*/bin/python3.8"))] + [shutil.which("python3.8") or ""]
+    for candidate in filter(None, candidates):
+        check = [candidate, "-c", "import sys; sys.exit(sys.version_info[:2] != (3, 8))"]
+        if subprocess.run(check, capture_output=True, timeout=30, check=False).returncode == 0:  # a pyenv shim may not be
+            return candidate
+    return None
+
+
+def test_page_and_curve_run_on_python_3_8(environment: Environment, tmp_path: Path) -> None:
+    python = oldest_python()
+    if python is None:
+        pytest.skip("no Python 3.8 here (PATH or pyenv): cannot check the oldest interpreter the pods may have")
+    env = environment
+    env.start()
+    rendered = subprocess.run(
+        [python, str(ROOT / "inpod" / "home_page.py"), "render"],
+        env={"PATH": "/usr/bin:/bin", "ML_DEV_STATE_DIR": str(env.pods[0].state), "ML_DEV_WORKSPACE": str(env.workspace),
+             "ML_DEV_IDLE_SETTINGS": str(env.settings), "ML_DEV_HOME_AGENTS": " ".join(f"{p.name}={p.address()}" for p in env.pods)},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert rendered.returncode == 0, rendered.stderr
+    assert "ml-dev-env-1" in rendered.stdout and 'id="fabric-status" class="bad">FAIL' in rendered.stdout
+    curve = subprocess.run(
+        [python, "-c", "import json, sys, svgplot; sys.stdout.write(svgplot.gate_curve(json.load(sys.stdin)))"],
+        input=json.dumps(fabric_result(env)), cwd=ROOT / "inpod", capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert curve.returncode == 0, curve.stderr
+    assert ET.fromstring(curve.stdout).tag == f"{SVG}svg"
