@@ -95,9 +95,9 @@ docs: venv
 # Rewrites the generated blocks of the site (configuration reference, presets, stack outputs, step exit
 # codes, architecture diagrams) from the code; tests fail while one is stale.
 docs-generate: venv
-	$(PY) -m tools.config_reference --write docs/reference/configuration.md docs/operate/images.md
-	$(PY) -m tools.docs_reference --write docs/reference/outputs.md docs/reference/exit-codes.md
-	$(PY) -m tools.diagram --write docs/reference/architecture.md
+	$(PY) -m tools.config_reference --write docs/ref/configuration.md docs/operate/images.md
+	$(PY) -m tools.docs_reference --write docs/ref/outputs.md docs/ref/exit-codes.md
+	$(PY) -m tools.diagram --write docs/ref/architecture.md
 
 # The home page screenshot the docs show (docs/img/home-page.png), taken by the browser test.
 screenshots: venv system-deps

@@ -87,7 +87,7 @@ class GpuCluster(pulumi.ComponentResource):
         self._identity()
         self._memlock_privileges()
         self._sriov_attachments()
-        # rack-aware ranks read the pods' nodes (fabricCheck.nodeRacks; README "Fabric check")
+        # rack-aware ranks read the pods' nodes (fabricCheck.nodeRacks; docs/operate/fabric-check.md)
         self._depends += fabric_rbac.pod_reader(name, self._cfg, self._labels, self._child)
         self.storage = self._storage()
         script = pod.startup_script()
@@ -240,7 +240,7 @@ class GpuCluster(pulumi.ComponentResource):
         startup = k8s.core.v1.ConfigMap(
             f"{name}-startup",
             metadata=self._meta(naming.startup_configmap(app)),
-            # + the fabric check (fabric_check.py, fabric.json, rank_order.sh; README "Fabric check"),
+            # + the fabric check (fabric_check.py, fabric.json, rank_order.sh; docs/operate/fabric-check.md),
             # + the home page and the SVG plots (home_page.py, svgplot.py; always: the fabric gate draws with svgplot)
             data={
                 "startup.sh": script,

@@ -861,8 +861,12 @@ def result_dirs() -> list[Path]:
 
 def gate_svg(result: dict) -> str | None:
     """The bus-bandwidth curve against the expectation (svgplot.gate_curve); None without svgplot.py."""
-    if str(PROGRAM.parent) not in sys.path:
-        sys.path.append(str(PROGRAM.parent))
+    # The mount directory as invoked (/opt/ml-dev-env), not the resolved one: the kubelet swaps the `..data`
+    # symlink to a new `..<timestamp>` directory on a ConfigMap update and removes the old one
+    # (kubernetes pkg/volume/util/atomic_writer.go, AtomicWriter.Write); the key symlinks always resolve.
+    here = str(Path(__file__).absolute().parent)
+    if here not in sys.path:
+        sys.path.append(here)
     try:
         svgplot = importlib.import_module("svgplot")
     except ImportError:

@@ -45,7 +45,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-PROGRAM = Path(__file__).resolve()
 HISTORY_SECONDS = 3600
 LINKS = (("vscode", "VS Code"), ("jupyter", "Jupyter"), ("tensorboard", "TensorBoard"))
 
@@ -64,8 +63,11 @@ def esc(value: object) -> str:
 
 def svgplot() -> Any:
     """svgplot.py ships next to this program (startup ConfigMap); None when it is missing."""
-    if str(PROGRAM.parent) not in sys.path:
-        sys.path.append(str(PROGRAM.parent))
+    # The mount directory as invoked, not the resolved `..<timestamp>` one the kubelet removes when the
+    # ConfigMap changes (kubernetes pkg/volume/util/atomic_writer.go, AtomicWriter.Write).
+    here = str(Path(__file__).absolute().parent)
+    if here not in sys.path:
+        sys.path.append(here)
     try:
         return importlib.import_module("svgplot")
     except ImportError:
@@ -243,7 +245,7 @@ def idle_html(col: Collector, settings: dict[str, Any], now: float) -> str:
         left = stop_at - now
         if decision.get("warning"):
             state, cls = f"idle: stops at {clock(stop_at)} (in {ago(left)}) unless something happens", "warn"
-        elif now - last < 90:
+        elif now - last < max(90.0, 2 * float(settings.get("intervalSeconds", 60))):  # active at the agent's last round
             state, cls = f"in use: would stop at {clock(stop_at)} if nothing happens from now", "ok"
         else:
             state, cls = f"idle for {ago(now - last)}: stops at {clock(stop_at)} (in {ago(left)})", "warn"

@@ -147,7 +147,7 @@ read_cluster_env() {  # sets C_<KEY> from the environment, then cluster.env; fai
 
 # The rank order, decided in this one place: RANK_PODS lists the pod names in rank order and
 # NODE_RANK is this pod's index in it. Rank = StatefulSet ordinal, unless fabricCheck.nodeRacks is set:
-# then ml_dev_rank_order (rank_order.sh, README "Fabric check") groups the pods by rack, pod 0 first.
+# then ml_dev_rank_order (rank_order.sh, docs/operate/fabric-check.md) groups the pods by rack, pod 0 first.
 FABRIC_DIR="$(dirname "${BASH_SOURCE[0]}")"
 RACK_AWARE=""
 if [ -r "$FABRIC_DIR/rank_order.sh" ] && [ -r "$FABRIC_DIR/fabric.json" ] && command -v python3 >/dev/null 2>&1 \
@@ -330,7 +330,7 @@ trap stop TERM INT
 # --- SSH fabric on every pod (dev loop: sshd.sh, next to this script in the startup ConfigMap) ----
 if [ -r "$(dirname "$0")/sshd.sh" ]; then start sshd bash "$(dirname "$0")/sshd.sh"; fi
 
-# --- fabric check hold (fabricCheck.onDeploy; README "Fabric check") ----------------------------
+# --- fabric check hold (fabricCheck.onDeploy; docs/operate/fabric-check.md) ----------------------------
 # Pod 0 only. `fabric_check.py hold` returns at once unless fabric.json has onDeploy; then it retries
 # preflight + gate until they pass or onDeployTimeoutSeconds, and keeps holding until a passing
 # `fabric_check.py gate` or `fabric_check.py release`. Dev servers and readiness wait for it.

@@ -116,8 +116,8 @@ def test_prints_every_stack_by_default(capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_readme_architecture_block_is_current(capsys: pytest.CaptureFixture[str]) -> None:
-    readme = Path(__file__).resolve().parent.parent / "docs" / "reference" / "architecture.md"
+    readme = Path(__file__).resolve().parent.parent / "docs" / "ref" / "architecture.md"
     if diagram.START not in readme.read_text():
-        pytest.skip("docs/reference/architecture.md has no architecture markers yet")
+        pytest.skip("docs/ref/architecture.md has no architecture markers yet")
     assert diagram.main(["--check", str(readme)]) == 0, "the architecture page is stale: run `make docs-generate`"
     capsys.readouterr()

@@ -16,12 +16,12 @@ README_MAX_LINES = 250
 
 
 def test_config_reference_is_current() -> None:
-    page = (DOCS / "reference" / "configuration.md").read_text()
-    assert config_reference.generate() in page, "docs/reference/configuration.md is stale: run `make docs-generate`"
+    page = (DOCS / "ref" / "configuration.md").read_text()
+    assert config_reference.generate() in page, "docs/ref/configuration.md is stale: run `make docs-generate`"
 
 
 def test_outputs_and_exit_codes_are_current() -> None:
-    pages = [str(DOCS / "reference" / "outputs.md"), str(DOCS / "reference" / "exit-codes.md")]
+    pages = [str(DOCS / "ref" / "outputs.md"), str(DOCS / "ref" / "exit-codes.md")]
     assert docs_reference.main(["--check", *pages]) == 0, "run `make docs-generate`"
     for block, (start, _) in docs_reference.blocks():
         assert any(start in Path(p).read_text() for p in pages), f"no page holds {start}"

@@ -1,6 +1,6 @@
 """Generate the configuration reference and the presets table from the code (`make docs-generate`).
 
-The blocks live in the documentation site (docs/reference/configuration.md, docs/operate/images.md);
+The blocks live in the documentation site (docs/ref/configuration.md, docs/operate/images.md);
 a test checks that they contain exactly what this prints, so the reference cannot drift.
 """
 

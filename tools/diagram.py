@@ -6,8 +6,8 @@ component's direct children by kind with counts. Output is deterministic (sorted
 values), so the docs block only changes when the architecture does.
 
     python tools/diagram.py [STACK ...]               print the diagrams (default: every stack)
-    python tools/diagram.py --write docs/reference/architecture.md   replace the block between the markers
-    python tools/diagram.py --check docs/reference/architecture.md   exit 1 if that block is stale
+    python tools/diagram.py --write docs/ref/architecture.md   replace the block between the markers
+    python tools/diagram.py --check docs/ref/architecture.md   exit 1 if that block is stale
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("stacks", nargs="*", help="stack names (default: every Pulumi.<stack>.yaml)")
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--write", metavar="FILE", help="replace the architecture block of FILE (e.g. docs/reference/architecture.md)")
+    mode.add_argument("--write", metavar="FILE", help="replace the architecture block of FILE (e.g. docs/ref/architecture.md)")
     mode.add_argument("--check", metavar="FILE", help="exit 1 if FILE's architecture block is not up to date")
     args = parser.parse_args(argv)
     stacks = args.stacks or stacks_in()

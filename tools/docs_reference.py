@@ -6,7 +6,7 @@
 * exit codes: the model pipeline steps' codes, read from steps/lib/runtime.py (`EXIT_* = n` with the
   comment above each).
 
-    python -m tools.docs_reference --write docs/reference/outputs.md docs/reference/exit-codes.md
+    python -m tools.docs_reference --write docs/ref/outputs.md docs/ref/exit-codes.md
     python -m tools.docs_reference --check ...   exit 1 when a block is stale
 """
 
