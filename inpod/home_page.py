@@ -226,8 +226,11 @@ def section(title: str, body: str, cls: str = "") -> str:
 
 def links_html(settings: dict[str, Any]) -> str:
     app, ns = env("APP_NAME"), env("POD_NAMESPACE")
+    enabled = env("ML_DEV_SERVERS").split()  # the pod's enabled dev servers (components/pod.py); unset: all
     items = []
     for name, title in LINKS:
+        if enabled and name not in enabled:
+            continue
         # The Routes are <app>-<server>-<namespace>.<apps domain>: app.js derives each from this page's host.
         items.append(f'<a class="ide" data-server="{esc(name)}" href="#">{esc(title)}</a>')
     return f'<nav id="links" data-app="{esc(app)}" data-namespace="{esc(ns)}">{" ".join(items)}</nav>'

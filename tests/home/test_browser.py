@@ -26,6 +26,7 @@ from tests.home.conftest import INJECTED, Environment
 CHROMIUM = shutil.which("chromium")
 DRIVER = shutil.which("chromedriver")
 SCREENSHOT = ROOT / "docs" / "img" / "home-page.png"
+APPS = "apps.example.test"  # a cluster's apps domain; the Routes are <app>-<server>-<namespace>.<apps domain>
 
 pytestmark = pytest.mark.skipif(
     not (CHROMIUM and DRIVER), reason="needs Debian's chromium and chromium-driver (make system-deps installs them as root)"
@@ -40,7 +41,16 @@ def browser(tmp_path: Path) -> Iterator[Any]:
 
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
-    for arg in ("--headless=new", "--disable-gpu", "--no-first-run", "--window-size=1280,1250", f"--user-data-dir={tmp_path / 'profile'}"):
+    # the page's Route host resolves to the loopback server: the IDE links are derived from it as on a cluster
+    resolve = f"--host-resolver-rules=MAP *.{APPS} 127.0.0.1"
+    for arg in (
+        "--headless=new",
+        "--disable-gpu",
+        "--no-first-run",
+        "--window-size=1280,1250",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        resolve,
+    ):
         options.add_argument(arg)
     if os.geteuid() == 0:
         options.add_argument("--no-sandbox")  # chromium refuses to run as root with its sandbox
@@ -80,7 +90,7 @@ def style_of(driver: Any, selector: str, prop: str) -> str:
 
 def test_home_page_in_chromium(environment: Environment, browser: Any, tmp_path: Path) -> None:
     env = environment
-    browser.get(env.start())
+    browser.get(env.start().replace("127.0.0.1", f"ml-dev-env-home-nccl-test.{APPS}"))
     wait(browser, lambda: "idle: stops at" in text_of(browser, "idle-state") and "ml-dev-env-1" in text_of(browser, "pods"), "idle")
     browser.execute_script("window.__notReloaded = true;")
     assert "FAIL" in text_of(browser, "fabric-status")
@@ -106,9 +116,9 @@ def test_home_page_in_chromium(environment: Environment, browser: Any, tmp_path:
     assert browser.execute_script("return window.__xss;") is None, "the injected script ran"
     assert not browser.find_elements("xpath", "//script[contains(., '__xss')]"), "the injected script became an element"
     wait(browser, lambda: js(browser, "return document.querySelectorAll('#pods svg polyline').length;") >= 2, "the utilisation plots")
-    # links to the IDEs follow this page's Route host; on 127.0.0.1 there is none, so no dead link
+    # links to the IDEs: their Routes, siblings of this page's own
     hrefs = js(browser, "return Array.from(document.querySelectorAll('a.ide')).map(function (a) { return a.getAttribute('href'); });")
-    assert hrefs == [None, None, None], hrefs
+    assert hrefs == [f"http://ml-dev-env-{server}-nccl-test.{APPS}/" for server in ("vscode", "jupyter", "tensorboard")], hrefs
 
     errors = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
     assert not errors, errors
