@@ -13,6 +13,12 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
+MIN_PYTHON = (3, 8)
+"""The oldest `python3` the in-pod programs run on; the one place that says so. The presets' images carry 3.10
+and 3.12; 3.8 keeps older CUDA images (Ubuntu 20.04) working. Enforced by ruff's per-file target version
+(pyproject.toml, checked against this) and by tests/inpod, which runs the programs' unit tests under every
+CPython from this one to the newest found (pyenv or PATH)."""
+
 
 @dataclass(frozen=True)
 class Shipped:

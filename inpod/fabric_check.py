@@ -42,8 +42,23 @@ import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 PROGRAM = Path(__file__).resolve()
+
+
+def sibling(name: str) -> Any:
+    """A program shipped next to this one in the startup ConfigMap (this script's directory is sys.path[0]);
+    None when it is missing (an older ConfigMap, or this file imported as a module by a test). Imported at
+    start: the kubelet swaps the ConfigMap's `..data` symlink to a new `..<timestamp>` directory on an update
+    and removes the old one (kubernetes pkg/volume/util/atomic_writer.go, AtomicWriter.Write)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+SVGPLOT = sibling("svgplot")  # the gate's curve (svgplot.gate_curve)
 GIB = 1 << 30
 
 
@@ -56,7 +71,7 @@ def env(name: str, default: str = "") -> str:
 
 def utc_now() -> str:
     # timezone.utc, not datetime.UTC: the pods' python3 may be older than 3.11 (CUDA devel images)
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")  # noqa: UP017
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def state_dir() -> Path:
@@ -861,17 +876,7 @@ def result_dirs() -> list[Path]:
 
 def gate_svg(result: dict) -> str | None:
     """The bus-bandwidth curve against the expectation (svgplot.gate_curve); None without svgplot.py."""
-    # The mount directory as invoked (/opt/ml-dev-env), not the resolved one: the kubelet swaps the `..data`
-    # symlink to a new `..<timestamp>` directory on a ConfigMap update and removes the old one
-    # (kubernetes pkg/volume/util/atomic_writer.go, AtomicWriter.Write); the key symlinks always resolve.
-    here = str(Path(__file__).absolute().parent)
-    if here not in sys.path:
-        sys.path.append(here)
-    try:
-        svgplot = importlib.import_module("svgplot")
-    except ImportError:
-        return None
-    return svgplot.gate_curve(result)
+    return SVGPLOT.gate_curve(result) if SVGPLOT is not None else None
 
 
 def write_result(result: dict) -> list[Path]:

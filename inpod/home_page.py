@@ -61,17 +61,22 @@ def esc(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
-def svgplot() -> Any:
-    """svgplot.py ships next to this program (startup ConfigMap); None when it is missing."""
-    # The mount directory as invoked, not the resolved `..<timestamp>` one the kubelet removes when the
-    # ConfigMap changes (kubernetes pkg/volume/util/atomic_writer.go, AtomicWriter.Write).
-    here = str(Path(__file__).absolute().parent)
-    if here not in sys.path:
-        sys.path.append(here)
+def sibling(name: str) -> Any:
+    """A program shipped next to this one in the startup ConfigMap (this script's directory is sys.path[0]);
+    None when it is missing. Imported at start: the kubelet swaps the ConfigMap's `..data` symlink to a new
+    `..<timestamp>` directory on an update and removes the old one (kubernetes
+    pkg/volume/util/atomic_writer.go, AtomicWriter.Write)."""
     try:
-        return importlib.import_module("svgplot")
+        return importlib.import_module(name)
     except ImportError:
         return None
+
+
+SVGPLOT = sibling("svgplot")  # the plots; without it the page shows no plot
+
+
+def svgplot() -> Any:
+    return SVGPLOT
 
 
 def load_settings() -> dict[str, Any]:

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # ml-dev-env idle-stop warning for interactive shells (sourced from ~/.bashrc; oc rsh, ssh, IDE terminals).
 # The idle agent writes $ML_DEV_STATE_DIR/idle-warning while a stop is pending and removes it on activity.
 __ml_dev_idle_warning() {

@@ -47,7 +47,7 @@ import urllib.parse
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 AGENT = "ml-dev-env-idle-agent"
 GPU_QUERY = "index,uuid,utilization.gpu,utilization.memory,memory.used"
@@ -136,8 +136,8 @@ def parse_gpu_csv(text: str) -> list[dict[str, Any]]:
         index, uuid, util, mem_util, mem_used = cells
 
         def number(cell: str, unit: str) -> float:
-            value = cell.removesuffix(unit).strip()
-            return float(value)  # '[N/A]', '[Not Supported]' raise: the GPU cannot be judged
+            value = cell[: -len(unit)] if cell.endswith(unit) else cell  # str.removesuffix is 3.9+
+            return float(value.strip())  # '[N/A]', '[Not Supported]' raise: the GPU cannot be judged
 
         gpus.append(
             {
@@ -281,15 +281,28 @@ def probe_jupyter(now: float) -> dict[str, Any]:
     )
 
 
+def guarded(name: str, probe: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """A probe's signal; any exception it did not expect is a failed probe (counts as active), never a crash."""
+    try:
+        return probe()
+    except Exception as exc:
+        return signal(name, False, error=f"{type(exc).__name__}: {exc}")
+
+
 def local_activity(settings: dict[str, Any]) -> dict[str, Any]:
     now = time.time()
-    signals = [probe_gpu(settings), probe_terminals(now), probe_ssh(), probe_launcher(now)]
+    signals = [
+        guarded("gpu", lambda: probe_gpu(settings)),
+        guarded("terminals", lambda: probe_terminals(now)),
+        guarded("ssh", probe_ssh),
+        guarded("launcher", lambda: probe_launcher(now)),
+    ]
     # the IDE servers run on pod 0 only (startup.sh); workers report only their own signals
     if is_rank0():
         if "vscode" in settings.get("servers", []):
-            signals.append(probe_vscode(now))
+            signals.append(guarded("vscode", lambda: probe_vscode(now)))
         if "jupyter" in settings.get("servers", []):
-            signals.append(probe_jupyter(now))
+            signals.append(guarded("jupyter", lambda: probe_jupyter(now)))
     return {"pod": env("POD_NAME") or env("HOSTNAME"), "node": env("NODE_NAME") or None, "time": now, "signals": signals}
 
 
@@ -319,7 +332,7 @@ def peers(settings: dict[str, Any]) -> list[tuple[str, str]]:
     if not pods or len(pods) != len(hosts):
         raise ValueError("rank.env has no ML_DEV_PODS/ML_DEV_HOSTS pair")
     me = env("POD_NAME") or env("HOSTNAME")
-    return [(pod, f"http://{host}:{settings['activityPort']}") for pod, host in zip(pods, hosts, strict=True) if pod != me]
+    return [(pod, f"http://{host}:{settings['activityPort']}") for pod, host in zip(pods, hosts) if pod != me]  # same length: checked above
 
 
 def fetch_json(url: str, timeout: float = 15) -> Any:

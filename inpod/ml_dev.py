@@ -38,6 +38,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import IO, Callable, TextIO
 
 HERE = Path(__file__).resolve().parent
 STATE_DIR = Path(os.environ.get("ML_DEV_STATE_DIR", "/tmp/ml-dev-env"))
@@ -384,11 +385,13 @@ def cmd_rank(args: argparse.Namespace) -> int:
 class Stream(threading.Thread):
     lock = threading.Lock()
 
-    def __init__(self, pipe, prefix: str, out) -> None:
+    def __init__(self, pipe: IO[bytes] | None, prefix: str, out: TextIO) -> None:  # Popen(stdout=PIPE).stdout
         super().__init__(daemon=True)
         self.pipe, self.prefix, self.out = pipe, prefix, out
 
     def run(self) -> None:
+        if self.pipe is None:
+            return
         for raw in iter(self.pipe.readline, b""):
             line = raw.decode(errors="replace").rstrip("\n")
             with Stream.lock:
@@ -396,7 +399,7 @@ class Stream(threading.Thread):
                 self.out.flush()
 
 
-def parallel(fn, ranks: list[int]) -> dict[int, object]:
+def parallel(fn: Callable[[int], object], ranks: list[int]) -> dict[int, object]:
     results: dict[int, object] = {}
 
     def one(rank: int) -> None:
@@ -545,7 +548,7 @@ def run_everywhere(cluster: Cluster, command: list[str], cwd: Path, debug_rank: 
 
     interrupted = threading.Event()
 
-    def on_signal(signum, _frame) -> None:
+    def on_signal(signum: int, _frame: object) -> None:
         interrupted.set()
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}

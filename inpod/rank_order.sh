@@ -13,6 +13,8 @@ ml_dev_rank_order() {
   shift
   local here ordered
   here="$(dirname "${BASH_SOURCE[0]}")"
+  # $ordered is split on purpose: one pod name per word, compared as a set with the input.
+  # shellcheck disable=SC2086
   if [ -r "$here/fabric_check.py" ] && [ -r "$here/fabric.json" ] && command -v python3 >/dev/null 2>&1 \
     && ordered="$(python3 "$here/fabric_check.py" --config "$here/fabric.json" rank-order --pods "$*" --from-api --namespace "$ns")" \
     && [ "$(printf '%s\n' $ordered | sort | paste -sd' ' -)" = "$(printf '%s\n' "$@" | sort | paste -sd' ' -)" ]; then

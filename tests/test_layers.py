@@ -88,3 +88,50 @@ def test_validating_config_loads_no_kubernetes_sdk() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", out
+
+
+def sys_path_edits(path: Path) -> list[int]:
+    """Lines that touch `sys.path` (call a method on it, assign or augment it)."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        target = None
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            target = node.func.value
+        elif isinstance(node, (ast.Assign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            target = next((t.value if isinstance(t, ast.Subscript) else t for t in targets), None)
+        if isinstance(target, ast.Attribute) and target.attr == "path" and isinstance(target.value, ast.Name) and target.value.id == "sys":
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_no_module_edits_sys_path(tmp_path: Path) -> None:
+    """The repository root is the import root (`python -m tools.x`, pytest's `pythonpath`); nothing patches sys.path."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("import sys\nsys.path.insert(0, 'x')\nsys.path += ['y']\nsys.path[0] = 'z'\nprint(sys.path)\n")
+    assert sys_path_edits(probe) == [2, 3, 4], "the detector must see each form of edit"
+    skip = {".git", ".venv", "rendered", "__pycache__"}
+    found = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in sorted(ROOT.rglob("*.py"))
+        if not skip & set(path.relative_to(ROOT).parts)
+        for line in sys_path_edits(path)
+    ]
+    assert not found, f"sys.path edits: {found}"
+
+
+def test_inpod_imports_only_the_standard_library() -> None:
+    """The in-pod programs run on whatever python3 the image has: no Pulumi, nothing of ours (`components`,
+    `stacks`, …), no third-party package; a program may import a sibling that ships next to it."""
+    import inpod
+
+    siblings = {Path(s.source).stem for s in inpod.SHIPPED if s.source.endswith(".py")} | {"inpod"}
+    allowed = set(sys.stdlib_module_names) | siblings
+    found = [
+        f"{path.relative_to(ROOT)}:{line}: {name}"
+        for path in modules()
+        if package_of(path) == "inpod"
+        for line, name in imported(path)
+        if name not in allowed
+    ]
+    assert {package_of(p) for p in modules()} >= {"inpod"} and not found, found

@@ -39,7 +39,8 @@ def pipelinerun(status: str, reason: str, message: str = "", results: dict[str, 
     return json.dumps(obj)
 
 
-def run_tool(tmp_path: Path, answers: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+def run_tool(tmp_path: Path, answers: dict[str, str], as_file: bool = False) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """`make runs`' command (`python -m tools.runs` in the repository root), or `python tools/runs.py` from elsewhere."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     stub = bin_dir / "oc"
@@ -48,7 +49,9 @@ def run_tool(tmp_path: Path, answers: dict[str, str]) -> tuple[subprocess.Comple
     (tmp_path / "answers.json").write_text(json.dumps(answers))
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STUB_OC_ANSWERS": str(tmp_path / "answers.json"),
            "STUB_OC_LOG": str(tmp_path / "oc.log")}  # fmt: skip
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "runs.py"), "barcelona"], capture_output=True, text=True, env=env)
+    command = [str(ROOT / "tools" / "runs.py")] if as_file else ["-m", "tools.runs"]
+    cwd = tmp_path if as_file else ROOT
+    proc = subprocess.run([sys.executable, *command, "barcelona"], capture_output=True, text=True, env=env, cwd=cwd, timeout=300)
     calls = (tmp_path / "oc.log").read_text().splitlines() if (tmp_path / "oc.log").exists() else []
     return proc, calls
 
@@ -97,7 +100,7 @@ def test_failed_running_succeeded_and_missing(tmp_path: Path, runs: dict[str, di
     done = pipelinerun("True", "Succeeded", results={"INTERNAL_IMAGE": "r/m@sha256:1"})
     second = tmp_path / "second"
     second.mkdir()
-    proc, _ = run_tool(second, {f"get pipelinerun {quant['run']} -n {ns} -o json": done})
+    proc, _ = run_tool(second, {f"get pipelinerun {quant['run']} -n {ns} -o json": done}, as_file=True)
     assert proc.returncode == 0, proc.stderr
     assert f"{quant['run']} succeeded (Succeeded)" in proc.stdout and "image: r/m@sha256:1" in proc.stdout
     assert f"mistral-small-24b-fp16: {full['run']} not created (run `pulumi up`)" in proc.stdout

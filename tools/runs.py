@@ -15,12 +15,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if __name__ == "__main__" and not __package__:
+    # Run as a file (`python tools/runs.py`): re-run as the module of the repository package, which needs
+    # no sys.path edits (`python -m tools.runs`, what the Makefile runs).
+    os.execve(
+        sys.executable,
+        [sys.executable, "-m", "tools.runs", *sys.argv[1:]],
+        {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")])),
+        },
+    )
 
 from stacks.loader import SECRET_KEYS
 from tools.mock_engine import ROOT, run_program, stack_config

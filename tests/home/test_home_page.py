@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 import time
 import xml.etree.ElementTree as ET
@@ -14,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
+import inpod
 from tests.conftest import ROOT
 from tests.home.conftest import INJECTED, Environment, fabric_result, load
+from tests.inpod.test_pythons import interpreter
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -78,21 +78,13 @@ def test_plot_escapes_its_text() -> None:
     assert INJECTED in [t.text for t in root.iter(f"{SVG}text")], "shown as text"
 
 
-def oldest_python() -> str | None:
-    """A working Python 3.8 on this machine (pyenv or PATH), the oldest the pods' images may run."""
-    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
-    candidates = [str(p) for p in sorted(root.glob("versions/3.8.*/bin/python3.8"))] + [shutil.which("python3.8") or ""]
-    for candidate in filter(None, candidates):
-        check = [candidate, "-c", "import sys; sys.exit(sys.version_info[:2] != (3, 8))"]
-        if subprocess.run(check, capture_output=True, timeout=30, check=False).returncode == 0:  # a pyenv shim may not be
-            return candidate
-    return None
-
-
-def test_page_and_curve_run_on_python_3_8(environment: Environment, tmp_path: Path) -> None:
-    python = oldest_python()
+def test_page_runs_on_the_oldest_python(environment: Environment, tmp_path: Path) -> None:
+    """The whole page, on live agents and the real gate's files, under inpod.MIN_PYTHON (the units of
+    tests/inpod/pod_units.py cover the pieces on every version)."""
+    version = ".".join(map(str, inpod.MIN_PYTHON))
+    python = interpreter(version)
     if python is None:
-        pytest.skip("no Python 3.8 here (PATH or pyenv): cannot check the oldest interpreter the pods may have")
+        pytest.skip(f"no CPython {version} here (pyenv versions/{version}.*, python{version} on PATH)")
     env = environment
     env.start()
     rendered = subprocess.run(

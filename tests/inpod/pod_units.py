@@ -1,0 +1,256 @@
+"""Unit tests of the in-pod programs that run under every CPython from inpod.MIN_PYTHON on.
+
+Standard library only (unittest) and nothing of ours imported: the programs are loaded from their files,
+as the pods run them, with inpod/ on PYTHONPATH so that a program may import a sibling that ships next
+to it. tests/inpod/test_pythons.py runs this file under each interpreter it finds:
+
+  python tests/inpod/pod_units.py          the unit tests (unittest; exit status 0 when all pass)
+  python tests/inpod/pod_units.py --dump   what every `parse_*` function of the programs makes of every
+                                           tool-output fixture (tests/**/data/), and of a few generated
+                                           inputs, as JSON: the same on every interpreter, or a program
+                                           behaves differently there
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import types
+import unittest
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+INPOD = ROOT / "inpod"
+_LOADED: dict[str, types.ModuleType] = {}
+
+
+def program_files() -> list[Path]:
+    return sorted(p for p in INPOD.iterdir() if p.is_file() and (p.suffix == ".py" or p.name == "ml_dev.py") and p.name != "__init__.py")
+
+
+def load(name: str) -> types.ModuleType:
+    """inpod/<name> as a module (registered under its stem, so a sibling's import finds the same one)."""
+    if name not in _LOADED:
+        stem = Path(name).stem
+        spec = importlib.util.spec_from_file_location(stem, str(INPOD / name))
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[stem] = module  # dataclasses look their module up in sys.modules (3.8)
+        spec.loader.exec_module(module)
+        _LOADED[name] = module
+    return _LOADED[name]
+
+
+def find(function: str) -> Callable[..., Any]:
+    """A function by name, from whichever program defines it (the programs may be split into modules)."""
+    for path in program_files():
+        module = load(path.name)
+        if callable(getattr(module, function, None)) and getattr(module, function).__module__ == module.__name__:
+            return getattr(module, function)
+    raise LookupError(f"no in-pod program defines {function}")
+
+
+def outcome(function: Callable[..., Any], *args: object) -> dict[str, object]:
+    try:
+        return {"ok": function(*args)}
+    except Exception as exc:  # the exception's type is the result
+        return {"raised": type(exc).__name__}
+
+
+def fixtures() -> list[Path]:
+    found = [p for p in ROOT.glob("tests/**/data/**/*") if p.is_file() and p.suffix != ".md" and p.stat().st_size < 1 << 20]
+    return sorted(found)
+
+
+GPU_ROWS = [
+    "0, GPU-1f2e3d4c-0000-1111-2222-333344445555, 87, 45, 40211",
+    "0, GPU-1f2e3d4c-0000-1111-2222-333344445555, 87 %, 45 %, 40211 MiB",
+    "0, GPU-1f2e3d4c-0000-1111-2222-333344445555, [N/A], [N/A], 0",
+    "1, MIG-6f1b7a3e-aaaa-bbbb-cccc-ddddeeeeffff, [Not Supported], [Not Supported], 3 MiB",
+    "",
+    "0, GPU-x, 1, 2",
+]
+
+
+def dump() -> dict[str, object]:
+    out: dict[str, object] = {}
+    parsers = {}
+    for path in program_files():
+        module = load(path.name)
+        for name in sorted(vars(module)):
+            function = getattr(module, name)
+            if name.startswith("parse_") and callable(function) and getattr(function, "__module__", None) == module.__name__:
+                parsers[f"{path.name}:{name}"] = function
+    for fixture in fixtures():
+        text = fixture.read_text(errors="replace")
+        for name, function in parsers.items():
+            out[f"{fixture.relative_to(ROOT)} | {name}"] = outcome(function, text)
+    for i, row in enumerate(GPU_ROWS):
+        out[f"gpu row {i}"] = outcome(find("parse_gpu_csv"), row)
+    out["pair_rounds"] = [outcome(find("pair_rounds"), n) for n in range(1, 18)]
+    racks = {"n1": "r1", "n2": "r2", "n3": "r1"}
+    pods = [f"p-{i}" for i in range(6)]
+    nodes = {"p-0": "n2", "p-1": "n1", "p-2": "n3", "p-3": "n2", "p-4": None}
+    out["rack_order"] = outcome(find("rack_order"), pods, nodes, racks)
+    out["jupyter times"] = [outcome(find("parse_time"), t) for t in ("2026-11-23T10:05:00.123456Z", "2026-11-23T10:05:00Z", "x")]
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp)
+        for rel, text in {"a.py": "print(1)\n", "pkg/b.txt": "b\n", "pkg/c.log": "c\n", ".gitignore": "*.log\n"}.items():
+            (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tree / rel).write_text(text)
+        files = outcome(find("tree_files"), tree)
+        out["tree_files"] = files
+        out["tree_hash"] = outcome(find("tree_hash"), tree, files.get("ok", []))
+    return out
+
+
+class IdleAgent(unittest.TestCase):
+    def setUp(self) -> None:
+        self.agent = load("idle_agent.py")
+        self.tmp = Path(tempfile.mkdtemp(prefix="pod-units-"))
+        self.addCleanup(subprocess.run, ["rm", "-rf", str(self.tmp)], check=False)
+
+    def test_gpu_rows_with_and_without_units_read_the_same(self) -> None:
+        plain, units = (self.agent.parse_gpu_csv(row) for row in GPU_ROWS[:2])
+        self.assertEqual(plain, units)
+        self.assertEqual((plain[0]["util"], plain[0]["memUtil"], plain[0]["memUsedMiB"]), (87.0, 45.0, 40211.0))
+
+    def test_unjudgeable_gpu_rows_are_value_errors(self) -> None:
+        for row in GPU_ROWS[2:]:
+            with self.subTest(row=row), self.assertRaises(ValueError):
+                self.agent.parse_gpu_csv(row)
+
+    def stub_smi(self, row: str) -> str:
+        stub = self.tmp / "nvidia-smi"
+        stub.write_text(f"#!/bin/sh\nprintf '%s\\n' '{row}'\n")
+        stub.chmod(0o755)
+        return str(stub)
+
+    def test_probe_gpu_runs_the_tool(self) -> None:
+        settings = dict(self.agent.DEFAULTS)
+        with mock_env(ML_DEV_NVIDIA_SMI=self.stub_smi(GPU_ROWS[0])):
+            busy = self.agent.probe_gpu(settings)
+        with mock_env(ML_DEV_NVIDIA_SMI=self.stub_smi(GPU_ROWS[2])):
+            unknown = self.agent.probe_gpu(settings)
+        self.assertTrue(busy["ok"] and busy["active"])
+        self.assertFalse(unknown["ok"])
+
+    def test_an_unexpected_exception_in_a_local_probe_counts_as_active(self) -> None:
+        def broken(*_: object) -> dict[str, object]:
+            raise AttributeError("'str' object has no attribute 'removesuffix'")
+
+        original = self.agent.probe_terminals
+        self.agent.probe_terminals = broken
+        self.addCleanup(setattr, self.agent, "probe_terminals", original)
+        with mock_env(ML_DEV_NVIDIA_SMI=self.stub_smi(GPU_ROWS[3]), ML_DEV_STATE_DIR=str(self.tmp), ML_DEV_SSH_PROCESS_SCAN="0"):
+            report = self.agent.local_activity(dict(self.agent.DEFAULTS))
+        terminals = [s for s in report["signals"] if s["name"] == "terminals"]
+        self.assertEqual(len(terminals), 1)
+        self.assertFalse(terminals[0]["ok"])
+        self.assertIn("AttributeError", terminals[0]["detail"]["error"])
+        decider = self.agent.Decider(now=1000.0)
+        self.assertEqual(decider.observe([report], now=5000.0), 0.0)
+        self.assertIn("probe failed", decider.reason)
+
+    def test_peers_come_from_rank_env(self) -> None:
+        (self.tmp / "rank.env").write_text("export ML_DEV_PODS='env-0 env-1 env-2'\nexport ML_DEV_HOSTS='10.0.0.1 10.0.0.2 10.0.0.3'\n")
+        with mock_env(ML_DEV_STATE_DIR=str(self.tmp), POD_NAME="env-1", ML_DEV_ACTIVITY_PEERS=""):
+            peers = self.agent.peers({"activityPort": 9099})
+        self.assertEqual(peers, [("env-0", "http://10.0.0.1:9099"), ("env-2", "http://10.0.0.3:9099")])
+
+    def test_probe_command_prints_the_signals(self) -> None:
+        (self.tmp / "pts").mkdir()
+        env = dict(os.environ, ML_DEV_NVIDIA_SMI=str(self.tmp / "missing"), ML_DEV_STATE_DIR=str(self.tmp), ML_DEV_SSH_PROCESS_SCAN="0")
+        env.update(ML_DEV_IDLE_SETTINGS=str(self.tmp / "none.json"), ML_DEV_PTS_DIR=str(self.tmp / "pts"))
+        proc = subprocess.run([sys.executable, str(INPOD / "idle_agent.py"), "probe"], capture_output=True, env=env, timeout=60)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        report = json.loads(proc.stdout.decode().split("\n", 1)[1])  # after the log line about the settings
+        self.assertEqual([s["name"] for s in report["signals"]], ["gpu", "terminals", "ssh", "launcher"])
+        self.assertFalse(report["signals"][0]["ok"])
+
+
+class Programs(unittest.TestCase):
+    def test_every_program_starts(self) -> None:
+        for path in program_files():
+            with self.subTest(program=path.name):
+                proc = subprocess.run([sys.executable, str(path), "--help"], capture_output=True, timeout=60)
+                self.assertEqual(proc.returncode, 0, proc.stderr.decode())
+
+    def test_pair_rounds_test_each_pair_at_most_once(self) -> None:
+        pair_rounds = find("pair_rounds")
+        for n in range(1, 18):
+            pairs = [pair for rnd in pair_rounds(n) for pair in rnd]
+            with self.subTest(n=n):
+                self.assertEqual(len(pairs), len(set(pairs)))
+                self.assertTrue(all(0 <= i < j < n for i, j in pairs))
+                self.assertEqual({i for pair in pairs for i in pair}, set(range(n)) if n > 1 else set())
+
+
+class Plots(unittest.TestCase):
+    """svgplot (the fabric gate's curve, the home page's GPU plots) and the home page's escaping."""
+
+    SVG = "{http://www.w3.org/2000/svg}"
+
+    def test_a_chart_is_svg_and_its_text_is_escaped(self) -> None:
+        import xml.etree.ElementTree as ET
+
+        svgplot = load("svgplot.py")
+        label = "<script>alert(1)</script> & 'q'"
+        root = ET.fromstring(svgplot.line_chart([{"label": label, "points": [(1, 2), (4, 8)]}], title=label, hlines=[(5, "<x>", "#000")]))
+        self.assertEqual(root.tag, self.SVG + "svg")
+        self.assertFalse(list(root.iter(self.SVG + "script")))
+        self.assertIn(label, [t.text for t in root.iter(self.SVG + "text")])
+
+    def test_gate_curve_of_a_real_run(self) -> None:
+        import xml.etree.ElementTree as ET
+
+        parse = find("parse_nccl_tests")
+        rows = parse((ROOT / "tests" / "fabric" / "data" / "all_reduce_perf-2x8-h100.txt").read_text())["rows"]
+        result = {"status": "pass", "time": "t", "hosts": ["a", "b"], "gpusPerNode": 8, "sizes": rows,
+                  "expectation": {"expected_busbw_gbs": 194.6, "pass_busbw_gbs": 175.14}}  # fmt: skip
+        root = ET.fromstring(load("svgplot.py").gate_curve(result))
+        line = next(root.iter(self.SVG + "polyline")).get("points", "").split()
+        self.assertEqual(len(line), len(rows))
+        self.assertIn("pass at 175.1 GB/s", [t.text for t in root.iter(self.SVG + "text")])
+        self.assertIsNone(load("svgplot.py").gate_curve({"status": "error"}))
+
+    def test_home_page_escapes_what_users_write(self) -> None:
+        home = load("home_page.py")
+        with tempfile.TemporaryDirectory() as tmp, mock_env(ML_DEV_STATE_DIR=tmp, ML_DEV_WORKSPACE=tmp, ML_DEV_HOME_AGENTS=""):
+            beats = Path(tmp, "heartbeat")
+            beats.mkdir()
+            now = __import__("time").time()
+            record = {"command": ["python", "<img src=x onerror=alert(1)>"], "cwd": "/w/<b>", "pods": [], "started": now, "alive_at": now}
+            (beats / "run-1.json").write_text(json.dumps(record))
+            page = home.fragment(home.Collector(), now)
+        self.assertNotIn("<img src=x", page)
+        self.assertIn("&lt;img src=x onerror=alert(1)&gt;", page)
+        self.assertIn("/w/&lt;b&gt;", page)
+
+
+@contextlib.contextmanager
+def mock_env(**values: str) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--dump"]:
+        json.dump(dump(), sys.stdout, sort_keys=True, indent=1, default=repr)
+        print()
+    else:
+        unittest.main()
