@@ -4,6 +4,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from components import devloop, preflight
+from components.crds import SSHD_NEEDS
 from components.gpu_cluster import GpuCluster, GpuClusterArgs, selector_labels
 from components.image_build import ImageBuild, ImageBuildArgs
 from components.model_pipeline import ModelPipeline, ModelPipelineArgs
@@ -75,6 +76,29 @@ def check_statefulset() -> None:
 
 
 check_statefulset()
+
+
+def check_scc() -> None:
+    """An SCC the stack only binds (createScc: false) must leave root's sshd SETUID/SETGID; see components/preflight.py."""
+    memlock = cfg.security.memlock
+    if memlock.mode != "scc" or memlock.create_scc or not memlock.scc_name:
+        return
+    if not preflight.live_reads_enabled(cfg.cluster.render_yaml_to_directory):
+        return
+    try:
+        live = preflight.read_scc(cfg.cluster.kube_context, memlock.scc_name)
+    except preflight.LiveReadError as exc:
+        pulumi.log.warn(
+            f"could not read SecurityContextConstraints {memlock.scc_name} ({exc}); check that its requiredDropCapabilities "
+            f"lack SETUID and SETGID: oc get scc {memlock.scc_name} -o jsonpath='{{.requiredDropCapabilities}}'"
+        )
+        return
+    problem = preflight.scc_drops_needed(live, memlock.scc_name, SSHD_NEEDS)
+    if problem:
+        raise pulumi.RunError(problem)
+
+
+check_scc()
 
 labels = naming.stack_labels(cfg.cluster.name)
 image: pulumi.Input[str] | None

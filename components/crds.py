@@ -83,6 +83,12 @@ class SccStrategy(Spec):
     type: str
 
 
+SSHD_KEEPS_DROPPABLE = ("KILL", "MKNOD")
+"""The SCC's requiredDropCapabilities; a root sshd needs SETUID and SETGID (see SccFields)."""
+SSHD_NEEDS = ("SETUID", "SETGID")
+"""Capabilities an SCC must not require dropping for a UID-0 pod's sshd."""
+
+
 class SccFields(Spec):
     """Top-level fields of security.openshift.io/v1 SecurityContextConstraints."""
 
@@ -95,7 +101,11 @@ class SccFields(Spec):
     allow_host_ports: bool = False
     allowed_capabilities: list[str]
     default_add_capabilities: list[str] = []
-    required_drop_capabilities: list[str] = ["KILL", "MKNOD", "SETUID", "SETGID"]
+    # Not SETUID/SETGID: admission adds required drops to the container's drop list, and the RDMA pods run
+    # as UID 0, whose sshd always demotes its pre-authentication child (setgroups/setresuid: OpenSSH
+    # sshd-session.c privsep_preauth_child; sshd.c in releases before 9.8), so without them every SSH
+    # connection dies with "setgroups: Operation not permitted [preauth]".
+    required_drop_capabilities: list[str] = list(SSHD_KEEPS_DROPPABLE)
     run_as_user: SccStrategy = SccStrategy(type="RunAsAny")
     se_linux_context: SccStrategy = SccStrategy(type="MustRunAs")
     fs_group: SccStrategy = SccStrategy(type="RunAsAny")

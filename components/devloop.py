@@ -24,6 +24,8 @@ import pulumi_kubernetes as k8s
 import pulumi_tls as tls
 
 import inpod
+from components import storage
+from components.pod import HOME_DIRNAME
 from core import naming
 from stacks.config import StackConfig
 
@@ -48,6 +50,11 @@ def shared_paths(config: StackConfig) -> list[str]:
     return [v.mount_path for v in config.storage.volumes if config.storage.scope_of(v) == "shared"]
 
 
+def per_pod_paths(config: StackConfig) -> list[str]:
+    """Directories that hold one pod's own state (HOME under `.home/<pod>` of a volume): never synced."""
+    return sorted({f"{storage.home_volume(config.storage).mount_path}/{HOME_DIRNAME}"})
+
+
 def scripts(config: StackConfig) -> dict[str, str]:
     """ConfigMap entries next to startup.sh: the SSH fabric, the launcher and its facts."""
     env = (
@@ -55,6 +62,7 @@ def scripts(config: StackConfig) -> dict[str, str]:
         f"ML_DEV_SSH_PORT={SSH_PORT}\n"
         f"ML_DEV_SSH_USER={login_user(config)}\n"
         f"ML_DEV_SHARED_PATHS={shlex.quote(' '.join(shared_paths(config)))}\n"
+        f"ML_DEV_PER_POD_PATHS={shlex.quote(' '.join(per_pod_paths(config)))}\n"
     )
     return {
         **inpod.group("devloop"),

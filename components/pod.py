@@ -11,6 +11,7 @@ import pulumi_kubernetes as k8s
 import inpod
 from components import storage
 from core import naming, nccl
+from core import pod_contract as contract
 from stacks.config import StackConfig
 
 STARTUP_SCRIPT = inpod.path("startup.sh")
@@ -20,6 +21,14 @@ CLUSTER_MOUNT = "/etc/ml-dev-env/cluster"
 CLUSTER_VOLUME = "cluster"
 HOME_DIRNAME = ".home"
 COOKIE_MOUNT = "/etc/oauth-proxy"
+
+
+READINESS = (
+    f"test -f {STATE_DIR}/ready && "
+    f'{{ test ! -f {STATE_DIR}/ssh/wanted || kill -0 "$(cat {STATE_DIR}/ssh/sshd.pid 2>/dev/null)" 2>/dev/null; }}'
+)
+"""The main container's readiness: the startup script's ready file, and sshd alive where the image has one
+(startup.sh writes ssh/wanted; sshd writes its PidFile, inpod/sshd.sh)."""
 
 
 def startup_script() -> str:
@@ -63,7 +72,7 @@ def cluster_env(config: StackConfig) -> str:
     pods because it is mounted as a directory (no subPath), and the startup script re-reads it.
     """
     app, ns = config.cluster.app_name, config.cluster.namespace
-    values = {
+    values: dict[str, object] = {
         "NNODES": config.nodes.count,
         "GPUS_PER_NODE": config.nodes.gpus_per_pod,
         "APP_NAME": app,
@@ -71,6 +80,7 @@ def cluster_env(config: StackConfig) -> str:
         "POD_NAMESPACE": ns,
         "MASTER_PORT": naming.MASTER_PORT,
     }
+    assert tuple(values) == contract.CLUSTER_ENV
     return "".join(f"{key}={value}\n" for key, value in values.items())
 
 
@@ -96,6 +106,8 @@ def pod_env(config: StackConfig) -> list[k8s.core.v1.EnvVarArgs]:
         # `oc rsh` starts `/bin/sh`, which as an interactive shell reads the file named by $ENV
         # (POSIX sh; bash reads ~/.bashrc and ~/.profile, where the startup script adds the same line).
         _plain("ENV", f"{STATE_DIR}/env.sh"),
+        # programs hand other pods this path, never their resolved one (core/pod_contract.py)
+        _plain(contract.STARTUP_DIR_ENV, STARTUP_MOUNT),
     ]
 
 
@@ -174,7 +186,7 @@ def main_container(
         resources=resources(config),
         security_context=main_security_context(config),
         readiness_probe=k8s.core.v1.ProbeArgs(
-            exec_=k8s.core.v1.ExecActionArgs(command=["test", "-f", f"{STATE_DIR}/ready"]),
+            exec_=k8s.core.v1.ExecActionArgs(command=["/bin/sh", "-c", READINESS]),
             period_seconds=10,
         ),
         volume_mounts=[

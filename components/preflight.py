@@ -205,3 +205,25 @@ def statefulset_conflict(
         f"`oc delete statefulset {name} -n {ns} --cascade=orphan` (the pods keep running and claims are never deleted), "
         f"copy off what you need, `oc delete pod -n {ns} -l {old_selector or '<its selector>'}`, then `pulumi up` again"
     )
+
+
+def read_scc(context: str | None, name: str) -> dict[str, Any] | None:
+    return KubeClient(context).get(f"/apis/security.openshift.io/v1/securitycontextconstraints/{name}")
+
+
+def scc_drops_needed(live: dict[str, Any] | None, name: str, needed: tuple[str, ...]) -> str | None:
+    """One line when the existing SCC `name` requires dropping a capability of `needed` (root's sshd: SETUID,
+    SETGID), else None. SCC admission adds requiredDropCapabilities to every container's drop list
+    (openshift/apiserver-library-go pkg/securitycontextconstraints/capabilities mustrunas.go defaultCapabilities.Generate)."""
+    if live is None:
+        return None  # missing: reported with the prerequisites
+    drops = {str(c).upper().removeprefix("CAP_") for c in live.get("requiredDropCapabilities") or []}
+    bad = [c for c in needed if c in drops or "ALL" in drops]
+    if not bad:
+        return None
+    return (
+        f"ml-dev-env: SecurityContextConstraints {name} requires dropping {', '.join(bad)}, which the pods' root sshd "
+        f"needs (every SSH connection would fail with `setgroups: Operation not permitted`); ask its admin to remove "
+        f"{', '.join(bad)} from its requiredDropCapabilities (check: oc get scc {name} -o jsonpath='{{.requiredDropCapabilities}}'), "
+        f"or set ml-dev-env:security.memlock.createScc true"
+    )

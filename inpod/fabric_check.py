@@ -44,7 +44,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-PROGRAM = Path(__file__).resolve()
+# Handed to other pods: the startup ConfigMap's mount path (ML_DEV_DIR, core.naming.STARTUP_MOUNT) or this file
+# as called, never resolve()d (the kubelet's `..<timestamp>` directory behind the mount differs on every pod).
+PROGRAM = Path(os.environ.get("ML_DEV_DIR") or os.path.dirname(os.path.abspath(__file__))) / os.path.basename(__file__)
 
 
 def sibling(name: str) -> Any:
@@ -496,16 +498,22 @@ def preflight(cfg: dict) -> Findings:
                     "or IOMMU off in the BIOS",
                 )
     # memlock (both modes: NCCL pins host buffers; RDMA needs it unlimited)
-    limits = parse_proc_limits(read_text(sys_root() / "proc/self/limits") or "")
+    # Judged by PID 1 (the startup script raised it there; `oc rsh`/`oc exec` shells start outside that tree
+    # with the runtime's default), or this process's CAP_IPC_LOCK (no memlock limit applies with it:
+    # Linux mm/mlock.c can_do_mlock()).
+    limits = parse_proc_limits(read_text(sys_root() / "proc/1/limits") or read_text(sys_root() / "proc/self/limits") or "")
     soft = limits.get("Max locked memory", ("?", "?"))[0]
-    if rdma and soft != "unlimited":
+    status = (read_text(sys_root() / "proc/self/status") or "").splitlines()
+    capeff = next((ln.split()[1] for ln in status if ln.startswith("CapEff:")), "0")
+    ipc_lock = bool(int(capeff, 16) >> 14 & 1) if all(c in "0123456789abcdefABCDEF" for c in capeff) else False
+    if rdma and soft != "unlimited" and not ipc_lock:
         f.fail(
             "memlock",
             f"max locked memory is {soft} bytes, not unlimited",
             "security.memlock.mode (scc with IPC_LOCK and SYS_RESOURCE, or privileged)",
         )
     else:
-        f.ok("memlock", f"max locked memory {soft}")
+        f.ok("memlock", f"max locked memory {soft} (PID 1)" + (", CAP_IPC_LOCK" if ipc_lock else ""))
     # GPUs
     want = int(cfg.get("gpusPerPod") or 0)
     out = run(["nvidia-smi", "-L"], timeout=60)

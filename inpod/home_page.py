@@ -229,8 +229,17 @@ def section(title: str, body: str, cls: str = "") -> str:
     return f'<section class="card {cls}"><h2>{esc(title)}</h2>{body}</section>'
 
 
+def app_name() -> str:
+    """The stack's app name: APP_NAME when set, else from the pod's name `<app>-<ordinal>` (a StatefulSet's
+    pods; the rendered env carries POD_NAME and POD_NAMESPACE, the app name only cluster.env)."""
+    if env("APP_NAME"):
+        return env("APP_NAME")
+    app, _, ordinal = env("POD_NAME").rpartition("-")
+    return app if ordinal.isdigit() else ""
+
+
 def links_html(settings: dict[str, Any]) -> str:
-    app, ns = env("APP_NAME"), env("POD_NAMESPACE")
+    app, ns = app_name(), env("POD_NAMESPACE")
     enabled = env("ML_DEV_SERVERS").split()  # the pod's enabled dev servers (components/pod.py); unset: all
     items = []
     for name, title in LINKS:
@@ -427,7 +436,7 @@ APP_JS = """'use strict';
 
 
 def page(col: Collector) -> str:
-    title = f"{env('APP_NAME') or 'ml-dev-env'} home"
+    title = f"{app_name() or 'ml-dev-env'} home"
     refresh = int(float(env("ML_DEV_HOME_REFRESH", "10")))
     return (
         "<!DOCTYPE html>\n"

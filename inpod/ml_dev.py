@@ -40,7 +40,10 @@ import time
 from pathlib import Path
 from typing import IO, Callable, TextIO
 
-HERE = Path(__file__).resolve().parent
+# The mount path of the startup ConfigMap (container env ML_DEV_DIR, core.naming.STARTUP_MOUNT), else this
+# file's directory as called (os.path.abspath, never resolve(): behind the mount's symlinks lies the kubelet's
+# `..<timestamp>` directory, which differs on every pod). Other pods are handed this path.
+HERE = Path(os.environ.get("ML_DEV_DIR") or os.path.dirname(os.path.abspath(__file__)))
 STATE_DIR = Path(os.environ.get("ML_DEV_STATE_DIR", "/tmp/ml-dev-env"))
 IGNORE_FILE = ".ml-devignore"
 SYNC_MANIFEST = ".ml-dev-synced"
@@ -48,6 +51,33 @@ HEARTBEAT_SECONDS = 10
 STOP_GRACE_SECONDS = 10
 DEBUG_PORT = 5678
 PY = "python3"
+PER_POD_ENV = (
+    "HOSTNAME",
+    "HOME",
+    "PWD",
+    "OLDPWD",
+    "SHLVL",
+    "_",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "MAIL",
+    "TERM",
+    "POD_*",
+    "NODE_NAME",
+    "ML_DEV_POD",
+    "ML_DEV_HOME",
+    "NODE_RANK",
+    "PET_NODE_RANK",
+    "RANK",
+    "LOCAL_RANK",
+    "SSH_*",
+    "LD_PRELOAD",
+    "NSS_WRAPPER_*",
+    "KUBERNETES_*",
+)
+"""Never carried from the launching pod to the others (glob patterns): what differs per pod by nature.
+core/pod_contract.py holds the same tuple (tests/test_contract.py); `ml-dev run --help` prints it."""
 
 
 def die(message: str, code: int = 1) -> None:
@@ -72,6 +102,58 @@ def read_env_file(path: Path) -> dict[str, str]:
     return {k: v for k, v in values.items() if k not in ("PWD", "SHLVL", "_", "PATH")}
 
 
+def container_env() -> dict[str, str]:
+    """The env every SSH session gets on every pod (sshd.sh's session.env: the container env), else PID 1's."""
+    path = STATE_DIR / "ssh" / "session.env"
+    if path.is_file():
+        out = subprocess.run(
+            ["bash", "-c", 'PATH=; set -a; . "$1" >/dev/null 2>&1; env -0', "_", str(path)],
+            stdout=subprocess.PIPE,
+            env={},
+            check=False,
+        ).stdout
+    else:
+        try:
+            out = Path("/proc/1/environ").read_bytes()
+        except OSError:
+            return {}
+    return dict(item.split("=", 1) for item in out.decode(errors="replace").split("\0") if "=" in item)
+
+
+def per_pod(name: str) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in PER_POD_ENV)
+
+
+def launch_env(extra: list[str]) -> dict[str, str]:
+    """What travels to every rank: this shell's variables that differ from the container env (except the
+    per-pod set), then `--env K=V`."""
+    base = container_env()
+    carried = {k: v for k, v in os.environ.items() if base.get(k) != v and not per_pod(k)}
+    for item in extra:
+        if "=" not in item or not item.split("=", 1)[0]:
+            die(f"--env {item!r}: expected NAME=value")
+        key, value = item.split("=", 1)
+        carried[key] = value
+    return carried
+
+
+def read_line(fd: int, limit: float) -> bytes:
+    """One line from a raw fd (no buffered reader: the rest of the stream is the stop channel), with a deadline."""
+    import select
+
+    data = b""
+    deadline = time.monotonic() + limit
+    while not data.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            die(f"no launch environment on stdin within {limit:.0f} s")
+        chunk = os.read(fd, 1)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
 class Cluster:
     def __init__(self) -> None:
         self.devloop = read_env_file(Path(os.environ.get("ML_DEV_DEVLOOP_ENV", HERE / "devloop.env")))
@@ -87,6 +169,9 @@ class Cluster:
         os.environ.update(read_env_file(STATE_DIR / "ssh" / "nss.env"))
         shared = self.devloop.get("ML_DEV_SHARED_PATHS", "").split()
         self.shared_paths = [Path(p) for p in shared]
+        self.per_pod_paths = [Path(p) for p in self.devloop.get("ML_DEV_PER_POD_PATHS", "").split()] + [STATE_DIR]
+        parts = self.hosts[0].split(".")
+        self.namespace = parts[2] if len(parts) > 2 else ""
 
     def label(self, rank: int) -> str:
         return f"rank {rank} ({self.pods[rank]})"
@@ -117,6 +202,34 @@ class Cluster:
 
     def is_shared(self, path: Path) -> bool:
         return any(path == p or p in path.parents for p in self.shared_paths)
+
+    def is_per_pod(self, path: Path) -> bool:
+        """HOME (`.home/<pod>`), the state dir: one pod's own, never synced."""
+        return any(path == p or p in path.parents for p in self.per_pod_paths)
+
+    def sshd_log_command(self, rank: int) -> str:
+        ns = f" -n {self.namespace}" if self.namespace else ""
+        return f"oc exec{ns} {self.pods[rank]} -c ml-dev -- cat {STATE_DIR}/logs/sshd.log"
+
+    def explain(self, rank: int, stderr: str, code: int) -> str:
+        """What the SSH client saw when it could not reach `rank`, in words, and where that pod's sshd log is."""
+        text = stderr.strip()
+        known = (
+            ("Could not resolve hostname", "the name does not resolve"),
+            ("Name or service not known", "the name does not resolve"),
+            ("Connection refused", "connection refused (no sshd listening on the pod)"),
+            ("Host key verification failed", "the host key does not match the stack's known_hosts"),
+            ("REMOTE HOST IDENTIFICATION HAS CHANGED", "the host key does not match the stack's known_hosts"),
+            ("Permission denied", "authentication refused (the stack key is not accepted)"),
+            ("kex_exchange_identification", "connection closed during key exchange (sshd died, see its log)"),
+            ("Connection closed by", "connection closed during key exchange (sshd died, see its log)"),
+            ("Connection reset", "connection closed during key exchange (sshd died, see its log)"),
+            ("timed out", "connection timed out"),
+            ("No route to host", "no route to the pod"),
+        )
+        what = next((words for needle, words in known if needle in text), f"ssh exited {code}")
+        last = (text.splitlines() or [""])[-1]
+        return f"{what}" + (f" [{last}]" if last else "") + f"; its sshd log: {self.sshd_log_command(rank)}"
 
 
 # ------------------------------------------------------------------------------------------ tree
@@ -331,6 +444,15 @@ def cmd_rank(args: argparse.Namespace) -> int:
     """(on every pod) run one rank: the pod's rank.env, own process group, stopped when stdin closes."""
     env = dict(os.environ)
     env.update(read_env_file(STATE_DIR / "rank.env"))
+    if args.env_stdin:
+        # the launcher's variables (launch_env) come first on stdin, never in argv (ps, logs, length limits)
+        try:
+            sent = json.loads(read_line(0, 30) or b"{}")
+        except ValueError:
+            die("the launch environment on stdin is not JSON")
+        env.update({str(k): str(v) for k, v in sent.get("env", {}).items()})
+        if sent.get("per_pod"):
+            env.update(RANK=env.get("NODE_RANK", "0"), LOCAL_RANK="0", WORLD_SIZE=env.get("NNODES", "1"))
     env["PYTHONUNBUFFERED"] = "1"
     if args.debug_port:
         site = STATE_DIR / "debug-site"
@@ -426,7 +548,7 @@ def wait_reachable(cluster: Cluster, timeout: float) -> None:
             res = subprocess.run(cluster.ssh(rank, ["true"]), capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
             if res.returncode == 0:
                 return ""
-            last = (res.stderr.strip().splitlines() or [f"ssh exited {res.returncode}"])[-1]
+            last = cluster.explain(rank, res.stderr, res.returncode)
             if time.monotonic() >= deadline:
                 return last
             time.sleep(1)
@@ -445,7 +567,7 @@ def sync(cluster: Cluster, root: Path, quiet: bool = False) -> str:
     """Make the tree at `root` the same on every pod; returns its hash (verified on every pod)."""
     if root == Path("/"):
         die(f"refusing to sync {root}: run ml-dev from your project directory (or pass --no-sync)")
-    files = tree_files(root)
+    files = [f for f in tree_files(root) if not cluster.is_per_pod(root / f)]
     local_hash = tree_hash(root, files)
     if cluster.is_shared(root):
         if not quiet:
@@ -503,7 +625,7 @@ def sync(cluster: Cluster, root: Path, quiet: bool = False) -> str:
     problems = []
     for rank, got in sorted(results.items()):
         if isinstance(got, Exception):
-            problems.append(f"{cluster.label(rank)}: sync failed: {got}")
+            problems.append(f"{cluster.label(rank)}: sync failed: {got}; its sshd log: {cluster.sshd_log_command(rank)}")
         elif got != local_hash:
             problems.append(f"{cluster.label(rank)}: tree hash {str(got)[:12]} differs from {local_hash[:12]} here")
     if problems:
@@ -517,11 +639,20 @@ def sync(cluster: Cluster, root: Path, quiet: bool = False) -> str:
     return local_hash
 
 
-def run_everywhere(cluster: Cluster, command: list[str], cwd: Path, debug_rank: int | None, wait_debugger: bool) -> int:
+def run_everywhere(
+    cluster: Cluster,
+    command: list[str],
+    cwd: Path,
+    debug_rank: int | None,
+    wait_debugger: bool,
+    carried: dict[str, str] | None = None,
+    per_pod_ranks: bool = False,
+) -> int:
     procs: dict[int, subprocess.Popen] = {}
     streams: list[Stream] = []
+    hello = (json.dumps({"env": carried or {}, "per_pod": per_pod_ranks}) + "\n").encode()
     for rank in range(len(cluster.hosts)):
-        agent = [PY, str(HERE / "ml-dev"), "_rank", "--cwd", str(cwd)]
+        agent = [PY, str(HERE / "ml-dev"), "_rank", "--env-stdin", "--cwd", str(cwd)]
         if debug_rank == rank:
             agent += ["--debug-port", str(DEBUG_PORT)]
         agent += ["--", *command]
@@ -534,6 +665,12 @@ def run_everywhere(cluster: Cluster, command: list[str], cwd: Path, debug_rank: 
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True
         )
         procs[rank] = proc
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write(hello)
+            proc.stdin.flush()
+        except OSError:
+            pass  # the rank failed at once: its exit status says why
         width = len(str(len(cluster.hosts) - 1))
         prefix = f"[{rank:>{width}}] "
         streams += [Stream(proc.stdout, prefix, sys.stdout), Stream(proc.stderr, prefix, sys.stderr)]
@@ -607,7 +744,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.no_sync:
         sync(cluster, tree_root(cwd))
     with Heartbeat("run", {"command": args.command, "cwd": str(cwd), "pods": cluster.pods}):
-        return run_everywhere(cluster, args.command, cwd, args.debug, not args.no_wait)
+        return run_everywhere(cluster, args.command, cwd, args.debug, not args.no_wait, launch_env(args.env), args.per_pod)
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
@@ -625,10 +762,16 @@ def cmd_exec(args: argparse.Namespace) -> int:
     results: dict[int, int] = {}
     procs = {}
     streams = []
+    hello = (json.dumps({"env": launch_env(args.env)}) + "\n").encode()
     for rank in range(len(cluster.hosts)):
-        agent = [PY, str(HERE / "ml-dev"), "_rank", "--cwd", os.getcwd(), "--", *args.command]
+        agent = [PY, str(HERE / "ml-dev"), "_rank", "--env-stdin", "--cwd", os.getcwd(), "--", *args.command]
         argv = agent if rank == cluster.me else cluster.ssh(rank, agent)
         procs[rank] = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            procs[rank].stdin.write(hello)  # type: ignore[union-attr]
+            procs[rank].stdin.flush()  # type: ignore[union-attr]
+        except OSError:
+            pass
         streams += [Stream(procs[rank].stdout, f"[{rank}] ", sys.stdout), Stream(procs[rank].stderr, f"[{rank}] ", sys.stderr)]
     for s in streams:
         s.start()
@@ -680,13 +823,31 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 1 if unreachable else 0
 
 
+ENV_RULE = (
+    "Environment of every rank: the pod's container env, its rank.env (NODE_RANK, NNODES, MASTER_ADDR, ...),\n"
+    "then every variable of this shell that differs from the container env (an activated venv's PATH,\n"
+    "NCCL_DEBUG=..., HF_*, CUDA_VISIBLE_DEVICES, ...), sent over the SSH session's stdin, never argv;\n"
+    "then each --env K=V. Never carried (they differ per pod): " + " ".join(PER_POD_ENV) + "."
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ml-dev", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
-    run = sub.add_parser("run", help="sync, then run a command on every pod with its rank environment")
+    run = sub.add_parser(
+        "run",
+        help="sync, then run a command on every pod with its rank environment",
+        epilog=ENV_RULE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     run.add_argument("--no-sync", action="store_true", help="do not sync the working tree first")
     run.add_argument("--debug", type=int, metavar="RANK", help=f"run RANK's Python under debugpy on port {DEBUG_PORT}")
     run.add_argument("--no-wait", action="store_true", help="with --debug: do not wait for the debugger to attach")
+    run.add_argument(
+        "--per-pod",
+        action="store_true",
+        help="one process per pod: also set RANK=NODE_RANK, LOCAL_RANK=0, WORLD_SIZE=NNODES (else nothing new is set)",
+    )
     for p in (
         run,
         sub.add_parser("sync", help="sync the working tree to every pod"),
@@ -695,6 +856,7 @@ def main(argv: list[str] | None = None) -> int:
     ):
         p.add_argument("--timeout", type=float, default=60, help="seconds to wait for every pod to be reachable (60)")
         if p.prog.split()[-1] in ("run", "exec"):
+            p.add_argument("--env", action="append", default=[], metavar="K=V", help="set K=V on every rank (repeatable)")
             p.add_argument("command", nargs=argparse.REMAINDER)
     apply = sub.add_parser("_apply")
     apply.add_argument("--root", required=True)
@@ -702,6 +864,7 @@ def main(argv: list[str] | None = None) -> int:
     rank.add_argument("--cwd", required=True)
     rank.add_argument("--debug-port", type=int)
     rank.add_argument("--no-stdin-watch", action="store_true")
+    rank.add_argument("--env-stdin", action="store_true")
     rank.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if getattr(args, "command", None) and args.command[:1] == ["--"]:

@@ -8,9 +8,11 @@
 #   host_ed25519_key[.pub]  the stack's host key (one per stack, stable across restarts)
 #   id_ed25519[.pub]        the stack's client key (pod-to-pod: launcher, pdsh, DeepSpeed, MPI)
 #   authorized_keys         the stack key + the users' keys from `ml-dev-env:ssh.authorizedKeys`
-# Inputs (env): APP_NAME HEADLESS_SERVICE POD_NAMESPACE ML_DEV_STATE_DIR, optional ML_DEV_SSH_PORT (2222),
-#   ML_DEV_SSH_LISTEN (listen address; default all), ML_DEV_SSH_USER (login name of a UID without a
-#   passwd entry; default ml-dev).
+# Inputs (the contract of core/pod_contract.py): the rendered container env (ML_DEV_STATE_DIR, ML_DEV_CLUSTER_DIR);
+#   APP_NAME HEADLESS_SERVICE POD_NAMESPACE from $ML_DEV_CLUSTER_DIR/cluster.env; ML_DEV_SSH_PORT (2222) and
+#   ML_DEV_SSH_USER (login name of a UID without a passwd entry; ml-dev) from devloop.env next to this script.
+#   A variable of the same name in the environment is the fallback where a file lacks the key.
+#   ML_DEV_SSH_LISTEN (listen address; default all) from the environment only.
 #
 # Outputs under $ML_DEV_STATE_DIR/ssh (mode 0700, owned by the pod's UID):
 #   sshd_config, host key copy, client key copy, client.conf (Port/IdentityFile/known_hosts for the
@@ -34,12 +36,25 @@ set -euo pipefail
 
 log() { printf '[ml-dev-env sshd] %s\n' "$*"; }
 
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"  # logical: the mount path, not the kubelet's ..data target
+CLUSTER_FILE="${ML_DEV_CLUSTER_DIR:-/etc/ml-dev-env/cluster}/cluster.env"
+fact() {  # fact KEY FILE: KEY's value in a KEY=value file, else $KEY from the environment, else empty
+  local key="$1" line value="${!1:-}"
+  if [ -r "$2" ]; then
+    while IFS= read -r line || [ -n "$line" ]; do
+      case "$line" in "$key="*) value="${line#*=}" ;; esac
+    done < "$2"
+  fi
+  value="${value%\"}" value="${value#\"}" value="${value%\'}" value="${value#\'}"
+  printf '%s' "$value"
+}
 STATE_DIR="${ML_DEV_STATE_DIR:-/tmp/ml-dev-env}"
 SECRET_DIR="${ML_DEV_SSH_SECRET_DIR:-/etc/ml-dev-env/ssh}"
-PORT="${ML_DEV_SSH_PORT:-2222}"
+PORT="$(fact ML_DEV_SSH_PORT "$HERE/devloop.env")"
+PORT="${PORT:-2222}"
 LISTEN="${ML_DEV_SSH_LISTEN:-}"
-LOGIN="${ML_DEV_SSH_USER:-ml-dev}"
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+LOGIN="$(fact ML_DEV_SSH_USER "$HERE/devloop.env")"
+LOGIN="${LOGIN:-ml-dev}"
 D="$STATE_DIR/ssh"
 
 SSHD="$(PATH="$PATH:/usr/sbin:/usr/local/sbin" command -v sshd || true)"
@@ -53,20 +68,24 @@ if [ "${1:-}" = "--inetd" ]; then
   [ -r "$D/sshd_config" ] || { log "ERROR: $D/sshd_config is missing: has the pod's sshd started?" >&2; exit 1; }
   exec "$SSHD" -i -f "$D/sshd_config"
 fi
+# Exit codes: 0 = no sshd in this image (nothing to supervise); anything else = the startup script restarts it.
 if [ -z "$SSHD" ]; then
   log "WARNING: no sshd in this image (install openssh-server): no SSH fabric on this pod"
-  exec sleep infinity
+  exit 0
 fi
-if [ ! -r "$SECRET_DIR/host_ed25519_key" ]; then
-  log "WARNING: $SECRET_DIR/host_ed25519_key is missing: no SSH fabric on this pod"
-  exec sleep infinity
-fi
-
 for f in host_ed25519_key id_ed25519 id_ed25519.pub authorized_keys; do
   if [ ! -r "$SECRET_DIR/$f" ]; then
-    log "ERROR: cannot read $SECRET_DIR/$f as UID $(id -u) (groups $(id -G)): no SSH fabric on this pod"
-    exec sleep infinity
+    log "ERROR: cannot read $SECRET_DIR/$f as UID $(id -u) (groups $(id -G)): no SSH fabric on this pod (not Ready)"
+    exit 3
   fi
+done
+APP="$(fact APP_NAME "$CLUSTER_FILE")" HEADLESS="$(fact HEADLESS_SERVICE "$CLUSTER_FILE")" NS="$(fact POD_NAMESPACE "$CLUSTER_FILE")"
+for v in APP HEADLESS NS; do
+  case "${!v}" in
+    ''|*[!a-z0-9.-]*)
+      log "ERROR: $CLUSTER_FILE has no valid APP_NAME, HEADLESS_SERVICE and POD_NAMESPACE (got '$APP' '$HEADLESS' '$NS'): no SSH fabric on this pod"
+      exit 3 ;;
+  esac
 done
 umask 077
 mkdir -p "$D" "$STATE_DIR/ssh-sessions"
@@ -126,12 +145,17 @@ chmod 0700 "$PW_DIR/.ssh"
 install -m 0600 "$SECRET_DIR/authorized_keys" "$PW_DIR/.ssh/ml-dev-env_authorized_keys"
 
 # --- client side: every pod of the stack by short name and by cluster DNS name ----------------
-hosts="${APP_NAME:?}-* *.${HEADLESS_SERVICE:?}.${POD_NAMESPACE:?}.svc.cluster.local *.${HEADLESS_SERVICE}"
+# A pod's /etc/hosts holds only itself and cluster DNS answers `<pod>.<headless>` (the resolv.conf search
+# path starts at <ns>.svc.cluster.local): the first block maps a short name to the pod's headless name, so
+# `ssh <app>-1`, pdsh -w <app>-[0-1] and DeepSpeed's launcher reach it (ssh_config: first value wins).
+hosts="$APP-* *.$HEADLESS.$NS.svc.cluster.local *.$HEADLESS"
 known=""
 for pattern in $hosts; do known="${known:+$known,}[$pattern]:$PORT"; done
 printf '%s %s\n' "$known" "$(cut -d' ' -f1,2 "$SECRET_DIR/host_ed25519_key.pub")" > "$D/known_hosts"
 cat > "$D/client.conf" <<CONF
 # written by sshd.sh: the stack's pods (ml-dev-env SSH fabric)
+Host $APP-* !*.*
+    HostName %h.$HEADLESS.$NS.svc.cluster.local
 Host $hosts
     Port $PORT
     IdentityFile $D/id_ed25519
@@ -168,11 +192,19 @@ if [ "$uid" = 0 ]; then
   # Root's sshd chroots its pre-authentication child into /run/sshd (sshd-session.c/sshd-auth.c
   # privsep_preauth_child: always when UID 0); an unprivileged sshd does not. CRI-O's default
   # capabilities (internal/config/capabilities Default()) lack SYS_CHROOT, so UID-0 pods need it added.
+  # It also demotes that child (setgroups, setresuid): SETGID and SETUID, which an SCC's requiredDropCapabilities
+  # would remove (SCC admission adds them to the container's drop list).
   capeff="$(awk '/^CapEff:/ {print $2}' /proc/self/status)"
   if [ -n "$capeff" ] && (( ((16#$capeff >> 18) & 1) == 0 )); then
     log "ERROR: this pod runs as root without CAP_SYS_CHROOT, which root's sshd needs (privilege separation): add SYS_CHROOT" \
         "to ml-dev-env:security.memlock.capabilities (the SCC must allow it). No SSH fabric on this pod."
-    exec sleep infinity
+    exit 4
+  fi
+  if [ -n "$capeff" ] && (( ((16#$capeff >> 6) & 3) != 3 )); then
+    log "ERROR: this pod runs as root without CAP_SETGID/CAP_SETUID, which root's sshd needs to demote its pre-auth child:" \
+        "the SCC's requiredDropCapabilities must not list SETUID or SETGID (oc get scc <name> -o jsonpath='{.requiredDropCapabilities}')." \
+        "No SSH fabric on this pod."
+    exit 4
   fi
   mkdir -p /run/sshd && chmod 0755 /run/sshd
 fi
@@ -211,7 +243,7 @@ chmod 0600 "$D/sshd_config"
 # at every login). It stays a child of sshd (exec keeps the PID), so it ends with the pod.
 REFRESH="${ML_DEV_SSH_REFRESH_SECONDS:-30}"
 (
-  while sleep "$REFRESH"; do
+  while sleep "$REFRESH" && kill -0 $$ 2>/dev/null; do  # ends with sshd (a restarted sshd starts its own)
     if ! cmp -s "$SECRET_DIR/authorized_keys" "$PW_DIR/.ssh/ml-dev-env_authorized_keys"; then
       install -m 0600 "$SECRET_DIR/authorized_keys" "$PW_DIR/.ssh/ml-dev-env_authorized_keys.new" &&
         mv -f "$PW_DIR/.ssh/ml-dev-env_authorized_keys.new" "$PW_DIR/.ssh/ml-dev-env_authorized_keys" &&

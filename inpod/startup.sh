@@ -304,11 +304,10 @@ PIDS=()
 # changes, and what it passes on (a Jupyter kernel inherits the server's environment, also after a kernel
 # restart) would stay the count it started with. Kernels load the current rank.env at start (IPython startup
 # file below); terminals are bash, which sources it through ~/.bashrc -> env.sh.
+RANK_KEYS=(ML_DEV_POD NODE_RANK NNODES GPUS_PER_NODE WORLD_SIZE MASTER_ADDR MASTER_PORT PET_NNODES PET_NODE_RANK
+           PET_NPROC_PER_NODE PET_MASTER_ADDR PET_MASTER_PORT DEEPSPEED_HOSTFILE ML_DEV_HOSTS ML_DEV_PODS)
 UNSET_RANK=()
-for key in ML_DEV_POD NODE_RANK NNODES GPUS_PER_NODE WORLD_SIZE MASTER_ADDR MASTER_PORT PET_NNODES PET_NODE_RANK \
-           PET_NPROC_PER_NODE PET_MASTER_ADDR PET_MASTER_PORT DEEPSPEED_HOSTFILE ML_DEV_HOSTS ML_DEV_PODS; do
-  UNSET_RANK+=(-u "$key")
-done
+for key in "${RANK_KEYS[@]}"; do UNSET_RANK+=(-u "$key"); done
 start() {  # start <name> <command...>
   local name="$1"; shift
   log "starting $name: $*"
@@ -326,9 +325,56 @@ stop() {
   exit 0
 }
 trap stop TERM INT
+# an early exit (a `${VAR:?}` below, set -e) must not leave the started children running
+trap 'if [ "${#PIDS[@]}" -gt 0 ]; then kill "${PIDS[@]}" 2>/dev/null || true; fi' EXIT
 
 # --- SSH fabric on every pod (dev loop: sshd.sh, next to this script in the startup ConfigMap) ----
-if [ -r "$(dirname "$0")/sshd.sh" ]; then start sshd bash "$(dirname "$0")/sshd.sh"; fi
+# Supervised: restarted when it exits (back-off up to 60 s); exit 0 means the image has no sshd. The
+# readiness probe (components/pod.py) fails while $STATE_DIR/ssh/wanted exists and sshd.pid names no live
+# process: a pod whose image has sshd is not Ready without it.
+supervise_sshd() {
+  local delay=1 child="" code
+  trap 'if [ -n "$child" ]; then kill "$child" 2>/dev/null; fi; exit 0' TERM INT
+  while true; do
+    bash "$SCRIPT_DIR/sshd.sh" &
+    child=$!
+    code=0
+    wait "$child" || code=$?
+    child=""
+    if [ "$code" -eq 0 ]; then rm -f "$STATE_DIR/ssh/wanted"; return 0; fi
+    log "sshd exited with status $code; restarting in $delay s"
+    sleep "$delay"
+    delay=$((delay * 2 > 60 ? 60 : delay * 2))
+  done
+}
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"  # logical: the mount path
+if [ -r "$SCRIPT_DIR/sshd.sh" ]; then
+  if PATH="$PATH:/usr/sbin:/usr/local/sbin" command -v sshd >/dev/null 2>&1; then
+    { mkdir -p "$STATE_DIR/ssh" && : > "$STATE_DIR/ssh/wanted"; } 2>/dev/null || true
+  fi
+  log "starting sshd (supervised): bash $SCRIPT_DIR/sshd.sh"
+  # without the rank values (sshd.sh snapshots its env as the sessions' container env)
+  if [ -w "$STATE_DIR/logs" ]; then
+    (unset "${RANK_KEYS[@]}"; supervise_sshd) >"$STATE_DIR/logs/sshd.log" 2>&1 &
+  else
+    (unset "${RANK_KEYS[@]}"; supervise_sshd) 2>&1 &
+  fi
+  PIDS+=("$!")
+fi
+
+# --- idle agent (lifecycle; every pod reports its activity, pod 0 decides) ---------------------
+# Started when its settings are mounted (/etc/ml-dev-env/lifecycle/idle.json, updated in place; the agent
+# only reports while idleStop is off). It ships next to this script in the startup ConfigMap. Started
+# before the fabric hold: idle stop must work whatever the hold does (it may wait without end).
+export ML_DEV_IDLE_SETTINGS="${ML_DEV_IDLE_SETTINGS:-/etc/ml-dev-env/lifecycle/idle.json}"
+if [ -f "$ML_DEV_IDLE_SETTINGS" ] && [ -f "$SCRIPT_DIR/idle_agent.py" ] && command -v python3 >/dev/null 2>&1; then
+  start idle-agent python3 "$SCRIPT_DIR/idle_agent.py" run
+  # interactive shells print the pending idle-stop warning at each prompt
+  if ! grep -qs 'idle-warning.sh' "$HOME/.bashrc"; then
+    printf '[ -r %s ] && . %s  # ml-dev-env: idle-stop warning\n' "$(q "$SCRIPT_DIR/idle-warning.sh")" "$(q "$SCRIPT_DIR/idle-warning.sh")" \
+      >> "$HOME/.bashrc" 2>/dev/null || warn "cannot add the idle-warning line to $HOME/.bashrc"
+  fi
+fi
 
 # --- fabric check hold (fabricCheck.onDeploy; docs/operate/fabric-check.md) ----------------------------
 # Pod 0 only. `fabric_check.py hold` returns at once unless fabric.json has onDeploy; then it retries
@@ -387,20 +433,6 @@ if [ "$ORDINAL" -eq 0 ]; then
   done
 else
   log "worker pod: no dev servers (they run on the pod named ${C_APP_NAME:-${APP_NAME:-<app>}}-0)"
-fi
-
-# --- idle agent (lifecycle; every pod reports its activity, pod 0 decides) ---------------------
-# Started when its settings are mounted (/etc/ml-dev-env/lifecycle/idle.json, updated in place; the agent
-# only reports while idleStop is off). It ships next to this script in the startup ConfigMap.
-export ML_DEV_IDLE_SETTINGS="${ML_DEV_IDLE_SETTINGS:-/etc/ml-dev-env/lifecycle/idle.json}"
-SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-if [ -f "$ML_DEV_IDLE_SETTINGS" ] && [ -f "$SCRIPT_DIR/idle_agent.py" ] && command -v python3 >/dev/null 2>&1; then
-  start idle-agent python3 "$SCRIPT_DIR/idle_agent.py" run
-  # interactive shells print the pending idle-stop warning at each prompt
-  if ! grep -qs 'idle-warning.sh' "$HOME/.bashrc"; then
-    printf '[ -r %s ] && . %s  # ml-dev-env: idle-stop warning\n' "$(q "$SCRIPT_DIR/idle-warning.sh")" "$(q "$SCRIPT_DIR/idle-warning.sh")" \
-      >> "$HOME/.bashrc" 2>/dev/null || warn "cannot add the idle-warning line to $HOME/.bashrc"
-  fi
 fi
 
 # --- 5. ready, then follow the cluster ConfigMap -------------------------------------------------

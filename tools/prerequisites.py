@@ -311,8 +311,9 @@ def prerequisites(config: StackConfig, objects: Sequence[Mapping[str, Any]], pat
                 needs.append(
                     Need(
                         f"SecurityContextConstraints {scc} (created by a cluster admin)",
-                        f"{_name(obj)} grants its use",
-                        f"oc get scc {scc}",
+                        f"{_name(obj)} grants its use; its requiredDropCapabilities must not include SETUID or SETGID "
+                        "(the pods' root sshd needs them)",
+                        f"oc get scc {scc} -o jsonpath='{{.requiredDropCapabilities}}'",
                     )
                 )
 

@@ -88,7 +88,9 @@ def _selects(selector: Mapping[str, Any], workload: _Workload) -> bool:
         elif key == "statefulset.kubernetes.io/pod-name" and res.kind == "StatefulSet":
             match = re.fullmatch(re.escape(res.name) + r"-(\d+)", str(value))
             replicas = res.spec.get("replicas", 1)
-            if not match or (isinstance(replicas, int) and int(match.group(1)) >= replicas):
+            # replicas 0 (a suspended stack): no pod now, and the template is what the route reaches once it
+            # is scaled back up, so the template is judged; otherwise the ordinal must be one of the pods
+            if not match or (isinstance(replicas, int) and 0 < replicas <= int(match.group(1))):
                 return False
         elif key not in CONTROLLER_LABELS:
             return False

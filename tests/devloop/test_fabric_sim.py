@@ -343,27 +343,30 @@ def test_nss_wrapper_pod_gives_every_ssh_process_a_passwd_entry(cluster: Cluster
     assert not (cluster.pods[0].state / "ssh" / "nss.env").exists()  # pod 0's image layout: g=u /etc/passwd
 
 
-def test_an_unreachable_pod_is_named(cluster: Cluster) -> None:
+def test_a_dead_sshd_is_restarted_and_a_refused_pod_is_named(cluster: Cluster) -> None:
     pod = cluster.pods[2]
-    # sshd gone from the pod, with every connection it served (pod 0 keeps shared connections open)
-    for pid in cluster.namespace_pids(pod):
-        try:
-            if Path(f"/proc/{pid}/comm").read_text().strip().startswith("sshd"):
-                os.kill(pid, signal.SIGKILL)
-        except (OSError, ProcessLookupError):
-            pass
-    try:
-        res = launch(cluster, "run --timeout 3 -- true", timeout=60)
-        assert res.returncode == 1
+
+    def kill_sshd() -> None:  # with every connection it served (pod 0 keeps shared connections open)
+        for pid in cluster.namespace_pids(pod):
+            try:
+                if Path(f"/proc/{pid}/comm").read_text().strip().startswith("sshd"):
+                    os.kill(pid, signal.SIGKILL)
+            except (OSError, ProcessLookupError):
+                pass
+
+    kill_sshd()
+    res = launch(cluster, "run --timeout 1 -- true", timeout=60)
+    if res.returncode == 1:  # raced the restart: the refused connection is named, with the log to read
         fqdn = re.escape(naming.pod_dns(APP, NS, 2))
-        assert re.search(rf"pod ml-dev-env-2 \({fqdn}\) is not reachable over SSH after 3 s", res.stderr), res.stderr
+        assert re.search(rf"pod ml-dev-env-2 \({fqdn}\) is not reachable over SSH after 1 s: connection refused", res.stderr), res.stderr
+        assert "oc exec -n nccl-test ml-dev-env-2 -c ml-dev -- cat /tmp/ml-dev-env/logs/sshd.log" in res.stderr
         assert "ml-dev-env-1" not in res.stderr and "ml-dev-env-3" not in res.stderr
-    finally:
-        # the pod's sshd again (what a container restart would do)
-        cluster.popen(2, "exec bash /opt/ml-dev-env/sshd.sh >> /tmp/ml-dev-env/logs/sshd.log 2>&1")
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and cluster.exec(0, "ssh -o BatchMode=yes ml-dev-env-2 true").returncode != 0:
-            time.sleep(0.2)
+    # the startup script restarts sshd: the pod is reachable again without a container restart
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and cluster.exec(0, "ssh -o BatchMode=yes ml-dev-env-2 true").returncode != 0:
+        time.sleep(0.2)
+    assert launch(cluster, "run --timeout 5 -- true", timeout=60).returncode == 0
+    assert "restarting" in (pod.state / "logs" / "sshd.log").read_text()
 
 
 def test_deepspeed_pdsh_launch_path_reaches_every_pod(cluster: Cluster) -> None:

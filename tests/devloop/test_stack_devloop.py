@@ -123,7 +123,7 @@ def test_startup_configmap_carries_the_launcher_and_sshd(stack: tuple[str, RunRe
     data = result.one(CM, "-startup").inputs["data"]
     assert {"startup.sh", "sshd.sh", "ssh-session.sh", "ml-dev", "devloop.env"} <= set(data)
     assert data["ml-dev"] == inpod.path("ml-dev").read_text()
-    assert 'start sshd bash "$(dirname "$0")/sshd.sh"' in data["startup.sh"]
+    assert 'bash "$SCRIPT_DIR/sshd.sh"' in data["startup.sh"]
 
 
 def test_outputs_give_laptops_ssh_shells_and_debugger_ports() -> None:

@@ -86,7 +86,8 @@ class Environment:
         self.fabric = Sim(root / "fabric", 2)
         self.fabric.cluster.allreduce["busbw"] = 60.0  # every pair slow: the gate fails (fabric-wide)
 
-    def start(self) -> str:
+    def start(self, program: Path = HOME_PAGE, pod_env: dict[str, str] | None = None) -> str:
+        """Run the gate, the agents and the page; `program`/`pod_env`: the page as a pod would start it."""
         gate = self.fabric.run("gate")
         assert gate.returncode == 1, gate.stdout + gate.stderr
         self.workspace = Path(self.fabric.cluster.host(0)["workspace"])
@@ -99,9 +100,8 @@ class Environment:
         agents = " ".join(f"{p.name}={p.address()}" for p in self.pods)
         pod0 = self.pods[0]
         env = {
+            **(pod_env or {"APP_NAME": "ml-dev-env", "POD_NAMESPACE": "nccl-test"}),
             **pod0.env(self.settings, None),
-            "APP_NAME": "ml-dev-env",
-            "POD_NAMESPACE": "nccl-test",
             "ML_DEV_WORKSPACE": str(self.workspace),
             "ML_DEV_HOME_AGENTS": agents,
             "ML_DEV_HOME_INTERVAL": "1",
@@ -110,7 +110,7 @@ class Environment:
         self.log = self.root / "home.log"
         with open(self.log, "w") as out:
             proc = subprocess.Popen(
-                [sys.executable, str(HOME_PAGE), "serve", "--listen", "127.0.0.1:0"], env=env, stdout=out, stderr=subprocess.STDOUT
+                [sys.executable, str(program), "serve", "--listen", "127.0.0.1:0"], env=env, stdout=out, stderr=subprocess.STDOUT
             )
         self.procs.append(proc)
         self.url = "http://" + wait_for(pod0.state / "home.addr", proc, self.log) + "/"

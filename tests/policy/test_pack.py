@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import select
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ from pulumi_policy.policy import PolicyCustomTimeouts
 from pulumi_policy.proxy import UnknownValueError, unknown_checking_proxy
 
 from policy import rules
+from tests.conftest import run_objects, stack_objects
 from tests.policy.objects import UNKNOWN, container, oauth_proxy, route, service, statefulset
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -127,11 +129,20 @@ def test_stack_adapter_reports_against_the_offending_urn() -> None:
 @pytest.fixture
 def analyzer(tmp_path: Path) -> Iterator[analyzer_pb2_grpc.AnalyzerStub]:
     """`python policy/` from another directory (what pulumi-language-python does), over gRPC."""
-    proc = subprocess.Popen([sys.executable, str(ROOT / "policy")], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # -u and a deadline on the read: the port line must never wait in a block buffer (without PYTHONUNBUFFERED
+    # the child's stdout is a pipe, fully buffered), and a pack that never prints fails instead of hanging
+    proc = subprocess.Popen(
+        [sys.executable, "-u", str(ROOT / "policy")], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 60)
+        if not ready:
+            pytest.fail("`python -u policy/` printed no port within 60 s")
         port = proc.stdout.readline().strip()
-        assert port.isdigit(), proc.stderr.read() if proc.stderr else ""
+        if not port.isdigit():
+            proc.kill()
+            pytest.fail(f"no port from `python policy/`: {port!r} {proc.communicate(timeout=10)[1]}")
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             yield analyzer_pb2_grpc.AnalyzerStub(channel)
     finally:
@@ -184,3 +195,27 @@ def test_readme_documents_every_policy_with_its_level() -> None:
     readme = (ROOT / "policy" / "README.md").read_text()
     rows = dict(re.findall(r"^\| `([a-z0-9-]+)` \| (mandatory|advisory)", readme, flags=re.M))
     assert rows == {spec.name: spec.level for spec in rules.POLICIES}
+
+
+@pytest.mark.parametrize("stack", ["barcelona", "nerc-production"])
+def test_a_suspended_stack_passes_the_served_pack(stack: str, analyzer: analyzer_pb2_grpc.AnalyzerStub) -> None:
+    """The README's suspend procedure (`lifecycle.suspended: true`) passes the guard rails CI and deploy run."""
+    objects = stack_objects(stack)
+    objects.setdefault("lifecycle", {})["suspended"] = True
+    result = run_objects(stack, objects, {"vscodePassword": "x", "jupyterToken": "y"})
+    assert result.error is None, result.error
+    sts = [r for r in result.resources if r.kind == "StatefulSet"]
+    assert sts and all(r.inputs["spec"]["replicas"] == 0 for r in sts)
+    # what `make render` (and so CI and deploy.yml) checks
+    found = rules.evaluate((r.typ, r.inputs, r.options) for r in result.resources)
+    assert [(v.policy, v.message) for v in found if v.level == rules.MANDATORY] == []
+    resources = [
+        analyzer_pb2.AnalyzerResource(
+            type=r.typ, properties=_struct(r.inputs), urn=f"urn:{i}", name=r.name, options=analyzer_pb2.AnalyzerResourceOptions()
+        )
+        for i, r in enumerate(result.resources)
+        if r.custom
+    ]
+    response = analyzer.AnalyzeStack(analyzer_pb2.AnalyzeStackRequest(resources=resources), timeout=60)
+    mandatory = [(d.policyName, d.message) for d in response.diagnostics if d.enforcementLevel == analyzer_pb2.MANDATORY]
+    assert mandatory == []

@@ -1,0 +1,58 @@
+"""The simulation's reading of the render (no root needed): env as the kubelet makes it, the atomic-writer layout."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import inpod
+from tests.conftest import run_objects, stack_objects
+from tests.podsim.layout import DATA, AtomicVolume
+from tests.podsim.render import KUBERNETES_ADDED, PodFacts, container_env, expand, main_container
+
+
+def test_expansion_follows_the_kubelet() -> None:
+    defined = {"A": "x"}
+    assert expand("$(A)/$(B)/$$(A)/$$", defined) == "x/$(B)/$(A)/$"
+
+
+@pytest.mark.parametrize("stack", ["barcelona", "nerc-production"])
+def test_env_of_a_rendered_pod(stack: str) -> None:
+    res = run_objects(stack, stack_objects(stack), {"vscodePassword": "x", "jupyterToken": "y"})
+    assert res.error is None, res.error
+    sts = next(r for r in res.resources if r.kind == "StatefulSet").inputs
+    main = main_container(sts, "ml-dev")
+    pod = PodFacts(f"{sts['metadata']['name']}-1", sts["metadata"]["namespace"], "10.128.0.11", "node-b")
+    secrets = {
+        r.inputs["metadata"]["name"]: dict.fromkeys(r.inputs.get("stringData") or {}, "test") for r in res.resources if r.kind == "Secret"
+    }
+    env = container_env(main, pod, secrets)
+    rendered = [e["name"] for e in main["env"]]
+    assert set(env) - set(rendered) == {"HOSTNAME", *KUBERNETES_ADDED}
+    assert env["POD_NAME"] == env["HOSTNAME"] == pod.name and env["POD_IP"] == pod.ip
+    assert env["HOME"] == env["ML_DEV_HOME"] and env["HOME"].endswith(f"/.home/{pod.name}")
+    assert "$(" not in "".join(env.values())
+    # the render never gives the pods what the programs read from files (cluster.env, devloop.env)
+    assert not {"APP_NAME", "HEADLESS_SERVICE", "ML_DEV_SSH_PORT"} & set(env)
+
+
+def test_programs_see_the_mount_path_through_the_kubelet_layout(tmp_path: Path) -> None:
+    mount = tmp_path / "opt-ml-dev-env"
+    vol = AtomicVolume(mount, mode=0o555)
+    first = vol.write({"ml-dev": inpod.text("ml-dev"), "fabric_check.py": inpod.text("fabric_check.py")})
+    assert os.readlink(mount / "ml-dev") == f"{DATA}/ml-dev" and os.readlink(mount / DATA) == first.name
+    probe = "import runpy, sys; g = runpy.run_path(sys.argv[1], run_name='probe'); print(g.get('HERE') or g['PROGRAM'])"
+    env = {k: v for k, v in os.environ.items() if k != "ML_DEV_DIR"}
+    for key, want in (("ml-dev", mount), ("fabric_check.py", mount / "fabric_check.py")):
+        out = subprocess.run([sys.executable, "-c", probe, str(mount / key)], capture_output=True, text=True, env=env, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == str(want), f"{key} would hand other pods {out.stdout.strip()}"
+    # an update swaps ..data: the old timestamped directory is gone, the mount path still works
+    second = vol.write({"ml-dev": inpod.text("ml-dev"), "fabric_check.py": inpod.text("fabric_check.py")})
+    assert second != first and not first.exists()
+    out = subprocess.run([sys.executable, str(mount / "ml-dev"), "run", "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "--per-pod" in out.stdout
