@@ -3,8 +3,8 @@
 * outputs: the program is run offline for every stack (as `make render`); the table lists every output
   any stack exports, which stacks export it, and what it is (OUTPUT_HELP; the dev servers' `<name>_url`
   come from core/servers.py). An output without a description fails `--check` and the test.
-* exit codes: the model pipeline steps' codes, read from steps/lib/runtime.py (`EXIT_* = n` with the
-  comment above each).
+* exit codes: the model pipeline steps' codes, read from steps/lib/runtime.py (`EXIT_* = n`), described
+  here (EXIT_HELP); a code without a description fails.
 
     python -m tools.docs_reference --write docs/ref/outputs.md docs/ref/exit-codes.md
     python -m tools.docs_reference --check ...   exit 1 when a block is stale
@@ -72,16 +72,27 @@ def outputs_table() -> str:
     return "\n".join([*lines, "", OUTPUTS[1]])
 
 
+# What each step exit code means (steps/lib/runtime.py holds only the numbers: its text is inlined into
+# every step script, and the scripts travel as Tekton args, which have a size limit).
+EXIT_HELP = {
+    "EXIT_FAILED": "any other failure (a local error: disk, permissions, an unexpected state); 2 is a usage error",
+    "EXIT_INTEGRITY": "data does not match what was promised (size, checksum, digest): the file or upload is dropped",
+    "EXIT_AUTH": "the source or the registry refused the credentials (or a token file is missing or empty)",
+    "EXIT_NOT_FOUND": "the repository, revision, object or image does not exist (or nothing matches the include patterns)",
+    "EXIT_REMOTE": "a remote service failed or timed out (after its retries); running the Task again may succeed",
+}
+
+
 def exit_codes_table() -> str:
     source = RUNTIME.read_text()
-    lines_of = source.splitlines()
     rows = []
     for node in ast.parse(source).body:
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, int):
             target = node.targets[0]
             if isinstance(target, ast.Name) and target.id.startswith("EXIT_"):
-                comment = lines_of[node.lineno - 1].partition("#")[2].strip()
-                rows.append(f"| {node.value.value} | `{target.id}` | {comment} |")
+                if target.id not in EXIT_HELP:
+                    raise SystemExit(f"error: {target.id} has no description in tools/docs_reference.py EXIT_HELP")
+                rows.append(f"| {node.value.value} | `{target.id}` | {EXIT_HELP[target.id]} |")
     lines = [EXITS[0], "", "| code | name (steps/lib/runtime.py) | note |", "|---:|---|---|", *rows]
     return "\n".join([*lines, "", EXITS[1]])
 

@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import NoReturn
 
 # Exit codes shared by all steps (argparse itself exits with 2 on usage errors).
-EXIT_FAILED = 1  # any other failure (a local error: disk, permissions, an unexpected state); 2 is a usage error
-EXIT_INTEGRITY = 3  # data does not match what was promised (size, checksum, digest): the file is removed
-EXIT_AUTH = 4  # the source or the registry refused the credentials (or a token file is missing or empty)
-EXIT_NOT_FOUND = 5  # the repository, revision, object or image does not exist (or nothing matches the include patterns)
-EXIT_REMOTE = 6  # a remote service failed or timed out (retried first); running the Task again may succeed
+EXIT_FAILED = 1
+EXIT_INTEGRITY = 3
+EXIT_AUTH = 4
+EXIT_NOT_FOUND = 5
+EXIT_REMOTE = 6
 
 MiB = 1 << 20
 READ_SIZE = 8 * MiB
