@@ -193,7 +193,7 @@ class Collector:
                     self.errors[pod] = error
                     continue
                 self.reports[pod] = report
-                utils = [float(g["util"]) for g in gpu_list(report)]
+                utils = [float(g["util"] or 0) for g in gpu_list(report)]  # None: not reported ([N/A], MIG)
                 series = self.history.setdefault(pod, deque())
                 series.append((now, utils))
                 while series and series[0][0] < now - HISTORY_SECONDS:
@@ -287,10 +287,11 @@ def pods_html(col: Collector, plots: Any) -> str:
             continue
         gpus = gpu_list(report)
         gpu_signal = signal_of(report, "gpu") or {}
-        busy = set(gpu_signal.get("detail", {}).get("busy", []))
+        busy = {str(b) for b in gpu_signal.get("detail", {}).get("busy", [])}  # GPU indexes as strings (or "other")
         cells = " ".join(
-            f'<span class="gpu {"busy" if g["index"] in busy else "idle"}" title="{esc(g.get("uuid", ""))}">'
-            f"GPU {esc(g['index'])}: {esc(int(g['util']))}%{' busy' if g['index'] in busy else ' idle'}</span>"
+            f'<span class="gpu {"busy" if str(g["index"]) in busy else "idle"}" title="{esc(g.get("uuid", ""))}">'
+            f"GPU {esc(g['index'])}: {esc('n/a' if g.get('util') is None else int(g['util']))}%"
+            f"{' busy' if str(g['index']) in busy else ' idle'}</span>"
             for g in gpus
         )
         if not gpus:

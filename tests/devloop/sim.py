@@ -5,8 +5,8 @@ root only to build its mounts, then running the rendered startup script as OpenS
 arbitrary UID with GID 0, no capabilities, no_new_privs. Per pod:
 
 * hostname `<app>-<i>`; its sshd listens on port 2222 of its own loopback address 127.A.B.<i+1>
-  (ML_DEV_SSH_LISTEN; A.B random per cluster, so concurrent test runs never meet), as does a debugger
-  (ML_DEV_DEBUG_HOST);
+  (ML_DEV_SSH_LISTEN; A.B random per cluster, so concurrent test runs never meet), which is also its
+  POD_IP (a debugger started with `--debug-host pod` listens there);
 * /etc/hosts (bind mount) maps every pod's cluster DNS name and short name to those addresses;
 * /opt/ml-dev-env = the rendered `<app>-startup` ConfigMap (read-only), /etc/ml-dev-env/ssh = the
   `<app>-ssh` Secret files (0440, GID 0), /etc/ml-dev-env/cluster = cluster.env of the rank contract;
@@ -227,7 +227,7 @@ class Cluster:
             "ML_DEV_SERVERS": "",
             "ML_DEV_MEMLOCK": "none",
             "ML_DEV_SSH_LISTEN": pod.addr,
-            "ML_DEV_DEBUG_HOST": pod.addr,
+            "POD_IP": pod.addr,
             "ML_DEV_SSH_REFRESH_SECONDS": "1",
             "HOME": "/home/ml-dev-image",  # the image's HOME, not writable here: the startup picks its own
             "LANG": "C.UTF-8",

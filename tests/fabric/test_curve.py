@@ -8,6 +8,7 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import inpod
 from tests.fabric.conftest import PROGRAM, Sim
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -39,8 +40,9 @@ def test_gate_without_svgplot_still_writes_its_json(sim, tmp_path: Path) -> None
     s: Sim = sim(2)
     alone = tmp_path / "alone"
     alone.mkdir()
-    program = alone / "fabric_check.py"
-    program.write_text(PROGRAM.read_text())
+    for key, text in inpod.group("fabric").items():  # the fabric check's files, without the home group's svgplot.py
+        (alone / key).write_text(text)
+    program = alone / PROGRAM.name
     env = s.env(0)
     res = subprocess.run([sys.executable, str(program), "gate"], env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
