@@ -53,6 +53,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from inpod import svgplot
 from steps.embed import write_tree
 from tests.fixtures.images import push_base
 from tests.fixtures.registry import Registry, registry_available, run_registry
@@ -562,6 +563,19 @@ def report(results: list[Result], model_bytes: int, size_label: str, floor: floa
     return "\n".join(lines)
 
 
+def plot(results: list[Result], size_label: str) -> str:
+    """Every run's wall time per approach against its round (the spread the table summarises), as SVG."""
+    by: dict[str, list[Result]] = {}
+    for r in results:
+        by.setdefault(r.name, []).append(r)
+    series: list[dict[str, object]] = [
+        {"label": APPROACHES[k][0], "points": [(i + 1, r.seconds) for i, r in enumerate(v)]} for k, v in by.items()
+    ]
+    return svgplot.line_chart(
+        series, title=f"modelcar packaging, {size_label} model: wall time of every run", x_label="round", y_label="seconds"
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", default="2GiB", help="model size, e.g. 2GiB or 8GiB")
@@ -643,7 +657,8 @@ def main() -> None:
         data = {"size": args.size, "model_bytes": model_bytes, "cpus": os.cpu_count(), "sha256_floor_cpu_s_per_gib": floors,
                 "rounds": args.repeat, "results": [asdict(r) for r in results]}  # fmt: skip
         (args.out / f"{stem}.json").write_text(json.dumps(data, indent=1) + "\n")
-        print(f"\nreport written to {args.out / stem}.md / .json")
+        (args.out / f"{stem}.svg").write_text(plot(results, args.size))
+        print(f"\nreport written to {args.out / stem}.md / .json / .svg (plot of every run)")
     finally:
         stack.close()
         if not args.keep:

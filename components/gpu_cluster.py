@@ -90,7 +90,7 @@ class GpuCluster(pulumi.ComponentResource):
         self._identity()
         self._memlock_privileges()
         self._sriov_attachments()
-        # rack-aware ranks read the pods' nodes (fabricCheck.nodeRacks; README "Fabric check")
+        # rack-aware ranks read the pods' nodes (fabricCheck.nodeRacks; docs/operate/fabric-check.md)
         self._depends += fabric_rbac.pod_reader(name, self._cfg, self._labels, self._child)
         self.storage = self._storage()
         script = pod.startup_script()
@@ -287,14 +287,16 @@ class GpuCluster(pulumi.ComponentResource):
         startup = k8s.core.v1.ConfigMap(
             f"{name}-startup",
             metadata=self._meta(naming.startup_configmap(app)),
-            # + the fabric check (fabric_check.py, fabric.json, rank_order.sh; README "Fabric check")
+            # + the fabric check (fabric_check.py, fabric.json, rank_order.sh; docs/operate/fabric-check.md),
             # + usage.py (`ml-dev status --all`): not hashed into the pod template, like ml-dev it updates in place
+            # + the home page and the SVG plots (home_page.py, svgplot.py; always: the fabric gate draws with svgplot)
             data={
                 "startup.sh": script,
                 **devloop.scripts(self._cfg),
                 **lifecycle.scripts(),
                 **fabric.configmap_files(self._cfg),
                 **inpod.group("usage"),
+                **inpod.group("home"),
             },
             opts=self._child,
         )
@@ -450,6 +452,7 @@ class GpuCluster(pulumi.ComponentResource):
         pod_annotations = {
             "ml-dev-env/startup-sha256": pod.content_hash(script),
             "ml-dev-env/idle-agent-sha256": pod.content_hash("".join(lifecycle.scripts().values())),
+            "ml-dev-env/home-page-sha256": pod.content_hash("".join(inpod.group("home").values())),
             devloop.ANNOTATION_SSH_PORT: str(devloop.SSH_PORT),
             devloop.ANNOTATION_HASH: devloop.restart_hash(cfg),
         }

@@ -214,6 +214,12 @@ CASES: list[tuple[str, str, Mutation, str]] = [
         "ml-dev-env:access.tensorboard: got True; TensorBoard has no authentication of its own",
     ),
     (
+        "home page asked for with token auth",
+        "barcelona",
+        setter("access", {"auth": "token", "tensorboard": False, "home": True}),
+        "ml-dev-env:access.home: got True; home page has no authentication of its own",
+    ),
+    (
         "token auth without its secrets",
         "barcelona",
         setter("access", {"auth": "token", "tensorboard": False, "vscode": False}),

@@ -446,10 +446,15 @@ def test_pod0_service_and_edge_routes(barcelona: RunResult) -> None:
     dev = next(s.inputs for s in barcelona.of_type(SVC) if s.inputs["metadata"]["name"] == "ml-dev-env")
     assert dev["spec"]["selector"]["statefulset.kubernetes.io/pod-name"] == "ml-dev-env-0"
     ports = {p["name"]: (p["port"], p["targetPort"]) for p in dev["spec"]["ports"]}
-    assert ports == {"vscode": (8080, "p-vscode"), "jupyter": (8888, "p-jupyter"), "tensorboard": (6006, "p-tensorboard")}
+    assert ports == {
+        "vscode": (8080, "p-vscode"),
+        "jupyter": (8888, "p-jupyter"),
+        "tensorboard": (6006, "p-tensorboard"),
+        "home": (8090, "p-home"),
+    }
     assert 5678 not in [p["port"] for s in barcelona.of_type(SVC) for p in s.inputs["spec"]["ports"]]
     routes = {r.inputs["metadata"]["name"]: r.inputs["spec"] for r in barcelona.of_type(ROUTE)}
-    assert set(routes) == {"ml-dev-env-vscode", "ml-dev-env-jupyter", "ml-dev-env-tensorboard"}
+    assert set(routes) == {"ml-dev-env-vscode", "ml-dev-env-jupyter", "ml-dev-env-tensorboard", "ml-dev-env-home"}
     for server, spec in ((n.rsplit("-", 1)[1], s) for n, s in routes.items()):
         assert spec["tls"] == {"termination": "edge", "insecureEdgeTerminationPolicy": "Redirect"}
         assert spec["to"]["name"] == "ml-dev-env" and spec["port"] == {"targetPort": server}
@@ -502,7 +507,7 @@ def test_adopted_service_account_gets_oauth_annotations_by_patch(run) -> None:
     patch = result.one("kubernetes:core/v1:ServiceAccountPatch").inputs
     assert patch["metadata"]["name"] == "ml-dev-sa"
     assert set(patch["metadata"]["annotations"]) == {
-        f"serviceaccounts.openshift.io/oauth-redirectreference.{s}" for s in ("vscode", "jupyter", "tensorboard")
+        f"serviceaccounts.openshift.io/oauth-redirectreference.{s}" for s in ("vscode", "jupyter", "tensorboard", "home")
     }
 
 

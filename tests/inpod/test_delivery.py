@@ -64,7 +64,7 @@ def test_the_table_covers_the_package() -> None:
     assert len(set(keys)) == len(keys) and len(set(sources)) == len(sources)
     files = {p.name for p in inpod.HERE.iterdir() if p.is_file()} - NOT_SHIPPED
     assert set(sources) == files, f"not shipped: {sorted(files - set(sources))}; missing: {sorted(set(sources) - files)}"
-    assert {s.group for s in inpod.SHIPPED} == {"startup", "devloop", "lifecycle", "fabric", "usage"}
+    assert {s.group for s in inpod.SHIPPED} == {"startup", "devloop", "lifecycle", "fabric", "usage", "home"}
     for s in inpod.SHIPPED:
         assert inpod.path(s.key) == inpod.HERE / s.source and inpod.text(s.key) == Path(inpod.HERE / s.source).read_text()
     with pytest.raises(KeyError, match="not shipped"):
