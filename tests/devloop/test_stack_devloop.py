@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.machinery
-import importlib.util
+import importlib
 import os
 import subprocess
 import sys
@@ -190,13 +189,8 @@ def test_shared_paths_tell_the_launcher_when_not_to_sync() -> None:
 
 
 def launcher() -> Any:
-    path = str(inpod.path("ml-dev"))
-    loader = importlib.machinery.SourceFileLoader("ml_dev_launcher", path)
-    spec = importlib.util.spec_from_loader("ml_dev_launcher", loader)
-    assert spec
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+    """The launcher's tree rules: ml_dev_sync, shipped next to `ml-dev` (inpod.SHIPPED), imported as a module."""
+    return importlib.import_module("inpod.ml_dev_sync")
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@
   127.0.0.1 (port 0, address from `activity.addr`), with the stub `nvidia-smi` printing the real CSV;
 * the fabric gate's result and curve come from the real `fabric_check.py gate` on the fabric simulation
   (tests/fabric/sim.py), written where the gate writes them (the workspace's `.ml-dev-env/fabric/`);
-* an `ml-dev run` record is written by ml_dev.py's own `Heartbeat`, an SSH session record by the real
+* an `ml-dev run` record is written by ml-dev's own `Heartbeat` (ml_dev_launch.py), an SSH session record by the real
   `ssh-session.sh` (its ForceCommand), so the files have exactly the launcher's and the fabric's shape;
 * the home page runs as a plain process (`home_page.py serve --listen 127.0.0.1:0`) with pod 0's state
   directory, `ML_DEV_HOME_AGENTS` naming the agents' loopback addresses (no cluster DNS here).
@@ -123,7 +123,10 @@ class Environment:
     def busy(self) -> None:
         """GPU work on pod 0, a live `ml-dev run` whose command line carries a script, an SSH session."""
         self.pods[0].gpu(87)
-        ml_dev = load("ml_dev_under_test", ROOT / "inpod" / "ml_dev.py", ML_DEV_STATE_DIR=str(self.pods[0].state))
+        # Heartbeat lives in ml_dev_launch (shipped next to ml-dev); loaded inside the inpod package so that its
+        # sibling imports resolve, with the pod's state directory in place of the one read at import
+        ml_dev = load("inpod.ml_dev_launch_under_test", ROOT / "inpod" / "ml_dev_launch.py")
+        ml_dev.STATE_DIR = self.pods[0].state
         self.heartbeat = ml_dev.Heartbeat("run", {"command": ["python", "train.py", INJECTED], "cwd": "/workspace/x", "pods": ["a", "b"]})
         self.heartbeat.__enter__()
         sessions = self.pods[0].state / "ssh-sessions"

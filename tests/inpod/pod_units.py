@@ -38,6 +38,10 @@ def load(name: str) -> types.ModuleType:
     """inpod/<name> as a module (registered under its stem, so a sibling's import finds the same one)."""
     if name not in _LOADED:
         stem = Path(name).stem
+        imported = sys.modules.get(stem)  # already imported by a sibling (inpod/ is on PYTHONPATH): the same one
+        if imported is not None and getattr(imported, "__file__", None) == str(INPOD / name):
+            _LOADED[name] = imported
+            return imported
         spec = importlib.util.spec_from_file_location(stem, str(INPOD / name))
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
@@ -113,7 +117,8 @@ def dump() -> dict[str, object]:
 
 class IdleAgent(unittest.TestCase):
     def setUp(self) -> None:
-        self.agent = load("idle_agent.py")
+        self.agent = load("idle_probes.py")  # the idle agent's probes; idle_agent.py is its server and command line
+        self.decider = load("idle_decider.py")
         self.tmp = Path(tempfile.mkdtemp(prefix="pod-units-"))
         self.addCleanup(subprocess.run, ["rm", "-rf", str(self.tmp)], check=False)
 
@@ -164,14 +169,14 @@ class IdleAgent(unittest.TestCase):
         self.assertEqual(len(terminals), 1)
         self.assertFalse(terminals[0]["ok"])
         self.assertIn("AttributeError", terminals[0]["detail"]["error"])
-        decider = self.agent.Decider(now=1000.0)
+        decider = self.decider.Decider(now=1000.0)
         self.assertEqual(decider.observe([report], now=5000.0), 0.0)
         self.assertIn("probe failed", decider.reason)
 
     def test_peers_come_from_rank_env(self) -> None:
         (self.tmp / "rank.env").write_text("export ML_DEV_PODS='env-0 env-1 env-2'\nexport ML_DEV_HOSTS='10.0.0.1 10.0.0.2 10.0.0.3'\n")
         with mock_env(ML_DEV_STATE_DIR=str(self.tmp), POD_NAME="env-1", ML_DEV_ACTIVITY_PEERS=""):
-            peers = self.agent.peers({"activityPort": 9099})
+            peers = self.decider.peers({"activityPort": 9099})
         self.assertEqual(peers, [("env-0", "http://10.0.0.1:9099"), ("env-2", "http://10.0.0.3:9099")])
 
     def test_probe_command_prints_the_signals(self) -> None:

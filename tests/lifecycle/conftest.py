@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import os
 import subprocess
@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -35,12 +35,22 @@ TOKEN = "sa-token-for-tests"
 ROLE = "kubernetes:rbac.authorization.k8s.io/v1:Role"
 
 
-def load_agent() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("idle_agent_under_test", AGENT_PATH)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+AGENT_MODULES = ("idle_probes", "idle_decider", "idle_agent")
+"""The idle agent is inpod/idle_agent.py and the modules shipped next to it (inpod.SHIPPED, group lifecycle)."""
+
+
+def agent_module(name: str) -> ModuleType:
+    """One of the agent's modules, where its functions look each other up (the place to monkeypatch)."""
+    assert name in AGENT_MODULES, name
+    return importlib.import_module(f"inpod.{name}")
+
+
+def load_agent() -> SimpleNamespace:
+    """Every public name of the agent's modules in one namespace (read-only view: patch with agent_module)."""
+    names: dict[str, Any] = {}
+    for name in AGENT_MODULES:
+        names.update({k: v for k, v in vars(agent_module(name)).items() if not k.startswith("__")})
+    return SimpleNamespace(**names)
 
 
 @pytest.fixture(scope="session")

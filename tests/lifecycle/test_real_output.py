@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.lifecycle.conftest import load_agent
+from tests.lifecycle.conftest import agent_module, load_agent
 
 agent = load_agent()
 REAL = Path(__file__).resolve().parents[1] / "data" / "tool_output"
@@ -114,8 +114,9 @@ def test_an_unexpected_exception_in_a_local_probe_counts_as_active(monkeypatch: 
     def broken(*_: Any) -> dict[str, Any]:
         raise AttributeError("'str' object has no attribute 'removesuffix'")  # what Python 3.8 raised on main
 
-    monkeypatch.setattr(agent, "probe_gpu", broken)
-    monkeypatch.setattr(agent, "is_rank0", lambda: False)
+    probes = agent_module("idle_probes")  # where local_activity looks its probes up
+    monkeypatch.setattr(probes, "probe_gpu", broken)
+    monkeypatch.setattr(probes, "is_rank0", lambda: False)
     report = agent.local_activity(SETTINGS)
     gpu = next(s for s in report["signals"] if s["name"] == "gpu")
     assert gpu["ok"] is False and gpu["detail"]["error"].startswith("AttributeError")

@@ -1,0 +1,359 @@
+"""The idle agent's local signals (gpu, terminals, ssh, launcher, vscode, jupyter), its settings and environment.
+
+Shipped next to idle_agent.py (inpod.SHIPPED); Python 3.8+, standard library only.
+"""
+
+from __future__ import annotations
+
+import calendar
+import contextlib
+import json
+import os
+import re
+import shlex
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable
+
+AGENT = "ml-dev-env-idle-agent"
+GPU_QUERY = "index,uuid,utilization.gpu,utilization.memory,memory.used"
+APPS_QUERY = "gpu_uuid,pid,process_name,used_memory"
+LAUNCHER_FRESH_SECONDS = 60  # the launcher touches its heartbeat at least every 15 s
+SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+DEFAULTS: dict[str, Any] = {
+    "enabled": False,
+    "idleTimeoutSeconds": 3600,
+    "intervalSeconds": 60,
+    "warningLeadSeconds": 600,
+    "gpuUtilThreshold": 5,
+    "gpuMemoryUtilThreshold": 5,
+    "gpuMemoryFloorMiB": 1024,
+    "unreachableSeconds": 600,
+    "activityPort": 9099,
+    "servers": [],
+}
+
+
+def log(message: str) -> None:
+    print(f"[idle-agent] {time.strftime('%H:%M:%S')} {message}", flush=True)
+
+
+def env(name: str, default: str = "") -> str:
+    return os.environ.get(name, default)
+
+
+def state_dir() -> Path:
+    return Path(env("ML_DEV_STATE_DIR", "/tmp/ml-dev-env"))
+
+
+def load_settings() -> dict[str, Any]:
+    path = Path(env("ML_DEV_IDLE_SETTINGS", "/etc/ml-dev-env/lifecycle/idle.json"))
+    try:
+        return {**DEFAULTS, **json.loads(path.read_text())}
+    except (OSError, ValueError) as exc:
+        log(f"settings {path} unreadable ({exc}); idle stop off")
+        return dict(DEFAULTS)
+
+
+def read_rank_env() -> dict[str, str]:
+    """rank.env (the rank contract: `export KEY=value ...` lines written by startup.sh)."""
+    values: dict[str, str] = {}
+    for line in (state_dir() / "rank.env").read_text().splitlines():
+        words = shlex.split(line, comments=True)
+        if words and words[0] == "export":
+            words = words[1:]
+        for word in words:
+            key, sep, value = word.partition("=")
+            if sep:
+                values[key] = value
+    return values
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def parse_time(text: str) -> float:
+    """Jupyter's ISO-8601 UTC timestamps ('2026-11-23T10:05:00.123456Z')."""
+    base = text.rstrip("Z").split("+")[0]
+    whole, _, frac = base.partition(".")
+    seconds = calendar.timegm(time.strptime(whole, "%Y-%m-%dT%H:%M:%S"))
+    return seconds + (float(f"0.{frac}") if frac else 0.0)
+
+
+def signal(name: str, ok: bool, active: bool = False, age: float | None = None, **detail: Any) -> dict[str, Any]:
+    """One probe's result: ok (the probe worked), active (activity now), age (seconds since the last activity)."""
+    return {"name": name, "ok": ok, "active": active, "age": None if age is None else round(max(age, 0.0), 1), "detail": detail}
+
+
+# ------------------------------------------------------------------------------------------ probes
+
+
+def parse_csv(text: str) -> list[dict[str, str]]:
+    """`nvidia-smi --query-*=... --format=csv`: a header of field names (`utilization.gpu [%]`), then one row
+    per GPU or process; cells as printed (units, `[N/A]`). Keyed by the field name without its unit.
+    Lines without a comma ("No running processes found") are not rows."""
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    header = [cell.strip().split(" [", 1)[0] for cell in lines[0].split(",")] if lines else []
+    if not header or not all(re.match(r"^[a-z][A-Za-z0-9_.]*$", name) for name in header):
+        raise ValueError(f"no nvidia-smi CSV header in {text.strip()[:200]!r}")
+    rows = []
+    for line in lines[1:]:
+        cells = [cell.strip() for cell in line.split(",")]
+        if len(cells) != len(header):
+            if len(cells) == 1:
+                continue
+            raise ValueError(f"unexpected nvidia-smi row {line!r} for header {header}")
+        rows.append(dict(zip(header, cells)))
+    return rows
+
+
+def number(cell: str | None) -> float | None:
+    """A numeric cell ('97 %', '61234 MiB', '97'); None when the GPU does not report it ('[N/A]',
+    '[Not Supported]', 'N/A': MIG utilisation, unified-memory memory.used). Anything else raises."""
+    if cell is None:
+        return None
+    value = cell.strip()
+    if not value or value.startswith("[") or value.upper() == "N/A":
+        return None
+    for unit in ("MiB", "%", "W", "MHz"):
+        if value.endswith(unit):
+            value = value[: -len(unit)].strip()
+    return float(value)
+
+
+def parse_gpu_csv(text: str) -> list[dict[str, Any]]:
+    """GPUs of `nvidia-smi --query-gpu=<GPU_QUERY> --format=csv`; a value the GPU does not report is None."""
+    gpus: list[dict[str, Any]] = []
+    for row in parse_csv(text):
+        gpus.append(
+            {
+                "index": int(row["index"]) if row.get("index", "").isdigit() else len(gpus),
+                "uuid": row.get("uuid"),
+                "util": number(row.get("utilization.gpu")),
+                "memUtil": number(row.get("utilization.memory")),
+                "memUsedMiB": number(row.get("memory.used")),
+            }
+        )
+    if not gpus:
+        raise ValueError("nvidia-smi listed no GPU")
+    return gpus
+
+
+def parse_compute_apps(text: str) -> list[dict[str, Any]]:
+    """Processes of `nvidia-smi --query-compute-apps=<APPS_QUERY> --format=csv` (a header alone: none)."""
+    apps = []
+    for row in parse_csv(text):
+        pid = row.get("pid", "")
+        apps.append(
+            {
+                "gpuUuid": row.get("gpu_uuid"),
+                "pid": int(pid) if pid.isdigit() else None,
+                "name": row.get("process_name") or row.get("name"),
+                "usedMiB": number(row.get("used_gpu_memory") or row.get("used_memory")),
+            }
+        )
+    return apps
+
+
+def busy_gpus(gpus: list[dict[str, Any]], apps: list[dict[str, Any]], settings: dict[str, Any]) -> dict[str, list[str]]:
+    """Why each busy GPU is busy. A GPU with a compute process is busy whatever its utilisation (a CPU phase
+    of a job holds its memory at 0 %); so is one whose memory in use reaches the floor, or whose SM or
+    memory-controller utilisation reaches its threshold. A value the GPU does not report ([N/A]: MIG
+    utilisation, unified-memory memory.used) is no evidence either way; MIG instances are judged by their
+    processes. A process on a GPU this query did not list still counts (key 'other')."""
+    why: dict[str, list[str]] = {}
+    by_uuid = {g["uuid"]: str(g["index"]) for g in gpus}
+    for app in apps:
+        key = by_uuid.get(app["gpuUuid"], "other")
+        why.setdefault(key, []).append(f"compute process {app['pid'] if app['pid'] is not None else '?'} ({app['name'] or '?'})")
+    floor = settings.get("gpuMemoryFloorMiB", DEFAULTS["gpuMemoryFloorMiB"])
+    for g in gpus:
+        key = str(g["index"])
+        if g["memUsedMiB"] is not None and g["memUsedMiB"] >= floor:
+            why.setdefault(key, []).append(f"{g['memUsedMiB']:g} MiB in use (floor {floor} MiB)")
+        if g["util"] is not None and g["util"] >= settings["gpuUtilThreshold"]:
+            why.setdefault(key, []).append(f"utilization.gpu {g['util']:g} %")
+        if g["memUtil"] is not None and g["memUtil"] >= settings["gpuMemoryUtilThreshold"]:
+            why.setdefault(key, []).append(f"utilization.memory {g['memUtil']:g} %")
+    return why
+
+
+def nvidia_smi(query: str) -> str:
+    cmd = [env("ML_DEV_NVIDIA_SMI", "nvidia-smi"), query, "--format=csv"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=False)
+    if proc.returncode != 0:
+        # e.g. "Failed to initialize NVML: Driver/library version mismatch" (a driver upgrade under a running
+        # container): nothing can be judged, the probe fails and counts as active
+        raise ValueError(f"`{' '.join(cmd[:2])}` exit {proc.returncode}: {' '.join((proc.stderr or proc.stdout).split())[:200]}")
+    return proc.stdout
+
+
+def probe_gpu(settings: dict[str, Any]) -> dict[str, Any]:
+    try:
+        gpus = parse_gpu_csv(nvidia_smi(f"--query-gpu={GPU_QUERY}"))
+        apps = parse_compute_apps(nvidia_smi(f"--query-compute-apps={APPS_QUERY}"))
+    except (OSError, ValueError, KeyError, subprocess.SubprocessError) as exc:
+        return signal("gpu", False, error=str(exc))
+    why = busy_gpus(gpus, apps, settings)
+    return signal("gpu", True, active=bool(why), busy=sorted(why), why=why, gpus=gpus, processes=len(apps))
+
+
+def probe_terminals(now: float) -> dict[str, Any]:
+    pts = Path(env("ML_DEV_PTS_DIR", "/dev/pts"))
+    inputs = {}
+    with contextlib.suppress(OSError):
+        for entry in pts.iterdir():
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError):
+                    inputs[entry.name] = entry.stat().st_atime
+    age = now - max(inputs.values()) if inputs else None
+    return signal("terminals", True, age=age, open=len(inputs))
+
+
+def proc_start_time(pid: int) -> str | None:
+    """Field 22 of /proc/<pid>/stat (start time in clock ticks): tells a reused PID from the original."""
+    try:
+        stat = Path(env("ML_DEV_PROC_DIR", "/proc"), str(pid), "stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[-1].split()[19] if ")" in stat else None
+
+
+def session_alive(record: Path) -> bool:
+    """An SSH session record named after its PID; a first line holding the start time guards PID reuse."""
+    if not record.name.isdigit() or not pid_alive(int(record.name)):
+        return False
+    try:
+        first = record.read_text().splitlines()[0].strip() if record.stat().st_size else ""
+    except (OSError, IndexError):
+        first = ""
+    return not first.isdigit() or proc_start_time(int(record.name)) in (None, first)
+
+
+def probe_ssh() -> dict[str, Any]:
+    # activity/ssh/<pid> (the activity-records contract) and ssh-sessions/<pid> (the SSH fabric's ForceCommand)
+    live = []
+    for records in (state_dir() / "activity" / "ssh", state_dir() / "ssh-sessions"):
+        with contextlib.suppress(OSError):
+            live += [int(p.name) for p in records.iterdir() if session_alive(p)]
+    sessions = []
+    if env("ML_DEV_SSH_PROCESS_SCAN", "1") == "1":
+        for proc in Path(env("ML_DEV_PROC_DIR", "/proc")).glob("[0-9]*"):
+            with contextlib.suppress(OSError):
+                title = (proc / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+                if title.startswith("sshd: ") and "@" in title:  # sshd's per-session process title
+                    sessions.append(int(proc.name))
+    return signal("ssh", True, active=bool(live or sessions), records=sorted(live), sessionProcesses=sorted(sessions))
+
+
+def probe_launcher(now: float) -> dict[str, Any]:
+    # activity/launcher.heartbeat (the contract) and heartbeat/{run,rank}-<pid>.json (the launcher, every 10 s)
+    beats = [state_dir() / "activity" / "launcher.heartbeat", *sorted((state_dir() / "heartbeat").glob("*.json"))]
+    active, ages, runs = False, [], []
+    for beat in beats:
+        try:
+            mtime = beat.stat().st_mtime
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            return signal("launcher", False, error=str(exc))
+        pid = None
+        with contextlib.suppress(OSError, ValueError, AttributeError, IndexError, KeyError, TypeError):
+            pid = int(json.loads(beat.read_text().strip().splitlines()[0])["pid"])
+        alive = pid is None or pid_alive(pid)
+        ages.append(now - mtime)
+        if alive and now - mtime <= LAUNCHER_FRESH_SECONDS:
+            active = True
+            runs.append(beat.name)
+    return signal("launcher", True, active=active, age=min(ages) if ages else None, runs=runs)
+
+
+def probe_vscode(now: float) -> dict[str, Any]:
+    data = env("XDG_DATA_HOME") or str(Path(env("HOME", "/tmp")) / ".local" / "share")
+    beat = Path(env("ML_DEV_CODE_SERVER_HEARTBEAT", str(Path(data) / "code-server" / "heartbeat")))
+    try:
+        return signal("vscode", True, age=now - beat.stat().st_mtime, heartbeat=str(beat))
+    except FileNotFoundError:
+        return signal("vscode", True, heartbeat=str(beat), note="no heartbeat yet (never used)")
+    except OSError as exc:
+        return signal("vscode", False, error=str(exc))
+
+
+def _jupyter_get(path: str) -> Any:
+    base = env("ML_DEV_JUPYTER_URL", "http://127.0.0.1:8888").rstrip("/")
+    request = urllib.request.Request(base + path)
+    if env("JUPYTER_TOKEN"):
+        request.add_header("Authorization", f"token {env('JUPYTER_TOKEN')}")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def probe_jupyter(now: float) -> dict[str, Any]:
+    try:
+        status = _jupyter_get("/api/status")
+        # no_track_activity: our own polling must not count as activity (jupyter_server
+        # base/handlers.py APIHandler.update_api_activity; /api/status never tracks activity)
+        kernels = _jupyter_get("/api/kernels?no_track_activity=1")
+        terminals = _jupyter_get("/api/terminals?no_track_activity=1")
+        stamps = [parse_time(status["last_activity"])]
+        stamps += [parse_time(k["last_activity"]) for k in kernels if k.get("last_activity")]
+        stamps += [parse_time(t["last_activity"]) for t in terminals if t.get("last_activity")]
+    except (OSError, ValueError, KeyError, TypeError, urllib.error.URLError) as exc:
+        return signal("jupyter", False, error=str(exc))
+    busy = [k.get("id") for k in kernels if k.get("execution_state") == "busy"]
+    return signal(
+        "jupyter",
+        True,
+        active=bool(busy),
+        age=now - max(stamps),
+        busyKernels=busy,
+        kernels=len(kernels),
+        terminals=len(terminals),
+        connections=status.get("connections"),
+    )
+
+
+def guarded(name: str, probe: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """A probe's signal; any exception it did not expect is a failed probe (counts as active), never a crash."""
+    try:
+        return probe()
+    except Exception as exc:
+        return signal(name, False, error=f"{type(exc).__name__}: {exc}")
+
+
+def local_activity(settings: dict[str, Any]) -> dict[str, Any]:
+    now = time.time()
+    signals = [
+        guarded("gpu", lambda: probe_gpu(settings)),
+        guarded("terminals", lambda: probe_terminals(now)),
+        guarded("ssh", probe_ssh),
+        guarded("launcher", lambda: probe_launcher(now)),
+    ]
+    # the IDE servers run on pod 0 only (startup.sh); workers report only their own signals
+    if is_rank0():
+        if "vscode" in settings.get("servers", []):
+            signals.append(guarded("vscode", lambda: probe_vscode(now)))
+        if "jupyter" in settings.get("servers", []):
+            signals.append(guarded("jupyter", lambda: probe_jupyter(now)))
+    return {"pod": env("POD_NAME") or env("HOSTNAME"), "node": env("NODE_NAME") or None, "time": now, "signals": signals}
+
+
+def is_rank0() -> bool:
+    try:
+        return read_rank_env().get("NODE_RANK") == "0"
+    except OSError:
+        return env("NODE_RANK", "") == "0"
+
+
+# ---------------------------------------------------------------------------------- whole env

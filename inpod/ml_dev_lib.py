@@ -1,0 +1,277 @@
+"""ml-dev's shared library: paths, the rank contract (rank.env), the environment rule, the pods (Cluster), parallel calls.
+
+Shipped next to ml-dev (inpod.SHIPPED); Python 3.8+, standard library only.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+
+def _program_dir() -> str:
+    """The directory of the `ml-dev` program as called (os.path.abspath, never resolve(): behind the mount's
+    symlinks lies the kubelet's `..<timestamp>` directory, which differs on every pod). This module is imported
+    through sys.path[0], which Python sets to the script's directory with symlinks resolved (docs: sys.path),
+    so its own __file__ would name that `..<timestamp>` directory: the running program's path is used instead."""
+    main = sys.modules.get("__main__")
+    program = getattr(main, "__file__", None)
+    if program and os.path.basename(program) in ("ml-dev", "ml_dev.py"):
+        return os.path.dirname(os.path.abspath(program))
+    return os.path.dirname(os.path.abspath(__file__))
+
+
+# The mount path of the startup ConfigMap (container env ML_DEV_DIR, core.naming.STARTUP_MOUNT), else the
+# program's directory as called. Other pods are handed this path.
+HERE = Path(os.environ.get("ML_DEV_DIR") or _program_dir())
+
+STATE_DIR = Path(os.environ.get("ML_DEV_STATE_DIR", "/tmp/ml-dev-env"))
+IGNORE_FILE = ".ml-devignore"
+SYNC_MANIFEST = ".ml-dev-synced"
+HEARTBEAT_SECONDS = 10
+STOP_GRACE_DEFAULT = 30  # lifecycle.checkpointGraceSeconds' default; the pod's value comes with rank.env
+
+
+def stop_grace(values: dict[str, str] | None = None) -> int:
+    """Seconds a stopped rank gets to save a checkpoint before its process group is killed."""
+    text = (values or {}).get("ML_DEV_CHECKPOINT_GRACE_SECONDS") or os.environ.get("ML_DEV_CHECKPOINT_GRACE_SECONDS", "")
+    return int(text) if text.isdigit() else STOP_GRACE_DEFAULT
+
+
+def stop_signal(values: dict[str, str] | None = None) -> signal.Signals:
+    """The signal a stopped rank gets first (lifecycle.checkpointSignal; SIGTERM unless set)."""
+    name = (values or {}).get("ML_DEV_CHECKPOINT_SIGNAL") or os.environ.get("ML_DEV_CHECKPOINT_SIGNAL", "SIGTERM")
+    return getattr(signal.Signals, name, signal.SIGTERM) if name.startswith("SIG") else signal.SIGTERM
+
+
+DEBUG_PORT = 5678
+PY = "python3"
+PER_POD_ENV = (
+    "HOSTNAME",
+    "HOME",
+    "PWD",
+    "OLDPWD",
+    "SHLVL",
+    "_",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "MAIL",
+    "TERM",
+    "POD_*",
+    "NODE_NAME",
+    "ML_DEV_POD",
+    "ML_DEV_HOME",
+    "NODE_RANK",
+    "PET_NODE_RANK",
+    "RANK",
+    "LOCAL_RANK",
+    "SSH_*",
+    "LD_PRELOAD",
+    "NSS_WRAPPER_*",
+    "KUBERNETES_*",
+)
+"""Never carried from the launching pod to the others (glob patterns): what differs per pod by nature.
+core/pod_contract.py holds the same tuple (tests/test_contract.py); `ml-dev run --help` prints it."""
+
+
+def die(message: str, code: int = 1) -> None:
+    print(f"ml-dev: {message}", file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+# ------------------------------------------------------------------------------------ environment
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """Values of a shell-sourceable file, as the shell sees them (the file is the contract, not its syntax)."""
+    if not path.is_file():
+        return {}
+    out = subprocess.run(
+        ["bash", "-c", 'set -a; . "$1" >/dev/null 2>&1; env -0', "_", str(path)],
+        stdout=subprocess.PIPE,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+        check=False,
+    ).stdout
+    values = dict(item.split("=", 1) for item in out.decode().split("\0") if "=" in item)
+    return {k: v for k, v in values.items() if k not in ("PWD", "SHLVL", "_", "PATH")}
+
+
+def container_env() -> dict[str, str]:
+    """The env every SSH session gets on every pod (sshd.sh's session.env: the container env), else PID 1's."""
+    path = STATE_DIR / "ssh" / "session.env"
+    if path.is_file():
+        out = subprocess.run(
+            ["bash", "-c", 'PATH=; set -a; . "$1" >/dev/null 2>&1; env -0', "_", str(path)],
+            stdout=subprocess.PIPE,
+            env={},
+            check=False,
+        ).stdout
+    else:
+        try:
+            out = Path("/proc/1/environ").read_bytes()
+        except OSError:
+            return {}
+    return dict(item.split("=", 1) for item in out.decode(errors="replace").split("\0") if "=" in item)
+
+
+def per_pod(name: str) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in PER_POD_ENV)
+
+
+def launch_env(extra: list[str]) -> dict[str, str]:
+    """What travels to every rank: this shell's variables that differ from the container env (except the
+    per-pod set), then `--env K=V`."""
+    base = container_env()
+    carried = {k: v for k, v in os.environ.items() if base.get(k) != v and not per_pod(k)}
+    for item in extra:
+        if "=" not in item or not item.split("=", 1)[0]:
+            die(f"--env {item!r}: expected NAME=value")
+        key, value = item.split("=", 1)
+        carried[key] = value
+    return carried
+
+
+def read_line(fd: int, limit: float) -> bytes:
+    """One line from a raw fd (no buffered reader: the rest of the stream is the stop channel), with a deadline."""
+    import select
+
+    data = b""
+    deadline = time.monotonic() + limit
+    while not data.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            die(f"no launch environment on stdin within {limit:.0f} s")
+        chunk = os.read(fd, 1)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+class Cluster:
+    def __init__(self) -> None:
+        self.devloop = read_env_file(Path(os.environ.get("ML_DEV_DEVLOOP_ENV", HERE / "devloop.env")))
+        rank_file = STATE_DIR / "rank.env"
+        self.rank_env = read_env_file(rank_file)
+        if not self.rank_env.get("ML_DEV_HOSTS"):
+            die(f"{rank_file} has no ML_DEV_HOSTS: is this an ml-dev-env pod, and has its startup script run?")
+        self.hosts = self.rank_env["ML_DEV_HOSTS"].split()
+        self.pods = self.rank_env.get("ML_DEV_PODS", "").split() or [h.split(".")[0] for h in self.hosts]
+        self.me = int(self.rank_env.get("NODE_RANK", "-1"))
+        self.ssh_config = STATE_DIR / "ssh" / "client.conf"
+        # images without a writable /etc/passwd: ssh needs the nss_wrapper entry sshd.sh made (children inherit it)
+        os.environ.update(read_env_file(STATE_DIR / "ssh" / "nss.env"))
+        shared = self.devloop.get("ML_DEV_SHARED_PATHS", "").split()
+        self.shared_paths = [Path(p) for p in shared]
+        self.per_pod_paths = [Path(p) for p in self.devloop.get("ML_DEV_PER_POD_PATHS", "").split()] + [STATE_DIR]
+        parts = self.hosts[0].split(".")
+        self.namespace = parts[2] if len(parts) > 2 else ""
+
+    def label(self, rank: int) -> str:
+        return f"rank {rank} ({self.pods[rank]})"
+
+    def ssh(self, rank: int, remote: list[str], batch: bool = True) -> list[str]:
+        control = STATE_DIR / "ssh" / "cm-%C"
+        opts = [
+            "-F",
+            str(self.ssh_config),
+            "-o",
+            "ConnectTimeout=5",
+            "-o",
+            "ControlMaster=auto",
+            "-o",
+            f"ControlPath={control}",
+            "-o",
+            "ControlPersist=30",
+            "-o",
+            "LogLevel=ERROR",
+        ]
+        if batch:
+            opts += ["-o", "BatchMode=yes"]
+        return ["ssh", *opts, self.hosts[rank], shlex.join(remote)]
+
+    def rsh(self) -> str:
+        """The ssh command line rsync uses (-e)."""
+        return shlex.join(self.ssh(0, [])[:-2])
+
+    def is_shared(self, path: Path) -> bool:
+        return any(path == p or p in path.parents for p in self.shared_paths)
+
+    def is_per_pod(self, path: Path) -> bool:
+        """HOME (`.home/<pod>`), the state dir: one pod's own, never synced."""
+        return any(path == p or p in path.parents for p in self.per_pod_paths)
+
+    def sshd_log_command(self, rank: int) -> str:
+        ns = f" -n {self.namespace}" if self.namespace else ""
+        return f"oc exec{ns} {self.pods[rank]} -c ml-dev -- cat {STATE_DIR}/logs/sshd.log"
+
+    def explain(self, rank: int, stderr: str, code: int) -> str:
+        """What the SSH client saw when it could not reach `rank`, in words, and where that pod's sshd log is."""
+        text = stderr.strip()
+        known = (
+            ("Could not resolve hostname", "the name does not resolve"),
+            ("Name or service not known", "the name does not resolve"),
+            ("Connection refused", "connection refused (no sshd listening on the pod)"),
+            ("Host key verification failed", "the host key does not match the stack's known_hosts"),
+            ("REMOTE HOST IDENTIFICATION HAS CHANGED", "the host key does not match the stack's known_hosts"),
+            ("Permission denied", "authentication refused (the stack key is not accepted)"),
+            ("kex_exchange_identification", "connection closed during key exchange (sshd died, see its log)"),
+            ("Connection closed by", "connection closed during key exchange (sshd died, see its log)"),
+            ("Connection reset", "connection closed during key exchange (sshd died, see its log)"),
+            ("timed out", "connection timed out"),
+            ("No route to host", "no route to the pod"),
+        )
+        what = next((words for needle, words in known if needle in text), f"ssh exited {code}")
+        last = (text.splitlines() or [""])[-1]
+        return f"{what}" + (f" [{last}]" if last else "") + f"; its sshd log: {self.sshd_log_command(rank)}"
+
+
+def parallel(fn: Callable[[int], object], ranks: list[int]) -> dict[int, object]:
+    results: dict[int, object] = {}
+
+    def one(rank: int) -> None:
+        try:
+            results[rank] = fn(rank)
+        except Exception as exc:  # reported per pod
+            results[rank] = exc
+
+    threads = [threading.Thread(target=one, args=(r,)) for r in ranks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def wait_reachable(cluster: Cluster, timeout: float) -> None:
+    """Every pod answers over SSH (the same connection is kept for what follows), else name the ones that do not."""
+    deadline = time.monotonic() + timeout
+
+    def probe(rank: int) -> str:
+        last = ""
+        while True:
+            res = subprocess.run(cluster.ssh(rank, ["true"]), capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
+            if res.returncode == 0:
+                return ""
+            last = cluster.explain(rank, res.stderr, res.returncode)
+            if time.monotonic() >= deadline:
+                return last
+            time.sleep(1)
+
+    results = parallel(probe, [r for r in range(len(cluster.hosts)) if r != cluster.me])
+    bad = {r: e for r, e in results.items() if e}
+    if bad:
+        lines = [
+            f"pod {cluster.pods[r]} ({cluster.hosts[r]}) is not reachable over SSH after {timeout:.0f} s: {e}"
+            for r, e in sorted(bad.items())
+        ]
+        die("\n  ".join(lines))
