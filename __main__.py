@@ -18,7 +18,7 @@ from core.servers import routed_servers
 from stacks import loader
 from stacks.environment import FACTS_OUTPUT
 
-# Two kinds of stack, one program (README "Team environments"): a cluster stack (`Pulumi.<cluster>.yaml`) builds the
+# Two kinds of stack, one program (docs: Use, "Team environments"): a cluster stack (`Pulumi.<cluster>.yaml`) builds the
 # cluster layer (image builds, model pipeline, SCC, shared claims) and hosts its own environment; an environment stack
 # (`Pulumi.<cluster>-<env>.yaml`, it sets `environment`) builds one person's environment on the cluster's image.
 stack = loader.load(f"Pulumi.{pulumi.get_stack()}.yaml", Path(__file__).resolve().parent)

@@ -1,4 +1,4 @@
-"""Cluster and environment layers of one cluster (README "Team environments").
+"""Cluster and environment layers of one cluster (docs: Use, "Team environments").
 
 * `cluster_facts`: what a cluster stack exports for its environments (`environment_facts`, versioned).
 * `stack_label_transformation`: every Kubernetes object's own metadata carries `ml-dev-env/stack: <stack>`

@@ -145,7 +145,7 @@ def warning_text(stop_at: float, idle: float) -> str:
         "(GPUs released, data kept). Any activity cancels it: a command, a running job, GPU work. "
         f"Each rank of `ml-dev run` then gets {env('ML_DEV_CHECKPOINT_SIGNAL', 'SIGTERM')} and "
         f"{env('ML_DEV_CHECKPOINT_GRACE_SECONDS', '30')} s to save a checkpoint: handle that signal in your job "
-        "(README 'Checkpoint before a stop'). "
+        "(docs: Use, 'Suspend, resume and idle stop', 'Checkpoint before a stop'). "
         "Resume later with `pulumi up --refresh`."
     )
 

@@ -1031,7 +1031,7 @@ class FabricCheckConfig(Model):
 
 
 class EnvironmentConfig(Model):
-    """Makes the stack an environment stack: one person's environment on a cluster stack's cluster (README "Team environments")."""
+    """Makes the stack an environment stack: one person's environment on a cluster stack's cluster (docs: Use, "Team environments")."""
 
     cluster: DnsLabel = Field(
         description="The cluster stack (its `Pulumi.<cluster>.yaml` in this project) whose image, storage and network it uses."
@@ -1074,7 +1074,7 @@ class StackConfig(Model):
     environment: EnvironmentConfig | None = Field(
         None,
         description="Set only in an environment stack (`Pulumi.<cluster>-<env>.yaml`): the cluster and the environment "
-        '(README "Team environments").',
+        '(docs: Use, "Team environments").',
     )
 
     @rule

@@ -1,4 +1,4 @@
-"""Environment stacks: one person's environment on a cluster stack's cluster (README "Team environments").
+"""Environment stacks: one person's environment on a cluster stack's cluster (docs: Use, "Team environments").
 
 An environment stack's file holds only what is personal (`ENVIRONMENT_KEYS`); every other setting comes from
 its cluster stack's file in the same project. `environment_config` merges the two into the raw config the

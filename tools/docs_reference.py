@@ -46,6 +46,9 @@ OUTPUT_HELP = {
     "model_pipeline_runs": "The PipelineRun name of each model (stacks with models).",
     "model_runs": "Per model: its run and the commands to follow or retry it (`make runs`).",
     "model_images": "Per model: the modelcar image in the internal registry.",
+    "environment_facts": "What the cluster stack gives its environment stacks (versioned): namespace, app name, runtime "
+    'image, SCC and its Role, shared claims (read through a StackReference; see Use, "Team environments").',
+    "environment": 'An environment stack\'s cluster, environment name and namespace (see Use, "Team environments").',
 }
 
 

@@ -63,7 +63,7 @@ def test_the_render_ties_grace_period_pre_stop_and_env_together() -> None:
     assert rendered_stop(120, "SIGUSR1").env == {"ML_DEV_CHECKPOINT_GRACE_SECONDS": "120", "ML_DEV_CHECKPOINT_SIGNAL": "SIGUSR1"}
 
 
-# A training loop as a user writes it (README "Checkpoint before a stop"): the handler only sets a flag; the
+# A training loop as a user writes it (docs: "Checkpoint before a stop"): the handler only sets a flag; the
 # loop saves at the next step boundary (write to a temporary file, fsync, rename) and exits.
 TRAIN = """
 import os, signal, sys, time
