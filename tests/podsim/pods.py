@@ -276,13 +276,14 @@ class PodSim:
 
     # ------------------------------------------------------------------------------- lifecycle
 
-    def start(self, timeout: float = 90) -> PodSim:
+    def start(self, timeout: float = 90, wait: bool = True) -> PodSim:
+        """Network, DNS and every pod; with `wait`, until each is Ready (else call `wait_ready` per pod)."""
         self._started = True
         try:
             self._network()
             for pod in self.pods:
                 self._start_pod(pod)
-            for pod in self.pods:
+            for pod in self.pods if wait else ():
                 self.wait_ready(pod.index, timeout)
         except BaseException:
             self.stop()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -217,3 +218,51 @@ def test_a_laptop_key_logs_in_to_a_pod_ip(sim: PodSim, tmp_path: Path) -> None:
     argv += ["-o", "IdentitiesOnly=yes", "-o", f"UserKnownHostsFile={known}", "-o", "BatchMode=yes", f"{user}@{pod.ip}", "id -u; hostname"]
     res = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     assert res.returncode == 0 and res.stdout.split() == [str(sim.identity.uid), pod.name], res.stderr + sim.sshd_log(1)
+    # a key the stack does not know is refused, also when password or keyboard-interactive is asked for
+    for extra in ([], ["-o", "PreferredAuthentications=password,keyboard-interactive"]):
+        stranger = [*argv[:8], str(sim.keys / "stranger"), *extra, *argv[9:]]
+        refused = subprocess.run(stranger, capture_output=True, text=True, timeout=30)
+        assert refused.returncode == 255 and "Permission denied (publickey)" in refused.stderr, refused.stderr
+
+
+def test_root_without_sys_chroot_is_not_ready_and_says_what_to_configure() -> None:
+    """barcelona without SYS_CHROOT in security.memlock.capabilities: root's sshd cannot run; the pod is not Ready."""
+
+    def no_chroot(objects: dict[str, Any]) -> None:
+        objects["security"]["memlock"]["capabilities"] = ["IPC_LOCK", "SYS_RESOURCE"]
+
+    s = PodSim(render("barcelona", no_chroot), count=1)
+    try:
+        s.start(wait=False)
+        deadline = time.monotonic() + 30
+        while "add SYS_CHROOT to ml-dev-env:security.memlock.capabilities" not in s.sshd_log(0):
+            assert time.monotonic() < deadline, s.sshd_log(0)
+            time.sleep(0.2)
+        assert not s.probe(0)
+    finally:
+        s.stop()
+
+
+def on_deploy_and_idle_stop(objects: dict[str, Any]) -> None:
+    objects["fabricCheck"] = {**objects.get("fabricCheck", {}), "onDeploy": True}
+    objects["lifecycle"] = {**objects.get("lifecycle", {}), "idleStop": {"enabled": True}}
+
+
+def test_on_deploy_holds_pod_0_with_the_idle_agent_running_until_released() -> None:
+    """Variant of barcelona with fabricCheck.onDeploy and lifecycle.idleStop: the gate cannot pass here (no GPUs),
+    so pod 0 holds and is not Ready, its idle agent runs anyway; `fabric_check.py release` lets it turn Ready."""
+    before = set(leftovers())
+    s = PodSim(render("barcelona", on_deploy_and_idle_stop), count=2)
+    try:
+        s.start(wait=False)
+        s.wait_ready(1, timeout=90)
+        assert not s.probe(0)
+        agents = s.exec(0, "pgrep -f idle_agent.py; pgrep -f 'fabric_check.py hold'", timeout=30)
+        assert len(agents.stdout.split()) >= 2, agents.stdout + s.pods[0].log.read_text()
+        released = s.exec(0, "python3 /opt/ml-dev-env/fabric_check.py release", timeout=30)
+        assert released.returncode == 0, released.stderr
+        s.wait_ready(0, timeout=90)
+        assert s.terminate(1, grace=10) == "exited"  # startup.sh stops its children on SIGTERM
+    finally:
+        s.stop()
+    assert set(leftovers()) <= before
