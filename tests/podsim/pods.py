@@ -12,6 +12,7 @@ with sim.start():                                  # N pods, each Ready by its r
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import re
@@ -20,9 +21,11 @@ import select
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -170,7 +173,12 @@ class PodSim:
         secrets: Mapping[str, Mapping[str, str]] | None = None,
         user_keys: Sequence[str] = (),
         grace_seconds: float | None = None,
+        read_only_passwd: Sequence[int] = (),
+        python_packages: Sequence[str] = (),
     ) -> None:
+        """`read_only_passwd`: pods whose image leaves /etc/passwd read-only (not the stack's base image: the
+        programs fall back to nss_wrapper); `python_packages`: modules of this interpreter the image has
+        (copied into the pods' site-packages, e.g. debugpy of images/base-requirements.in)."""
         self.result = result
         self.resources = list(result.resources)
         sts = next(r.inputs for r in self.resources if r.kind == "StatefulSet")
@@ -209,6 +217,8 @@ class PodSim:
             )
             for i in range(self.count)
         ]
+        self.read_only_passwd = tuple(read_only_passwd)
+        self.python_packages = self._packages(python_packages)
         self.gpus = int((self.main.get("resources") or {}).get("limits", {}).get("nvidia.com/gpu", 0))
         self._started = False
 
@@ -242,6 +252,21 @@ class PodSim:
                 )
             out[name] = {**values, **dict(given.get(name, {}))}
         return out
+
+    def _packages(self, names: Sequence[str]) -> list[str]:
+        import importlib
+
+        site = self.base / "site"
+        site.mkdir()
+        found = []
+        for name in names:
+            try:
+                module = importlib.import_module(name)
+            except ImportError:
+                continue
+            shutil.copytree(Path(module.__file__).parent, site / name)  # type: ignore[arg-type]
+            found.append(name)
+        return found
 
     def facts(self, pod: Pod) -> PodFacts:
         return PodFacts(pod.name, self.namespace, pod.ip, f"node-{pod.index}")
@@ -436,7 +461,9 @@ class PodSim:
             f"mount -t tmpfs -o mode=755 tmpfs {root}/run",
             # the image's layout (images/base.Containerfile): /workspace g=u GID 0, /etc/passwd g=u, ml-dev on PATH
             f"mkdir -p {root}/workspace && chgrp 0 {root}/workspace && chmod g=u {root}/workspace",
-            f"chgrp 0 {root}/etc/passwd && chmod g=u {root}/etc/passwd",
+            f"chgrp 0 {root}/etc/passwd && chmod {'644' if pod.index in self.read_only_passwd else 'g=u'} {root}/etc/passwd",
+            f"site=$(/usr/bin/python3 -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])') && mkdir -p {root}$site"
+            f" && cp -a {self.base}/site/. {root}$site/",
             f"rm -f {root}/etc/ssh/ssh_host_*",
             f"printf '%s\\n' '#!/bin/sh' 'exec python3 /opt/ml-dev-env/ml-dev \"$@\"' > {root}/usr/local/bin/ml-dev",
             f"chmod 0755 {root}/usr/local/bin/ml-dev",
@@ -574,6 +601,70 @@ class PodSim:
         return subprocess.Popen(
             self.command(index, cmd, cwd, env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
         )
+
+    @staticmethod
+    def interrupt(proc: subprocess.Popen[str], sig: int = signal.SIGINT) -> None:
+        """A terminal's Ctrl-C to a `popen`ed command: `sig` to its process group inside the pod (the nsenter on
+        this machine, which `oc` would be, only waits for it)."""
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and int(entry) != proc.pid:
+                try:
+                    if os.getpgid(int(entry)) == proc.pid:
+                        os.kill(int(entry), sig)
+                except (ProcessLookupError, PermissionError):
+                    continue
+
+    def write(self, index: int, path: str, text: str, mode: int = 0o644) -> Path:
+        """Write a file in pod `index` (parents made) as the pod's user would: owned by its UID, group 0."""
+        pod = self.pods[index]
+        target = pod.path(path)
+        missing = [p for p in [target.parent, *target.parent.parents] if not p.exists()]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        for d in missing:
+            os.chown(d, self.identity.uid, self.identity.gid)
+        target.write_text(text)
+        target.chmod(mode)
+        os.chown(target, self.identity.uid, self.identity.gid)
+        return target
+
+    def sessions(self, index: int) -> list[dict[str, str]]:
+        """Live SSH sessions of pod `index` (ssh-session.sh's files: start time, user)."""
+        out = []
+        for f in self.pods[index].path("/tmp/ml-dev-env/ssh-sessions").glob("*"):
+            lines = f.read_text().splitlines()
+            out.append({"pid": f.name, "start": lines[0] if lines else "", "user": lines[1] if len(lines) > 1 else ""})
+        return out
+
+    def pod_pids(self, index: int) -> list[int]:
+        """Every process of pod `index` (its PID namespace), as this machine numbers them."""
+        return pids_in_namespace_of(os.readlink(f"/proc/{self.pods[index].pid}/ns/pid"))
+
+    def in_network(self, argv: Sequence[str]) -> list[str]:
+        """argv run in the simulation's bridge namespace (a node of the pod network, not a pod): reaches every pod IP."""
+        return ["nsenter", f"--net=/run/netns/{self.cluster_ns}", *argv]
+
+    def connect(self, index: int, port: int, timeout: float = 5) -> socket.socket:
+        """A TCP connection from the bridge namespace to pod `index`'s IP (the socket keeps its namespace)."""
+        result: list[socket.socket | BaseException] = []
+
+        def work() -> None:
+            libc = ctypes.CDLL(None, use_errno=True)
+            try:
+                with open(f"/run/netns/{self.cluster_ns}") as f:
+                    if libc.setns(f.fileno(), 0x40000000):  # CLONE_NEWNET, this thread only
+                        raise OSError(ctypes.get_errno(), "setns")
+                result.append(socket.create_connection((self.pods[index].ip, port), timeout=timeout))
+            except BaseException as exc:  # handed to the caller
+                result.append(exc)
+
+        thread = threading.Thread(target=work)  # a thread of its own: it never returns to this namespace
+        thread.start()
+        thread.join(timeout + 5)
+        if not result:
+            raise TimeoutError(f"connect to {self.pods[index].ip}:{port}")
+        if isinstance(result[0], BaseException):
+            raise result[0]
+        return result[0]
 
     def swap_configmap(self, name: str, data: Mapping[str, str] | None = None) -> None:
         """A ConfigMap (or Secret) update as the kubelet applies it: a new `..<timestamp>` directory, `..data` swapped,
