@@ -266,3 +266,42 @@ def test_on_deploy_holds_pod_0_with_the_idle_agent_running_until_released() -> N
     finally:
         s.stop()
     assert set(leftovers()) <= before
+
+
+def test_a_count_change_in_the_cluster_configmap_rewrites_rank_env_in_place(sim: PodSim) -> None:
+    """The kubelet swaps cluster.env's ..data; every startup script (polling every ML_DEV_POLL_SECONDS, 10 s by
+    default) rewrites rank.env without a restart, and the launcher follows."""
+    name = next(n for n in sim.configmaps if n.endswith("-cluster"))
+    before = dict(sim.configmaps[name])
+    pid1 = [p.pid for p in sim.pods]
+    try:
+        sim.swap_configmap(name, {"cluster.env": before["cluster.env"].replace("NNODES=2", "NNODES=1")})
+        deadline = time.monotonic() + 40
+        while "NNODES='1'" not in sim.exec(0, "cat /tmp/ml-dev-env/rank.env", timeout=30).stdout:
+            assert time.monotonic() < deadline, sim.pods[0].log.read_text()
+            time.sleep(0.5)
+        res = sim.exec(0, "ml-dev exec -- hostname", timeout=120)
+        assert res.returncode == 0 and res.stdout.split() == ["[0]", sim.pods[0].name], res.stdout + res.stderr
+    finally:
+        sim.swap_configmap(name, before)
+        deadline = time.monotonic() + 40
+        while "NNODES='2'" not in sim.exec(0, "cat /tmp/ml-dev-env/rank.env", timeout=30).stdout and time.monotonic() < deadline:
+            time.sleep(0.5)
+    assert [p.pid for p in sim.pods] == pid1 and all(p.proc and p.proc.poll() is None for p in sim.pods)
+
+
+def test_termination_stops_every_process_of_the_pod() -> None:
+    """The kubelet's kill on a worker: SIGTERM to PID 1 (startup.sh), which stops sshd, the idle agent and itself
+    within the grace period; nothing of the pod is left."""
+    s = PodSim(render("nerc-production"), count=2)
+    try:
+        s.start()
+        pid_ns = os.readlink(f"/proc/{s.pods[1].pid}/ns/pid")
+        assert len(pids_in_namespace_of(pid_ns)) >= 3  # startup.sh, sshd, the idle agent at least
+        assert s.terminate(1, grace=15) == "exited"
+        deadline = time.monotonic() + 10
+        while pids_in_namespace_of(pid_ns) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not pids_in_namespace_of(pid_ns)
+    finally:
+        s.stop()
