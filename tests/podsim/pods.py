@@ -264,7 +264,7 @@ class PodSim:
                 module = importlib.import_module(name)
             except ImportError:
                 continue
-            shutil.copytree(Path(module.__file__).parent, site / name)  # type: ignore[arg-type]
+            shutil.copytree(Path(str(module.__file__)).parent, site / name)
             found.append(name)
         return found
 
@@ -671,7 +671,7 @@ class PodSim:
         on every running pod (`data` None: the same content again)."""
         source = self.configmaps if name in self.configmaps else self.secrets
         if data is not None:
-            source[name] = dict(data)  # type: ignore[index]
+            source[name] = dict(data)
         for pod in self.pods:
             for v in self.pod_spec.get("volumes") or []:
                 ref = (v.get("configMap") or {}).get("name") or (v.get("secret") or {}).get("secretName")
