@@ -75,10 +75,12 @@ def admit(resources: Iterable[Any], pod_spec: Mapping[str, Any], container: Mapp
     # An SCC of the stack: capabilities = the runtime's defaults + add - drop - requiredDropCapabilities
     # (apiserver-library-go pkg/securitycontextconstraints/capabilities/mustrunas.go Generate: required drops are
     # added to the container's drop list; CRI-O then removes `drop` from its defaults + `add`).
+    # Generate: add = (defaultAddCapabilities - container drop) + container add; drop = required + container drop.
     required = [c.upper() for c in scc.get("requiredDropCapabilities") or []]
+    default_add = [c.upper() for c in scc.get("defaultAddCapabilities") or [] if c.upper() not in drop]
     gone = set(drop) | set(required)
     base = [] if "ALL" in gone else list(CRIO_DEFAULT_CAPABILITIES)
-    final = tuple(dict.fromkeys(c for c in [*base, *add] if c not in gone))
+    final = tuple(dict.fromkeys(c for c in [*base, *default_add, *add] if c not in gone))
     # runAsUser RunAsAny without a runAsUser: the image's USER (images/base.Containerfile sets none: root)
     default_uid = 0 if (scc.get("runAsUser") or {}).get("type") == "RunAsAny" else NAMESPACE_UID
     uid = int(sc.get("runAsUser", default_uid))
