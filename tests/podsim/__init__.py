@@ -23,7 +23,10 @@ Platform rules (everything a pod gets is a rendered field or one of these), with
   spec.nodeName), secretKeyRefs from the test's values, `$(VAR)` from EARLIER variables, `$$` a literal `$`,
   an undefined `$(VAR)` kept (kubernetes third_party/forked/golang/expansion/expand.go Expand;
   pkg/kubelet/kubelet_pods.go makeEnvironmentVariables); HOSTNAME = pod name (the runtime) and the
-  `kubernetes` Service's KUBERNETES_* links (pkg/kubelet/envvars/envvars.go FromServices).
+  `kubernetes` Service's KUBERNETES_* links (pkg/kubelet/envvars/envvars.go FromServices); the device plugins'
+  env for the requested extended resources: PCIDEVICE_OPENSHIFT_IO_<NAME> = a VF's PCI address per SR-IOV
+  resource (k8snetworkplumbingwg/sriov-network-device-plugin pkg/resources/server.go getEnvs) and
+  NVIDIA_VISIBLE_DEVICES = the GPUs' UUIDs for nvidia.com/gpu (NVIDIA/k8s-device-plugin, envvar strategy).
 * ConfigMap/Secret volumes (`layout.AtomicVolume`): `<key> -> ..data/<key>`, `..data -> ..<UTC timestamp>.<random>`
   (a different directory on every pod); an update writes a new directory and renames `..data_tmp` over `..data`
   (pkg/volume/util/atomic_writer.go AtomicWriter.Write, newTimestampDir, createUserVisibleFiles). Modes: the

@@ -275,8 +275,26 @@ class PodSim:
         return f"{self.pods[index].name}.{self.headless}.{self.namespace}.svc.{CLUSTER_DOMAIN}"
 
     def container_env(self, pod: Pod) -> dict[str, str]:
-        """The main container's process env: the image's ENV, then the rendered env as the kubelet makes it."""
-        return {**image_env(), **container_env(self.main, self.facts(pod), self.secrets)}
+        """The main container's process env: the image's ENV, the rendered env as the kubelet makes it, then what
+        the device plugins of the requested extended resources hand the kubelet (`device_plugin_env`)."""
+        return {**image_env(), **container_env(self.main, self.facts(pod), self.secrets), **self.device_plugin_env(pod)}
+
+    def device_plugin_env(self, pod: Pod) -> dict[str, str]:
+        """Env the device plugins' Allocate answers add (the kubelet merges it into the container's env):
+        * SR-IOV network device plugin, resource `<prefix>/<name>` (the SR-IOV operator's prefix openshift.io):
+          PCIDEVICE_<PREFIX, `.` as `_`>_<NAME>, upper-cased, = the allocated VF's PCI address
+          (k8snetworkplumbingwg/sriov-network-device-plugin pkg/resources/server.go getEnvs);
+        * NVIDIA device plugin, nvidia.com/gpu (device-list-strategy envvar, the default): NVIDIA_VISIBLE_DEVICES =
+          the allocated GPUs' UUIDs (NVIDIA/k8s-device-plugin internal/plugin/server.go)."""
+        env: dict[str, str] = {}
+        limits = (self.main.get("resources") or {}).get("limits") or {}
+        sriov = sorted(r for r in limits if r.startswith("openshift.io/"))
+        for k, resource in enumerate(sriov):
+            prefix, _, name = resource.partition("/")
+            env[f"PCIDEVICE_{prefix.replace('.', '_')}_{name}".upper()] = f"0000:{0x03 + 0x20 * k:02x}:00.{2 + pod.index % 4}"
+        if self.gpus:
+            env["NVIDIA_VISIBLE_DEVICES"] = ",".join(f"GPU-{i:08x}-4d87-49d1-2eb9-39ec2baddf9b" for i in range(self.gpus))
+        return env
 
     def _records(self) -> dict[str, list[str]]:
         svc = f"{self.headless}.{self.namespace}.svc.{CLUSTER_DOMAIN}"
