@@ -309,3 +309,26 @@ def test_termination_stops_every_process_of_the_pod() -> None:
         assert not pids_in_namespace_of(pid_ns)
     finally:
         s.stop()
+
+
+def test_oc_exec_runs_outside_pid_1s_tree_with_the_containers_env_limits_and_capabilities(sim: PodSim) -> None:
+    script = "cat /proc/$$/status; echo LIMIT $(ulimit -l); echo CWD $(pwd); env"
+    res = sim.exec(1, script, timeout=30)
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert re.search(r"^PPid:\s+0$", out, re.M)  # its parent is outside the pod's PID namespace (runc exec)
+    assert capability_mask(out) == set(sim.identity.capabilities) & set(CAPABILITY_BITS)
+    assert "LIMIT 8192" in out and "CWD /workspace" in out  # the runtime's memlock, the image's WORKDIR
+    env = dict(line.split("=", 1) for line in out.splitlines() if "=" in line and not line.startswith(("LIMIT", "CWD")))
+    assert env["POD_NAME"] == sim.pods[1].name and env["HOME"] == f"/workspace/.home/{sim.pods[1].name}"
+    assert "ML_DEV_STATE_DIR" in env and "APP_NAME" not in env
+
+
+def test_nothing_is_routed_outside_the_simulations_namespaces(sim: PodSim) -> None:
+    """The bridge namespace has no route off it: a pod's packet to any other address goes nowhere."""
+    routes = subprocess.run(["ip", "-n", sim.cluster_ns, "route", "show", "default"], capture_output=True, text=True, timeout=30)
+    assert routes.returncode == 0 and routes.stdout.strip() == ""
+    res = sim.exec(0, "ip route get 192.0.2.1 2>&1; getent hosts example.org || echo unresolved", timeout=30)
+    assert "via 10.128.0.1 dev eth0" in res.stdout and "unresolved" in res.stdout  # to the gateway, which drops it
+    other = sim.exec(0, f"python3 -c \"import socket; socket.create_connection(('{sim.pods[1].ip}', 2222), 5); print('reached')\"")
+    assert "reached" in other.stdout, other.stderr  # pods reach each other's IPs
