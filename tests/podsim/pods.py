@@ -51,6 +51,22 @@ TOOLS = ("unshare", "nsenter", "ip", "setpriv", "prlimit", "sshd", "ssh", "ssh-k
 SERVICE_ACCOUNT = "/run/secrets/kubernetes.io/serviceaccount"  # /var/run -> /run in the image
 
 
+TEST_SECRETS = {"vscodePassword": "test-password", "jupyterToken": "test-token"}
+
+
+def render_stack(stack: str, mutate: Any = None) -> Any:
+    """The recorded objects of a committed stack (`mutate(objects)` edits its config first), through the real program."""
+    from tests.conftest import run_objects, stack_objects
+
+    objects = stack_objects(stack)
+    if mutate:
+        mutate(objects)
+    result = run_objects(stack, objects, TEST_SECRETS)
+    if result.error is not None:
+        raise RuntimeError(f"{stack}: the render failed: {result.error}")
+    return result
+
+
 def missing_requirements() -> str | None:
     """Why the simulation cannot run here (None when it can)."""
     if os.geteuid() != 0:

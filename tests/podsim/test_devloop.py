@@ -26,7 +26,7 @@ from components import devloop
 from core import naming
 from tests.conftest import stack_objects
 from tests.podsim.pods import PodSim, leftovers, missing_requirements
-from tests.podsim.test_pods import render
+from tests.podsim.pods import render_stack as render
 
 REASON = missing_requirements()
 pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}"), pytest.mark.timeout(300)]

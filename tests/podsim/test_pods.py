@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import run_objects, stack_objects
 from tests.podsim.pods import (
     CAPABILITY_BITS,
     SERVICE_ACCOUNT,
@@ -27,12 +26,11 @@ from tests.podsim.pods import (
     leftovers,
     missing_requirements,
     pids_in_namespace_of,
+    render_stack,
 )
 
 REASON = missing_requirements()
 pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}"), pytest.mark.timeout(300)]
-
-SECRETS = {"vscodePassword": "test-password", "jupyterToken": "test-token"}
 
 # What a running container has beyond its rendered env: the runtime's HOSTNAME, the kubelet's service links of
 # the default `kubernetes` Service (envvars.go FromServices), the image's ENV (images/base.Containerfile) and the
@@ -74,13 +72,7 @@ PLATFORM_MOUNTS = {
 }
 
 
-def render(stack: str, mutate: Any = None) -> Any:
-    objects = stack_objects(stack)
-    if mutate:
-        mutate(objects)
-    result = run_objects(stack, objects, SECRETS)
-    assert result.error is None, result.error
-    return result
+render = render_stack
 
 
 @pytest.fixture(scope="module", params=["barcelona", "nerc-production"])
