@@ -674,14 +674,16 @@ class ModelPipeline(pulumi.ComponentResource):
             )
 
         specs = task_specs(tools.image, cfg.tools_base_image, present, cfg.chunk_threshold, cfg.max_layer_size, cfg.registry_ca_file)
-        streaming = any(m.stream for m in args.models)
+        # Each Task and Pipeline exists only when a model runs it: streaming (the default) needs neither the
+        # download Task nor the PVC Pipeline; a model with `stream: false` or `uploadToS3` brings them back.
+        modes = {model_sizing.STREAM if m.stream else model_sizing.PVC for m in args.models}
         for task, spec in specs.items():
-            if task == "package-stream" and not streaming:
-                continue  # only stacks with a streaming model get the streaming Task and Pipeline
-            deps.append(crds.custom_resource(f"{name}-task-{task}", "tekton.dev/v1", "Task", meta(STEP[task].task), spec, child))
-        pipeline = pipeline_spec(cfg.max_model_size_gi)
-        deps.append(crds.custom_resource(f"{name}-pipeline", "tekton.dev/v1", "Pipeline", meta(PIPELINE), pipeline, child))
-        if streaming:
+            if STEP[task].modes & modes:
+                deps.append(crds.custom_resource(f"{name}-task-{task}", "tekton.dev/v1", "Task", meta(STEP[task].task), spec, child))
+        if model_sizing.PVC in modes:
+            pipeline = pipeline_spec(cfg.max_model_size_gi)
+            deps.append(crds.custom_resource(f"{name}-pipeline", "tekton.dev/v1", "Pipeline", meta(PIPELINE), pipeline, child))
+        if model_sizing.STREAM in modes:
             stream_pipeline = stream_pipeline_spec(cfg.max_model_size_gi)
             deps.append(
                 crds.custom_resource(f"{name}-pipeline-stream", "tekton.dev/v1", "Pipeline", meta(STREAM_PIPELINE), stream_pipeline, child)

@@ -1,7 +1,8 @@
 """Sizing rules of the model-packaging pipeline (pure functions, no Pulumi).
 
 The packager streams every layer straight to the registry, so node-ephemeral scratch is a small
-constant per step; only the workspace PVC grows with the model (it holds the downloaded weights).
+constant per step. By default it reads the weights straight from the source (no volume for them); only
+a model that downloads first (`stream: false`, `uploadToS3`) gets a workspace PVC that grows with it.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class ModelPipelineConfig(Protocol):
 
 
 GIB = 2**30
+PVC, STREAM = "pvc", "stream"  # the two pipelines: weights downloaded onto a PVC first, or streamed from the source
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,9 @@ class PipelineStep:
     None: the task moves no weights and its timeout is the minimum."""
     uses_workspace: bool = True
     """HOME and TMPDIR on the `model` workspace (the weights PVC, or a streaming run's scratch emptyDir)."""
+    modes: frozenset[str] = frozenset({PVC, STREAM})
+    """The pipelines that run this Task: `PVC` (download onto a workspace PVC, then package) and/or `STREAM`
+    (package straight from the source). A stack renders a Task only when one of its models uses such a pipeline."""
 
 
 _RATE = 25e6
@@ -92,6 +97,7 @@ PIPELINE_STEPS: tuple[PipelineStep, ...] = (
         min_timeout_min=30,
         retries=2,
         planned_rate=_RATE,
+        modes=frozenset({PVC}),
     ),
     PipelineStep(
         "package",
@@ -104,6 +110,7 @@ PIPELINE_STEPS: tuple[PipelineStep, ...] = (
         min_timeout_min=30,
         retries=2,
         planned_rate=_RATE,
+        modes=frozenset({PVC}),
     ),
     PipelineStep(
         "mirror",
@@ -140,12 +147,13 @@ PIPELINE_STEPS: tuple[PipelineStep, ...] = (
         min_timeout_min=30,
         retries=2,
         planned_rate=_RATE,
+        modes=frozenset({PVC}),
     ),
 )
 STEP = {s.key: s for s in PIPELINE_STEPS}
 # The streaming packager: the package step reading straight from the source; the pipeline task keeps
 # the name `package` and the package row's sizing.
-STEP["package-stream"] = replace(STEP["package"], key="package-stream", task="modelcar-package-stream")
+STEP["package-stream"] = replace(STEP["package"], key="package-stream", task="modelcar-package-stream", modes=frozenset({STREAM}))
 
 
 def workspace_gib(size_gi: float) -> int:

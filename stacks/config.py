@@ -624,11 +624,14 @@ class ModelConfig(Model):
     internal_image_stream: DnsLabel | None = Field(None, description="Internal ImageStream name (default: name).")
     registration: Registration = Field(description="Model registry entry.")
     upload_to_s3: S3Upload | None = Field(None, description="Also upload the weight files to S3.")
-    workspace_size: Quantity | None = Field(None, description="Workspace PVC size (default: computed from sizeGi).")
+    workspace_size: Quantity | None = Field(
+        None, description="Workspace PVC size, for a model that downloads (stream: false or uploadToS3); default: computed from sizeGi."
+    )
     stream: bool = Field(
-        False,
+        True,
         description="Package straight from the source (S3 or Hugging Face) into the registry: no download task, no PVC "
-        "for the weights; layer digest and the source's checksum computed on the way. Not with uploadToS3.",
+        "for the weights; layer digest and the source's checksum computed on the way. The default, except with uploadToS3 "
+        "(which uploads the downloaded files: default false there, true refused); false: download onto a workspace PVC first.",
     )
 
     def credentials(self) -> dict[str, bool]:
@@ -640,6 +643,15 @@ class ModelConfig(Model):
         if self.source.s3 or self.upload_to_s3:
             used["s3"] = True
         return used
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stream_default(cls, data: Any) -> Any:
+        """`stream` unset (or null): stream, unless the model uploads its downloaded files to S3."""
+        if isinstance(data, dict) and data.get("stream") is None:
+            upload = data.get("uploadToS3", data.get("upload_to_s3"))
+            return {**data, "stream": upload is None}
+        return data
 
     @model_validator(mode="after")
     def _destination(self) -> ModelConfig:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import base64
 import hashlib
+import http.client
 import json
 import os
 import re
@@ -390,24 +391,44 @@ def _limit(chunks: Iterator[memoryview], length: int) -> Iterator[memoryview]:
         getattr(chunks, "close", lambda: None)()
 
 
-class SourceHasher:
-    """SHA-256 of a layer's bytes plus the source's own checksum of the model file inside it.
+try:  # ISA-L: 4 x zlib's rate
+    from isal.isal_zlib import crc32
+except ImportError:
+    from zlib import crc32
 
-    `update` is fed the layer bytes in order (tar header, file, padding); the file part also goes
-    to the source check (S3: full-object ChecksumSHA256, single-part MD5 ETag or multipart ETag).
-    `copy` keeps both states, so upload resumes keep working.
-    """
+
+class _Crc32:
+    def __init__(self, value: int = 0) -> None:
+        self.value = value
+
+    def update(self, data: memoryview | bytes) -> None:
+        self.value = crc32(data, self.value)
+
+    def copy(self) -> _Crc32:
+        return _Crc32(self.value)
+
+    def digest(self) -> bytes:
+        return self.value.to_bytes(4, "big")
+
+
+_CHECKS: dict[str | None, Callable[[], Any]] = {
+    "md5": lambda: hashlib.md5(usedforsecurity=False),
+    "sha256": hashlib.sha256,
+    "crc32": _Crc32,
+}
+
+
+class SourceHasher:
+    """SHA-256 of a layer's bytes plus the source's own checksum of the file in it (per part if multipart);
+    `copy` keeps both states, so upload resumes keep working."""
 
     def __init__(self, head_len: int, expected: Expected) -> None:
         self.layer, self.pos, self.head_len, self.expected = hashlib.sha256(), 0, head_len, expected
-        kind = expected.kind
-        self.check: Any = None
-        if kind in ("md5", "md5-multipart"):
-            self.check = hashlib.md5(usedforsecurity=False)  # S3 ETag
-        elif kind in ("sha256", "sha256-base64"):
-            self.check = hashlib.sha256()
-        elif kind == "git-sha1":  # a small Hugging Face file: its git blob id
-            self.check = hashlib.sha1(f"blob {expected.size}\0".encode(), usedforsecurity=False)
+        kind = str(expected.kind).split("-")[0]
+        self.new = _CHECKS.get(kind)
+        if kind == "git":  # a small Hugging Face file: its git blob id
+            self.new = lambda: hashlib.sha1(f"blob {expected.size}\0".encode(), usedforsecurity=False)
+        self.check: Any = self.new() if self.new else None
         self.parts: list[bytes] = []
         self.in_part = 0
 
@@ -418,7 +439,7 @@ class SourceHasher:
         if self.check is None or lo >= hi:
             return
         piece = memoryview(data)[lo - start : hi - start]
-        if self.expected.kind != "md5-multipart":
+        if not self.expected.part_size:
             self.check.update(piece)
             return
         while len(piece):  # split at part boundaries
@@ -428,7 +449,7 @@ class SourceHasher:
             piece = piece[take:]
             if self.in_part == self.expected.part_size:
                 self.parts.append(self.check.digest())
-                self.check, self.in_part = hashlib.md5(usedforsecurity=False), 0
+                self.check, self.in_part = self.new(), 0  # type: ignore[misc]
 
     def copy(self) -> SourceHasher:
         new = SourceHasher.__new__(SourceHasher)
@@ -445,18 +466,36 @@ class SourceHasher:
         kind = self.expected.kind
         if kind is None:
             return
-        if kind == "md5-multipart":
-            parts = self.parts + ([self.check.digest()] if self.in_part or not self.parts else [])
-            actual = f"{hashlib.md5(b''.join(parts), usedforsecurity=False).hexdigest()}-{len(parts)}"
-        elif kind == "sha256-base64":
-            actual = base64.b64encode(self.check.digest()).decode()
-        else:
-            actual = self.check.hexdigest()
+        check = self.check
+        if self.expected.part_size:  # the checksum of the part checksums, then -<parts>
+            parts = self.parts + ([check.digest()] if self.in_part or not self.parts else [])
+            check = self.new()  # type: ignore[misc]
+            check.update(b"".join(parts))
+        hexed = kind in ("md5", "md5-multipart", "sha256", "git-sha1")
+        actual = check.hexdigest() if hexed else base64.b64encode(check.digest()).decode()
+        if self.expected.part_size:
+            actual += f"-{len(parts)}"
         if actual != self.expected.value:
             raise StepError(
                 f"{rel}: source checksum mismatch, expected {self.expected.describe()}, got {actual}; blob not committed",
                 EXIT_INTEGRITY,
             )
+
+
+def _framed(layout: LayerLayout, body: Callable[[int], Iterator[memoryview]]) -> Callable[[int], Iterator[memoryview]]:
+    """The layer from an offset: tar header, `body(file offset)` (to the file's end), padding."""
+
+    def read(offset: int) -> Iterator[memoryview]:
+        head_len, size = len(layout.head), layout.file_size
+        if offset < head_len:
+            yield memoryview(layout.head)[offset:]
+            offset = head_len
+        if offset < head_len + size:
+            yield from body(offset - head_len)
+            offset = head_len + size
+        yield memoryview(layout.tail)[offset - head_len - size :]
+
+    return read
 
 
 @dataclass
@@ -476,10 +515,12 @@ class S3Source:
         self.bucket, _, prefix = args.source[len("s3://") :].partition("/")
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         config = Config(retries={"max_attempts": 5, "mode": "standard"}, s3={"addressing_style": "path"})
-        self.client = boto3.client(
+        self.session = boto3.session.Session()
+        self.client = self.session.client(
             "s3", endpoint_url=args.s3_endpoint_url or None, region_name=args.s3_region or None,
             verify=args.s3_ca_file or True, config=config,
         )  # fmt: skip
+        self.tls = ssl.create_default_context(cafile=args.s3_ca_file or None)
         where = f"s3://{self.bucket}/{self.prefix}"
         try:
             keys = {}
@@ -492,7 +533,7 @@ class S3Source:
             self.objects: dict[str, S3Object] = {}
             for rel in chosen:
                 head = self.client.head_object(Bucket=self.bucket, Key=keys[rel], ChecksumMode="ENABLED")
-                expected = s3_expected(self.client, self.bucket, keys[rel], head)
+                expected = s3_expected(self.client, self.bucket, keys[rel], head, crc=True)
                 self.objects[rel] = S3Object(keys[rel], expected, str(head.get("ETag", "")).strip('"'))
         except s3_exceptions() as exc:
             raise s3_error(exc, f"reading {where}") from exc
@@ -500,28 +541,36 @@ class S3Source:
             raise StepError(f"no objects to package under {where}", EXIT_NOT_FOUND)
 
     def reader(self, rel: str, layout: LayerLayout) -> Callable[[int], Iterator[memoryview]]:
-        obj = self.objects[rel]
+        """Signed (botocore/auth.py S3SigV4Auth.add_auth) ranged GETs into one buffer; If-Match the listed ETag."""
+        from botocore.auth import S3SigV4Auth
+        from botocore.awsrequest import AWSRequest
 
-        def read(offset: int) -> Iterator[memoryview]:
-            head_len, size = len(layout.head), layout.file_size
-            if offset < head_len:
-                yield memoryview(layout.head)[offset:]
-                offset = head_len
-            if offset < head_len + size:
-                try:
-                    body = self.client.get_object(Bucket=self.bucket, Key=obj.key, Range=f"bytes={offset - head_len}-{size - 1}")["Body"]
-                    for piece in body.iter_chunks(8 * STREAM_READ):
-                        yield memoryview(piece)
-                except (*s3_exceptions(), OSError) as exc:
-                    from botocore.exceptions import FlexibleChecksumError
+        obj, where = self.objects[rel], f"GET s3://{self.bucket}/{self.objects[rel].key}"
 
-                    if isinstance(exc, FlexibleChecksumError):  # botocore checked the object's own checksum
-                        raise StepError(f"{rel}: source checksum mismatch ({exc}); blob not committed", EXIT_INTEGRITY) from exc
-                    raise TransientError(f"reading s3://{self.bucket}/{obj.key}: {type(exc).__name__}: {exc}") from exc
-                offset = head_len + size
-            yield memoryview(layout.tail)[offset - head_len - size :]
+        def body(start: int) -> Iterator[memoryview]:
+            headers = {"Range": f"bytes={start}-{layout.file_size - 1}", "If-Match": f'"{obj.etag}"'}
+            req = AWSRequest("GET", f"{self.client.meta.endpoint_url}/{self.bucket}/{urllib.parse.quote(obj.key)}", headers)
+            S3SigV4Auth(self.session.get_credentials().get_frozen_credentials(), "s3", self.client.meta.region_name).add_auth(req)
+            url = urllib.parse.urlsplit(req.url)
+            conn = http.client.HTTPConnection(url.netloc, timeout=60)
+            if url.scheme == "https":
+                conn = http.client.HTTPSConnection(url.netloc, timeout=60, context=self.tls)
+            try:
+                conn.request("GET", url.path, headers=dict(req.headers.items()))
+                resp = conn.getresponse()
+                if resp.status != 206:
+                    text = f"{where}: HTTP {resp.status} {resp.read(300).decode('utf-8', 'replace')}"
+                    code = {403: EXIT_AUTH, 404: EXIT_NOT_FOUND, 412: EXIT_INTEGRITY}.get(resp.status)
+                    raise StepError(text, code) if code else TransientError(text)
+                buf = memoryview(bytearray(8 * STREAM_READ))
+                while got := resp.readinto(buf):
+                    yield buf[:got]
+            except (OSError, http.client.HTTPException) as exc:
+                raise TransientError(f"{where}: {type(exc).__name__}: {exc}") from exc
+            finally:
+                conn.close()
 
-        return read
+        return _framed(layout, body)
 
     def tag(self, rel: str) -> str:
         """What identifies the source bytes of `rel` (recorded as a layer annotation, compared on re-runs)."""
@@ -574,33 +623,26 @@ class HfSource:
 
         url = f"{self.endpoint}/{self.repo_id}/resolve/{self.commit}/{urllib.parse.quote(rel)}"
 
-        def read(offset: int) -> Iterator[memoryview]:
-            head_len, size = len(layout.head), layout.file_size
-            if offset < head_len:
-                yield memoryview(layout.head)[offset:]
-                offset = head_len
-            if offset < head_len + size:
-                headers = {"Range": f"bytes={offset - head_len}-{size - 1}", "Accept-Encoding": "identity"}
-                if self.token:
-                    headers["Authorization"] = f"Bearer {self.token}"
-                try:
-                    # huggingface_hub's httpx client drops Authorization on a redirect to another origin (the CDN):
-                    # encode/httpx httpx/_client.py, BaseClient._redirect_headers
-                    with get_session().stream("GET", url, headers=headers, follow_redirects=True, timeout=60) as resp:
-                        if resp.status_code in (401, 403):
-                            raise StepError(f"hf://{self.repo_id}/{rel}: HTTP {resp.status_code} (HF_TOKEN)", EXIT_AUTH)
-                        if resp.status_code != 206:
-                            raise TransientError(f"GET {rel} from {self.endpoint}: HTTP {resp.status_code}")
-                        for piece in resp.iter_bytes(8 * STREAM_READ):
-                            yield memoryview(piece)
-                except (StepError, TransientError):
-                    raise
-                except Exception as exc:  # httpx's transport errors (not pinned here: huggingface_hub's dependency)
-                    raise TransientError(f"reading hf://{self.repo_id}/{rel}: {type(exc).__name__}: {exc}") from exc
-                offset = head_len + size
-            yield memoryview(layout.tail)[offset - head_len - size :]
+        def body(start: int) -> Iterator[memoryview]:
+            headers = {"Range": f"bytes={start}-{layout.file_size - 1}", "Accept-Encoding": "identity"}
+            if self.token:
+                headers["Authorization"] = f"Bearer {self.token}"
+            try:
+                # huggingface_hub's httpx client drops Authorization on a redirect to another origin (the CDN):
+                # encode/httpx httpx/_client.py, BaseClient._redirect_headers
+                with get_session().stream("GET", url, headers=headers, follow_redirects=True, timeout=60) as resp:
+                    if resp.status_code in (401, 403):
+                        raise StepError(f"hf://{self.repo_id}/{rel}: HTTP {resp.status_code} (HF_TOKEN)", EXIT_AUTH)
+                    if resp.status_code != 206:
+                        raise TransientError(f"GET {rel} from {self.endpoint}: HTTP {resp.status_code}")
+                    for piece in resp.iter_bytes(8 * STREAM_READ):
+                        yield memoryview(piece)
+            except (StepError, TransientError):
+                raise
+            except Exception as exc:  # httpx's transport errors (not pinned here: huggingface_hub's dependency)
+                raise TransientError(f"reading hf://{self.repo_id}/{rel}: {type(exc).__name__}: {exc}") from exc
 
-        return read
+        return _framed(layout, body)
 
     def tag(self, rel: str) -> str:
         return f"hf:{self.commit}:{self.objects[rel].expected.value}"

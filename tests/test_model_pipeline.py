@@ -32,6 +32,21 @@ def barcelona() -> RunResult:
     return result
 
 
+def pvc_objects() -> dict[str, Any]:
+    """barcelona with `stream: false` on its models: the download-onto-a-PVC pipeline (available, not the default)."""
+    objects = stack_objects("barcelona")
+    for model in objects["models"]:
+        model["stream"] = False
+    return objects
+
+
+@pytest.fixture(scope="module")
+def pvc() -> RunResult:
+    result = run_objects("barcelona", pvc_objects(), SECRETS)
+    assert result.error is None, result.error
+    return result
+
+
 def tasks(result: RunResult) -> dict[str, dict[str, Any]]:
     return {r.inputs["metadata"]["name"]: r.inputs["spec"] for r in result.of_type(TASK)}
 
@@ -54,8 +69,8 @@ def test_barcelona_declares_both_mistral_models(barcelona: RunResult) -> None:
     assert full["internal-image"] == "image-registry.openshift-image-registry.svc:5000/nccl-test/mistral-small-24b-fp16:fp16-2501"
 
 
-def test_only_v1_compute_resources_and_steps_embed_the_step_programs(barcelona: RunResult) -> None:
-    specs = tasks(barcelona)
+def test_only_v1_compute_resources_and_steps_embed_the_step_programs(pvc: RunResult) -> None:
+    specs = tasks(pvc)
     scripts = {
         "modelcar-download": "download",
         "modelcar-package": "package",
@@ -83,12 +98,12 @@ def test_only_v1_compute_resources_and_steps_embed_the_step_programs(barcelona: 
     assert download["limits"]["memory"] == "8Gi"  # 20-worker downloads were OOM-killed at 2Gi
 
 
-def test_each_task_is_its_row_in_the_step_table(barcelona: RunResult) -> None:
+def test_each_task_is_its_row_in_the_step_table(pvc: RunResult) -> None:
     """A Task's name, step name, program, resources, workspace use, timeout and retries all come from its
     `model_sizing.STEP` row; the rows name exactly the step programs `steps/embed.py` knows."""
     assert {row.program for row in model_sizing.STEP.values()} == set(STEPS)
-    specs = tasks(barcelona)
-    pipeline = next(r.inputs["spec"] for r in barcelona.of_type(PIPELINE) if r.inputs["metadata"]["name"] == "modelcar")
+    specs = tasks(pvc)
+    pipeline = next(r.inputs["spec"] for r in pvc.of_type(PIPELINE) if r.inputs["metadata"]["name"] == "modelcar")
     by_task = {t["taskRef"]["name"]: t for t in pipeline["tasks"]}
     size = barcelona_max_size_gi()
     for row in model_sizing.PIPELINE_STEPS:
@@ -111,8 +126,8 @@ def barcelona_max_size_gi() -> float:
     return float(stack_objects("barcelona")["modelPipeline"]["maxModelSizeGi"])
 
 
-def test_scratch_is_constant_and_on_the_pvc(barcelona: RunResult) -> None:
-    for spec in tasks(barcelona).values():
+def test_scratch_is_constant_and_on_the_pvc(pvc: RunResult) -> None:
+    for spec in tasks(pvc).values():
         step = spec["steps"][0]
         limit = step["computeResources"]["limits"]["ephemeral-storage"]
         assert limit in ("1Gi", "256Mi", "64Mi"), limit  # does not grow with the model
@@ -121,20 +136,20 @@ def test_scratch_is_constant_and_on_the_pvc(barcelona: RunResult) -> None:
             assert env["TMPDIR"] == "$(workspaces.model.path)" and env["HOME"].startswith("$(workspaces.model.path)")
 
 
-def test_pipeline_wires_digests_through_results(barcelona: RunResult) -> None:
-    (pipeline,) = [r.inputs["spec"] for r in barcelona.of_type(PIPELINE)]
+def test_pipeline_wires_digests_through_results(pvc: RunResult) -> None:
+    (pipeline,) = [r.inputs["spec"] for r in pvc.of_type(PIPELINE)]
     by_name = {t["name"]: t for t in pipeline["tasks"]}
     mirror = {p["name"]: p["value"] for p in by_name["mirror"]["params"]}
     register = {p["name"]: p["value"] for p in by_name["register"]["params"]}
     assert mirror["source-image"] == "$(tasks.package.results.IMAGE_URL)"
     assert register["image"] == "$(tasks.mirror.results.IMAGE_URL)"
-    args = tasks(barcelona)["modelcar-register"]["steps"][0]["args"]
+    args = tasks(pvc)["modelcar-register"]["steps"][0]["args"]
     assert args[args.index("--image") + 1] == "$(params.image)"  # repo@sha256:… → registered as oci://repo@sha256:…
     assert by_name["upload-s3"]["when"] == [{"input": "$(params.upload-s3)", "operator": "in", "values": ["true"]}]
     assert "timeouts" not in pipeline
     assert by_name["download"]["runAfter"] == ["wait-tools"]
-    run_params = {p["name"]: p["value"] for p in run_for(barcelona, "mistral-small-24b-fp16")["spec"]["params"]}
-    assert run_params["tools-image"] == tasks(barcelona)["modelcar-package"]["steps"][0]["image"]
+    run_params = {p["name"]: p["value"] for p in run_for(pvc, "mistral-small-24b-fp16")["spec"]["params"]}
+    assert run_params["tools-image"] == tasks(pvc)["modelcar-package"]["steps"][0]["image"]
     for task in pipeline["tasks"]:
         assert task["timeout"], task["name"]
     # sized for the 48 GB model: 2 × transfer time at 25 MB/s
@@ -142,8 +157,8 @@ def test_pipeline_wires_digests_through_results(barcelona: RunResult) -> None:
     assert by_name["package"]["timeout"] == "1h10m0s"
 
 
-def test_pipelinerun_scheduling_sizing_and_no_fsgroup(barcelona: RunResult) -> None:
-    full = run_for(barcelona, "mistral-small-24b-fp16")
+def test_pipelinerun_scheduling_sizing_and_no_fsgroup(pvc: RunResult) -> None:
+    full = run_for(pvc, "mistral-small-24b-fp16")
     spec = full["spec"]
     assert full["metadata"]["annotations"] == {"pulumi.com/skipAwait": "true"}
     template = spec["taskRunTemplate"]
@@ -156,27 +171,27 @@ def test_pipelinerun_scheduling_sizing_and_no_fsgroup(barcelona: RunResult) -> N
     assert claim["storageClassName"] == "ocs-external-storagecluster-ceph-rbd"
     assert ws["quay-auth"]["secret"] == {"secretName": "model-pipeline-quay"}
     assert spec["timeouts"]["pipeline"] == model_sizing.duration(model_sizing.pipeline_timeout_minutes(48, False))  # maxModelSizeGi
-    quant = run_for(barcelona, "mistral-small-24b-w4a16")["spec"]
+    quant = run_for(pvc, "mistral-small-24b-w4a16")["spec"]
     assert {w["name"]: w for w in quant["workspaces"]}["model"]["volumeClaimTemplate"]["spec"]["resources"]["requests"]["storage"] == "14Gi"
 
 
-def test_secrets_rbac_and_key_names_match_the_steps(barcelona: RunResult) -> None:
-    secrets = {r.inputs["metadata"]["name"]: r.inputs for r in barcelona.of_type(SECRET)}
+def test_secrets_rbac_and_key_names_match_the_steps(pvc: RunResult) -> None:
+    secrets = {r.inputs["metadata"]["name"]: r.inputs for r in pvc.of_type(SECRET)}
     assert secrets["model-pipeline-quay"]["type"] == "kubernetes.io/dockerconfigjson"
     assert set(secrets["model-pipeline-quay"]["stringData"]) == {".dockerconfigjson"}
     assert set(secrets["model-pipeline-hf"]["stringData"]) == {"HF_TOKEN"}
-    env = tasks(barcelona)["modelcar-download"]["steps"][0]["env"]
+    env = tasks(pvc)["modelcar-download"]["steps"][0]["env"]
     assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "model-pipeline-hf", "key": "HF_TOKEN"}}} in env
-    assert "--authfile" in (args := tasks(barcelona)["modelcar-package"]["steps"][0]["args"])
+    assert "--authfile" in (args := tasks(pvc)["modelcar-package"]["steps"][0]["args"])
     assert "$(workspaces.quay-auth.path)/.dockerconfigjson" in args
     binding = next(
         r.inputs
-        for r in barcelona.of_type("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding")
+        for r in pvc.of_type("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding")
         if r.inputs["metadata"]["name"] == "model-pipeline-image-builder"
     )
     assert binding["roleRef"]["name"] == "system:image-builder"
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "model-pipeline", "namespace": "nccl-test"}]
-    dump = json.dumps([r.inputs for r in barcelona.resources])
+    dump = json.dumps([r.inputs for r in pvc.resources])
     assert SECRETS["hfToken"] not in dump and "dXNlcjpwYXNz" not in dump
 
 
@@ -213,12 +228,13 @@ def test_tools_image_is_built_by_the_stack(barcelona: RunResult) -> None:
     args = {a["name"]: a["value"] for a in bc["spec"]["strategy"]["dockerStrategy"]["buildArgs"]}
     assert "boto3==" in args["STEP_REQUIREMENTS"]
     tag = bc["spec"]["output"]["to"]["name"].split(":")[1]
-    step_image = tasks(barcelona)["modelcar-package"]["steps"][0]["image"]
+    step_image = tasks(barcelona)["modelcar-package-stream"]["steps"][0]["image"]
     assert step_image.endswith(f"ml-dev-env-tools:{tag}")
 
 
-def _with_models(mutate: Any, secrets: dict[str, str] | None = None) -> RunResult:
-    objects = stack_objects("barcelona")
+def _with_models(mutate: Any, secrets: dict[str, str] | None = None, stream: bool = True) -> RunResult:
+    """barcelona changed by `mutate`; `stream=False` starts from its PVC-mode variant (`pvc_objects`)."""
+    objects = stack_objects("barcelona") if stream else pvc_objects()
     mutate(objects)
     return run_objects("barcelona", objects, SECRETS if secrets is None else secrets)
 
@@ -300,36 +316,38 @@ def _minutes(duration: str) -> int:
     return int(match.group(1) or 0) * 60 + int(match.group(2))
 
 
-def test_transfer_tasks_retry_and_the_run_timeout_covers_every_attempt(barcelona: RunResult) -> None:
+def test_transfer_tasks_retry_and_the_run_timeout_covers_every_attempt(pvc: RunResult) -> None:
     """Tekton times each retry attempt on its own (tektoncd/pipeline pkg/reconciler/taskrun/taskrun.go,
     `retryTaskRun` resets StartTime), so the run must last Σ (retries + 1) × task timeout + margin."""
-    (pipeline,) = [r.inputs["spec"] for r in barcelona.of_type(PIPELINE)]
+    (pipeline,) = [r.inputs["spec"] for r in pvc.of_type(PIPELINE)]
     by_name = {t["name"]: t for t in pipeline["tasks"]}
     for task in ("download", "package", "mirror", "upload-s3"):
         assert by_name[task].get("retries", 0) >= 2, task
     assert by_name["wait-tools"].get("retries", 0) == 0  # waiting again would only double a timeout
     for model in ("mistral-small-24b-w4a16", "mistral-small-24b-fp16"):
-        spec = run_for(barcelona, model)["spec"]
+        spec = run_for(pvc, model)["spec"]
         params = {p["name"]: p["value"] for p in spec["params"]}
         running = [t for t in pipeline["tasks"] if t["name"] != "upload-s3" or params["upload-s3"] == "true"]
         needed = sum((t.get("retries", 0) + 1) * _minutes(t["timeout"]) for t in running)
         assert _minutes(spec["timeouts"]["pipeline"]) >= needed + 15, model
 
 
-def test_max_layer_size_reaches_the_download_and_package_steps(barcelona: RunResult) -> None:
+def test_max_layer_size_reaches_the_download_and_package_steps(pvc: RunResult) -> None:
     for task in ("modelcar-download", "modelcar-package"):
-        args = tasks(barcelona)[task]["steps"][0]["args"]
+        args = tasks(pvc)[task]["steps"][0]["args"]
         assert args[args.index("--max-layer-size") + 1] == "20000000000", task  # Quay's default MAXIMUM_LAYER_SIZE, 20G
-    raised = _with_models(lambda o: o["modelPipeline"].update(maxLayerSize="40Gi"))
+    raised = _with_models(lambda o: o["modelPipeline"].update(maxLayerSize="40Gi"), stream=False)
     assert raised.error is None, raised.error
     args = tasks(raised)["modelcar-download"]["steps"][0]["args"]
     assert args[args.index("--max-layer-size") + 1] == str(40 * 2**30)
+    args = tasks(_with_models(lambda o: o["modelPipeline"].update(maxLayerSize="40Gi")))["modelcar-package-stream"]["steps"][0]["args"]
+    assert args[args.index("--max-layer-size") + 1] == str(40 * 2**30)
 
 
-def test_secured_model_registry_ca_and_opt_in_role_binding(barcelona: RunResult) -> None:
-    args = tasks(barcelona)["modelcar-register"]["steps"][0]["args"]
+def test_secured_model_registry_ca_and_opt_in_role_binding(pvc: RunResult) -> None:
+    args = tasks(pvc)["modelcar-register"]["steps"][0]["args"]
     assert args[args.index("--ca-file") + 1] == "/var/run/secrets/kubernetes.io/serviceaccount/service-ca.crt"
-    bindings = [r.inputs for r in barcelona.of_type("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding")]
+    bindings = [r.inputs for r in pvc.of_type("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding")]
     assert not [b for b in bindings if b["roleRef"]["name"].startswith("registry-user-")], "opt-in only"
 
     def secured(o: dict[str, Any]) -> None:
@@ -364,17 +382,43 @@ def test_hf_token_only_for_gated_repositories() -> None:
     result = run_program("barcelona", {f"ml-dev-env:{k}": v for k, v in objects.items()}, quay_only)
     assert result.error is None, result.error
     assert "model-pipeline-hf" not in {r.inputs["metadata"]["name"] for r in result.of_type(SECRET)}
-    env = {e["name"] for e in tasks(result)["modelcar-download"]["steps"][0]["env"]}
+    env = {e["name"] for e in tasks(result)["modelcar-package-stream"]["steps"][0]["env"]}
     assert "HF_TOKEN" not in env
 
 
-def test_default_include_is_what_the_download_step_accepts(barcelona: RunResult) -> None:
+def test_default_include_is_what_the_download_step_accepts(pvc: RunResult) -> None:
     from steps.lib.model import DEFAULT_INCLUDE
 
-    params = {p["name"]: p["value"] for p in run_for(barcelona, "mistral-small-24b-fp16")["spec"]["params"]}
+    params = {p["name"]: p["value"] for p in run_for(pvc, "mistral-small-24b-fp16")["spec"]["params"]}
     assert params["include"] == list(DEFAULT_INCLUDE)
     assert "*.bin" in params["include"] and "*.py" in params["include"]  # bin-only and remote-code repositories
     assert "HF_DEFAULT_INCLUDE = DEFAULT_INCLUDE" in step_script("download")
+
+
+def test_streaming_is_the_default_barcelona_reserves_no_volume_for_weights(barcelona: RunResult) -> None:
+    """barcelona's two models (8 and 48 GiB) stream: no weights claim, no download Task, no PVC Pipeline."""
+    assert "volumeClaimTemplate" not in json.dumps([r.inputs for r in barcelona.of_type(RUN)])
+    assert set(tasks(barcelona)) == {"modelcar-wait-tools", "modelcar-package-stream", "modelcar-mirror", "modelcar-register"}
+    assert {r.inputs["metadata"]["name"] for r in barcelona.of_type(PIPELINE)} == {"modelcar-stream"}
+    for model in ("mistral-small-24b-w4a16", "mistral-small-24b-fp16"):
+        spec = run_for(barcelona, model)["spec"]
+        assert spec["pipelineRef"] == {"name": "modelcar-stream"}
+        assert {"name": "model", "emptyDir": {}} in spec["workspaces"]
+
+
+def test_pvc_mode_stays_available_and_upload_to_s3_implies_it(pvc: RunResult) -> None:
+    """`stream: false` brings back the download Task, the PVC Pipeline and the weights claim; a model with
+    `uploadToS3` and no `stream` downloads (its upload reads the files) while the others keep streaming."""
+    assert {r.inputs["metadata"]["name"] for r in pvc.of_type(PIPELINE)} == {"modelcar"}
+    assert "modelcar-package-stream" not in tasks(pvc)
+    assert "volumeClaimTemplate" in json.dumps(run_for(pvc, "mistral-small-24b-fp16")["spec"]["workspaces"])
+    upload = {"endpoint": "http://minio:9000", "bucket": "b", "prefix": "p"}
+    mixed = _with_models(lambda o: o["models"][0].update(uploadToS3=upload), {**SECRETS, "s3AccessKeyId": "A", "s3SecretAccessKey": "B"})
+    assert mixed.error is None, mixed.error
+    assert {r.inputs["metadata"]["name"] for r in mixed.of_type(PIPELINE)} == {"modelcar", "modelcar-stream"}
+    assert set(tasks(mixed)) >= {"modelcar-download", "modelcar-package", "modelcar-upload-s3", "modelcar-package-stream"}
+    assert run_for(mixed, "mistral-small-24b-w4a16")["spec"]["pipelineRef"] == {"name": "modelcar"}
+    assert run_for(mixed, "mistral-small-24b-fp16")["spec"]["pipelineRef"] == {"name": "modelcar-stream"}
 
 
 def test_streaming_model_has_no_download_task_and_no_weights_pvc() -> None:
@@ -384,7 +428,8 @@ def test_streaming_model_has_no_download_task_and_no_weights_pvc() -> None:
         model["source"] = {"s3": {"endpoint": "http://minio.model-storage.svc:9000", "bucket": "llm-models", "prefix": "mistral/w4a16"}}
         o["models"].append(model)
 
-    result = _with_models(stream, {"quayDockerConfigJson": "{}", "hfToken": "x", "s3AccessKeyId": "A", "s3SecretAccessKey": "B"})
+    secrets = {"quayDockerConfigJson": "{}", "hfToken": "x", "s3AccessKeyId": "A", "s3SecretAccessKey": "B"}
+    result = _with_models(stream, secrets, stream=False)
     assert result.error is None, result.error
     pipelines = {r.inputs["metadata"]["name"]: r.inputs["spec"] for r in result.of_type(PIPELINE)}
     assert [t["name"] for t in pipelines["modelcar-stream"]["tasks"]] == ["wait-tools", "package", "mirror", "register"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import mmap
 import os
 import tarfile
 import threading
@@ -23,6 +24,7 @@ FILE_MODE = 0o644
 DIR_MODE = 0o775
 _BLOCK = tarfile.BLOCKSIZE
 _RECORD = tarfile.RECORDSIZE
+_WINDOW = 64 << 20  # bytes of a model file mapped at a time
 
 
 def model_files(model_dir: Path) -> list[tuple[str, Path]]:
@@ -85,7 +87,8 @@ class Expected:
     """What a downloaded file must match: its size and a checksum.
 
     kind: sha256 (hex, HF LFS), sha256-base64 (S3 ChecksumSHA256), md5 (single-part ETag),
-    md5-multipart (ETag `<md5 of part md5s>-<parts>`), git-sha1 (HF blob id), None (size only).
+    md5-multipart (ETag `<md5 of part md5s>-<parts>`), crc32 / crc32-multipart (S3 ChecksumCRC32, base64,
+    full-object / `<crc32 of part crc32s>-<parts>`), git-sha1 (HF blob id), None (size only).
     """
 
     size: int
@@ -121,23 +124,27 @@ def select(relpaths: Sequence[str], include: Sequence[str], exclude: Sequence[st
     return sorted(chosen)
 
 
-def s3_expected(client: Any, bucket: str, key: str, head: dict[str, Any]) -> Expected:
+def s3_expected(client: Any, bucket: str, key: str, head: dict[str, Any], crc: bool = False) -> Expected:
+    """The check for an S3 object; `crc`: its CRC32 first (the cheapest), full-object or COMPOSITE."""
     size, etag = int(head["ContentLength"]), str(head.get("ETag", "")).strip('"')
-    sha, multipart = head.get("ChecksumSHA256"), "-" in etag
+    sha, multipart, count = head.get("ChecksumSHA256"), "-" in etag, etag.partition("-")[2]
     # A multipart object's checksum is a checksum of part checksums unless S3 says FULL_OBJECT
     # (some S3-compatible stores omit the `-<parts>` suffix that marks it as composite).
-    if sha and "-" not in sha and head.get("ChecksumType", "COMPOSITE" if multipart else "FULL_OBJECT") == "FULL_OBJECT":
+    whole = head.get("ChecksumType", "COMPOSITE" if multipart else "FULL_OBJECT") == "FULL_OBJECT"
+    part = int(client.head_object(Bucket=bucket, Key=key, PartNumber=1)["ContentLength"]) if count.isdigit() else 0
+    part = part if part and -(-size // part) == int(count) else 0
+    value = str(head.get("ChecksumCRC32") or "").partition("-")[0]
+    if crc and value and (whole or part):
+        return Expected(size, "crc32", value) if whole else Expected(size, "crc32-multipart", f"{value}-{count}", part)
+    if sha and "-" not in sha and whole:
         return Expected(size, "sha256-base64", sha)
     if head.get("ServerSideEncryption") == "aws:kms" or head.get("SSECustomerAlgorithm"):
         log(f"WARNING: {key}: encrypted object, ETag is not an MD5; checking size only")
         return Expected(size)
     if len(etag) == 32 and not multipart:
         return Expected(size, "md5", etag)
-    count = etag.partition("-")[2]
-    if count.isdigit():
-        part_size = int(client.head_object(Bucket=bucket, Key=key, PartNumber=1)["ContentLength"])
-        if part_size and -(-size // part_size) == int(count):
-            return Expected(size, "md5-multipart", etag, part_size)
+    if part:
+        return Expected(size, "md5-multipart", etag, part)
     log(f"WARNING: {key}: ETag {etag!r} cannot be verified; checking size only")
     return Expected(size)
 
@@ -204,26 +211,35 @@ class LayerLayout:
         return len(self.head) + self.file_size + len(self.tail)
 
     def read(self, path: Path, offset: int = 0, buf_size: int = READ_SIZE) -> Iterator[memoryview]:
-        """Yield the layer bytes from `offset` to the end, reading the file in `buf_size` pieces."""
+        """Yield the layer bytes from `offset` on; the file's from mmap windows (no read() copy)."""
         head_len = len(self.head)
         if offset < head_len:
             yield memoryview(self.head)[offset:]
             offset = head_len
         file_end = head_len + self.file_size
         if offset < file_end:
-            buf = bytearray(buf_size)
-            view = memoryview(buf)
             with open(path, "rb", buffering=0) as fh:
-                fh.seek(offset - head_len)
-                remaining = file_end - offset
-                while remaining > 0:
-                    got = fh.readinto(view[: min(buf_size, remaining)])
-                    if not got:
+                while offset < file_end:
+                    if os.fstat(fh.fileno()).st_size < self.file_size:  # (a mapped page past the end would be SIGBUS)
                         raise StepError(f"{path} shrank while being read", EXIT_INTEGRITY)
-                    remaining -= got
-                    yield view[:got]
-            offset = file_end
+                    start = (offset - head_len) // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
+                    size = min(_WINDOW, self.file_size - start)
+                    win = FileWindow(
+                        fh.fileno(), size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=mmap.PROT_READ, offset=start
+                    )
+                    win.file, view = fh, memoryview(win)
+                    for pos in range(offset - head_len - start, size, buf_size):
+                        win.pos = start + pos
+                        yield view[pos : pos + buf_size]
+                    offset = head_len + start + size
         yield memoryview(self.tail)[offset - file_end :]
+
+
+class FileWindow(mmap.mmap):
+    """Part of a file, mapped; `pos`: the file offset of the slice handed out now."""
+
+    file: Any
+    pos: int
 
 
 def check_layer_sizes(sizes: dict[str, int], limit: int | None) -> None:

@@ -28,7 +28,7 @@ def test_script_is_self_contained_and_deterministic(name: str) -> None:
     assert not {m for m in imported if m and m.startswith("lib")}, "the shared code is inlined, not imported"
     assert all(n.level == 0 for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)), "no relative import is left"
     third_party = {m.split(".")[0] for m in imported if m} - set(sys.stdlib_module_names) - {"__future__"}
-    assert third_party <= {"boto3", "botocore", "huggingface_hub"}, third_party
+    assert third_party <= {"boto3", "botocore", "huggingface_hub", "isal"}, third_party
     assert len(base64.b64encode(text.encode())) < TEKTON_ARG_LIMIT - 4096
 
 

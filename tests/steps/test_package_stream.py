@@ -47,10 +47,12 @@ def test_streams_from_s3_verifies_and_reruns_skip(
     files = {"model-00001-of-00002.safetensors": os.urandom(11 * MiB + 7), "model-00002-of-00002.safetensors": os.urandom(3 * MiB),
              "config.json": b'{"architectures": ["X"]}', "notes.md": b"not part of the model"}  # fmt: skip
     upload(s3, "stream", {f"m/{k}": v for k, v in files.items()})
+    files["tokenizer.json"] = b'{"model": {}}'  # a full-object CRC32
+    s3.client().put_object(Bucket="stream", Key="m/tokenizer.json", Body=files["tokenizer.json"], ChecksumAlgorithm="CRC32")
     args = stream_args(tmp_path, quay, quay_proxy.host, via(quay_proxy, quay, base_image), repo_name, "stream", s3.endpoint)
     step = run_step("package", *args, env=s3.env())
     assert step.returncode == 0, step.stderr
-    assert "md5-multipart" in step.stdout and "sha256-base64" in step.stdout and "verified" in step.stdout
+    assert "crc32-multipart" in step.stdout and "sha256-base64" in step.stdout and "source crc32 " in step.stdout
     packaged = {k: v for k, v in files.items() if k != "notes.md"}  # the default include patterns
     assert_image_holds(quay, f"{quay.host}/{repo_name}:v1", packaged, tmp_path / "pulled")
     manifest = pull(quay, f"{quay.host}/{repo_name}:v1", tmp_path / "again").manifest
@@ -64,7 +66,11 @@ def test_streams_from_s3_verifies_and_reruns_skip(
     assert quay_proxy.count("PATCH") == 0
 
 
-@pytest.mark.parametrize("checksums", [True, False], ids=["sha256-checked-by-botocore", "etag-md5-checked-here"])
+@pytest.mark.parametrize(
+    "checksums, size, kind",
+    [(True, 3 * MiB, "sha256-base64"), (False, 3 * MiB, "md5"), (True, 11 * MiB, "crc32-multipart")],
+    ids=["sha256", "etag-md5", "crc32-composite"],
+)
 def test_source_checksum_mismatch_aborts_the_blob(
     tmp_path: Path,
     run_step: StepRunner,
@@ -74,15 +80,19 @@ def test_source_checksum_mismatch_aborts_the_blob(
     base_image: str,
     repo_name: str,
     checksums: bool,
+    size: int,
+    kind: str,
 ) -> None:
-    bucket = f"stream-bad-{'sha' if checksums else 'md5'}"
-    upload(s3, bucket, {"m/model.safetensors": os.urandom(3 * MiB), "m/config.json": b"{}"}, checksums)
+    """Only our own check stands between corrupt source bytes and the registry (botocore reads nothing)."""
+    bucket = f"stream-bad-{kind}"
+    upload(s3, bucket, {"m/model.safetensors": os.urandom(size), "m/config.json": b"{}"}, checksums)
     with run_proxy(int(s3.endpoint.rsplit(":", 1)[1])) as s3_proxy:
         s3_proxy.add_fault("corrupt_response", "GET", "/model.safetensors", at=MiB, times=100)
         args = stream_args(tmp_path, quay, quay_proxy.host, via(quay_proxy, quay, base_image), repo_name, bucket, f"http://{s3_proxy.host}")
         step = run_step("package", *args, "--retries", 1, env=s3.env())
     assert step.returncode == 3, step.stderr
     assert "model.safetensors: source checksum mismatch" in step.error and "blob not committed" in step.error, step.stderr
+    assert f"expected {kind} " in step.error
     assert "Traceback" not in step.stderr
     assert not tag_exists(quay, f"{quay.host}/{repo_name}:v1")
     assert quay_proxy.count("DELETE", "/blobs/uploads/") >= 1, "the upload session was cancelled"

@@ -53,6 +53,29 @@ def test_layer_bytes_match_gnu_tarfile(package: types.ModuleType, tmp_path: Path
     assert layout.size == len(tarfile_layer(rel, data))
 
 
+def test_file_windows_cover_the_file_and_name_each_slice_offset(
+    package: types.ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file part comes from mmap windows; every slice's window says its file offset (what sendfile() sends)."""
+    monkeypatch.setattr(package, "_WINDOW", 3 * 4096)  # several windows, unaligned reads inside them
+    data = bytes(range(256)) * 200 + b"end"
+    path = tmp_path / "weights.bin"
+    path.write_bytes(data)
+    layout = package.LayerLayout.for_file("weights.bin", len(data))
+    head = len(layout.head)
+    for offset in (0, head, head + 5000, head + 3 * 4096, head + len(data) - 1):
+        got = b""
+        for piece in layout.read(path, offset, buf_size=5000):
+            window = piece.obj
+            if isinstance(window, package.FileWindow):
+                assert bytes(piece) == data[window.pos : window.pos + len(piece)]
+            got += bytes(piece)
+        assert got == tarfile_layer("weights.bin", data)[offset:]
+    path.write_bytes(data[:100])  # shrank: refused before a page past the end is touched
+    with pytest.raises(package.StepError, match="shrank"):
+        b"".join(bytes(c) for c in layout.read(path, head))
+
+
 def test_header_for_files_over_8_gib_is_gnu(package: types.ModuleType) -> None:
     size = 9 * 1024**3 + 3
     header = package.LayerLayout.for_file("model-00001-of-00002.safetensors", size).head[-512:]
