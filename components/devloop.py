@@ -7,7 +7,7 @@
   service account), and one key keeps known_hosts valid whatever the pod count.
 * `authorized_keys` = the stack key + `ml-dev-env:ssh.authorizedKeys`.
 * sshd in every pod (inpod/sshd.sh, started by the startup script), unprivileged, port 2222.
-* A NetworkPolicy admitting the SSH port only from the stack's own pods; every other port stays open.
+* The stack's NetworkPolicy: every port from the stack's own pods, the routed proxies' ports from the router, nothing else.
 * The launcher `ml-dev` and its helpers ride in the startup ConfigMap (works with any image).
 * Laptop access: an ssh_config block whose ProxyCommand runs `sshd -i` in the pod through `oc exec`
   (the user's own cluster login; no Route, NodePort or LoadBalancer), plus known_hosts lines.
@@ -26,7 +26,7 @@ import pulumi_tls as tls
 import inpod
 from components import storage
 from components.pod import HOME_DIRNAME
-from core import naming
+from core import naming, servers
 from stacks.config import StackConfig
 
 SSH_PORT = 2222
@@ -132,41 +132,55 @@ def port_forward_commands(app: str, namespace: str, count: int) -> dict[str, str
     }
 
 
-def network_policy_spec(selector: dict[str, str]) -> dict[str, Any]:
-    """SSH only from this stack's pods; every other TCP port, and all UDP, from anywhere (as without the policy).
+ROUTER_NAMESPACE_LABEL = "policy-group.network.openshift.io/ingress"
+"""Label (value "") of the namespaces whose traffic is the OpenShift router's, on the pod network or the host
+network: openshift/cluster-network-operator pkg/names/names.go, PolicyGroupLabelIngress (set on the
+`openshift-host-network` namespace, HostNetworkNamespace, and on the router's `openshift-ingress`)."""
 
-    NetworkPolicies add up: a pod selected by any policy admits the union of their rules. The second rule
-    keeps the router -> OAuth proxy, 29500 (rendezvous), NCCL over TCP and MPI/perftest ports open.
+
+def network_policy_spec(selector: dict[str, str], router_ports: tuple[int, ...]) -> dict[str, Any]:
+    """Ingress by design: everything from the stack's own pods, the routed proxies' ports from the router, nothing else.
+
+    * From the stack's pods (the StatefulSet's selector), every port and protocol: a rule with no `ports`.
+      SSH, 29500 (TCPStore), the idle agent (9099), NCCL over TCP, MPI/perftest and ICMP. OVN-Kubernetes
+      puts a selected pod in a default-deny port group that admits only `(arp || nd)`
+      (ovn-org/ovn-kubernetes go-controller/pkg/ovn/base_network_controller_policy.go, arpAllowPolicyMatch);
+      a rule with ports matches `tcp && tcp.dst==...` only, while a rule without ports gets no L4 match at
+      all (go-controller/pkg/libovsdb/util/acl.go, GetL4MatchesFromNetworkPolicyPorts -> UnspecifiedL4Match;
+      go-controller/pkg/ovn/gress_policy.go, gressPolicy.buildLocalPodACLs leaves the L4 term out), so ping works.
+    * From the router's namespaces (any pod there), only `router_ports` (core/servers.py router_ports: the
+      OAuth proxies, or the servers themselves with auth `token`).
+    * Kubelet probes need no rule: OVN-Kubernetes adds an allow-related ACL for the node's management port
+      IP to every node switch, above the policies' default deny (base_network_controller_policy.go,
+      BaseNetworkController.addAllowACLFromNode).
+
+    NetworkPolicies add up: in a namespace that denies by default, this policy opens exactly the above. It
+    covers the pod network only: torch's TCPStore (29500) binds every interface, SR-IOV ones included
+    (pytorch torch/csrc/distributed/c10d/TCPStoreLibUvBackend.cpp, UvTcpServer::makeWithPort binds "::" or
+    "0.0.0.0"; there is no bind-address option), which only a MultiNetworkPolicy restricts (README).
     """
-    return {
-        "podSelector": {"matchLabels": dict(selector)},
-        "policyTypes": ["Ingress"],
-        "ingress": [
-            {"from": [{"podSelector": {"matchLabels": dict(selector)}}], "ports": [{"protocol": "TCP", "port": SSH_PORT}]},
-            {
-                "ports": [
-                    {"protocol": "TCP", "port": 1, "endPort": SSH_PORT - 1},
-                    {"protocol": "TCP", "port": SSH_PORT + 1, "endPort": 65535},
-                    {"protocol": "UDP", "port": 1, "endPort": 65535},
-                ]
-            },
-        ],
-    }
+    own = {"podSelector": {"matchLabels": dict(selector)}}
+    rules: list[dict[str, Any]] = [{"from": [own]}]
+    if router_ports:
+        router = {"namespaceSelector": {"matchLabels": {ROUTER_NAMESPACE_LABEL: ""}}, "podSelector": {}}
+        rules.append({"from": [router], "ports": [{"protocol": "TCP", "port": p} for p in router_ports]})
+    return {"podSelector": {"matchLabels": dict(selector)}, "policyTypes": ["Ingress"], "ingress": rules}
 
 
 def _policy_args(spec: dict[str, Any]) -> k8s.networking.v1.NetworkPolicySpecArgs:
-    def ports(items: list[dict[str, Any]]) -> list[k8s.networking.v1.NetworkPolicyPortArgs]:
-        return [k8s.networking.v1.NetworkPolicyPortArgs(protocol=p["protocol"], port=p["port"], end_port=p.get("endPort")) for p in items]
+    def selector(raw: dict[str, Any] | None) -> k8s.meta.v1.LabelSelectorArgs | None:
+        return None if raw is None else k8s.meta.v1.LabelSelectorArgs(match_labels=raw.get("matchLabels") or None)
 
     rules = []
     for rule in spec["ingress"]:
         peers = [
             k8s.networking.v1.NetworkPolicyPeerArgs(
-                pod_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=f["podSelector"]["matchLabels"])
+                namespace_selector=selector(peer.get("namespaceSelector")), pod_selector=selector(peer.get("podSelector"))
             )
-            for f in rule.get("from", [])
+            for peer in rule["from"]
         ]
-        rules.append(k8s.networking.v1.NetworkPolicyIngressRuleArgs(from_=peers or None, ports=ports(rule["ports"])))
+        ports = [k8s.networking.v1.NetworkPolicyPortArgs(protocol=p["protocol"], port=p["port"]) for p in rule.get("ports", [])]
+        rules.append(k8s.networking.v1.NetworkPolicyIngressRuleArgs(from_=peers, ports=ports or None))
     return k8s.networking.v1.NetworkPolicySpecArgs(
         pod_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=spec["podSelector"]["matchLabels"]),
         policy_types=spec["policyTypes"],
@@ -175,7 +189,7 @@ def _policy_args(spec: dict[str, Any]) -> k8s.networking.v1.NetworkPolicySpecArg
 
 
 class SshFabric(pulumi.ComponentResource):
-    """Keys, the key Secret and the SSH NetworkPolicy of one stack; `volume`/`mount` go into the pod template."""
+    """Keys, the key Secret and the NetworkPolicy of one stack; `volume`/`mount` go into the pod template."""
 
     host_public_key: pulumi.Output[str]
     volume: k8s.core.v1.VolumeArgs
@@ -205,10 +219,11 @@ class SshFabric(pulumi.ComponentResource):
             },
             opts=child,
         )
+        router = servers.router_ports(config.access.enabled(), config.access.auth)
         k8s.networking.v1.NetworkPolicy(
             f"{name}-policy",
             metadata=k8s.meta.v1.ObjectMetaArgs(name=naming.ssh_network_policy(app), namespace=ns, labels=labels),
-            spec=_policy_args(network_policy_spec(selector)),
+            spec=_policy_args(network_policy_spec(selector, router)),
             opts=child,
         )
         # 0440: readable by the pod's group: kubelet chgrps a Secret volume's files to the pod's fsGroup

@@ -398,7 +398,7 @@ class GpuCluster(pulumi.ComponentResource):
                     spec=k8s.core.v1.PodSpecArgs(
                         service_account_name=cfg.security.service_account,
                         restart_policy="Always",
-                        termination_grace_period_seconds=30,
+                        termination_grace_period_seconds=lifecycle.termination_grace_seconds(cfg),
                         affinity=pod.affinity(cfg, self._selector),
                         node_selector=pod.node_selector(cfg),
                         tolerations=pod.tolerations(cfg),

@@ -19,6 +19,11 @@ Pure builders used by `GpuCluster` (kept apart so the pod-template code stays re
   change reaches running pods without a restart. Its RBAC is `get`/`update` of `statefulsets/scale`
   for this one StatefulSet, `create` events, and `get`/`update`/`patch` of one ConfigMap that holds the
   stop record — never `patch statefulsets` (that could change the pod template).
+* **Checkpoint before every stop**: the main container's preStop hook and PID 1's SIGTERM trap run
+  inpod/checkpoint_stop.sh, which gives every rank of a running `ml-dev run` `checkpointSignal` and
+  `checkpointGraceSeconds` to save; the pod's terminationGracePeriodSeconds is that grace plus
+  STOP_MARGIN_SECONDS for the dev servers to stop (the kubelet counts the preStop hook's time against
+  the same period: kubernetes pkg/kubelet/kuberuntime/kuberuntime_container.go, killContainer).
 * **Kueue**: only the `kueue.x-k8s.io/queue-name` label on the StatefulSet (Kueue's StatefulSet
   integration, kubernetes-sigs/kueue site/content/en/docs/tasks/run/statefulset.md "Queue selection";
   pkg/controller/jobs/statefulset/statefulset_reconciler.go `syncQueueLabel()` copies it onto the pods,
@@ -44,6 +49,30 @@ ACTIVITY_PORT = 9099
 AGENT_NAME = "ml-dev-env-idle-agent"
 PATCH_FORCE = "pulumi.com/patchForce"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+STOP_SCRIPT = "checkpoint_stop.sh"
+STOP_MARGIN_SECONDS = 15
+
+
+def termination_grace_seconds(config: StackConfig) -> int:
+    """The pod's terminationGracePeriodSeconds: the ranks' checkpoint grace plus the servers' margin."""
+    return config.lifecycle.checkpoint_grace_seconds + STOP_MARGIN_SECONDS
+
+
+def stop_env(config: StackConfig) -> dict[str, str]:
+    """What PID 1, the preStop hook and `ml-dev rank` read about a stop."""
+    return {
+        "ML_DEV_CHECKPOINT_GRACE_SECONDS": str(config.lifecycle.checkpoint_grace_seconds),
+        "ML_DEV_CHECKPOINT_SIGNAL": config.lifecycle.checkpoint_signal,
+    }
+
+
+def pre_stop() -> k8s.core.v1.LifecycleArgs:
+    """The main container's preStop hook: checkpoint the running ranks before the kubelet's SIGTERM."""
+    return k8s.core.v1.LifecycleArgs(
+        pre_stop=k8s.core.v1.LifecycleHandlerArgs(
+            exec_=k8s.core.v1.ExecActionArgs(command=["/bin/bash", f"{naming.STARTUP_MOUNT}/{STOP_SCRIPT}"])
+        )
+    )
 
 
 def scripts() -> dict[str, str]:

@@ -9,7 +9,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 import inpod
-from components import storage
+from components import lifecycle, storage
 from core import naming, nccl
 from core import pod_contract as contract
 from stacks.config import StackConfig
@@ -172,6 +172,7 @@ def main_container(
     tokens_secret: str | None,
 ) -> k8s.core.v1.ContainerArgs:
     env = pod_env(config) + [_plain(k, v) for k, v in effective_nccl_env(config).items()] + server_env(config, tokens_secret)
+    env += [_plain(k, v) for k, v in lifecycle.stop_env(config).items()]
     ports = [k8s.core.v1.ContainerPortArgs(name="master", container_port=naming.MASTER_PORT)]
     ports.append(k8s.core.v1.ContainerPortArgs(name="debug", container_port=naming.DEBUG_PORT))
     if config.access.auth == "token":
@@ -185,6 +186,7 @@ def main_container(
         ports=ports,
         resources=resources(config),
         security_context=main_security_context(config),
+        lifecycle=lifecycle.pre_stop(),
         readiness_probe=k8s.core.v1.ProbeArgs(
             exec_=k8s.core.v1.ExecActionArgs(command=["/bin/sh", "-c", READINESS]),
             period_seconds=10,

@@ -12,6 +12,7 @@ agent): such rows get no Service port, Route or proxy. None exists yet.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -22,7 +23,7 @@ class DevServer:
     title: str
     """What users call it (in descriptions and messages)."""
     port: int
-    """Where it listens in the main container (127.0.0.1 behind the OAuth proxy, all interfaces in token mode)."""
+    """Where it listens in the main container (127.0.0.1 behind the OAuth proxy, the pod IP in token mode)."""
     proxy_port: int
     """Where its OAuth proxy sidecar listens (auth `oauth-proxy`)."""
     credential_env: str | None = None
@@ -39,6 +40,10 @@ class DevServer:
     @property
     def has_own_auth(self) -> bool:
         return self.credential_env is not None
+
+    def router_port(self, auth: str) -> int:
+        """The pod port the router dials: the OAuth proxy's (auth `oauth-proxy`), or the server's own (auth `token`)."""
+        return self.proxy_port if auth == "oauth-proxy" else self.port
 
     @property
     def secret_help(self) -> str:
@@ -79,3 +84,8 @@ def routed_servers() -> tuple[DevServer, ...]:
 def longest_routed_name() -> str:
     """The server name that makes the longest route host `<app>-<server>-<namespace>`."""
     return max((s.name for s in routed_servers()), key=len)
+
+
+def router_ports(servers: Iterable[DevServer], auth: str) -> tuple[int, ...]:
+    """The only pod ports the stack's NetworkPolicy opens to the router's namespace (components/devloop.py)."""
+    return tuple(sorted({s.router_port(auth) for s in servers if s.routed}))

@@ -37,7 +37,14 @@ SHIPPED: tuple[Shipped, ...] = (
     Shipped("ml-dev", "ml_dev.py", "devloop"),
     Shipped("idle_agent.py", "idle_agent.py", "lifecycle"),
     Shipped("idle-warning.sh", "idle-warning.sh", "lifecycle"),
+    Shipped("checkpoint_stop.sh", "checkpoint_stop.sh", "lifecycle"),
     Shipped("fabric_check.py", "fabric_check.py", "fabric"),
+    Shipped("fabric_util.py", "fabric_util.py", "fabric"),
+    Shipped("fabric_parse.py", "fabric_parse.py", "fabric"),
+    Shipped("fabric_preflight.py", "fabric_preflight.py", "fabric"),
+    Shipped("fabric_gate.py", "fabric_gate.py", "fabric"),
+    Shipped("fabric_localise.py", "fabric_localise.py", "fabric"),
+    Shipped("fabric_report.py", "fabric_report.py", "fabric"),
     Shipped("rank_order.sh", "rank_order.sh", "fabric"),
 )
 _BY_KEY = {s.key: s for s in SHIPPED}

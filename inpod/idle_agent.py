@@ -4,7 +4,8 @@
 Runs in the main container of every pod (started by startup.sh; it needs that container's GPUs,
 processes, terminals and state directory), standard library only:
 
-* every pod serves `GET /activity` (its local signals as JSON) on the activity port;
+* every pod serves `GET /activity` (its local signals as JSON) on the activity port of its pod IP and
+  127.0.0.1 (never a wildcard: nothing answers on the SR-IOV interfaces);
 * pod 0 (NODE_RANK 0 in rank.env) samples its own signals and every other pod's `/activity` each
   interval, keeps the time of the last activity anywhere, shows a warning `warningLead` before the
   stop (a file the shells print at each prompt + a banner written to open terminals) and, after
@@ -12,10 +13,14 @@ processes, terminals and state directory), standard library only:
   (autoscaling/v1 Scale), then records why on the stop-record ConfigMap and as an Event;
 * the other pods poll pod 0's `GET /decision` and mirror its warning locally.
 
-Signals (a probe that fails counts as ACTIVE: the agent never stops what it cannot see):
-  gpu        `nvidia-smi --query-gpu=index,uuid,utilization.gpu,utilization.memory,memory.used
-             --format=csv,noheader,nounits`; busy when utilization.gpu or utilization.memory reaches its
-             threshold; a missing/failing nvidia-smi or an `[N/A]` value is a failed probe
+Signals (a local probe that fails, or raises anything unexpected, counts as ACTIVE: the agent never stops
+what it cannot see; a worker pod that cannot be reached counts as active for `unreachableSeconds`, then
+it is reported (an Event, `idle_agent.py status`) and no longer holds the stop):
+  gpu        `nvidia-smi --query-gpu=index,uuid,utilization.gpu,utilization.memory,memory.used --format=csv`
+             and `--query-compute-apps=gpu_uuid,pid,process_name,used_memory`: a GPU is busy with a compute
+             process, with memory.used at or above gpuMemoryFloorMiB, or with utilization.gpu/.memory at
+             or above its threshold; `[N/A]` in a column is no evidence (MIG, unified memory), never a
+             failure; a missing or failing nvidia-smi is a failed probe
   terminals  last input on any /dev/pts/N (its atime, what `w` shows as IDLE)
   ssh        `$ML_DEV_STATE_DIR/activity/ssh/<pid>` or `ssh-sessions/<pid>` records whose pid is alive (and,
              when the record's first line holds it, has the same start time), or `sshd: user@…` processes
@@ -25,7 +30,7 @@ Signals (a probe that fails counts as ACTIVE: the agent never stops what it cann
              minute while code-server has activity or open connections: coder/code-server src/node/heart.ts)
   jupyter    `/api/status` last_activity, `/api/kernels` (a busy kernel is active), `/api/terminals`
 
-Usage: idle_agent.py run | probe | decide-once   (settings: $ML_DEV_IDLE_SETTINGS, default
+Usage: idle_agent.py run | probe | status   (settings: $ML_DEV_IDLE_SETTINGS, default
 /etc/ml-dev-env/lifecycle/idle.json; re-read every interval so a change needs no restart).
 """
 
@@ -36,7 +41,9 @@ import calendar
 import contextlib
 import json
 import os
+import re
 import shlex
+import socket
 import ssl
 import subprocess
 import sys
@@ -51,6 +58,7 @@ from typing import Any, Callable
 
 AGENT = "ml-dev-env-idle-agent"
 GPU_QUERY = "index,uuid,utilization.gpu,utilization.memory,memory.used"
+APPS_QUERY = "gpu_uuid,pid,process_name,used_memory"
 LAUNCHER_FRESH_SECONDS = 60  # the launcher touches its heartbeat at least every 15 s
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 DEFAULTS: dict[str, Any] = {
@@ -60,6 +68,8 @@ DEFAULTS: dict[str, Any] = {
     "warningLeadSeconds": 600,
     "gpuUtilThreshold": 5,
     "gpuMemoryUtilThreshold": 5,
+    "gpuMemoryFloorMiB": 1024,
+    "unreachableSeconds": 600,
     "activityPort": 9099,
     "servers": [],
 }
@@ -126,26 +136,50 @@ def signal(name: str, ok: bool, active: bool = False, age: float | None = None, 
 # ------------------------------------------------------------------------------------------ probes
 
 
+def parse_csv(text: str) -> list[dict[str, str]]:
+    """`nvidia-smi --query-*=... --format=csv`: a header of field names (`utilization.gpu [%]`), then one row
+    per GPU or process; cells as printed (units, `[N/A]`). Keyed by the field name without its unit.
+    Lines without a comma ("No running processes found") are not rows."""
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    header = [cell.strip().split(" [", 1)[0] for cell in lines[0].split(",")] if lines else []
+    if not header or not all(re.match(r"^[a-z][A-Za-z0-9_.]*$", name) for name in header):
+        raise ValueError(f"no nvidia-smi CSV header in {text.strip()[:200]!r}")
+    rows = []
+    for line in lines[1:]:
+        cells = [cell.strip() for cell in line.split(",")]
+        if len(cells) != len(header):
+            if len(cells) == 1:
+                continue
+            raise ValueError(f"unexpected nvidia-smi row {line!r} for header {header}")
+        rows.append(dict(zip(header, cells)))
+    return rows
+
+
+def number(cell: str | None) -> float | None:
+    """A numeric cell ('97 %', '61234 MiB', '97'); None when the GPU does not report it ('[N/A]',
+    '[Not Supported]', 'N/A': MIG utilisation, unified-memory memory.used). Anything else raises."""
+    if cell is None:
+        return None
+    value = cell.strip()
+    if not value or value.startswith("[") or value.upper() == "N/A":
+        return None
+    for unit in ("MiB", "%", "W", "MHz"):
+        if value.endswith(unit):
+            value = value[: -len(unit)].strip()
+    return float(value)
+
+
 def parse_gpu_csv(text: str) -> list[dict[str, Any]]:
-    """Rows of `nvidia-smi --query-gpu=<GPU_QUERY> --format=csv,noheader[,nounits]`."""
-    gpus = []
-    for line in text.strip().splitlines():
-        cells = [c.strip() for c in line.split(",")]
-        if len(cells) != 5:
-            raise ValueError(f"unexpected nvidia-smi row {line!r}")
-        index, uuid, util, mem_util, mem_used = cells
-
-        def number(cell: str, unit: str) -> float:
-            value = cell[: -len(unit)] if cell.endswith(unit) else cell  # str.removesuffix is 3.9+
-            return float(value.strip())  # '[N/A]', '[Not Supported]' raise: the GPU cannot be judged
-
+    """GPUs of `nvidia-smi --query-gpu=<GPU_QUERY> --format=csv`; a value the GPU does not report is None."""
+    gpus: list[dict[str, Any]] = []
+    for row in parse_csv(text):
         gpus.append(
             {
-                "index": int(index),
-                "uuid": uuid,
-                "util": number(util, "%"),
-                "memUtil": number(mem_util, "%"),
-                "memUsedMiB": number(mem_used, "MiB"),
+                "index": int(row["index"]) if row.get("index", "").isdigit() else len(gpus),
+                "uuid": row.get("uuid"),
+                "util": number(row.get("utilization.gpu")),
+                "memUtil": number(row.get("utilization.memory")),
+                "memUsedMiB": number(row.get("memory.used")),
             }
         )
     if not gpus:
@@ -153,17 +187,63 @@ def parse_gpu_csv(text: str) -> list[dict[str, Any]]:
     return gpus
 
 
+def parse_compute_apps(text: str) -> list[dict[str, Any]]:
+    """Processes of `nvidia-smi --query-compute-apps=<APPS_QUERY> --format=csv` (a header alone: none)."""
+    apps = []
+    for row in parse_csv(text):
+        pid = row.get("pid", "")
+        apps.append(
+            {
+                "gpuUuid": row.get("gpu_uuid"),
+                "pid": int(pid) if pid.isdigit() else None,
+                "name": row.get("process_name") or row.get("name"),
+                "usedMiB": number(row.get("used_gpu_memory") or row.get("used_memory")),
+            }
+        )
+    return apps
+
+
+def busy_gpus(gpus: list[dict[str, Any]], apps: list[dict[str, Any]], settings: dict[str, Any]) -> dict[str, list[str]]:
+    """Why each busy GPU is busy. A GPU with a compute process is busy whatever its utilisation (a CPU phase
+    of a job holds its memory at 0 %); so is one whose memory in use reaches the floor, or whose SM or
+    memory-controller utilisation reaches its threshold. A value the GPU does not report ([N/A]: MIG
+    utilisation, unified-memory memory.used) is no evidence either way; MIG instances are judged by their
+    processes. A process on a GPU this query did not list still counts (key 'other')."""
+    why: dict[str, list[str]] = {}
+    by_uuid = {g["uuid"]: str(g["index"]) for g in gpus}
+    for app in apps:
+        key = by_uuid.get(app["gpuUuid"], "other")
+        why.setdefault(key, []).append(f"compute process {app['pid'] if app['pid'] is not None else '?'} ({app['name'] or '?'})")
+    floor = settings.get("gpuMemoryFloorMiB", DEFAULTS["gpuMemoryFloorMiB"])
+    for g in gpus:
+        key = str(g["index"])
+        if g["memUsedMiB"] is not None and g["memUsedMiB"] >= floor:
+            why.setdefault(key, []).append(f"{g['memUsedMiB']:g} MiB in use (floor {floor} MiB)")
+        if g["util"] is not None and g["util"] >= settings["gpuUtilThreshold"]:
+            why.setdefault(key, []).append(f"utilization.gpu {g['util']:g} %")
+        if g["memUtil"] is not None and g["memUtil"] >= settings["gpuMemoryUtilThreshold"]:
+            why.setdefault(key, []).append(f"utilization.memory {g['memUtil']:g} %")
+    return why
+
+
+def nvidia_smi(query: str) -> str:
+    cmd = [env("ML_DEV_NVIDIA_SMI", "nvidia-smi"), query, "--format=csv"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=False)
+    if proc.returncode != 0:
+        # e.g. "Failed to initialize NVML: Driver/library version mismatch" (a driver upgrade under a running
+        # container): nothing can be judged, the probe fails and counts as active
+        raise ValueError(f"`{' '.join(cmd[:2])}` exit {proc.returncode}: {' '.join((proc.stderr or proc.stdout).split())[:200]}")
+    return proc.stdout
+
+
 def probe_gpu(settings: dict[str, Any]) -> dict[str, Any]:
-    cmd = [env("ML_DEV_NVIDIA_SMI", "nvidia-smi"), f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits"]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=False)
-        if proc.returncode != 0:
-            raise ValueError(f"exit {proc.returncode}: {(proc.stderr or proc.stdout).strip()[:200]}")
-        gpus = parse_gpu_csv(proc.stdout)
-    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        gpus = parse_gpu_csv(nvidia_smi(f"--query-gpu={GPU_QUERY}"))
+        apps = parse_compute_apps(nvidia_smi(f"--query-compute-apps={APPS_QUERY}"))
+    except (OSError, ValueError, KeyError, subprocess.SubprocessError) as exc:
         return signal("gpu", False, error=str(exc))
-    busy = [g["index"] for g in gpus if g["util"] >= settings["gpuUtilThreshold"] or g["memUtil"] >= settings["gpuMemoryUtilThreshold"]]
-    return signal("gpu", True, active=bool(busy), busy=busy, gpus=gpus)
+    why = busy_gpus(gpus, apps, settings)
+    return signal("gpu", True, active=bool(why), busy=sorted(why), why=why, gpus=gpus, processes=len(apps))
 
 
 def probe_terminals(now: float) -> dict[str, Any]:
@@ -358,17 +438,50 @@ def gather(settings: dict[str, Any]) -> list[dict[str, Any]]:
 class Decider:
     """The whole environment's idle clock (pod 0)."""
 
-    def __init__(self, now: float | None = None) -> None:
+    def __init__(self, now: float | None = None, unreachable_seconds: float = DEFAULTS["unreachableSeconds"]) -> None:
         self.last_active = time.time() if now is None else now  # a fresh start is activity
         self.reason = "agent started"
         self.warning: dict[str, Any] | None = None
         self.stopped = False
         self.last_reports: list[dict[str, Any]] = []
+        self.unreachable_seconds = unreachable_seconds
+        self.unreachable_since: dict[str, float] = {}
+        """Worker pod → when it was first unreachable (since it last answered)."""
+        self.written_off: dict[str, str] = {}
+        """Worker pods unreachable longer than the bound → the last error; they no longer hold the stop."""
+        self.announced: set[str] = set()
+
+    def status(self, now: float) -> dict[str, Any]:
+        """What `idle_agent.py status` and `GET /decision` show."""
+        return {
+            "idleSeconds": round(now - self.last_active, 1),
+            "lastActive": self.last_active,
+            "reason": self.reason,
+            "warning": self.warning,
+            "unreachable": {
+                pod: {"seconds": round(now - since, 1), "writtenOff": pod in self.written_off}
+                for pod, since in sorted(self.unreachable_since.items())
+            },
+        }
 
     def observe(self, reports: list[dict[str, Any]], now: float) -> float:
-        """Fold one round of reports into the clock; returns the idle seconds."""
+        """Fold one round of reports into the clock; returns the idle seconds.
+
+        A worker that cannot be reached (Pending, no endpoints, a broken network) counts as active for
+        `unreachable_seconds`; then it is written off: reported, and no longer able to veto the stop
+        (a pod stuck Pending has no work to lose). It counts again as soon as it answers."""
         self.last_reports = reports
         for report in reports:
+            pod = str(report.get("pod"))
+            unreachable = next((s for s in report["signals"] if s["name"] == "reachable" and not s["ok"]), None)
+            if unreachable is None:
+                self.unreachable_since.pop(pod, None)
+                self.written_off.pop(pod, None)
+            else:
+                since = self.unreachable_since.setdefault(pod, now)
+                if now - since >= self.unreachable_seconds:
+                    self.written_off[pod] = str(unreachable["detail"].get("error", "?"))
+                    continue
             for s in report["signals"]:
                 where = f"{report.get('pod')}/{s['name']}"
                 if not s["ok"]:
@@ -405,6 +518,9 @@ def warning_text(stop_at: float, idle: float) -> str:
     return (
         f"ml-dev-env: this environment has been idle for {int(idle // 60)} min and will be SUSPENDED at {when} "
         "(GPUs released, data kept). Any activity cancels it: a command, a running job, GPU work. "
+        f"Each rank of `ml-dev run` then gets {env('ML_DEV_CHECKPOINT_SIGNAL', 'SIGTERM')} and "
+        f"{env('ML_DEV_CHECKPOINT_GRACE_SECONDS', '30')} s to save a checkpoint: handle that signal in your job "
+        "(README 'Checkpoint before a stop'). "
         "Resume later with `pulumi up --refresh`."
     )
 
@@ -489,6 +605,8 @@ def stop(settings: dict[str, Any], decider: Decider, idle: float, now: float) ->
         f"Suspended by the idle agent after {int(idle)}s without activity (idleTimeout "
         f"{settings['idleTimeoutSeconds']}s); replicas {before} -> 0, claims kept. Resume: pulumi up --refresh"
     )
+    if decider.written_off:
+        message += f" Unreachable pods not waited for: {', '.join(sorted(decider.written_off))}."
     record = {
         "stoppedAt": rfc3339(now),
         "idleSeconds": str(int(idle)),
@@ -497,6 +615,7 @@ def stop(settings: dict[str, Any], decider: Decider, idle: float, now: float) ->
         "replicasBefore": str(before),
         "message": message,
         "signals.json": json.dumps(signals, sort_keys=True),
+        "unreachablePods": " ".join(sorted(decider.written_off)),
     }
     with contextlib.suppress(OSError):
         (state_dir() / "idle-stop.json").write_text(json.dumps(record, indent=2))
@@ -509,17 +628,30 @@ def stop(settings: dict[str, Any], decider: Decider, idle: float, now: float) ->
         )
     except (OSError, urllib.error.URLError) as exc:
         log(f"WARNING: stop record not written: {exc}")
+    try:
+        event(
+            settings, "IdleStop", message + " Signals: " + json.dumps(signals, sort_keys=True, separators=(",", ":")), now, meta.get("uid")
+        )
+    except (OSError, urllib.error.URLError) as exc:
+        log(f"WARNING: event not created: {exc}")
+    log(message)
+    return True
+
+
+def event(settings: dict[str, Any], reason: str, message: str, now: float, uid: str | None = None) -> None:
+    """An Event on the StatefulSet (`oc get events --field-selector reason=<reason>`)."""
+    name, ns = settings["statefulset"], settings["namespace"]
     involved: dict[str, str] = {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": name, "namespace": ns}
-    if meta.get("uid"):
-        involved["uid"] = meta["uid"]
-    event: dict[str, Any] = {
+    if uid:
+        involved["uid"] = uid
+    body: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"name": f"{name}.idle-stop.{int(now * 1000):x}", "namespace": ns},
+        "metadata": {"name": f"{name}.{reason.lower()}.{int(now * 1000):x}", "namespace": ns},
         "involvedObject": involved,
-        "reason": "IdleStop",
-        "type": "Normal",
-        "message": (message + " Signals: " + json.dumps(signals, sort_keys=True, separators=(",", ":")))[:1024],
+        "reason": reason,
+        "type": "Warning" if reason != "IdleStop" else "Normal",
+        "message": message[:1024],
         "source": {"component": AGENT, "host": env("POD_NAME") or env("HOSTNAME")},
         "reportingComponent": AGENT,
         "reportingInstance": env("POD_NAME") or env("HOSTNAME") or AGENT,
@@ -527,12 +659,31 @@ def stop(settings: dict[str, Any], decider: Decider, idle: float, now: float) ->
         "lastTimestamp": rfc3339(now),
         "count": 1,
     }
-    try:
-        kube.call("POST", f"/api/v1/namespaces/{ns}/events", event)
-    except (OSError, urllib.error.URLError) as exc:
-        log(f"WARNING: event not created: {exc}")
-    log(message)
-    return True
+    Kube(ns).call("POST", f"/api/v1/namespaces/{ns}/events", body)
+
+
+def report_unreachable(settings: dict[str, Any], decider: Decider, now: float) -> None:
+    """Each pod written off gets one log line and one Event; the status file lists them for `status`."""
+    for pod, error in sorted(decider.written_off.items()):
+        if pod in decider.announced:
+            continue
+        decider.announced.add(pod)
+        since = decider.unreachable_since.get(pod, now)
+        message = (
+            f"Pod {pod} unreachable for {int(now - since)}s (bound {int(decider.unreachable_seconds)}s: "
+            f"{error}); the idle stop no longer waits for it. Check it: oc describe pod {pod}"
+        )
+        log(f"WARNING: {message}")
+        if settings.get("enabled"):
+            try:
+                event(settings, "IdleAgentPodUnreachable", message, now)
+            except (OSError, ValueError, KeyError, urllib.error.URLError) as exc:
+                log(f"WARNING: event not created: {exc}")
+    decider.announced &= set(decider.written_off)
+    with contextlib.suppress(OSError):
+        tmp = state_dir() / "idle-status.json.tmp"
+        tmp.write_text(json.dumps(decider.status(now), indent=2))
+        tmp.replace(state_dir() / "idle-status.json")
 
 
 # ------------------------------------------------------------------------------------ the loop
@@ -546,7 +697,9 @@ def tick(settings: dict[str, Any], decider: Decider, now: float | None = None) -
         return "off"
     reports = gather(settings)
     now = time.time() if now is None else now
+    decider.unreachable_seconds = float(settings.get("unreachableSeconds", DEFAULTS["unreachableSeconds"]))
     idle = decider.observe(reports, now)
+    report_unreachable(settings, decider, now)
     timeout, lead = settings["idleTimeoutSeconds"], settings["warningLeadSeconds"]
     if idle >= timeout and not decider.stopped:
         try:
@@ -573,7 +726,7 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/activity":
             body: Any = local_activity(load_settings())
         elif self.path == "/decision" and self.decider is not None:
-            body = {"warning": self.decider.warning, "lastActive": self.decider.last_active, "reason": self.decider.reason}
+            body = self.decider.status(time.time())
         else:
             self.send_error(404)
             return
@@ -588,14 +741,40 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
 
-def serve(listen: str, decider: Decider | None) -> ThreadingHTTPServer:
-    host, _, port = listen.rpartition(":")
+class _Server6(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
+def listen_addresses(listen: str | None, port: int) -> list[tuple[str, int]]:
+    """Where /activity and /decision answer: `host:port` items (`[v6]:port`), separated by spaces or commas.
+
+    Default: the pod IP (pod 0 and the workers reach each other there; the NetworkPolicy admits only the stack's
+    pods) plus 127.0.0.1 (local clients, `oc port-forward`); never a wildcard, so nothing answers on the SR-IOV
+    interfaces (net1..N), which NetworkPolicy does not cover.
+    """
+    items = (listen or "").replace(",", " ").split()
+    if not items:
+        items = [f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}" for ip in (env("POD_IP"), "127.0.0.1") if ip]
+    out = []
+    for item in items:
+        host, _, number = item.rpartition(":")
+        host = host.strip("[]")
+        if not host or host in ("0.0.0.0", "::"):
+            raise ValueError(f"listen address {item!r}: name the address to bind (the pod IP, 127.0.0.1), not a wildcard")
+        out.append((host, int(number)))
+    return out
+
+
+def serve(listen: str | None, decider: Decider | None, port: int = 0) -> list[ThreadingHTTPServer]:
     handler = type("BoundHandler", (Handler,), {"decider": decider})
-    server = ThreadingHTTPServer((host or "0.0.0.0", int(port)), handler)
-    bound_host, bound_port = server.server_address[:2]
-    (state_dir() / "activity.addr").write_text(f"{bound_host!s}:{bound_port}\n")
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
+    servers: list[ThreadingHTTPServer] = []
+    for host, number in listen_addresses(listen, port):
+        server = (_Server6 if ":" in host else ThreadingHTTPServer)((host, number), handler)
+        servers.append(server)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    bound = [(str(s.server_address[0]), s.server_address[1]) for s in servers]
+    (state_dir() / "activity.addr").write_text("".join(f"[{h}]:{p}\n" if ":" in h else f"{h}:{p}\n" for h, p in bound))
+    return servers
 
 
 def follow_master(settings: dict[str, Any]) -> None:
@@ -613,9 +792,10 @@ def follow_master(settings: dict[str, Any]) -> None:
 def run(listen: str | None, rounds: int | None = None) -> int:
     settings = load_settings()
     state_dir().mkdir(parents=True, exist_ok=True)
-    decider = Decider()
-    serve(listen or env("ML_DEV_ACTIVITY_LISTEN") or f"0.0.0.0:{settings['activityPort']}", decider)
-    log(f"serving /activity; idle stop {'on' if settings['enabled'] else 'off'}")
+    decider = Decider(unreachable_seconds=float(settings.get("unreachableSeconds", DEFAULTS["unreachableSeconds"])))
+    servers = serve(listen or env("ML_DEV_ACTIVITY_LISTEN"), decider, int(settings["activityPort"]))
+    where = ", ".join(str(s.server_address[:2]) for s in servers)
+    log(f"serving /activity on {where}; idle stop {'on' if settings['enabled'] else 'off'}")
     done, next_round = 0, time.monotonic()
     while rounds is None or done < rounds:
         settings = load_settings()
@@ -639,10 +819,19 @@ def run(listen: str | None, rounds: int | None = None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["run", "probe"])
-    parser.add_argument("--listen", help="host:port for /activity (default 0.0.0.0:<activityPort>)")
+    parser.add_argument("command", choices=["run", "probe", "status"])
+    parser.add_argument("--listen", help="host:port[,host:port] for /activity (default $POD_IP and 127.0.0.1, port activityPort)")
     parser.add_argument("--rounds", type=int, help="stop after this many intervals (tests)")
     args = parser.parse_args(argv)
+    if args.command == "status":
+        # pod 0's view: idle seconds, last activity, pods written off as unreachable
+        path = state_dir() / "idle-status.json"
+        try:
+            print(path.read_text().strip())
+        except OSError:
+            print(f"no {path} (the idle agent runs its decision on pod 0 only)")
+            return 2
+        return 0
     if args.command == "probe":
         json.dump(local_activity(load_settings()), sys.stdout, indent=2)
         print()

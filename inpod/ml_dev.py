@@ -2,7 +2,8 @@
 """ml-dev: run one command on every pod of an ml-dev-env stack, from any pod.
 
     ml-dev run -- torchrun train.py        sync the tree, start on every pod, stream, stop all on failure
-    ml-dev run --debug 1 -- python x.py    rank 1's Python waits for a debugger on port 5678
+    ml-dev run --debug 1 -- python x.py    rank 1's Python waits for a debugger on 127.0.0.1:5678 of its pod
+                                           (--debug-host pod: on the pod IP, for a debugger in another pod)
     ml-dev sync                            sync the working tree to every pod (no-op on shared storage)
     ml-dev exec -- nvidia-smi              run on every pod, output prefixed by rank
     ml-dev status                          pods, reachability, ranks, GPUs, RDMA devices, SSH sessions
@@ -48,7 +49,21 @@ STATE_DIR = Path(os.environ.get("ML_DEV_STATE_DIR", "/tmp/ml-dev-env"))
 IGNORE_FILE = ".ml-devignore"
 SYNC_MANIFEST = ".ml-dev-synced"
 HEARTBEAT_SECONDS = 10
-STOP_GRACE_SECONDS = 10
+STOP_GRACE_DEFAULT = 30  # lifecycle.checkpointGraceSeconds' default; the pod's value comes with rank.env
+
+
+def stop_grace(values: dict[str, str] | None = None) -> int:
+    """Seconds a stopped rank gets to save a checkpoint before its process group is killed."""
+    text = (values or {}).get("ML_DEV_CHECKPOINT_GRACE_SECONDS") or os.environ.get("ML_DEV_CHECKPOINT_GRACE_SECONDS", "")
+    return int(text) if text.isdigit() else STOP_GRACE_DEFAULT
+
+
+def stop_signal(values: dict[str, str] | None = None) -> signal.Signals:
+    """The signal a stopped rank gets first (lifecycle.checkpointSignal; SIGTERM unless set)."""
+    name = (values or {}).get("ML_DEV_CHECKPOINT_SIGNAL") or os.environ.get("ML_DEV_CHECKPOINT_SIGNAL", "SIGTERM")
+    return getattr(signal.Signals, name, signal.SIGTERM) if name.startswith("SIG") else signal.SIGTERM
+
+
 DEBUG_PORT = 5678
 PY = "python3"
 PER_POD_ENV = (
@@ -429,8 +444,9 @@ def _ml_dev_debug():
     except ImportError:
         sys.stderr.write("ml-dev: debugpy is not installed in this image (pip install debugpy)\\n")
         return
-    debugpy.listen((os.environ.get("ML_DEV_DEBUG_HOST", "0.0.0.0"), int(port)))
-    sys.stderr.write("ml-dev: debugpy listening on port %s (pid %d); waiting for the debugger to attach\\n" % (port, os.getpid()))
+    host = os.environ.get("ML_DEV_DEBUG_HOST") or "127.0.0.1"
+    debugpy.listen((host, int(port)))
+    sys.stderr.write("ml-dev: debugpy listening on %s port %s (pid %d); waiting for the debugger to attach\\n" % (host, port, os.getpid()))
     sys.stderr.flush()
     if os.environ.get("ML_DEV_DEBUG_WAIT", "1") == "1":
         debugpy.wait_for_client()
@@ -460,6 +476,11 @@ def cmd_rank(args: argparse.Namespace) -> int:
         (site / "sitecustomize.py").write_text(DEBUG_SITECUSTOMIZE)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p)
         env["ML_DEV_DEBUG_PORT"] = str(args.debug_port)
+        # debugpy has no authentication: loopback unless `--debug-host pod` (oc port-forward dials localhost
+        # inside the pod: cri-o internal/oci/runtime_oci_linux.go, runtimeOCI.PortForwardContainer)
+        if args.debug_host == "pod" and not os.environ.get("POD_IP"):
+            print("ml-dev: --debug-host pod needs $POD_IP (downward-API env); listening on 127.0.0.1", file=sys.stderr, flush=True)
+        env["ML_DEV_DEBUG_HOST"] = os.environ.get("POD_IP", "") if args.debug_host == "pod" else "127.0.0.1"
     cwd = args.cwd if os.path.isdir(args.cwd) else None
     if cwd is None:
         print(f"ml-dev: {args.cwd} does not exist on this pod; running in {os.getcwd()}", file=sys.stderr, flush=True)
@@ -468,15 +489,20 @@ def cmd_rank(args: argparse.Namespace) -> int:
         ["bash", "-c", 'exec "$@"', "_", *args.command], cwd=cwd, env=env, start_new_session=True, stdin=subprocess.DEVNULL
     )
 
+    grace, first = stop_grace(env), stop_signal(env)
+    stopping = threading.Lock()
+
     def stop_group() -> None:
-        if proc.poll() is not None:
+        # once: a pod stop (SIGTERM from checkpoint_stop.sh) and the launcher's EOF may both arrive; the
+        # rank gets the checkpoint signal once and `grace` seconds before its group is killed
+        if proc.poll() is not None or not stopping.acquire(blocking=False):
             return
         try:
-            os.killpg(proc.pid, signal.SIGTERM)
+            os.killpg(proc.pid, first)
         except ProcessLookupError:
             return
         try:
-            proc.wait(STOP_GRACE_SECONDS)
+            proc.wait(grace)
         except subprocess.TimeoutExpired:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -493,9 +519,11 @@ def cmd_rank(args: argparse.Namespace) -> int:
 
     if not args.no_stdin_watch:
         threading.Thread(target=watch_stdin, daemon=True).start()
+    # never wait inside the handler: it interrupts proc.wait() below, whose lock a nested wait cannot take
+    # (it would sleep out the whole grace after the rank has already exited)
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop_group())
-    with Heartbeat("rank", {"command": args.command, "cwd": args.cwd}):
+        signal.signal(sig, lambda *_: threading.Thread(target=stop_group, daemon=True).start())
+    with Heartbeat("rank", {"command": args.command, "cwd": args.cwd, "pgid": proc.pid}):
         code = proc.wait()
     # a rank killed by a signal reports 128+N like a shell
     return code if code >= 0 else 128 - code
@@ -639,6 +667,20 @@ def sync(cluster: Cluster, root: Path, quiet: bool = False) -> str:
     return local_hash
 
 
+def debug_line(cluster: Cluster, rank: int, host: str) -> str:
+    """What the launch says about the debugged rank: where debugpy listens and how to reach it."""
+    if host == "pod":
+        return (
+            f"ml-dev: {cluster.label(rank)} runs under debugpy on its pod IP, port {DEBUG_PORT} (--debug-host pod): "
+            f"any pod of the stack can attach to {cluster.hosts[rank]}:{DEBUG_PORT}, without authentication; "
+            "oc port-forward does not reach it"
+        )
+    return (
+        f"ml-dev: {cluster.label(rank)} runs under debugpy on 127.0.0.1:{DEBUG_PORT} of its pod (nothing else reaches it): "
+        f"oc port-forward pod/{cluster.pods[rank]} {DEBUG_PORT}:{DEBUG_PORT}, then attach to localhost:{DEBUG_PORT}"
+    )
+
+
 def run_everywhere(
     cluster: Cluster,
     command: list[str],
@@ -647,6 +689,7 @@ def run_everywhere(
     wait_debugger: bool,
     carried: dict[str, str] | None = None,
     per_pod_ranks: bool = False,
+    debug_host: str = "localhost",
 ) -> int:
     procs: dict[int, subprocess.Popen] = {}
     streams: list[Stream] = []
@@ -654,7 +697,7 @@ def run_everywhere(
     for rank in range(len(cluster.hosts)):
         agent = [PY, str(HERE / "ml-dev"), "_rank", "--env-stdin", "--cwd", str(cwd)]
         if debug_rank == rank:
-            agent += ["--debug-port", str(DEBUG_PORT)]
+            agent += ["--debug-port", str(DEBUG_PORT), "--debug-host", debug_host]
         agent += ["--", *command]
         argv = agent if rank == cluster.me else cluster.ssh(rank, agent)
         env = dict(os.environ)
@@ -677,11 +720,7 @@ def run_everywhere(
     for s in streams:
         s.start()
     if debug_rank is not None:
-        print(
-            f"ml-dev: {cluster.label(debug_rank)} runs under debugpy on port {DEBUG_PORT}: "
-            f"oc port-forward pod/{cluster.pods[debug_rank]} {DEBUG_PORT}:{DEBUG_PORT}, then attach",
-            flush=True,
-        )
+        print(debug_line(cluster, debug_rank, debug_host), flush=True)
 
     interrupted = threading.Event()
 
@@ -727,7 +766,7 @@ def stop_all(procs: dict[int, subprocess.Popen]) -> None:
                 p.stdin.close()
         except OSError:
             pass
-    deadline = time.monotonic() + STOP_GRACE_SECONDS + 5
+    deadline = time.monotonic() + stop_grace(read_env_file(STATE_DIR / "rank.env")) + 5
     for p in procs.values():
         try:
             p.wait(max(0.1, deadline - time.monotonic()))
@@ -744,7 +783,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.no_sync:
         sync(cluster, tree_root(cwd))
     with Heartbeat("run", {"command": args.command, "cwd": str(cwd), "pods": cluster.pods}):
-        return run_everywhere(cluster, args.command, cwd, args.debug, not args.no_wait, launch_env(args.env), args.per_pod)
+        return run_everywhere(cluster, args.command, cwd, args.debug, not args.no_wait, launch_env(args.env), args.per_pod, args.debug_host)
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
@@ -844,6 +883,12 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--debug", type=int, metavar="RANK", help=f"run RANK's Python under debugpy on port {DEBUG_PORT}")
     run.add_argument("--no-wait", action="store_true", help="with --debug: do not wait for the debugger to attach")
     run.add_argument(
+        "--debug-host",
+        choices=("localhost", "pod"),
+        default="localhost",
+        help="with --debug: listen on 127.0.0.1 (default; oc port-forward) or on the pod IP (attach from another pod of the stack)",
+    )
+    run.add_argument(
         "--per-pod",
         action="store_true",
         help="one process per pod: also set RANK=NODE_RANK, LOCAL_RANK=0, WORLD_SIZE=NNODES (else nothing new is set)",
@@ -863,6 +908,7 @@ def main(argv: list[str] | None = None) -> int:
     rank = sub.add_parser("_rank")
     rank.add_argument("--cwd", required=True)
     rank.add_argument("--debug-port", type=int)
+    rank.add_argument("--debug-host", choices=("localhost", "pod"), default="localhost")
     rank.add_argument("--no-stdin-watch", action="store_true")
     rank.add_argument("--env-stdin", action="store_true")
     rank.add_argument("command", nargs=argparse.REMAINDER)

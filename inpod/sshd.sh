@@ -12,7 +12,9 @@
 #   APP_NAME HEADLESS_SERVICE POD_NAMESPACE from $ML_DEV_CLUSTER_DIR/cluster.env; ML_DEV_SSH_PORT (2222) and
 #   ML_DEV_SSH_USER (login name of a UID without a passwd entry; ml-dev) from devloop.env next to this script.
 #   A variable of the same name in the environment is the fallback where a file lacks the key.
-#   ML_DEV_SSH_LISTEN (listen address; default all) from the environment only.
+#   ML_DEV_SSH_LISTEN (listen addresses, space-separated) from the environment only; default $POD_IP and
+#   127.0.0.1, never a wildcard: nothing answers on the SR-IOV interfaces net1..N, which NetworkPolicy does
+#   not cover.
 #
 # Outputs under $ML_DEV_STATE_DIR/ssh (mode 0700, owned by the pod's UID):
 #   sshd_config, host key copy, client key copy, client.conf (Port/IdentityFile/known_hosts for the
@@ -52,7 +54,7 @@ STATE_DIR="${ML_DEV_STATE_DIR:-/tmp/ml-dev-env}"
 SECRET_DIR="${ML_DEV_SSH_SECRET_DIR:-/etc/ml-dev-env/ssh}"
 PORT="$(fact ML_DEV_SSH_PORT "$HERE/devloop.env")"
 PORT="${PORT:-2222}"
-LISTEN="${ML_DEV_SSH_LISTEN:-}"
+LISTEN="${ML_DEV_SSH_LISTEN:-${POD_IP:+$POD_IP }127.0.0.1}"
 LOGIN="$(fact ML_DEV_SSH_USER "$HERE/devloop.env")"
 LOGIN="${LOGIN:-ml-dev}"
 D="$STATE_DIR/ssh"
@@ -215,7 +217,7 @@ done
 cat > "$D/sshd_config" <<CONF
 # written by sshd.sh (ml-dev-env SSH fabric); unprivileged: no PAM, no privilege separation user
 Port $PORT
-${LISTEN:+ListenAddress $LISTEN}
+$(for a in $LISTEN; do printf 'ListenAddress %s\n' "$a"; done)
 HostKey $D/host_ed25519_key
 PidFile $D/sshd.pid
 AuthorizedKeysFile .ssh/ml-dev-env_authorized_keys .ssh/authorized_keys

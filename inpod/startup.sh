@@ -20,6 +20,7 @@
 #   ML_DEV_SERVERS="vscode jupyter tensorboard"   ML_DEV_AUTH=oauth-proxy|token
 #   ML_DEV_WORKSPACE (/workspace)  ML_DEV_STATE_DIR (/tmp/ml-dev-env)  TENSORBOARD_LOGDIR
 #   PASSWORD (code-server, token mode)  JUPYTER_TOKEN (token mode)
+#   ML_DEV_CHECKPOINT_GRACE_SECONDS (30)  ML_DEV_CHECKPOINT_SIGNAL (SIGTERM): what a stop gives each rank
 #
 # Outputs (the rank contract: other tools read these files and never recompute ranks):
 #   $ML_DEV_STATE_DIR/rank.env   `export KEY='value'` lines: ML_DEV_POD NODE_RANK NNODES GPUS_PER_NODE
@@ -149,6 +150,7 @@ read_cluster_env() {  # sets C_<KEY> from the environment, then cluster.env; fai
 # NODE_RANK is this pod's index in it. Rank = StatefulSet ordinal, unless fabricCheck.nodeRacks is set:
 # then ml_dev_rank_order (rank_order.sh, README "Fabric check") groups the pods by rack, pod 0 first.
 FABRIC_DIR="$(dirname "${BASH_SOURCE[0]}")"
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"  # logical: the mount path (the stop trap needs it early)
 RACK_AWARE=""
 if [ -r "$FABRIC_DIR/rank_order.sh" ] && [ -r "$FABRIC_DIR/fabric.json" ] && command -v python3 >/dev/null 2>&1 \
   && python3 -c 'import json, sys; sys.exit(not json.load(open(sys.argv[1])).get("nodeRacks"))' "$FABRIC_DIR/fabric.json" 2>/dev/null; then
@@ -298,7 +300,12 @@ if command -v nvidia-smi >/dev/null 2>&1; then
 fi
 
 # --- 4. dev servers (pod 0 only: the dev Service selects the pod named <app>-0) ------------------
-if [ "$AUTH" = "token" ]; then BIND=0.0.0.0; else BIND=127.0.0.1; fi
+# Behind the OAuth proxy a server needs only loopback; in token mode the router dials the pod IP. Never a
+# wildcard: nothing of ours answers on the SR-IOV interfaces (net1..N), which NetworkPolicy does not cover.
+if [ "$AUTH" = "token" ]; then BIND="${POD_IP:-127.0.0.1}"; else BIND=127.0.0.1; fi
+if [[ "$BIND" == *:* ]]; then BIND_HOSTPORT="[$BIND]"; else BIND_HOSTPORT="$BIND"; fi
+# the idle agent asks Jupyter whether it is in use where Jupyter listens
+export ML_DEV_JUPYTER_URL="${ML_DEV_JUPYTER_URL:-http://$BIND_HOSTPORT:8888}"
 PIDS=()
 # The dev servers start WITHOUT the rank.env values in their environment: a server lives through count
 # changes, and what it passes on (a Jupyter kernel inherits the server's environment, also after a kernel
@@ -319,8 +326,14 @@ start() {  # start <name> <command...>
   PIDS+=("$!")
 }
 SLEEP_PID=""
+# A stop (idle stop, suspend, destroy, pod deletion) sends SIGTERM to PID 1, this script. It forwards the
+# stop to the ranks of running `ml-dev run` jobs and waits up to lifecycle.checkpointGraceSeconds for them
+# to save a checkpoint and exit (checkpoint_stop.sh, also the preStop hook), and only then stops the dev
+# servers and sshd (a rank's SSH channel must outlive its checkpoint).
 stop() {
+  trap '' TERM INT
   log "stopping"
+  bash "$SCRIPT_DIR/checkpoint_stop.sh" || true
   kill "${PIDS[@]}" $SLEEP_PID 2>/dev/null || true
   exit 0
 }
@@ -347,7 +360,6 @@ supervise_sshd() {
     delay=$((delay * 2 > 60 ? 60 : delay * 2))
   done
 }
-SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"  # logical: the mount path
 if [ -r "$SCRIPT_DIR/sshd.sh" ]; then
   if PATH="$PATH:/usr/sbin:/usr/local/sbin" command -v sshd >/dev/null 2>&1; then
     { mkdir -p "$STATE_DIR/ssh" && : > "$STATE_DIR/ssh/wanted"; } 2>/dev/null || true
@@ -396,10 +408,10 @@ if [ "$ORDINAL" -eq 0 ]; then
         dirs=(--user-data-dir "$XDG_DATA_HOME/code-server" --extensions-dir "$XDG_DATA_HOME/code-server/extensions")
         if [ "$AUTH" = "token" ]; then
           : "${PASSWORD:?token mode needs PASSWORD for code-server}"
-          start vscode code-server --bind-addr "$BIND:8080" --auth password --disable-telemetry "${dirs[@]}" "$WORKSPACE"
+          start vscode code-server --bind-addr "$BIND_HOSTPORT:8080" --auth password --disable-telemetry "${dirs[@]}" "$WORKSPACE"
         else
           # Only reachable through the OAuth proxy sidecar on this pod's loopback.
-          start vscode code-server --bind-addr "$BIND:8080" --auth none --disable-telemetry "${dirs[@]}" "$WORKSPACE"
+          start vscode code-server --bind-addr "$BIND_HOSTPORT:8080" --auth none --disable-telemetry "${dirs[@]}" "$WORKSPACE"
         fi
         ;;
       jupyter)

@@ -129,10 +129,29 @@ def _check_quantity(value: str) -> str:
     try:
         amount = parse_quantity(value)
     except QuantityError as exc:
-        raise ValueError(str(exc)) from None
+        hint = _quantity_case_hint(value)
+        raise ValueError(str(exc) + (f"; did you mean {hint!r}? (suffixes are case-sensitive)" if hint else "")) from None
     if amount <= 0:
         raise ValueError(f"{value!r} must be greater than zero")
     return value
+
+
+_SUFFIXES = ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "k", "M", "G", "T", "P", "E", "m")
+
+
+def _quantity_case_hint(value: str) -> str | None:
+    """'900gi' → '900Gi': the same quantity with a suffix in Kubernetes' spelling, when that parses."""
+    m = re.match(r"^([0-9.]+)([A-Za-z]+)$", value.strip())
+    if not m:
+        return None
+    for suffix in _SUFFIXES:
+        if suffix.lower() == m.group(2).lower() and suffix != m.group(2):
+            try:
+                parse_quantity(m.group(1) + suffix)
+            except QuantityError:
+                continue
+            return m.group(1) + suffix
+    return None
 
 
 def _check_size(value: str) -> str:
@@ -152,6 +171,9 @@ def _check_label(value: str) -> str:
 
 
 def _check_subdomain(value: str) -> str:
+    if "://" in value or "/" in value:
+        bare = value.split("://", 1)[-1].split("/", 1)[0]
+        raise ValueError(f"{value!r} is a URL; give the DNS name alone, without scheme or path: did you mean {bare!r}?")
     if not DNS_SUBDOMAIN.match(value):
         raise ValueError(f"{value!r} is not a valid DNS name: lower-case letters, digits, '-' and '.', at most 253 characters")
     return value

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, create_model, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, create_model, model_validator
 
 from core import nccl
 from core.model_sizing import preflight
@@ -118,12 +118,25 @@ class Resources(Model):
                 yield ConfigProblem(f"requests.{kind}", request, f"must not exceed limits.{kind} ({limit})")
 
 
+def _check_count(value: int) -> int:
+    if value < 1:
+        raise ValueError("at least 1; to stop the environment and keep its data, set lifecycle.suspended: true instead")
+    return value
+
+
 class NodesConfig(Model):
     """GPU nodes, pods and their size."""
 
     gpu_nodes: list[DnsSubdomain] = Field(default_factory=list, description="Ordered GPU node names; empty = any GPU node.")
-    count: int = Field(1, ge=1, le=64, description="Number of pods (one per node).")
+    count: Annotated[int, AfterValidator(_check_count)] = Field(1, le=64, description="Number of pods (one per node).")
     gpus_per_pod: int = Field(1, ge=1, le=16, description="GPUs requested (= limit) by each pod.")
+    gpus_per_node: int | None = Field(
+        None,
+        ge=1,
+        le=16,
+        description="GPUs each GPU node has (nvidia.com/gpu capacity). Declared: gpusPerPod above it is refused (the pods "
+        "would stay Pending). Unset: a warning, nothing checked.",
+    )
     gpu_product: str | None = Field(
         None, description="Value of the node label nvidia.com/gpu.product to require, e.g. NVIDIA-H100-80GB-HBM3."
     )
@@ -131,6 +144,27 @@ class NodesConfig(Model):
     shm_size: Size = Field("32Gi", description="Size of the memory-backed /dev/shm.")
     node_selector: dict[str, str] = Field(default_factory=lambda: {"nvidia.com/gpu.present": "true"}, description="GPU node selector.")
     tolerations: list[Toleration] = Field(default_factory=lambda: [GPU_TOLERATION])
+
+    @rule
+    def _gpus_fit_the_node(self) -> Iterator[ConfigProblem]:
+        if self.gpus_per_node is not None and self.gpus_per_pod > self.gpus_per_node:
+            yield ConfigProblem(
+                "gpusPerPod",
+                self.gpus_per_pod,
+                f"at most nodes.gpusPerNode ({self.gpus_per_node}): a pod asking for more GPUs than a node has stays Pending",
+            )
+
+    @rule
+    def _shm_within_memory(self) -> Iterator[ConfigProblem]:
+        # /dev/shm is a memory-backed emptyDir: its pages count against the container's memory limit. Only a
+        # size the stack sets is judged (the default stands for "as much as the image needs").
+        if "shm_size" in self.model_fields_set and parse_quantity(self.shm_size) > parse_quantity(self.resources.limits.memory):
+            yield ConfigProblem(
+                "shmSize",
+                self.shm_size,
+                f"at most resources.limits.memory ({self.resources.limits.memory}): /dev/shm is memory and counts against "
+                "that limit (a full /dev/shm would OOM-kill the pod)",
+            )
 
     @rule
     def _node_list(self) -> Iterator[ConfigProblem]:
@@ -561,10 +595,29 @@ class HuggingFaceSource(Model):
     gated: bool = Field(False, description="The repository needs an accepted license / token: the hfToken secret is then required.")
 
 
+def _check_endpoint(value: str) -> str:
+    if not re.match(r"^https?://[^/\s]+", value):
+        raise ValueError(f"an endpoint URL with its scheme: did you mean 'https://{value}' (or 'http://{value}')?")
+    return value
+
+
+def _check_quay_repository(value: str) -> str:
+    # a reference's first component is a registry host only with a '.' or ':' or as 'localhost'
+    # (distribution/reference normalize.go splitDockerDomain); without one the push goes to docker.io
+    first, _, rest = value.partition("/")
+    if not rest or not ("." in first or ":" in first or first == "localhost"):
+        raise ValueError(f"a repository with its registry host: did you mean 'quay.io/{value}'?")
+    if ":" in rest or "@" in rest:
+        raise ValueError("the repository without tag or digest (the tag goes in `tag`)")
+    return value
+
+
 class S3Source(Model):
     """Download the weights from S3 (secrets s3AccessKeyId, s3SecretAccessKey)."""
 
-    endpoint: str = Field(description="S3 endpoint URL, e.g. http://minio.model-storage.svc:9000.")
+    endpoint: Annotated[str, AfterValidator(_check_endpoint)] = Field(
+        description="S3 endpoint URL, e.g. http://minio.model-storage.svc:9000."
+    )
     bucket: str = Field(description="Bucket holding the weight files.")
     prefix: str = Field("", description="Key prefix of the weight files in the bucket.")
     region: str = Field("us-east-1", description="Region of the bucket (any value for most S3-compatible stores).")
@@ -595,7 +648,7 @@ class Registration(Model):
 class S3Upload(Model):
     """Where the weight files are uploaded (secrets s3AccessKeyId, s3SecretAccessKey)."""
 
-    endpoint: str = Field(description="S3 endpoint URL.")
+    endpoint: Annotated[str, AfterValidator(_check_endpoint)] = Field(description="S3 endpoint URL.")
     bucket: str = Field(description="Destination bucket.")
     prefix: str = Field(description="Key prefix the weight files are uploaded under.")
     region: str = Field("us-east-1", description="Region of the bucket.")
@@ -619,7 +672,9 @@ class ModelConfig(Model):
     )
     size_gi: float = Field(gt=0, le=4096, description="Approximate size of the weights in GiB (sizes PVC and timeouts).")
     quantization: str = Field("none", description="Quantization scheme recorded in the registry, e.g. w4a16 or none.")
-    quay_repository: str = Field(description="Destination repository, e.g. quay.io/org/mistral-small-24b.")
+    quay_repository: Annotated[str, AfterValidator(_check_quay_repository)] = Field(
+        description="Destination repository with its registry host, e.g. quay.io/org/mistral-small-24b."
+    )
     tag: str = Field(description="Image tag for both the Quay and the internal image.")
     internal_image_stream: DnsLabel | None = Field(None, description="Internal ImageStream name (default: name).")
     registration: Registration = Field(description="Model registry entry.")
@@ -734,12 +789,20 @@ def _check_duration(value: str) -> str:
     return value
 
 
-Duration = Annotated[str, AfterValidator(_check_duration)]
+def _bare_duration(value: Any) -> Any:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        n = int(value) if float(value).is_integer() else value
+        raise ValueError(f"a duration needs a unit (a quoted string such as '90s', '45m', '2h'): did you mean '{n}m' or '{n}h'?")
+    return value
+
+
+Duration = Annotated[str, BeforeValidator(_bare_duration), AfterValidator(_check_duration)]
 
 # Admin bounds of the idle stop (a stack cannot configure a stop that is more eager or lazier than this).
 IDLE_TIMEOUT_BOUNDS = (15 * 60, 24 * 3600)
 IDLE_INTERVAL_BOUNDS = (15, 5 * 60)
 IDLE_WARNING_BOUNDS = (60, 3600)
+IDLE_UNREACHABLE_BOUNDS = (120, 3600)
 
 
 class IdleStopConfig(Model):
@@ -757,6 +820,18 @@ class IdleStopConfig(Model):
     gpu_memory_util_threshold: int = Field(
         5, ge=1, le=50, description="A GPU whose utilization.memory (memory-controller activity, %) at or above this counts as busy."
     )
+    gpu_memory_floor_mib: int = Field(
+        1024,
+        ge=64,
+        le=65536,
+        description="A GPU with at least this much memory.used (MiB) counts as busy, whatever its utilisation (a job in a "
+        "CPU phase keeps its memory); a GPU with a compute process always does.",
+    )
+    unreachable_after: Duration = Field(
+        "10m",
+        description="A worker pod unreachable this long (Pending, no network) is reported (an Event) and no longer holds "
+        "the stop (2m to 1h; until then it counts as active).",
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> IdleStopConfig:
@@ -764,6 +839,7 @@ class IdleStopConfig(Model):
             ("idleTimeout", self.idle_timeout, IDLE_TIMEOUT_BOUNDS),
             ("interval", self.interval, IDLE_INTERVAL_BOUNDS),
             ("warningLead", self.warning_lead, IDLE_WARNING_BOUNDS),
+            ("unreachableAfter", self.unreachable_after, IDLE_UNREACHABLE_BOUNDS),
         ):
             if not low <= duration_seconds(value) <= high:
                 raise ConfigProblem(key, value, f"between {low}s and {high}s (admin bounds of the idle stop)")
@@ -782,12 +858,27 @@ class IdleStopConfig(Model):
             "warningLeadSeconds": duration_seconds(self.warning_lead),
             "gpuUtilThreshold": self.gpu_util_threshold,
             "gpuMemoryUtilThreshold": self.gpu_memory_util_threshold,
+            "gpuMemoryFloorMiB": self.gpu_memory_floor_mib,
+            "unreachableSeconds": duration_seconds(self.unreachable_after),
         }
+
+
+# Kueue's own default of waitForPodsReady.timeout (kubernetes-sigs/kueue apis/config/v1beta1/defaults.go,
+# SetDefaults_Configuration: `defaultPodsReadyTimeout = 5 * time.Minute`).
+KUEUE_PODS_READY_TIMEOUT_DEFAULT = "5m"
 
 
 class KueueConfig(Model):
     queue_name: DnsLabel | None = Field(
         None, description="Kueue LocalQueue: the StatefulSet gets kueue.x-k8s.io/queue-name and is admitted as one workload (opt-in)."
+    )
+    wait_for_pods_ready_timeout: Duration = Field(
+        KUEUE_PODS_READY_TIMEOUT_DEFAULT,
+        description="The cluster's Kueue `waitForPodsReady.timeout` (Kueue's default 5m; ask the Kueue admin): with "
+        "fabricCheck.onDeploy it must exceed the image pull time plus onDeployTimeoutSeconds, else Kueue evicts the workload.",
+    )
+    image_pull_seconds: int = Field(
+        600, ge=0, le=6 * 3600, description="How long the pods may take to pull the image (checked against waitForPodsReadyTimeout)."
     )
 
 
@@ -799,6 +890,16 @@ class LifecycleConfig(Model):
     )
     idle_stop: IdleStopConfig = Field(default_factory=IdleStopConfig)
     kueue: KueueConfig = Field(default_factory=KueueConfig)
+    checkpoint_grace_seconds: int = Field(
+        30,
+        ge=5,
+        le=3600,
+        description="On every stop (idle stop, suspend, destroy, pod deletion) each rank of a running `ml-dev run` gets "
+        "checkpointSignal and this long to save and exit before it is killed; the pods' termination grace follows it.",
+    )
+    checkpoint_signal: Literal["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"] = Field(
+        "SIGTERM", description="The signal the ranks get on a stop (the job's handler saves a checkpoint and exits)."
+    )
 
 
 # ------------------------------------------------------------------------------------------- ssh
@@ -947,6 +1048,31 @@ class StackConfig(Model):
             if missing:
                 yield ConfigProblem(
                     "fabricCheck.nodeRacks", missing, "every node in nodes.gpuNodes needs a rack (or leave nodeRacks empty)"
+                )
+            unknown = [n for n in racks if n not in self.nodes.gpu_nodes]
+            if unknown:
+                yield ConfigProblem(
+                    "fabricCheck.nodeRacks",
+                    unknown,
+                    f"not in nodes.gpuNodes ({', '.join(self.nodes.gpu_nodes)}): a typo of a node name? "
+                    "nodeRacks maps each listed GPU node to its rack",
+                )
+
+    @rule
+    def _kueue_pods_ready(self) -> Iterator[ConfigProblem]:
+        kueue = self.lifecycle.kueue
+        if kueue.queue_name and self.fabric_check.on_deploy:
+            have = duration_seconds(kueue.wait_for_pods_ready_timeout)
+            need = kueue.image_pull_seconds + self.fabric_check.on_deploy_timeout_seconds
+            if have <= need:
+                yield ConfigProblem(
+                    "lifecycle.kueue.waitForPodsReadyTimeout",
+                    kueue.wait_for_pods_ready_timeout,
+                    f"Kueue evicts a workload whose pods are not all Ready within it ({have}s), and pod 0 stays un-Ready while "
+                    f"fabricCheck.onDeploy holds it: it must exceed imagePullSeconds ({kueue.image_pull_seconds}) + "
+                    f"fabricCheck.onDeployTimeoutSeconds ({self.fabric_check.on_deploy_timeout_seconds}) = {need}s. "
+                    "Set it to the cluster's Kueue waitForPodsReady.timeout (ask the Kueue admin to raise it), or lower "
+                    "onDeployTimeoutSeconds",
                 )
 
     @rule

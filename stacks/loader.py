@@ -12,12 +12,14 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pulumi
 from pydantic import ValidationError
 
 from core.servers import DEV_SERVERS
+from stacks import stackfile
 from stacks.base import ConfigProblems
 from stacks.config import PIPELINE_CREDENTIALS, StackConfig
 from stacks.errors import PREFIX, _clean_loc, _path, format_errors, format_problems, problem_lines
@@ -79,6 +81,41 @@ def misplaced_key(full_key: str, value: Any) -> str | None:
     )
 
 
+def _sub_keys() -> dict[str, str]:
+    """camelCase key of every field one level down → its full path (`gpusPerPod` → `nodes.gpusPerPod`)."""
+    out: dict[str, str] = {}
+    for name, f in StackConfig.model_fields.items():
+        model = f.annotation
+        fields = getattr(model, "model_fields", None)
+        if isinstance(fields, dict):
+            for sub_name, sub in fields.items():
+                out.setdefault(sub.alias or sub_name, f"{f.alias or name}.{sub.alias or sub_name}")
+    return out
+
+
+def unknown_key_line(full_key: str, key: str, text: Any, known: set[str]) -> str:
+    """An unknown top-level key, with the fix: the object it belongs in, or the objects it wraps."""
+    try:
+        value = json.loads(text) if isinstance(text, str) else text
+    except json.JSONDecodeError:
+        value = text
+    inner = set(value) & set(object_keys()) if isinstance(value, dict) else set()
+    if inner:
+        return (
+            f"{full_key}: unknown key wrapping {', '.join(sorted(inner))}; each object is a key of its own under `config:`: "
+            + ", ".join(f"{PREFIX}{k}" for k in sorted(inner))
+        )
+    path = _sub_keys().get(key)
+    if path:
+        return (
+            f"{full_key}: unknown key; {key} belongs in {path.split('.')[0]}: did you mean '{PREFIX}{path}'? "
+            f"(pulumi config set --path '{PREFIX}{path}' …)"
+        )
+    hint = difflib.get_close_matches(key, sorted(known), n=1)
+    suggestion = f" (did you mean '{hint[0]}'?)" if hint else ""
+    return f"{full_key}: unknown key{suggestion}; allowed keys: {', '.join(sorted(known))}"
+
+
 def parse_raw(raw_config: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """Split flat Pulumi config (`ml-dev-env:key` → JSON text) into objects; collect key errors."""
     known = set(object_keys()) | set(SECRET_KEYS)
@@ -92,9 +129,7 @@ def parse_raw(raw_config: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]
             continue
         key = full_key[len(PREFIX) :]
         if key not in known:
-            hint = difflib.get_close_matches(key, sorted(known), n=1)
-            suggestion = f" (did you mean '{hint[0]}'?)" if hint else ""
-            problems.append(f"{full_key}: unknown key{suggestion}; allowed keys: {', '.join(sorted(known))}")
+            problems.append(unknown_key_line(full_key, key, text, known))
             continue
         if key in SECRET_KEYS:
             continue
@@ -266,6 +301,11 @@ def warnings_for(config: StackConfig) -> list[str]:
             "RDMA pods of an SCC run as root, and root's sshd (the dev loop's SSH fabric) needs SYS_CHROOT, which CRI-O "
             "does not grant by default: add it to security.memlock.capabilities (the SCC must allow it), else no SSH between pods"
         )
+    if config.nodes.gpus_per_node is None:
+        out.append(
+            f"nodes.gpusPerNode is not declared: nodes.gpusPerPod ({config.nodes.gpus_per_pod}) is not checked against the "
+            "GPU nodes' capacity (a pod asking for more GPUs than a node has stays Pending); declare it"
+        )
     if config.image.build is not None and config.build_nodes.tolerations:
         out.append(
             "buildNodes.tolerations do not apply to BuildConfigs (OpenShift has no per-build tolerations; "
@@ -282,6 +322,8 @@ def load(source: str) -> LoadedStack:
         if cfg.get(key) is not None and pulumi.runtime.is_config_secret(PREFIX + key):
             secrets[key] = cfg.require_secret(key)
     config, problems = check(_all_config(), set(secrets))
+    # what the values cannot show (a key given twice, a malformed `secure:`): the stack file's own text
+    problems = stackfile.file_problems(Path(source)) + problems
     if problems or config is None:
         raise pulumi.RunError(format_problems(problems, source))
     return LoadedStack(config=config, secrets=secrets, warnings=warnings_for(config))

@@ -53,12 +53,14 @@ def test_program_side() -> None:
     assert all(f"{k}" in ml_dev for k in ("ML_DEV_SHARED_PATHS", "ML_DEV_PER_POD_PATHS", contract.STARTUP_DIR_ENV))
 
 
-@pytest.mark.parametrize("key", ["ml-dev", "fabric_check.py"])
+@pytest.mark.parametrize("key", ["ml-dev", "fabric_util.py"])
 def test_programs_hand_other_pods_the_mount_path(key: str) -> None:
-    """The kubelet's ..<timestamp> directory behind the mount differs per pod: never resolve() our own path."""
+    """The kubelet's ..<timestamp> directory behind the mount differs per pod: never resolve() our own path.
+    (The fabric check's modules hand the path on through fabric_util.PROGRAM.)"""
     text = inpod.text(key)
-    assert not re.search(r"Path\(__file__\)\.resolve\(\)", text)
     assert contract.STARTUP_DIR_ENV in text
+    for other in [key, *(k for k in inpod.group("fabric") if k.endswith(".py"))]:
+        assert not re.search(r"Path\(__file__\)\.resolve\(\)", inpod.text(other)), other
 
 
 def test_the_launcher_carries_the_contract_per_pod_set() -> None:

@@ -168,7 +168,9 @@ def test_secret_status_set_means_a_secure_value_in_the_stack_file() -> None:
 
 def test_render_prints_a_summary_with_secrets_prerequisites_and_admin_objects(tmp_path: Path) -> None:
     config = yaml.safe_load((ROOT / "Pulumi.barcelona.yaml").read_text())
-    config["config"]["ml-dev-env:hfToken"] = {"secure": "v1:AAAA"}
+    config["config"]["ml-dev-env:hfToken"] = {
+        "secure": "v1:AAAAAAAAAAAAAAAA:AAAAAAAAAAAAAAAAAAAAAAAA"
+    }  # well-formed passphrase ciphertext (stacks/stackfile.py)
     (tmp_path / "Pulumi.demo.yaml").write_text(yaml.safe_dump(config))
     proc = subprocess.run(
         [sys.executable, str(Path(render.__file__)), "demo", "--config-dir", str(tmp_path), "--out", str(tmp_path / "out")],

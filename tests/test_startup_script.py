@@ -352,18 +352,25 @@ def test_home_is_persistent_per_pod_and_shells_see_the_rank(tmp_path: Path, stub
         assert seen["HOME"] == str(home) and f"{home}/.local/bin" in seen["PATH"].split(":"), argv
 
 
-def test_token_mode_binds_all_interfaces_with_auth(tmp_path: Path, stubs: tuple[Path, Path]) -> None:
+def test_token_mode_binds_the_pod_ip_with_auth(tmp_path: Path, stubs: tuple[Path, Path]) -> None:
     bin_dir, calls = stubs
     env = base_env(
-        tmp_path, bin_dir, "ml-dev-env-0", ML_DEV_AUTH="token", ML_DEV_SERVERS="vscode jupyter", PASSWORD="pw", JUPYTER_TOKEN="tok"
+        tmp_path,
+        bin_dir,
+        "ml-dev-env-0",
+        ML_DEV_AUTH="token",
+        ML_DEV_SERVERS="vscode jupyter",
+        PASSWORD="pw",
+        JUPYTER_TOKEN="tok",
+        POD_IP="10.131.0.7",
     )
     proc = start(env)
     wait_ready(proc, tmp_path / "state")
     lines = wait_for_calls(calls, 3)
     stop(proc)
     servers = {line.split()[0]: line for line in lines if not line.startswith("nvidia-smi")}
-    assert "--bind-addr 0.0.0.0:8080 --auth password" in servers["code-server"]
-    assert "--IdentityProvider.token=tok" in servers["jupyter"]
+    assert "--bind-addr 10.131.0.7:8080 --auth password" in servers["code-server"]
+    assert "--ip=10.131.0.7 " in servers["jupyter"] and "--IdentityProvider.token=tok" in servers["jupyter"]
 
 
 def test_token_mode_without_password_fails_fast(tmp_path: Path, stubs: tuple[Path, Path]) -> None:

@@ -20,6 +20,8 @@ from pulumi.runtime import rpc, settings
 from pulumi.runtime.mocks import MockMonitor
 from pulumi.runtime.stack import run_pulumi_func
 
+from stacks import stackfile
+
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = "ml-dev-env"
 REDACTED = "REDACTED"  # also valid base64, so redacted Secret.data stays schema-valid
@@ -169,6 +171,10 @@ def stack_config(stack_file: Path) -> dict[str, Any]:
         raise StackFileError(f"{where}: invalid YAML: {what}") from None
     except yaml.YAMLError as exc:
         raise StackFileError(f"{_shown(stack_file)}: invalid YAML: {' '.join(str(exc).split())}") from None
+    text_problems = stackfile.problems(stack_file.read_text(), _shown(stack_file))
+    if text_problems:
+        # one line per mistake (duplicate keys, malformed `secure:` values, a wrapper other than `config:`)
+        raise StackFileError("\n".join(text_problems))
     if not isinstance(data, dict) or not isinstance(data.get("config") or {}, dict):
         raise StackFileError(f"{_shown(stack_file)}:1:1: must be a mapping with a `config:` mapping of `ml-dev-env:<key>` entries")
     return dict(data.get("config") or {})

@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
+from core.quantity import format_gib, parse_quantity
 from stacks.config import StackConfig
 from stacks.errors import PREFIX
 from stacks.loader import SECRET_KEYS, required_secrets
@@ -326,12 +328,81 @@ def prerequisites(config: StackConfig, objects: Sequence[Mapping[str, Any]], pat
                 "oc get crd pipelineruns.tekton.dev",
             )
         )
+    needs += kueue_needs(config, objects)
     if config.models:
         needs.append(
             Need(
                 f"model registry at {config.model_pipeline.registry_url}",
                 "models[].registration (modelPipeline.registryUrl)",
                 "oc get modelregistries.modelregistry.opendatahub.io -A",
+            )
+        )
+    return needs
+
+
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+
+
+def _pod_requests(pod: Mapping[str, Any]) -> dict[str, Decimal]:
+    """What Kueue charges one pod: the sum of its containers' requests, or an init container's when larger
+    (kubernetes-sigs/kueue pkg/util/resource, the effective pod requests: max(sum(containers), max(init)))."""
+    total: dict[str, Decimal] = {}
+    for container in pod.get("containers", []):
+        for name, value in ((container.get("resources") or {}).get("requests") or {}).items():
+            total[name] = total.get(name, Decimal(0)) + parse_quantity(value)
+    for container in pod.get("initContainers", []):
+        for name, value in ((container.get("resources") or {}).get("requests") or {}).items():
+            total[name] = max(total.get(name, Decimal(0)), parse_quantity(value))
+    return total
+
+
+def _amount(name: str, value: Decimal) -> str:
+    if name == "memory" or name == "ephemeral-storage":
+        return f"{name} {format_gib(value)}"
+    return f"{name} {value.normalize():f}"
+
+
+def kueue_needs(config: StackConfig, objects: Sequence[Mapping[str, Any]]) -> list[Need]:
+    """With lifecycle.kueue.queueName: Kueue itself, the LocalQueue, and the quota its ClusterQueue must cover
+    for the whole environment (every pod of each queued workload, all containers)."""
+    queued = [o for o in objects if ((o.get("metadata") or {}).get("labels") or {}).get(KUEUE_QUEUE_LABEL)]
+    if not queued:
+        return []
+    ns = config.cluster.namespace
+    queue = config.lifecycle.kueue.queue_name or queued[0]["metadata"]["labels"][KUEUE_QUEUE_LABEL]
+    quota: dict[str, Decimal] = {}
+    for obj in queued:
+        replicas = int((obj.get("spec") or {}).get("replicas") or config.nodes.count) or config.nodes.count
+        for pod in _pod_specs(obj):
+            for name, value in _pod_requests(pod).items():
+                quota[name] = quota.get(name, Decimal(0)) + value * replicas
+    cluster_queue = f"$(oc get localqueue {queue} -n {ns} -o jsonpath='{{.spec.clusterQueue}}')"
+    needs = [
+        Need(
+            "Kueue (kueue.x-k8s.io) with its statefulset integration enabled",
+            f"lifecycle.kueue.queueName labels {_users([_name(o) for o in queued])} for Kueue's admission",
+            "oc get crd localqueues.kueue.x-k8s.io clusterqueues.kueue.x-k8s.io",
+        ),
+        Need(
+            f"LocalQueue {ns}/{queue}",
+            "lifecycle.kueue.queueName (without it the pods stay gated and `pulumi up` times out)",
+            f"oc get localqueue {queue} -n {ns}",
+        ),
+        Need(
+            f"quota for the whole environment in the ClusterQueue behind LocalQueue {queue}: "
+            + ", ".join(_amount(k, v) for k, v in sorted(quota.items())),
+            f"Kueue admits all {config.nodes.count} pods at once (requests of every container)",
+            f"oc get clusterqueue {cluster_queue} -o yaml",
+        ),
+    ]
+    if config.fabric_check.on_deploy:
+        kueue = config.lifecycle.kueue
+        needs.append(
+            Need(
+                f"Kueue waitForPodsReady.timeout at least {kueue.wait_for_pods_ready_timeout} (lifecycle.kueue.waitForPodsReadyTimeout)",
+                f"fabricCheck.onDeploy holds pod 0 un-Ready for up to {config.fabric_check.on_deploy_timeout_seconds}s after "
+                f"an image pull of up to {kueue.image_pull_seconds}s",
+                "oc get configmap kueue-manager-config -n kueue-system -o yaml",
             )
         )
     return needs

@@ -141,7 +141,8 @@ def render(stack: str, out_root: Path, validate: bool = True, config_dir: Path =
     try:
         config = stack_config(stack_file)
     except StackFileError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        for line in str(exc).splitlines():
+            print(f"error: {line}", file=sys.stderr)
         return 2
     # Secrets can't be decrypted offline: render with placeholders (redacted from every file).
     placeholders = {k: f"render-placeholder-{k}" for k in SECRET_KEYS if f"ml-dev-env:{k}" not in config}

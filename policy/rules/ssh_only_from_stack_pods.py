@@ -140,7 +140,7 @@ def check_ssh_only_from_stack_pods(resources: Sequence[Resource]) -> Iterator[tu
                         pol,
                         (
                             f"ingress[{i}] {problem} on the SSH port {shown} of {workload.res.label}. Fix: admit the SSH port only "
-                            f"from podSelector {dict(own)}, and leave it out of rules for other ports (split ranges with endPort)."
+                            f"from podSelector {dict(own)}, and leave it out of the router's rule (devloop.py network_policy_spec)."
                         ),
                     )
 
@@ -152,8 +152,8 @@ POLICY = PolicySpec(
     "Pods running the stack's sshd (pod-template annotation ml-dev-env/ssh-port, or a container port named ssh) are "
     "selected by a NetworkPolicy, and every ingress rule that admits the SSH port admits only podSelector peers "
     "at least as specific as the workload's own selector (no namespaceSelector, ipBlock or empty selector).",
-    "Keep the stack's <app>-ssh NetworkPolicy (components/devloop.py): SSH from the stack's pods only; other "
-    "ports via a second rule with port/endPort ranges that leave the SSH port out.",
+    "Keep the stack's <app>-ssh NetworkPolicy (components/devloop.py network_policy_spec): every port from the "
+    "stack's pods; the router's rule lists only the routed proxies' ports, never the SSH port.",
     check_ssh_only_from_stack_pods,
     order=10,
 )

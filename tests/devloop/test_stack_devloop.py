@@ -45,7 +45,7 @@ def pod_spec(result: RunResult) -> dict[str, Any]:
     return result.one(STS).inputs["spec"]["template"]["spec"]
 
 
-def test_network_policy_admits_ssh_only_from_the_stacks_pods_and_everything_else_from_anywhere(stack: tuple[str, RunResult]) -> None:
+def test_network_policy_admits_the_stacks_pods_everywhere_and_the_router_on_the_proxy_ports_only(stack: tuple[str, RunResult]) -> None:
     _, result = stack
     pol = result.one(NETPOL).inputs
     sts = result.one(STS).inputs
@@ -53,15 +53,17 @@ def test_network_policy_admits_ssh_only_from_the_stacks_pods_and_everything_else
     assert pol["metadata"]["name"] == naming.ssh_network_policy(sts["metadata"]["name"])
     assert pol["spec"]["podSelector"]["matchLabels"] == selector
     assert pol["spec"]["policyTypes"] == ["Ingress"]
-    ssh_rule, other = pol["spec"]["ingress"]
-    assert ssh_rule == {"from": [{"podSelector": {"matchLabels": selector}}], "ports": [{"protocol": "TCP", "port": 2222}]}
-    assert "from" not in other
-    # every TCP port but 2222, and all of UDP, stay open: the ranges tile 1..65535 around the SSH port
-    tcp = sorted((p["port"], p["endPort"]) for p in other["ports"] if p["protocol"] == "TCP")
-    assert tcp == [(1, 2221), (2223, 65535)]
-    assert {"protocol": "UDP", "port": 1, "endPort": 65535} in other["ports"]
-    for port in (naming.MASTER_PORT, 8080, 18080, 18888, naming.DEBUG_PORT, 18515, 1024, 65535):  # rendezvous, proxies, perftest
-        assert any(lo <= port <= hi for lo, hi in tcp), port
+    own, router = pol["spec"]["ingress"]
+    # no `ports`: every port and protocol (SSH, 29500, 9099, NCCL, perftest, ICMP) from the stack's pods
+    assert own == {"from": [{"podSelector": {"matchLabels": selector}}]}
+    assert router["from"] == [{"namespaceSelector": {"matchLabels": {devloop.ROUTER_NAMESPACE_LABEL: ""}}, "podSelector": {}}]
+    # the router reaches the OAuth proxies' container ports, nothing else (read from the rendered pod)
+    proxies = [c for c in pod_spec(result)["containers"] if c["name"] != naming.MAIN_CONTAINER]
+    assert proxies, "the stacks use auth oauth-proxy"
+    expected = sorted(p["containerPort"] for c in proxies for p in c["ports"])
+    assert sorted(p["port"] for p in router["ports"]) == expected
+    assert all(p["protocol"] == "TCP" and "endPort" not in p for p in router["ports"])
+    assert not {2222, naming.MASTER_PORT, naming.DEBUG_PORT, 9099} & {p["port"] for p in router["ports"]}
 
 
 def test_keys_secret_is_mounted_into_the_stacks_pods_only(stack: tuple[str, RunResult]) -> None:

@@ -52,6 +52,8 @@ def default_host(i: int, app: str = "ml-dev-env", ns: str = "nccl-test") -> dict
             }
             for k, h in enumerate(hcas)
         },
+        # the interface of each HCA's VF in this pod (/sys/class/infiniband/<hca>/device/net/<netdev>)
+        "netdevs": {h: f"net{k + 1}" for k, h in enumerate(hcas)},
         "iommu": "identity",
         "memlock": "unlimited",
         "gpus": 4,
@@ -69,7 +71,14 @@ class Cluster:
     def __init__(self, tmp: Path, n: int = 2) -> None:
         self.tmp = tmp
         self.hosts = {fqdn(f"ml-dev-env-{i}"): default_host(i) for i in range(n)}
-        self.allreduce = {"busbw": 197.0, "slow_hosts": [], "slow_busbw": 61.0, "full_ring_busbw": None, "fail": False}
+        self.allreduce = {
+            "busbw": 197.0,
+            "slow_hosts": [],
+            "slow_busbw": 61.0,
+            "full_ring_busbw": None,
+            "fail": False,
+            "corrupt_hosts": [],
+        }
         self.nic = {"gbps": 392.5, "slow": {}, "slow_gbps": 97.1}
 
     @property
@@ -160,6 +169,8 @@ def build_root(root: Path, h: dict) -> None:
             (port / "gid_attrs/types" / index).write_text(kind + "\n")
         device = root / "sys/class/infiniband" / hca / "device"
         device.mkdir(parents=True, exist_ok=True)
+        if h.get("netdevs", {}).get(hca):
+            (device / "net" / h["netdevs"][hca]).mkdir(parents=True, exist_ok=True)
         if h["iommu"] is not None:
             (device / "iommu_group").mkdir(exist_ok=True)
             (device / "iommu_group/type").write_text(h["iommu"] + "\n")
@@ -276,6 +287,11 @@ def stub_mpirun(scenario: dict, args: list[str]) -> int:
             "ORTE was unable to reliably start one or more daemons.\n"
         )
         return 1
+    if any(h in ar.get("corrupt_hosts", []) for h in hosts):
+        # a real run with #wrong > 0 (tests/data/tool_output/PROVENANCE.md); nccl-tests then exits with
+        # testNumResults (src/common.cu main), which mpirun passes on
+        sys.stdout.write((Path(__file__).resolve().parents[1] / "data/tool_output/all_reduce_perf-2x1-rtx3090-corrupt.txt").read_text())
+        return 7
     prog = next(i for i, a in enumerate(args) if a.endswith("all_reduce_perf"))
     perf = args[prog + 1 :]
     gpus = int(option(args, "-npernode", "--npernode", default="1"))

@@ -39,8 +39,11 @@ def test_program_parses_as_python_3_8():
     # CUDA devel images bring Ubuntu's python3 (3.10), NGC its own; the program must not need newer syntax
     import ast
 
-    for path in (fabric.PROGRAM,):
-        ast.parse(path.read_text(), feature_version=(3, 8))
+    import inpod
+
+    for key, text in inpod.group("fabric").items():
+        if key.endswith(".py"):
+            ast.parse(text, feature_version=(3, 8))
 
 
 def test_on_deploy_extends_the_rollout_wait_by_its_timeout():

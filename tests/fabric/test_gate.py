@@ -9,35 +9,27 @@ from pathlib import Path
 
 import pytest
 
+from inpod import fabric_check, fabric_gate, fabric_localise, fabric_parse
 from tests.fabric.conftest import PROGRAM, Sim
 from tests.fabric.sim import nccl_report
 
 DATA = Path(__file__).parent / "data"
 
 
-def load_program():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("fabric_check_program", PROGRAM)
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
-    return module
-
-
-fc = load_program()
+# The program's modules, imported from the package (in the pod they are flat files next to fabric_check.py).
+fc = fabric_check
 
 
 # ------------------------------------------------------------------------------------------ parsers
 
 
 def test_parser_reads_a_real_all_reduce_perf_run():
-    parsed = fc.parse_nccl_tests((DATA / "all_reduce_perf-2x8-h100.txt").read_text())
+    parsed = fabric_parse.parse_nccl_tests((DATA / "all_reduce_perf-2x8-h100.txt").read_text())
     rows = parsed["rows"]
     assert len(rows) == 31 and rows[0]["bytes"] == 8 and rows[-1]["bytes"] == 8 << 30
     assert (rows[-1]["algbw"], rows[-1]["busbw"], rows[-1]["in_place_busbw"]) == (180.71, 338.82, 337.35)
     assert parsed["avg_busbw"] == 70.742 and parsed["wrong"] == 0
-    assert fc.plateau(rows, 4 << 30) == round((330.58 + 338.82) / 2, 2)
+    assert fabric_gate.plateau(rows, 4 << 30) == round((330.58 + 338.82) / 2, 2)
 
 
 def test_parser_reads_the_stub_report_like_the_real_one():
@@ -50,7 +42,7 @@ def test_parser_reads_the_stub_report_like_the_real_one():
     data_stub = next(x for x in text.splitlines() if x.strip().startswith("1048576"))
     assert data_real[:52] == data_stub[:52]
     assert len(data_real.split()) == len(data_stub.split()) == 13
-    assert len(fc.parse_nccl_tests(text)["rows"]) == 14  # 1 MiB .. 8 GiB, factor 2
+    assert len(fabric_parse.parse_nccl_tests(text)["rows"]) == 14  # 1 MiB .. 8 GiB, factor 2
 
 
 def test_ib_write_bw_parser_gbits_and_mib():
@@ -58,12 +50,12 @@ def test_ib_write_bw_parser_gbits_and_mib():
         " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]\n"
         " 65536      3790000          392.90             392.50\t\t     0.748634\n"
     )
-    assert fc.parse_ib_write_bw(text)["gbps"] == 392.5
+    assert fabric_parse.parse_ib_write_bw(text)["gbps"] == 392.5
     mib = (
         " #bytes     #iterations    BW peak[MiB/sec]    BW average[MiB/sec]   MsgRate[Mpps]\n"
         " 65536      5000             11025.44            11024.71            0.176395\n"
     )
-    assert fc.parse_ib_write_bw(mib)["gbps"] == round(11024.71 * 8 * (1 << 20) / 1e9, 2)
+    assert fabric_parse.parse_ib_write_bw(mib)["gbps"] == round(11024.71 * 8 * (1 << 20) / 1e9, 2)
 
 
 # ------------------------------------------------------------------------------------- pair rounds
@@ -71,7 +63,7 @@ def test_ib_write_bw_parser_gbits_and_mib():
 
 @pytest.mark.parametrize("n", range(2, 17))
 def test_pair_rounds_are_log2_rounds_of_distinct_pairs(n):
-    rounds = fc.pair_rounds(n)
+    rounds = fabric_localise.pair_rounds(n)
     assert 1 <= len(rounds) <= math.ceil(math.log2(n))
     if n & (n - 1) == 0:  # powers of two: exactly the hypercube, n/2 pairs per round
         assert len(rounds) == math.ceil(math.log2(n)) and all(len(r) == n // 2 for r in rounds)
@@ -88,8 +80,8 @@ def test_suspects_need_a_cleared_partner():
         {"index": [0, 2], "pass": False},
         {"index": [1, 3], "pass": True},
     ]
-    assert fc.suspects_from_pairs(4, pairs) == ([2], [0, 1, 3])
-    assert fc.suspects_from_pairs(2, [{"index": [0, 1], "pass": False}]) == ([], [])
+    assert fabric_localise.suspects_from_pairs(4, pairs) == ([2], [0, 1, 3])
+    assert fabric_localise.suspects_from_pairs(2, [{"index": [0, 1], "pass": False}]) == ([], [])
 
 
 # -------------------------------------------------------------------------------------- the program

@@ -11,8 +11,9 @@ import time
 from pathlib import Path
 from typing import IO
 
+import inpod
 from components.pod import STARTUP_SCRIPT
-from tests.fabric.conftest import PROGRAM, Sim
+from tests.fabric.conftest import Sim
 
 
 def read_until(stream: IO[str], needle: str, limit: int = 400) -> list[str]:
@@ -88,8 +89,9 @@ def test_startup_hook_holds_pod_0_dev_servers_until_release(sim, tmp_path: Path)
     s.cluster.build()
     opt = tmp_path / "opt"  # what the startup ConfigMap mounts at /opt/ml-dev-env
     opt.mkdir()
-    for src in (STARTUP_SCRIPT, PROGRAM):
-        shutil.copy(src, opt / src.name)
+    shutil.copy(STARTUP_SCRIPT, opt / STARTUP_SCRIPT.name)
+    for key, text in inpod.group("fabric").items():  # the program and its modules, as the ConfigMap ships them
+        (opt / key).write_text(text)
     shutil.copy(env.pop("ML_DEV_FABRIC_CONFIG"), opt / "fabric.json")
     state = Path(env["ML_DEV_STATE_DIR"])
     env.update(

@@ -12,6 +12,8 @@ from typing import ClassVar
 
 import pytest
 
+import inpod
+from inpod import fabric_util
 from tests.conftest import run_objects, stack_objects
 from tests.fabric.conftest import Sim
 from tests.fabric.test_gate import fc
@@ -144,8 +146,8 @@ def rank_order_sh(tmp_path: Path, settings: dict, env: dict, *pods: str) -> subp
     """Source rank_order.sh from a copy of the ConfigMap directory and call it, as the startup script does."""
     opt = tmp_path / "opt"
     opt.mkdir(exist_ok=True)
-    for src in (fc.__file__, Path(fc.__file__).with_name("rank_order.sh")):
-        (opt / Path(src).name).write_text(Path(src).read_text())
+    for key, text in inpod.group("fabric").items():  # the program, its modules and rank_order.sh, as shipped
+        (opt / key).write_text(text)
     (opt / "fabric.json").write_text(json.dumps(settings))
     script = f'. {opt}/rank_order.sh; read -r -a RANK_PODS <<<"$(ml_dev_rank_order nccl-test "$@")"; echo "${{RANK_PODS[*]}}"'
     return subprocess.run(["/bin/bash", "-c", script, "sh", *pods], env=env, capture_output=True, text=True, timeout=60)
@@ -180,8 +182,9 @@ def test_startup_script_writes_rack_aware_ranks_and_follows_placement(sim, api, 
     FakeApi.items = [{"metadata": {"name": p}, "spec": {"nodeName": n}} for p, n in PLACED.items()]
     opt = tmp_path / "opt"
     opt.mkdir()
-    for src in (STARTUP_SCRIPT, Path(fc.__file__), Path(fc.__file__).with_name("rank_order.sh")):
-        (opt / src.name).write_text(src.read_text())
+    (opt / STARTUP_SCRIPT.name).write_text(STARTUP_SCRIPT.read_text())
+    for key, text in inpod.group("fabric").items():
+        (opt / key).write_text(text)
     (opt / "fabric.json").write_text(json.dumps({**s.settings, "nodeRacks": RACKS}))
     env = s.env(0)
     env.pop("ML_DEV_FABRIC_CONFIG")
@@ -209,7 +212,7 @@ def test_startup_script_writes_rack_aware_ranks_and_follows_placement(sim, api, 
     try:
         assert proc.stdout is not None
         read_until(proc.stdout, "] ready")
-        rank = fc.read_rank_env(state / "rank.env")
+        rank = fabric_util.read_rank_env(state / "rank.env")
         order = fc.rack_order(PODS, PLACED, RACKS)
         assert rank["ML_DEV_PODS"].split() == order and rank["NODE_RANK"] == str(order.index("ml-dev-env-1")) == "3"
         assert rank["MASTER_ADDR"].startswith("ml-dev-env-0."), "pod 0 stays rank 0"
@@ -222,7 +225,7 @@ def test_startup_script_writes_rack_aware_ranks_and_follows_placement(sim, api, 
         ]
         read_until(proc.stdout, "pod placement changed the rack-aware rank order")
         read_until(proc.stdout, "NODE_RANK=")
-        rank = fc.read_rank_env(state / "rank.env")
+        rank = fabric_util.read_rank_env(state / "rank.env")
         assert rank["ML_DEV_PODS"].split()[:3] == ["ml-dev-env-0", "ml-dev-env-1", "ml-dev-env-4"] and rank["NODE_RANK"] == "1"
     finally:
         os.killpg(proc.pid, signal.SIGTERM)

@@ -188,18 +188,28 @@ def api(agent_rules: list[dict[str, Any]], tmp_path: Path) -> Iterator[FakeApiSe
 # -------------------------------------------------------------------------------- simulated pods
 
 NVIDIA_SMI = """#!/bin/bash
-# stub nvidia-smi: real `--query-gpu ... --format=csv,noheader,nounits` rows; utilisation from $DIR/gpu-util
+# stub nvidia-smi printing the real `--format=csv` layout (header with units; see tests/data/tool_output): four
+# GPUs with utilisation from $DIR/gpu-util, memory used from $DIR/gpu-mem-used (MiB), compute processes
+# from $DIR/gpu-apps (CSV rows without header)
 dir="$(dirname "$0")"
 if [ -f "$dir/gpu-fail" ]; then echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver." >&2; exit 9; fi
 util="$(cat "$dir/gpu-util" 2>/dev/null || echo 0)"
 mem="$(cat "$dir/gpu-mem-util" 2>/dev/null || echo 0)"
+used="$(cat "$dir/gpu-mem-used" 2>/dev/null || echo 1)"
 case "$*" in
-  *--query-gpu=index,uuid,utilization.gpu,utilization.memory,memory.used*nounits*) ;;
+  *--query-gpu=index,uuid,utilization.gpu,utilization.memory,memory.used*--format=csv*)
+    echo "index, uuid, utilization.gpu [%], utilization.memory [%], memory.used [MiB]"
+    for i in 0 1 2 3; do
+      u="$util %"; m="$mem %"
+      case "$util" in \\[*) u="$util" ;; esac
+      case "$mem" in \\[*) m="$mem" ;; esac
+      printf '%d, GPU-8f6c2d4e-3a1b-4c5d-9e7f-0a1b2c3d4e5%d, %s, %s, %s MiB\\n' "$i" "$i" "$u" "$m" "$used"
+    done ;;
+  *--query-compute-apps=gpu_uuid,pid,process_name,used_memory*--format=csv*)
+    echo "gpu_uuid, pid, process_name, used_gpu_memory [MiB]"
+    cat "$dir/gpu-apps" 2>/dev/null || true ;;
   *) echo "unexpected: $*" >&2; exit 2 ;;
 esac
-for i in 0 1 2 3; do
-  printf '%d, GPU-8f6c2d4e-3a1b-4c5d-9e7f-0a1b2c3d4e5%d, %s, %s, %d\\n' "$i" "$i" "$util" "$mem" $((30125 + i))
-done
 """
 
 

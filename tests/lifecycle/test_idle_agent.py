@@ -20,23 +20,28 @@ from tests.lifecycle.conftest import APP, NS, FakeApiServer, Jupyter, SimPod, lo
 
 agent = load_agent()
 
-# What `nvidia-smi --query-gpu=index,uuid,utilization.gpu,utilization.memory,memory.used --format=csv,noheader[,nounits]`
-# prints on an H100 node (values chosen; format as the driver prints it).
+# What `nvidia-smi --query-gpu=index,uuid,utilization.gpu,utilization.memory,memory.used --format=csv` prints on an
+# H100 node (values chosen; the layout with header and units as the driver prints it; real outputs of other
+# GPUs are in tests/data/tool_output and test_real_output.py).
 WITH_UNITS = (
+    "index, uuid, utilization.gpu [%], utilization.memory [%], memory.used [MiB]\n"
     "0, GPU-8f6c2d4e-3a1b-4c5d-9e7f-0a1b2c3d4e50, 97 %, 41 %, 61234 MiB\n1, GPU-8f6c2d4e-3a1b-4c5d-9e7f-0a1b2c3d4e51, 0 %, 0 %, 4 MiB\n"
 )
-NO_UNITS = "0, GPU-8f6c2d4e-3a1b-4c5d-9e7f-0a1b2c3d4e50, 97, 41, 61234\n1, GPU-8f6c2d4e-3a1b-4c5d-9e7f-0a1b2c3d4e51, 0, 0, 4\n"
-MIG = "0, GPU-8f6c2d4e-3a1b-4c5d-9e7f-0a1b2c3d4e50, [N/A], [N/A], 61234\n"
+MIG = (
+    "index, uuid, utilization.gpu [%], utilization.memory [%], memory.used [MiB]\n"
+    "0, GPU-8f6c2d4e-3a1b-4c5d-9e7f-0a1b2c3d4e50, [N/A], [N/A], 61234 MiB\n"
+)
 
 
 def test_gpu_rows_in_the_real_csv_format() -> None:
-    for text in (WITH_UNITS, NO_UNITS):
-        gpus = agent.parse_gpu_csv(text)
-        assert [(g["index"], g["util"], g["memUtil"], g["memUsedMiB"]) for g in gpus] == [(0, 97, 41, 61234), (1, 0, 0, 4)]
-    with pytest.raises(ValueError):
-        agent.parse_gpu_csv(MIG)  # a GPU that cannot be judged is a failed probe
+    gpus = agent.parse_gpu_csv(WITH_UNITS)
+    assert [(g["index"], g["util"], g["memUtil"], g["memUsedMiB"]) for g in gpus] == [(0, 97, 41, 61234), (1, 0, 0, 4)]
+    # a value the GPU does not report is no evidence, not a failure
+    assert [(g["util"], g["memUtil"], g["memUsedMiB"]) for g in agent.parse_gpu_csv(MIG)] == [(None, None, 61234)]
     with pytest.raises(ValueError):
         agent.parse_gpu_csv("")
+    with pytest.raises(ValueError):
+        agent.parse_gpu_csv("index, uuid\n0, GPU-x, 3\n")  # a row that does not fit its header
 
 
 # ------------------------------------------------------------------------- one decision, in process
@@ -189,7 +194,6 @@ def test_already_scaled_to_zero_is_left_alone(
 
 FAILURES = [
     "nvidia-smi fails",
-    "GPU values [N/A]",
     "worker unreachable",
     "worker probe fails",
     "rank.env unreadable",
@@ -206,8 +210,6 @@ def test_a_failed_probe_counts_as_active(
     broken: Answer | None = None
     if failure == "nvidia-smi fails":
         pods[0].gpu(0, fail=True)
-    elif failure == "GPU values [N/A]":
-        (pods[0].bin / "gpu-util").write_text("[N/A]")
     elif failure == "worker unreachable":
         broken = Answer(503, {"error": "no endpoints"})
         extra["ML_DEV_ACTIVITY_PEERS"] = f"{APP}-1={broken.addr}"
@@ -469,3 +471,25 @@ def test_shells_print_the_warning_at_each_prompt(tmp_path: Path) -> None:
     (state / "idle-warning").write_text("ml-dev-env: this environment will be SUSPENDED at 12:00:00 UTC\n")
     loud = subprocess.run(["bash", "-i", "-c", show], env=env, capture_output=True, text=True, check=False)
     assert "will be SUSPENDED at 12:00:00 UTC" in loud.stderr and loud.stdout.strip() == "done"
+
+
+@pytest.mark.parametrize(
+    ("pod_ip", "listen", "expected"),
+    [
+        ("10.131.0.7", None, [("10.131.0.7", 9099), ("127.0.0.1", 9099)]),
+        ("fd02::7", None, [("fd02::7", 9099), ("127.0.0.1", 9099)]),
+        ("", None, [("127.0.0.1", 9099)]),
+        ("10.131.0.7", "127.0.0.2:0, [::1]:9100", [("127.0.0.2", 0), ("::1", 9100)]),
+    ],
+)
+def test_the_agent_listens_on_the_pod_ip_and_loopback(
+    monkeypatch: pytest.MonkeyPatch, pod_ip: str, listen: str | None, expected: list[tuple[str, int]]
+) -> None:
+    monkeypatch.setenv("POD_IP", pod_ip)
+    assert load_agent().listen_addresses(listen, 9099) == expected
+
+
+@pytest.mark.parametrize("listen", ["0.0.0.0:9099", "[::]:9099", ":9099"])
+def test_the_agent_refuses_a_wildcard(listen: str) -> None:
+    with pytest.raises(ValueError, match="not a wildcard"):
+        load_agent().listen_addresses(listen, 9099)

@@ -85,6 +85,8 @@ def test_idle_settings_are_a_directory_mount_and_not_in_the_pod_hash(running: Ru
         "warningLeadSeconds": 900,
         "gpuUtilThreshold": 5,
         "gpuMemoryUtilThreshold": 5,
+        "gpuMemoryFloorMiB": 1024,
+        "unreachableSeconds": 600,
         "statefulset": "ml-dev-env",
         "namespace": "nccl-test",
         "recordConfigMap": "ml-dev-env-idle-stop",

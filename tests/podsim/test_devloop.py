@@ -514,11 +514,11 @@ def _dap_read(sock: socket.socket, buf: bytearray) -> dict[str, object]:
     return json.loads(rest[:size])
 
 
-def test_debug_rank_waits_for_a_debugger_on_the_debug_port(cluster: Cluster) -> None:
+def test_debug_rank_waits_for_a_debugger_on_its_pod_ip_with_debug_host_pod(cluster: Cluster) -> None:
     if "debugpy" not in cluster.python_packages:
         pytest.skip("needs debugpy importable here (requirements-dev.txt)")
     clear_records(cluster)
-    proc = cluster.popen(0, f"exec {LAUNCHER} run --debug 1 -- python3 prog.py", cwd=PROJECT)
+    proc = cluster.popen(0, f"exec {LAUNCHER} run --debug 1 --debug-host pod -- python3 prog.py", cwd=PROJECT)
     try:
         deadline = time.monotonic() + 60
         while len(records(cluster)) < 3 and time.monotonic() < deadline:
@@ -549,8 +549,9 @@ def test_debug_rank_waits_for_a_debugger_on_the_debug_port(cluster: Cluster) -> 
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 0, out
-    assert "[1] ml-dev: debugpy listening on port 5678" in out
-    assert "oc port-forward pod/ml-dev-env-1 5678:5678" in out
+    assert f"[1] ml-dev: debugpy listening on {cluster.pods[1].ip} port 5678" in out
+    line = f"on its pod IP, port 5678 (--debug-host pod): any pod of the stack can attach to {naming.pod_dns(APP, NS, 1)}:5678"
+    assert line in out
     assert sorted(records(cluster)) == [0, 1, 2, 3]
 
 

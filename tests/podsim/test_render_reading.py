@@ -43,16 +43,21 @@ def test_env_of_a_rendered_pod(stack: str) -> None:
 def test_programs_see_the_mount_path_through_the_kubelet_layout(tmp_path: Path) -> None:
     mount = tmp_path / "opt-ml-dev-env"
     vol = AtomicVolume(mount, mode=0o555)
-    first = vol.write({"ml-dev": inpod.text("ml-dev"), "fabric_check.py": inpod.text("fabric_check.py")})
+    shipped = {"ml-dev": inpod.text("ml-dev"), **inpod.group("fabric")}  # fabric_check.py and its modules
+    first = vol.write(shipped)
     assert os.readlink(mount / "ml-dev") == f"{DATA}/ml-dev" and os.readlink(mount / DATA) == first.name
-    probe = "import runpy, sys; g = runpy.run_path(sys.argv[1], run_name='probe'); print(g.get('HERE') or g['PROGRAM'])"
+    # as `python3 <script>` does: the script's directory (as called) first on sys.path, for its sibling modules
+    probe = (
+        "import os, runpy, sys; sys.path.insert(0, os.path.dirname(sys.argv[1])); "
+        "g = runpy.run_path(sys.argv[1], run_name='probe'); print(g.get('HERE') or g['PROGRAM'])"
+    )
     env = {k: v for k, v in os.environ.items() if k != "ML_DEV_DIR"}
     for key, want in (("ml-dev", mount), ("fabric_check.py", mount / "fabric_check.py")):
         out = subprocess.run([sys.executable, "-c", probe, str(mount / key)], capture_output=True, text=True, env=env, timeout=60)
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == str(want), f"{key} would hand other pods {out.stdout.strip()}"
     # an update swaps ..data: the old timestamped directory is gone, the mount path still works
-    second = vol.write({"ml-dev": inpod.text("ml-dev"), "fabric_check.py": inpod.text("fabric_check.py")})
+    second = vol.write(shipped)
     assert second != first and not first.exists()
     out = subprocess.run([sys.executable, str(mount / "ml-dev"), "run", "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "--per-pod" in out.stdout

@@ -693,6 +693,10 @@ def test_every_message_says_how_to_fix() -> None:
             },
         ),
         statefulset("sshd", [container(ports=[{"name": "ssh", "containerPort": 2222}])]),
+        item(
+            "kubernetes:networking.k8s.io/v1:NetworkPolicy",
+            {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": meta("open"), "spec": {"ingress": [{}]}},
+        ),
     ]
     found = evaluate(bad)
     assert {v.policy for v in found} == set(rules.POLICY_NAMES)

@@ -36,7 +36,7 @@ def network_policy(spec: dict[str, Any], name: str = "app-ssh", namespace: str =
 
 
 def good() -> dict[str, Any]:
-    return devloop.network_policy_spec(SELECTOR)
+    return devloop.network_policy_spec(SELECTOR, (18080,))
 
 
 def messages(*items: Item) -> list[str]:
@@ -94,7 +94,10 @@ def test_an_other_ports_rule_that_covers_ssh_fails(ports: list[dict[str, Any]] |
     assert len(found) == 1 and "admits every source (no `from`)" in found[0] and "ingress[1]" in found[0]
 
 
-def test_udp_ranges_and_ranges_around_the_ssh_port_pass() -> None:
+def test_udp_and_ranges_around_the_ssh_port_pass() -> None:
     spec = good()
-    spec["ingress"][1]["ports"].append({"protocol": "UDP", "port": 2222})
+    spec["ingress"][1] = {
+        "from": [{"podSelector": {}}],
+        "ports": [{"protocol": "UDP", "port": 2222}, {"protocol": "TCP", "port": 1, "endPort": 2221}, {"protocol": "TCP", "port": 2223}],
+    }
     assert messages(sshd_workload(), network_policy(spec)) == []

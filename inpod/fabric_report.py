@@ -1,0 +1,95 @@
+"""The gate's report: the table, the JSON result files in the workspace and the state dir, the latest result.
+
+Part of the fabric check (fabric_check.py is the program); standard library only, Python 3.8+.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING or __package__:  # in the repository: the inpod package
+    from .fabric_util import GIB, ensure, env, state_dir
+else:  # in the pod: flat files next to fabric_check.py (/opt/ml-dev-env), the program's directory on sys.path
+    from fabric_util import GIB, ensure, env, state_dir
+
+
+def table(result: dict) -> str:
+    lines = [
+        f"fabric gate {result['status'].upper()}  {result['time']}  mode {result.get('mode')}  "
+        f"{len(result.get('hosts', []))} pods x {result.get('gpusPerNode')} GPUs"
+    ]
+    exp = result.get("expectation")
+    if exp:
+        lines.append(
+            f"expected bus bandwidth {exp['expected_busbw_gbs']:.1f} GB/s = {exp['nics']} NICs x {exp['link_gbps']:g} Gbit/s / 8 "
+            f"x {exp['efficiency']}; pass at >= {exp['pass_busbw_gbs']:.1f} GB/s ({exp['threshold_fraction']:g})"
+        )
+    else:
+        lines.append("no expectation configured (fabricCheck.linkGbps): measurement only")
+    if result.get("plateauBusbw") is not None:
+        lines.append(f"plateau bus bandwidth (sizes >= {result['plateauMinBytes'] / GIB:g} GiB): {result['plateauBusbw']:.2f} GB/s")
+    if result.get("sizes"):
+        lines.append(f"{'size':>12}  {'algbw GB/s':>10}  {'busbw GB/s':>10}  {'in-place busbw':>14}")
+        for r in result["sizes"]:
+            mark = "  *" if r["bytes"] >= result["plateauMinBytes"] else ""
+            lines.append(f"{human(r['bytes']):>12}  {r['algbw']:>10.2f}  {r['busbw']:>10.2f}  {r['in_place_busbw']:>14.2f}{mark}")
+    if result.get("pairs"):
+        lines.append("pairs (round, pods, plateau busbw):")
+        for p in result["pairs"]:
+            bw = f"{p['busbw']:.2f}" if p["busbw"] is not None else "-"
+            lines.append(f"  {p['round']}  {p['pods'][0]} <-> {p['pods'][1]}  {bw} GB/s  {'ok' if p['pass'] else 'LOW'}")
+    if result.get("nics"):
+        lines.append("per-HCA ib_write_bw (pod -> cleared partner):")
+        for n in result["nics"]:
+            got = f"{n['gbps']:.2f} Gb/s" if n["gbps"] is not None else n.get("error", "-")
+            lines.append(f"  {n['pod']} {n['hca']} ({n['interface']}) -> {n['partner']}: {got}  {'ok' if n['pass'] else 'LOW'}")
+    for d in result.get("diagnosis", []):
+        lines.append(f"diagnosis: {d}")
+    return "\n".join(lines) + "\n"
+
+
+def human(n: int) -> str:
+    for unit, size in (("GiB", GIB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size and n % size == 0:
+            return f"{n // size} {unit}"
+    return f"{n} B"
+
+
+def result_dirs() -> list[Path]:
+    workspace = env("ML_DEV_WORKSPACE", "/workspace")
+    return [Path(workspace) / ".ml-dev-env" / "fabric", state_dir() / "fabric"]
+
+
+def write_result(result: dict) -> list[Path]:
+    text = table(result)
+    stamp = result["time"].replace(":", "").replace("-", "")
+    written = []
+    for d in result_dirs():
+        try:
+            ensure(d)
+            for name, content in (
+                (f"gate-{stamp}.json", json.dumps(result, indent=2)),
+                ("latest.json", json.dumps(result, indent=2)),
+                ("latest.txt", text),
+            ):
+                tmp = d / f".{name}.tmp"
+                tmp.write_text(content + ("" if content.endswith("\n") else "\n"))
+                tmp.replace(d / name)
+            written.append(d)
+        except OSError as exc:
+            print(f"WARNING: cannot write results to {d}: {exc}", file=sys.stderr)
+    return written
+
+
+def latest() -> dict | None:
+    for d in reversed(result_dirs()):
+        path = d / "latest.json"
+        if path.exists():
+            try:
+                return json.loads(path.read_text())
+            except ValueError:
+                return None
+    return None
