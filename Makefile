@@ -4,20 +4,23 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STACK ?= barcelona
-# Debian packages the tests and benchmarks use for real (registry, skopeo, buildah, htpasswd, shellcheck).
-APT_PACKAGES := docker-registry skopeo buildah apache2-utils openssh-server openssh-client rsync pdsh libnss-wrapper shellcheck
+# Debian packages the tests and benchmarks use for real (registry, skopeo, buildah, htpasswd, shellcheck, headless chromium).
+APT_PACKAGES := docker-registry skopeo buildah apache2-utils openssh-server openssh-client rsync pdsh libnss-wrapper shellcheck chromium chromium-driver
 # Hash-locked sets compiled from the *.in files by `make lock` (tools/lock.sh, uv); .venv gets the dev lock.
 
-.PHONY: lock lock-check verify-base-lock typecheck help venv system-deps render render-all runs test lint docs diagram policy-preview bench-package bench-launch clean
+.PHONY: lock lock-check verify-base-lock typecheck help venv system-deps render render-all runs status test lint docs docs-generate screenshots diagram policy-preview bench-package bench-launch clean
 
 help:
 	@echo "make render STACK=<name>   render one stack offline into rendered/<name>/ (+ schema check)"
 	@echo "make render-all            render every Pulumi.<stack>.yaml"
 	@echo "make runs STACK=<name>     state of each model's packaging run (needs oc, logged in)"
+	@echo "make status CLUSTER=<name> every environment of a cluster: owner, size, state, GPU-hours (needs oc)"
 	@echo "make test                  ruff check + format check, mypy, the whole test suite (installs what it needs)"
 	@echo "make lock                  re-lock requirements*.txt (hashes) after editing requirements*.in"
 	@echo "make verify-base-lock      install the base image's locks for real (PyPI) and pip check them"
-	@echo "make docs                  regenerate the configuration reference, presets and diagram in README.md"
+	@echo "make docs                  build the documentation site (docs/ -> site/, MkDocs --strict)"
+	@echo "make docs-generate         regenerate the site's generated pages (config reference, outputs, exit codes, diagram)"
+	@echo "make screenshots           retake the home-page screenshot the docs use (headless chromium)"
 	@echo "make policy-preview        pulumi preview with the policy pack (needs the Pulumi CLI and a cluster)"
 	@echo "make bench-package         modelcar packaging benchmark (SIZE=2GiB)"
 	@echo "make bench-launch          ml-dev run on 4 simulated pods: time to all ranks running (SIZE=200MB, root)"
@@ -66,6 +69,12 @@ render-all: venv
 runs: venv
 	$(PY) -m tools.runs $(STACK)
 
+# Who holds the GPUs: every environment of cluster $(CLUSTER) (owner, namespace, size, state, GPU-hours of 7 days)
+# from the live objects (needs oc, logged in with list rights on the namespaces). inpod/usage.py is stdlib only.
+CLUSTER ?= $(STACK)
+status:
+	set -o pipefail; oc get statefulsets,configmaps --all-namespaces -l ml-dev-env/cluster=$(CLUSTER) -o json | $(PYTHON) inpod/usage.py status --from-json -
+
 lint: venv
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
@@ -88,9 +97,21 @@ lock-check: venv
 verify-base-lock: venv
 	tools/verify_base_lock.sh
 
+# The documentation site: docs/ -> site/ (MkDocs + Material), --strict: a broken link or anchor, or a page
+# missing from mkdocs.yml's nav, fails. Build only: `make test` runs it, so it must not rewrite what it checks.
 docs: venv
-	$(PY) -m tools.config_reference --write README.md
-	$(PY) -m tools.diagram --write README.md
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
+
+# Rewrites the generated blocks of the site (configuration reference, presets, stack outputs, step exit
+# codes, architecture diagrams) from the code; tests fail while one is stale.
+docs-generate: venv
+	$(PY) -m tools.config_reference --write docs/ref/configuration.md docs/operate/images.md
+	$(PY) -m tools.docs_reference --write docs/ref/outputs.md docs/ref/exit-codes.md
+	$(PY) -m tools.diagram --write docs/ref/architecture.md
+
+# The home page screenshot the docs show (docs/img/home-page.png), taken by the browser test.
+screenshots: venv system-deps
+	ML_DEV_WRITE_SCREENSHOTS=1 $(PY) -m pytest -q tests/home/test_browser.py
 
 diagram: venv
 	$(PY) -m tools.diagram $(STACK)
@@ -99,7 +120,7 @@ policy-preview: venv
 	pulumi preview --stack $(STACK) --policy-pack policy --diff
 
 # pyproject's `addopts = -ra` makes pytest end with a summary of every skipped test and its reason.
-test: venv system-deps lint typecheck
+test: venv system-deps lint typecheck docs
 	$(PY) -m pytest -q
 
 bench-package: venv system-deps

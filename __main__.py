@@ -1,9 +1,13 @@
 """ml-dev-env: load the stack config, create the Kubernetes provider and the components, export outputs."""
 
+from pathlib import Path
+from typing import Any
+
 import pulumi
 import pulumi_kubernetes as k8s
 
 from components import devloop, preflight
+from components import environment as layers
 from components.crds import SSHD_NEEDS
 from components.gpu_cluster import GpuCluster, GpuClusterArgs, selector_labels
 from components.image_build import ImageBuild, ImageBuildArgs
@@ -12,11 +16,16 @@ from components.storage import claim_template_names
 from core import naming
 from core.servers import routed_servers
 from stacks import loader
+from stacks.environment import FACTS_OUTPUT
 
-stack = loader.load(f"Pulumi.{pulumi.get_stack()}.yaml")
+# Two kinds of stack, one program (README "Team environments"): a cluster stack (`Pulumi.<cluster>.yaml`) builds the
+# cluster layer (image builds, model pipeline, SCC, shared claims) and hosts its own environment; an environment stack
+# (`Pulumi.<cluster>-<env>.yaml`, it sets `environment`) builds one person's environment on the cluster's image.
+stack = loader.load(f"Pulumi.{pulumi.get_stack()}.yaml", Path(__file__).resolve().parent)
 for warning in stack.warnings:
     pulumi.log.warn(warning)
 cfg = stack.config
+environment = cfg.environment
 
 # Adoption: objects that already exist (the original tool's, or claims/PipelineRuns retained by a `destroy`)
 # are taken over instead of failing with "already exists". With upsertExistingObjects a create is a
@@ -42,6 +51,33 @@ provider = k8s.Provider(
     enable_config_map_mutable=True,
 )
 opts = pulumi.ResourceOptions(providers=[provider])
+
+
+def live_reader() -> Any:
+    """GET one object (None: absent or unreadable) with one client; None when there is no cluster to read."""
+    if not preflight.live_reads_enabled(cfg.cluster.render_yaml_to_directory):
+        return None
+    client: list[Any] = []
+    warned: list[str] = []
+
+    def read(path: str) -> dict[str, Any] | None:
+        try:
+            if not client:
+                client.append(preflight.KubeClient(cfg.cluster.kube_context))
+            result: dict[str, Any] | None = client[0].get(path)
+            return result
+        except preflight.LiveReadError as exc:
+            if not warned:
+                warned.append(str(exc))
+                pulumi.log.warn(f"could not check who owns the objects of this stack ({exc}); continuing")
+            return None
+
+    return read
+
+
+# Every object this stack creates carries `ml-dev-env/stack: <stack>` in its own metadata (pod templates unchanged);
+# at preview and up, one that exists with another stack's label stops the run (components/environment.py).
+pulumi.runtime.register_stack_transformation(layers.stack_label_transformation(pulumi.get_stack(), live_reader()))
 
 if cfg.cluster.create_namespace:
     namespace = k8s.core.v1.Namespace(
@@ -102,7 +138,29 @@ check_scc()
 
 labels = naming.stack_labels(cfg.cluster.name)
 image: pulumi.Input[str] | None
-if cfg.image.build is not None:
+cluster_facts = None
+if environment is not None:
+    # The environment layer only: the pods run the image the cluster stack deployed, read from its versioned
+    # `environment_facts` output through a StackReference (pulumi/pulumi sdk/python/lib/pulumi/stack_reference.py,
+    # StackReference.get_output: the referenced stack's outputs, read when the program runs in preview and up).
+    # The cluster's settings come from its stack file (they shape the objects before any output is known); the
+    # deployed facts must match them, else the run stops with one line (components/environment.py facts_problem).
+    assert stack.cluster is not None  # the loader read the cluster stack file of every environment stack
+    cluster_facts = layers.cluster_facts(stack.cluster)
+    reference = environment.stack_reference or f"{pulumi.get_organization()}/{pulumi.get_project()}/{environment.cluster}"
+    cluster_stack = pulumi.StackReference(f"cluster-{environment.cluster}", stack_name=reference)
+    expected = cluster_facts
+
+    def deployed_image(deployed: Any) -> str:
+        problem = layers.facts_problem(deployed, expected, reference)
+        if problem:
+            raise pulumi.RunError(problem)
+        return str(deployed["runtimeImage"])
+
+    image = cluster_stack.get_output(FACTS_OUTPUT).apply(deployed_image)
+    layers.image_puller_binding("env", cfg, cluster_facts, labels, opts)
+    pulumi.export("environment", {"cluster": environment.cluster, "name": environment.name, "namespace": ns})
+elif cfg.image.build is not None:
     images = ImageBuild(
         "image",
         ImageBuildArgs(
@@ -123,9 +181,11 @@ if cfg.image.build is not None:
     pulumi.export("build_logs_command", images.logs_command)
 else:
     image = cfg.image.reference
-cluster = GpuCluster("gpu", GpuClusterArgs(config=cfg, image=image, secrets=stack.secrets), opts=opts)
+if environment is None:
+    pulumi.export(FACTS_OUTPUT, layers.cluster_facts(cfg).model_dump(by_alias=True))
+cluster = GpuCluster("gpu", GpuClusterArgs(config=cfg, image=image, secrets=stack.secrets, cluster=cluster_facts), opts=opts)
 
-if cfg.models:
+if cfg.models and environment is None:
     models = ModelPipeline(
         "models",
         ModelPipelineArgs(

@@ -8,8 +8,9 @@ pod 0 to the moment the last rank's program is running (each rank records time.t
 * unchanged: nothing changed since the last run (rsync finds nothing to send; hashes come from the cache);
 * one file changed: one 1 MiB file rewritten before each run (rsync sends only that file).
 
-Prints the median, min and max of REPEAT runs each, and the bytes rsync sent per run. Not a test: it
-prints numbers.
+Prints the median, min and max of REPEAT runs each, and the bytes rsync sent per run, and writes them as
+a markdown report with the raw runs (JSON) and a plot of every run (SVG) to --out (bench-out/
+bench-launch-<size>.{md,json,svg}). Not a test: it prints numbers.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+from inpod import svgplot
 from tests.conftest import run_objects, stack_objects
 from tests.podsim.pods import PodSim, missing_requirements
 
@@ -69,10 +71,47 @@ def summary(name: str, samples: list[tuple[float, int]]) -> str:
     )
 
 
+def report(size: int, cold: tuple[float, int], runs: dict[str, list[tuple[float, int]]]) -> str:
+    lines = [
+        f"`ml-dev run` on 4 simulated pods: time until every rank runs, tree of {size / 1e6:.0f} MB (1 MiB files); "
+        f"{os.cpu_count()} CPUs; medians, spread = min–max",
+        "",
+        "| case | median s | spread s | runs (s) | rsync sent, median (3 pods) |",
+        "|---|---:|---:|---|---:|",
+        f"| first run (cold, full copy) | {cold[0]:.2f} | – | {cold[0]:.2f} | {cold[1] / 1e6:.2f} MB |",
+    ]
+    for name, samples in runs.items():
+        times = [t for t, _ in samples]
+        lines.append(
+            f"| {name} | {statistics.median(times):.2f} | {min(times):.2f}–{max(times):.2f} | "
+            f"{', '.join(f'{t:.2f}' for t in times)} | {statistics.median(b for _, b in samples) / 1e6:.2f} MB |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(size: int, cold: tuple[float, int], runs: dict[str, list[tuple[float, int]]]) -> str:
+    series: list[dict[str, object]] = [{"label": "first run (cold)", "points": [(0, cold[0])]}]
+    series += [{"label": name, "points": [(i + 1, t) for i, (t, _) in enumerate(samples)]} for name, samples in runs.items()]
+    return svgplot.line_chart(
+        series, title=f"ml-dev run, 4 pods, {size / 1e6:.0f} MB tree: time until every rank runs", x_label="run", y_label="seconds"
+    )
+
+
+def write_report(out: Path, size: int, cold: tuple[float, int], runs: dict[str, list[tuple[float, int]]]) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"bench-launch-{size // 10**6}mb"
+    stem.with_suffix(".md").write_text(report(size, cold, runs))
+    data = {"size": size, "cpus": os.cpu_count(), "cold": cold, "runs": runs}
+    stem.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
+    stem.with_suffix(".svg").write_text(plot(size, cold, runs))
+    return stem
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=parse_size, default=parse_size("200MB"))
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench-out", help="where the report (markdown, JSON, SVG) is written")
     args = parser.parse_args()
     why = missing_requirements()
     if why:
@@ -108,6 +147,8 @@ def main() -> int:
             changed.append(one_run(c))
         print(summary("unchanged tree", unchanged))
         print(summary("one 1 MiB file changed", changed))
+        stem = write_report(args.out, args.size, cold, {"unchanged tree": unchanged, "one 1 MiB file changed": changed})
+        print(f"report written to {stem}.md / .json / .svg (plot of every run)")
     finally:
         c.stop()
     return 0

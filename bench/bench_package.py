@@ -9,7 +9,7 @@ plus small JSON files) and pushes it to a local docker-registry with every appro
   raw1 / raw2   the registry's blob-ingest rate with 1 / 2 parallel streams: digests computed
                 beforehand (untimed), then one monolithic PUT per file, sent with sendfile().
                 The physical reference at that parallelism.
-  ours1 / ours2 steps/package.py --jobs 1 / --jobs 2, run as the deployed script text.
+  ours1 / ours2 steps/package.py --jobs 1 / --jobs 2, run as deployed (the tools image's file tree).
   s3read        the source read alone: every object read from a moto S3 server (one signed GET each, into one
                 buffer, as the streaming packager reads), 2 streams.
   stream2       steps/package.py --source s3:// --jobs 2: S3 → registry in one pass, no model dir.
@@ -53,7 +53,8 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from steps.embed import step_script
+from inpod import svgplot
+from steps.embed import write_tree
 from tests.fixtures.images import push_base
 from tests.fixtures.registry import Registry, registry_available, run_registry
 from tests.fixtures.s3 import S3Server, run_s3
@@ -357,8 +358,7 @@ def approach_ours(env: Env, name: str, jobs: int = 2) -> Result:
     scratch = env.work / name
     tmp = scratch / "tmp"
     tmp.mkdir(parents=True)
-    script = scratch / "package.py"
-    script.write_text(step_script("package"))
+    script = write_tree(scratch / "image") / "package.py"  # as deployed: the tools image's file tree
     cache = env.model_dir.parent / f".{env.model_dir.name}.digests.json"
     cache.unlink(missing_ok=True)  # cold: every layer is hashed while it is uploaded
     run = Runner(env.logs, env.cpus)
@@ -418,8 +418,7 @@ def approach_stream(env: Env, name: str, jobs: int = 2) -> Result:
     scratch = env.work / name
     tmp = scratch / "tmp"
     tmp.mkdir(parents=True)
-    script = scratch / "package.py"
-    script.write_text(step_script("package"))
+    script = write_tree(scratch / "image") / "package.py"  # as deployed: the tools image's file tree
     run = Runner(env.logs, env.cpus)
     with fresh_registry(env, name, with_base=True) as (registry, base):
         authfile = registry.authfile(scratch / "auth.json")
@@ -564,6 +563,19 @@ def report(results: list[Result], model_bytes: int, size_label: str, floor: floa
     return "\n".join(lines)
 
 
+def plot(results: list[Result], size_label: str) -> str:
+    """Every run's wall time per approach against its round (the spread the table summarises), as SVG."""
+    by: dict[str, list[Result]] = {}
+    for r in results:
+        by.setdefault(r.name, []).append(r)
+    series: list[dict[str, object]] = [
+        {"label": APPROACHES[k][0], "points": [(i + 1, r.seconds) for i, r in enumerate(v)]} for k, v in by.items()
+    ]
+    return svgplot.line_chart(
+        series, title=f"modelcar packaging, {size_label} model: wall time of every run", x_label="round", y_label="seconds"
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", default="2GiB", help="model size, e.g. 2GiB or 8GiB")
@@ -645,7 +657,8 @@ def main() -> None:
         data = {"size": args.size, "model_bytes": model_bytes, "cpus": os.cpu_count(), "sha256_floor_cpu_s_per_gib": floors,
                 "rounds": args.repeat, "results": [asdict(r) for r in results]}  # fmt: skip
         (args.out / f"{stem}.json").write_text(json.dumps(data, indent=1) + "\n")
-        print(f"\nreport written to {args.out / stem}.md / .json")
+        (args.out / f"{stem}.svg").write_text(plot(results, args.size))
+        print(f"\nreport written to {args.out / stem}.md / .json / .svg (plot of every run)")
     finally:
         stack.close()
         if not args.keep:

@@ -1,6 +1,6 @@
 """Read access to the environment's own pods, for rack-aware ranks (fabricCheck.nodeRacks).
 
-Each pod orders the ranks from the pods' spec.nodeName (README "Fabric check"), read through the
+Each pod orders the ranks from the pods' spec.nodeName (docs/operate/fabric-check.md), read through the
 Kubernetes API with the pods' service account: a namespaced Role with get/list on pods, nothing else.
 Created only when nodeRacks is set, so stacks without it keep exactly their objects.
 """

@@ -10,10 +10,12 @@ import pulumi_kubernetes as k8s
 import pulumi_random as random
 from pydantic import BaseModel, ConfigDict
 
+import inpod
 from components import crds, devloop, fabric, fabric_rbac, lifecycle, pod
 from components.storage import WorkspaceStorage, WorkspaceStorageArgs
 from core import naming
 from stacks.config import StackConfig
+from stacks.environment import ClusterFacts
 
 OAUTH_REDIRECT = "serviceaccounts.openshift.io/oauth-redirectreference."
 
@@ -28,6 +30,8 @@ class GpuClusterArgs(BaseModel):
     """Secret config values (`pulumi.Output[str]`) by key."""
     statefulset_annotations: dict[str, str] = {}
     """Extra StatefulSet annotations (e.g. OpenShift's image-change trigger)."""
+    cluster: ClusterFacts | None = None
+    """An environment stack: its cluster's facts (the SCC and shared claims it uses but does not own)."""
 
 
 def labels(config: StackConfig) -> dict[str, str]:
@@ -86,7 +90,7 @@ class GpuCluster(pulumi.ComponentResource):
         self._identity()
         self._memlock_privileges()
         self._sriov_attachments()
-        # rack-aware ranks read the pods' nodes (fabricCheck.nodeRacks; README "Fabric check")
+        # rack-aware ranks read the pods' nodes (fabricCheck.nodeRacks; docs/operate/fabric-check.md)
         self._depends += fabric_rbac.pod_reader(name, self._cfg, self._labels, self._child)
         self.storage = self._storage()
         script = pod.startup_script()
@@ -95,6 +99,7 @@ class GpuCluster(pulumi.ComponentResource):
         self._depends.append(self.ssh)
         self._startup_and_cluster_config(script)
         self._lifecycle()
+        self._usage()
         credential_volumes, tokens_secret = self._dev_credentials()
         headless = self._headless_service()
         self.statefulset = self._statefulset(script, credential_volumes, tokens_secret, headless)
@@ -117,7 +122,8 @@ class GpuCluster(pulumi.ComponentResource):
         )
 
     def _meta(self, obj_name: str, **extra: object) -> k8s.meta.v1.ObjectMetaArgs:
-        return k8s.meta.v1.ObjectMetaArgs(name=obj_name, namespace=self._ns, labels=self._labels, **extra)  # type: ignore[arg-type]
+        extra.setdefault("labels", self._labels)
+        return k8s.meta.v1.ObjectMetaArgs(name=obj_name, namespace=self._ns, **extra)  # type: ignore[arg-type]
 
     def _identity(self) -> None:
         """The pods' ServiceAccount (created, or adopted and annotated with the OAuth redirects)."""
@@ -158,6 +164,40 @@ class GpuCluster(pulumi.ComponentResource):
         assert configured_scc is not None  # guaranteed by MemlockConfig
         scc = configured_scc
         role_kind = "ClusterRole"
+        facts = self._args.cluster
+        if facts is not None and facts.scc_role is not None and facts.scc == configured_scc:
+            # An environment using the SCC its cluster stack created: the cluster's Role grants its use in the cluster
+            # namespace; in its own namespace the environment needs a Role of its own (named after it, granting the same).
+            role_kind, role_name = "Role", facts.scc_role
+            if ns != facts.namespace:
+                role_name = naming.scc_binding(app, configured_scc)
+                self._depends.append(
+                    k8s.rbac.v1.Role(
+                        f"{name}-scc-role",
+                        metadata=self._meta(role_name),
+                        rules=[
+                            k8s.rbac.v1.PolicyRuleArgs(
+                                api_groups=["security.openshift.io"],
+                                resources=["securitycontextconstraints"],
+                                resource_names=[configured_scc],
+                                verbs=["use"],
+                            )
+                        ],
+                        opts=self._child,
+                    )
+                )
+            # Policy pack (policy/rules/privileges_bound.py): the cluster stack's Role, named on the binding.
+            owner = {"ml-dev-env/role-owner": facts.cluster} if ns == facts.namespace else None
+            self._depends.append(
+                k8s.rbac.v1.RoleBinding(
+                    f"{name}-scc-binding",
+                    metadata=self._meta(naming.scc_binding(app, configured_scc), annotations=owner),
+                    role_ref=k8s.rbac.v1.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind=role_kind, name=role_name),
+                    subjects=[k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=cfg.security.service_account, namespace=ns)],
+                    opts=pulumi.ResourceOptions(parent=self, depends_on=list(self._depends)),
+                )
+            )
+            return
         if memlock.mode == "scc" and memlock.create_scc:
             # A created SCC is cluster-scoped: named per stack (namespace and app) so a second
             # environment in the cluster neither collides with nor deletes this one's.
@@ -227,9 +267,17 @@ class GpuCluster(pulumi.ComponentResource):
             )
 
     def _storage(self) -> WorkspaceStorage:
+        facts = self._args.cluster
         return WorkspaceStorage(
             f"{self._name}-storage",
-            WorkspaceStorageArgs(app=self._app, namespace=self._ns, labels=self._labels, storage=self._cfg.storage),
+            WorkspaceStorageArgs(
+                app=self._app,
+                namespace=self._ns,
+                labels=self._labels,
+                storage=self._cfg.storage,
+                # An environment in its cluster's namespace mounts the cluster's shared claims (claims cannot cross namespaces).
+                existing_claims=dict(facts.shared_claims) if facts is not None and facts.namespace == self._ns else {},
+            ),
             opts=self._child,
         )
 
@@ -239,8 +287,17 @@ class GpuCluster(pulumi.ComponentResource):
         startup = k8s.core.v1.ConfigMap(
             f"{name}-startup",
             metadata=self._meta(naming.startup_configmap(app)),
-            # + the fabric check (fabric_check.py, fabric.json, rank_order.sh; README "Fabric check")
-            data={"startup.sh": script, **devloop.scripts(self._cfg), **lifecycle.scripts(), **fabric.configmap_files(self._cfg)},
+            # + the fabric check (fabric_check.py, fabric.json, rank_order.sh; docs/operate/fabric-check.md),
+            # + usage.py (`ml-dev status --all`): not hashed into the pod template, like ml-dev it updates in place
+            # + the home page and the SVG plots (home_page.py, svgplot.py; always: the fabric gate draws with svgplot)
+            data={
+                "startup.sh": script,
+                **devloop.scripts(self._cfg),
+                **lifecycle.scripts(),
+                **fabric.configmap_files(self._cfg),
+                **inpod.group("usage"),
+                **inpod.group("home"),
+            },
             opts=self._child,
         )
         self._depends.append(startup)
@@ -290,6 +347,39 @@ class GpuCluster(pulumi.ComponentResource):
                     opts=pulumi.ResourceOptions(parent=self, depends_on=[agent_role]),
                 )
             )
+
+    def _usage(self) -> None:
+        """Who holds the GPUs: the GPU-hours record (its own ConfigMap), the recorder that writes it, and their Role.
+
+        The recorder runs inpod/usage.py every USAGE_PERIOD seconds as the pods' ServiceAccount: pods running ×
+        GPUs per pod × time, per UTC day; a suspended or idle-stopped environment has no pods and adds nothing. The
+        Role also lets `ml-dev status --all` (in a pod) list the environments of the namespace.
+        """
+        cfg, name, app, child = self._cfg, self._name, self._app, self._child
+        record = naming.usage_configmap(app)
+        k8s.core.v1.ConfigMap(
+            f"{name}-usage",
+            metadata=self._meta(record, labels={**self._labels, lifecycle.USAGE_LABEL: "gpu-hours"}),
+            data={},
+            # The recorder writes the data; Pulumi only creates the object.
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["data"]),
+        )
+        role_name = naming.usage_recorder(app)
+        role = k8s.rbac.v1.Role(f"{name}-usage-role", metadata=self._meta(role_name), rules=lifecycle.usage_rules(app), opts=child)
+        binding = k8s.rbac.v1.RoleBinding(
+            f"{name}-usage-binding",
+            metadata=self._meta(role_name),
+            role_ref=k8s.rbac.v1.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind="Role", name=role_name),
+            subjects=[k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=cfg.security.service_account, namespace=self._ns)],
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[role]),
+        )
+        k8s.apps.v1.Deployment(
+            f"{name}-usage-recorder",
+            # Not awaited: a pull of a small Python image must not lengthen `pulumi up` (tests/test_waits.py).
+            metadata=self._meta(role_name, annotations={"pulumi.com/skipAwait": "true"}),
+            spec=lifecycle.usage_recorder_spec(cfg),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[binding]),
+        )
 
     def _dev_credentials(self) -> tuple[list[k8s.core.v1.VolumeArgs], str | None]:
         """OAuth proxy cookie secret (oauth-proxy), or the per-server token Secret (token): volumes, token Secret name."""
@@ -362,6 +452,7 @@ class GpuCluster(pulumi.ComponentResource):
         pod_annotations = {
             "ml-dev-env/startup-sha256": pod.content_hash(script),
             "ml-dev-env/idle-agent-sha256": pod.content_hash("".join(lifecycle.scripts().values())),
+            "ml-dev-env/home-page-sha256": pod.content_hash("".join(inpod.group("home").values())),
             devloop.ANNOTATION_SSH_PORT: str(devloop.SSH_PORT),
             devloop.ANNOTATION_HASH: devloop.restart_hash(cfg),
         }

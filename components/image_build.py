@@ -305,8 +305,9 @@ def wait_job_name(build: ImageBuildConfig) -> str:
     return f"{build.image_stream[:40]}-wait-{runtime_hash(build)}"
 
 
-def wait_job_spec(build: ImageBuildConfig, image: str, python_image: str) -> k8s.batch.v1.JobSpecArgs:
-    """A Job that completes when `image` is in the registry (steps/wait_image.py, stdlib only, as the pipeline's wait-tools)."""
+def wait_job_spec(build: ImageBuildConfig, image: str, python_image: str, namespace: str) -> k8s.batch.v1.JobSpecArgs:
+    """A Job that completes when `image` is in the registry (steps/wait_image.py, stdlib only, as the pipeline's wait-tools),
+    and fails at once when the newest Build of the base or runtime BuildConfig failed (its ServiceAccount may list Builds)."""
     from steps.embed import step_script  # the steps package is the single source of the wait program
 
     seconds = wait_seconds(build)
@@ -315,6 +316,7 @@ def wait_job_spec(build: ImageBuildConfig, image: str, python_image: str) -> k8s
         active_deadline_seconds=seconds + 120,
         template=k8s.core.v1.PodTemplateSpecArgs(
             spec=k8s.core.v1.PodSpecArgs(
+                service_account_name=naming.image_wait(build.image_stream),
                 restart_policy="Never",
                 security_context=k8s.core.v1.PodSecurityContextArgs(
                     run_as_non_root=True, seccomp_profile=k8s.core.v1.SeccompProfileArgs(type="RuntimeDefault")
@@ -336,6 +338,14 @@ def wait_job_spec(build: ImageBuildConfig, image: str, python_image: str) -> k8s
                             f"{SA_DIR}/service-ca.crt",
                             "--timeout",
                             str(seconds),
+                            "--namespace",
+                            namespace,
+                            "--build-config",
+                            base_build_config(build),
+                            "--build-config",
+                            runtime_build_config(build),
+                            "--api-ca-file",
+                            f"{SA_DIR}/ca.crt",
                         ],
                         resources=k8s.core.v1.ResourceRequirementsArgs(
                             requests={"cpu": "10m", "memory": "64Mi"}, limits={"cpu": "200m", "memory": "128Mi"}
@@ -415,19 +425,43 @@ class ImageBuild(pulumi.ComponentResource):
             # until it completes or fails (provider/pkg/await/job.go, jobInitAwaiter.Await). `runtime_ready` carries
             # the Job as a dependency, so the pods are switched to the new tag only once it exists: a rebuild never
             # leaves a running pod replaced by one in ImagePullBackOff for the length of a build.
+            # The Job lists the Builds of its two BuildConfigs to fail fast on a failed build (steps/wait_image.py).
+            wait_name = naming.image_wait(stream)
+            wait_meta = k8s.meta.v1.ObjectMetaArgs(name=wait_name, namespace=ns, labels={**args.labels, "ml-dev-env/stage": "wait"})
+            wait_sa = k8s.core.v1.ServiceAccount(f"{name}-wait-sa", metadata=wait_meta, opts=child)
+            wait_role = k8s.rbac.v1.Role(
+                f"{name}-wait-role",
+                metadata=wait_meta,
+                rules=[k8s.rbac.v1.PolicyRuleArgs(api_groups=["build.openshift.io"], resources=["builds"], verbs=["get", "list", "watch"])],
+                opts=child,
+            )
+            wait_binding = k8s.rbac.v1.RoleBinding(
+                f"{name}-wait-binding",
+                metadata=wait_meta,
+                role_ref=k8s.rbac.v1.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind="Role", name=wait_name),
+                subjects=[k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=wait_name, namespace=ns)],
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[wait_role, wait_sa]),
+            )
             job = k8s.batch.v1.Job(
                 f"{name}-wait",
                 metadata=k8s.meta.v1.ObjectMetaArgs(
                     name=wait_job_name(build),
                     namespace=ns,
                     labels={**args.labels, "ml-dev-env/stage": "wait"},
-                    annotations={"pulumi.com/timeoutSeconds": str(wait_seconds(build) + 300)},
+                    annotations={
+                        "pulumi.com/timeoutSeconds": str(wait_seconds(build) + 300),
+                        # A Job that failed (a failed build) is replaced by the next `up` instead of blocking it: with
+                        # this annotation the provider's Diff reads the live Job and replaces it when it is not ready
+                        # (pulumi/pulumi-kubernetes provider/pkg/provider/provider.go kubeProvider.Diff,
+                        # metadata.ReplaceUnready; provider/pkg/metadata/overrides.go ReplaceUnready).
+                        "pulumi.com/replaceUnready": "true",
+                    },
                 ),
-                spec=wait_job_spec(build, self.runtime_image, args.wait_image),
+                spec=wait_job_spec(build, self.runtime_image, args.wait_image, ns),
                 # A Job's template is immutable: a change that keeps the name (deadline, Python image, wait program)
                 # is a replacement, and create-before-delete of the same name would be an upsert onto the old Job
                 # (refused by the API server). Delete first; a new Job for an existing tag completes at once.
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[image_stream], delete_before_replace=True),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[image_stream, wait_binding], delete_before_replace=True),
             )
             image = self.runtime_image
             # The URN is known in a preview (the pods' new tag shows in the diff) and, in an update, resolves only
@@ -449,7 +483,15 @@ STEP_REQUIREMENTS_SEPARATOR = "|"
 
 
 def tools_hash(base_image: str) -> str:
-    return _hash([base_image, containerfile_text(TOOLS_CONTAINERFILE), step_requirements()])
+    """Everything the tools image depends on, the step programs' files included (a changed step rebuilds it)."""
+    from steps.embed import shipped
+
+    return _hash([base_image, containerfile_text(TOOLS_CONTAINERFILE), step_requirements(), shipped()])
+
+
+def tools_steps_config_map(base_image: str, image_stream: str, part: str) -> str:
+    """The immutable ConfigMap carrying one part of the step files (`steps.embed.SHIPPED_DIRS`) into the build."""
+    return f"{image_stream}-{part}-{tools_hash(base_image)}"  # the hash last, as in every per-hash name
 
 
 def tools_tag(base_image: str) -> str:
@@ -460,10 +502,21 @@ def tools_build_config(base_image: str, image_stream: str) -> str:
     return f"{image_stream}-{tools_hash(base_image)}"
 
 
+# The step files reach the build like the base lock does (see BASE_LOCK_DIR): ConfigMaps the builder copies
+# into the build context, here under ml-dev-env-steps/<part>, where images/tools.Containerfile COPYs them.
+TOOLS_STEPS_DIR = "ml-dev-env-steps"
+
+
 def tools_spec(base_image: str, nodes: BuildNodesConfig, image_stream: str) -> dict[str, Any]:
+    from steps.embed import SHIPPED_DIRS
+
+    steps = [
+        {"configMap": {"name": tools_steps_config_map(base_image, image_stream, part)}, "destinationDir": f"{TOOLS_STEPS_DIR}/{part}"}
+        for part in SHIPPED_DIRS
+    ]
     return {
         **_run_spec(1800, {"cpu": "1", "memory": "2Gi"}, {"cpu": "2", "memory": "4Gi"}, nodes),
-        "source": {"type": "Dockerfile", "dockerfile": containerfile_text(TOOLS_CONTAINERFILE)},
+        "source": {"type": "Dockerfile", "dockerfile": containerfile_text(TOOLS_CONTAINERFILE), "configMaps": steps},
         "strategy": {
             "type": "Docker",
             "dockerStrategy": {
@@ -509,13 +562,30 @@ class ToolsImage(pulumi.ComponentResource):
         bc_meta = k8s.meta.v1.ObjectMetaArgs(
             name=self.build_config, namespace=args.namespace, labels={**args.labels, "ml-dev-env/stage": "tools"}
         )
+        from steps.embed import shipped
+
+        # The step files, immutable ConfigMaps per tools hash (named after the BuildConfig): replaced with it.
+        files = [
+            k8s.core.v1.ConfigMap(
+                f"{name}-{part}",
+                metadata=k8s.meta.v1.ObjectMetaArgs(
+                    name=tools_steps_config_map(args.base_image, args.image_stream, part),
+                    namespace=args.namespace,
+                    labels={**args.labels, "ml-dev-env/stage": "tools"},
+                ),
+                immutable=True,
+                data=data,
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+            for part, data in shipped().items()
+        ]
         crds.custom_resource(
             f"{name}-build",
             "build.openshift.io/v1",
             "BuildConfig",
             bc_meta,
             tools_spec(args.base_image, args.build_nodes, args.image_stream),
-            pulumi.ResourceOptions(parent=self, depends_on=[stream]),
+            pulumi.ResourceOptions(parent=self, depends_on=[stream, *files]),
         )
         self.image = naming.internal_image(args.namespace, args.image_stream, tools_tag(args.base_image))
         self.register_outputs({"image": self.image})

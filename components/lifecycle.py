@@ -131,6 +131,64 @@ def agent_rules(app: str) -> list[k8s.rbac.v1.PolicyRuleArgs]:
     ]
 
 
+USAGE_LABEL = "ml-dev-env/usage"
+USAGE_PERIOD = 600
+"""Seconds between two GPU-hours records (the usage CronJob's schedule: every 10 minutes)."""
+
+
+def usage_rules(app: str) -> list[k8s.rbac.v1.PolicyRuleArgs]:
+    """The usage CronJob: read its StatefulSet's scale, write its record; `ml-dev status --all`: list the namespace's."""
+    return [
+        k8s.rbac.v1.PolicyRuleArgs(api_groups=["apps"], resources=["statefulsets/scale"], resource_names=[app], verbs=["get"]),
+        k8s.rbac.v1.PolicyRuleArgs(
+            api_groups=[""], resources=["configmaps"], resource_names=[naming.usage_configmap(app)], verbs=["get", "patch"]
+        ),
+        k8s.rbac.v1.PolicyRuleArgs(api_groups=["apps"], resources=["statefulsets"], verbs=["list"]),
+        k8s.rbac.v1.PolicyRuleArgs(api_groups=[""], resources=["configmaps"], verbs=["list"]),
+    ]
+
+
+def usage_selector(app: str) -> dict[str, str]:
+    """The usage recorder's pod labels (never selected by the environment's own Services)."""
+    return {"app.kubernetes.io/name": "ml-dev-env-usage", "app.kubernetes.io/instance": app}
+
+
+def usage_recorder_spec(config: StackConfig) -> k8s.apps.v1.DeploymentSpecArgs:
+    """One small pod running inpod/usage.py `loop` (a record every USAGE_PERIOD s) on a stdlib Python image (the pipeline's
+    tools base). A Deployment, not a CronJob: no pod start every period, and the strict schemas know it."""
+    app, ns = config.cluster.app_name, config.cluster.namespace
+    command = ["python3", "-c", inpod.text("usage.py"), "loop", "--namespace", ns, "--statefulset", app]
+    command += ["--configmap", naming.usage_configmap(app), "--gpus-per-pod", str(config.nodes.gpus_per_pod), "--period", str(USAGE_PERIOD)]
+    return k8s.apps.v1.DeploymentSpecArgs(
+        replicas=1,
+        selector=k8s.meta.v1.LabelSelectorArgs(match_labels=usage_selector(app)),
+        template=k8s.core.v1.PodTemplateSpecArgs(
+            metadata=k8s.meta.v1.ObjectMetaArgs(labels=usage_selector(app)),
+            spec=k8s.core.v1.PodSpecArgs(
+                service_account_name=config.security.service_account,
+                termination_grace_period_seconds=5,
+                security_context=k8s.core.v1.PodSecurityContextArgs(
+                    run_as_non_root=True, seccomp_profile=k8s.core.v1.SeccompProfileArgs(type="RuntimeDefault")
+                ),
+                containers=[
+                    k8s.core.v1.ContainerArgs(
+                        name="record",
+                        image=config.model_pipeline.tools_base_image,
+                        image_pull_policy="IfNotPresent",
+                        command=command,
+                        resources=k8s.core.v1.ResourceRequirementsArgs(
+                            requests={"cpu": "5m", "memory": "32Mi"}, limits={"cpu": "100m", "memory": "64Mi"}
+                        ),
+                        security_context=k8s.core.v1.SecurityContextArgs(
+                            allow_privilege_escalation=False, capabilities=k8s.core.v1.CapabilitiesArgs(drop=["ALL"])
+                        ),
+                    )
+                ],
+            ),
+        ),
+    )
+
+
 def frees(config: StackConfig) -> dict[str, int]:
     """What a suspended environment gives back to the cluster."""
     nodes = config.nodes

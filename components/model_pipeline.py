@@ -1,7 +1,8 @@
 """Model-packaging pipeline: LLM weights → KServe modelcar → Quay → internal registry → registry.
 
-Tekton v1 Tasks run the step programs of `steps/` (embedded verbatim as step scripts) in a small tools
-image the stack builds itself. One PipelineRun per configured model, named from a hash of its inputs
+Tekton v1 Tasks run the step programs of `steps/` from a small tools image the stack builds itself (the
+steps' files are part of it: `steps.embed.shipped`); only the wait for that image runs as an inlined
+script. One PipelineRun per configured model, named from a hash of its inputs
 (unchanged config re-creates nothing; a change starts a new run) and not awaited by Pulumi.
 """
 
@@ -20,7 +21,7 @@ from core import model_sizing, naming
 from core.model_sizing import STEP, PipelineStep
 from core.quantity import parse_quantity
 from stacks.config import PIPELINE_CREDENTIALS, BuildNodesConfig, ModelConfig, ModelPipelineConfig
-from steps.embed import step_script
+from steps.embed import EMBEDDED, step_command, step_script
 
 PIPELINE = "modelcar"
 # Bump when the pipeline's output changes meaning (e.g. the modelcar layout): every model re-runs.
@@ -59,10 +60,12 @@ def _step(key: str, image: str, args: list[str], env: list[tekton.EnvVar] | None
             tekton.EnvVar(name="HOME", value="$(workspaces.model.path)/.home"),
             tekton.EnvVar(name="TMPDIR", value="$(workspaces.model.path)"),
         ]
+    embedded = step.program in EMBEDDED
     return tekton.Step(
         name=step.name,
         image=image,
-        script=step_script(step.program),
+        script=step_script(step.program) if embedded else None,
+        command=None if embedded else step_command(step.program),
         args=args,
         env=base + (env or []),
         compute_resources=_resources(step),

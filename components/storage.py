@@ -23,6 +23,8 @@ class WorkspaceStorageArgs(BaseModel):
     namespace: str
     labels: dict[str, str]
     storage: StorageConfig
+    existing_claims: dict[str, str] = {}
+    """Shared volume → a claim another stack owns in this namespace (an environment's cluster stack): mounted, not created."""
 
 
 def claim_name(app: str, volume: str) -> str:
@@ -59,12 +61,14 @@ def home_volume(storage: StorageConfig) -> VolumeConfig:
     return next((v for v in pool if v.name == "workspace"), pool[0])
 
 
-def pod_volumes(app: str, storage: StorageConfig) -> list[k8s.core.v1.VolumeArgs]:
+def pod_volumes(app: str, storage: StorageConfig, existing: dict[str, str] | None = None) -> list[k8s.core.v1.VolumeArgs]:
     """Pod-level volumes for the shared claims (per-pod claims come from volumeClaimTemplates)."""
     return [
         k8s.core.v1.VolumeArgs(
             name=v.name,
-            persistent_volume_claim=k8s.core.v1.PersistentVolumeClaimVolumeSourceArgs(claim_name=claim_name(app, v.name)),
+            persistent_volume_claim=k8s.core.v1.PersistentVolumeClaimVolumeSourceArgs(
+                claim_name=(existing or {}).get(v.name) or claim_name(app, v.name)
+            ),
         )
         for v in storage.volumes
         if storage.scope_of(v) == "shared"
@@ -98,11 +102,11 @@ class WorkspaceStorage(pulumi.ComponentResource):
         super().__init__("ml-dev-env:storage:WorkspaceStorage", name, None, opts)
         storage = args.storage
         self.mounts = volume_mounts(storage)
-        self.volumes = pod_volumes(args.app, storage)
+        self.volumes = pod_volumes(args.app, storage, args.existing_claims)
         self.claim_templates = volume_claim_templates(storage, args.labels)
         self.claims = {}
         for volume in storage.volumes:
-            if storage.scope_of(volume) != "shared":
+            if storage.scope_of(volume) != "shared" or volume.name in args.existing_claims:
                 continue
             self.claims[volume.name] = k8s.core.v1.PersistentVolumeClaim(
                 f"{name}-{volume.name}",

@@ -28,7 +28,8 @@ class ComputeResources(Spec):
 class Step(Spec):
     name: str
     image: str
-    script: str
+    script: str | None = None
+    command: list[str] | None = None
     args: list[str] = []
     env: list[EnvVar] = []
     compute_resources: ComputeResources

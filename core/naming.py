@@ -77,8 +77,23 @@ def idle_record_configmap(app: str) -> str:
     return f"{app}-idle-stop"
 
 
+def usage_configmap(app: str) -> str:
+    """The environment's GPU-hours record (written by its usage CronJob, inpod/usage.py)."""
+    return f"{app}-usage"
+
+
+def usage_recorder(app: str) -> str:
+    """The usage CronJob and the Role/RoleBinding it (and `ml-dev status --all`) reads and writes with."""
+    return f"{app}-usage"
+
+
 def idle_agent_role(app: str) -> str:
     return f"{app}-idle-agent"
+
+
+def image_wait(image_stream: str) -> str:
+    """ServiceAccount, Role and RoleBinding of the image wait Job (it lists its BuildConfigs' Builds)."""
+    return f"{image_stream[:40]}-wait"
 
 
 def headless_service(app: str) -> str:

@@ -36,6 +36,9 @@ class DevServer:
     """Reached through the pod-0 Service and an https Route (with an OAuth proxy in front)."""
     activity_probe: str | None = None
     """How an idle check can tell it is in use (HTTP GET on `port`), None when it cannot."""
+    on_under_token_auth: bool = True
+    """False: off under `access.auth: token` unless its key is set explicitly (then the config is refused,
+    as for any server without its own authentication); for a server every stack gets by default."""
 
     @property
     def has_own_auth(self) -> bool:
@@ -74,6 +77,10 @@ DEV_SERVERS: tuple[DevServer, ...] = (
         activity_probe="/api/status",
     ),
     DevServer("tensorboard", "TensorBoard", 6006, 16006),
+    # inpod/home_page.py: the environment's home page (idle state, pods and GPUs, runs, fabric curve). Its own
+    # Route + OAuth proxy rather than a path on another server's proxy: it works whichever IDEs are enabled,
+    # and code-server/Jupyter own their whole URL space (a path prefix would have to be stripped for them).
+    DevServer("home", "home page", 8090, 18090, on_under_token_auth=False),
 )
 
 

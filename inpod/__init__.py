@@ -27,7 +27,8 @@ class Shipped:
     source: str
     """The file in this package."""
     group: str
-    """Which part of the stack ships it: startup (PID 1), devloop (SSH fabric, launcher), lifecycle, fabric."""
+    """Which part of the stack ships it: startup (PID 1), devloop (SSH fabric, launcher), lifecycle, fabric, usage,
+    home (the home page and the SVG plots it and the fabric gate draw; always shipped)."""
 
 
 SHIPPED: tuple[Shipped, ...] = (
@@ -46,6 +47,9 @@ SHIPPED: tuple[Shipped, ...] = (
     Shipped("fabric_localise.py", "fabric_localise.py", "fabric"),
     Shipped("fabric_report.py", "fabric_report.py", "fabric"),
     Shipped("rank_order.sh", "rank_order.sh", "fabric"),
+    Shipped("usage.py", "usage.py", "usage"),
+    Shipped("home_page.py", "home_page.py", "home"),
+    Shipped("svgplot.py", "svgplot.py", "home"),
 )
 _BY_KEY = {s.key: s for s in SHIPPED}
 

@@ -5,6 +5,7 @@ Part of the fabric check (fabric_check.py is the program); standard library only
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -14,6 +15,16 @@ if TYPE_CHECKING or __package__:  # in the repository: the inpod package
     from .fabric_util import GIB, ensure, env, state_dir
 else:  # in the pod: flat files next to fabric_check.py (/opt/ml-dev-env), the program's directory on sys.path
     from fabric_util import GIB, ensure, env, state_dir
+
+
+def gate_svg(result: dict) -> str | None:
+    """The bus-bandwidth curve against the expectation (svgplot.gate_curve, shipped beside the fabric check in
+    the "home" group); None when svgplot is missing (an older ConfigMap): the gate never fails for a plot."""
+    try:
+        svgplot = importlib.import_module(".svgplot", __package__) if __package__ else importlib.import_module("svgplot")
+    except ImportError:
+        return None
+    return svgplot.gate_curve(result)
 
 
 def table(result: dict) -> str:
@@ -65,16 +76,20 @@ def result_dirs() -> list[Path]:
 
 def write_result(result: dict) -> list[Path]:
     text = table(result)
+    svg = gate_svg(result)
     stamp = result["time"].replace(":", "").replace("-", "")
     written = []
     for d in result_dirs():
         try:
             ensure(d)
-            for name, content in (
+            files = [
                 (f"gate-{stamp}.json", json.dumps(result, indent=2)),
                 ("latest.json", json.dumps(result, indent=2)),
                 ("latest.txt", text),
-            ):
+            ]
+            if svg is not None:  # the curve next to its JSON
+                files += [(f"gate-{stamp}.svg", svg), ("latest.svg", svg)]
+            for name, content in files:
                 tmp = d / f".{name}.tmp"
                 tmp.write_text(content + ("" if content.endswith("\n") else "\n"))
                 tmp.replace(d / name)

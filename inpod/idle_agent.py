@@ -383,7 +383,7 @@ def local_activity(settings: dict[str, Any]) -> dict[str, Any]:
             signals.append(guarded("vscode", lambda: probe_vscode(now)))
         if "jupyter" in settings.get("servers", []):
             signals.append(guarded("jupyter", lambda: probe_jupyter(now)))
-    return {"pod": env("POD_NAME") or env("HOSTNAME"), "time": now, "signals": signals}
+    return {"pod": env("POD_NAME") or env("HOSTNAME"), "node": env("NODE_NAME") or None, "time": now, "signals": signals}
 
 
 def is_rank0() -> bool:

@@ -7,6 +7,7 @@
     ml-dev sync                            sync the working tree to every pod (no-op on shared storage)
     ml-dev exec -- nvidia-smi              run on every pod, output prefixed by rank
     ml-dev status                          pods, reachability, ranks, GPUs, RDMA devices, SSH sessions
+    ml-dev status --all                    every environment of the namespace: owner, size, state, GPU-hours 7 days
 
 Delivered by the stack in the <app>-startup ConfigMap (mounted at /opt/ml-dev-env), so it works in any
 image with Python 3.8+, OpenSSH and rsync. Reads the rank contract only: $ML_DEV_STATE_DIR/rank.env
@@ -839,6 +840,11 @@ printf 'rank=%s/%s gpus=%s rdma=%s ssh_sessions=%s\n' "${NODE_RANK:-?}" "${NNODE
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    if getattr(args, "all", False):
+        # Every environment of this namespace (owner, size, state, GPU-hours this week) from the live objects,
+        # read with the pod's ServiceAccount (its usage Role may list them): usage.py, shipped next to ml-dev.
+        namespace = os.environ.get("POD_NAMESPACE") or Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace").read_text().strip()
+        return subprocess.run([PY, str(HERE / "usage.py"), "status", "--namespace", namespace], check=False).returncode
     cluster = Cluster()
 
     def one(rank: int) -> str:
@@ -900,6 +906,8 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_parser("status", help="pods, ranks, GPUs, RDMA devices, SSH sessions"),
     ):
         p.add_argument("--timeout", type=float, default=60, help="seconds to wait for every pod to be reachable (60)")
+        if p.prog.split()[-1] == "status":
+            p.add_argument("--all", action="store_true", help="every environment of the namespace: owner, size, state, GPU-hours")
         if p.prog.split()[-1] in ("run", "exec"):
             p.add_argument("--env", action="append", default=[], metavar="K=V", help="set K=V on every rank (repeatable)")
             p.add_argument("command", nargs=argparse.REMAINDER)

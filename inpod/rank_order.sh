@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Rack-aware rank order for the startup script's rank computation (README "Fabric check").
+# Rack-aware rank order for the startup script's rank computation (docs/operate/fabric-check.md).
 # Sourced from the startup ConfigMap directory (/opt/ml-dev-env), next to fabric_check.py and fabric.json.
 #
 #   ml_dev_rank_order NAMESPACE POD...   prints the pods (given in ordinal order) in rank order, space-separated.

@@ -148,7 +148,7 @@ read_cluster_env() {  # sets C_<KEY> from the environment, then cluster.env; fai
 
 # The rank order, decided in this one place: RANK_PODS lists the pod names in rank order and
 # NODE_RANK is this pod's index in it. Rank = StatefulSet ordinal, unless fabricCheck.nodeRacks is set:
-# then ml_dev_rank_order (rank_order.sh, README "Fabric check") groups the pods by rack, pod 0 first.
+# then ml_dev_rank_order (rank_order.sh, docs/operate/fabric-check.md) groups the pods by rack, pod 0 first.
 FABRIC_DIR="$(dirname "${BASH_SOURCE[0]}")"
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"  # logical: the mount path (the stop trap needs it early)
 RACK_AWARE=""
@@ -388,7 +388,7 @@ if [ -f "$ML_DEV_IDLE_SETTINGS" ] && [ -f "$SCRIPT_DIR/idle_agent.py" ] && comma
   fi
 fi
 
-# --- fabric check hold (fabricCheck.onDeploy; README "Fabric check") ----------------------------
+# --- fabric check hold (fabricCheck.onDeploy; docs/operate/fabric-check.md) ----------------------------
 # Pod 0 only. `fabric_check.py hold` returns at once unless fabric.json has onDeploy; then it retries
 # preflight + gate until they pass or onDeployTimeoutSeconds, and keeps holding until a passing
 # `fabric_check.py gate` or `fabric_check.py release`. Dev servers and readiness wait for it.
@@ -431,6 +431,14 @@ if [ "$ORDINAL" -eq 0 ]; then
           warn "cannot create $logdir (is the workspace writable?); TensorBoard shows runs once it exists"
         fi
         start tensorboard tensorboard --logdir "$logdir" --host "$BIND" --port 6006
+        ;;
+      home)
+        # the environment's home page (home_page.py, next to this script); behind its OAuth proxy only
+        if command -v python3 >/dev/null 2>&1; then
+          start home python3 "$(dirname "${BASH_SOURCE[0]}")/home_page.py" serve --listen "$BIND:8090"
+        else
+          warn "no python3 in the image: no home page"
+        fi
         ;;
       *) warn "unknown dev server '$server' ignored" ;;
     esac

@@ -358,7 +358,14 @@ _ServerToggles = create_model(  # type: ignore[call-overload]
     "_ServerToggles",
     __base__=Model,
     **{
-        s.name: (bool, Field(True, description=f"Run {s.title} on pod 0 (port {s.port}), reachable at an https Route."))
+        s.name: (
+            bool,
+            Field(
+                True,
+                description=f"Run {s.title} on pod 0 (port {s.port}), reachable at an https Route."
+                + ("" if s.on_under_token_auth else " Off under auth 'token' unless set (then refused: no login of its own)."),
+            ),
+        )
         for s in DEV_SERVERS
         if s.routed
     },
@@ -383,7 +390,8 @@ class AccessConfig(_ServerToggles):
     @rule
     def _servers_without_auth_need_proxy(self) -> Iterator[ConfigProblem]:
         for s in routed_servers():
-            if self.auth == "token" and getattr(self, s.name) and not s.has_own_auth:
+            explicit = s.on_under_token_auth or s.name in self.model_fields_set
+            if self.auth == "token" and getattr(self, s.name) and not s.has_own_auth and explicit:
                 yield ConfigProblem(
                     s.name,
                     True,
@@ -393,11 +401,12 @@ class AccessConfig(_ServerToggles):
     @property
     def servers(self) -> list[str]:
         """Names of the enabled routed servers, in table order."""
-        return [s.name for s in routed_servers() if getattr(self, s.name)]
+        return [s.name for s in self.enabled()]
 
     def enabled(self) -> list[DevServer]:
-        """The enabled routed servers (rows of core/servers.py), in table order."""
-        return [s for s in routed_servers() if getattr(self, s.name)]
+        """The enabled routed servers (rows of core/servers.py), in table order; under auth 'token' never one
+        without its own login (the rule above refuses those that are on explicitly)."""
+        return [s for s in routed_servers() if getattr(self, s.name) and (self.auth != "token" or s.has_own_auth)]
 
 
 # --------------------------------------------------------------------------------------- storage
@@ -655,7 +664,7 @@ class S3Upload(Model):
 
 
 class ModelConfig(Model):
-    """One model to package as a KServe modelcar (README: "Model-packaging pipeline")."""
+    """One model to package as a KServe modelcar (docs: Models, "Packaging pipeline")."""
 
     name: DnsLabel = Field(description="Short name; the PipelineRun and internal ImageStream derive from it.")
     source: ModelSource = Field(description="Where the weights come from.")
@@ -953,7 +962,7 @@ class SshConfig(Model):
 
 
 class FabricCheckConfig(Model):
-    """RDMA preflight, NCCL bandwidth gate and rack-aware ranks (README "Fabric check")."""
+    """RDMA preflight, NCCL bandwidth gate and rack-aware ranks (docs: Operate, "Fabric check")."""
 
     link_gbps: float | None = Field(
         None,
@@ -1018,6 +1027,28 @@ class FabricCheckConfig(Model):
             )
 
 
+# ----------------------------------------------------------------------------------- environment
+
+
+class EnvironmentConfig(Model):
+    """Makes the stack an environment stack: one person's environment on a cluster stack's cluster (README "Team environments")."""
+
+    cluster: DnsLabel = Field(
+        description="The cluster stack (its `Pulumi.<cluster>.yaml` in this project) whose image, storage and network it uses."
+    )
+    name: DnsLabel = Field(
+        description="Environment name (usually the person's): every object's name carries it (`<cluster appName>-<name>`)."
+    )
+    namespace: DnsLabel | None = Field(
+        None,
+        description="Own namespace (stronger isolation: nobody with `pods/exec` in the cluster's namespace can enter "
+        "its pods); unset = the cluster's.",
+    )
+    stack_reference: str | None = Field(
+        None, description="Pulumi stack holding the cluster's `environment_facts` output; unset = `<organization>/ml-dev-env/<cluster>`."
+    )
+
+
 # ----------------------------------------------------------------------------------------- stack
 
 
@@ -1037,7 +1068,13 @@ class StackConfig(Model):
     lifecycle: LifecycleConfig = Field(default_factory=LifecycleConfig)
     ssh: SshConfig = Field(default_factory=SshConfig)
     fabric_check: FabricCheckConfig = Field(
-        default_factory=FabricCheckConfig, description='RDMA preflight, NCCL bandwidth gate and rack-aware ranks (README "Fabric check").'
+        default_factory=FabricCheckConfig,
+        description='RDMA preflight, NCCL bandwidth gate and rack-aware ranks (docs: Operate, "Fabric check").',
+    )
+    environment: EnvironmentConfig | None = Field(
+        None,
+        description="Set only in an environment stack (`Pulumi.<cluster>-<env>.yaml`): the cluster and the environment "
+        '(README "Team environments").',
     )
 
     @rule

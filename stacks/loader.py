@@ -16,12 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pulumi
+import yaml
 from pydantic import ValidationError
 
 from core.servers import DEV_SERVERS
 from stacks import stackfile
 from stacks.base import ConfigProblems
 from stacks.config import PIPELINE_CREDENTIALS, StackConfig
+from stacks.environment import environment_config, is_environment
 from stacks.errors import PREFIX, _clean_loc, _path, format_errors, format_problems, problem_lines
 
 # Secret config keys (always `pulumi config set --secret ml-dev-env:<key> …`) and what needs them.
@@ -36,6 +38,8 @@ class LoadedStack:
     config: StackConfig
     secrets: dict[str, pulumi.Output[str]]
     warnings: list[str] = field(default_factory=list)
+    cluster: StackConfig | None = None
+    """An environment stack: its cluster stack's config (from `Pulumi.<cluster>.yaml`)."""
 
 
 def object_keys() -> list[str]:
@@ -246,14 +250,45 @@ def _lines(exc: ValidationError, removed: set[str]) -> list[str]:
     return out
 
 
-def check(raw_config: Mapping[str, Any], secret_keys: set[str]) -> tuple[StackConfig | None, list[str]]:
+def cluster_stack_raw(config_dir: Path, cluster: str) -> tuple[dict[str, Any] | None, str | None]:
+    """The `ml-dev-env:` objects of the cluster stack file `Pulumi.<cluster>.yaml` (an environment's base), or a problem line."""
+    path = config_dir / f"Pulumi.{cluster}.yaml"
+    where = f"{PREFIX}environment.cluster"
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        found = sorted(p.name for p in config_dir.glob("Pulumi.*.yaml"))
+        return None, f"{where}: got {cluster!r}; no cluster stack file {path.name} in this project (stack files: {', '.join(found)})"
+    except yaml.YAMLError:
+        return None, f"{where}: got {cluster!r}; {path.name} is not valid YAML (render that stack for the details)"
+    flat = (data.get("config") if isinstance(data, dict) else None) or {}
+    raw, problems = parse_raw({k: v for k, v in flat.items() if not (isinstance(v, dict) and set(v) == {"secure"})})
+    if problems or is_environment(raw):
+        return None, f"{where}: got {cluster!r}; {path.name} is no valid cluster stack (render it for the details)"
+    return raw, None
+
+
+def stack_raw(raw_config: Mapping[str, Any], config_dir: Path | None) -> tuple[dict[str, Any], list[str]]:
+    """The raw objects of a stack (an environment stack: merged onto its cluster stack's) and the key problems."""
+    raw, problems = parse_raw(raw_config)
+    if not is_environment(raw):
+        return raw, problems
+    cluster = str(raw["environment"].get("cluster", ""))
+    base, problem = cluster_stack_raw(config_dir or Path.cwd(), cluster)
+    if base is None:
+        return raw, [*problems, problem or ""]
+    merged, env_problems = environment_config(base, raw)
+    return merged, problems + env_problems
+
+
+def check(raw_config: Mapping[str, Any], secret_keys: set[str], config_dir: Path | None = None) -> tuple[StackConfig | None, list[str]]:
     """Every problem of flat Pulumi config at once: keys, plain-text secrets, values, missing secrets.
 
     `secret_keys` are the `ml-dev-env:<key>` secrets that are set (as secrets). Returns the config
     (None when invalid) and one line per mistake; a key already reported (not an object, under a
     mistyped prefix) is not reported again as missing.
     """
-    raw, problems = parse_raw(raw_config)
+    raw, problems = stack_raw(raw_config, config_dir)
     for key in SECRET_KEYS:
         full_key = PREFIX + key
         if raw_config.get(full_key) is not None and key not in secret_keys:
@@ -314,19 +349,25 @@ def warnings_for(config: StackConfig) -> list[str]:
     return out
 
 
-def load(source: str) -> LoadedStack:
-    """Load the current stack's configuration (inside a Pulumi program)."""
+def load(source: str, config_dir: Path | None = None) -> LoadedStack:
+    """Load the current stack's configuration (inside a Pulumi program); `config_dir` holds the stack files."""
     secrets: dict[str, pulumi.Output[str]] = {}
     cfg = pulumi.Config("ml-dev-env")
     for key in SECRET_KEYS:
         if cfg.get(key) is not None and pulumi.runtime.is_config_secret(PREFIX + key):
             secrets[key] = cfg.require_secret(key)
-    config, problems = check(_all_config(), set(secrets))
+    config, problems = check(_all_config(), set(secrets), config_dir)
     # what the values cannot show (a key given twice, a malformed `secure:`): the stack file's own text
     problems = stackfile.file_problems(Path(source)) + problems
     if problems or config is None:
         raise pulumi.RunError(format_problems(problems, source))
-    return LoadedStack(config=config, secrets=secrets, warnings=warnings_for(config))
+    cluster = None
+    if config.environment is not None:
+        base, problem = cluster_stack_raw(config_dir or Path.cwd(), config.environment.cluster)
+        cluster, base_problems = validate_all(base or {})
+        if cluster is None:
+            raise pulumi.RunError(format_problems([problem or f"{PREFIX}environment.cluster: {base_problems[0]}"], source))
+    return LoadedStack(config=config, secrets=secrets, warnings=warnings_for(config), cluster=cluster)
 
 
 def required_secrets(config: StackConfig) -> set[str]:

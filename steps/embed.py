@@ -1,11 +1,17 @@
-"""Turn a step module plus the `steps/lib` modules it imports into one deployable script text.
+"""How the step programs reach the cluster: as files of the tools image, or as one inlined script.
 
-The Pulumi model-pipeline component puts `step_script(name)` verbatim into a Tekton step's
-`script:`; the tests execute exactly that text. A step says what it needs by importing it
-(`from lib.registry import RegistryClient`); a lib module imports its siblings relatively
-(`from .runtime import log`). Only the modules a step needs, directly or through another lib module,
-are inlined, in the order of `LIB`, so every script stays well under Tekton's size limit. The result is
-deterministic (a pure function of the source files).
+Most steps run from the tools image: `shipped()` is their source (the step programs and `steps/lib`),
+which the tools image build copies to `/opt/ml-dev-env/steps` (two immutable ConfigMaps in its build
+context) and which is an input of the image's hash, so a change to a step rebuilds it. A Task runs
+`python3 /opt/ml-dev-env/steps/<name>.py` (`step_command`); the tests run the same files from a tree
+`write_tree` lays out the same way. A script inlined into a Task is bound by Linux's 128 KiB limit on one
+argument (Tekton's place-scripts init container); the files are not (a ConfigMap holds up to 1 MiB).
+
+`EMBEDDED` steps run before the tools image exists (wait_image, on its public base image): for them
+`step_script(name)` inlines the `steps/lib` modules a step imports into one script text. A step says what
+it needs by importing it (`from lib.registry import RegistryClient`); a lib module imports its siblings
+relatively (`from .runtime import log`). Only the modules a step needs, directly or through another lib
+module, are inlined, in the order of `LIB`. Both forms are deterministic (pure functions of the files).
 """
 
 from __future__ import annotations
@@ -17,6 +23,35 @@ STEPS_DIR = Path(__file__).resolve().parent
 STEPS = ("download", "package", "mirror", "register", "upload_s3", "wait_image")
 # Inlined in this order; a module may import only the ones before it.
 LIB = ("runtime", "s3", "images", "registry", "model")
+EMBEDDED = ("wait_image",)  # run as inlined scripts (before the tools image exists); the rest from the image
+IMAGE_STEPS_DIR = "/opt/ml-dev-env/steps"  # where images/tools.Containerfile puts `shipped()`
+# ConfigMap (name suffix) -> directory under IMAGE_STEPS_DIR: ConfigMap keys cannot hold a `/`.
+SHIPPED_DIRS = {"steps": "", "steps-lib": "lib"}
+
+
+def shipped() -> dict[str, dict[str, str]]:
+    """The tools image's step files, per ConfigMap (see SHIPPED_DIRS): file name -> text."""
+    return {
+        "steps": {f"{name}.py": (STEPS_DIR / f"{name}.py").read_text(encoding="utf-8") for name in STEPS},
+        "steps-lib": {f"{m}.py": (STEPS_DIR / "lib" / f"{m}.py").read_text(encoding="utf-8") for m in ("__init__", *LIB)},
+    }
+
+
+def write_tree(root: Path) -> Path:
+    """Lay `shipped()` out under `root` as the tools image has it; returns the steps directory."""
+    for config_map, files in shipped().items():
+        directory = root / "steps" / SHIPPED_DIRS[config_map]
+        directory.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            (directory / name).write_text(text, encoding="utf-8")
+    return root / "steps"
+
+
+def step_command(name: str) -> list[str]:
+    """The command of a Task step that runs step `name` from the tools image."""
+    if name not in STEPS or name in EMBEDDED:
+        raise ValueError(f"{name!r} is not a step of the tools image; those are: {', '.join(s for s in STEPS if s not in EMBEDDED)}")
+    return ["python3", f"{IMAGE_STEPS_DIR}/{name}.py"]
 
 
 def _source(path: Path) -> tuple[ast.Module, str]:

@@ -13,6 +13,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import subprocess
 import tempfile
 from collections.abc import Sequence
@@ -21,7 +22,8 @@ from pathlib import Path
 from lib.images import ImageRef
 from lib.runtime import EXIT_AUTH, EXIT_INTEGRITY, EXIT_NOT_FOUND, EXIT_REMOTE, StepError, log, run_step, write_result, writing
 
-AUTH_HINTS = ("unauthorized", "authentication required", "denied", "401", "403")
+# Words of skopeo's auth failures; status codes as whole numbers only (a port such as :59403 is no 403).
+AUTH_HINTS = re.compile(r"unauthorized|authentication required|denied|\b40[13]\b")
 
 
 def token_authfile(directory: Path, registry: str, username: str, token_file: Path) -> Path:
@@ -52,7 +54,7 @@ def skopeo(args: list[str], what: str, env: dict[str, str], timeout: float) -> b
         lines = proc.stderr.decode("utf-8", "replace").strip().splitlines()
         message = lines[-1] if lines else f"exit code {proc.returncode}"
         lower = message.lower()
-        code = EXIT_AUTH if any(h in lower for h in AUTH_HINTS) else EXIT_NOT_FOUND if "manifest unknown" in lower else EXIT_REMOTE
+        code = EXIT_AUTH if AUTH_HINTS.search(lower) else EXIT_NOT_FOUND if "manifest unknown" in lower else EXIT_REMOTE
         raise StepError(f"{what} failed: {message}", code)
     return proc.stdout
 

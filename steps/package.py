@@ -4,9 +4,10 @@ The image is the base image's layers and config plus one uncompressed GNU-tar la
 file under /models. Every layer is streamed from the model file into the registry's blob upload
 (OCI distribution API: POST, PATCH, PUT ?digest=) while it is hashed, so nothing is staged on
 local disk. Layers are deterministic, so a re-run finds every blob with a HEAD request (digests
-come from the digest cache on the workspace) and uploads nothing. Blobs above the chunk threshold
-are sent as several PATCH requests; a dropped upload is resumed from the registry's reported
-offset or restarted. The tag is written last, after every blob is in the registry.
+come from the digest cache on the workspace, or when streaming from the `<tag>.resume` record in the
+registry) and uploads nothing. Blobs above the chunk threshold are sent as several PATCH requests; a
+dropped upload is resumed from the registry's reported offset or restarted. The tag is written last,
+after every blob is in the registry.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import argparse
 import base64
 import hashlib
 import http.client
+import itertools
 import json
 import os
 import re
@@ -39,6 +41,7 @@ from lib.model import (
     check_layer_sizes,
     default_digest_cache,
     model_files,
+    path_rule,
     s3_expected,
     select,
 )
@@ -52,7 +55,6 @@ from lib.registry import (
     AuthExpired,
     ChunkRefused,
     RegistryClient,
-    Reply,
     TransientError,
     backoff,
     sha256_digest,
@@ -81,6 +83,8 @@ LAYER_TYPES = {
     LAYER_MEDIA_TYPE: LAYER_MEDIA_TYPE,
 }
 _RANGE_RE = re.compile(r"^(?:bytes=)?(\d+)-(\d+)$")
+Reader = Callable[[int, int], Iterator[memoryview]]
+"""`reader(offset, end)`: a blob's bytes from `offset`; a ranged source reads only up to `end` (the chunk's)."""
 # Slowest rate (bytes/s) at which we expect a registry to commit a blob on the final PUT: a 40 GB
 # blob gets 2000 s before the socket times out (the answer to a 0-byte request, not a stall).
 COMMIT_RATE = 20e6
@@ -138,20 +142,21 @@ class BlobPusher:
     def __init__(self, client: RegistryClient, repo: str, settings: UploadSettings, progress: Progress) -> None:
         self.client, self.repo, self.settings, self.progress = client, repo, settings, progress
         self.uploaded = 0
+        self.reread = 0  # bytes read again from the source to rebuild hash states (resumes)
         self._count_lock = threading.Lock()
 
     def push(
         self,
         name: str,
         size: int,
-        reader: Callable[[int], Iterator[memoryview]],
+        reader: Reader,
         digest: str | None = None,
         resume: dict[str, Any] | None = None,
-        on_state: Callable[[dict[str, Any] | None], None] | None = None,
+        on_state: Callable[[dict[str, Any] | None], object] | None = None,
         new_hasher: Callable[[], Any] = hashlib.sha256,
         check: Callable[[Any], None] | None = None,
     ) -> str:
-        """Upload `size` bytes from `reader(offset)`; return the digest the registry accepted.
+        """Upload `size` bytes from `reader(offset, end)`; return the digest the registry accepted.
 
         `digest`, when known beforehand, lets a recovery find the finished blob by HEAD even
         before every byte has been hashed in this run. `resume` is the state an earlier run left
@@ -164,13 +169,34 @@ class BlobPusher:
         blob = (new_hasher, check)  # per push: the pusher is shared by the upload threads
         chunk = size if size <= self.settings.chunk_threshold else self.settings.chunk_size
         up: _Upload | None = None
-        failures, auth_failures, progress_mark = 0, 0, -1
+        failures, auth_failures, progress_mark, refused = 0, 0, -1, 0
+        recover, kept = False, False  # kept: the session's state is durably recorded (a later run resumes it)
+        resume_at = 0  # an earlier run's acknowledged offset, until the hash up to it is rebuilt
         if resume and resume.get("location"):
-            up = self._resume_earlier(name, resume, reader, size, digest, blob)
-            if up is not None and up.location == "":
-                return self._finished(up, on_state)
+            up = _Upload(str(resume["location"]), 0, *blob)
+            kept = recover = True
+            resume_at = int(resume.get("acked", 0)) if 0 < int(resume.get("acked", 0)) <= size else 0
+            log(f"{name}: continuing the upload an earlier run left at byte {resume_at}")
         while True:
             try:
+                if resume_at and up is not None:
+                    # Re-read the acknowledged prefix (a hash state cannot be saved) only for a session that is
+                    # still there; an unreachable status keeps the offset for the next attempt.
+                    reply = self.client.request("GET", up.location)
+                    if reply.status >= 500:
+                        raise TransientError(f"upload status: HTTP {reply.status} (session kept)")
+                    if reply.status == 204:
+                        self._hash_at(up, resume_at, reader)
+                        up.acked = resume_at
+                        self.progress.advance(up.acked)
+                    resume_at = 0
+                if recover and up is not None:
+                    recover, earlier = False, up
+                    up = self._recover(name, up, reader, size, digest)
+                    kept = kept and up is earlier  # a new session is recorded once its first chunk is acknowledged
+                    if up.location == "":
+                        return self._finished(up, on_state)
+                    chunk = max(chunk, up.min_chunk)
                 if up is None:
                     up = self._start(*blob)
                     chunk = max(chunk, up.min_chunk)
@@ -178,79 +204,76 @@ class BlobPusher:
                     end = min(up.acked + chunk, size)
                     up.location = self._patch(up, end, reader)
                     if on_state is not None and size > chunk:
-                        on_state({"location": up.location, "acked": up.acked})
+                        kept = bool(on_state({"location": up.location, "acked": up.acked}))
                 self._verify(up, size)
                 self._finish(up, "sha256:" + up.marks[size].hexdigest(), size)
                 return self._finished(up, on_state)
             except StepError as exc:
-                if exc.code == EXIT_INTEGRITY and up is not None and up.location:
-                    self._cancel(up.location)  # the source failed verification: nothing of it is committed
+                # A session no later run will resume is cancelled; one whose state is recorded is kept
+                # unless its bytes failed verification (then nothing of it may be committed).
+                if up is not None and up.location and (not kept or exc.code == EXIT_INTEGRITY):
+                    self._cancel(up.location, name)
+                    if kept and on_state is not None:
+                        on_state(None)
                 raise
             except ChunkRefused as exc:
                 if up is None:
                     raise StepError(f"upload of {name}: {exc}", EXIT_REMOTE) from exc
                 smaller = max(chunk // 2, up.min_chunk, 1)
                 if smaller >= chunk or chunk <= 1 << 20:
+                    self._give_up(up, name, kept)
                     raise StepError(
                         f"upload of {name}: the registry refuses requests of {human(chunk)} (HTTP 413) and the chunk cannot "
-                        f"shrink further (minimum {human(max(up.min_chunk, 1 << 20))})",
+                        f"shrink further (minimum {human(max(up.min_chunk, 1 << 20))}); lower --chunk-size "
+                        "(modelPipeline.chunkSize) if a proxy limits request bodies",
                         EXIT_REMOTE,
                     ) from exc
                 log(f"{name}: registry refused a {human(chunk)} request (HTTP 413); continuing in chunks of {human(smaller)}")
-                chunk = smaller
-                up = self._recover(name, up, reader, size, digest)
+                chunk, recover = smaller, True
             except TransientError as exc:
                 if up is not None and up.acked > progress_mark:
-                    failures, progress_mark = 0, up.acked  # progress since the last failure: fresh budget
+                    # progress since the last failure: a fresh budget, and renewals that worked are no failures
+                    failures, auth_failures, progress_mark = 0, 0, up.acked
                 failures += 1
                 auth_failures = auth_failures + 1 if isinstance(exc, AuthExpired) else 0
+                refused = refused + 1 if " 416" in str(exc) else 0
                 if auth_failures > 2:
+                    self._give_up(up, name, kept)
                     raise StepError(f"upload of {name}: credentials refused again after renewal ({exc})", EXIT_AUTH) from exc
                 if failures > self.settings.retries:
-                    raise StepError(f"upload of {name} failed after {self.settings.retries} retries: {exc}", EXIT_REMOTE) from exc
+                    self._give_up(up, name, kept)
+                    hint = ""
+                    if refused > 1:
+                        hint = (
+                            f"; the registry (or a proxy in front of it) keeps refusing {human(chunk)} requests with HTTP 416: "
+                            "lower --chunk-size (modelPipeline.chunkSize)"
+                        )
+                    raise StepError(f"upload of {name} failed after {self.settings.retries} retries: {exc}{hint}", EXIT_REMOTE) from exc
                 delay = 0.0 if isinstance(exc, AuthExpired) and auth_failures == 1 else backoff(failures, self.settings.retry_delay)
                 log(f"{name}: {exc}; retry {failures}/{self.settings.retries} in {delay:.1f}s")
                 time.sleep(delay)
-                if up is not None:
-                    up = self._recover(name, up, reader, size, digest)
-                    if up is not None and up.location == "":
-                        return self._finished(up, on_state)
+                recover = up is not None
+
+    def _give_up(self, up: _Upload | None, name: str, kept: bool) -> None:
+        """The step fails on this blob: a recorded session stays for the next run, any other is cancelled."""
+        if up is None or not up.location:
+            return
+        if kept:
+            log(f"{name}: upload session kept at byte {up.acked}; a re-run continues it")
+        else:
+            self._cancel(up.location, name)
 
     def _verify(self, up: _Upload, size: int) -> None:
         if up.check is None:
             return
-        try:
-            up.check(up.marks[size])
-        except StepError:
-            self._cancel(up.location)  # never committed: no blob of unverified bytes stays behind
-            raise
+        up.check(up.marks[size])  # raises StepError (exit 3): push cancels the session, nothing is committed
 
-    def _finished(self, up: _Upload, on_state: Callable[[dict[str, Any] | None], None] | None) -> str:
+    def _finished(self, up: _Upload, on_state: Callable[[dict[str, Any] | None], object] | None) -> str:
         if on_state is not None:
             on_state(None)
         with self._count_lock:
             self.uploaded += 1
         return "sha256:" + up.marks[max(up.marks)].hexdigest()
-
-    def _resume_earlier(
-        self,
-        name: str,
-        state: dict[str, Any],
-        reader: Callable[[int], Iterator[memoryview]],
-        size: int,
-        digest: str | None,
-        blob: tuple[Callable[[], Any], Callable[[Any], None] | None],
-    ) -> _Upload | None:
-        """Continue an upload session an earlier run left (Tekton retry, re-run): the registry's
-        offset is checked, the hash up to it is rebuilt by reading those bytes again."""
-        up = _Upload(str(state["location"]), 0, *blob)
-        acked = int(state.get("acked", 0))
-        if 0 < acked <= size:
-            self._hash_at(up, acked, reader)  # the offset the earlier run saw acknowledged
-            up.acked = acked
-        self.progress.advance(up.acked)
-        log(f"{name}: continuing the upload an earlier run left at byte {acked}")
-        return self._recover(name, up, reader, size, digest)
 
     def _start(self, new_hasher: Callable[[], Any] = hashlib.sha256, check: Callable[[Any], None] | None = None) -> _Upload:
         reply = self.client.request("POST", f"/v2/{self.repo}/blobs/uploads/", body=b"")
@@ -258,7 +281,7 @@ class BlobPusher:
         min_chunk = reply.header("OCI-Chunk-Min-Length")
         return _Upload(self.client.upload_location(reply, ""), int(min_chunk) if min_chunk.isdigit() else 0, new_hasher, check)
 
-    def _patch(self, up: _Upload, end: int, reader: Callable[[int], Iterator[memoryview]]) -> str:
+    def _patch(self, up: _Upload, end: int, reader: Reader) -> str:
         start, sent = up.acked, 0
         hasher = up.marks[start].copy()
 
@@ -271,7 +294,13 @@ class BlobPusher:
         headers = {"Content-Type": "application/octet-stream", "Content-Range": f"{start}-{end - 1}"}
         up.sent = None
         try:
-            reply = self.client.stream("PATCH", up.location, headers, end - start, _limit(reader(start), end - start), count)
+            body = _limit(reader(start, end), end - start)
+            # The first piece before the request: readers open their source before their first piece, so a
+            # source that fails (a 404, a swapped file) fails before a half-sent PATCH leaves the registry a
+            # partly written chunk (distribution cannot then resume nor cancel the session: its `_state` is stale).
+            first = next(body, None)
+            chunks = body if first is None else itertools.chain([first], body)
+            reply = self.client.stream("PATCH", up.location, headers, end - start, chunks, count)
         except (TransientError, ChunkRefused):
             self.progress.advance(-sent)
             if sent == end - start:
@@ -298,33 +327,31 @@ class BlobPusher:
             raise TransientError(f"registry computed a different digest than {digest} (data changed in transit?)")
         self.client.check(reply, f"complete upload {digest}", (201, 204))
 
-    def _status(self, location: str) -> Reply | None:
+    def _cancel(self, location: str, name: str) -> None:
+        """DELETE an upload session nobody will resume (OCI distribution spec, "Deleting an upload";
+        distribution's CancelBlobUpload, Quay's cancel_upload). Best effort: a failure is logged."""
         try:
-            return self.client.request("GET", location)
-        except TransientError:
-            return None
+            status = self.client.request("DELETE", location).status
+        except (TransientError, StepError) as exc:
+            log(f"{name}: could not cancel the upload session ({exc}); the registry purges it later")
+            return
+        if status not in (202, 204, 404):
+            log(f"{name}: cancelling the upload session answered HTTP {status}; the registry purges it later")
 
-    def _cancel(self, location: str) -> None:
-        """Cancel an upload session that is given up (best effort: it may be gone already)."""
-        try:
-            self.client.request("DELETE", location)
-        except (TransientError, StepError):
-            pass
-
-    def _hash_at(self, up: _Upload, offset: int, reader: Callable[[int], Iterator[memoryview]]) -> None:
+    def _hash_at(self, up: _Upload, offset: int, reader: Reader) -> None:
         """Make sure the hash state at `offset` is known: continue from the nearest known one by
         reading the blob's bytes again (from the file, or the source it is streamed from)."""
         if offset in up.marks:
             return
         base = max(m for m in up.marks if m <= offset)
         hasher = up.marks[base].copy()
-        for piece in _limit(reader(base), offset - base) if offset > base else ():
+        with self._count_lock:
+            self.reread += offset - base
+        for piece in _limit(reader(base, offset), offset - base) if offset > base else ():
             hasher.update(piece)
         up.marks[offset] = hasher
 
-    def _recover(
-        self, name: str, up: _Upload, reader: Callable[[int], Iterator[memoryview]], size: int, digest: str | None
-    ) -> _Upload | None:
+    def _recover(self, name: str, up: _Upload, reader: Reader, size: int, digest: str | None) -> _Upload:
         """Ask the registry what it holds and continue from there.
 
         Returns the session to continue (its `acked` set to the registry's offset), a session with
@@ -340,18 +367,28 @@ class BlobPusher:
             if size not in up.marks:
                 self._hash_at(up, size, reader)
             self._verify(up, size)
-            self._cancel(up.location)
+            self._cancel(up.location, name)
             up.location = ""
             return up
-        reply = self._status(up.location)
-        candidates = parse_range(reply.header("Range")) if reply is not None and reply.status == 204 else None
-        if candidates is None or reply is None:  # (no reply means no candidates; said twice for the type checker)
+        # Where does the upload stand? A status request that fails (unreachable, 5xx after the client's own
+        # retries) says nothing about the session: keep it and its hash marks, and let the blob's budget retry.
+        # Quay keys a session by its UUID alone (endpoints/v2/blob.py: fetch_existing_upload answers the stored
+        # byte count, cancel_upload deletes it), so there a lost answer costs at most the chunk in flight.
+        reply = self.client.request("GET", up.location)
+        if reply.status >= 500:
+            raise TransientError(f"upload status: HTTP {reply.status} (session kept)")
+        candidates = parse_range(reply.header("Range")) if reply.status == 204 else None
+        if candidates is None:
+            # The registry no longer accepts the session. distribution answers 404 BLOB_UPLOAD_INVALID when
+            # the stored size differs from the offset signed into `_state` (a lost PATCH answer, a partly
+            # received chunk) and cancels it itself (registry/handlers/blobupload.go, ResumeBlobUpload); a
+            # status request cannot carry another offset (the state is HMAC-signed). DELETE it anyway so
+            # nothing stays behind on a registry that kept it, then start again.
             lost = up.acked
-            if reply is None or reply.status != 404:
-                self._cancel(up.location)  # still there, but unusable: do not leave it behind
+            self._cancel(up.location, name)
             self.progress.advance(-up.acked)
             fresh = self._start(up.new_hasher, up.check)
-            log(f"{name}: upload session lost at byte {lost} (HTTP {reply.status if reply else 'unreachable'}); new session from byte 0")
+            log(f"{name}: upload session lost at byte {lost} (HTTP {reply.status}); new session from byte 0")
             return fresh
         up.location = self.client.upload_location(reply, up.location, trust=False)  # a GET answer
         if sent is not None:
@@ -482,16 +519,24 @@ class SourceHasher:
             )
 
 
-def _framed(layout: LayerLayout, body: Callable[[int], Iterator[memoryview]]) -> Callable[[int], Iterator[memoryview]]:
-    """The layer from an offset: tar header, `body(file offset)` (to the file's end), padding."""
+def _framed(layout: LayerLayout, body: Reader) -> Reader:
+    """The layer's bytes [offset, end): tar header, `body(file start, file end)` (one ranged read of just
+    the file bytes the chunk needs), padding."""
 
-    def read(offset: int) -> Iterator[memoryview]:
+    def read(offset: int, end: int) -> Iterator[memoryview]:
         head_len, size = len(layout.head), layout.file_size
+        start, stop = max(offset - head_len, 0), min(max(end - head_len, 0), size)
+        # The source answers before the first piece is yielded: a 404 or refusal fails before a PATCH is sent
+        # (a half-sent chunk leaves distribution a session it can neither resume nor cancel).
+        pieces = body(start, stop) if start < stop else None
+        first = next(pieces, None) if pieces is not None else None
         if offset < head_len:
             yield memoryview(layout.head)[offset:]
             offset = head_len
-        if offset < head_len + size:
-            yield from body(offset - head_len)
+        if pieces is not None:
+            if first is not None:
+                yield first
+            yield from pieces
             offset = head_len + size
         yield memoryview(layout.tail)[offset - head_len - size :]
 
@@ -527,7 +572,7 @@ class S3Source:
             for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix):
                 for obj in page.get("Contents", []):
                     rel = obj["Key"][len(self.prefix) :]
-                    if rel and not rel.endswith("/") and not any(part.startswith(".") for part in rel.split("/")):
+                    if rel and not rel.endswith("/") and path_rule(rel) != "hidden":
                         keys[rel] = obj["Key"]
             chosen = select(list(keys), args.include or list(DEFAULT_INCLUDE), args.exclude)
             self.objects: dict[str, S3Object] = {}
@@ -540,15 +585,15 @@ class S3Source:
         if not self.objects:
             raise StepError(f"no objects to package under {where}", EXIT_NOT_FOUND)
 
-    def reader(self, rel: str, layout: LayerLayout) -> Callable[[int], Iterator[memoryview]]:
+    def reader(self, rel: str, layout: LayerLayout) -> Reader:
         """Signed (botocore/auth.py S3SigV4Auth.add_auth) ranged GETs into one buffer; If-Match the listed ETag."""
         from botocore.auth import S3SigV4Auth
         from botocore.awsrequest import AWSRequest
 
         obj, where = self.objects[rel], f"GET s3://{self.bucket}/{self.objects[rel].key}"
 
-        def body(start: int) -> Iterator[memoryview]:
-            headers = {"Range": f"bytes={start}-{layout.file_size - 1}", "If-Match": f'"{obj.etag}"'}
+        def body(start: int, stop: int) -> Iterator[memoryview]:
+            headers = {"Range": f"bytes={start}-{stop - 1}", "If-Match": f'"{obj.etag}"'}
             req = AWSRequest("GET", f"{self.client.meta.endpoint_url}/{self.bucket}/{urllib.parse.quote(obj.key)}", headers)
             S3SigV4Auth(self.session.get_credentials().get_frozen_credentials(), "s3", self.client.meta.region_name).add_auth(req)
             url = urllib.parse.urlsplit(req.url)
@@ -559,7 +604,8 @@ class S3Source:
                 conn.request("GET", url.path, headers=dict(req.headers.items()))
                 resp = conn.getresponse()
                 if resp.status != 206:
-                    text = f"{where}: HTTP {resp.status} {resp.read(300).decode('utf-8', 'replace')}"
+                    detail = " ".join(resp.read(300).decode("utf-8", "replace").split())  # one line
+                    text = f"{where}: HTTP {resp.status} " + ("(no longer exists)" if resp.status == 404 else detail)
                     code = {403: EXIT_AUTH, 404: EXIT_NOT_FOUND, 412: EXIT_INTEGRITY}.get(resp.status)
                     raise StepError(text, code) if code else TransientError(text)
                 buf = memoryview(bytearray(8 * STREAM_READ))
@@ -608,7 +654,7 @@ class HfSource:
             raise StepError(f"hf://{self.repo_id}: {type(exc).__name__}: {exc}", EXIT_REMOTE) from exc
         card = getattr(info, "card_data", None) or {}
         self.license = str((card.get("license") if hasattr(card, "get") else None) or "")
-        chosen = select(list(tree), args.include or list(DEFAULT_INCLUDE), args.exclude)
+        chosen = select([p for p in tree if path_rule(p) != "hidden"], args.include or list(DEFAULT_INCLUDE), args.exclude)
         if not chosen:
             raise StepError(f"hf://{self.repo_id}@{self.commit}: no files match the include patterns", EXIT_NOT_FOUND)
         self.objects: dict[str, S3Object] = {}
@@ -618,13 +664,13 @@ class HfSource:
             expected = Expected(entry.size, "sha256", lfs.sha256) if lfs else Expected(entry.size, "git-sha1", entry.blob_id)
             self.objects[rel] = S3Object(rel, expected, expected.value)
 
-    def reader(self, rel: str, layout: LayerLayout) -> Callable[[int], Iterator[memoryview]]:
+    def reader(self, rel: str, layout: LayerLayout) -> Reader:
         from huggingface_hub.utils import get_session
 
         url = f"{self.endpoint}/{self.repo_id}/resolve/{self.commit}/{urllib.parse.quote(rel)}"
 
-        def body(start: int) -> Iterator[memoryview]:
-            headers = {"Range": f"bytes={start}-{layout.file_size - 1}", "Accept-Encoding": "identity"}
+        def body(start: int, stop: int) -> Iterator[memoryview]:
+            headers = {"Range": f"bytes={start}-{stop - 1}", "Accept-Encoding": "identity"}
             if self.token:
                 headers["Authorization"] = f"Bearer {self.token}"
             try:
@@ -633,6 +679,8 @@ class HfSource:
                 with get_session().stream("GET", url, headers=headers, follow_redirects=True, timeout=60) as resp:
                     if resp.status_code in (401, 403):
                         raise StepError(f"hf://{self.repo_id}/{rel}: HTTP {resp.status_code} (HF_TOKEN)", EXIT_AUTH)
+                    if resp.status_code == 404:  # gone since the listing: retrying cannot help
+                        raise StepError(f"hf://{self.repo_id}/{rel}: no longer exists at {self.commit} (HTTP 404)", EXIT_NOT_FOUND)
                     if resp.status_code != 206:
                         raise TransientError(f"GET {rel} from {self.endpoint}: HTTP {resp.status_code}")
                     for piece in resp.iter_bytes(8 * STREAM_READ):
@@ -731,6 +779,130 @@ def previous_layers(client: RegistryClient, dest: ImageRef) -> dict[str, tuple[s
         if "org.opencontainers.image.title" in notes:
             found[notes["org.opencontainers.image.title"]] = (layer["digest"], notes.get(SOURCE_ANNOTATION, ""))
     return found
+
+
+RECORD_ANNOTATION = "io.ml-dev-env.resume-record"  # the tag a resume record belongs to
+UPLOADS_ANNOTATION = "io.ml-dev-env.uploads"  # JSON: relpath -> {location, acked, source} of unfinished uploads
+RECORD_EXPIRY = "14d"  # Quay drops a record tag left behind after this (config label quay.expires-after)
+
+
+def record_tag(tag: str) -> str:
+    """The tag holding the resume record of `tag` (OCI tags: at most 128 characters)."""
+    name = f"{tag}.resume"
+    return name if len(name) <= 128 else f"{tag[:100]}-{hashlib.sha256(tag.encode()).hexdigest()[:12]}.resume"
+
+
+class ResumeRecord:
+    """What a streaming run has done so far, kept where a retry finds it: in the destination registry.
+
+    The stream Task has no claim (its workspace is an emptyDir, new per Tekton retry), so the record is
+    a small image manifest under the tag `<tag>.resume`: the base layers plus every model layer completed
+    so far, each annotated with the source object it came from (`io.ml-dev-env.source`, so the entry is
+    (path, source size + checksum/ETag) -> layer digest), and the upload sessions in flight with their
+    acknowledged offsets. It is rewritten when a blob completes and when a chunk is acknowledged; a retry
+    HEAD-checks the recorded digests and sends nothing for them, and continues the recorded sessions. The
+    record also keeps the completed blobs from garbage collection. After the image's tag is written the
+    record is deleted (by digest); where deleting is refused, Quay expires it (config label
+    `quay.expires-after`).
+    """
+
+    def __init__(
+        self,
+        client: RegistryClient,
+        dest: ImageRef,
+        base_manifest: dict[str, Any],
+        base_config: dict[str, Any],
+        base_digest: str,
+        base: str,
+    ) -> None:
+        self.client, self.dest, self.tag = client, dest, record_tag(dest.tag or "")
+        self.base_manifest, self.base_config, self.base_digest, self.base = base_manifest, base_config, base_digest, base
+        self.layers: dict[str, tuple[str, int, str]] = {}  # relpath -> (digest, size, source)
+        self.uploads: dict[str, dict[str, Any]] = {}
+        self.digest = ""  # of the record manifest the registry holds
+        self.usable = True
+        self._lock = threading.Lock()
+
+    def load(self) -> None:
+        try:
+            body, media_type = self.client.get_manifest(self.dest.repository, self.tag)
+        except StepError:
+            return  # none (404), or not readable: start without one
+        manifest = json.loads(body)
+        notes = manifest.get("annotations") or {}
+        if media_type != OCI_MANIFEST or notes.get(RECORD_ANNOTATION) != self.dest.tag:
+            self.usable = False  # a tag of that name that is not our record: never overwrite it
+            log(f"WARNING: {self.dest.repository}:{self.tag} exists and is not a resume record; this run keeps none")
+            return
+        self.digest = sha256_digest(body)
+        for layer in manifest.get("layers", []):
+            ann = layer.get("annotations") or {}
+            if "org.opencontainers.image.title" in ann:
+                self.layers[ann["org.opencontainers.image.title"]] = (layer["digest"], int(layer["size"]), ann.get(SOURCE_ANNOTATION, ""))
+        try:
+            uploads = json.loads(notes.get(UPLOADS_ANNOTATION, "{}"))
+            self.uploads = {str(k): v for k, v in uploads.items() if isinstance(v, dict)}
+        except ValueError:
+            self.uploads = {}
+        log(f"resume record {self.tag}: {len(self.layers)} finished layers, {len(self.uploads)} unfinished uploads")
+
+    def layer_done(self, rel: str, digest: str, size: int, source: str) -> None:
+        with self._lock:
+            self.layers[rel] = (digest, size, source)
+            self.uploads.pop(rel, None)
+            self._write()
+
+    def upload_state(self, rel: str, source: str, state: dict[str, Any] | None) -> bool:
+        """Record (or, with None, drop) the upload session of `rel`; True when the registry holds it."""
+        with self._lock:
+            if state is None:  # the blob is complete (layer_done writes) or its session was cancelled
+                self.uploads.pop(rel, None)
+                return False
+            else:
+                self.uploads[rel] = {"location": state["location"], "acked": state["acked"], "source": source}
+            return self._write()
+
+    def _write(self) -> bool:
+        if not self.usable:
+            return False
+        done = sorted(self.layers.items())
+        config = json.loads(build_config(self.base_config, [(rel, d) for rel, (d, _, _) in done]))
+        inner = config.get("config") if isinstance(config.get("config"), dict) else {}
+        config["config"] = {**inner, "Labels": {**(inner.get("Labels") or {}), "quay.expires-after": RECORD_EXPIRY}}
+        config_bytes = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
+        notes = {RECORD_ANNOTATION: self.dest.tag or "", UPLOADS_ANNOTATION: json.dumps(self.uploads, sort_keys=True)}
+        manifest = build_manifest(
+            config_bytes,
+            self.base_manifest["layers"],
+            [(rel, d, size) for rel, (d, size, _) in done],
+            self.base,
+            self.base_digest,
+            notes,
+            {rel: {SOURCE_ANNOTATION: source} for rel, (_, _, source) in done},
+        )
+        try:
+            self.client.put_blob(self.dest.repository, config_bytes)
+            self.digest = self.client.put_manifest(self.dest.repository, self.tag, manifest, OCI_MANIFEST)
+            return True
+        except (StepError, TransientError) as exc:
+            log(f"WARNING: resume record {self.tag} not written ({exc}); a retry of this run re-sends what it cannot find")
+            return False
+
+    def delete(self) -> None:
+        """Drop the record once the image is tagged (its blobs are referenced by the image now)."""
+        if not self.digest:
+            return
+        try:
+            status = self.client.delete_manifest(self.dest.repository, self.digest)
+        except (StepError, TransientError) as exc:
+            status, detail = 0, str(exc)
+        else:
+            detail = f"HTTP {status}"
+        if status not in (200, 202, 204, 404):
+            log(
+                f"WARNING: could not delete the resume record {self.dest.repository}:{self.tag} ({detail}); "
+                f"it names a partial image: delete the tag (Quay expires it after {RECORD_EXPIRY})"
+            )
 
 
 def manifest_annotations(pairs: Sequence[str]) -> dict[str, str]:
@@ -885,14 +1057,18 @@ def package(
     source: RegistryClient,
     s3: S3Source | HfSource | None = None,
 ) -> str:
+    listed = {rel: os.lstat(path) for rel, path in files if path is not None}  # what the reads must find again
     base_manifest, base_digest = resolve_base(source, base, args.platform)
     for layer in base_manifest["layers"]:
         if layer["mediaType"] not in LAYER_TYPES:
             raise StepError(f"base image {base}: unsupported layer type {layer['mediaType']}")
     base_config = json.loads(source.get_blob(base.repository, base_manifest["config"]["digest"]))
+    record: ResumeRecord | None = None
     if s3 is not None:
         layouts = {rel: LayerLayout.for_file(rel, s3.objects[rel].expected.size) for rel, _ in files}
         previous = previous_layers(client, dest)
+        record = ResumeRecord(client, dest, base_manifest, base_config, base_digest, str(base))
+        record.load()
     else:
         layouts = {rel: LayerLayout.for_path(rel, path) for rel, path in files if path is not None}
     log_source = args.source or args.model_dir
@@ -902,8 +1078,8 @@ def package(
     settings = UploadSettings(args.chunk_threshold, args.chunk_size, args.retries, args.retry_delay)
     pusher = BlobPusher(client, dest.repository, settings, progress)
 
-    def base_layer_reader(url: str) -> Callable[[int], Iterator[memoryview]]:
-        return lambda off: source.open_stream(url, off)
+    def base_layer_reader(url: str) -> Reader:
+        return lambda off, _end: source.open_stream(url, off)
 
     for layer in base_manifest["layers"]:
         digest, size = layer["digest"], layer["size"]
@@ -936,7 +1112,7 @@ def package(
         if path.is_symlink():  # a symlink entry: a few KiB of headers, hashed here, no cache
             link = sha256_digest(layout.head + layout.tail)
             if not client.blob_exists(dest.repository, link):
-                pusher.push(rel, layout.size, lambda off: iter([memoryview(layout.head + layout.tail)[off:]]))
+                pusher.push(rel, layout.size, lambda off, _end: iter([memoryview(layout.head + layout.tail)[off:]]))
             else:
                 progress.advance(layout.size)
             log(f"{rel}: symbolic link to {os.readlink(path)} as {link[:19]}")
@@ -953,10 +1129,11 @@ def package(
         earlier = entry.get("upload") if entry else None
         resume = earlier if isinstance(earlier, dict) and earlier.get("target") == target else None
 
-        def remember(state: dict[str, Any] | None) -> None:
+        def remember(state: dict[str, Any] | None) -> bool:
             cache.put(rel, path, upload={**state, "target": target} if state else None)
+            return cache.path is not None  # on the workspace claim: a retry of the Task finds it
 
-        reader = lambda off: layout.read(path, off)  # noqa: E731
+        reader = lambda off, _end: layout.read(path, off, listed=listed[rel])  # noqa: E731
         digest = pusher.push(rel, layout.size, reader, digest=known, resume=resume, on_state=remember)
         if known and known != digest:
             log(f"WARNING: {rel}: cached digest {known[:19]} was stale")
@@ -968,18 +1145,24 @@ def package(
     def push_streamed(rel: str, layout: LayerLayout) -> tuple[str, str, int]:
         """Source → registry with no local copy: the layer digest and the source checksum are computed
         on the way; a mismatch cancels the upload before its final PUT (no manifest is written)."""
-        assert s3 is not None
-        known, tag = previous.get(rel, ("", "")), s3.tag(rel)
-        if known[1] == tag and client.blob_exists(dest.repository, known[0]):
-            progress.advance(layout.size)
-            log(f"{rel}: {known[0][:19]} already in {dest.registry} from the same source object, skipped")
-            return rel, known[0], layout.size
+        assert s3 is not None and record is not None
+        tag = s3.tag(rel)
+        done = record.layers.get(rel)
+        for known, where in ((previous.get(rel, ("", "")), "the tag"), ((done[0], done[2]) if done else ("", ""), "the resume record")):
+            if known[0] and known[1] == tag and client.blob_exists(dest.repository, known[0]):
+                progress.advance(layout.size)
+                log(f"{rel}: {known[0][:19]} already in {dest.registry} from the same source object, skipped (found via {where})")
+                return rel, known[0], layout.size
+        earlier = record.uploads.get(rel)
+        resume = earlier if earlier and earlier.get("source") == tag else None
         expected = s3.objects[rel].expected
         begun = time.monotonic()
         digest = pusher.push(
-            rel, layout.size, s3.reader(rel, layout),
+            rel, layout.size, s3.reader(rel, layout), resume=resume,
+            on_state=lambda state: record.upload_state(rel, tag, state),
             new_hasher=lambda: SourceHasher(len(layout.head), expected), check=lambda state: state.verify(rel),
         )  # fmt: skip
+        record.layer_done(rel, digest, layout.size, tag)
         secs = time.monotonic() - begun
         log(f"{rel}: streamed {human(layout.size)} as {digest[:19]} in {secs:.1f}s, source {expected.describe()} verified")
         return rel, digest, layout.size
@@ -1002,11 +1185,16 @@ def package(
     config = build_config(base_config, [(rel, digest) for rel, digest, _ in layers])
     config_digest = sha256_digest(config)
     if not client.blob_exists(dest.repository, config_digest):
-        pusher.push("config", len(config), lambda off: iter([memoryview(config)[off:]]))
+        pusher.push("config", len(config), lambda off, _end: iter([memoryview(config)[off:]]))
     notes = {rel: {SOURCE_ANNOTATION: s3.tag(rel)} for rel, _, _ in layers} if s3 is not None else {}
     manifest = build_manifest(config, base_manifest["layers"], layers, str(base), base_digest, manifest_annotations(args.annotation), notes)
     # Every blob is in the registry now; only this last request makes the tag point at the image.
-    return client.put_manifest(dest.repository, dest.tag or "", manifest, OCI_MANIFEST)
+    digest = client.put_manifest(dest.repository, dest.tag or "", manifest, OCI_MANIFEST)
+    if record is not None:
+        record.delete()
+    if pusher.reread:
+        log(f"source bytes re-read to rebuild hash states after resumes: {pusher.reread} ({human(pusher.reread)})")
+    return digest
 
 
 if __name__ == "__main__":

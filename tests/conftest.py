@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from stacks.loader import SECRET_KEYS
 from tools.mock_engine import RunResult, run_program, stack_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,11 +25,19 @@ def stack_objects(stack: str) -> dict[str, Any]:
 
 # What `pulumi config set --secret` would hold for the models of the committed stacks.
 MODEL_SECRETS = {"quayDockerConfigJson": '{"auths":{"quay.io":{"auth":"cm9ib3Q6dG9rZW4="}}}', "hfToken": "hf_placeholder_token"}
+# A placeholder for every secret any stack may need, derived from the config schema (stacks.loader.SECRET_KEYS: the
+# dev servers' and the pipeline credentials' keys), so a new stack file that renders also runs in the suite.
+PLACEHOLDER_SECRETS = {**{key: f"test-placeholder-{key}" for key in SECRET_KEYS}, **MODEL_SECRETS}
 
 
-def run_objects(stack: str, objects: dict[str, Any], secrets: dict[str, str] | None = None) -> RunResult:
-    """Run the program; the model secrets are always set (tests about them pass their own values)."""
-    return run_program(stack, {f"ml-dev-env:{k}": v for k, v in objects.items()}, {**MODEL_SECRETS, **(secrets or {})})
+def run_objects(stack: str, objects: dict[str, Any], secrets: dict[str, str | None] | None = None) -> RunResult:
+    """Run the program; every secret is set (placeholders; tests about secrets pass their own values, None = not set)."""
+    chosen = {**PLACEHOLDER_SECRETS, **(secrets or {})}
+    return run_program(stack, {f"ml-dev-env:{k}": v for k, v in objects.items()}, {k: v for k, v in chosen.items() if v is not None})
+
+
+ONLY_MODEL_SECRETS: dict[str, str | None] = {key: None for key in SECRET_KEYS if key not in MODEL_SECRETS}
+"""`secrets=` for a run where only the models' secrets are set (tests of what a missing secret does)."""
 
 
 @pytest.fixture

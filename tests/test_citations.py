@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SKIP_DIRS = {".git", ".venv", "rendered", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
+SKIP_DIRS = {".git", ".venv", "rendered", "site", "bench-out", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
 
 SECTION = "\u00a7"  # spelled as an escape so that this file does not match itself
 CITATION = re.compile(

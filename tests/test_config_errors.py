@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import MODEL_SECRETS, ROOT, run_objects, stack_objects
+from tests.conftest import MODEL_SECRETS, ONLY_MODEL_SECRETS, ROOT, run_objects, stack_objects
 
 Mutation = Callable[[dict[str, Any]], None]
 
@@ -214,6 +214,12 @@ CASES: list[tuple[str, str, Mutation, str]] = [
         "ml-dev-env:access.tensorboard: got True; TensorBoard has no authentication of its own",
     ),
     (
+        "home page asked for with token auth",
+        "barcelona",
+        setter("access", {"auth": "token", "tensorboard": False, "home": True}),
+        "ml-dev-env:access.home: got True; home page has no authentication of its own",
+    ),
+    (
         "token auth without its secrets",
         "barcelona",
         setter("access", {"auth": "token", "tensorboard": False, "vscode": False}),
@@ -264,7 +270,7 @@ CASES: list[tuple[str, str, Mutation, str]] = [
 def test_bad_configuration_is_one_clear_message(stack: str, mutate: Mutation, expected: str) -> None:
     objects = stack_objects(stack)
     mutate(objects)
-    result = run_objects(stack, objects)
+    result = run_objects(stack, objects, ONLY_MODEL_SECRETS)
     assert result.error is not None, "the program accepted a bad configuration"
     assert "Traceback" not in result.error
     problems = [line for line in result.error.splitlines() if line.startswith("  - ")]

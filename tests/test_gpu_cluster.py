@@ -247,7 +247,7 @@ def test_memlock_through_declared_scc_binding(barcelona: RunResult) -> None:
     }
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "ml-dev-sa", "namespace": "nccl-test"}]
     assert binding["metadata"]["name"] == "ml-dev-env-scc-nccl-rdma-scc"
-    role = barcelona.one("kubernetes:rbac.authorization.k8s.io/v1:Role").inputs
+    role = barcelona.one("kubernetes:rbac.authorization.k8s.io/v1:Role", "gpu-scc-role").inputs
     assert role["metadata"]["name"] == binding["roleRef"]["name"]
     assert role["rules"] == [
         {
@@ -353,7 +353,9 @@ def assert_restricted(result: RunResult) -> None:
     for c in pod["containers"]:
         assert c["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}, c["name"]
     assert "hostNetwork" not in pod and "hostIPC" not in pod
-    assert [r for r in result.of_type(ROLEBINDING) if r.name.startswith("gpu-")] == [] and result.of_type(SCC) == []
+    # No SCC binding (the usage recorder's binding grants only its record and scale reads).
+    assert [r for r in result.of_type(ROLEBINDING) if r.name.startswith("gpu-") and r.name != "gpu-usage-binding"] == []
+    assert result.of_type(SCC) == []
 
 
 def test_nerc_production_is_tcp_and_restricted(nerc: RunResult) -> None:
@@ -444,10 +446,15 @@ def test_pod0_service_and_edge_routes(barcelona: RunResult) -> None:
     dev = next(s.inputs for s in barcelona.of_type(SVC) if s.inputs["metadata"]["name"] == "ml-dev-env")
     assert dev["spec"]["selector"]["statefulset.kubernetes.io/pod-name"] == "ml-dev-env-0"
     ports = {p["name"]: (p["port"], p["targetPort"]) for p in dev["spec"]["ports"]}
-    assert ports == {"vscode": (8080, "p-vscode"), "jupyter": (8888, "p-jupyter"), "tensorboard": (6006, "p-tensorboard")}
+    assert ports == {
+        "vscode": (8080, "p-vscode"),
+        "jupyter": (8888, "p-jupyter"),
+        "tensorboard": (6006, "p-tensorboard"),
+        "home": (8090, "p-home"),
+    }
     assert 5678 not in [p["port"] for s in barcelona.of_type(SVC) for p in s.inputs["spec"]["ports"]]
     routes = {r.inputs["metadata"]["name"]: r.inputs["spec"] for r in barcelona.of_type(ROUTE)}
-    assert set(routes) == {"ml-dev-env-vscode", "ml-dev-env-jupyter", "ml-dev-env-tensorboard"}
+    assert set(routes) == {"ml-dev-env-vscode", "ml-dev-env-jupyter", "ml-dev-env-tensorboard", "ml-dev-env-home"}
     for server, spec in ((n.rsplit("-", 1)[1], s) for n, s in routes.items()):
         assert spec["tls"] == {"termination": "edge", "insecureEdgeTerminationPolicy": "Redirect"}
         assert spec["to"]["name"] == "ml-dev-env" and spec["port"] == {"targetPort": server}
@@ -500,7 +507,7 @@ def test_adopted_service_account_gets_oauth_annotations_by_patch(run) -> None:
     patch = result.one("kubernetes:core/v1:ServiceAccountPatch").inputs
     assert patch["metadata"]["name"] == "ml-dev-sa"
     assert set(patch["metadata"]["annotations"]) == {
-        f"serviceaccounts.openshift.io/oauth-redirectreference.{s}" for s in ("vscode", "jupyter", "tensorboard")
+        f"serviceaccounts.openshift.io/oauth-redirectreference.{s}" for s in ("vscode", "jupyter", "tensorboard", "home")
     }
 
 

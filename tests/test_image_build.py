@@ -400,3 +400,16 @@ def test_workloads_never_reference_a_tag_no_declared_build_config_produces(varia
     configured = {objects["image"].get("reference")}
     missing = [(where, image) for where, image in internal_refs(result) if image not in built | configured]
     assert not missing, f"internal images nothing in the stack builds: {missing}; built: {sorted(built)}"
+
+
+def test_a_changed_step_file_rebuilds_the_tools_image(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The steps run from the tools image: their files are an input of its hash (and of its ConfigMaps' names)."""
+    import steps.embed
+
+    base = "registry.access.redhat.com/ubi9/python-311:9.6"
+    before = image_build.tools_hash(base)
+    files = steps.embed.shipped()
+    files["steps-lib"]["registry.py"] += "\n# changed\n"
+    monkeypatch.setattr(steps.embed, "shipped", lambda: files)
+    assert image_build.tools_hash(base) != before
+    assert image_build.tools_steps_config_map(base, "s", "steps") == f"s-steps-{image_build.tools_hash(base)}"

@@ -14,7 +14,8 @@ import pytest
 from dockerfile_parse import DockerfileParser
 
 from core import model_sizing
-from steps.embed import STEPS, step_script
+from stacks.loader import SECRET_KEYS
+from steps.embed import EMBEDDED, STEPS, step_command, step_script
 from tests.conftest import ROOT, run_objects, stack_objects
 from tools.mock_engine import RunResult
 
@@ -84,7 +85,10 @@ def test_only_v1_compute_resources_and_steps_embed_the_step_programs(pvc: RunRes
         assert "stepTemplate" not in spec
         (step,) = spec["steps"]
         assert "resources" not in step
-        assert step["script"] == step_script(scripts[name]), name
+        if scripts[name] in EMBEDDED:
+            assert step["script"] == step_script(scripts[name]) and "command" not in step, name
+        else:  # from the tools image, whose hash covers the step files (test_image_build)
+            assert step["command"] == step_command(scripts[name]) and "script" not in step, name
         tools = "image-registry.openshift-image-registry.svc:5000/nccl-test/ml-dev-env-tools:tools-"
         if name == "modelcar-wait-tools":  # runs before the tools image exists: the public base, stdlib only
             assert step["image"] == "registry.access.redhat.com/ubi9/python-311:9.6"
@@ -108,7 +112,9 @@ def test_each_task_is_its_row_in_the_step_table(pvc: RunResult) -> None:
     size = barcelona_max_size_gi()
     for row in model_sizing.PIPELINE_STEPS:
         (step,) = specs[row.task]["steps"]
-        assert step["name"] == row.name and step["script"] == step_script(row.program)
+        assert step["name"] == row.name
+        assert step.get("script") == (step_script(row.program) if row.program in EMBEDDED else None)
+        assert step.get("command") == (None if row.program in EMBEDDED else step_command(row.program))
         res = step["computeResources"]
         assert (res["requests"]["cpu"], res["limits"]["cpu"]) == row.cpu
         assert (res["requests"]["memory"], res["limits"]["memory"]) == row.memory
@@ -233,10 +239,11 @@ def test_tools_image_is_built_by_the_stack(barcelona: RunResult) -> None:
 
 
 def _with_models(mutate: Any, secrets: dict[str, str] | None = None, stream: bool = True) -> RunResult:
-    """barcelona changed by `mutate`; `stream=False` starts from its PVC-mode variant (`pvc_objects`)."""
+    """barcelona changed by `mutate`; `stream=False` starts from its PVC-mode variant (`pvc_objects`); `secrets`
+    given: exactly those are set (the others unset)."""
     objects = stack_objects("barcelona") if stream else pvc_objects()
     mutate(objects)
-    return run_objects("barcelona", objects, SECRETS if secrets is None else secrets)
+    return run_objects("barcelona", objects, SECRETS if secrets is None else {**{k: None for k in SECRET_KEYS}, **secrets})
 
 
 def test_run_name_is_a_hash_of_its_inputs(barcelona: RunResult) -> None:

@@ -116,3 +116,11 @@ def test_policy_guard_knows_every_credential() -> None:
         if server.credential_env:
             assert server.credential_env in SERVICE_PORT_AUTH[server.name][1]
             assert SERVICE_PORT_NUMBERS[server.port] == server.name
+
+
+def test_home_page_is_on_behind_the_oauth_proxy_and_off_by_default_under_token_auth() -> None:
+    from stacks.config import AccessConfig
+
+    assert "home" in AccessConfig().servers
+    token = AccessConfig.model_validate({"auth": "token", "tensorboard": False})
+    assert token.servers == ["vscode", "jupyter"], "a server without its own login never runs under token auth"

@@ -207,3 +207,37 @@ def render_with(mutate: Any) -> RunResult:
     result = run_objects("barcelona", objects, SECRETS)
     assert result.error is None, result.error
     return result
+
+
+ENVIRONMENT_STACKS = [s for s in STACKS if "environment" in stack_objects(s)]
+
+
+@pytest.mark.parametrize("stack", ENVIRONMENT_STACKS)
+def test_an_environment_up_is_bounded_by_pull_and_start_only(stack: str) -> None:
+    """A second environment never waits on a build: no Job, no BuildConfig in its graph; its pods' bound is pull + start."""
+    result = render(stack)
+    assert not [r for r in result.resources if r.kind in ("Job", "BuildConfig")]
+    for r in awaited(result):
+        assert needed_seconds(result, r) <= MIN_PULL_SECONDS, (r.kind, r.name)
+    sts = result.one("kubernetes:apps/v1:StatefulSet")
+    assert longest_await_chain(result) == timeout(sts) + max((path_timeout(result, d) for d in dependencies(result, sts)), default=0)
+    assert not [d for d in dependencies(result, sts) if d.kind == "Job"]
+
+
+def path_timeout(result: RunResult, r: Any) -> int:
+    return (timeout(r) if r in awaited(result) else 0) + max((path_timeout(result, d) for d in dependencies(result, r)), default=0)
+
+
+def test_a_failed_wait_job_is_replaced_by_the_next_up() -> None:
+    job = render("barcelona").one("kubernetes:batch/v1:Job")
+    assert annotations(job)["pulumi.com/replaceUnready"] == "true"
+    (container,) = pod_template(job)["containers"]
+    command = container["command"]
+    configs = [command[i + 1] for i, arg in enumerate(command) if arg == "--build-config"]
+    built = {r.inputs["metadata"]["name"] for r in render("barcelona").of_type("kubernetes:build.openshift.io/v1:BuildConfig")}
+    assert len(configs) == 2 and set(configs) <= built
+    sa = pod_template(job)["serviceAccountName"]
+    role = render("barcelona").one("kubernetes:rbac.authorization.k8s.io/v1:Role", "image-wait-role")
+    assert role.inputs["rules"] == [{"apiGroups": ["build.openshift.io"], "resources": ["builds"], "verbs": ["get", "list", "watch"]}]
+    binding = render("barcelona").one("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding", "image-wait-binding")
+    assert binding.inputs["subjects"][0]["name"] == sa and binding.inputs["roleRef"]["name"] == role.inputs["metadata"]["name"]

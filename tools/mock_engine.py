@@ -7,6 +7,7 @@ root stack, so runs never leak into each other.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import runpy
@@ -24,6 +25,8 @@ from stacks import stackfile
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = "ml-dev-env"
+ORGANIZATION = "organization"
+STACK_REFERENCE = "pulumi:pulumi:StackReference"
 REDACTED = "REDACTED"  # also valid base64, so redacted Secret.data stays schema-valid
 
 
@@ -47,12 +50,20 @@ MOCK_SSH_PUBLIC_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIMockMockMockMockMock
 class RecordingMocks(pulumi.runtime.Mocks):
     """Echo mocks that remember every registered resource with its (secret-redacted) inputs."""
 
-    def __init__(self) -> None:
+    def __init__(self, stack_outputs: dict[str, dict[str, Any]] | None = None) -> None:
         self.resources: list[Recorded] = []
         self.pending_options: dict[tuple[str, str], dict[str, Any]] = {}
+        self.stack_outputs = stack_outputs or {}
+        """Outputs of the stacks a StackReference may read, by full name (`<org>/<project>/<stack>`)."""
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
         options = self.pending_options.pop((args.typ, args.name), {})
+        if args.typ == STACK_REFERENCE:
+            # A read of another stack (pulumi/pulumi sdk/python/lib/pulumi/stack_reference.py: a resource read by id
+            # = the stack name, whose state holds `outputs`); a stack never rendered has no outputs.
+            ref = str(args.inputs.get("name") or args.resource_id or "")
+            self.resources.append(Recorded(args.typ, args.name, redact(args.inputs), bool(args.custom), options))
+            return ref, {"name": ref, "outputs": self.stack_outputs.get(ref, {}), "secretOutputNames": []}
         self.resources.append(Recorded(args.typ, args.name, redact(args.inputs), bool(args.custom), options))
         state = dict(args.inputs)
         if args.typ == "random:index/randomPassword:RandomPassword":
@@ -202,8 +213,16 @@ def run_program(
     config: dict[str, Any],
     secrets: dict[str, str] | None = None,
     main: Path = ROOT / "__main__.py",
+    stack_outputs: dict[str, dict[str, Any]] | None = None,
 ) -> RunResult:
-    """Run `main` for `stack` with `config` (stack-file shape) and plain-text `secrets` (marked secret)."""
+    """Run `main` for `stack` with `config` (stack-file shape) and plain-text `secrets` (marked secret).
+
+    An environment stack (it sets `ml-dev-env:environment`) reads its cluster stack's outputs: unless
+    `stack_outputs` gives them, the cluster stack's file next to `main` is run first (with the same secrets)
+    and its outputs are what the StackReference reads, as after a `pulumi up` of the cluster stack.
+    """
+    if stack_outputs is None:
+        stack_outputs = cluster_outputs(config, secrets, main)
     flat, secret_keys = flatten(config)
     for key, value in (secrets or {}).items():
         full = key if ":" in key else f"{PROJECT}:{key}"
@@ -216,14 +235,16 @@ def run_program(
     logger = logging.getLogger(f"ml-dev-env.render.{stack}")
     logger.propagate = False
     logger.handlers[:] = [capture]
-    mocks = RecordingMocks()
+    mocks = RecordingMocks(stack_outputs)
     error: str | None = None
     outputs: dict[str, Any] = {}
     secret_outputs: set[str] = set()
     try:
         pulumi.runtime.set_all_config(flat, secret_keys)
         settings.ROOT.set(None)
-        pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False, logger=logger, monitor=RecordingMonitor(mocks))
+        pulumi.runtime.set_mocks(
+            mocks, project=PROJECT, stack=stack, preview=False, logger=logger, monitor=RecordingMonitor(mocks), organization=ORGANIZATION
+        )
         root = settings.get_root_resource()
         try:
 
@@ -242,6 +263,20 @@ def run_program(
     finally:
         settings.ROOT.set(None)
         pulumi.runtime.set_all_config({}, [])
+        # A run that failed in an apply (an environment's facts check) leaves its output tasks and RPCs in the
+        # SDK's global settings (pulumi/runtime/stack.py wait_for_rpcs reads SETTINGS.outputs and the RPC manager):
+        # drop them, or the next run waits on tasks of this closed loop.
+        with settings.SETTINGS.lock:
+            settings.SETTINGS.outputs.clear()
+        settings._get_rpc_manager().clear()
+        if error is not None:
+            # Its futures hold the error nobody retrieves: retrieve it now. Otherwise asyncio logs "Future exception was
+            # never retrieved" from the future's finalizer, at whatever point the garbage collector frees it (seen: in
+            # the next run's compile of __main__.py, where CPython 3.11 then fails with "AST constructor recursion
+            # depth mismatch").
+            for obj in gc.get_objects():
+                if isinstance(obj, asyncio.Future) and obj.done() and not obj.cancelled():
+                    obj.exception()
         pending = asyncio.all_tasks(loop)
         for task in pending:
             task.cancel()
@@ -251,6 +286,31 @@ def run_program(
         asyncio.set_event_loop(None)
     warnings = [r.getMessage() for r in capture.records if r.levelno >= logging.WARNING]
     return RunResult(stack, mocks.resources, outputs, secret_outputs, warnings, error, mocks)
+
+
+def environment_of(config: dict[str, Any]) -> dict[str, Any] | None:
+    """The `ml-dev-env:environment` object of a stack-file config (an environment stack), else None."""
+    value = config.get(f"{PROJECT}:environment")
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            return None
+    return value if isinstance(value, dict) else None
+
+
+def cluster_outputs(config: dict[str, Any], secrets: dict[str, str] | None, main: Path) -> dict[str, dict[str, Any]]:
+    """For an environment stack: the outputs of its cluster stack (rendered from its file), keyed as a StackReference names it."""
+    env = environment_of(config)
+    if env is None or not isinstance(env.get("cluster"), str):
+        return {}
+    cluster = env["cluster"]
+    path = main.parent / f"Pulumi.{cluster}.yaml"
+    if not path.exists():
+        return {}  # the program reports the missing cluster stack file
+    result = run_program(cluster, stack_config(path), secrets, main, stack_outputs={})
+    name = env.get("stackReference") or f"{ORGANIZATION}/{PROJECT}/{cluster}"
+    return {} if result.error else {name: result.outputs}
 
 
 def run_stack(stack: str, overrides: dict[str, Any] | None = None, secrets: dict[str, str] | None = None) -> RunResult:

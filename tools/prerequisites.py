@@ -192,8 +192,12 @@ def prerequisites(config: StackConfig, objects: Sequence[Mapping[str, Any]], pat
                 f"oc get {kind.lower()} {name}" + ("" if kind in CLUSTER_SCOPED else f" -n {namespace}"),
             )
         )
-    if ns not in _rendered(objects, "Namespace"):
+    env = config.environment
+    if env is not None and env.namespace:
+        needs.append(Need(f"namespace {ns} exists", f"environment.namespace (create it: `oc new-project {ns}`)", f"oc get namespace {ns}"))
+    elif ns not in _rendered(objects, "Namespace"):
         needs.append(Need(f"namespace {ns} exists", "cluster.createNamespace is false", f"oc get namespace {ns}"))
+    creator = f"the cluster stack {env.cluster}" if env is not None else "an admin"
 
     nads: dict[tuple[str, str], list[str]] = {}
     extended: dict[str, list[str]] = {}
@@ -300,7 +304,7 @@ def prerequisites(config: StackConfig, objects: Sequence[Mapping[str, Any]], pat
             where = f"{ns}/" if ref.get("kind") == "Role" else ""
             needs.append(
                 Need(
-                    f"{ref.get('kind')} {where}{ref.get('name')} (created by an admin)",
+                    f"{ref.get('kind')} {where}{ref.get('name')} (created by {creator})",
                     f"{_name(obj)} binds it",
                     f"oc get {str(ref.get('kind')).lower()} {ref.get('name')}" + (f" -n {ns}" if where else ""),
                 )
@@ -312,7 +316,7 @@ def prerequisites(config: StackConfig, objects: Sequence[Mapping[str, Any]], pat
             if scc not in rendered_sccs:
                 needs.append(
                     Need(
-                        f"SecurityContextConstraints {scc} (created by a cluster admin)",
+                        f"SecurityContextConstraints {scc} (created by {creator if env is not None else 'a cluster admin'})",
                         f"{_name(obj)} grants its use; its requiredDropCapabilities must not include SETUID or SETGID "
                         "(the pods' root sshd needs them)",
                         f"oc get scc {scc} -o jsonpath='{{.requiredDropCapabilities}}'",

@@ -36,7 +36,7 @@ if __name__ == "__main__" and not __package__:
 
 from policy.rules import POLICIES, evaluate, format_report, has_mandatory
 from stacks.config import StackConfig
-from stacks.loader import SECRET_KEYS, parse_raw
+from stacks.loader import SECRET_KEYS, stack_raw
 from tools.mock_engine import REDACTED, ROOT, Recorded, RunResult, StackFileError, flatten, run_program, stack_config
 from tools.prerequisites import admin_needs, prerequisites, secret_status
 
@@ -93,16 +93,16 @@ def summary(written: list[tuple[Recorded, dict[str, Any], Path]], result: RunRes
     return "\n".join(lines)
 
 
-def stack_settings(config: dict[str, Any]) -> StackConfig:
-    """The validated config of a stack file that already rendered (so it is valid)."""
+def stack_settings(config: dict[str, Any], config_dir: Path = ROOT) -> StackConfig:
+    """The validated config of a stack file that already rendered (so it is valid); an environment's merged onto its cluster's."""
     flat, _ = flatten(config)
-    raw, _ = parse_raw(flat)
+    raw, _ = stack_raw(flat, config_dir)
     return StackConfig.model_validate(raw)
 
 
 def needs_report(stack_file: Path, config: dict[str, Any], written: list[tuple[Recorded, dict[str, Any], Path]]) -> str:
     """The secrets, cluster prerequisites and admin rights a stack needs, as printed by `make render`."""
-    settings = stack_settings(config)
+    settings = stack_settings(config, stack_file.parent)
     objects = [obj for resource, obj, _ in written if not resource.typ.endswith("Patch")]
     patches = [obj for resource, obj, _ in written if resource.typ.endswith("Patch")]
     lines = [f'\n== secrets ("set": a `secure:` value in {stack_file.name})']

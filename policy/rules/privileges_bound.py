@@ -93,6 +93,22 @@ def _scc_allows(scc: str, needs: _Needs, sccs: dict[str, Mapping[str, Any]]) -> 
     return ", ".join(missing) or None
 
 
+ROLE_OWNER_ANNOTATION = "ml-dev-env/role-owner"
+"""On a RoleBinding whose Role another stack of the project creates: that stack's name."""
+
+
+def _granted_scc(roles: Mapping[tuple[str | None, str], Resource], ns: str | None, role_name: str) -> str | None:
+    """The one SCC a Role of the stack (any name) grants `use` of by name, else None."""
+    role = roles.get((ns, role_name))
+    if role is None:
+        return None
+    for rule in map(_m, _seq(role.inputs.get("rules"))):
+        names = _seq(rule.get("resourceNames"))
+        if "use" in _seq(rule.get("verbs")) and "securitycontextconstraints" in _seq(rule.get("resources")) and len(names) == 1:
+            return _str(names[0])
+    return None
+
+
 def _bound_sccs(sa: str, ns: str | None, resources: Sequence[Resource]) -> tuple[list[str], list[str]]:
     """SCCs the stack lets service account `sa` use, and notes on bindings that grant nothing."""
     roles = {(r.namespace, r.name): r for r in resources if r.is_kubernetes and r.kind == "Role" and not r.is_patch}
@@ -105,7 +121,8 @@ def _bound_sccs(sa: str, ns: str | None, resources: Sequence[Resource]) -> tuple
             continue
         ref = _m(binding.inputs.get("roleRef"))
         role_name = _str(ref.get("name")) or ""
-        if not role_name.startswith(SCC_ROLE_PREFIX):
+        granted = _granted_scc(roles, binding.namespace, role_name) if ref.get("kind") == "Role" else None
+        if not role_name.startswith(SCC_ROLE_PREFIX) and granted is None:
             continue
         subject_ok = False
         for subject in _seq(binding.inputs.get("subjects")):
@@ -116,11 +133,18 @@ def _bound_sccs(sa: str, ns: str | None, resources: Sequence[Resource]) -> tuple
                 subject_ok = True
         if not subject_ok:
             continue
-        scc = role_name[len(SCC_ROLE_PREFIX) :]
+        # A Role of another name (an environment's own, named after it) grants the SCC its rule names.
+        scc = role_name[len(SCC_ROLE_PREFIX) :] if role_name.startswith(SCC_ROLE_PREFIX) else str(granted)
         if ref.get("kind") == "Role":
             role = roles.get((binding.namespace, role_name)) or next(
                 (r for (rns, rname), r in roles.items() if rname == role_name and _same_ns(rns, binding.namespace)), None
             )
+            owner = (_m(_m(binding.inputs.get("metadata")).get("annotations"))).get(ROLE_OWNER_ANNOTATION)
+            if role is None and owner:
+                # The Role belongs to another stack of this project (an environment's cluster stack), whose own
+                # check covers what it grants: counted as bound, like a ClusterRole OpenShift provides.
+                bound.append(scc)
+                continue
             if role is None:
                 notes.append(f"{binding.label} refers to Role {role_name!r}, which the stack does not create")
                 continue

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import json
 import mmap
 import os
+import stat
 import tarfile
 import threading
 from collections.abc import Iterator, Sequence
@@ -27,8 +29,22 @@ _RECORD = tarfile.RECORDSIZE
 _WINDOW = 64 << 20  # bytes of a model file mapped at a time
 
 
-def model_files(model_dir: Path) -> list[tuple[str, Path]]:
+def path_rule(rel: str) -> str:
+    """The one path rule of every source (model directory, S3 keys, Hugging Face tree): "unsafe" for a path
+    that is absolute or has an empty (`//`), `.` or `..` component (refused by name when selected),
+    "hidden" for one with a component starting with `.` (`.cache/x.json`, `.git/…`: skipped), else "ok"."""
+    parts = rel.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        return "unsafe"
+    return "hidden" if any(part.startswith(".") for part in parts) else "ok"
+
+
+def model_files(model_dir: Path, include: Sequence[str] = ()) -> list[tuple[str, Path]]:
     """Files under `model_dir` as sorted `(relative posix path, path)`; hidden entries skipped.
+
+    An entry that is neither a regular file, a directory nor a symbolic link (a FIFO, socket or device)
+    is refused by name when it matches `include` (default: DEFAULT_INCLUDE; reading a FIFO named like a
+    shard would block or package whatever a writer sends), and skipped with a log line otherwise.
 
     Symbolic links: one whose target lies outside the model directory is refused (it could carry a
     mounted secret, e.g. a service-account token, into a public image); a dangling one is reported;
@@ -45,9 +61,9 @@ def model_files(model_dir: Path) -> list[tuple[str, Path]]:
         dirs[:] = [d for d in dirs if d not in links]
         for name in [*files, *links]:
             path = Path(root) / name
-            if name.startswith("."):
-                continue
             rel = path.relative_to(model_dir).as_posix()
+            if path_rule(rel) != "ok":
+                continue
             if path.is_symlink():
                 target = os.readlink(path)
                 real = Path(os.path.realpath(path))
@@ -59,8 +75,12 @@ def model_files(model_dir: Path) -> list[tuple[str, Path]]:
                 if not real.exists():
                     raise StepError(f"{rel} is a dangling symbolic link (to {target})", EXIT_NOT_FOUND)
                 found.append((rel, path))
-            elif path.is_file():
+            elif stat.S_ISREG(path.lstat().st_mode):
                 found.append((rel, path))
+            elif matches(rel, include or DEFAULT_INCLUDE):
+                raise StepError(f"{rel} is not a regular file (a FIFO, socket or device); refusing to package it")
+            else:
+                log(f"skipping {rel}: not a regular file")
     return sorted(found)
 
 
@@ -119,8 +139,8 @@ def select(relpaths: Sequence[str], include: Sequence[str], exclude: Sequence[st
             log(f"safetensors weights present; skipping the PyTorch copies {', '.join(dropped)}")
         chosen = [r for r in chosen if r not in dropped]
     for rel in chosen:
-        if rel.startswith("/") or ".." in rel.split("/"):
-            raise StepError(f"refusing unsafe path {rel!r} in the source")
+        if path_rule(rel) == "unsafe":
+            raise StepError(f"refusing unsafe path {rel!r} in the source (absolute, empty, '.' or '..' component)")
     return sorted(chosen)
 
 
@@ -210,15 +230,35 @@ class LayerLayout:
     def size(self) -> int:
         return len(self.head) + self.file_size + len(self.tail)
 
-    def read(self, path: Path, offset: int = 0, buf_size: int = READ_SIZE) -> Iterator[memoryview]:
-        """Yield the layer bytes from `offset` on; the file's from mmap windows (no read() copy)."""
+    def open(self, path: Path, listed: os.stat_result | None = None) -> Any:
+        """Open the model file without following a symbolic link (O_NOFOLLOW) and check it is the regular
+        file that was listed (device, inode, size): a shard swapped for a link or another file during a
+        long upload is refused, never packaged."""
+        flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(path, flags)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise StepError(f"{path} became a symbolic link after it was listed; refusing to follow it", EXIT_INTEGRITY) from exc
+            raise
+        st = os.fstat(fd)
+        same = listed is None or (st.st_dev, st.st_ino) == (listed.st_dev, listed.st_ino)
+        if not stat.S_ISREG(st.st_mode) or not same or st.st_size != self.file_size:
+            os.close(fd)
+            raise StepError(f"{path} was replaced or changed size after it was listed; refusing to package it", EXIT_INTEGRITY)
+        return os.fdopen(fd, "rb", buffering=0)
+
+    def read(self, path: Path, offset: int = 0, buf_size: int = READ_SIZE, listed: os.stat_result | None = None) -> Iterator[memoryview]:
+        """Yield the layer bytes from `offset` on; the file's from mmap windows (no read() copy). The file is
+        opened (and checked) before the first piece is yielded, so a refused file fails before a request is sent."""
         head_len = len(self.head)
+        file_end = head_len + self.file_size
+        fh = self.open(path, listed) if offset < file_end else None
         if offset < head_len:
             yield memoryview(self.head)[offset:]
             offset = head_len
-        file_end = head_len + self.file_size
-        if offset < file_end:
-            with open(path, "rb", buffering=0) as fh:
+        if offset < file_end and fh is not None:
+            with fh:
                 while offset < file_end:
                     if os.fstat(fh.fileno()).st_size < self.file_size:  # (a mapped page past the end would be SIGBUS)
                         raise StepError(f"{path} shrank while being read", EXIT_INTEGRITY)

@@ -101,10 +101,16 @@ class RegistryClient:
         self._local = threading.local()
         self._auth_lock = threading.Lock()
         self._auth: str | None = initial_auth
-        # Origins the credentials go to: the registry, plus the hosts of upload URLs the registry
-        # itself hands out in answers to POST/PATCH (Quay builds them from SERVER_HOSTNAME, which
-        # may differ from the name pushed to). Never the targets of GET redirects (signed storage URLs).
-        self._trusted = {self._origin(self.base)}
+        # Where credentials may go. The registry's own origin gets the Authorization we hold (Basic or
+        # Bearer). Hosts of upload URLs the registry hands out in answers to POST/PATCH (Quay builds them
+        # from SERVER_HOSTNAME, which may differ from the name pushed to) get a Bearer token only, and
+        # never over http when the registry is https. The token realm (which may be another host, as
+        # auth.docker.io is for Docker Hub) comes only from a challenge the registry's own origin
+        # answered, and is then reused: a 401 from any other host never chooses where Basic credentials
+        # go. Never the targets of GET redirects (signed storage URLs).
+        self._origin_self = self._origin(self.base)
+        self._locations: set[str] = set()
+        self._realm: dict[str, str] | None = None  # realm and service of the registry's Bearer challenge
 
     # -- connections --------------------------------------------------------------------------
     def _open(self, url: str) -> tuple[http.client.HTTPConnection, str]:
@@ -139,21 +145,34 @@ class RegistryClient:
         return urllib.parse.urljoin(self.base + "/", url)
 
     def upload_location(self, reply: Reply, current: str, trust: bool = True) -> str:
-        """The upload URL from a POST/PATCH answer of the registry; its host gets the credentials.
-        With `trust=False` (other answers) a URL on a host not yet trusted is ignored."""
+        """The upload URL from a POST/PATCH answer of the registry; its host may get the Bearer token.
+        With `trust=False` (other answers) a URL on a host not yet named that way is ignored."""
         location = reply.header("Location")
         if not location:
             return current
         url = self.absolute(location)
+        origin = self._origin(url)
         if trust:
-            self._trusted.add(self._origin(url))
-        elif self._origin(url) not in self._trusted:
+            if origin != self._origin_self:
+                self._locations.add(origin)
+        elif origin != self._origin_self and origin not in self._locations:
             return current
         return url
 
+    def _may_send(self, url: str, auth: str | None) -> bool:
+        """Whether `auth` may go to `url` (see __init__: the registry gets it; a named upload host gets a
+        Bearer token only, never downgraded to http)."""
+        if not auth:
+            return False
+        origin = self._origin_self if url.startswith("/") else self._origin(url)
+        if origin == self._origin_self:
+            return True
+        downgrade = self._origin_self.startswith("https:") and not origin.startswith("https:")
+        return origin in self._locations and auth.startswith("Bearer ") and not downgrade
+
     def _headers(self, url: str, extra: dict[str, str] | None) -> dict[str, str]:
         headers = dict(extra or {})
-        if self._auth and (url.startswith("/") or self._origin(url) in self._trusted):
+        if self._auth and self._may_send(url, self._auth):
             headers["Authorization"] = self._auth
         return headers
 
@@ -197,7 +216,7 @@ class RegistryClient:
                 return reply
             if renewed:
                 raise StepError(f"{self.registry}: credentials rejected or not allowed (HTTP 401: {reply.error_text()})", EXIT_AUTH)
-            self.authenticate(reply.header("WWW-Authenticate"), sent_auth)  # no-op if another thread did
+            self.authenticate(reply.header("WWW-Authenticate"), sent_auth, url)  # no-op if another thread did
             renewed = True
 
     def stream(
@@ -236,11 +255,16 @@ class RegistryClient:
             if early is None or early.status >= 500:
                 raise TransientError(f"connection to {self.registry} lost after {human(sent)}: {exc}") from exc
             reply = early
+        except BaseException:
+            # The body's source failed (a StepError from the reader): the request is half sent. Close the
+            # connection, so the registry ends that request before anything else (a DELETE) is sent.
+            self._discard(conn)
+            raise
         if reply.status >= 500:
             raise TransientError(f"{method} {self.registry}: HTTP {reply.status} {reply.error_text()}")
         if reply.status == 401:
             # Token expired mid-upload (Quay's last one hour): fetch a new one, then resume.
-            self.authenticate(reply.header("WWW-Authenticate"), sent_auth)
+            self.authenticate(reply.header("WWW-Authenticate"), sent_auth, url)
             raise AuthExpired(f"{method} {self.registry}: credentials expired (HTTP 401)")
         if reply.status == 413:
             raise ChunkRefused(f"{method} {self.registry}: HTTP 413 for a {human(length)} request")
@@ -267,7 +291,7 @@ class RegistryClient:
                 resp = conn.getresponse()
                 if resp.status == 401 and not renewed:  # token expired during a long upload
                     resp.read()
-                    self.authenticate(resp.getheader("WWW-Authenticate", ""), headers.get("Authorization"))
+                    self.authenticate(resp.getheader("WWW-Authenticate", ""), headers.get("Authorization"), url)
                     headers, renewed = self._headers(url, wanted), True
                     continue
                 if resp.status in (301, 302, 303, 307, 308):
@@ -294,22 +318,53 @@ class RegistryClient:
         raise StepError(f"GET {url}: too many redirects", EXIT_REMOTE)
 
     # -- authentication -----------------------------------------------------------------------
-    def authenticate(self, challenge: str, rejected: str | None) -> None:
-        """Answer a 401 challenge: Basic credentials, or a Bearer token fetched from the realm."""
+    def authenticate(self, challenge: str, rejected: str | None, url: str = "/") -> None:
+        """Answer a 401 challenge from `url`: Basic credentials, or a Bearer token fetched from the realm.
+
+        Only a challenge of the registry's own origin is read; a 401 from an upload host the registry
+        named renews the token at the realm the registry named before (never one that host names)."""
         with self._auth_lock:
             if self._auth != rejected:
                 return  # another thread already renewed it
-            scheme, params = _parse_challenge(challenge)
-            if scheme == "basic":
+            own = url.startswith("/") or self._origin(url) == self._origin_self
+            scheme, params = _parse_challenge(challenge) if own else ("", {})
+            if not own and self._realm is None:
+                host = urllib.parse.urlsplit(url).netloc
+                raise StepError(
+                    f"{self.registry}: the upload host {host} it named asks for credentials, and the registry has given "
+                    "no token realm to renew them at (credentials are sent only to the registry and its own realm)",
+                    EXIT_AUTH,
+                )
+            if not own:
+                self._auth = "Bearer " + self._fetch_token(self._realm or {})
+            elif scheme == "basic":
                 if not self.credentials:
                     raise StepError(f"{self.registry}: authentication required, no credentials in the authfile", EXIT_AUTH)
                 self._auth = "Basic " + base64.b64encode(":".join(self.credentials).encode()).decode()
             elif scheme == "bearer" and params.get("realm"):
-                self._auth = "Bearer " + self._fetch_token(params)
+                self._realm = {"realm": params["realm"], "service": params.get("service", "")}
+                self._widen(params.get("scope", ""))
+                self._auth = "Bearer " + self._fetch_token(self._realm)
             else:
                 raise StepError(f"{self.registry}: unsupported authentication challenge {challenge!r}", EXIT_AUTH)
 
+    def _widen(self, wanted: str) -> None:
+        """Add the actions the registry's challenge names for a repository we already hold a scope for
+        (distribution names `repository:<name>:delete` for a DELETE: registry/auth/token/accesscontroller.go,
+        authChallenge.SetHeaders); never a repository we did not ask for."""
+        for scope in wanted.split():
+            kind, _, rest = scope.partition(":")
+            name, _, actions = rest.rpartition(":")
+            for i, held in enumerate(self.scopes):
+                h_kind, _, h_rest = held.partition(":")
+                h_name, _, h_actions = h_rest.rpartition(":")
+                if (h_kind, h_name) == (kind, name) and name:
+                    merged = list(dict.fromkeys(h_actions.split(",") + actions.split(",")))
+                    self.scopes[i] = f"{kind}:{name}:{','.join(a for a in merged if a)}"
+
     def _fetch_token(self, params: dict[str, str]) -> str:
+        if self._origin_self.startswith("https:") and not params["realm"].lower().startswith("https:") and self.credentials:
+            raise StepError(f"{self.registry}: token realm {params['realm']} is not https; no credentials in clear text", EXIT_AUTH)
         query = [("service", params.get("service", ""))] + [("scope", s) for s in self.scopes]
         url = params["realm"] + ("&" if "?" in params["realm"] else "?") + urllib.parse.urlencode(query)
         headers = {}
@@ -375,6 +430,21 @@ class RegistryClient:
         if reply.status == 202 and reply.header("Location"):
             self.request("DELETE", reply.header("Location"))  # mount refused: drop the upload it opened
         return reply.status == 201
+
+    def put_blob(self, repo: str, data: bytes) -> str:
+        """Upload a small blob unless the registry has it (POST, then one PUT with the body)."""
+        digest = sha256_digest(data)
+        if not self.blob_exists(repo, digest):
+            reply = self.check(self.request("POST", f"/v2/{repo}/blobs/uploads/", body=b""), f"start upload to {repo}", (202,))
+            location = self.upload_location(reply, "")
+            sep = "&" if "?" in location else "?"
+            put = self.request("PUT", f"{location}{sep}digest={digest}", {"Content-Type": "application/octet-stream"}, data)
+            self.check(put, f"upload {digest}", (201, 204))
+        return digest
+
+    def delete_manifest(self, repo: str, digest: str) -> int:
+        """DELETE a manifest by digest (every tag naming it goes with it); returns the HTTP status."""
+        return self.request("DELETE", f"/v2/{repo}/manifests/{digest}").status
 
     def put_manifest(self, repo: str, reference: str, manifest: bytes, media_type: str) -> str:
         reply = self.request("PUT", f"/v2/{repo}/manifests/{reference}", {"Content-Type": media_type}, manifest)

@@ -185,6 +185,33 @@ class IdleAgent(unittest.TestCase):
         self.assertFalse(report["signals"][0]["ok"])
 
 
+class Usage(unittest.TestCase):
+    """inpod/usage.py: the GPU-hours arithmetic and the status rows, on every interpreter."""
+
+    NOW = 1_780_000_000.0
+
+    def setUp(self) -> None:
+        self.usage = load("usage.py")
+
+    def test_record_arithmetic(self) -> None:
+        u = self.usage
+        data = u.add_usage({u.LAST: str(int(self.NOW - 600))}, 2, 4, self.NOW, 600)
+        self.assertEqual(data[u.BUCKET + u.day(self.NOW)], "4800")
+        self.assertEqual(u.add_usage({u.LAST: "0"}, 1, 1, self.NOW, 600)[u.BUCKET + u.day(self.NOW)], "1200")
+        self.assertEqual(u.week_hours({u.BUCKET + u.day(self.NOW - d * 86400): "3600" for d in range(10)}, self.NOW), 7.0)
+
+    def test_status_rows(self) -> None:
+        sts = {
+            "kind": "StatefulSet",
+            "metadata": {"name": "a", "namespace": "ns", "labels": {"ml-dev-env/stack": "c-a"}},
+            "spec": {"replicas": 0, "template": {"spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "2"}}}]}}},
+        }
+        record = {"kind": "ConfigMap", "metadata": {"name": "a-idle-stop", "namespace": "ns"}, "data": {"x": "y"}}
+        (row,) = self.usage.environments([sts, record], self.NOW)
+        self.assertEqual((row["owner"], row["state"], row["size"], row["gpuHoursWeek"]), ("c-a", "idle-stopped", "0 × 2 GPU", 0.0))
+        self.assertIn("c-a", self.usage.table([row]))
+
+
 class Programs(unittest.TestCase):
     def test_every_program_starts(self) -> None:
         for path in program_files():
@@ -200,6 +227,48 @@ class Programs(unittest.TestCase):
                 self.assertEqual(len(pairs), len(set(pairs)))
                 self.assertTrue(all(0 <= i < j < n for i, j in pairs))
                 self.assertEqual({i for pair in pairs for i in pair}, set(range(n)) if n > 1 else set())
+
+
+class Plots(unittest.TestCase):
+    """svgplot (the fabric gate's curve, the home page's GPU plots) and the home page's escaping."""
+
+    SVG = "{http://www.w3.org/2000/svg}"
+
+    def test_a_chart_is_svg_and_its_text_is_escaped(self) -> None:
+        import xml.etree.ElementTree as ET
+
+        svgplot = load("svgplot.py")
+        label = "<script>alert(1)</script> & 'q'"
+        root = ET.fromstring(svgplot.line_chart([{"label": label, "points": [(1, 2), (4, 8)]}], title=label, hlines=[(5, "<x>", "#000")]))
+        self.assertEqual(root.tag, self.SVG + "svg")
+        self.assertFalse(list(root.iter(self.SVG + "script")))
+        self.assertIn(label, [t.text for t in root.iter(self.SVG + "text")])
+
+    def test_gate_curve_of_a_real_run(self) -> None:
+        import xml.etree.ElementTree as ET
+
+        parse = find("parse_nccl_tests")
+        rows = parse((ROOT / "tests" / "fabric" / "data" / "all_reduce_perf-2x8-h100.txt").read_text())["rows"]
+        result = {"status": "pass", "time": "t", "hosts": ["a", "b"], "gpusPerNode": 8, "sizes": rows,
+                  "expectation": {"expected_busbw_gbs": 194.6, "pass_busbw_gbs": 175.14}}  # fmt: skip
+        root = ET.fromstring(load("svgplot.py").gate_curve(result))
+        line = next(root.iter(self.SVG + "polyline")).get("points", "").split()
+        self.assertEqual(len(line), len(rows))
+        self.assertIn("pass at 175.1 GB/s", [t.text for t in root.iter(self.SVG + "text")])
+        self.assertIsNone(load("svgplot.py").gate_curve({"status": "error"}))
+
+    def test_home_page_escapes_what_users_write(self) -> None:
+        home = load("home_page.py")
+        with tempfile.TemporaryDirectory() as tmp, mock_env(ML_DEV_STATE_DIR=tmp, ML_DEV_WORKSPACE=tmp, ML_DEV_HOME_AGENTS=""):
+            beats = Path(tmp, "heartbeat")
+            beats.mkdir()
+            now = __import__("time").time()
+            record = {"command": ["python", "<img src=x onerror=alert(1)>"], "cwd": "/w/<b>", "pods": [], "started": now, "alive_at": now}
+            (beats / "run-1.json").write_text(json.dumps(record))
+            page = home.fragment(home.Collector(), now)
+        self.assertNotIn("<img src=x", page)
+        self.assertIn("&lt;img src=x onerror=alert(1)&gt;", page)
+        self.assertIn("/w/&lt;b&gt;", page)
 
 
 @contextlib.contextmanager

@@ -24,7 +24,8 @@ NOT_SHIPPED = {"__init__.py"}
 def startup_data(stack: str) -> dict[str, str]:
     result = run_objects(stack, stack_objects(stack))
     assert result.error is None, result.error
-    app = str(stack_objects(stack).get("app", "ml-dev-env"))
+    # The StatefulSet's name is the app name (an environment stack's is `<cluster appName>-<environment>`).
+    app = result.one("kubernetes:apps/v1:StatefulSet").inputs["metadata"]["name"]
     found = [r for r in result.of_type(CONFIGMAP) if r.inputs["metadata"]["name"] == naming.startup_configmap(app)]
     assert len(found) == 1, [r.inputs["metadata"]["name"] for r in result.of_type(CONFIGMAP)]
     return dict(found[0].inputs["data"])
@@ -63,7 +64,7 @@ def test_the_table_covers_the_package() -> None:
     assert len(set(keys)) == len(keys) and len(set(sources)) == len(sources)
     files = {p.name for p in inpod.HERE.iterdir() if p.is_file()} - NOT_SHIPPED
     assert set(sources) == files, f"not shipped: {sorted(files - set(sources))}; missing: {sorted(set(sources) - files)}"
-    assert {s.group for s in inpod.SHIPPED} == {"startup", "devloop", "lifecycle", "fabric"}
+    assert {s.group for s in inpod.SHIPPED} == {"startup", "devloop", "lifecycle", "fabric", "usage", "home"}
     for s in inpod.SHIPPED:
         assert inpod.path(s.key) == inpod.HERE / s.source and inpod.text(s.key) == Path(inpod.HERE / s.source).read_text()
     with pytest.raises(KeyError, match="not shipped"):

@@ -91,7 +91,7 @@ def test_idle_settings_are_a_directory_mount_and_not_in_the_pod_hash(running: Ru
         "namespace": "nccl-test",
         "recordConfigMap": "ml-dev-env-idle-stop",
         "activityPort": 9099,
-        "servers": ["vscode", "jupyter", "tensorboard"],
+        "servers": ["vscode", "jupyter", "tensorboard", "home"],
     }
     # toggling the idle stop changes no pod template (no restart), only the settings and the RBAC
     assert busy.one(STS).inputs["spec"]["template"] == running.one(STS).inputs["spec"]["template"]

@@ -1,13 +1,16 @@
 """Fixtures for the step-program tests: the deployed script texts and real local services.
 
-Every step runs as the exact text `steps.embed.step_script(name)` returns, written to a file and
-executed with this interpreter. Services (docker-registry with token or htpasswd auth, moto S3,
+Every step runs as it deploys: the steps of the tools image as `python3 <tree>/steps/<name>.py` from the
+tree `steps.embed.write_tree` lays out from the image's files (`shipped()`), an embedded step as the exact
+text `steps.embed.step_script(name)` returns, written to a file; both with this interpreter.
+Services (docker-registry with token or htpasswd auth, moto S3,
 HTTP proxies, the model-registry stand-in, a fake Hugging Face Hub) listen on 127.0.0.1 ports
 and are torn down after use; tests skip only when a required binary is absent.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import random
 import re
@@ -21,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from steps.embed import STEPS, step_script
+from steps.embed import EMBEDDED, STEPS, step_script, write_tree
 from tests.fixtures.images import push_base, skopeo_available
 from tests.fixtures.model_registry import ModelRegistryStandIn, run_model_registry
 from tests.fixtures.proxy import HttpProxy, run_proxy
@@ -51,13 +54,15 @@ StepRunner = Callable[..., StepRun]
 
 @pytest.fixture(scope="session")
 def scripts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Each step's deployable script, written once, exactly as embedded into the Tekton Task."""
+    """Each step's program as it deploys: the tools image's file, or the script embedded into the Task."""
     root = tmp_path_factory.mktemp("scripts")
+    steps_dir = write_tree(root / "image")
     paths = {}
     for name in STEPS:
-        paths[name] = root / f"{name}.py"
-        paths[name].write_text(step_script(name))
-        paths[name].chmod(0o755)
+        paths[name] = steps_dir / f"{name}.py"
+        if name in EMBEDDED:
+            paths[name] = root / f"{name}.py"
+            paths[name].write_text(step_script(name))
     return paths
 
 
@@ -79,7 +84,7 @@ def run_step(scripts: dict[str, Path]) -> StepRunner:
 
 
 @pytest.fixture(scope="session")
-def deployed() -> Callable[[str], types.ModuleType]:
+def deployed(scripts: dict[str, Path]) -> Callable[[str], types.ModuleType]:
     """The deployed text of a step loaded as a module (for unit checks of its pure helpers)."""
 
     def load(name: str) -> types.ModuleType:
@@ -87,7 +92,19 @@ def deployed() -> Callable[[str], types.ModuleType]:
         if module_name not in sys.modules:
             module = types.ModuleType(module_name)
             sys.modules[module_name] = module  # dataclasses resolve annotations through sys.modules
-            exec(compile(step_script(name), f"<step_script({name!r})>", "exec"), module.__dict__)
+            if name in EMBEDDED:
+                exec(compile(step_script(name), f"<step_script({name!r})>", "exec"), module.__dict__)
+            else:  # the image's file; its `lib` is the image tree's package (as `python3 <file>` finds it)
+                path = scripts[name]
+                if "lib" not in sys.modules:
+                    init = path.parent / "lib" / "__init__.py"
+                    spec = importlib.util.spec_from_file_location("lib", init, submodule_search_locations=[str(init.parent)])
+                    assert spec is not None and spec.loader is not None
+                    sys.modules["lib"] = importlib.util.module_from_spec(spec)
+                    spec.loader.exec_module(sys.modules["lib"])
+                assert Path(sys.modules["lib"].__file__ or "").parent == path.parent / "lib", "one image tree per session"
+                module.__file__ = str(path)
+                exec(compile(path.read_text(), str(path), "exec"), module.__dict__)
         return sys.modules[module_name]
 
     return load

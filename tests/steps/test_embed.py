@@ -1,4 +1,5 @@
-"""steps/embed.py: what the Tekton steps run is one deterministic, self-contained script per step."""
+"""steps/embed.py: what the Tekton steps run — the tools image's step files, or one deterministic,
+self-contained script for a step that runs before that image exists."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from steps.embed import LIB, STEPS, lib_modules, step_script
+from steps.embed import EMBEDDED, IMAGE_STEPS_DIR, LIB, SHIPPED_DIRS, STEPS, lib_modules, shipped, step_command, step_script, write_tree
 from tests.steps.conftest import StepRunner
 
 # Tekton writes every step script of a Task, base64-encoded, into ONE `sh -c` argument of its
@@ -29,7 +30,30 @@ def test_script_is_self_contained_and_deterministic(name: str) -> None:
     assert all(n.level == 0 for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)), "no relative import is left"
     third_party = {m.split(".")[0] for m in imported if m} - set(sys.stdlib_module_names) - {"__future__"}
     assert third_party <= {"boto3", "botocore", "huggingface_hub", "isal"}, third_party
-    assert len(base64.b64encode(text.encode())) < TEKTON_ARG_LIMIT - 4096
+    if name in EMBEDDED:  # only these are inlined into a Task; the others run from the tools image
+        assert len(base64.b64encode(text.encode())) < TEKTON_ARG_LIMIT - 4096
+
+
+# A ConfigMap holds at most 1 MiB (k8s.io/api core/v1 types.go: MaxSecretSize, the bound the API server
+# applies to ConfigMaps too); the tools image build carries the step files in one per SHIPPED_DIRS entry.
+CONFIG_MAP_LIMIT = 1 << 20
+
+
+def test_the_tools_image_ships_the_step_files_as_they_are(tmp_path: Path) -> None:
+    steps_dir = Path(__file__).resolve().parents[2] / "steps"
+    files = shipped()
+    assert set(files) == set(SHIPPED_DIRS)
+    for part, data in files.items():
+        assert sum(len(k) + len(v.encode()) for k, v in data.items()) < CONFIG_MAP_LIMIT // 2, part  # room to grow
+        for name, text in data.items():
+            assert text == (steps_dir / SHIPPED_DIRS[part] / name).read_text(), name
+    tree = write_tree(tmp_path)
+    for name in STEPS:
+        assert (tree / f"{name}.py").read_text() == (steps_dir / f"{name}.py").read_text()
+        if name not in EMBEDDED:
+            assert step_command(name) == ["python3", f"{IMAGE_STEPS_DIR}/{name}.py"]
+    with pytest.raises(ValueError, match="not a step of the tools image"):
+        step_command("wait_image")
 
 
 @pytest.mark.parametrize("name", STEPS)

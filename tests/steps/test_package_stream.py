@@ -66,6 +66,29 @@ def test_streams_from_s3_verifies_and_reruns_skip(
     assert quay_proxy.count("PATCH") == 0
 
 
+def test_each_chunk_reads_only_its_own_bytes_from_s3(
+    tmp_path: Path, run_step: StepRunner, s3: S3Server, quay: Registry, quay_proxy: HttpProxy, base_image: str, repo_name: str
+) -> None:
+    """A chunked upload asks S3 for each chunk's file bytes only: the ranges requested add up to the file, not more
+    (a GET to the object's end per chunk read 385 MiB for a 300 MiB model)."""
+    size = 9 * MiB + 5
+    upload(s3, "ranges", {"m/model.safetensors": os.urandom(size), "m/config.json": b"{}"})
+    with run_proxy(int(s3.endpoint.rsplit(":", 1)[1])) as s3_proxy:
+        args = stream_args(
+            tmp_path, quay, quay_proxy.host, via(quay_proxy, quay, base_image), repo_name, "ranges", f"http://{s3_proxy.host}"
+        )
+        step = run_step("package", *args, env=s3.env())
+        ranges = [value for path, value in s3_proxy.ranges if path.endswith("/model.safetensors")]
+    assert step.returncode == 0, step.stderr
+    spans = []
+    for value in ranges:
+        first, _, last = value.removeprefix("bytes=").partition("-")
+        spans.append((int(first), int(last)))
+    assert len(spans) >= 4, f"a 9 MiB file in 2 MiB chunks is read in several ranged GETs: {ranges}"
+    assert sum(last - first + 1 for first, last in spans) == size, ranges
+    assert sorted(spans)[0][0] == 0 and max(last for _, last in spans) == size - 1
+
+
 @pytest.mark.parametrize(
     "checksums, size, kind",
     [(True, 3 * MiB, "sha256-base64"), (False, 3 * MiB, "md5"), (True, 11 * MiB, "crc32-multipart")],

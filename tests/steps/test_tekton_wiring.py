@@ -3,8 +3,10 @@
 The program is rendered with a model whose source, Quay repository, base image and registry URL point
 at the local services. Every `$(params.…)`, `$(tasks.….results.…)`, `$(workspaces.….path)` and
 `$(results.….path)` reference is then resolved the way Tekton would — from the PipelineRun's params
-through the Pipeline's task params — and each Task's embedded script runs with exactly those args.
-Only transport flags the local registries need (plain HTTP, no TLS) are appended.
+through the Pipeline's task params — and each Task's step runs with exactly those args: its embedded
+script, or its command against the step files laid out from the rendered tools-image ConfigMaps (where
+the tools image build puts them). Only transport flags the local registries need (plain HTTP, no TLS)
+are appended.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from components.image_build import TOOLS_STEPS_DIR
 from components.model_pipeline import SA_DIR, SA_TOKEN
+from steps.embed import IMAGE_STEPS_DIR, SHIPPED_DIRS
 from tests.conftest import run_objects, stack_objects
 from tests.fixtures.model_registry import ModelRegistryStandIn
 from tests.fixtures.registry import Registry
@@ -59,6 +63,20 @@ class Tekton:
         self.pipeline = {t["name"]: t for t in pipeline["tasks"]}
         self.run_params = run_params
         self.tmp = tmp
+        # The tools image's step files, from the rendered BuildConfig's ConfigMaps, laid out as the Containerfile does.
+        (build,) = [
+            r.inputs["spec"]
+            for r in result.of_type("kubernetes:build.openshift.io/v1:BuildConfig")
+            if "-tools-" in r.inputs["metadata"]["name"]
+        ]
+        maps = {r.inputs["metadata"]["name"]: r.inputs["data"] for r in result.of_type("kubernetes:core/v1:ConfigMap")}
+        self.image_steps = tmp / "image-steps"
+        for ref in build["source"]["configMaps"]:
+            part = ref["destinationDir"].removeprefix(f"{TOOLS_STEPS_DIR}/")
+            target = self.image_steps / SHIPPED_DIRS[part]
+            target.mkdir(parents=True, exist_ok=True)
+            for key, text in maps[ref["configMap"]["name"]].items():
+                (target / key).write_text(text)
         self.workspaces = {"model": tmp / "pvc", "quay-auth": tmp / "quay-auth"}
         self.results: dict[str, dict[str, str]] = {}
 
@@ -99,11 +117,15 @@ class Tekton:
         for e in step.get("env", []):
             if "value" in e:
                 step_env[e["name"]] = self._sub(e["value"], params, pipeline_task)
-        script = self.tmp / f"{pipeline_task}.py"
-        script.write_text(step["script"])
-        proc = subprocess.run(
-            [sys.executable, str(script), *args, *extra_args], capture_output=True, text=True, env=step_env, timeout=300, check=False
-        )
+        if "script" in step:
+            script = self.tmp / f"{pipeline_task}.py"
+            script.write_text(step["script"])
+            command = [sys.executable, str(script)]
+        else:
+            python, program = step["command"]
+            assert python == "python3" and program.startswith(f"{IMAGE_STEPS_DIR}/")
+            command = [sys.executable, str(self.image_steps / program.removeprefix(f"{IMAGE_STEPS_DIR}/"))]
+        proc = subprocess.run([*command, *args, *extra_args], capture_output=True, text=True, env=step_env, timeout=300, check=False)
         self.results[pipeline_task] = {
             r["name"]: (self.tmp / "results" / pipeline_task / r["name"]).read_text()
             for r in spec.get("results", [])

@@ -1,0 +1,199 @@
+"""Cluster and environment layers of one cluster (README "Team environments").
+
+* `cluster_facts`: what a cluster stack exports for its environments (`environment_facts`, versioned).
+* `stack_label_transformation`: every Kubernetes object's own metadata carries `ml-dev-env/stack: <stack>`
+  (pod templates are left alone, so adding it restarts nothing); at preview/up an object this stack would
+  create that already carries another stack's label stops the run (`ownership_conflict`).
+* `image_puller_binding`: an environment in its own namespace may pull the cluster's image.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from components.gpu_cluster import scc_role_name
+from components.image_build import runtime_tag
+from components.storage import claim_name
+from core import naming
+from stacks.config import StackConfig
+from stacks.environment import FACTS_VERSION, ClusterFacts
+
+STACK_LABEL = "ml-dev-env/stack"
+ENVIRONMENT_LABEL = "ml-dev-env/environment"
+
+
+def stack_label(stack: str) -> dict[str, str]:
+    return {STACK_LABEL: stack}
+
+
+def cluster_facts(cfg: StackConfig) -> ClusterFacts:
+    """The facts a cluster stack (its config) gives its environments; `environment_facts` output, and what the
+    environment expects from its cluster's file (a difference means the cluster stack is not deployed as written)."""
+    ns, app = cfg.cluster.namespace, cfg.cluster.app_name
+    build = cfg.image.build
+    image = naming.internal_image(ns, build.image_stream, runtime_tag(build)) if build is not None else str(cfg.image.reference)
+    memlock = cfg.security.memlock
+    scc = role = None
+    if cfg.network.effective_mode == "rdma" and memlock.mode == "scc" and memlock.scc_name:
+        scc = naming.stack_scc_name(memlock.scc_name, ns, app) if memlock.create_scc else memlock.scc_name
+        role = scc_role_name(scc) if memlock.create_scc else None
+    elif cfg.network.effective_mode == "rdma" and memlock.mode == "privileged":
+        scc = "privileged"
+    claims = {v.name: claim_name(app, v.name) for v in cfg.storage.volumes if cfg.storage.scope_of(v) == "shared"}
+    return ClusterFacts(
+        version=FACTS_VERSION,
+        cluster=cfg.cluster.name,
+        namespace=ns,
+        app_name=app,
+        runtime_image=image,
+        scc=scc,
+        scc_role=role,
+        shared_claims=claims,
+    )
+
+
+def facts_problem(deployed: Any, expected: ClusterFacts, stack_ref: str) -> str | None:
+    """One line when the cluster stack's deployed `environment_facts` cannot serve this environment, else None."""
+    if not deployed:
+        return (
+            f"ml-dev-env:environment.cluster: the cluster stack {stack_ref} has no environment_facts output: it was never "
+            f"deployed (or by a program older than environment stacks); run `pulumi up -s {expected.cluster}` first"
+        )
+    if not isinstance(deployed, dict) or deployed.get("version") != FACTS_VERSION:
+        got = deployed.get("version") if isinstance(deployed, dict) else deployed
+        return (
+            f"ml-dev-env:environment.cluster: the cluster stack {stack_ref} exports environment_facts version {got!r}, this program "
+            f"reads version {FACTS_VERSION}; run `pulumi up -s {expected.cluster}` with this program first"
+        )
+    facts = ClusterFacts.model_validate(deployed)
+    differ = [
+        key for key in ("namespace", "app_name", "runtime_image", "scc", "shared_claims") if getattr(facts, key) != getattr(expected, key)
+    ]
+    if differ:
+        return (
+            f"ml-dev-env:environment.cluster: the cluster stack {stack_ref} is deployed with other {', '.join(differ)} than "
+            f"Pulumi.{expected.cluster}.yaml says; run `pulumi up -s {expected.cluster}` first"
+        )
+    return None
+
+
+# ------------------------------------------------------------------------------------------ ownership
+
+# Kinds whose API resource name is not `<kind lowercased>s`.
+PLURALS = {"NetworkPolicy": "networkpolicies", "SecurityContextConstraints": "securitycontextconstraints", "Ingress": "ingresses"}
+CLUSTER_SCOPED = {"SecurityContextConstraints", "Namespace", "ClusterRole", "ClusterRoleBinding"}
+
+
+def api_path(resource_type: str, namespace: str | None, name: str) -> str | None:
+    """GET path of an object from its Pulumi type (`kubernetes:apps/v1:StatefulSet`), None for a non-object type."""
+    parts = resource_type.split(":")
+    if len(parts) != 3 or parts[0] != "kubernetes" or "/" not in parts[1]:
+        return None
+    group_version, kind = parts[1], parts[2]
+    if group_version.startswith("core/"):
+        group_version = group_version.removeprefix("core/")
+    base = f"/api/{group_version}" if "/" not in group_version else f"/apis/{group_version}"
+    plural = PLURALS.get(kind, f"{kind.lower()}s")
+    if kind in CLUSTER_SCOPED or not namespace:
+        return f"{base}/{plural}/{name}"
+    return f"{base}/namespaces/{namespace}/{plural}/{name}"
+
+
+def ownership_conflict(live: dict[str, Any] | None, stack: str, kind: str, namespace: str | None, name: str) -> str | None:
+    """One line when the live object belongs to another stack (its `ml-dev-env/stack` label), else None.
+
+    No live object, one without the label (made by hand, by the original tool or by this program before the
+    label existed) or one of this stack: adopted or updated as before.
+    """
+    if live is None:
+        return None
+    owner = ((live.get("metadata") or {}).get("labels") or {}).get(STACK_LABEL)
+    if not owner or owner == stack:
+        return None
+    where = f"{namespace}/{name}" if namespace else name
+    return (
+        f"ml-dev-env: {kind} {where} belongs to stack {owner!r} (label {STACK_LABEL}); stack {stack!r} would take it over. "
+        f"Give this stack other names (cluster.appName, environment.name) or remove the object from {owner!r} first"
+    )
+
+
+LiveReader = Callable[[str], "dict[str, Any] | None"]
+
+
+def _metadata_of(props: Mapping[str, Any]) -> tuple[str, Any] | None:
+    meta = props.get("metadata")
+    return None if meta is None else ("metadata", meta)
+
+
+def _get(meta: Any, key: str) -> Any:
+    return meta.get(key) if isinstance(meta, dict) else getattr(meta, key, None)
+
+
+def _with_labels(meta: Any, labels: dict[str, str]) -> Any:
+    current = _get(meta, "labels")
+    if current is not None and not isinstance(current, dict):
+        return meta  # an Output: leave it as it is
+    merged = {**(current or {}), **labels}
+    if isinstance(meta, dict):
+        return {**meta, "labels": merged}
+    out = copy.copy(meta)
+    pulumi.set(out, "labels", merged)
+    return out
+
+
+def stack_label_transformation(stack: str, reader: LiveReader | None) -> Callable[[pulumi.ResourceTransformationArgs], Any]:
+    """A stack transformation: label every object this stack owns; with a live `reader`, stop before another stack's object.
+
+    Patches (`…Patch` types) only annotate objects they do not own: neither labelled nor checked. The reader raises
+    nothing: it returns the live object or None (a failed read is a warning in `__main__.py`'s reader).
+    """
+
+    def transform(args: pulumi.ResourceTransformationArgs) -> pulumi.ResourceTransformationResult | None:
+        if not args.type_.startswith("kubernetes:") or args.type_.endswith("Patch") or args.type_.startswith("pulumi:providers"):
+            return None
+        found = _metadata_of(args.props)
+        if found is None:
+            return None
+        key, meta = found
+        name, namespace = _get(meta, "name"), _get(meta, "namespace")
+        if reader is not None and isinstance(name, str) and (namespace is None or isinstance(namespace, str)):
+            path = api_path(args.type_, namespace, name)
+            if path:
+                problem = ownership_conflict(reader(path), stack, args.type_.rsplit(":", 1)[-1], namespace, name)
+                if problem:
+                    raise pulumi.RunError(problem)
+        props = dict(args.props)
+        props[key] = _with_labels(meta, stack_label(stack))
+        return pulumi.ResourceTransformationResult(props=props, opts=args.opts)
+
+    return transform
+
+
+# ------------------------------------------------------------------------------------- environment
+
+
+def image_puller_binding(
+    name: str, cfg: StackConfig, facts: ClusterFacts, labels: dict[str, str], opts: pulumi.ResourceOptions
+) -> k8s.rbac.v1.RoleBinding | None:
+    """An environment in its own namespace: its ServiceAccount may pull the cluster's ImageStreams.
+
+    OpenShift's `system:image-puller` ClusterRole grants `get` on `imagestreams/layers` (openshift/origin,
+    bootstrappolicy `ImagePullerRoleName`: rule `get` on `imagestreams/layers` in groups "" and image.openshift.io);
+    bound in the cluster's namespace it lets pods of another namespace pull that namespace's images.
+    """
+    ns = cfg.cluster.namespace
+    if ns == facts.namespace:
+        return None
+    app = cfg.cluster.app_name
+    return k8s.rbac.v1.RoleBinding(
+        f"{name}-image-puller",
+        metadata=k8s.meta.v1.ObjectMetaArgs(name=f"{app}-image-puller", namespace=facts.namespace, labels=labels),
+        role_ref=k8s.rbac.v1.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind="ClusterRole", name="system:image-puller"),
+        subjects=[k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=cfg.security.service_account, namespace=ns)],
+        opts=opts,
+    )

@@ -1,0 +1,110 @@
+"""Environment stacks: one person's environment on a cluster stack's cluster (README "Team environments").
+
+An environment stack's file holds only what is personal (`ENVIRONMENT_KEYS`); every other setting comes from
+its cluster stack's file in the same project. `environment_config` merges the two into the raw config the
+program validates, renamed so that no object of the environment shares a name with the cluster's or another
+environment's (every name carries `<cluster appName>-<environment name>`). What the cluster stack *deployed*
+(its runtime image, SCC, shared claims) reaches the environment through the cluster's versioned
+`environment_facts` output (`ClusterFacts`), read with a Pulumi StackReference in `__main__.py`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import Field
+
+from core import naming
+from stacks.base import Model
+
+ENVIRONMENT_KEYS = ("environment", "nodes", "access", "ssh", "lifecycle")
+"""The only `ml-dev-env:` keys an environment stack sets (at most 15 lines of config)."""
+MERGED_KEYS = ("nodes", "access", "lifecycle")
+"""Personal keys merged onto the cluster's (a key the environment leaves out keeps the cluster's value)."""
+FACTS_VERSION = 1
+FACTS_OUTPUT = "environment_facts"
+
+
+class ClusterFacts(Model):
+    """What every environment needs from its deployed cluster stack: the `environment_facts` output (versioned)."""
+
+    version: int = Field(description="FACTS_VERSION of the program that deployed the cluster stack.")
+    cluster: str
+    namespace: str
+    app_name: str
+    runtime_image: str = Field(description="The image the cluster's pods run (its built runtime tag, or the configured reference).")
+    scc: str | None = Field(None, description="The SCC the RDMA pods use (None: no memlock SCC).")
+    scc_role: str | None = Field(None, description="The Role in the cluster namespace granting `use` of a created SCC.")
+    shared_claims: dict[str, str] = Field(default_factory=dict, description="Shared volume name → claim in the cluster namespace.")
+
+
+def is_environment(raw: Mapping[str, Any]) -> bool:
+    return isinstance(raw.get("environment"), dict)
+
+
+def app_name(cluster_app: str, environment: str) -> str:
+    return f"{cluster_app}-{environment}"
+
+
+def _merge(base: Any, over: Any) -> Any:
+    if isinstance(base, dict) and isinstance(over, dict):
+        out = dict(base)
+        for key, value in over.items():
+            out[key] = _merge(base.get(key), value)
+        return out
+    return copy.deepcopy(over)
+
+
+def environment_config(cluster_raw: Mapping[str, Any], env_raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The raw config of an environment stack (cluster file + personal keys, renamed), and its problems.
+
+    Problems name the environment stack's key: one line each (keys it may not set, nodes outside the cluster's).
+    """
+    problems: list[str] = []
+    for key in env_raw:
+        if key not in ENVIRONMENT_KEYS:
+            problems.append(
+                f"ml-dev-env:{key}: an environment stack (it sets ml-dev-env:environment) takes only "
+                f"{', '.join(ENVIRONMENT_KEYS)}; {key} comes from its cluster stack"
+            )
+    env = dict(env_raw["environment"])
+    raw: dict[str, Any] = copy.deepcopy({k: v for k, v in cluster_raw.items() if k != "models"})
+    for key in MERGED_KEYS:
+        if key in env_raw:
+            raw[key] = _merge(raw.get(key) or {}, env_raw[key])
+    # SSH keys are personal: the cluster owner's authorized keys never reach another person's pods.
+    raw["ssh"] = copy.deepcopy(env_raw.get("ssh") or {})
+    raw["environment"] = env
+    cluster = dict(raw.get("cluster") or {})
+    cluster_app = str(cluster.get("appName") or "ml-dev-env")
+    cluster_ns = cluster.get("namespace")
+    name = str(env.get("name", ""))
+    cluster["appName"] = app_name(cluster_app, name)
+    cluster["namespace"] = env.get("namespace") or cluster_ns
+    cluster["createNamespace"] = False
+    raw["cluster"] = cluster
+    # Its own ServiceAccount (its OAuth redirects name only its own Routes).
+    security = dict(raw.get("security") or {})
+    security["serviceAccount"] = cluster["appName"]
+    security["createServiceAccount"] = True
+    memlock = dict(security.get("memlock") or {})
+    if memlock.get("mode") == "scc" and memlock.get("createScc") and memlock.get("sccName") and cluster_ns:
+        # The cluster stack owns the SCC (cluster-scoped, named per stack); the environment only uses it.
+        memlock["sccName"] = naming.stack_scc_name(str(memlock["sccName"]), str(cluster_ns), cluster_app)
+        memlock["createScc"] = False
+    security["memlock"] = memlock
+    raw["security"] = security
+    network = copy.deepcopy(raw.get("network") or {})
+    if isinstance(network.get("rdma"), dict):
+        network["rdma"]["createAttachments"] = False  # the cluster stack owns the NetworkAttachmentDefinitions
+    raw["network"] = network
+    gpu_nodes = ((cluster_raw.get("nodes") or {}).get("gpuNodes")) or []
+    wanted = ((env_raw.get("nodes") or {}).get("gpuNodes")) or []
+    outside = [n for n in wanted if gpu_nodes and n not in gpu_nodes]
+    if outside:
+        problems.append(
+            f"ml-dev-env:nodes.gpuNodes: got {outside!r}; an environment uses a subset of its cluster's nodes: {', '.join(gpu_nodes)}"
+        )
+    return raw, problems

@@ -1,0 +1,165 @@
+"""The home page's server on simulated pods, fed only by the real programs that write its data.
+
+* two `SimPod`s (tests/lifecycle/conftest.py) each run the real idle agent (`idle_agent.py run`) on
+  127.0.0.1 (port 0, address from `activity.addr`), with the stub `nvidia-smi` printing the real CSV;
+* the fabric gate's result and curve come from the real `fabric_check.py gate` on the fabric simulation
+  (tests/fabric/sim.py), written where the gate writes them (the workspace's `.ml-dev-env/fabric/`);
+* an `ml-dev run` record is written by ml_dev.py's own `Heartbeat`, an SSH session record by the real
+  `ssh-session.sh` (its ForceCommand), so the files have exactly the launcher's and the fabric's shape;
+* the home page runs as a plain process (`home_page.py serve --listen 127.0.0.1:0`) with pod 0's state
+  directory, `ML_DEV_HOME_AGENTS` naming the agents' loopback addresses (no cluster DNS here).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.fabric.conftest import Sim
+from tests.lifecycle.conftest import SimPod, write_settings
+
+HOME_PAGE = ROOT / "inpod" / "home_page.py"
+INJECTED = "<script>window.__xss = 1</script>"
+
+
+def load(name: str, path: Path, **environ: str) -> ModuleType:
+    """Import an in-pod program as the pod runs it (module-level settings read from the environment)."""
+    saved = {k: os.environ.get(k) for k in environ}
+    os.environ.update(environ)
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def wait_for(path: Path, proc: subprocess.Popen[Any], log: Path, timeout: float = 30) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().strip():
+            return path.read_text().strip()
+        assert proc.poll() is None, log.read_text()
+        time.sleep(0.05)
+    raise AssertionError(f"{path} never appeared: {log.read_text()}")
+
+
+def stop(proc: subprocess.Popen[Any]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+class Environment:
+    """Pods, their agents, a failed fabric gate and the home page, all on 127.0.0.1."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        names = ["ml-dev-env-0", "ml-dev-env-1"]
+        self.pods = [SimPod(root / "pods", i, names) for i in range(2)]
+        # idle stop on, a one-hour timeout whose warning starts after 1 s idle: an idle environment shows its stop time
+        self.settings = write_settings(root / "idle.json", idleTimeoutSeconds=3600, warningLeadSeconds=3599, intervalSeconds=1, servers=[])
+        self.procs: list[subprocess.Popen[Any]] = []
+        (root / "fabric").mkdir()
+        self.fabric = Sim(root / "fabric", 2)
+        self.fabric.cluster.allreduce["busbw"] = 60.0  # every pair slow: the gate fails (fabric-wide)
+
+    def start(self, program: Path = HOME_PAGE, pod_env: dict[str, str] | None = None) -> str:
+        """Run the gate, the agents and the page; `program`/`pod_env`: the page as a pod would start it."""
+        gate = self.fabric.run("gate")
+        assert gate.returncode == 1, gate.stdout + gate.stderr
+        self.workspace = Path(self.fabric.cluster.host(0)["workspace"])
+        for pod in reversed(self.pods):
+            extra = {"NODE_NAME": f"gpu-node-{pod.index}"}
+            if pod.index == 0:
+                extra["ML_DEV_ACTIVITY_PEERS"] = f"{self.pods[1].name}={self.pods[1].address()}"
+            pod.start(pod.env(self.settings, None, **extra))
+            self.procs.append(pod.proc)  # type: ignore[arg-type]
+        agents = " ".join(f"{p.name}={p.address()}" for p in self.pods)
+        pod0 = self.pods[0]
+        env = {
+            **(pod_env or {"APP_NAME": "ml-dev-env", "POD_NAMESPACE": "nccl-test"}),
+            **pod0.env(self.settings, None),
+            "ML_DEV_WORKSPACE": str(self.workspace),
+            "ML_DEV_HOME_AGENTS": agents,
+            "ML_DEV_HOME_INTERVAL": "1",
+            "ML_DEV_HOME_REFRESH": "1",
+        }
+        self.log = self.root / "home.log"
+        with open(self.log, "w") as out:
+            proc = subprocess.Popen(
+                [sys.executable, str(program), "serve", "--listen", "127.0.0.1:0"], env=env, stdout=out, stderr=subprocess.STDOUT
+            )
+        self.procs.append(proc)
+        self.url = "http://" + wait_for(pod0.state / "home.addr", proc, self.log) + "/"
+        return self.url
+
+    def get(self, path: str = "") -> str:
+        with urllib.request.urlopen(self.url + path, timeout=10) as response:
+            return response.read().decode()
+
+    def busy(self) -> None:
+        """GPU work on pod 0, a live `ml-dev run` whose command line carries a script, an SSH session."""
+        self.pods[0].gpu(87)
+        ml_dev = load("ml_dev_under_test", ROOT / "inpod" / "ml_dev.py", ML_DEV_STATE_DIR=str(self.pods[0].state))
+        self.heartbeat = ml_dev.Heartbeat("run", {"command": ["python", "train.py", INJECTED], "cwd": "/workspace/x", "pods": ["a", "b"]})
+        self.heartbeat.__enter__()
+        sessions = self.pods[0].state / "ssh-sessions"
+        sessions.mkdir(exist_ok=True)
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "HOME": str(self.root),
+            "ML_DEV_STATE_DIR": str(self.pods[0].state),
+            "SSH_ORIGINAL_COMMAND": "exec sleep 120",
+            "USER": "<b>alice</b>",
+            "SSH_CLIENT": "10.128.2.7 50122 2222",
+        }
+        ssh = subprocess.Popen(["bash", str(ROOT / "inpod" / "ssh-session.sh")], env=env)
+        self.procs.append(ssh)
+        deadline = time.monotonic() + 10
+        while not (sessions / str(ssh.pid)).exists():
+            assert time.monotonic() < deadline, "ssh-session.sh wrote no session record"
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        if getattr(self, "heartbeat", None) is not None:
+            self.heartbeat.__exit__(None, None, None)
+        for proc in self.procs:
+            stop(proc)
+        for pod in self.pods:
+            pod.stop()
+
+
+@pytest.fixture
+def environment(tmp_path: Path) -> Iterator[Environment]:
+    env = Environment(tmp_path)
+    try:
+        yield env
+    finally:
+        env.close()
+
+
+def fabric_result(env: Environment) -> dict[str, Any]:
+    return json.loads((env.workspace / ".ml-dev-env" / "fabric" / "latest.json").read_text())
