@@ -51,7 +51,7 @@ TOOLS = ("unshare", "nsenter", "ip", "setpriv", "prlimit", "sshd", "ssh", "ssh-k
 SERVICE_ACCOUNT = "/run/secrets/kubernetes.io/serviceaccount"  # /var/run -> /run in the image
 
 
-TEST_SECRETS = {"vscodePassword": "test-password", "jupyterToken": "test-token"}
+TEST_SECRETS: dict[str, str | None] = {"vscodePassword": "test-password", "jupyterToken": "test-token"}
 
 
 def render_stack(stack: str, mutate: Any = None) -> Any:
