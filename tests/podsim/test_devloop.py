@@ -385,7 +385,7 @@ def test_a_dead_sshd_is_restarted_and_a_refused_pod_is_named(cluster: Cluster) -
     if res.returncode == 1:  # raced the restart: the refused connection is named, with the log to read
         fqdn = re.escape(naming.pod_dns(APP, NS, 2))
         assert re.search(rf"pod ml-dev-env-2 \({fqdn}\) is not reachable over SSH after 1 s: connection refused", res.stderr), res.stderr
-        assert "oc exec -n nccl-test ml-dev-env-2 -c ml-dev -- cat /tmp/ml-dev-env/logs/sshd.log" in res.stderr
+        assert f"oc exec -n {NS} ml-dev-env-2 -c ml-dev -- cat /tmp/ml-dev-env/logs/sshd.log" in res.stderr
         assert "ml-dev-env-1" not in res.stderr and "ml-dev-env-3" not in res.stderr
     # the startup script restarts sshd: the pod is reachable again without a container restart
     deadline = time.monotonic() + 20
