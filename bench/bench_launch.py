@@ -1,7 +1,7 @@
 """`make bench-launch`: how long `ml-dev run` takes until every rank runs, on 4 simulated pods.
 
-The pods are the test suite's (tests/devloop/sim.py: real sshd/ssh/rsync, the rendered scripts, one
-UTS+mount namespace and loopback address per pod; needs root). A tree of SIZE bytes (default 200 MB, in
+The pods are the test suite's (tests/podsim: started from nerc-production's render with 4 pods of 2 GPUs
+and a per-pod workspace; real sshd/ssh/rsync, own namespaces and pod IP per pod; needs root). A tree of SIZE bytes (default 200 MB, in
 1 MiB files) sits in a git work tree on pod 0. Measured, from the moment `ml-dev run` is started on
 pod 0 to the moment the last rank's program is running (each rank records time.time() first thing):
 
@@ -25,9 +25,11 @@ import time
 from pathlib import Path
 
 from inpod import svgplot
-from tests.devloop.sim import UID, WORKSPACE, Cluster, missing_requirements
+from tests.conftest import run_objects, stack_objects
+from tests.podsim.pods import PodSim, missing_requirements
 
 ROOT = Path(__file__).resolve().parent.parent
+WORKSPACE = "/workspace"
 
 PROGRAM = """import json, os, sys, time
 t = time.time()
@@ -47,15 +49,15 @@ def parse_size(text: str) -> int:
     return int(m.group(1)) * scale
 
 
-def one_run(c: Cluster) -> tuple[float, int]:
+def one_run(c: PodSim) -> tuple[float, int]:
     for pod in c.pods:
-        for f in (pod.state / "bench").glob("*.json"):
+        for f in pod.path("/tmp/ml-dev-env/bench").glob("*.json"):
             f.unlink()
     t0 = time.time()
     res = c.exec(0, "python3 /opt/ml-dev-env/ml-dev run -- python3 prog.py", cwd=f"{WORKSPACE}/tree", timeout=300)
     if res.returncode != 0:
         raise SystemExit(f"ml-dev run failed:\n{res.stdout}\n{res.stderr}")
-    starts = [json.loads((pod.state / "bench" / f"rank-{pod.index}.json").read_text())["started"] for pod in c.pods]
+    starts = [json.loads(pod.path(f"/tmp/ml-dev-env/bench/rank-{pod.index}.json").read_text())["started"] for pod in c.pods]
     sent = re.search(r"(\d+) bytes sent", res.stdout)
     return max(starts) - t0, int(sent.group(1)) if sent else -1
 
@@ -115,27 +117,32 @@ def main() -> int:
     if why:
         print(f"bench-launch: cannot simulate pods here: {why}", file=sys.stderr)
         return 2
-    c = Cluster(4, gpus=2)
+    objects = stack_objects("nerc-production")
+    objects["nodes"] = {**objects["nodes"], "count": 4, "gpusPerPod": 2}
+    objects["storage"] = {"mode": "per-pod", "volumes": [{"name": "workspace", "mountPath": WORKSPACE, "size": "1Gi"}]}
+    result = run_objects("nerc-production", objects)
+    if result.error:
+        raise SystemExit(f"render failed: {result.error}")
+    c = PodSim(result)
     try:
         started = time.monotonic()
         c.start()
         print(f"4 simulated pods up in {time.monotonic() - started:.1f} s")
         files = max(1, -(-args.size // 2**20))
         for i in range(files):
-            c.write(0, f"tree/data/blob-{i:04d}.bin", "")
-            (c.pods[0].workspace / "tree" / "data" / f"blob-{i:04d}.bin").write_bytes(os.urandom(2**20))
-        c.write(0, "tree/prog.py", PROGRAM)
-        c.write(0, "tree/.gitignore", "__pycache__/\n")
+            c.write(0, f"{WORKSPACE}/tree/data/blob-{i:04d}.bin", "").write_bytes(os.urandom(2**20))
+        c.write(0, f"{WORKSPACE}/tree/prog.py", PROGRAM)
+        c.write(0, f"{WORKSPACE}/tree/.gitignore", "__pycache__/\n")
         assert c.exec(0, "git init -q .", cwd=f"{WORKSPACE}/tree").returncode == 0
-        for p in (c.pods[0].workspace / "tree").rglob("*"):
-            os.chown(p, UID, 0)
+        for p in c.pods[0].path(f"{WORKSPACE}/tree").rglob("*"):
+            os.chown(p, c.identity.uid, 0)
         print(f"tree: {files} files of 1 MiB + prog.py on pod 0 ({files * 2**20 / 1e6:.0f} MB)")
         cold = one_run(c)
         print(f"{'first run (cold, full copy)':<28} {cold[0]:6.2f} s   rsync sent {cold[1] / 1e6:8.2f} MB")
         unchanged = [one_run(c) for _ in range(args.repeat)]
         changed = []
         for n in range(args.repeat):
-            target = c.pods[0].workspace / "tree" / "data" / f"blob-{n % files:04d}.bin"
+            target = c.pods[0].path(f"{WORKSPACE}/tree/data/blob-{n % files:04d}.bin")
             target.write_bytes(os.urandom(2**20))
             changed.append(one_run(c))
         print(summary("unchanged tree", unchanged))

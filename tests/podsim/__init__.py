@@ -1,22 +1,74 @@
-"""Pods as the render makes them (issue 22): the start of the one pod simulation, built from rendered objects.
+"""Pods as the render makes them (issue 22): the one pod simulation, built only from a stack's rendered objects.
 
-This first part is what needs no root: an independent reading of a rendered StatefulSet and the kubelet's
-layout of ConfigMap/Secret volumes. Platform rules, each with its upstream source:
+API (root; tests skip with `pods.missing_requirements()` as the reason otherwise):
+    from tests.podsim.pods import PodSim, leftovers
+    sim = PodSim(run_result, count=2)         # any RunResult: a committed stack or a variant (onDeploy, idleStop, ...)
+    sim.start()                                # network + DNS + pods, each until its rendered readiness probe passes
+                                               # (start(wait=False) + wait_ready(i) for pods that must not turn Ready)
+    sim.exec(i, "cmd", cwd=, env=, input=)     # `oc exec`: PID 1's namespaces and root, container identity, caps,
+    sim.popen(i, "cmd") / sim.command(i, ...)  #   rlimits and env, outside PID 1's tree
+    sim.pods[i].ip / .netns / .pid / .name     # pod IP, network namespace (`ip -n`, `nsenter --net=/run/netns/...`),
+    sim.pods[i].path("/tmp/ml-dev-env")        #   PID 1 as this machine numbers it, a pod path seen from here
+    sim.swap_configmap(name, data=None)        # a ConfigMap/Secret update: new ..<timestamp> dir, ..data swapped
+    sim.add_interfaces(i, {"net5": "10.0.9.1/24"})  # extra interfaces (netK of every pod share one bridge)
+    sim.terminate(i, grace=None)               # preStop exec, SIGTERM to PID 1, SIGKILL after the grace
+    sim.probe(i), sim.sshd_log(i), sim.identity, sim.keys (user/stranger/host/client ed25519 keys)
+    sim.stop()                                 # kills every process, deletes namespaces and directories
+    leftovers()                                # podsim-* network namespaces and directories still here
 
-* Env expansion (`render.container_env`): the kubelet resolves `fieldRef`s (metadata.name/namespace,
-  status.podIP, spec.nodeName) and `secretKeyRef`s, then expands `$(VAR)` from variables defined EARLIER in
-  the list; `$$(VAR)` is a literal `$(VAR)`, an undefined `$(VAR)` stays as written
-  (kubernetes third_party/forked/golang/expansion/expand.go Expand; pkg/kubelet/kubelet_pods.go makeEnvironmentVariables).
-  The runtime adds HOSTNAME (the pod name) and the kubelet the KUBERNETES_SERVICE_* variables of the
-  default Service (enableServiceLinks adds the namespace's Services; `KUBERNETES_ADDED` lists what we add).
-* ConfigMap/Secret volumes (`layout.AtomicVolume`): each key is a symlink `<key> -> ..data/<key>`, `..data` a
-  symlink to a `..<UTC timestamp>.<random>` directory that differs on every pod, and an update writes a new
-  directory and renames a `..data_tmp` symlink over `..data` (pkg/volume/util/atomic_writer.go
-  AtomicWriter.Write, newTimestampDir, createUserVisibleFiles). File modes are the rendered
-  defaultMode/items mode (default 0644); with an fsGroup the files' group is it
-  (pkg/volume/volume_linux.go SetVolumeOwnership).
+Platform rules (everything a pod gets is a rendered field or one of these), with their upstream source:
 
-Still to come (see the report of issue 22): the namespaces (PID/UTS/mount/net with veth pairs and pod IPs,
-stub DNS with the kubelet's search path and ndots:5, /etc/hosts as the kubelet writes it), capabilities as
-SCC admission and CRI-O give them, the rendered readiness probe, `oc exec`, termination.
+* Env (`render.container_env`): the image's ENV (images/base.Containerfile ENV lines; the base image's PATH is
+  the Debian default), then the rendered env in order: fieldRefs (metadata.name/namespace, status.podIP,
+  spec.nodeName), secretKeyRefs from the test's values, `$(VAR)` from EARLIER variables, `$$` a literal `$`,
+  an undefined `$(VAR)` kept (kubernetes third_party/forked/golang/expansion/expand.go Expand;
+  pkg/kubelet/kubelet_pods.go makeEnvironmentVariables); HOSTNAME = pod name (the runtime) and the
+  `kubernetes` Service's KUBERNETES_* links (pkg/kubelet/envvars/envvars.go FromServices); the device plugins'
+  env for the requested extended resources: PCIDEVICE_OPENSHIFT_IO_<NAME> = a VF's PCI address per SR-IOV
+  resource (k8snetworkplumbingwg/sriov-network-device-plugin pkg/resources/server.go getEnvs) and
+  NVIDIA_VISIBLE_DEVICES = the GPUs' UUIDs for nvidia.com/gpu (NVIDIA/k8s-device-plugin, envvar strategy).
+* ConfigMap/Secret volumes (`layout.AtomicVolume`): `<key> -> ..data/<key>`, `..data -> ..<UTC timestamp>.<random>`
+  (a different directory on every pod); an update writes a new directory and renames `..data_tmp` over `..data`
+  (pkg/volume/util/atomic_writer.go AtomicWriter.Write, newTimestampDir, createUserVisibleFiles). Modes: the
+  rendered defaultMode (0644 default); with an fsGroup the files' group is it (pkg/volume/volume_linux.go
+  SetVolumeOwnership). The service-account token volume at /var/run/secrets/kubernetes.io/serviceaccount
+  (token, ca.crt, namespace: test values; plugin/pkg/admission/serviceaccount). PVCs: a fresh root-owned 0755
+  directory, with an fsGroup 2775 group fsGroup (SetVolumeOwnership); one per pod for volumeClaimTemplates,
+  shared for a named claim. emptyDir: 0777 (pkg/volume/emptydir/empty_dir.go), medium Memory a tmpfs.
+* Identity (`admission.admit`): an SCC the stack creates and grants `use` of to the pod's service account gives
+  CRI-O's default capabilities (cri-o internal/config/capabilities/capabilities_linux.go Default()) + `add`
+  - `drop` - its requiredDropCapabilities (openshift/apiserver-library-go pkg/securitycontextconstraints/
+  capabilities/mustrunas.go Generate adds required drops to the drop list); UID from runAsUser. Otherwise
+  restricted-v2: the namespace range's first UID (user/mustrunasrange.go), GID 0, fsGroup = the first
+  supplemental group (group/mustrunas.go) as supplementary group, drop ALL, no_new_privs. For UID 0 the
+  capabilities are bounding = permitted = effective (execve of root); inheritable and ambient are empty
+  (CRI-O since CVE-2022-27652). A capability this machine's own bounding set lacks cannot be given
+  (`sim.missing_capabilities`; in a container that is often SYS_RESOURCE). RLIMIT_MEMLOCK = 8 MiB, the kernel's
+  default since Linux 5.16 (mm: MLOCK_LIMIT), for PID 1 and `oc exec` alike.
+* Namespaces: own PID namespace with the rendered command (+args) as PID 1 (signals, reaping, /proc/1/limits),
+  own UTS (hostname = pod name), mount and IPC namespaces; root = an overlay of this machine's root (the
+  image layer) with a tmpfs as the container's writable layer; /proc, read-only /sys, a tmpfs /dev with the OCI
+  default devices (null zero full random urandom tty, devpts, mqueue: runtime-spec config-linux.md "Default
+  Devices"); /tmp, /var/tmp, /run: the image's empty directories (tmpfs). WORKDIR from the Containerfile.
+* Network: own network namespace per pod, eth0 = one end of a veth pair whose other end is on a bridge in a
+  namespace the simulation creates (nothing is routed anywhere else); pod IPs 10.128.0.(10+i)/14 (OpenShift's
+  clusterNetwork), gateway 10.128.0.1, cluster DNS 172.30.0.10 (the DNS Service address). Multus networks
+  of `k8s.v1.cni.cncf.io/networks` become net1..netN (veths on one bridge per name, 10.0.(103+k).(10+i)/24).
+* DNS (`dns.py`, a stub CoreDNS): A records for `<pod>.<headless>.<ns>.svc.cluster.local` and the headless
+  name (publishNotReadyAddresses); NXDOMAIN otherwise (coredns plugin/kubernetes). resolv.conf as the kubelet
+  writes it for ClusterFirst: `search <ns>.svc.cluster.local svc.cluster.local cluster.local`, `options ndots:5`
+  (pkg/kubelet/network/dns/dns.go GetPodDNS; no node search domains). StatefulSet pods: hostname = pod name,
+  subdomain = serviceName (pkg/controller/statefulset/stateful_set_utils.go updateIdentity).
+* /etc/hosts as the kubelet writes it: the localhost lines and only the pod itself,
+  `<ip>\t<pod>.<subdomain>.<ns>.svc.cluster.local\t<pod>` (pkg/kubelet/kubelet_pods.go managedHostsFileContent).
+* Readiness: the rendered exec probe run through the `oc exec` path (every 0.2 s here, not periodSeconds).
+  `oc exec`: runc exec joins PID 1's namespaces with the container's env, identity and rlimits, as a process
+  outside PID 1's tree. Termination: preStop exec, SIGTERM, SIGKILL after terminationGracePeriodSeconds
+  (pkg/kubelet/kuberuntime/kuberuntime_container.go killContainer).
+* Image assumptions (images/base.Containerfile): /etc/passwd GID 0 and g=u, no image SSH host keys,
+  /workspace GID 0 g=u, `/usr/local/bin/ml-dev` (the same two-line wrapper), /etc/profile.d/ml-dev-env.sh;
+  sshd, its privsep user `sshd`, ssh, rsync, pdsh, git and python3 as this machine (Debian) has them.
+  Node tools as stubs: nvidia-smi (the NVIDIA container toolkit's; GPUs = the nvidia.com/gpu limit) and
+  ibv_devinfo (the HCAs of NCCL_IB_HCA).
+* Not simulated: seccomp, SELinux, cgroups/resources, the sidecar containers, init containers, the API server.
 """

@@ -1,8 +1,9 @@
-"""The dev loop on simulated pods (tests/devloop/sim.py): real sshd, ssh, rsync, pdsh; the rendered scripts.
+"""The dev loop on 4 pods started from the render (tests/podsim): real sshd, ssh, rsync, pdsh; the rendered scripts.
 
-From "pod 0" (a shell in its namespaces, as the pod user) the `ml-dev` launcher syncs, launches, streams and
-stops ranks on 4 pods; users' keys log in and strangers do not; DeepSpeed's pdsh launch path reaches every
-pod; the laptop ssh_config parses and logs in through a stub `oc`.
+A variant of nerc-production (restricted-v2: the namespace UID, no capabilities) with 4 pods of 2 GPUs and a
+per-pod workspace; pod 3's image leaves /etc/passwd read-only (nss_wrapper). From pod 0 (`oc exec`) the `ml-dev`
+launcher syncs, launches, streams and stops ranks; users' keys log in and strangers do not; DeepSpeed's pdsh
+launch path reaches every pod; the laptop ssh_config parses and logs in through a stub `oc`.
 """
 
 from __future__ import annotations
@@ -17,19 +18,26 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from components import devloop
 from core import naming
-from tests.devloop.sim import APP, NS, STATE, UID, WORKSPACE, Cluster, missing_requirements
+from tests.conftest import stack_objects
+from tests.podsim.pods import PodSim, leftovers, missing_requirements
+from tests.podsim.pods import render_stack as render
 
 REASON = missing_requirements()
-pytestmark = pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}")
+pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}"), pytest.mark.timeout(300)]
 
+APP = "ml-dev-env"
+WORKSPACE = "/workspace"
+STATE = "/tmp/ml-dev-env"
 PROJECT = f"{WORKSPACE}/proj"
 LAUNCHER = "python3 /opt/ml-dev-env/ml-dev"
-
+Cluster = PodSim
+NS = stack_objects("nerc-production")["cluster"]["namespace"]
 # The test program: what every rank saw (its rank environment, its pod, the tree it ran on).
 PROGRAM = r"""
 import hashlib, json, os, socket, stat, sys, time
@@ -65,19 +73,25 @@ if mode == "sleep":
 """
 
 
+def four_pods_per_pod_workspace(objects: dict[str, Any]) -> None:
+    objects["nodes"] = {**objects["nodes"], "count": 4, "gpusPerPod": 2}
+    objects["storage"] = {"mode": "per-pod", "volumes": [{"name": "workspace", "mountPath": WORKSPACE, "size": "1Gi"}]}
+
+
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    c = Cluster(4, gpus=2, nss_pods=(3,), python_packages=("debugpy",))
+def cluster() -> Iterator[PodSim]:
+    before = set(leftovers())
+    c = PodSim(render("nerc-production", four_pods_per_pod_workspace), read_only_passwd=(3,), python_packages=("debugpy",))
     try:
         c.start()
-        c.write(0, "proj/prog.py", PROGRAM)
-        c.write(0, "proj/version.txt", "v0\n")
-        c.write(0, "proj/pkg/__init__.py", "")
-        c.write(0, "proj/run.sh", "#!/bin/sh\necho run\n", mode=0o755)
-        c.write(0, "proj/.gitignore", "out/\n*.log\n")
-        c.write(0, "proj/.ml-devignore", "scratch/\n")
-        c.write(0, "proj/train.log", "ignored by git\n")
-        c.write(0, "proj/scratch/notes.txt", "ignored by the launcher\n")
+        c.write(0, f"{PROJECT}/prog.py", PROGRAM)
+        c.write(0, f"{PROJECT}/version.txt", "v0\n")
+        c.write(0, f"{PROJECT}/pkg/__init__.py", "")
+        c.write(0, f"{PROJECT}/run.sh", "#!/bin/sh\necho run\n", mode=0o755)
+        c.write(0, f"{PROJECT}/.gitignore", "out/\n*.log\n")
+        c.write(0, f"{PROJECT}/.ml-devignore", "scratch/\n")
+        c.write(0, f"{PROJECT}/train.log", "ignored by git\n")
+        c.write(0, f"{PROJECT}/scratch/notes.txt", "ignored by the launcher\n")
         git = c.exec(
             0,
             "git init -q . && git add prog.py version.txt .gitignore && git -c user.email=a@b -c user.name=u commit -qm init",
@@ -87,24 +101,32 @@ def cluster() -> Iterator[Cluster]:
         yield c
     finally:
         c.stop()
+        assert set(leftovers()) <= before
 
 
-def records(c: Cluster) -> dict[int, dict[str, object]]:
+def records(c: PodSim) -> dict[int, dict[str, object]]:
     out = {}
     for pod in c.pods:
-        f = pod.workspace / "proj" / "out" / f"rank-{pod.index}.json"
+        f = pod.path(f"{PROJECT}/out/rank-{pod.index}.json")
         if f.exists():
             out[pod.index] = json.loads(f.read_text())
     return out
 
 
-def clear_records(c: Cluster) -> None:
+def clear_records(c: PodSim) -> None:
     for pod in c.pods:
-        shutil.rmtree(pod.workspace / "proj" / "out", ignore_errors=True)
+        shutil.rmtree(pod.path(f"{PROJECT}/out"), ignore_errors=True)
 
 
-def launch(c: Cluster, args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def launch(c: PodSim, args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return c.exec(0, f"{LAUNCHER} {args}", cwd=PROJECT, timeout=timeout)
+
+
+def ssh_argv(c: PodSim, index: int, key: str, known: Path, *extra: str, user: str = "ml-dev") -> list[str]:
+    """ssh from the pod network (the bridge namespace) to pod `index`'s IP with one of the test's keys."""
+    argv = ["ssh", "-F", "none", "-p", str(devloop.SSH_PORT), "-i", str(c.keys / key), "-o", "IdentitiesOnly=yes"]
+    argv += ["-o", f"UserKnownHostsFile={known}", "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", *extra]
+    return c.in_network([*argv, f"{user}@{c.pods[index].ip}"])
 
 
 def test_run_starts_every_rank_with_its_rank_env_on_the_same_tree(cluster: Cluster) -> None:
@@ -129,17 +151,17 @@ def test_run_starts_every_rank_with_its_rank_env_on_the_same_tree(cluster: Clust
         assert got[i]["files"] == expected, i
     assert len({got[i]["tree"] for i in (1, 2, 3)}) == 1
     assert {"prog.py", "run.sh", "pkg/__init__.py", ".ml-devignore"} <= {f[0] for f in expected}  # untracked, not ignored: synced
-    assert os.access(cluster.pods[2].workspace / "proj" / "run.sh", os.X_OK)  # modes travel
-    assert re.search(r"synced /tmp/workspace/proj \(\d+ files, tree [0-9a-f]{12}\) to 3 pods in [0-9.]+ s, \d+ bytes sent", res.stdout)
+    assert os.access(cluster.pods[2].path(f"{PROJECT}/run.sh"), os.X_OK)  # modes travel
+    assert re.search(r"synced /workspace/proj \(\d+ files, tree [0-9a-f]{12}\) to 3 pods in [0-9.]+ s, \d+ bytes sent", res.stdout)
 
 
 def test_edits_on_pod0_reach_every_pod_before_launch_20_times(cluster: Cluster) -> None:
     for n in range(1, 21):
         clear_records(cluster)
-        cluster.write(0, "proj/version.txt", f"v{n}\n")
-        extra = cluster.pods[0].workspace / "proj" / "pkg" / "extra.py"
+        cluster.write(0, f"{PROJECT}/version.txt", f"v{n}\n")
+        extra = cluster.pods[0].path(f"{PROJECT}/pkg/extra.py")
         if n % 2:
-            cluster.write(0, "proj/pkg/extra.py", f"N = {n}\n")
+            cluster.write(0, f"{PROJECT}/pkg/extra.py", f"N = {n}\n")
         elif extra.exists():
             extra.unlink()  # deletions travel too
         res = launch(cluster, "run -- python3 prog.py")
@@ -151,12 +173,12 @@ def test_edits_on_pod0_reach_every_pod_before_launch_20_times(cluster: Cluster) 
         assert all(("pkg/extra.py" in [f[0] for f in rec["files"]]) == bool(n % 2) for rec in got.values()), f"repetition {n}"  # type: ignore[union-attr]
 
 
-def _alive(pid: int) -> bool:
+def _alive(c: PodSim, index: int, pid: int) -> bool:
+    """Whether `pid` (as pod `index` numbers it) runs, not a zombie: the pod's own /proc."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return c.pods[index].path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
         return False
-    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
 
 
 def test_a_failing_rank_stops_every_other_rank_and_is_named(cluster: Cluster) -> None:
@@ -171,7 +193,7 @@ def test_a_failing_rank_stops_every_other_rank_and_is_named(cluster: Cluster) ->
     got = records(cluster)
     assert sorted(got) == [0, 1, 2, 3]
     for i in (0, 1, 3):
-        assert not _alive(int(got[i]["pid"])), f"rank {i} still runs"  # type: ignore[arg-type]
+        assert not _alive(cluster, i, int(got[i]["pid"])), f"rank {i} still runs"  # type: ignore[arg-type]
 
 
 def test_ctrl_c_stops_every_rank(cluster: Cluster) -> None:
@@ -183,19 +205,19 @@ def test_ctrl_c_stops_every_rank(cluster: Cluster) -> None:
     got = records(cluster)
     assert sorted(got) == [0, 1, 2, 3], proc.stdout.read() if proc.poll() is not None and proc.stdout else got
     # a heartbeat on the launching pod and on every rank's pod while the run is alive
-    assert list((cluster.pods[0].state / "heartbeat").glob("run-*.json"))
-    assert all(list((p.state / "heartbeat").glob("rank-*.json")) for p in cluster.pods)
-    os.killpg(proc.pid, signal.SIGINT)  # the terminal's Ctrl-C reaches the foreground process group
+    assert list(cluster.pods[0].path(f"{STATE}/heartbeat").glob("run-*.json"))
+    assert all(list(p.path(f"{STATE}/heartbeat").glob("rank-*.json")) for p in cluster.pods)
+    cluster.interrupt(proc)  # the terminal's Ctrl-C reaches the foreground process group
     out, _ = proc.communicate(timeout=40)
     assert proc.returncode == 130, out
     assert "interrupted; stopping every rank" in out
     for i, rec in got.items():
-        assert not _alive(int(rec["pid"])), f"rank {i} still runs"  # type: ignore[arg-type]
-    assert not list((cluster.pods[0].state / "heartbeat").glob("run-*.json"))
+        assert not _alive(cluster, i, int(rec["pid"])), f"rank {i} still runs"  # type: ignore[arg-type]
+    assert not list(cluster.pods[0].path(f"{STATE}/heartbeat").glob("run-*.json"))
 
 
 def test_exec_and_status_cover_every_pod(cluster: Cluster) -> None:
-    res = launch(cluster, "exec -- nvidia-smi")
+    res = launch(cluster, "exec -- nvidia-smi --query-gpu=name --format=csv,noheader")
     assert res.returncode == 0, res.stderr
     for i in range(4):
         assert res.stdout.count(f"[{i}] NVIDIA H100 80GB HBM3") == 2
@@ -223,43 +245,43 @@ def test_ssh_sessions_are_countable(cluster: Cluster) -> None:
 
 
 def test_shared_workspace_is_not_synced(cluster: Cluster) -> None:
-    env_file = cluster.base / "shared.env"
-    env_file.write_text(f"ML_DEV_SHARED_PATHS={WORKSPACE}\n")
-    env_file.chmod(0o644)
-    cluster.write(0, "proj/only-on-pod0.txt", "x\n")
-    res = cluster.exec(0, f"{LAUNCHER} sync", cwd=PROJECT, env={"ML_DEV_DEVLOOP_ENV": str(env_file)})
+    cluster.write(0, "/tmp/shared.env", f"ML_DEV_SHARED_PATHS={WORKSPACE}\n")
+    cluster.write(0, f"{PROJECT}/only-on-pod0.txt", "x\n")
+    res = cluster.exec(0, f"{LAUNCHER} sync", cwd=PROJECT, env={"ML_DEV_DEVLOOP_ENV": "/tmp/shared.env"})
     assert res.returncode == 0, res.stderr
     assert "shared storage: nothing to sync" in res.stdout
-    assert not (cluster.pods[1].workspace / "proj" / "only-on-pod0.txt").exists()
-    (cluster.pods[0].workspace / "proj" / "only-on-pod0.txt").unlink()
+    assert not cluster.pods[1].path(f"{PROJECT}/only-on-pod0.txt").exists()
+    cluster.pods[0].path(f"{PROJECT}/only-on-pod0.txt").unlink()
 
 
 def test_user_key_from_config_logs_in_and_an_unknown_key_is_refused(cluster: Cluster, tmp_path: Path) -> None:
     known = tmp_path / "known_hosts"
-    known.write_text(f"[{cluster.pods[1].addr}]:{devloop.SSH_PORT} {cluster.host_pub}\n")
+    known.write_text(f"[{cluster.pods[1].ip}]:{devloop.SSH_PORT} {cluster.host_pub}\n")
 
     def ssh(key: str, *extra: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [
-                "ssh",
-                "-F",
-                "none",
-                "-p",
-                str(devloop.SSH_PORT),
-                "-i",
-                str(cluster.keys / key),
-                "-o",
-                "IdentitiesOnly=yes",
-                "-o",
-                f"UserKnownHostsFile={known}",
-                "-o",
-                "StrictHostKeyChecking=yes",
-                "-o",
-                "BatchMode=yes",
-                *extra,
-                f"ml-dev@{cluster.pods[1].addr}",
-                "hostname; python3 -c 'import getpass; print(getpass.getuser())'; echo $NODE_RANK",
-            ],
+            cluster.in_network(
+                [
+                    "ssh",
+                    "-F",
+                    "none",
+                    "-p",
+                    str(devloop.SSH_PORT),
+                    "-i",
+                    str(cluster.keys / key),
+                    "-o",
+                    "IdentitiesOnly=yes",
+                    "-o",
+                    f"UserKnownHostsFile={known}",
+                    "-o",
+                    "StrictHostKeyChecking=yes",
+                    "-o",
+                    "BatchMode=yes",
+                    *extra,
+                    f"ml-dev@{cluster.pods[1].ip}",
+                    "hostname; python3 -c 'import getpass; print(getpass.getuser())'; echo $NODE_RANK",
+                ]
+            ),
             capture_output=True,
             text=True,
             timeout=30,
@@ -275,23 +297,25 @@ def test_user_key_from_config_logs_in_and_an_unknown_key_is_refused(cluster: Clu
     assert pw.returncode == 255 and "Permission denied (publickey)" in pw.stderr
     # a laptop-style login runs the launcher by name (on PATH in SSH sessions)
     status = subprocess.run(
-        [
-            "ssh",
-            "-F",
-            "none",
-            "-p",
-            str(devloop.SSH_PORT),
-            "-i",
-            str(cluster.keys / "user"),
-            "-o",
-            "IdentitiesOnly=yes",
-            "-o",
-            f"UserKnownHostsFile={known}",
-            "-o",
-            "BatchMode=yes",
-            f"ml-dev@{cluster.pods[1].addr}",
-            "ml-dev status",
-        ],
+        cluster.in_network(
+            [
+                "ssh",
+                "-F",
+                "none",
+                "-p",
+                str(devloop.SSH_PORT),
+                "-i",
+                str(cluster.keys / "user"),
+                "-o",
+                "IdentitiesOnly=yes",
+                "-o",
+                f"UserKnownHostsFile={known}",
+                "-o",
+                "BatchMode=yes",
+                f"ml-dev@{cluster.pods[1].ip}",
+                "ml-dev status",
+            ]
+        ),
         capture_output=True,
         text=True,
         timeout=60,
@@ -300,32 +324,34 @@ def test_user_key_from_config_logs_in_and_an_unknown_key_is_refused(cluster: Clu
     assert "ml-dev-env-1" in status.stdout and "(this pod)" in status.stdout and "rank=3/4" in status.stdout
     # sftp (IDEs, scp) goes through the session script too
     batch = tmp_path / "sftp.batch"
-    batch.write_text("ls -a /tmp/workspace\n")
+    batch.write_text("ls -a /workspace\n")
     sftp = subprocess.run(
-        [
-            "sftp",
-            "-F",
-            "none",
-            "-P",
-            str(devloop.SSH_PORT),
-            "-i",
-            str(cluster.keys / "user"),
-            "-o",
-            "IdentitiesOnly=yes",
-            "-o",
-            f"UserKnownHostsFile={known}",
-            "-o",
-            "BatchMode=yes",
-            "-b",
-            str(batch),
-            f"ml-dev@{cluster.pods[1].addr}",
-        ],
+        cluster.in_network(
+            [
+                "sftp",
+                "-F",
+                "none",
+                "-P",
+                str(devloop.SSH_PORT),
+                "-i",
+                str(cluster.keys / "user"),
+                "-o",
+                "IdentitiesOnly=yes",
+                "-o",
+                f"UserKnownHostsFile={known}",
+                "-o",
+                "BatchMode=yes",
+                "-b",
+                str(batch),
+                f"ml-dev@{cluster.pods[1].ip}",
+            ]
+        ),
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert sftp.returncode == 0 and ".deepspeed" in sftp.stdout, sftp.stdout + sftp.stderr
-    config = (cluster.pods[1].state / "ssh" / "sshd_config").read_text()
+    config = cluster.pods[1].path(f"{STATE}/ssh/sshd_config").read_text()
     assert "PasswordAuthentication no" in config and "PermitRootLogin prohibit-password" in config and "StrictModes yes" in config
 
 
@@ -334,20 +360,20 @@ def test_nss_wrapper_pod_gives_every_ssh_process_a_passwd_entry(cluster: Cluster
     res = cluster.exec(0, f"ssh ml-dev-env-3 'id -un; whoami; python3 -c \"{names}\"'")
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["ml-dev", "ml-dev", "ml-dev", "ml-dev"]
-    assert (cluster.pods[3].state / "ssh" / "nss.env").exists()  # pod 3's /etc/passwd is read-only
+    assert cluster.pods[3].path(f"{STATE}/ssh/nss.env").exists()  # pod 3's /etc/passwd is read-only
     # a shell `oc exec` starts there has no passwd entry, yet the launcher reaches every pod
-    plain = cluster.exec(3, f"id -un 2>&1; {LAUNCHER} exec -- hostname", nss=False, cwd="/tmp")
+    plain = cluster.exec(3, f"id -un 2>&1; {LAUNCHER} exec -- hostname", cwd="/tmp")
     assert plain.returncode == 0, plain.stdout + plain.stderr
     assert "cannot find name for user ID" in plain.stdout
     assert sorted(ln for ln in plain.stdout.splitlines() if ln.startswith("[")) == [f"[{i}] ml-dev-env-{i}" for i in range(4)]
-    assert not (cluster.pods[0].state / "ssh" / "nss.env").exists()  # pod 0's image layout: g=u /etc/passwd
+    assert not cluster.pods[0].path(f"{STATE}/ssh/nss.env").exists()  # pod 0's image layout: g=u /etc/passwd
 
 
 def test_a_dead_sshd_is_restarted_and_a_refused_pod_is_named(cluster: Cluster) -> None:
     pod = cluster.pods[2]
 
     def kill_sshd() -> None:  # with every connection it served (pod 0 keeps shared connections open)
-        for pid in cluster.namespace_pids(pod):
+        for pid in cluster.pod_pids(pod.index):
             try:
                 if Path(f"/proc/{pid}/comm").read_text().strip().startswith("sshd"):
                     os.kill(pid, signal.SIGKILL)
@@ -359,14 +385,14 @@ def test_a_dead_sshd_is_restarted_and_a_refused_pod_is_named(cluster: Cluster) -
     if res.returncode == 1:  # raced the restart: the refused connection is named, with the log to read
         fqdn = re.escape(naming.pod_dns(APP, NS, 2))
         assert re.search(rf"pod ml-dev-env-2 \({fqdn}\) is not reachable over SSH after 1 s: connection refused", res.stderr), res.stderr
-        assert "oc exec -n nccl-test ml-dev-env-2 -c ml-dev -- cat /tmp/ml-dev-env/logs/sshd.log" in res.stderr
+        assert f"oc exec -n {NS} ml-dev-env-2 -c ml-dev -- cat /tmp/ml-dev-env/logs/sshd.log" in res.stderr
         assert "ml-dev-env-1" not in res.stderr and "ml-dev-env-3" not in res.stderr
     # the startup script restarts sshd: the pod is reachable again without a container restart
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and cluster.exec(0, "ssh -o BatchMode=yes ml-dev-env-2 true").returncode != 0:
         time.sleep(0.2)
     assert launch(cluster, "run --timeout 5 -- true", timeout=60).returncode == 0
-    assert "restarting" in (pod.state / "logs" / "sshd.log").read_text()
+    assert "restarting" in pod.path(f"{STATE}/logs/sshd.log").read_text()
 
 
 def test_deepspeed_pdsh_launch_path_reaches_every_pod(cluster: Cluster) -> None:
@@ -385,9 +411,9 @@ with open("out/ds-%d.json" % a.node_rank, "w") as f:
     json.dump({"node_rank": a.node_rank, "host": socket.gethostname(), "master": a.master_addr, "script": rest}, f)
 print("deepspeed stub rank", a.node_rank, "on", socket.gethostname())
 """
-    cluster.write(0, "proj/deepspeed/__init__.py", "")
-    cluster.write(0, "proj/deepspeed/launcher/__init__.py", "")
-    cluster.write(0, "proj/deepspeed/launcher/launch.py", stub)
+    cluster.write(0, f"{PROJECT}/deepspeed/__init__.py", "")
+    cluster.write(0, f"{PROJECT}/deepspeed/launcher/__init__.py", "")
+    cluster.write(0, f"{PROJECT}/deepspeed/launcher/launch.py", stub)
     sync = launch(cluster, "sync")
     assert sync.returncode == 0, sync.stderr
     script = (
@@ -400,10 +426,10 @@ print("deepspeed stub rank", a.node_rank, "on", socket.gethostname())
     )
     res = cluster.exec(0, script, cwd=PROJECT, timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
-    hostfile = (cluster.pods[0].workspace / ".deepspeed" / "hostfile").read_text()
+    hostfile = cluster.pods[0].path(f"{WORKSPACE}/.deepspeed/hostfile").read_text()
     assert hostfile == naming.hostfile(APP, NS, 4, 2)
     for i in range(4):
-        rec = json.loads((cluster.pods[i].workspace / "proj" / "out" / f"ds-{i}.json").read_text())
+        rec = json.loads(cluster.pods[i].path(f"{PROJECT}/out/ds-{i}.json").read_text())
         assert rec["host"] == naming.pod_name(APP, i) and rec["master"] == naming.pod_dns(APP, NS, 0)
         assert rec["script"] == ["train.py", "--deepspeed"]
 
@@ -437,8 +463,7 @@ def test_laptop_ssh_config_parses_and_logs_in_through_oc(cluster: Cluster, tmp_p
     oc.chmod(0o755)
     table = {}
     for i in range(4):
-        base = cluster.command(i, "true")
-        table[naming.pod_name(APP, i)] = base[: base.index("bash")]
+        table[naming.pod_name(APP, i)] = cluster.command(i, ["true"])[:-1]
     (tmp_path / "pods.json").write_text(json.dumps(table))
     res = subprocess.run(
         ["ssh", "-F", str(config), "ml-dev-env-2", "hostname; id -un; echo $NODE_RANK"],
@@ -464,13 +489,13 @@ def test_laptop_ssh_config_parses_and_logs_in_through_oc(cluster: Cluster, tmp_p
 def test_the_pod_user_is_unprivileged(cluster: Cluster) -> None:
     res = cluster.exec(1, "grep -E '^(Uid|CapEff|NoNewPrivs)' /proc/$(cat /tmp/ml-dev-env/ssh/sshd.pid)/status")
     fields = dict(line.split(":", 1) for line in res.stdout.splitlines())
-    assert fields["Uid"].split()[0] == str(UID)
+    assert fields["Uid"].split()[0] == str(cluster.identity.uid)
     assert int(fields["CapEff"].strip(), 16) == 0 and fields["NoNewPrivs"].strip() == "1"
     # the key the pod's sshd reads is its own 0600 copy; the Secret stays read-only
-    key = cluster.pods[1].state / "ssh" / "host_ed25519_key"
-    assert key.stat().st_uid == UID and key.stat().st_mode & 0o777 == 0o600
-    assert (cluster.pods[1].state / "ssh").stat().st_mode & 0o777 == 0o700
-    assert STATE in (cluster.pods[1].state / "ssh" / "client.conf").read_text()
+    key = cluster.pods[1].path(f"{STATE}/ssh/host_ed25519_key")
+    assert key.stat().st_uid == cluster.identity.uid and key.stat().st_mode & 0o777 == 0o600
+    assert cluster.pods[1].path(f"{STATE}/ssh").stat().st_mode & 0o777 == 0o700
+    assert STATE in cluster.pods[1].path(f"{STATE}/ssh/client.conf").read_text()
 
 
 def _dap(sock: socket.socket, seq: int, command: str, **arguments: object) -> None:
@@ -503,7 +528,7 @@ def test_debug_rank_waits_for_a_debugger_on_its_pod_ip_with_debug_host_pod(clust
         sock = None
         while sock is None and time.monotonic() < deadline:
             try:
-                sock = socket.create_connection((cluster.pods[1].addr, naming.DEBUG_PORT), timeout=5)
+                sock = cluster.connect(1, naming.DEBUG_PORT)
             except OSError:
                 time.sleep(0.2)
         assert sock is not None, "debugpy never listened on rank 1's pod"
@@ -524,59 +549,57 @@ def test_debug_rank_waits_for_a_debugger_on_its_pod_ip_with_debug_host_pod(clust
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 0, out
-    assert f"[1] ml-dev: debugpy listening on {cluster.pods[1].addr} port 5678" in out
+    assert f"[1] ml-dev: debugpy listening on {cluster.pods[1].ip} port 5678" in out
     line = f"on its pod IP, port 5678 (--debug-host pod): any pod of the stack can attach to {naming.pod_dns(APP, NS, 1)}:5678"
     assert line in out
     assert sorted(records(cluster)) == [0, 1, 2, 3]
 
 
 def test_a_key_added_to_the_stack_logs_in_without_a_restart(cluster: Cluster, tmp_path: Path) -> None:
-    """kubelet rewrites the mounted Secret in place; the pods pick the new authorized_keys up."""
+    """The kubelet swaps the mounted Secret's ..data; the pods pick the new authorized_keys up without a restart."""
     known = tmp_path / "known_hosts"
-    known.write_text(f"[{cluster.pods[2].addr}]:{devloop.SSH_PORT} {cluster.host_pub}\n")
+    known.write_text(f"[{cluster.pods[2].ip}]:{devloop.SSH_PORT} {cluster.host_pub}\n")
 
     def stranger() -> int:
         return subprocess.run(
-            [
-                "ssh",
-                "-F",
-                "none",
-                "-p",
-                str(devloop.SSH_PORT),
-                "-i",
-                str(cluster.keys / "stranger"),
-                "-o",
-                "IdentitiesOnly=yes",
-                "-o",
-                f"UserKnownHostsFile={known}",
-                "-o",
-                "BatchMode=yes",
-                f"ml-dev@{cluster.pods[2].addr}",
-                "true",
-            ],
+            cluster.in_network(
+                [
+                    "ssh",
+                    "-F",
+                    "none",
+                    "-p",
+                    str(devloop.SSH_PORT),
+                    "-i",
+                    str(cluster.keys / "stranger"),
+                    "-o",
+                    "IdentitiesOnly=yes",
+                    "-o",
+                    f"UserKnownHostsFile={known}",
+                    "-o",
+                    "BatchMode=yes",
+                    f"ml-dev@{cluster.pods[2].ip}",
+                    "true",
+                ]
+            ),
             capture_output=True,
             text=True,
             timeout=30,
         ).returncode
 
     def wait_for(code: int) -> bool:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60  # sshd.sh re-reads the Secret every 30 s (ML_DEV_SSH_REFRESH_SECONDS)
         while time.monotonic() < deadline:
             if stranger() == code:
                 return True
             time.sleep(0.5)
         return False
 
-    keys = cluster.secret / "authorized_keys"
-    before = keys.read_text()
+    name = next(n for n, v in cluster.secrets.items() if "authorized_keys" in v)
+    before = dict(cluster.secrets[name])
     assert stranger() == 255
     try:
-        keys.chmod(0o640)
-        keys.write_text(before + cluster.stranger_pub + "\n")
-        keys.chmod(0o440)
+        cluster.swap_configmap(name, {**before, "authorized_keys": before["authorized_keys"] + cluster.stranger_pub + "\n"})
         assert wait_for(0), "the added key never logged in"
     finally:
-        keys.chmod(0o640)
-        keys.write_text(before)
-        keys.chmod(0o440)
+        cluster.swap_configmap(name, before)
     assert wait_for(255), "the removed key still logs in"
