@@ -11,11 +11,24 @@ import os
 import shlex
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
-# Handed to other pods: the startup ConfigMap's mount path (ML_DEV_DIR, core.naming.STARTUP_MOUNT) or this file's
-# directory as called, never resolve()d (the kubelet's `..<timestamp>` directory behind the mount differs on every pod).
-PROGRAM = Path(os.environ.get("ML_DEV_DIR") or os.path.dirname(os.path.abspath(__file__))) / "fabric_check.py"
+
+def _program_dir() -> str:
+    """The directory of `fabric_check.py` as called, never resolve()d: behind the mount's symlinks lies the kubelet's
+    `..<timestamp>` directory, which differs on every pod. This module is imported through sys.path[0], which Python
+    sets to the script's directory with symlinks resolved (docs: sys.path), so its own __file__ would name that
+    directory: the running program's path is used instead."""
+    program = getattr(sys.modules.get("__main__"), "__file__", None)
+    if program and os.path.basename(program) == "fabric_check.py":
+        return os.path.dirname(os.path.abspath(program))
+    return os.path.dirname(os.path.abspath(__file__))
+
+
+# Handed to other pods: the startup ConfigMap's mount path (ML_DEV_DIR, core.naming.STARTUP_MOUNT), else the program's
+# directory as called.
+PROGRAM = Path(os.environ.get("ML_DEV_DIR") or _program_dir()) / "fabric_check.py"
 
 
 GIB = 1 << 30

@@ -43,13 +43,16 @@ def test_env_of_a_rendered_pod(stack: str) -> None:
 def test_programs_see_the_mount_path_through_the_kubelet_layout(tmp_path: Path) -> None:
     mount = tmp_path / "opt-ml-dev-env"
     vol = AtomicVolume(mount, mode=0o555)
-    shipped = {"ml-dev": inpod.text("ml-dev"), **inpod.group("fabric")}  # fabric_check.py and its modules
+    shipped = {**inpod.group("devloop"), **inpod.group("fabric")}  # ml-dev, fabric_check.py and their modules
     first = vol.write(shipped)
     assert os.readlink(mount / "ml-dev") == f"{DATA}/ml-dev" and os.readlink(mount / DATA) == first.name
-    # as `python3 <script>` does: the script's directory (as called) first on sys.path, for its sibling modules
+    # as `python3 <script>` does: __main__.__file__ is the script as called, and its directory (symlinks resolved,
+    # docs: sys.path) is first on sys.path for its sibling modules; ml-dev keeps HERE in its library module
     probe = (
-        "import os, runpy, sys; sys.path.insert(0, os.path.dirname(sys.argv[1])); "
-        "g = runpy.run_path(sys.argv[1], run_name='probe'); print(g.get('HERE') or g['PROGRAM'])"
+        "import os, runpy, sys; sys.modules['__main__'].__file__ = sys.argv[1]; "
+        "sys.path.insert(0, os.path.dirname(os.path.realpath(sys.argv[1]))); "
+        "g = runpy.run_path(sys.argv[1], run_name='probe'); "
+        "lib = sys.modules.get('ml_dev_lib'); print(lib.HERE if lib else g['PROGRAM'])"
     )
     env = {k: v for k, v in os.environ.items() if k != "ML_DEV_DIR"}
     for key, want in (("ml-dev", mount), ("fabric_check.py", mount / "fabric_check.py")):
