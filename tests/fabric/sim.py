@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.podsim.nccl import float_str, nccl_report  # noqa: F401  (the stub's all_reduce_perf prints it)
+
 TOOLS = (
     "ibv_devinfo",
     "ibstat",
@@ -94,7 +96,8 @@ class Cluster:
         bin_dir.mkdir(exist_ok=True)
         for tool in TOOLS:
             wrapper = bin_dir / tool
-            wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{Path(__file__).resolve()}" {tool} "$@"\n')
+            repo = Path(__file__).resolve().parents[2]  # the stub imports tests.podsim.nccl
+            wrapper.write_text(f'#!/bin/sh\nPYTHONPATH="{repo}" exec "{sys.executable}" "{Path(__file__).resolve()}" {tool} "$@"\n')
             wrapper.chmod(0o755)
         for name, h in self.hosts.items():
             root = self.tmp / "roots" / h["pod"]
@@ -200,68 +203,6 @@ def load() -> tuple[dict, str, dict]:
 def record(scenario: dict, name: str, tool: str, args: list[str]) -> None:
     with open(scenario["calls"], "a") as f:
         f.write(json.dumps({"host": name, "tool": tool, "args": args}) + "\n")
-
-
-def float_str(value: float, width: int) -> str:
-    """nccl-tests getFloatStr: %.2f, else %.1f, else %.0f, whichever fits the width."""
-    for fmt in ("%*.2f", "%*.1f", "%*.0f"):
-        text = fmt % (width, value)
-        if len(text) <= width:
-            return text
-    return "%*.1e" % (width, value)
-
-
-def nccl_report(hosts: list[str], gpus: int, min_bytes: int, max_bytes: int, plateau_busbw: float) -> str:
-    nranks = len(hosts) * gpus
-    out = [
-        "# nccl-tests version 2.17.6 nccl-headers=22703 nccl-library=22703",
-        "# Collective test starting: all_reduce_perf",
-        f"# nThread 1 nGpus 1 minBytes {min_bytes} maxBytes {max_bytes} step: 2(factor) warmup iters: 1 iters: 20 "
-        "agg iters: 1 validation: 1 graph: 0",
-        "#",
-        "# Using devices",
-    ]
-    for r in range(nranks):
-        host = hosts[r // gpus].split(".")[0]
-        out.append(
-            "#  Rank %2d Group %2d Pid %6d on %10s device %2d [%04x:%02x:%02x] %s"
-            % (r, 0, 4000 + r, host, r % gpus, 0, 0x19 + 0x20 * (r % gpus), 0, "NVIDIA H100 80GB HBM3")
-        )
-    out.append("#")
-    out.append("# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place          " % ("", "", "", "", ""))
-    out.append(
-        "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s %20s"
-        % ("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong", "")
-    )
-    out.append(
-        "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s %20s"
-        % ("(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "", "")
-    )
-    size = min_bytes
-    total = 0.0
-    rows = 0
-    factor = 2 * (nranks - 1) / nranks
-    while size <= max_bytes:
-        busbw = plateau_busbw * size / (size + 64 * (1 << 20))
-        algbw = busbw / factor
-        time_us = size / (algbw * 1e3)
-        line = "%12li  %12li  %8s  %6s  %6s" % (size, size // 4, "float", "sum", "-1")
-        for bw_scale in (1.0, 0.998):
-            line += "  %7s  %6s  %6s  %6g" % (
-                float_str(time_us / bw_scale, 7),
-                float_str(algbw * bw_scale, 6),
-                float_str(busbw * bw_scale, 6),
-                0,
-            )
-        out.append(line)
-        total += busbw
-        rows += 1
-        size *= 2
-    out.append("# Out of bounds values : %d %s" % (0, "OK"))
-    out.append("# Avg bus bandwidth    : %g " % (total / rows if rows else 0))
-    out.append("#")
-    out.append("# Collective test concluded: all_reduce_perf")
-    return "\n".join(out) + "\n"
 
 
 def option(args: list[str], *names: str, default: str | None = None) -> str | None:

@@ -11,7 +11,7 @@ import pytest
 
 from inpod import fabric_check, fabric_gate, fabric_localise, fabric_parse
 from tests.fabric.conftest import PROGRAM, Sim
-from tests.fabric.sim import nccl_report
+from tests.podsim.nccl import nccl_report
 
 DATA = Path(__file__).parent / "data"
 
