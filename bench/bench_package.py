@@ -16,6 +16,7 @@ plus small JSON files) and pushes it to a local docker-registry with every appro
                 as one monolithic PUT to the registry, SHA-256 computed on the way (the digest in the URL is
                 the precomputed one), 2 streams. The physical reference for stream2's CPU and wall time.
   stream2       steps/package.py --source s3:// --jobs 2: S3 → registry in one pass, no model dir.
+  basestream2   stream2 with the packager of another git revision (`--baseline REF`, e.g. main): A/B in the same rounds.
   buildah       `buildah bud` (FROM <base>, COPY models /models; vfs, chroot) + `buildah push`.
   olot          `skopeo copy` of the base into an OCI layout, `olot`, `skopeo copy --preserve-digests`.
 
@@ -333,6 +334,7 @@ class Env:
     s3: S3Server | None = None  # moto S3 holding the same model under s3://bench/m/ (streaming approaches)
     cpus: set[int] | None = None  # where the packager (raw: the sending threads; s3read: the readers) runs
     server_cpus: set[int] | None = None  # where the registry and the S3 server run (never the packager's)
+    baseline: Path | None = None  # another revision's steps tree (--baseline REF), for basestream2
 
 
 @contextmanager
@@ -468,13 +470,26 @@ def approach_relay(env: Env, name: str, streams: int = 2) -> Result:
     return Result(name, seconds, 0, 0, after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime, registry_cpu)
 
 
-def approach_stream(env: Env, name: str, jobs: int = 2) -> Result:
-    """ours with --source s3://: no model directory, no PVC; S3 → registry in one pass."""
+def baseline_tree(ref: str, into: Path) -> Path:
+    """The tools image's steps tree of revision `ref` of this repository (laid out by that revision's own embed.py)."""
+    into.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "steps"], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    code = f"from steps.embed import write_tree; from pathlib import Path; write_tree(Path({str(into / 'image')!r}))"
+    subprocess.run([sys.executable, "-c", code], cwd=into, check=True)
+    return into / "image" / "steps"
+
+
+def approach_stream(env: Env, name: str, jobs: int = 2, baseline: bool = False) -> Result:
+    """ours with --source s3://: no model directory, no PVC; S3 → registry in one pass (`baseline`: --baseline's)."""
     assert env.s3 is not None
     scratch = env.work / name
     tmp = scratch / "tmp"
     tmp.mkdir(parents=True)
-    script = write_tree(scratch / "image") / "package.py"  # as deployed: the tools image's file tree
+    if baseline and env.baseline is None:
+        raise SystemExit(f"{name}: needs --baseline REF")
+    # as deployed: the tools image's file tree
+    script = (env.baseline if baseline and env.baseline else write_tree(scratch / "image")) / "package.py"
     run = Runner(env.logs, env.cpus)
     with fresh_registry(env, name, with_base=True) as (registry, base):
         authfile = registry.authfile(scratch / "auth.json")
@@ -542,6 +557,7 @@ APPROACHES: dict[str, tuple[str, Callable[[Env, str], Result], str | None]] = {
     "s3read": ("source read alone: moto S3 GET, 2 streams", approach_s3read, None),
     "relay2": ("S3 → registry relay, SHA-256 on the way, 2 streams", approach_relay, "raw2"),
     "stream2": ("ours --source s3:// (no PVC), --jobs 2", functools.partial(approach_stream, jobs=2), "raw2"),
+    "basestream2": ("--baseline's --source s3://, --jobs 2", functools.partial(approach_stream, jobs=2, baseline=True), "raw2"),
     "buildah": ("original: buildah bud + push", approach_buildah, "raw1"),
     "olot": ("peer: olot + skopeo", approach_olot, "raw1"),
 }
@@ -617,6 +633,10 @@ def report(results: list[Result], model_bytes: int, size_label: str, floor: floa
         wall = median([r.seconds for r in by["stream2"]]) / median([r.seconds for r in by["relay2"]])
         cpu = median([r.cpu_user + r.cpu_sys for r in by["stream2"]]) / median([r.cpu_user + r.cpu_sys for r in by["relay2"]])
         lines.append(f"stream2: {wall:.2f} × relay2's wall time, {cpu:.2f} × its CPU (the least a streaming packager does here)")
+    if "stream2" in by and "basestream2" in by:
+        cpu = median([r.cpu_user + r.cpu_sys for r in by["stream2"]]) / median([r.cpu_user + r.cpu_sys for r in by["basestream2"]])
+        wall = median([r.seconds for r in by["stream2"]]) / median([r.seconds for r in by["basestream2"]])
+        lines.append(f"stream2: {cpu:.2f} × basestream2's CPU, {wall:.2f} × its wall time (this tree against --baseline)")
     ours = by.get("ours2") or by.get("ours1")
     if ours:
         peak = max(r.peak_scratch for r in ours)
@@ -648,6 +668,7 @@ def main() -> None:
     )
     p.add_argument("--repeat", type=int, default=3, help="interleaved rounds (each approach runs once per round)")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
+    p.add_argument("--baseline", metavar="REF", help="git revision whose packager basestream2 runs (A/B in the same rounds)")
     p.add_argument(
         "--pin",
         choices=("auto", "none"),
@@ -679,13 +700,15 @@ def main() -> None:
         print(f"generating a {args.size} model ({shards} shards + 4 JSON files) in {args.workdir / 'model'} ...", flush=True)
         env = Env(args.workdir, args.workdir / "model" / "models", [], args.workdir / "logs", {})
         env.cpus, env.server_cpus = split_cpus(args.pin)
+        if args.baseline:
+            env.baseline = baseline_tree(args.baseline, args.workdir / "baseline")
         if env.server_cpus:  # this process (its monitoring threads) and the servers it starts: the servers' CPUs
             os.sched_setaffinity(0, env.server_cpus)
         load = os.getloadavg()
         env.files = make_model(env.model_dir, size, shards)
         env.digests = {path: file_digest(path) for path in env.files}  # the raw reference's, untimed
         model_bytes = sum(f.stat().st_size for f in env.files)
-        if any(n in ("s3read", "relay2", "stream2") for n in names):
+        if any(n in ("s3read", "relay2", "stream2", "basestream2") for n in names):
             print("starting moto S3 and uploading the model to s3://bench/m/ (untimed) ...", flush=True)
             env.s3 = stack.enter_context(run_s3())
             client = env.s3.client()
