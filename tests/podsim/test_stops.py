@@ -1,0 +1,265 @@
+"""Stops that keep the work, on pods started from the render (tests/podsim): issue 24 items 1 and 2 end to end.
+
+* A checkpoint before every stop, through the launcher: `ml-dev run` from pod 0 starts one rank on each of 2 pods
+  (the docs' training loop, its standard-library twin: save on the signal, write a temporary file, rename); then
+  both pods get the kubelet's termination at once, as a StatefulSet scale to 0 or delete does (`sim.terminate`:
+  preStop exec, SIGTERM to PID 1, SIGKILL at terminationGracePeriodSeconds). 10 trials: a complete checkpoint
+  on every rank, every pod gone within checkpointGraceSeconds + 10 s.
+* An unreachable worker: pod 1's network goes away (its eth0 down); pod 0's idle agent counts it as active
+  until the bound, then writes it off (it no longer holds the stop); `ml-dev status` on pod 0 names it
+  UNREACHABLE with since-when; when it answers again it counts again.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from components import lifecycle
+from core import naming
+from tests.podsim.pods import PREFIX, PodSim, leftovers, missing_requirements, render_stack
+
+REASON = missing_requirements()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}")
+
+STATE = "/tmp/ml-dev-env"
+PROJECT = "/workspace/job"
+GRACE = 5  # lifecycle.checkpointGraceSeconds of the variant (short: 10 trials)
+SAVE_SECONDS = 1.0  # how long the job takes to write its checkpoint
+TRIALS = 10
+
+# The docs' PyTorch loop ("Checkpoint before a stop"), standard library only: the handler sets a flag, the loop
+# saves at the next step boundary (temporary name, fsync, rename) and exits; each rank writes its own file.
+JOB = """
+import os, signal, sys, time
+stop = False
+def on_signal(signum, frame):
+    global stop
+    stop = True
+signal.signal(getattr(signal, os.environ.get("ML_DEV_CHECKPOINT_SIGNAL", "SIGTERM")), on_signal)
+rank = os.environ["NODE_RANK"]
+os.makedirs("ckpt", exist_ok=True)
+open("ckpt/rank%s.started" % rank, "w").close()
+step = 0
+while not stop:
+    step += 1
+    time.sleep(0.02)
+path = "ckpt/step%d-rank%s.txt" % (step, rank)
+with open(path + ".tmp", "w") as f:
+    f.write("step=%d\\n" % step)
+    for _ in range(10):
+        f.write("x" * 1000 + "\\n")
+        f.flush()
+        time.sleep(float(sys.argv[1]) / 10)
+    f.write("END\\n")
+    f.flush()
+    os.fsync(f.fileno())
+os.replace(path + ".tmp", path)
+print("rank", rank, "saved", path, flush=True)
+"""
+
+
+def quiet(objects: dict[str, Any]) -> None:
+    """No dev servers (none is installed on these pods; the idle agent would count their failed probes as activity)."""
+    objects["access"] = {**objects["access"], "vscode": False, "jupyter": False, "tensorboard": False}
+
+
+def with_grace(objects: dict[str, Any]) -> None:
+    quiet(objects)
+    objects.setdefault("lifecycle", {}).update(checkpointGraceSeconds=GRACE)
+
+
+def with_idle_stop(objects: dict[str, Any]) -> None:
+    quiet(objects)
+    objects.setdefault("lifecycle", {})["idleStop"] = {"enabled": True, "interval": "15s", "unreachableAfter": "2m"}
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float, log: Callable[[], str] = lambda: "") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout} s\n{log()}")
+        time.sleep(0.2)
+
+
+def complete(path: Path) -> bool:
+    lines = path.read_text().splitlines()
+    return len(lines) == 12 and lines[0].startswith("step=") and lines[-1] == "END"
+
+
+# ------------------------------------------------------------------------------ checkpoint trial
+
+
+@pytest.fixture(scope="module")
+def grace_render() -> Any:
+    return render_stack("barcelona", with_grace)
+
+
+def test_the_variant_renders_the_short_grace(grace_render: Any) -> None:
+    sts = next(r.inputs for r in grace_render.resources if r.kind == "StatefulSet")
+    assert sts["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == GRACE + lifecycle.STOP_MARGIN_SECONDS
+
+
+def mine(sim: PodSim) -> list[str]:
+    """Namespaces and directories of this simulation still here (other simulations may run beside it)."""
+    return [item for item in leftovers() if f"{PREFIX}{sim.run_id}-" in item]
+
+
+def one_trial(result: Any, trial: int, sims: list[PodSim]) -> tuple[list[float], list[str]]:
+    """Start 2 pods, `ml-dev run` the job from pod 0, terminate both pods at once; (stop seconds, problems)."""
+    problems: list[str] = []
+    with PodSim(result, count=2) as sim:
+        sims.append(sim)
+        sim.write(0, f"{PROJECT}/job.py", JOB)
+        launcher = sim.popen(0, f"ml-dev run -- python3 job.py {SAVE_SECONDS}", cwd=PROJECT)
+        try:
+            for i in range(2):
+                started = sim.pods[i].path(f"{PROJECT}/ckpt/rank{i}.started")
+                wait_for(f"trial {trial}: rank {i} started", started.exists, 60, lambda: sim.pods[0].log.read_text())
+            stopped: dict[int, tuple[str, float]] = {}
+
+            def kubelet(i: int) -> None:
+                t0 = time.monotonic()
+                how = sim.terminate(i)
+                stopped[i] = (how, time.monotonic() - t0)
+
+            threads = [threading.Thread(target=kubelet, args=(i,)) for i in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=sim.grace + 60)
+            out, _ = launcher.communicate(timeout=30)
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
+                launcher.communicate(timeout=30)
+        times = []
+        for i in range(2):
+            how, seconds = stopped.get(i, ("not stopped", float("inf")))
+            times.append(seconds)
+            if how != "exited":
+                problems.append(f"trial {trial}: pod {i} {how} (needed SIGKILL at the grace)")
+            if seconds > GRACE + 10:
+                problems.append(f"trial {trial}: pod {i} took {seconds:.1f} s > grace {GRACE} s + 10 s")
+            ckpt = sim.volume_dir(i, "/workspace") / PROJECT.removeprefix("/workspace/") / "ckpt"
+            saved = sorted(ckpt.glob(f"step*-rank{i}.txt"))
+            if len(saved) != 1 or not complete(saved[0]) or list(ckpt.glob("*.tmp")):
+                problems.append(f"trial {trial}: rank {i} checkpoint {[p.name for p in ckpt.iterdir()]} incomplete\n{out}")
+    return times, problems
+
+
+@pytest.mark.timeout(900)
+def test_every_rank_saves_a_complete_checkpoint_when_every_pod_is_terminated(grace_render: Any) -> None:
+    times: list[float] = []
+    problems: list[str] = []
+    sims: list[PodSim] = []
+    for trial in range(TRIALS):
+        got, bad = one_trial(grace_render, trial, sims)
+        times += got
+        problems += bad
+    assert not [item for sim in sims for item in mine(sim)]
+    print(
+        f"\ncheckpoint trials: {TRIALS} x 2 pods, grace {GRACE} s, save {SAVE_SECONDS} s: pod stop seconds "
+        f"median {statistics.median(times):.2f}, max {max(times):.2f}, min {min(times):.2f}"
+    )
+    assert not problems, "\n".join(problems)
+
+
+# ---------------------------------------------------------------------------- unreachable worker
+
+IDLE_GPU = r"""#!/usr/bin/python3
+# nvidia-smi's CSV as the real tool prints it (header with units; compute apps: the header alone = no process)
+import sys
+args = " ".join(sys.argv[1:])
+if "--query-compute-apps=" in args:
+    print("gpu_uuid, pid, process_name, used_gpu_memory [MiB]")
+    sys.exit(0)
+print("index, uuid, utilization.gpu [%], utilization.memory [%], memory.used [MiB]")
+for i in range(4):
+    print("%d, GPU-%08x-4d87-49d1-2eb9-39ec2baddf9b, 0 %%, 0 %%, 0 MiB" % (i, i))
+"""
+
+
+@pytest.fixture(scope="module")
+def idle_sim() -> Iterator[PodSim]:
+    sim = PodSim(render_stack("barcelona", with_idle_stop), count=2)
+    try:
+        sim.start()
+        for pod in sim.pods:  # idle GPUs in nvidia-smi's real CSV (the generic stub prints no header)
+            tool = pod.path("/usr/bin/nvidia-smi")
+            tool.write_text(IDLE_GPU)
+            tool.chmod(0o755)
+        yield sim
+    finally:
+        sim.stop()
+        assert not mine(sim), mine(sim)
+
+
+def decision(sim: PodSim) -> dict[str, Any]:
+    try:
+        return dict(json.loads(sim.pods[0].path(f"{STATE}/idle-status.json").read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+@pytest.mark.timeout(300)
+def test_an_unreachable_worker_is_shown_by_ml_dev_status_and_stops_holding_the_idle_stop(idle_sim: PodSim) -> None:
+    sim = idle_sim
+    bound = 4
+    name = lifecycle.SETTINGS_KEY
+    cm = naming.lifecycle_configmap("ml-dev-env")
+    settings = json.loads(sim.configmaps[cm][name])
+    assert settings["enabled"] and settings["unreachableSeconds"] == 120
+    # a quicker clock for the test (the stack's bounds: interval >= 15 s, unreachableAfter >= 2 min): the ConfigMap
+    # edited as the kubelet delivers an update; the agent re-reads it each round (within the rendered 15 s)
+    sim.swap_configmap(cm, {name: json.dumps({**settings, "intervalSeconds": 1, "unreachableSeconds": bound})})
+    agent_log = lambda: sim.pods[0].path(f"{STATE}/logs").joinpath("idle-agent.log").read_text()  # noqa: E731
+    wait_for(
+        "pod 0's agent reads the new bound",
+        lambda: decision(sim).get("unreachableSeconds") == bound and not decision(sim)["unreachable"],
+        45,
+        agent_log,
+    )
+    subprocess.run(["ip", "-n", sim.pods[1].netns, "link", "set", "eth0", "down"], check=True, timeout=30)
+    down_at = time.time()
+    try:
+        held = wait_for("pod 1 unreachable", lambda: decision(sim).get("unreachable", {}).get("ml-dev-env-1"), 60)
+        assert not held["writtenOff"] and held["since"] >= down_at - 1
+        view = decision(sim)
+        assert "ml-dev-env-1/reachable: probe failed" in view["reason"], "within the bound it counts as active"
+        off = wait_for("pod 1 written off", lambda: (decision(sim).get("unreachable", {}).get("ml-dev-env-1") or {}).get("writtenOff"), 60)
+        assert off
+        view = decision(sim)
+        entry = view["unreachable"]["ml-dev-env-1"]
+        assert entry["seconds"] >= bound and entry["since"] == held["since"]
+        # its veto is gone: the idle clock runs on from its last activity (pod 0 itself is idle)
+        later = wait_for("the idle clock runs", lambda: decision(sim)["idleSeconds"] >= view["idleSeconds"] + 2 and decision(sim), 30)
+        assert later["lastActive"] == view["lastActive"] <= entry["since"] + bound + 2, later
+        status = sim.exec(0, "ml-dev status --timeout 5", timeout=60)
+        out = status.stdout + status.stderr
+        assert status.returncode == 1, out
+        since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(entry["since"]))
+        lines = out.splitlines()
+        i = next(n for n, line in enumerate(lines) if line.strip().startswith("ml-dev-env-1"))
+        assert lines[i].split()[1] == "UNREACHABLE", out  # its SSH check
+        assert f"UNREACHABLE for the idle agent since {since}" in lines[i + 1], out
+        assert "written off after 4 s: the idle stop no longer waits for it" in lines[i + 1], out
+        assert any(line.startswith("idle stop: idle ") for line in lines), out
+        assert "Pod ml-dev-env-1 unreachable for" in agent_log()
+    finally:
+        subprocess.run(["ip", "-n", sim.pods[1].netns, "link", "set", "eth0", "up"], check=True, timeout=30)
+    # it answers again: it counts again and is no longer listed
+    wait_for("pod 1 reachable again", lambda: decision(sim).get("unreachable") == {}, 60)
+    status = sim.exec(0, "ml-dev status --timeout 5", timeout=60)
+    assert status.returncode == 0 and "UNREACHABLE" not in status.stdout, status.stdout + status.stderr
