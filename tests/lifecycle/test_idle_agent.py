@@ -233,6 +233,34 @@ def test_a_failed_probe_counts_as_active(
     assert not pods[0].state.joinpath("idle-warning").exists()
 
 
+def test_a_worker_unreachable_past_the_bound_is_reported_and_no_longer_holds_the_stop(
+    pods: list[SimPod], api: FakeApiServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Within unreachableSeconds the worker holds the stop; past it: an Event, the stop, the record names it."""
+    settings = write_settings(tmp_path / "idle.json", servers=[], unreachableSeconds=5)
+    broken = Answer(503, {"error": "no endpoints"})
+    try:
+        for key, value in pods[0].env(settings, api, ML_DEV_ACTIVITY_PEERS=f"{APP}-1={broken.addr}").items():
+            monkeypatch.setenv(key, value)
+        t0 = time.time()
+        decider = agent.Decider(now=t0 - 3600, unreachable_seconds=5)
+        assert agent.tick(agent.load_settings(), decider, now=t0) == "active"
+        assert f"{APP}-1/reachable: probe failed" in decider.reason and api.events == []
+        assert agent.tick(agent.load_settings(), decider, now=t0 + 10) == "stop"
+    finally:
+        broken.close()
+    unreachable, stop = api.events
+    assert unreachable["reason"] == "IdleAgentPodUnreachable" and unreachable["type"] == "Warning"
+    assert unreachable["message"].startswith(f"Pod {APP}-1 unreachable for 10s (bound 5s: HTTP Error 503")
+    assert f"oc describe pod {APP}-1" in unreachable["message"]
+    assert stop["reason"] == "IdleStop" and f"Unreachable pods not waited for: {APP}-1." in stop["message"]
+    assert api.configmap["data"]["unreachablePods"] == f"{APP}-1" and api.replicas == 0
+    assert_event_shape(unreachable)
+    # what `ml-dev status` and `idle_agent.py status` read on pod 0
+    view = json.loads(pods[0].state.joinpath("idle-status.json").read_text())
+    assert view["unreachable"][f"{APP}-1"]["since"] == t0 and view["unreachable"][f"{APP}-1"]["writtenOff"]
+
+
 def test_activity_records_real_processes_and_heartbeats(
     pods: list[SimPod], api: FakeApiServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

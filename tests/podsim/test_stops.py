@@ -5,7 +5,7 @@
   both pods get the kubelet's termination at once, as a StatefulSet scale to 0 or delete does (`sim.terminate`:
   preStop exec, SIGTERM to PID 1, SIGKILL at terminationGracePeriodSeconds). 10 trials: a complete checkpoint
   on every rank, every pod gone within checkpointGraceSeconds + 10 s.
-* An unreachable worker: pod 1's network goes away (its eth0 down); pod 0's idle agent counts it as active
+* An unreachable worker: pod 1's network goes away (its veth down on the node side); pod 0's idle agent counts it as active
   until the bound, then writes it off (it no longer holds the stop); `ml-dev status` on pod 0 names it
   UNREACHABLE with since-when; when it answers again it counts again.
 """
@@ -179,9 +179,12 @@ def test_every_rank_saves_a_complete_checkpoint_when_every_pod_is_terminated(gra
 # ---------------------------------------------------------------------------- unreachable worker
 
 IDLE_GPU = r"""#!/usr/bin/python3
-# nvidia-smi's CSV as the real tool prints it (header with units; compute apps: the header alone = no process)
-import sys
+# nvidia-smi's CSV as the real tool prints it for the idle agent's two queries (header with units; compute apps:
+# the header alone = no process); anything else goes to the simulation's stub
+import os, sys
 args = " ".join(sys.argv[1:])
+if "--query-gpu=index,uuid," not in args and "--query-compute-apps=" not in args:
+    os.execv("/usr/bin/nvidia-smi.podsim", ["nvidia-smi", *sys.argv[1:]])
 if "--query-compute-apps=" in args:
     print("gpu_uuid, pid, process_name, used_gpu_memory [MiB]")
     sys.exit(0)
@@ -198,6 +201,7 @@ def idle_sim() -> Iterator[PodSim]:
         sim.start()
         for pod in sim.pods:  # idle GPUs in nvidia-smi's real CSV (the generic stub prints no header)
             tool = pod.path("/usr/bin/nvidia-smi")
+            tool.rename(pod.path("/usr/bin/nvidia-smi.podsim"))
             tool.write_text(IDLE_GPU)
             tool.chmod(0o755)
         yield sim
@@ -231,7 +235,8 @@ def test_an_unreachable_worker_is_shown_by_ml_dev_status_and_stops_holding_the_i
         45,
         agent_log,
     )
-    subprocess.run(["ip", "-n", sim.pods[1].netns, "link", "set", "eth0", "down"], check=True, timeout=30)
+    # pod 1 off the network: the node side of its veth down (the pod's own interface and routes stay as they are)
+    subprocess.run(["ip", "-n", sim.cluster_ns, "link", "set", "v1", "down"], check=True, timeout=30)
     down_at = time.time()
     try:
         held = wait_for("pod 1 unreachable", lambda: decision(sim).get("unreachable", {}).get("ml-dev-env-1"), 60)
@@ -248,6 +253,7 @@ def test_an_unreachable_worker_is_shown_by_ml_dev_status_and_stops_holding_the_i
         assert later["lastActive"] == view["lastActive"] <= entry["since"] + bound + 2, later
         status = sim.exec(0, "ml-dev status --timeout 5", timeout=60)
         out = status.stdout + status.stderr
+        print(f"\n$ ml-dev status  (pod 0, pod 1 off the network)\n{out}")
         assert status.returncode == 1, out
         since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(entry["since"]))
         lines = out.splitlines()
@@ -258,8 +264,11 @@ def test_an_unreachable_worker_is_shown_by_ml_dev_status_and_stops_holding_the_i
         assert any(line.startswith("idle stop: idle ") for line in lines), out
         assert "Pod ml-dev-env-1 unreachable for" in agent_log()
     finally:
-        subprocess.run(["ip", "-n", sim.pods[1].netns, "link", "set", "eth0", "up"], check=True, timeout=30)
+        subprocess.run(["ip", "-n", sim.cluster_ns, "link", "set", "v1", "up"], check=True, timeout=30)
     # it answers again: it counts again and is no longer listed
     wait_for("pod 1 reachable again", lambda: decision(sim).get("unreachable") == {}, 60)
     status = sim.exec(0, "ml-dev status --timeout 5", timeout=60)
     assert status.returncode == 0 and "UNREACHABLE" not in status.stdout, status.stdout + status.stderr
+    # from a worker, the same view comes from pod 0's GET /decision
+    status = sim.exec(1, "ml-dev status --timeout 5", timeout=60)
+    assert status.returncode == 0 and "\nidle stop: idle " in status.stdout, status.stdout + status.stderr
