@@ -176,6 +176,44 @@ def test_every_rank_saves_a_complete_checkpoint_when_every_pod_is_terminated(gra
     assert not problems, "\n".join(problems)
 
 
+STUBBORN = """
+import os, signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a job that never handles the checkpoint signal
+os.makedirs("ckpt", exist_ok=True)
+open("ckpt/rank%s.started" % os.environ["NODE_RANK"], "w").close()
+while True:
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_the_launchers_rank_stop_waits_the_checkpoint_grace(grace_render: Any) -> None:
+    """Ctrl-C on `ml-dev run`: every rank gets the checkpoint signal and checkpointGraceSeconds (5 s here, not a
+    fixed 10 s) before its process group is killed; the launcher then returns 130."""
+    with PodSim(grace_render, count=2) as sim:
+        sim.write(0, f"{PROJECT}/stubborn.py", STUBBORN)
+        launcher = sim.popen(0, "ml-dev run -- python3 stubborn.py", cwd=PROJECT)
+        try:
+            for i in range(2):
+                started = sim.pods[i].path(f"{PROJECT}/ckpt/rank{i}.started")
+                wait_for(f"rank {i} started", started.exists, 60, lambda: sim.pods[0].log.read_text())
+            t0 = time.monotonic()
+            sim.interrupt(launcher)
+            out, _ = launcher.communicate(timeout=GRACE + 30)
+            elapsed = time.monotonic() - t0
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
+                launcher.communicate(timeout=30)
+        print(f"\nCtrl-C to exit with ranks ignoring the signal: {elapsed:.2f} s (grace {GRACE} s)")
+        assert launcher.returncode == 130, out
+        assert "interrupted; stopping every rank" in out, out
+        assert GRACE - 0.5 <= elapsed <= GRACE + 4, (elapsed, out)
+        for i in range(2):  # no rank left behind
+            left = sim.exec(i, "pgrep -f 'python3 [s]tubborn' || true", timeout=30).stdout.split()
+            assert left == [], (i, left)
+
+
 # ---------------------------------------------------------------------------- unreachable worker
 
 IDLE_GPU = r"""#!/usr/bin/python3
