@@ -486,6 +486,25 @@ def test_untouched_environment_stops_within_idle_timeout_plus_two_intervals(
     assert api.denied == [] and len(api.events) == 1
 
 
+def test_the_warning_says_how_to_hook_in(
+    pods: list[SimPod], peer: SimPod, api: FakeApiServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The idle warning names the pod's checkpoint signal and grace (its container env) and the docs section."""
+    settings = write_settings(tmp_path / "idle.json", servers=[])
+    extra = {
+        "ML_DEV_ACTIVITY_PEERS": f"{APP}-1={peer.address()}",
+        "ML_DEV_CHECKPOINT_SIGNAL": "SIGUSR1",
+        "ML_DEV_CHECKPOINT_GRACE_SECONDS": "120",
+    }
+    outcome, decider = decide(pods[0], settings, api, monkeypatch, idle_for=4, **extra)
+    assert outcome == "warn", decider.reason
+    text = pods[0].state.joinpath("idle-warning").read_text()
+    assert "Each rank of `ml-dev run` then gets SIGUSR1 and 120 s to save a checkpoint: handle that signal" in text
+    assert "'Suspend, resume and idle stop', 'Checkpoint before a stop'" in text
+    page = (Path(__file__).resolve().parents[2] / "docs" / "use" / "suspend-and-idle.md").read_text()
+    assert page.startswith("# Suspend, resume and idle stop") and "\n## Checkpoint before a stop\n" in page
+
+
 def test_shells_print_the_warning_at_each_prompt(tmp_path: Path) -> None:
     from components.lifecycle import WARNING_SNIPPET
 
