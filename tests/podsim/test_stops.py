@@ -5,6 +5,10 @@
   both pods get the kubelet's termination at once, as a StatefulSet scale to 0 or delete does (`sim.terminate`:
   preStop exec, SIGTERM to PID 1, SIGKILL at terminationGracePeriodSeconds). 10 trials: a complete checkpoint
   on every rank, every pod gone within checkpointGraceSeconds + 10 s.
+* The idle stop's path: pod 0's idle agent, with the pod's mounted service-account token and CA, scales the
+  StatefulSet to 0 through an API stand-in at the `kubernetes` Service address; the controller then deletes the
+  pods, which is the same kubelet termination (an `ml-dev run` job never meets an idle stop: its heartbeat is
+  activity, so what the stop must save is covered by the trial above).
 * An unreachable worker: pod 1's network goes away (its veth down on the node side); pod 0's idle agent counts it as active
   until the bound, then writes it off (it no longer holds the stop); `ml-dev status` on pod 0 names it
   UNREACHABLE with since-when; when it answers again it counts again.
@@ -12,12 +16,15 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
+import ssl
 import statistics
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +32,7 @@ import pytest
 
 from components import lifecycle
 from core import naming
+from tests.lifecycle.conftest import ROLE, TOKEN, FakeApiServer
 from tests.podsim.pods import PREFIX, PodSim, leftovers, missing_requirements, render_stack
 
 REASON = missing_requirements()
@@ -233,15 +241,24 @@ for i in range(4):
 
 
 @pytest.fixture(scope="module")
-def idle_sim() -> Iterator[PodSim]:
-    sim = PodSim(render_stack("barcelona", with_idle_stop), count=2)
+def idle_render() -> Any:
+    return render_stack("barcelona", with_idle_stop)
+
+
+def idle_gpus(sim: PodSim) -> None:
+    for pod in sim.pods:  # idle GPUs in nvidia-smi's real CSV (the generic stub prints no header)
+        tool = pod.path("/usr/bin/nvidia-smi")
+        tool.rename(pod.path("/usr/bin/nvidia-smi.podsim"))
+        tool.write_text(IDLE_GPU)
+        tool.chmod(0o755)
+
+
+@pytest.fixture(scope="module")
+def idle_sim(idle_render: Any) -> Iterator[PodSim]:
+    sim = PodSim(idle_render, count=2)
     try:
         sim.start()
-        for pod in sim.pods:  # idle GPUs in nvidia-smi's real CSV (the generic stub prints no header)
-            tool = pod.path("/usr/bin/nvidia-smi")
-            tool.rename(pod.path("/usr/bin/nvidia-smi.podsim"))
-            tool.write_text(IDLE_GPU)
-            tool.chmod(0o755)
+        idle_gpus(sim)
         yield sim
     finally:
         sim.stop()
@@ -310,3 +327,85 @@ def test_an_unreachable_worker_is_shown_by_ml_dev_status_and_stops_holding_the_i
     # from a worker, the same view comes from pod 0's GET /decision
     status = sim.exec(1, "ml-dev status --timeout 5", timeout=60)
     assert status.returncode == 0 and "\nidle stop: idle " in status.stdout, status.stdout + status.stderr
+
+
+# ------------------------------------------------------------------------------------ idle stop
+
+API_IP = "172.30.0.1"  # the `kubernetes` Service (KUBERNETES_SERVICE_HOST in every pod: tests/podsim/render.py)
+
+
+def serve_api(sim: PodSim, api: FakeApiServer, tmp: Path) -> tuple[ThreadingHTTPServer, str]:
+    """The API stand-in's handler over HTTPS on API_IP:443 in the pod network; returns the server and its CA."""
+    subprocess.run(["ip", "-n", sim.cluster_ns, "addr", "add", f"{API_IP}/32", "dev", "br0"], check=True, timeout=30)
+    key, cert = tmp / "api.key", tmp / "api.crt"
+    argv = ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1"]
+    argv += ["-subj", "/CN=kubernetes", "-addext", f"subjectAltName=IP:{API_IP}", "-keyout", str(key), "-out", str(cert)]
+    subprocess.run(
+        argv,
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    made: list[Any] = []
+
+    def work() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            with open(f"/run/netns/{sim.cluster_ns}") as f:
+                if libc.setns(f.fileno(), 0x40000000):  # CLONE_NEWNET, this thread only
+                    raise OSError(ctypes.get_errno(), "setns")
+            httpd = ThreadingHTTPServer((API_IP, 443), api.httpd.RequestHandlerClass)
+            httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+        except BaseException as exc:  # handed to the test
+            made.append(exc)
+            return
+        made.append(httpd)
+        httpd.serve_forever()
+
+    threading.Thread(target=work, daemon=True).start()
+    server = wait_for("the API stand-in listens", lambda: made and made[0], 30)
+    if isinstance(server, BaseException):
+        raise server
+    return server, cert.read_text()
+
+
+@pytest.mark.timeout(300)
+def test_the_idle_stop_scales_to_zero_from_the_pod_and_the_pods_end_in_time(idle_render: Any, tmp_path: Path) -> None:
+    rules = idle_render.one(ROLE, "gpu-idle-agent").inputs["rules"]
+    api = FakeApiServer(rules, replicas=2)
+    with PodSim(idle_render, count=2) as sim:
+        idle_gpus(sim)
+        server, ca = serve_api(sim, api, tmp_path)
+        try:
+            for pod in sim.pods:  # the service-account volume with the stand-in's token and CA
+                pod.volumes["kube-api-access"].write({"token": TOKEN, "ca.crt": ca, "namespace": sim.namespace})
+            cm = naming.lifecycle_configmap("ml-dev-env")
+            settings = json.loads(sim.configmaps[cm][lifecycle.SETTINGS_KEY])
+            quick = {"intervalSeconds": 1, "idleTimeoutSeconds": 6, "warningLeadSeconds": 3}
+            sim.swap_configmap(cm, {lifecycle.SETTINGS_KEY: json.dumps({**settings, **quick})})
+            log = lambda: sim.pods[0].path(f"{STATE}/logs/idle-agent.log").read_text()  # noqa: E731
+            wait_for("the idle agent scales to 0", lambda: api.replicas == 0, 60, log)
+            assert api.denied == [], api.denied
+            assert [s["spec"]["replicas"] for s in api.scales] == [0]
+            (event,) = [e for e in api.events if e["reason"] == "IdleStop"]
+            assert "replicas 2 -> 0" in event["message"] and api.configmap["data"]["replicasBefore"] == "2"
+        finally:
+            server.shutdown()
+            server.server_close()
+            api.close()
+        # the StatefulSet controller deletes both pods: the kubelet's termination, at once
+        outcome: dict[int, tuple[str, float]] = {}
+
+        def kubelet(i: int) -> None:
+            t0 = time.monotonic()
+            outcome[i] = (sim.terminate(i), time.monotonic() - t0)
+
+        threads = [threading.Thread(target=kubelet, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=sim.grace + 60)
+        assert [outcome[i][0] for i in range(2)] == ["exited", "exited"], outcome
+        assert max(seconds for _, seconds in outcome.values()) <= sim.grace, outcome
