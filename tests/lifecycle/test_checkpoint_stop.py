@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 import inpod
 from components import lifecycle
 from tests.conftest import run_objects, stack_objects
@@ -248,3 +250,33 @@ def test_a_rank_that_ignores_the_signal_is_killed_at_the_grace(tmp_path: Path) -
     out, _ = pid1.communicate(timeout=20)
     assert agent.wait(timeout=10) == 128 + signal.SIGKILL, out
     assert 1.5 <= time.monotonic() - start <= 2 + 10, out
+
+
+@pytest.mark.parametrize(
+    ("signal_name", "preset", "want"),
+    [
+        ("SIGUSR1", None, "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"),
+        ("SIGTERM", None, None),  # torchrun's default list already has it
+        ("SIGUSR2", "SIGTERM,SIGUSR2", "SIGTERM,SIGUSR2"),  # the user's own list is kept
+    ],
+)
+def test_a_rank_tells_torchrun_to_forward_the_checkpoint_signal(
+    tmp_path: Path, signal_name: str, preset: str | None, want: str | None
+) -> None:
+    """torchrun forwards only the signals in TORCHELASTIC_SIGNALS_TO_HANDLE to its workers (own sessions)."""
+    env = {**os.environ, "ML_DEV_STATE_DIR": str(tmp_path), "ML_DEV_CHECKPOINT_SIGNAL": signal_name}
+    env.pop("TORCHELASTIC_SIGNALS_TO_HANDLE", None)
+    if preset:
+        env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = preset
+    show = "import os; print(os.environ.get('TORCHELASTIC_SIGNALS_TO_HANDLE'))"
+    run = subprocess.run(
+        [sys.executable, str(ML_DEV), "_rank", "--no-stdin-watch", "--cwd", str(tmp_path), "--", sys.executable, "-c", show],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == str(want), run.stdout
