@@ -739,7 +739,7 @@ class PodSim:
         it outlives the pod's processes (read a terminated pod's files here), until `stop()`."""
         mount = next(m for m in self.main.get("volumeMounts") or [] if m["mountPath"] == mount_path)
         claims = {t["metadata"]["name"] for t in self.statefulset["spec"].get("volumeClaimTemplates") or []}
-        volume = next((v for v in self.pod_spec.get("volumes") or [] if v["name"] == mount["name"]), {})
+        volume: dict[str, Any] = next((v for v in self.pod_spec.get("volumes") or [] if v["name"] == mount["name"]), {})
         if "persistentVolumeClaim" in volume and mount["name"] not in claims:
             return self.base / "pvc" / volume["persistentVolumeClaim"]["claimName"]
         return self.pods[index].host_dir / "volumes" / mount["name"]
