@@ -5,8 +5,9 @@
   both pods get the kubelet's termination at once, as a StatefulSet scale to 0 or delete does (`sim.terminate`:
   preStop exec, SIGTERM to PID 1, SIGKILL at terminationGracePeriodSeconds). 10 trials: a complete checkpoint
   on every rank, every pod gone within checkpointGraceSeconds + 10 s.
-* The idle stop's path: pod 0's idle agent, with the pod's mounted service-account token and CA, scales the
-  StatefulSet to 0 through an API stand-in at the `kubernetes` Service address; the controller then deletes the
+* The idle stop's path: with pod 1 off the network, pod 0's idle agent reports it (an IdleAgentPodUnreachable
+  Event) after the bound and, with the pod's mounted service-account token and CA, scales the StatefulSet to 0
+  through an API stand-in at the `kubernetes` Service address (HTTPS); the controller then deletes the
   pods, which is the same kubelet termination (an `ml-dev run` job never meets an idle stop: its heartbeat is
   activity, so what the stop must save is covered by the trial above).
 * An unreachable worker: pod 1's network goes away (its veth down on the node side); pod 0's idle agent counts it as active
@@ -373,6 +374,8 @@ def serve_api(sim: PodSim, api: FakeApiServer, tmp: Path) -> tuple[ThreadingHTTP
 
 @pytest.mark.timeout(300)
 def test_the_idle_stop_scales_to_zero_from_the_pod_and_the_pods_end_in_time(idle_render: Any, tmp_path: Path) -> None:
+    """Pod 1 off the network: after the bound an IdleAgentPodUnreachable Event, and it no longer holds the stop:
+    pod 0's agent scales to 0 (its record names pod 1); then both pods end through the kubelet's termination."""
     rules = idle_render.one(ROLE, "gpu-idle-agent").inputs["rules"]
     api = FakeApiServer(rules, replicas=2)
     with PodSim(idle_render, count=2) as sim:
@@ -383,15 +386,20 @@ def test_the_idle_stop_scales_to_zero_from_the_pod_and_the_pods_end_in_time(idle
                 pod.volumes["kube-api-access"].write({"token": TOKEN, "ca.crt": ca, "namespace": sim.namespace})
             cm = naming.lifecycle_configmap("ml-dev-env")
             settings = json.loads(sim.configmaps[cm][lifecycle.SETTINGS_KEY])
-            quick = {"intervalSeconds": 1, "idleTimeoutSeconds": 6, "warningLeadSeconds": 3}
+            subprocess.run(["ip", "-n", sim.cluster_ns, "link", "set", "v1", "down"], check=True, timeout=30)
+            quick = {"intervalSeconds": 1, "idleTimeoutSeconds": 6, "warningLeadSeconds": 3, "unreachableSeconds": 2}
             sim.swap_configmap(cm, {lifecycle.SETTINGS_KEY: json.dumps({**settings, **quick})})
             log = lambda: sim.pods[0].path(f"{STATE}/logs/idle-agent.log").read_text()  # noqa: E731
-            wait_for("the idle agent scales to 0", lambda: api.replicas == 0, 60, log)
+            wait_for("the idle agent scales to 0", lambda: api.replicas == 0, 90, log)
             assert api.denied == [], api.denied
             assert [s["spec"]["replicas"] for s in api.scales] == [0]
+            (unreachable,) = [e for e in api.events if e["reason"] == "IdleAgentPodUnreachable"]
+            assert unreachable["message"].startswith("Pod ml-dev-env-1 unreachable for "), unreachable
             (event,) = [e for e in api.events if e["reason"] == "IdleStop"]
-            assert "replicas 2 -> 0" in event["message"] and api.configmap["data"]["replicasBefore"] == "2"
+            assert "replicas 2 -> 0" in event["message"] and "Unreachable pods not waited for: ml-dev-env-1." in event["message"]
+            assert api.configmap["data"]["replicasBefore"] == "2" and api.configmap["data"]["unreachablePods"] == "ml-dev-env-1"
         finally:
+            subprocess.run(["ip", "-n", sim.cluster_ns, "link", "set", "v1", "up"], check=True, timeout=30)
             server.shutdown()
             server.server_close()
             api.close()
