@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 import os
 import platform
 import subprocess
@@ -35,6 +34,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+import uuid
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -80,7 +80,7 @@ class Server:
             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
         ]
         self.log_path = root / "jupyter.log"
-        self.log = open(self.log_path, "w")  # noqa: SIM115 (closed in close())
+        self.log = open(self.log_path, "w")  # closed in close()
         self.proc = subprocess.Popen(self.command, env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=work)
         self.url = ""
         deadline = time.monotonic() + 120
@@ -150,7 +150,8 @@ async def notebook_tab(server: Server, kernel_id: str, out: Path) -> None:
     try:
 
         async def reply_to(msg_type: str) -> None:
-            text = message(session, msg_type, {"code": "import time; time.sleep(8)", "silent": False} if msg_type == "execute_request" else {})
+            content = {"code": "import time; time.sleep(8)", "silent": False} if msg_type == "execute_request" else {}
+            text = message(session, msg_type, content)
             await ws.write_message(text)
             sent = json.loads(text)["header"]["msg_id"]
             deadline = time.monotonic() + 60
@@ -185,9 +186,8 @@ def main(argv: list[str]) -> int:
         server = Server(Path(tmp))
         try:
             capture(server, out, "1-fresh")
-            session = server.json(
-                "POST", "/api/sessions", {"path": "capture.ipynb", "name": "capture.ipynb", "type": "notebook", "kernel": {"name": "python3"}}
-            )
+            notebook = {"path": "capture.ipynb", "name": "capture.ipynb", "type": "notebook", "kernel": {"name": "python3"}}
+            session = server.json("POST", "/api/sessions", notebook)
             kernel_id = session["kernel"]["id"]
             capture(server, out, "2-kernel-starting")
             asyncio.run(notebook_tab(server, kernel_id, out))
