@@ -119,6 +119,30 @@ def test_driver_mismatch_text_with_exit_zero_is_still_no_gpu_table(smi) -> None:
     assert not result["ok"] and "no nvidia-smi CSV header" in result["detail"]["error"]
 
 
+def test_a_one_column_query_row_of_n_a_is_a_gpu_not_a_message(smi) -> None:
+    """`--query-gpu=mig.mode.current` on a GPU without MIG: the header and one `[N/A]` row (Syllo/nvtop
+    PR 470). One cell per line is a row when the query has one column; a GPU reporting nothing is idle."""
+    assert agent.parse_csv((REAL / "nvidia-smi-query-gpu-mig-mode-rtx-na.csv").read_text()) == [{"mig.mode.current": "[N/A]"}]
+    result = smi("nvidia-smi-query-gpu-mig-mode-rtx-na.csv")
+    assert result["ok"] and not result["active"], result
+    assert [(g["util"], g["memUtil"], g["memUsedMiB"]) for g in result["detail"]["gpus"]] == [(None, None, None)]
+
+
+@pytest.mark.parametrize(
+    ("gpu", "apps"),
+    [
+        ("nvidia-smi-query-gpu-gb10-noheader.txt", None),
+        ("nvidia-smi-query-gpu-gb10-name.csv", "nvidia-smi-query-compute-apps-gb10-noheader.txt"),
+    ],
+)
+def test_output_without_a_header_is_a_failed_probe_never_no_gpus(smi, gpu: str, apps: str | None) -> None:
+    """GB10 output printed with `noheader` (mostlygeek/llama-swap issue 782): `[N/A], [N/A], 0` and a compute
+    process with its memory. Without the header nothing says which column is which: the probe fails (and
+    so counts as active) instead of reading the row as a header or as no process."""
+    result = smi(gpu, apps=apps)
+    assert not result["ok"] and "no nvidia-smi CSV header" in result["detail"]["error"], result
+
+
 def test_an_unexpected_exception_in_a_local_probe_counts_as_active(monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(*_: Any) -> dict[str, Any]:
         raise AttributeError("'str' object has no attribute 'removesuffix'")  # what Python 3.8 raised on main
