@@ -128,6 +128,16 @@ def test_a_one_column_query_row_of_n_a_is_a_gpu_not_a_message(smi) -> None:
     assert [(g["util"], g["memUtil"], g["memUsedMiB"]) for g in result["detail"]["gpus"]] == [(None, None, None)]
 
 
+def test_a_gpu_in_mig_mode_listed_without_utilisation_is_judged_by_its_processes(smi) -> None:
+    """`--query-gpu=pci.bus_id,mig.mode.current --format=csv` after `nvidia-smi -mig 1` (HPCWIKI MIG page):
+    a GPU row with nothing to measure is no evidence; a compute process on it (any uuid) makes it busy."""
+    rows = agent.parse_csv((REAL / "nvidia-smi-query-gpu-mig-mode-enabled.csv").read_text())
+    assert rows == [{"pci.bus_id": "00000000:4F:00.0", "mig.mode.current": "Enabled"}]
+    assert not smi("nvidia-smi-query-gpu-mig-mode-enabled.csv")["active"]
+    busy = smi("nvidia-smi-query-gpu-mig-mode-enabled.csv", apps="nvidia-smi-query-compute-apps-vgpu.csv")
+    assert busy["ok"] and busy["active"] and busy["detail"]["busy"] == ["other"]
+
+
 @pytest.mark.parametrize(
     ("gpu", "apps"),
     [
