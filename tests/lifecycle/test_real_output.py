@@ -12,6 +12,9 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -300,6 +303,52 @@ def test_probe_jupyter_over_http_on_real_bodies(state: str, monkeypatch: pytest.
         assert not refused["ok"] and "404" in refused["detail"]["error"]
     finally:
         replay.close()
+
+
+def shape(body: Any) -> Any:
+    """A JSON body's keys and value types (ids and timestamps differ on every capture; the shape does not)."""
+    if isinstance(body, dict):
+        return {key: shape(value) for key, value in sorted(body.items())}
+    if isinstance(body, list):
+        return [shape(body[0])] if body else []
+    return type(body).__name__
+
+
+def test_the_installed_jupyter_still_answers_as_captured(tmp_path: Path) -> None:
+    """The capture tool, run as `make`-less users run it, against the venv's JupyterLab: every state again,
+    each body of the same shape as the committed one and judged the same. A jupyter_server whose answers
+    changed fails here: capture again (tools/capture_jupyter_status.py) and check the probe against them."""
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tools.capture_jupyter_status", str(tmp_path)],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its JupyterLab and kernel go with it if it has to be killed
+    )
+    try:
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, out
+    committed = sorted(p.name for p in JUPYTER.iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == committed
+    for state in STATES:
+        for name in ("status", "kernels", "sessions", "terminals"):
+            fresh = json.loads((tmp_path / f"{state}-{name}.json").read_bytes())
+            assert shape(fresh) == shape(bodies(state)[name]), (state, name)
+        now = agent.parse_time(json.loads((tmp_path / f"{state}-status.json").read_bytes())["last_activity"]) + 600
+        again = {name: json.loads((tmp_path / f"{state}-{name}.json").read_bytes()) for name in ("status", "kernels", "terminals")}
+        b = bodies(state)
+        judged = agent.judge_jupyter(again["status"], again["kernels"], again["terminals"], now)
+        kept = agent.judge_jupyter(b["status"], b["kernels"], b["terminals"], agent.parse_time(b["status"]["last_activity"]) + 600)
+        for key in ("busyKernels",):
+            judged["detail"][key] = len(judged["detail"][key])
+            kept["detail"][key] = len(kept["detail"][key])
+        assert (judged["active"], judged["detail"]) == (kept["active"], kept["detail"]), state
 
 
 # ------------------------------------------------------------------------- code-server, published bodies
