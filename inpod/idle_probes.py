@@ -280,6 +280,10 @@ def probe_launcher(now: float) -> dict[str, Any]:
 
 
 def probe_vscode(now: float) -> dict[str, Any]:
+    # code-server writes <data>/heartbeat (empty) on a request at most once a minute and again every minute
+    # while a browser is connected; its /healthz `lastHeartbeat` is that instant (coder/code-server
+    # src/node/heart.ts Heart.beat, src/node/routes/index.ts register, src/node/routes/health.ts; <data> is
+    # env-paths' $XDG_DATA_HOME/code-server, else ~/.local/share/code-server: src/node/util.ts getEnvPaths)
     data = env("XDG_DATA_HOME") or str(Path(env("HOME", "/tmp")) / ".local" / "share")
     beat = Path(env("ML_DEV_CODE_SERVER_HEARTBEAT", str(Path(data) / "code-server" / "heartbeat")))
     try:
