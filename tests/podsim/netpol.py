@@ -288,7 +288,7 @@ class Enforcement:
             self.rules[pod.name] = text
         return self.rules
 
-    def reaches(self, argv_prefix: Sequence[str], targets: Iterable[tuple[str, int]], timeout: float = 1.5) -> dict[tuple[str, int], bool]:
+    def reaches(self, argv_prefix: Sequence[str], targets: Iterable[tuple[str, int]], timeout: float = 3) -> dict[tuple[str, int], bool]:
         """TCP connects from a namespace (`peer.argv()`, `["ip", "netns", "exec", pod.netns]`), all in parallel."""
         wanted = sorted(set(targets))
         out = subprocess.run(
