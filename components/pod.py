@@ -226,8 +226,9 @@ def proxy_containers(config: StackConfig, cookie_secret_volume: str) -> list[k8s
                 # brackets hold for both families: openshift/oauth-proxy http.go Server.ServeHTTP hands the address
                 # (after any `scheme://`) to net.Listen("tcp", ...), whose resolveInternetAddr calls SplitHostPort
                 # (golang/go src/net/ipsock.go), which takes `[host]:port` for any host, IPv4 included, then parses
-                # the host as a literal IPv4 or IPv6 address. Probes (httpGet without host), the Service and the
-                # Route all dial the pod IP; nothing dials the proxy on loopback.
+                # the host as a literal IPv4 or IPv6 address (Go 1.19: `[127.0.0.1]:0` and `[::1]:0` bind, `::1:0`
+                # is "too many colons", an unexpanded `[$(POD_IP)]` fails the lookup). Probes (httpGet without
+                # host), the Service and the Route all dial the pod IP; nothing dials the proxy on loopback.
                 env=[_field_env("POD_IP", "status.podIP")],
                 args=[
                     "--provider=openshift",
