@@ -185,6 +185,21 @@ def test_every_rank_saves_a_complete_checkpoint_when_every_pod_is_terminated(gra
     assert not problems, "\n".join(problems)
 
 
+@pytest.mark.timeout(300)
+def test_the_configured_signal_reaches_every_rank_through_the_launcher() -> None:
+    """checkpointSignal SIGUSR1: the job handles only SIGUSR1 (SIGTERM would kill it unsaved); on both pods it saves."""
+
+    def usr1(objects: dict[str, Any]) -> None:
+        with_grace(objects)
+        objects["lifecycle"]["checkpointSignal"] = "SIGUSR1"
+
+    sims: list[PodSim] = []
+    times, problems = one_trial(render_stack("barcelona", usr1), 0, sims)
+    assert not [item for sim in sims for item in mine(sim)]
+    assert not problems, "\n".join(problems)
+    assert max(times) <= GRACE + 10
+
+
 STUBBORN = """
 import os, signal, time
 signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a job that never handles the checkpoint signal
