@@ -125,8 +125,8 @@ def mine(sim: PodSim) -> list[str]:
     return [item for item in leftovers() if f"{PREFIX}{sim.run_id}-" in item]
 
 
-def one_trial(result: Any, trial: int, sims: list[PodSim]) -> tuple[list[float], list[str]]:
-    """Start 2 pods, `ml-dev run` the job from pod 0, terminate both pods at once; (stop seconds, problems)."""
+def one_trial(result: Any, trial: int, sims: list[PodSim], stop: tuple[int, ...] = (0, 1)) -> tuple[list[float], list[str]]:
+    """Start 2 pods, `ml-dev run` the job from pod 0, terminate the pods `stop` at once; (stop seconds, problems)."""
     problems: list[str] = []
     with PodSim(result, count=2) as sim:
         sims.append(sim)
@@ -143,20 +143,23 @@ def one_trial(result: Any, trial: int, sims: list[PodSim]) -> tuple[list[float],
                 how = sim.terminate(i)
                 stopped[i] = (how, time.monotonic() - t0)
 
-            threads = [threading.Thread(target=kubelet, args=(i,)) for i in range(2)]
+            threads = [threading.Thread(target=kubelet, args=(i,)) for i in stop]
             for t in threads:
                 t.start()
             for t in threads:
                 t.join(timeout=sim.grace + 60)
             out, _ = launcher.communicate(timeout=30)
+            for i in set(range(2)) - set(stop):  # a pod that stays: its rank was stopped by the launcher's end
+                ckpt = sim.pods[i].path(f"{PROJECT}/ckpt")
+                wait_for(f"trial {trial}: rank {i} saved", lambda c=ckpt, i=i: list(c.glob(f"step*-rank{i}.txt")), GRACE + 10)
         finally:
             if launcher.poll() is None:
                 launcher.kill()
                 launcher.communicate(timeout=30)
         times = []
         for i in range(2):
-            how, seconds = stopped.get(i, ("not stopped", float("inf")))
-            times.append(seconds)
+            how, seconds = stopped.get(i, ("not stopped", float("inf"))) if i in stop else ("exited", 0.0)
+            times += [seconds] if i in stop else []
             if how != "exited":
                 problems.append(f"trial {trial}: pod {i} {how} (needed SIGKILL at the grace)")
             if seconds > GRACE + 10:
@@ -198,6 +201,17 @@ def test_the_configured_signal_reaches_every_rank_through_the_launcher() -> None
     assert not [item for sim in sims for item in mine(sim)]
     assert not problems, "\n".join(problems)
     assert max(times) <= GRACE + 10
+
+
+@pytest.mark.timeout(300)
+def test_deleting_only_the_launchers_pod_still_saves_every_rank(grace_render: Any) -> None:
+    """Pod 0 (where `ml-dev run` runs) deleted or evicted alone: its rank saves through preStop; the launcher's end
+    closes the SSH channel to pod 1, whose rank agent gives its rank the signal and the grace too."""
+    sims: list[PodSim] = []
+    times, problems = one_trial(grace_render, 0, sims, stop=(0,))
+    assert not [item for sim in sims for item in mine(sim)]
+    assert not problems, "\n".join(problems)
+    assert times and max(times) <= GRACE + 10
 
 
 STUBBORN = """
