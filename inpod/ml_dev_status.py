@@ -35,7 +35,12 @@ for f in "${ML_DEV_STATE_DIR:-/tmp/ml-dev-env}"/ssh-sessions/*; do
   pid="${f##*/}"; start="$(head -n1 "$f")"
   if [ -r "/proc/$pid/stat" ] && [ "$(cut -d' ' -f22 "/proc/$pid/stat")" = "$start" ]; then n=$((n + 1)); else rm -f "$f"; fi
 done
-printf 'rank=%s/%s gpus=%s rdma=%s ssh_sessions=%s\n' "${NODE_RANK:-?}" "${NNODES:-?}" "${gpus:-none}" "${rdma:-none}" "$n"
+stopping=""  # checkpoint_stop.sh's marker: the pod got its stop (preStop or SIGTERM), its ranks are saving
+if [ -r "${ML_DEV_STATE_DIR:-/tmp/ml-dev-env}/stopping" ]; then
+  at="$(cat "${ML_DEV_STATE_DIR:-/tmp/ml-dev-env}/stopping")"
+  stopping=" STOPPING since $(date -u -d "@$at" '+%Y-%m-%d %H:%M:%S UTC' 2>/dev/null || printf '%s' "$at")"
+fi
+printf 'rank=%s/%s gpus=%s rdma=%s ssh_sessions=%s%s\n' "${NODE_RANK:-?}" "${NNODES:-?}" "${gpus:-none}" "${rdma:-none}" "$n" "$stopping"
 """
 
 

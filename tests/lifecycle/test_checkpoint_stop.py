@@ -11,6 +11,7 @@ left when the period ends. All pods are terminated at once, like a scale to 0 of
 
 from __future__ import annotations
 
+import calendar
 import os
 import signal
 import subprocess
@@ -280,3 +281,23 @@ def test_a_rank_tells_torchrun_to_forward_the_checkpoint_signal(
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == str(want), run.stdout
+
+
+def test_ml_dev_status_shows_a_pod_that_got_its_stop(tmp_path: Path) -> None:
+    """checkpoint_stop.sh (preStop or PID 1's trap) leaves its marker; `ml-dev status`'s per-pod line shows it."""
+    from inpod.ml_dev_status import STATUS_SCRIPT
+
+    env = {"PATH": "/usr/bin:/bin", "ML_DEV_STATE_DIR": str(tmp_path), "NODE_RANK": "1", "NNODES": "2"}
+
+    def line() -> str:
+        run = subprocess.run(["bash", "-c", STATUS_SCRIPT], env=env, capture_output=True, text=True, timeout=60, check=False)
+        assert run.returncode == 0, run.stderr
+        return run.stdout.strip()
+
+    assert "STOPPING" not in line()
+    before = time.time()
+    stop = subprocess.run(STOP.pre_stop, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert stop.returncode == 0, stop.stderr
+    shown = line().split(" STOPPING since ", 1)[1]
+    stamp = calendar.timegm(time.strptime(shown, "%Y-%m-%d %H:%M:%S UTC"))
+    assert before - 1 <= stamp <= time.time() + 1, shown
