@@ -364,18 +364,40 @@ def test_an_unreachable_worker_is_shown_by_ml_dev_status_and_stops_holding_the_i
 API_IP = "172.30.0.1"  # the `kubernetes` Service (KUBERNETES_SERVICE_HOST in every pod: tests/podsim/render.py)
 
 
+def write_self_signed(key: Path, cert: Path, ip: str) -> None:
+    """A one-day self-signed CA certificate for `ip` (its subjectAltName): the API server's cert and the pods' ca.crt."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    private = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kubernetes")])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(private.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(ip))]), critical=False)
+        .sign(private, hashes.SHA256())
+    )
+    key.write_bytes(private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    cert.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+
+
 def serve_api(sim: PodSim, api: FakeApiServer, tmp: Path) -> tuple[ThreadingHTTPServer, str]:
     """The API stand-in's handler over HTTPS on API_IP:443 in the pod network; returns the server and its CA."""
     subprocess.run(["ip", "-n", sim.cluster_ns, "addr", "add", f"{API_IP}/32", "dev", "br0"], check=True, timeout=30)
     key, cert = tmp / "api.key", tmp / "api.crt"
-    argv = ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1"]
-    argv += ["-subj", "/CN=kubernetes", "-addext", f"subjectAltName=IP:{API_IP}", "-keyout", str(key), "-out", str(cert)]
-    subprocess.run(
-        argv,
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
+    write_self_signed(key, cert, API_IP)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
     made: list[Any] = []
