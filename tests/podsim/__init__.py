@@ -12,6 +12,7 @@ API (root; tests skip with `pods.missing_requirements()` as the reason otherwise
     sim.swap_configmap(name, data=None)        # a ConfigMap/Secret update: new ..<timestamp> dir, ..data swapped
     sim.add_interfaces(i, {"net5": "10.0.9.1/24"})  # extra interfaces (netK of every pod share one bridge)
     sim.terminate(i, grace=None)               # preStop exec, SIGTERM to PID 1, SIGKILL after the grace
+    sim.volume_dir(i, "/workspace")            # this machine's directory behind a PVC/emptyDir mount (outlives the pod)
     sim.probe(i), sim.sshd_log(i), sim.identity, sim.keys (user/stranger/host/client ed25519 keys)
     sim.stop()                                 # kills every process, deletes namespaces and directories
     leftovers()                                # podsim-* network namespaces and directories still here
@@ -70,5 +71,11 @@ Platform rules (everything a pod gets is a rendered field or one of these), with
   sshd, its privsep user `sshd`, ssh, rsync, pdsh, git and python3 as this machine (Debian) has them.
   Node tools as stubs: nvidia-smi (the NVIDIA container toolkit's; GPUs = the nvidia.com/gpu limit) and
   ibv_devinfo (the HCAs of NCCL_IB_HCA).
+* NetworkPolicy (`netpol.py`, opt-in: `with netpol.Enforcement(sim) as net: net.add_peer(...); net.apply()`): the
+  rendered policies evaluated on their own (podSelector/namespaceSelector/ipBlock, ports/endPort, policyTypes) into
+  iptables INPUT rules on eth0 of each selected pod: admitted sources and ports, replies (conntrack), the node
+  (gateway 10.128.0.1) always, the rest dropped; net1..N not covered (ovn-kubernetes go-controller/pkg/ovn/
+  base_network_controller_policy.go addAllowACLFromNode, arpAllowPolicyMatch; allow-related ACLs). Peers: non-stack
+  "pods" (own netns on the same bridge, a namespace and labels of their own) as sources.
 * Not simulated: seccomp, SELinux, cgroups/resources, the sidecar containers, init containers, the API server.
 """
