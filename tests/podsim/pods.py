@@ -51,6 +51,10 @@ TOOLS = ("unshare", "nsenter", "ip", "setpriv", "prlimit", "sshd", "ssh", "ssh-k
 SERVICE_ACCOUNT = "/run/secrets/kubernetes.io/serviceaccount"  # /var/run -> /run in the image
 
 
+RUN_IDS: list[str] = []
+"""The run ids of the simulations this process started (the leftover check looks only for those: other test runs
+on the same machine have their own)."""
+
 TEST_SECRETS: dict[str, str | None] = {"vscodePassword": "test-password", "jupyterToken": "test-token"}
 
 
@@ -216,6 +220,7 @@ class PodSim:
             )
         self.grace = float(grace_seconds if grace_seconds is not None else self.pod_spec.get("terminationGracePeriodSeconds", 30))
         self.run_id = pysecrets.token_hex(3)
+        RUN_IDS.append(self.run_id)
         self.base = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{self.run_id}-", dir="/var/tmp"))
         self.base.chmod(0o755)
         self.cluster_ns = f"{PREFIX}{self.run_id}-c"
