@@ -42,8 +42,17 @@ def ipv4_gid(address: str) -> str:
 
 
 class Node:
-    def __init__(self, link_gbps: float = 400, nic_gbps: float = 392.5, busbw: float = 197.0, mtu: int | None = None) -> None:
+    def __init__(
+        self,
+        link_gbps: float = 400,
+        nic_gbps: float = 392.5,
+        busbw: float = 197.0,
+        mtu: int | None = None,
+        overrides: dict[int, dict[str, Any]] | None = None,
+    ) -> None:
+        """`overrides`: per pod index, node state that differs from the healthy default from the start (e.g. {1: {"gpus": 2}})."""
         self.link_gbps, self.nic_gbps, self.busbw, self.mtu = link_gbps, nic_gbps, busbw, mtu
+        self.overrides = overrides or {}
         self.fabric: dict[str, Any] = {"full_ring_busbw": None}
         self.states: dict[int, dict[str, Any]] = {}
 
@@ -97,7 +106,7 @@ class Node:
 
     def state(self, sim: Any, index: int) -> dict[str, Any]:
         if index not in self.states:
-            self.states[index] = self.default(sim, index)
+            self.states[index] = {**self.default(sim, index), **self.overrides.get(index, {})}
         return self.states[index]
 
     # ------------------------------------------------------------------------------- on this machine
