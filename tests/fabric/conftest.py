@@ -65,7 +65,9 @@ class Fabric:
             cmd += f"printf '%s' {shlex.quote(json.dumps(settings))} > /tmp/fabric-test.json && ML_DEV_FABRIC_CONFIG=/tmp/fabric-test.json "
         return cmd + f"exec {prefix}python3 {OPT}/fabric_check.py {shlex.join(args)}"
 
-    def run(self, *args: str, host: int = 0, settings: dict | None = None, prefix: str = "", timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, *args: str, host: int = 0, settings: dict | None = None, prefix: str = "", timeout: float = 240
+    ) -> subprocess.CompletedProcess[str]:
         return self.sim.exec(host, self.command(*args, settings=settings, prefix=prefix), timeout=timeout)
 
     def start(self, *args: str, host: int = 0, settings: dict | None = None) -> subprocess.Popen[str]:

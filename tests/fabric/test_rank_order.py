@@ -178,7 +178,7 @@ def rank_order_sh(f: Fabric, api: str, settings: dict, *pods: str, path: str = "
     as the startup script does."""
     f.sim.exec(0, "rm -rf /tmp/opt && mkdir /tmp/opt && cp -L /opt/ml-dev-env/* /tmp/opt/", timeout=60)
     f.sim.write(0, "/tmp/opt/fabric.json", json.dumps(settings))
-    script = f'. /tmp/opt/rank_order.sh; read -r -a RANK_PODS <<<"$(ml_dev_rank_order nccl-test "$@")"; echo "${{RANK_PODS[*]}}"'
+    script = '. /tmp/opt/rank_order.sh; read -r -a RANK_PODS <<<"$(ml_dev_rank_order nccl-test "$@")"; echo "${RANK_PODS[*]}"'
     prefix = f"PATH={path} " if path else ""
     return f.sim.exec(0, f"ML_DEV_KUBE_API={api} {prefix}/bin/bash -c {shlex.quote(script)} sh {shlex.join(pods)}", timeout=60)
 

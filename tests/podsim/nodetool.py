@@ -209,7 +209,13 @@ def all_reduce_perf(n: dict, args: list[str]) -> int:
     sys.path.insert(0, str(HERE))
     nccl_report = importlib.import_module("nccl").nccl_report  # copied next to this file (tests/podsim/nccl.py)
     sys.stdout.write(
-        nccl_report(pods, size // max(len(pods), 1), size_arg(option(args, "-b", default="32M") or "32M"), size_arg(option(args, "-e", default="32M") or "32M"), busbw)
+        nccl_report(
+            pods,
+            size // max(len(pods), 1),
+            size_arg(option(args, "-b", default="32M") or "32M"),
+            size_arg(option(args, "-e", default="32M") or "32M"),
+            busbw,
+        )
     )
     return 0
 
@@ -219,9 +225,13 @@ def main() -> int:
     n = node()
     if tool not in ("ib_write_bw", "all_reduce_perf"):
         record(tool, args)
-    return {"nvidia-smi": nvidia_smi, "ibv_devinfo": ibv_devinfo, "ibstat": ibstat, "ib_write_bw": ib_write_bw, "all_reduce_perf": all_reduce_perf}[
-        tool
-    ](n, args)
+    return {
+        "nvidia-smi": nvidia_smi,
+        "ibv_devinfo": ibv_devinfo,
+        "ibstat": ibstat,
+        "ib_write_bw": ib_write_bw,
+        "all_reduce_perf": all_reduce_perf,
+    }[tool](n, args)
 
 
 if __name__ == "__main__":
