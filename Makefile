@@ -42,7 +42,14 @@ $(VENV)/.installed: requirements-dev.txt
 	$(PY) -m pip install --quiet --require-hashes --no-deps -r requirements-dev.txt
 	touch $@
 
-venv: $(VENV)/.installed
+# A .venv made by another user (its interpreter under their own home, e.g. /root/.pyenv, unreadable here)
+# cannot run for this one: it is made again with $(PYTHON), which this user runs.
+venv:
+	@if [ -e $(VENV) ] && ! $(PY) -c '' >/dev/null 2>&1; then \
+	  echo "note: $(PY) cannot run as $$(id -un) (it resolves to $$(readlink -m $(PY))); making $(VENV) again with $(PYTHON)" >&2; \
+	  rm -rf $(VENV); \
+	fi
+	@$(MAKE) -s --no-print-directory $(VENV)/.installed
 
 # Installs the Debian packages when one is missing, as root (CI) or with password-less sudo; otherwise
 # says which are missing and goes on: the tests that need them skip with the reason (pytest -ra lists them).
