@@ -225,3 +225,19 @@ def test_missing_rank_env_is_reported_not_a_traceback(fabric) -> None:
             assert "rank.env: the startup script writes it (the rank contract)" in res.stdout
     finally:
         f.sim.write(0, "/tmp/ml-dev-env/rank.env", text)
+
+
+@pytest.mark.timeout(300)
+def test_gate_on_the_tcp_stack_runs_as_the_namespace_uid(fabric) -> None:
+    """nerc-production (TCP, restricted-v2: a namespace UID, no capabilities): mpirun starts its daemons over the
+    pods' sshd as that UID; the gate measures and judges what its expectation says for TCP."""
+    f: Fabric = fabric(2, stack="nerc-production")
+    res = f.run("gate", "--no-localise")
+    assert res.returncode in (0, 1), res.stdout + res.stderr
+    result = f.result()
+    assert result["mode"] == "tcp" and result["status"] in ("pass", "fail", "no-expectation"), result["diagnosis"]
+    assert [r["bytes"] for r in result["sizes"]][-1] == 8 << 30
+    ranks = sorted(f.calls("all_reduce_perf"), key=lambda c: c["rank"])
+    assert [(c["rank"], c["pod"]) for c in ranks] == [(r, f.names[r // 4]) for r in range(8)]
+    uid = f.sim.identity.uid
+    assert uid != 0 and all(line.split()[0] == str(uid) for line in f.sim.exec(1, "ps -o uid= -C sshd").stdout.split())
