@@ -131,7 +131,6 @@ class Node:
                 shutil.rmtree(child)
         for bdf, hca in st["vfs"].items():
             (d / "pci" / bdf / "infiniband" / hca).mkdir(parents=True)
-        present = set(st["hcas"])
         bdf_of = {hca: bdf for bdf, hca in st["vfs"].items()}
         for hca in st["hcas"]:
             bdf = bdf_of.get(hca)
@@ -153,7 +152,6 @@ class Node:
             if st["iommu"] is not None:
                 (device / "iommu_group").mkdir()
                 (device / "iommu_group" / "type").write_text(st["iommu"] + "\n")
-        del present
 
     def apply_fabric(self, sim: Any) -> None:
         shared = sim.base / "node" / "fabric"
