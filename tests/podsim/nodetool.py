@@ -12,7 +12,7 @@ every pod of the simulation shares: the switch fabric NCCL would measure).
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import json
 import os
 import socket
@@ -206,8 +206,11 @@ def all_reduce_perf(n: dict, args: list[str]) -> int:
     busbw = min(r["busbw"] for r in ranks)
     if shared.get("full_ring_busbw") is not None and len(pods) == shared["pods"]:
         busbw = min(busbw, shared["full_ring_busbw"])
-    sys.path.insert(0, str(HERE))
-    nccl_report = importlib.import_module("nccl").nccl_report  # copied next to this file (tests/podsim/nccl.py)
+    spec = importlib.util.spec_from_file_location("nccl", HERE / "nccl.py")  # copied next to this file (tests/podsim/nccl.py)
+    assert spec is not None and spec.loader is not None
+    nccl = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(nccl)
+    nccl_report = nccl.nccl_report
     sys.stdout.write(
         nccl_report(
             pods,
