@@ -223,7 +223,15 @@ def test_worker_starts_no_dev_servers(sim: PodSim) -> None:
     assert sim.pods[1].path(f"{WORKSPACE}/.deepspeed/hostfile").read_text() == naming.hostfile(
         sim.app, sim.namespace, 2, int(values["GPUS_PER_NODE"])
     )
-    assert rank_env(sim, 1) == expected_rank(sim, 1)
+    rank = rank_env(sim, 1)
+    assert rank == expected_rank(sim, 1)
+    # the rank the pod computes from the rendered cluster ConfigMap is the one the program reports in its outputs
+    outputs = sim.result.outputs
+    assert (rank["MASTER_ADDR"], int(rank["WORLD_SIZE"]), rank["ML_DEV_PODS"].split()) == (
+        outputs["master_addr"],
+        outputs["world_size"],
+        outputs["pod_names"],
+    )
 
 
 def test_the_idle_agent_runs_on_a_worker_and_shells_get_the_warning(sim: PodSim) -> None:
@@ -288,7 +296,15 @@ def test_home_is_persistent_per_pod_and_shells_see_the_rank(sim: PodSim) -> None
     assert pod.path(home).is_dir() and (pod.path(home).stat().st_mode & 0o777) == 0o700
     server_env = recorded_env(sim, 0, "code-server")
     assert server_env["HOME"] == home
-    for key in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "PIP_CACHE_DIR", "JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "HISTFILE"):
+    for key in (
+        "XDG_CACHE_HOME",
+        "XDG_CONFIG_HOME",
+        "XDG_DATA_HOME",
+        "PIP_CACHE_DIR",
+        "JUPYTER_CONFIG_DIR",
+        "JUPYTER_DATA_DIR",
+        "HISTFILE",
+    ):
         assert server_env[key].startswith(f"{home}/"), key
     args = next(line for line in calls(sim, 0) if line.startswith("code-server"))
     assert f"--user-data-dir {home}/.local/share/code-server --extensions-dir {home}/.local/share/code-server/extensions" in args
