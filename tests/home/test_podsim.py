@@ -5,6 +5,7 @@ ConfigMap update removes the `..<timestamp>` directory it started from (the kube
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 
@@ -39,9 +40,10 @@ def get(pods: HomePods, path: str = "") -> str:
 
 def test_home_page_as_the_render_starts_it(pods: HomePods) -> None:
     # startup.sh's `home` dev server: the page's command line as the render's startup script runs it
+    # (its bind address is startup.sh's: loopback, or the pod IP plus loopback; the OAuth proxy uses loopback)
     ps = pods.exec(0, "ps -o args= -e").stdout
-    assert f"python3 /opt/ml-dev-env/home_page.py serve --listen 127.0.0.1:{HOME_PORT}" in ps, ps
-    assert pods.wait_for(0, f"{STATE}/home.addr") == f"127.0.0.1:{HOME_PORT}"
+    assert re.search(rf"^python3 /opt/ml-dev-env/home_page.py serve --listen \S*:{HOME_PORT}$", ps, re.M), ps
+    assert f"127.0.0.1:{HOME_PORT}" in pods.wait_for(0, f"{STATE}/home.addr")
     assert "APP_NAME" not in pods.pods[0].env, "the render does not give the app name; the page derives it from POD_NAME"
     page = get(pods)
     assert f'data-app="{pods.app}" data-namespace="{pods.namespace}"' in page and f"<title>{pods.app} home</title>" in page
