@@ -106,7 +106,7 @@ docs: venv
 # codes, architecture diagrams) from the code; tests fail while one is stale.
 docs-generate: venv
 	$(PY) -m tools.config_reference --write docs/ref/configuration.md docs/operate/images.md
-	$(PY) -m tools.docs_reference --write docs/ref/outputs.md docs/ref/exit-codes.md
+	$(PY) -m tools.docs_reference --write docs/ref/outputs.md docs/ref/exit-codes.md docs/operate/prerequisites.md
 	$(PY) -m tools.diagram --write docs/ref/architecture.md
 
 # The home page screenshot the docs show (docs/img/home-page.png), taken by the browser test.
