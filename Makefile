@@ -4,8 +4,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STACK ?= barcelona
-# Debian packages the tests and benchmarks use for real (registry, skopeo, buildah, htpasswd, shellcheck, headless chromium).
-APT_PACKAGES := docker-registry skopeo buildah apache2-utils openssh-server openssh-client rsync pdsh libnss-wrapper shellcheck chromium chromium-driver
+# Debian packages the tests and benchmarks use for real (registry, skopeo, buildah, htpasswd, shellcheck, headless chromium),
+# and Graphviz, which draws the docs' architecture diagrams (`make docs-generate`).
+APT_PACKAGES := docker-registry skopeo buildah apache2-utils openssh-server openssh-client rsync pdsh libnss-wrapper shellcheck chromium chromium-driver graphviz
 # Hash-locked sets compiled from the *.in files by `make lock` (tools/lock.sh, uv); .venv gets the dev lock.
 
 .PHONY: lock lock-check verify-base-lock typecheck help venv system-deps render render-all runs status test lint docs docs-generate screenshots diagram policy-preview bench-package bench-launch clean
@@ -103,8 +104,8 @@ docs: venv
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
 
 # Rewrites the generated blocks of the site (configuration reference, presets, stack outputs, step exit
-# codes, architecture diagrams) from the code; tests fail while one is stale.
-docs-generate: venv
+# codes, prerequisites, architecture diagrams: Graphviz `dot` draws their SVGs) from the code; tests fail while one is stale.
+docs-generate: venv system-deps
 	$(PY) -m tools.config_reference --write docs/ref/configuration.md docs/operate/images.md
 	$(PY) -m tools.docs_reference --write docs/ref/outputs.md docs/ref/exit-codes.md docs/operate/prerequisites.md
 	$(PY) -m tools.diagram --write docs/ref/architecture.md

@@ -17,7 +17,6 @@ the screenshot goes under the test's temporary directory.
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,20 +25,16 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT
+from tests.home.browser import APPS, CHROMIUM, DRIVER, NO_BROWSER, js, open_browser
 from tests.home.pods import HOME_PORT, INJECTED, HomePods
 from tests.podsim.netns import in_netns
 from tests.podsim.pods import leftovers, missing_requirements
 
-CHROMIUM = shutil.which("chromium")
-DRIVER = shutil.which("chromedriver")
 SCREENSHOT = ROOT / "docs" / "img" / "home-page.png"
-APPS = "apps.example.test"  # a cluster's apps domain; the Routes are <app>-<server>-<namespace>.<apps domain>
 REASON = missing_requirements()
 
 pytestmark = [
-    pytest.mark.skipif(
-        not (CHROMIUM and DRIVER), reason="needs Debian's chromium and chromium-driver (make system-deps installs them as root)"
-    ),
+    pytest.mark.skipif(not (CHROMIUM and DRIVER), reason=NO_BROWSER),
     pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}"),
     pytest.mark.timeout(300),
 ]
@@ -56,34 +51,6 @@ def pods() -> Iterator[HomePods]:
     assert not [x for x in leftovers() if sim.run_id in x], "the simulation left namespaces or directories behind"
 
 
-def open_browser(profile: Path, log: Path) -> Any:
-    # The driver's path in the Service skips Selenium Manager altogether (selenium
-    # webdriver/common/driver_finder.py, DriverFinder._binary_paths); SE_OFFLINE would keep it offline anyway.
-    os.environ["SE_OFFLINE"] = "true"
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    # the page's Route host resolves to the pod's loopback: the IDE links are derived from it as on a cluster
-    for arg in (
-        "--headless=new",
-        "--disable-gpu",
-        "--no-first-run",
-        "--window-size=1280,1250",
-        f"--user-data-dir={profile}",
-        f"--host-resolver-rules=MAP *.{APPS} 127.0.0.1",
-    ):
-        options.add_argument(arg)
-    if os.geteuid() == 0:
-        options.add_argument("--no-sandbox")  # chromium refuses to run as root with its sandbox
-    options.set_capability("goog:loggingOptions", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=options, service=Service(executable_path=str(DRIVER), log_output=str(log)))
-    driver.set_page_load_timeout(30)
-    driver.set_script_timeout(30)
-    return driver
-
-
 def wait(driver: Any, ok: Callable[[], bool], what: str, pods: HomePods, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -94,11 +61,7 @@ def wait(driver: Any, ok: Callable[[], bool], what: str, pods: HomePods, timeout
     raise AssertionError(f"the page never showed {what}:\n{live}\n--- home.log:\n{pods.log_of(0, 'home')}")
 
 
-# The live part is swapped every second: read it in one script call, never through a kept element reference.
-def js(driver: Any, body: str, *args: Any) -> Any:
-    return driver.execute_script(body, *args)
-
-
+# The live part is swapped every second: read it in one script call (js), never through a kept element reference.
 def text_of(driver: Any, element_id: str) -> str:
     return str(js(driver, "var e = document.getElementById(arguments[0]); return e ? e.innerText : '';", element_id))
 
