@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from core import naming
+from core.servers import DEV_SERVERS
 from tests.podsim.pods import Pod, PodSim, render_stack
 
 HERE = Path(__file__).resolve().parent
 NCCL = HERE.parent / "podsim" / "nccl.py"
 INJECTED = "<script>window.__xss = 1</script>"
-HOME_PORT = 8090  # components/pod.py: the page's port behind the home OAuth proxy (--upstream=http://127.0.0.1:8090)
+HOME_PORT = next(s.port for s in DEV_SERVERS if s.name == "home")  # where it listens, behind its OAuth proxy
 SLOW_BUSBW = 60.0  # GB/s at the plateau, far below barcelona's pass line (175.1 GB/s): the gate fails
 STATE = "/tmp/ml-dev-env"
 PROJECT = "/workspace/proj"
