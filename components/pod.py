@@ -221,9 +221,18 @@ def proxy_containers(config: StackConfig, cookie_secret_volume: str) -> list[k8s
                 name=naming.proxy_container(server.name),
                 image=config.access.oauth_proxy_image,
                 image_pull_policy="IfNotPresent",
+                # The pod IP only, never a wildcard (`:<port>` would also answer on the SR-IOV interfaces net1..N,
+                # which NetworkPolicy does not cover). The kubelet expands $(POD_IP) from this container's env. The
+                # brackets hold for both families: openshift/oauth-proxy http.go Server.ServeHTTP hands the address
+                # (after any `scheme://`) to net.Listen("tcp", ...), whose resolveInternetAddr calls SplitHostPort
+                # (golang/go src/net/ipsock.go), which takes `[host]:port` for any host, IPv4 included, then parses
+                # the host as a literal IPv4 or IPv6 address (Go 1.19: `[127.0.0.1]:0` and `[::1]:0` bind, `::1:0`
+                # is "too many colons", an unexpanded `[$(POD_IP)]` fails the lookup). Probes (httpGet without
+                # host), the Service and the Route all dial the pod IP; nothing dials the proxy on loopback.
+                env=[_field_env("POD_IP", "status.podIP")],
                 args=[
                     "--provider=openshift",
-                    f"--http-address=:{port}",
+                    f"--http-address=[$(POD_IP)]:{port}",
                     "--https-address=",
                     f"--upstream=http://127.0.0.1:{server.port}",
                     f"--openshift-service-account={sa}",

@@ -2,8 +2,9 @@
 """ml-dev-env home page: one page that shows the whole environment at a glance (pod 0).
 
 Standard library only, Python 3.8+. Started by startup.sh on pod 0 as the `home` dev server
-(core/servers.py): it listens on the loopback behind its own OAuth proxy sidecar and Route, the same
-OpenShift login as VS Code and Jupyter. Its data is what the environment already collects:
+(core/servers.py): it listens on the pod IP and the loopback (never a wildcard: nothing answers on the
+SR-IOV interfaces net1..N), behind its own OAuth proxy sidecar and Route, the same OpenShift login as VS Code
+and Jupyter. Its data is what the environment already collects:
 
 * every pod's idle-agent report, `GET /activity` on the activity port (GPUs and their utilisation,
   terminals, SSH session records, launcher heartbeats) and pod 0's `GET /decision` (last activity, why,
@@ -18,8 +19,9 @@ Routes: `/` the page, `/fragment` its live part (the page's script swaps it in e
 users (command lines, working directories, user names, pod names) is HTML-escaped; the page loads
 nothing from the internet and runs no inline script (Content-Security-Policy `default-src 'self'`).
 
-Usage: home_page.py serve [--listen HOST:PORT]   (default $ML_DEV_HOME_LISTEN or 127.0.0.1:8090;
-port 0 picks a free port; the bound address is written to $ML_DEV_STATE_DIR/home.addr)
+Usage: home_page.py serve [--listen HOST:PORT[,HOST:PORT]]   (default $ML_DEV_HOME_LISTEN, else $POD_IP and
+127.0.0.1 on port 8090; `[v6]:port` for IPv6; port 0 picks a free port; the bound addresses are written to
+$ML_DEV_STATE_DIR/home.addr, one a line)
        home_page.py render                       (the page once, to stdout)
 Test overrides: ML_DEV_HOME_AGENTS "pod=host:port ..." (every pod's agent, rank order),
 ML_DEV_HOME_INTERVAL (sampling seconds, default 30), ML_DEV_HOME_REFRESH (page refresh seconds, default 10).
@@ -35,6 +37,7 @@ import importlib
 import json
 import os
 import shlex
+import socket
 import sys
 import threading
 import time
@@ -493,34 +496,64 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
 
+class _Server6(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
+def listen_addresses(listen: str) -> list[tuple[str, int]]:
+    """`host:port` items (`[v6]:port`) separated by spaces or commas; empty: $POD_IP and 127.0.0.1 on 8090.
+
+    Never a wildcard (0.0.0.0, ::): a wildcard also answers on the SR-IOV interfaces (net1..N), which
+    NetworkPolicy does not cover."""
+    items = listen.replace(",", " ").split()
+    if not items:
+        items = [f"[{ip}]:8090" if ":" in ip else f"{ip}:8090" for ip in (env("POD_IP"), "127.0.0.1") if ip]
+    out = []
+    for item in items:
+        host, _, port = item.rpartition(":")
+        host = host.strip("[]")
+        if not host or host in ("0.0.0.0", "::"):
+            raise ValueError(f"listen address {item!r}: name the address to bind (the pod IP, 127.0.0.1), not a wildcard")
+        out.append((host, int(port)))
+    return out
+
+
 def serve(listen: str) -> int:
-    host, _, port = listen.rpartition(":")
+    try:
+        addresses = listen_addresses(listen)
+    except ValueError as exc:
+        print(f"[home-page] {exc}", file=sys.stderr, flush=True)
+        return 2
     collector = Collector()
     handler = type("BoundHandler", (Handler,), {"collector": collector})
-    server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), handler)
+    servers = [(_Server6 if ":" in host else ThreadingHTTPServer)((host, port), handler) for host, port in addresses]
     stop = threading.Event()
     threading.Thread(target=collector.loop, args=(float(env("ML_DEV_HOME_INTERVAL", "30")), stop), daemon=True).start()
-    bound = (str(server.server_address[0]), int(server.server_address[1]))
+    bound = [(str(s.server_address[0]), int(s.server_address[1])) for s in servers]
+    shown = [f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in bound]
     with contextlib.suppress(OSError):
         state_dir().mkdir(parents=True, exist_ok=True)
         tmp = state_dir() / "home.addr.tmp"
-        tmp.write_text(f"{bound[0]}:{bound[1]}\n")
+        tmp.write_text("".join(f"{a}\n" for a in shown))
         tmp.replace(state_dir() / "home.addr")
-    print(f"[home-page] serving on {bound[0]}:{bound[1]}", flush=True)
+    print(f"[home-page] serving on {' '.join(shown)}", flush=True)
+    for server in servers[1:]:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        server.serve_forever()
+        servers[0].serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
         stop.set()
-        server.server_close()
+        for server in servers:
+            server.server_close()
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("command", choices=["serve", "render"])
-    parser.add_argument("--listen", default=env("ML_DEV_HOME_LISTEN", "127.0.0.1:8090"))
+    parser.add_argument("--listen", default=env("ML_DEV_HOME_LISTEN"))
     args = parser.parse_args(argv)
     if args.command == "render":
         collector = Collector()

@@ -280,6 +280,10 @@ def probe_launcher(now: float) -> dict[str, Any]:
 
 
 def probe_vscode(now: float) -> dict[str, Any]:
+    # code-server writes <data>/heartbeat (empty) on a request at most once a minute and again every minute
+    # while a browser is connected; its /healthz `lastHeartbeat` is that instant (coder/code-server
+    # src/node/heart.ts Heart.beat, src/node/routes/index.ts register, src/node/routes/health.ts; <data> is
+    # env-paths' $XDG_DATA_HOME/code-server, else ~/.local/share/code-server: src/node/util.ts getEnvPaths)
     data = env("XDG_DATA_HOME") or str(Path(env("HOME", "/tmp")) / ".local" / "share")
     beat = Path(env("ML_DEV_CODE_SERVER_HEARTBEAT", str(Path(data) / "code-server" / "heartbeat")))
     try:
@@ -299,18 +303,15 @@ def _jupyter_get(path: str) -> Any:
         return json.loads(response.read())
 
 
-def probe_jupyter(now: float) -> dict[str, Any]:
-    try:
-        status = _jupyter_get("/api/status")
-        # no_track_activity: our own polling must not count as activity (jupyter_server
-        # base/handlers.py APIHandler.update_api_activity; /api/status never tracks activity)
-        kernels = _jupyter_get("/api/kernels?no_track_activity=1")
-        terminals = _jupyter_get("/api/terminals?no_track_activity=1")
-        stamps = [parse_time(status["last_activity"])]
-        stamps += [parse_time(k["last_activity"]) for k in kernels if k.get("last_activity")]
-        stamps += [parse_time(t["last_activity"]) for t in terminals if t.get("last_activity")]
-    except (OSError, ValueError, KeyError, TypeError, urllib.error.URLError) as exc:
-        return signal("jupyter", False, error=str(exc))
+def judge_jupyter(status: Any, kernels: Any, terminals: Any, now: float) -> dict[str, Any]:
+    """The jupyter signal from the bodies of /api/status, /api/kernels and /api/terminals (jupyter_server
+    services/api/handlers.py APIStatusHandler.get, services/kernels/kernelmanager.py kernel_model,
+    jupyter_server_terminals terminalmanager.py get_terminal_model; real captures in
+    tests/data/tool_output/jupyter): a busy kernel is activity now; the age is that of the newest
+    last_activity. A kernel still `starting` (no client has talked to it yet) is not busy."""
+    stamps = [parse_time(status["last_activity"])]
+    stamps += [parse_time(k["last_activity"]) for k in kernels if k.get("last_activity")]
+    stamps += [parse_time(t["last_activity"]) for t in terminals if t.get("last_activity")]
     busy = [k.get("id") for k in kernels if k.get("execution_state") == "busy"]
     return signal(
         "jupyter",
@@ -322,6 +323,18 @@ def probe_jupyter(now: float) -> dict[str, Any]:
         terminals=len(terminals),
         connections=status.get("connections"),
     )
+
+
+def probe_jupyter(now: float) -> dict[str, Any]:
+    try:
+        status = _jupyter_get("/api/status")
+        # no_track_activity: our own polling must not count as activity (jupyter_server
+        # base/handlers.py APIHandler.update_api_activity; /api/status never tracks activity)
+        kernels = _jupyter_get("/api/kernels?no_track_activity=1")
+        terminals = _jupyter_get("/api/terminals?no_track_activity=1")
+        return judge_jupyter(status, kernels, terminals, now)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, urllib.error.URLError) as exc:
+        return signal("jupyter", False, error=str(exc))
 
 
 def guarded(name: str, probe: Callable[[], dict[str, Any]]) -> dict[str, Any]:

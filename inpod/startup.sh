@@ -433,9 +433,14 @@ if [ "$ORDINAL" -eq 0 ]; then
         start tensorboard tensorboard --logdir "$logdir" --host "$BIND" --port 6006
         ;;
       home)
-        # the environment's home page (home_page.py, next to this script); behind its OAuth proxy only
+        # the environment's home page (home_page.py, next to this script); behind its OAuth proxy. It binds
+        # $POD_IP and 127.0.0.1, never a wildcard.
+        home_listen=127.0.0.1:8090
+        if [ -n "${POD_IP:-}" ]; then
+          if [[ "$POD_IP" == *:* ]]; then home_listen="[$POD_IP]:8090,$home_listen"; else home_listen="$POD_IP:8090,$home_listen"; fi
+        fi
         if command -v python3 >/dev/null 2>&1; then
-          start home python3 "$(dirname "${BASH_SOURCE[0]}")/home_page.py" serve --listen "$BIND:8090"
+          start home python3 "$(dirname "${BASH_SOURCE[0]}")/home_page.py" serve --listen "$home_listen"
         else
           warn "no python3 in the image: no home page"
         fi

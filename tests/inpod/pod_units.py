@@ -104,6 +104,17 @@ def dump() -> dict[str, object]:
     nodes = {"p-0": "n2", "p-1": "n1", "p-2": "n3", "p-3": "n2", "p-4": None}
     out["rack_order"] = outcome(find("rack_order"), pods, nodes, racks)
     out["jupyter times"] = [outcome(find("parse_time"), t) for t in ("2026-11-23T10:05:00.123456Z", "2026-11-23T10:05:00Z", "x")]
+    # the bodies a real JupyterLab answered (tests/data/tool_output/jupyter), judged 10 minutes after the last activity
+    jupyter = ROOT / "tests" / "data" / "tool_output" / "jupyter"
+    for status in sorted(jupyter.glob("*-status.json")):
+        state = status.name[: -len("-status.json")]
+        b = {name: json.loads((jupyter / (state + "-" + name + ".json")).read_text()) for name in ("status", "kernels", "terminals")}
+
+        def judge(b: dict[str, Any] = b) -> dict[str, Any]:
+            now = find("parse_time")(b["status"]["last_activity"]) + 600
+            return find("judge_jupyter")(b["status"], b["kernels"], b["terminals"], now)  # type: ignore[no-any-return]
+
+        out["jupyter " + state] = outcome(judge)
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp)
         for rel, text in {"a.py": "print(1)\n", "pkg/b.txt": "b\n", "pkg/c.log": "c\n", ".gitignore": "*.log\n"}.items():

@@ -70,5 +70,11 @@ Platform rules (everything a pod gets is a rendered field or one of these), with
   sshd, its privsep user `sshd`, ssh, rsync, pdsh, git and python3 as this machine (Debian) has them.
   Node tools as stubs: nvidia-smi (the NVIDIA container toolkit's; GPUs = the nvidia.com/gpu limit) and
   ibv_devinfo (the HCAs of NCCL_IB_HCA).
+* NetworkPolicy (`netpol.py`, opt-in: `with netpol.Enforcement(sim) as net: net.add_peer(...); net.apply()`): the
+  rendered policies evaluated on their own (podSelector/namespaceSelector/ipBlock, ports/endPort, policyTypes) into
+  iptables INPUT rules on eth0 of each selected pod: admitted sources and ports, replies (conntrack), the node
+  (gateway 10.128.0.1) always, the rest dropped; net1..N not covered (ovn-kubernetes go-controller/pkg/ovn/
+  base_network_controller_policy.go addAllowACLFromNode, arpAllowPolicyMatch; allow-related ACLs). Peers: non-stack
+  "pods" (own netns on the same bridge, a namespace and labels of their own) as sources.
 * Not simulated: seccomp, SELinux, cgroups/resources, the sidecar containers, init containers, the API server.
 """

@@ -697,6 +697,7 @@ def test_every_message_says_how_to_fix() -> None:
             "kubernetes:networking.k8s.io/v1:NetworkPolicy",
             {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": meta("open"), "spec": {"ingress": [{}]}},
         ),
+        statefulset("proxied", [{**oauth_proxy(), "args": ["--provider=openshift", "--http-address=:18080"]}]),
     ]
     found = evaluate(bad)
     assert {v.policy for v in found} == set(rules.POLICY_NAMES)
