@@ -75,7 +75,8 @@ def style_of(driver: Any, selector: str, prop: str) -> str:
 def test_home_page_in_chromium_on_the_rendered_pods(pods: HomePods, tmp_path: Path) -> None:
     result = pods.gate()  # the real gate on pod 0: slow everywhere, so it fails and localises
     assert result["status"] == "fail" and result["plateauBusbw"] < result["expectation"]["pass_busbw_gbs"], result
-    assert pods.pods[0].path("/workspace/.ml-dev-env/fabric/latest.svg").read_text().lstrip().startswith("<svg")
+    latest_svg = pods.pods[0].path("/workspace/.ml-dev-env/fabric/latest.svg").read_text()
+    assert latest_svg.lstrip().startswith("<svg") and result["sizes"], "the gate wrote its curve next to its JSON"
     url = f"http://{pods.app}-home-{pods.namespace}.{APPS}:{HOME_PORT}/"
     procs: list[Any] = []
 
@@ -99,6 +100,10 @@ def test_home_page_in_chromium_on_the_rendered_pods(pods: HomePods, tmp_path: Pa
         assert style_of(browser, "#fabric-status", "color") == "rgb(176, 0, 32)", "a failed gate shows red"
         curve = "var c = document.getElementById('fabric-curve'); return !!c && c.complete && c.naturalWidth > 0;"
         wait(browser, lambda: bool(js(browser, curve)), "the curve", pods)
+        # the curve shown is the one the gate drew beside its JSON (state dir and workspace hold the same)
+        fetch = "var done = arguments[0]; fetch('fabric.svg').then(function (r) { return r.text(); }).then(done);"
+        shown = browser.execute_async_script(fetch)
+        assert shown == latest_svg, "the page shows another curve than the gate's latest.svg"
 
         # busy: GPU 0 of pod 0 at 87 %, a real `ml-dev run` on both pods whose command line carries a script,
         # an SSH session into pod 0 (from pod 1, over the SSH fabric: its ForceCommand records it)
@@ -136,7 +141,7 @@ def test_home_page_in_chromium_on_the_rendered_pods(pods: HomePods, tmp_path: Pa
         shot.parent.mkdir(parents=True, exist_ok=True)
         assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
         if write:  # the docs' fabric-check page shows the curve this failed gate drew
-            (SCREENSHOT.parent / "fabric-gate.svg").write_text(pods.pods[0].path("/workspace/.ml-dev-env/fabric/latest.svg").read_text())
+            (SCREENSHOT.parent / "fabric-gate.svg").write_text(latest_svg)
 
     try:
         in_netns(f"/run/netns/{pods.pods[0].netns}", browse, timeout=240)
