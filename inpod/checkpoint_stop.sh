@@ -25,7 +25,7 @@ running() { # running PID: alive and not a zombie (field 3 of /proc/PID/stat, af
   [ "${stat%% *}" != Z ]
 }
 
-# The marker tells the idle agent and `ml-dev status` that this pod is stopping.
+# The marker tells `ml-dev status` that this pod is stopping (its ranks are saving).
 date +%s >"$STATE_DIR/stopping" 2>/dev/null || true
 agents=()
 for record in "$STATE_DIR"/heartbeat/rank-*.json; do

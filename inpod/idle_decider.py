@@ -75,16 +75,28 @@ class Decider:
         self.written_off: dict[str, str] = {}
         """Worker pods unreachable longer than the bound → the last error; they no longer hold the stop."""
         self.announced: set[str] = set()
+        self.enabled = True
+        """lifecycle.idleStop.enabled as last read (off: pod 0 gathers nothing, `status` says so)."""
+        self.errors: dict[str, str] = {}
+        """Worker pod → the last error seen reaching it (what `ml-dev status` shows)."""
 
     def status(self, now: float) -> dict[str, Any]:
         """What `idle_agent.py status` and `GET /decision` show."""
         return {
+            "at": now,
+            "enabled": self.enabled,
             "idleSeconds": round(now - self.last_active, 1),
             "lastActive": self.last_active,
             "reason": self.reason,
             "warning": self.warning,
+            "unreachableSeconds": self.unreachable_seconds,
             "unreachable": {
-                pod: {"seconds": round(now - since, 1), "writtenOff": pod in self.written_off}
+                pod: {
+                    "seconds": round(now - since, 1),
+                    "since": since,
+                    "writtenOff": pod in self.written_off,
+                    "error": self.errors.get(pod, ""),
+                }
                 for pod, since in sorted(self.unreachable_since.items())
             },
         }
@@ -102,8 +114,10 @@ class Decider:
             if unreachable is None:
                 self.unreachable_since.pop(pod, None)
                 self.written_off.pop(pod, None)
+                self.errors.pop(pod, None)
             else:
                 since = self.unreachable_since.setdefault(pod, now)
+                self.errors[pod] = str(unreachable["detail"].get("error", "?"))
                 if now - since >= self.unreachable_seconds:
                     self.written_off[pod] = str(unreachable["detail"].get("error", "?"))
                     continue
@@ -305,6 +319,11 @@ def report_unreachable(settings: dict[str, Any], decider: Decider, now: float) -
             except (OSError, ValueError, KeyError, urllib.error.URLError) as exc:
                 log(f"WARNING: event not created: {exc}")
     decider.announced &= set(decider.written_off)
+    write_status(decider, now)
+
+
+def write_status(decider: Decider, now: float) -> None:
+    """$ML_DEV_STATE_DIR/idle-status.json: pod 0's view each round (`idle_agent.py status`, `ml-dev status`)."""
     with contextlib.suppress(OSError):
         tmp = state_dir() / "idle-status.json.tmp"
         tmp.write_text(json.dumps(decider.status(now), indent=2))
@@ -316,9 +335,13 @@ def report_unreachable(settings: dict[str, Any], decider: Decider, now: float) -
 
 def tick(settings: dict[str, Any], decider: Decider, now: float | None = None) -> str:
     """One round on pod 0: gather, decide, warn or stop. Returns 'active' | 'warn' | 'stop' | 'off'."""
+    decider.enabled = bool(settings["enabled"])
     if not settings["enabled"]:
         show_warning(None)
         decider.warning = None
+        decider.unreachable_since.clear()
+        decider.written_off.clear()
+        write_status(decider, time.time() if now is None else now)
         return "off"
     reports = gather(settings)
     now = time.time() if now is None else now

@@ -6,7 +6,7 @@
                                            (--debug-host pod: on the pod IP, for a debugger in another pod)
     ml-dev sync                            sync the working tree to every pod (no-op on shared storage)
     ml-dev exec -- nvidia-smi              run on every pod, output prefixed by rank
-    ml-dev status                          pods, reachability, ranks, GPUs, RDMA devices, SSH sessions
+    ml-dev status                          pods, reachability, ranks, GPUs, RDMA devices, SSH sessions, idle agent's view
     ml-dev status --all                    every environment of the namespace: owner, size, state, GPU-hours 7 days
 
 Delivered by the stack in the <app>-startup ConfigMap (mounted at /opt/ml-dev-env), so it works in any
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         run,
         sub.add_parser("sync", help="sync the working tree to every pod"),
         sub.add_parser("exec", help="run a command on every pod (no sync)"),
-        sub.add_parser("status", help="pods, ranks, GPUs, RDMA devices, SSH sessions"),
+        sub.add_parser("status", help="pods, ranks, GPUs, RDMA devices, SSH sessions, the idle agent's view"),
     ):
         p.add_argument("--timeout", type=float, default=60, help="seconds to wait for every pod to be reachable (60)")
         if p.prog.split()[-1] == "status":

@@ -109,6 +109,10 @@ if port:
 """
 
 
+TORCHRUN_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+"""What torchrun forwards to its workers by default (TORCHELASTIC_SIGNALS_TO_HANDLE's default)."""
+
+
 def cmd_rank(args: argparse.Namespace) -> int:
     """(on every pod) run one rank: the pod's rank.env, own process group, stopped when stdin closes."""
     env = dict(os.environ)
@@ -134,6 +138,13 @@ def cmd_rank(args: argparse.Namespace) -> int:
         if args.debug_host == "pod" and not os.environ.get("POD_IP"):
             print("ml-dev: --debug-host pod needs $POD_IP (downward-API env); listening on 127.0.0.1", file=sys.stderr, flush=True)
         env["ML_DEV_DEBUG_HOST"] = os.environ.get("POD_IP", "") if args.debug_host == "pod" else "127.0.0.1"
+    grace, first = stop_grace(env), stop_signal(env)
+    if first.name not in TORCHRUN_SIGNALS and "TORCHELASTIC_SIGNALS_TO_HANDLE" not in env:
+        # torchrun runs its workers in sessions of their own and forwards only the signals it handles (SIGTERM,
+        # SIGINT, SIGHUP, SIGQUIT; another one ends torchrun and never reaches them). Newer PyTorch reads this
+        # list (torch/distributed/elastic/multiprocessing/api.py, PContext.start; pytorch/pytorch#154849);
+        # older versions ignore it.
+        env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = ",".join((*TORCHRUN_SIGNALS, first.name))
     cwd = args.cwd if os.path.isdir(args.cwd) else None
     if cwd is None:
         print(f"ml-dev: {args.cwd} does not exist on this pod; running in {os.getcwd()}", file=sys.stderr, flush=True)
@@ -142,7 +153,6 @@ def cmd_rank(args: argparse.Namespace) -> int:
         ["bash", "-c", 'exec "$@"', "_", *args.command], cwd=cwd, env=env, start_new_session=True, stdin=subprocess.DEVNULL
     )
 
-    grace, first = stop_grace(env), stop_signal(env)
     stopping = threading.Lock()
 
     def stop_group() -> None:

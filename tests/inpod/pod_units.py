@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import types
 import unittest
 from pathlib import Path
@@ -226,6 +227,44 @@ class Usage(unittest.TestCase):
         (row,) = self.usage.environments([sts, record], self.NOW)
         self.assertEqual((row["owner"], row["state"], row["size"], row["gpuHoursWeek"]), ("c-a", "idle-stopped", "0 × 2 GPU", 0.0))
         self.assertIn("c-a", self.usage.table([row]))
+
+
+class StatusIdleView(unittest.TestCase):
+    """inpod/ml_dev_status.py: the idle agent's view as `ml-dev status` prints it, on every interpreter."""
+
+    NOW = 1_780_000_000.0
+
+    def setUp(self) -> None:
+        self.status = load("ml_dev_status.py")
+
+    def view(self, **over: object) -> dict[str, object]:
+        unreachable = {"ml-dev-env-1": {"seconds": 700.0, "since": self.NOW - 700, "writtenOff": True, "error": "timed out"}}
+        base = {"at": self.NOW - 1, "enabled": True, "idleSeconds": 42.5, "reason": "ml-dev-env-0/ssh: active"}
+        return {**base, "unreachableSeconds": 600, "unreachable": unreachable, **over}
+
+    def test_a_written_off_worker_with_since_when(self) -> None:
+        lines, notes = self.status.idle_lines(self.view(), "", {"intervalSeconds": 60}, self.NOW)
+        self.assertEqual(lines, ["idle stop: idle 42 s; last activity: ml-dev-env-0/ssh: active"])
+        since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.NOW - 700))
+        self.assertEqual(
+            notes["ml-dev-env-1"],
+            "UNREACHABLE for the idle agent since " + since + " (700 s; timed out): "
+            "written off after 600 s: the idle stop no longer waits for it",
+        )
+
+    def test_within_the_bound_it_still_holds_the_stop(self) -> None:
+        held = {"ml-dev-env-1": {"seconds": 30.0, "since": self.NOW - 30, "writtenOff": False, "error": ""}}
+        _, notes = self.status.idle_lines(self.view(unreachable=held), "", {}, self.NOW)
+        self.assertIn("(30 s): counts as active until 600 s", notes["ml-dev-env-1"])
+
+    def test_off_stale_and_no_view(self) -> None:
+        off, _ = self.status.idle_lines(self.view(enabled=False), "", {}, self.NOW)
+        self.assertEqual(off, ["idle stop: off (lifecycle.idleStop.enabled); the idle agent only reports"])
+        stale, _ = self.status.idle_lines(self.view(at=self.NOW - 600), "", {"intervalSeconds": 60}, self.NOW)
+        self.assertIn("(stale: pod 0's agent last decided 600 s ago)", stale[0])
+        none, notes = self.status.idle_lines(None, "URLError: refused", {"activityPort": 9099}, self.NOW)
+        self.assertEqual((none, notes), (["idle agent: no view from pod 0 (URLError: refused)"], {}))
+        self.assertEqual(self.status.idle_lines(None, "no settings", {}, self.NOW), ([], {}))
 
 
 class Programs(unittest.TestCase):

@@ -11,6 +11,7 @@ left when the period ends. All pods are terminated at once, like a scale to 0 of
 
 from __future__ import annotations
 
+import calendar
 import os
 import signal
 import subprocess
@@ -19,6 +20,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import pytest
 
 import inpod
 from components import lifecycle
@@ -248,3 +251,53 @@ def test_a_rank_that_ignores_the_signal_is_killed_at_the_grace(tmp_path: Path) -
     out, _ = pid1.communicate(timeout=20)
     assert agent.wait(timeout=10) == 128 + signal.SIGKILL, out
     assert 1.5 <= time.monotonic() - start <= 2 + 10, out
+
+
+@pytest.mark.parametrize(
+    ("signal_name", "preset", "want"),
+    [
+        ("SIGUSR1", None, "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"),
+        ("SIGTERM", None, None),  # torchrun's default list already has it
+        ("SIGUSR2", "SIGTERM,SIGUSR2", "SIGTERM,SIGUSR2"),  # the user's own list is kept
+    ],
+)
+def test_a_rank_tells_torchrun_to_forward_the_checkpoint_signal(
+    tmp_path: Path, signal_name: str, preset: str | None, want: str | None
+) -> None:
+    """torchrun forwards only the signals in TORCHELASTIC_SIGNALS_TO_HANDLE to its workers (own sessions)."""
+    env = {**os.environ, "ML_DEV_STATE_DIR": str(tmp_path), "ML_DEV_CHECKPOINT_SIGNAL": signal_name}
+    env.pop("TORCHELASTIC_SIGNALS_TO_HANDLE", None)
+    if preset:
+        env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = preset
+    show = "import os; print(os.environ.get('TORCHELASTIC_SIGNALS_TO_HANDLE'))"
+    run = subprocess.run(
+        [sys.executable, str(ML_DEV), "_rank", "--no-stdin-watch", "--cwd", str(tmp_path), "--", sys.executable, "-c", show],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == str(want), run.stdout
+
+
+def test_ml_dev_status_shows_a_pod_that_got_its_stop(tmp_path: Path) -> None:
+    """checkpoint_stop.sh (preStop or PID 1's trap) leaves its marker; `ml-dev status`'s per-pod line shows it."""
+    from inpod.ml_dev_status import STATUS_SCRIPT
+
+    env = {"PATH": "/usr/bin:/bin", "ML_DEV_STATE_DIR": str(tmp_path), "NODE_RANK": "1", "NNODES": "2"}
+
+    def line() -> str:
+        run = subprocess.run(["bash", "-c", STATUS_SCRIPT], env=env, capture_output=True, text=True, timeout=60, check=False)
+        assert run.returncode == 0, run.stderr
+        return run.stdout.strip()
+
+    assert "STOPPING" not in line()
+    before = time.time()
+    stop = subprocess.run(STOP.pre_stop, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert stop.returncode == 0, stop.stderr
+    shown = line().split(" STOPPING since ", 1)[1]
+    stamp = calendar.timegm(time.strptime(shown, "%Y-%m-%d %H:%M:%S UTC"))
+    assert before - 1 <= stamp <= time.time() + 1, shown

@@ -233,6 +233,34 @@ def test_a_failed_probe_counts_as_active(
     assert not pods[0].state.joinpath("idle-warning").exists()
 
 
+def test_a_worker_unreachable_past_the_bound_is_reported_and_no_longer_holds_the_stop(
+    pods: list[SimPod], api: FakeApiServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Within unreachableSeconds the worker holds the stop; past it: an Event, the stop, the record names it."""
+    settings = write_settings(tmp_path / "idle.json", servers=[], unreachableSeconds=5)
+    broken = Answer(503, {"error": "no endpoints"})
+    try:
+        for key, value in pods[0].env(settings, api, ML_DEV_ACTIVITY_PEERS=f"{APP}-1={broken.addr}").items():
+            monkeypatch.setenv(key, value)
+        t0 = time.time()
+        decider = agent.Decider(now=t0 - 3600, unreachable_seconds=5)
+        assert agent.tick(agent.load_settings(), decider, now=t0) == "active"
+        assert f"{APP}-1/reachable: probe failed" in decider.reason and api.events == []
+        assert agent.tick(agent.load_settings(), decider, now=t0 + 10) == "stop"
+    finally:
+        broken.close()
+    unreachable, stop = api.events
+    assert unreachable["reason"] == "IdleAgentPodUnreachable" and unreachable["type"] == "Warning"
+    assert unreachable["message"].startswith(f"Pod {APP}-1 unreachable for 10s (bound 5s: HTTP Error 503")
+    assert f"oc describe pod {APP}-1" in unreachable["message"]
+    assert stop["reason"] == "IdleStop" and f"Unreachable pods not waited for: {APP}-1." in stop["message"]
+    assert api.configmap["data"]["unreachablePods"] == f"{APP}-1" and api.replicas == 0
+    assert_event_shape(unreachable)
+    # what `ml-dev status` and `idle_agent.py status` read on pod 0
+    view = json.loads(pods[0].state.joinpath("idle-status.json").read_text())
+    assert view["unreachable"][f"{APP}-1"]["since"] == t0 and view["unreachable"][f"{APP}-1"]["writtenOff"]
+
+
 def test_activity_records_real_processes_and_heartbeats(
     pods: list[SimPod], api: FakeApiServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -456,6 +484,25 @@ def test_untouched_environment_stops_within_idle_timeout_plus_two_intervals(
     assert timeout <= int(record["idleSeconds"]) <= timeout + 2 * interval, (record, log)
     assert stopped_at - started < 60
     assert api.denied == [] and len(api.events) == 1
+
+
+def test_the_warning_says_how_to_hook_in(
+    pods: list[SimPod], peer: SimPod, api: FakeApiServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The idle warning names the pod's checkpoint signal and grace (its container env) and the docs section."""
+    settings = write_settings(tmp_path / "idle.json", servers=[])
+    extra = {
+        "ML_DEV_ACTIVITY_PEERS": f"{APP}-1={peer.address()}",
+        "ML_DEV_CHECKPOINT_SIGNAL": "SIGUSR1",
+        "ML_DEV_CHECKPOINT_GRACE_SECONDS": "120",
+    }
+    outcome, decider = decide(pods[0], settings, api, monkeypatch, idle_for=4, **extra)
+    assert outcome == "warn", decider.reason
+    text = pods[0].state.joinpath("idle-warning").read_text()
+    assert "Each rank of `ml-dev run` then gets SIGUSR1 and 120 s to save a checkpoint: handle that signal" in text
+    assert "'Suspend, resume and idle stop', 'Checkpoint before a stop'" in text
+    page = (Path(__file__).resolve().parents[2] / "docs" / "use" / "suspend-and-idle.md").read_text()
+    assert page.startswith("# Suspend, resume and idle stop") and "\n## Checkpoint before a stop\n" in page
 
 
 def test_shells_print_the_warning_at_each_prompt(tmp_path: Path) -> None:

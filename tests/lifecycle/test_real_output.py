@@ -183,7 +183,12 @@ def test_an_unreachable_worker_holds_the_stop_only_up_to_the_bound() -> None:
         assert decider.last_active == t, "within the bound an unreachable worker counts as active"
     idle = decider.observe([idle_pod0(), unreachable("p-1")], now=660.0)
     assert "p-1" in decider.written_off and idle == 660.0 - decider.last_active > 0
-    assert decider.status(660.0)["unreachable"]["p-1"] == {"seconds": 660.0, "writtenOff": True}
+    assert decider.status(660.0)["unreachable"]["p-1"] == {
+        "seconds": 660.0,
+        "since": 0.0,
+        "writtenOff": True,
+        "error": "<urlopen error [Errno -2] Name or service not known>",
+    }
     # it answers again: it counts again, and is no longer written off
     decider.observe([idle_pod0(), {"pod": "p-1", "signals": [agent.signal("gpu", True, active=True)]}], now=720.0)
     assert decider.last_active == 720.0 and decider.written_off == {}

@@ -12,6 +12,7 @@ API (root; tests skip with `pods.missing_requirements()` as the reason otherwise
     sim.swap_configmap(name, data=None)        # a ConfigMap/Secret update: new ..<timestamp> dir, ..data swapped
     sim.add_interfaces(i, {"net5": "10.0.9.1/24"})  # extra interfaces (netK of every pod share one bridge)
     sim.terminate(i, grace=None)               # preStop exec, SIGTERM to PID 1, SIGKILL after the grace
+    sim.volume_dir(i, "/workspace")            # this machine's directory behind a PVC/emptyDir mount (outlives the pod)
     sim.probe(i), sim.sshd_log(i), sim.identity, sim.keys (user/stranger/host/client ed25519 keys)
     sim.stop()                                 # kills every process, deletes namespaces and directories
     leftovers()                                # podsim-* network namespaces and directories still here

@@ -734,6 +734,16 @@ class PodSim:
             pod.proc.wait(timeout=30)
             return "killed"
 
+    def volume_dir(self, index: int, mount_path: str) -> Path:
+        """The directory on this machine behind pod `index`'s volume mounted at `mount_path` (a PVC or emptyDir):
+        it outlives the pod's processes (read a terminated pod's files here), until `stop()`."""
+        mount = next(m for m in self.main.get("volumeMounts") or [] if m["mountPath"] == mount_path)
+        claims = {t["metadata"]["name"] for t in self.statefulset["spec"].get("volumeClaimTemplates") or []}
+        volume: dict[str, Any] = next((v for v in self.pod_spec.get("volumes") or [] if v["name"] == mount["name"]), {})
+        if "persistentVolumeClaim" in volume and mount["name"] not in claims:
+            return self.base / "pvc" / volume["persistentVolumeClaim"]["claimName"]
+        return self.pods[index].host_dir / "volumes" / mount["name"]
+
     def stop(self) -> None:
         """Kill every pod (SIGKILL to PID 1 ends its PID namespace), the DNS; remove namespaces and directories."""
         for pod in self.pods:
