@@ -36,14 +36,21 @@ $(VENV)/.installed: requirements-dev.txt
 	if [ -z "$$1" ] || [ "$$1" -lt 3 ] || { [ "$$1" -eq 3 ] && [ "$$2" -lt 11 ]; }; then \
 	  echo "error: ml-dev-env needs Python $(MIN_PYTHON) or newer; $$py is: $${found:-not found}" >&2; \
 	  if [ "$$py" = "$(PY)" ]; then echo "  remove $(VENV) and run again with PYTHON=python3.11 (or newer)" >&2; \
-	  else echo "  run: make $(or $(MAKECMDGOALS),venv) PYTHON=python3.11 (or newer)" >&2; fi; \
+	  else echo "  run: make $(or $(GOAL),$(MAKECMDGOALS),venv) PYTHON=python3.11 (or newer)" >&2; fi; \
 	  exit 1; \
 	fi
 	test -x $(PY) || $(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); echo "error: $(PYTHON) -m venv failed; no $(VENV) left behind" >&2; exit 1; }
 	$(PY) -m pip install --quiet --require-hashes --no-deps -r requirements-dev.txt
 	touch $@
 
-venv: $(VENV)/.installed
+# A .venv made by another user (its interpreter under their own home, e.g. /root/.pyenv, unreadable here)
+# cannot run for this one: it is made again with $(PYTHON), which this user runs.
+venv:
+	@if [ -e $(VENV) ] && ! $(PY) -c '' >/dev/null 2>&1; then \
+	  echo "note: $(PY) cannot run as $$(id -un) (it resolves to $$(readlink -m $(PY))); making $(VENV) again with $(PYTHON)" >&2; \
+	  rm -rf $(VENV); \
+	fi
+	@$(MAKE) -s --no-print-directory $(VENV)/.installed GOAL="$(or $(GOAL),$(MAKECMDGOALS),venv)"
 
 # Installs the Debian packages when one is missing, as root (CI) or with password-less sudo; otherwise
 # says which are missing and goes on: the tests that need them skip with the reason (pytest -ra lists them).

@@ -12,7 +12,11 @@ plus small JSON files) and pushes it to a local docker-registry with every appro
   ours1 / ours2 steps/package.py --jobs 1 / --jobs 2, run as deployed (the tools image's file tree).
   s3read        the source read alone: every object read from a moto S3 server (one signed GET each, into one
                 buffer, as the streaming packager reads), 2 streams.
+  relay2        the least any streaming packager does: every object read from moto S3 as s3read does and sent
+                as one monolithic PUT to the registry, SHA-256 computed on the way (the digest in the URL is
+                the precomputed one), 2 streams. The physical reference for stream2's CPU and wall time.
   stream2       steps/package.py --source s3:// --jobs 2: S3 → registry in one pass, no model dir.
+  basestream2   stream2 with the packager of another git revision (`--baseline REF`, e.g. main): A/B in the same rounds.
   buildah       `buildah bud` (FROM <base>, COPY models /models; vfs, chroot) + `buildah push`.
   olot          `skopeo copy` of the base into an OCI layout, `olot`, `skopeo copy --preserve-digests`.
 
@@ -330,6 +334,7 @@ class Env:
     s3: S3Server | None = None  # moto S3 holding the same model under s3://bench/m/ (streaming approaches)
     cpus: set[int] | None = None  # where the packager (raw: the sending threads; s3read: the readers) runs
     server_cpus: set[int] | None = None  # where the registry and the S3 server run (never the packager's)
+    baseline: Path | None = None  # another revision's steps tree (--baseline REF), for basestream2
 
 
 @contextmanager
@@ -376,23 +381,27 @@ def approach_ours(env: Env, name: str, jobs: int = 2) -> Result:
     return Result(name, seconds, sampler.peak, run.peak_rss, run.cpu_user, run.cpu_sys, registry_cpu)
 
 
-def approach_s3read(env: Env, name: str, streams: int = 2) -> Result:
-    """The source read alone: every object of the model read from S3 and discarded, `streams` at a time, the way
-    the streaming packager reads it (one SigV4-signed GET per object, read into one 8 MiB buffer)."""
+def s3_get(env: Env, path: Path) -> http.client.HTTPConnection:
+    """A SigV4-signed GET of the object of `path` under s3://bench/m/ (as the streaming packager signs it), sent."""
     assert env.s3 is not None
     from botocore.auth import S3SigV4Auth
     from botocore.awsrequest import AWSRequest
     from botocore.credentials import Credentials
 
-    creds = Credentials(env.s3.access_key, env.s3.secret_key)
+    req = AWSRequest("GET", f"{env.s3.endpoint}/bench/m/{path.name}")
+    S3SigV4Auth(Credentials(env.s3.access_key, env.s3.secret_key), "s3", "us-east-1").add_auth(req)
+    conn = http.client.HTTPConnection(env.s3.endpoint.split("://", 1)[1], timeout=600)
+    conn.request("GET", f"/bench/m/{path.name}", headers=dict(req.headers.items()))
+    return conn
+
+
+def approach_s3read(env: Env, name: str, streams: int = 2) -> Result:
+    """The source read alone: every object of the model read from S3 and discarded, `streams` at a time, the way
+    the streaming packager reads it (one SigV4-signed GET per object, read into one 8 MiB buffer)."""
 
     def read(path: Path) -> None:
-        req = AWSRequest("GET", f"{env.s3.endpoint}/bench/m/{path.name}")  # type: ignore[union-attr]
-        S3SigV4Auth(creds, "s3", "us-east-1").add_auth(req)
-        netloc = env.s3.endpoint.split("://", 1)[1]  # type: ignore[union-attr]
-        conn = http.client.HTTPConnection(netloc, timeout=600)
+        conn = s3_get(env, path)
         try:
-            conn.request("GET", f"/bench/m/{path.name}", headers=dict(req.headers.items()))
             resp = conn.getresponse()
             if resp.status != 200:
                 raise SystemExit(f"s3read: GET {path.name}: HTTP {resp.status}")
@@ -412,13 +421,75 @@ def approach_s3read(env: Env, name: str, streams: int = 2) -> Result:
     return Result(name, seconds, 0, 0, after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime)
 
 
-def approach_stream(env: Env, name: str, jobs: int = 2) -> Result:
-    """ours with --source s3://: no model directory, no PVC; S3 → registry in one pass."""
+def relay_blob(env: Env, registry: Registry, repo: str, path: Path) -> None:
+    """S3 GET → one monolithic registry PUT, hashed on the way: recv into one 8 MiB buffer, SHA-256, send."""
+    auth = "Basic " + base64.b64encode(f"{registry.username}:{registry.password}".encode()).decode()
+    src = s3_get(env, path)
+    dst = http.client.HTTPConnection("127.0.0.1", registry.port, timeout=600)
+    try:
+        got_resp = src.getresponse()
+        if got_resp.status != 200:
+            raise SystemExit(f"relay: GET {path.name}: HTTP {got_resp.status}")
+        dst.request("POST", f"/v2/{repo}/blobs/uploads/", headers={"Authorization": auth, "Content-Length": "0"})
+        resp = dst.getresponse()
+        resp.read()
+        location = resp.getheader("Location", "")
+        dst.putrequest("PUT", f"{location}{'&' if '?' in location else '?'}digest={env.digests[path]}", skip_accept_encoding=True)
+        for key, value in {
+            "Authorization": auth,
+            "Content-Type": "application/octet-stream",
+            "Content-Length": str(path.stat().st_size),
+        }.items():
+            dst.putheader(key, value)
+        dst.endheaders()
+        h, buf = hashlib.sha256(), memoryview(bytearray(8 * MiB))
+        while got := got_resp.readinto(buf):
+            dst.send(buf[:got])
+            h.update(buf[:got])
+        resp = dst.getresponse()
+        resp.read()
+        if resp.status != 201 or "sha256:" + h.hexdigest() != env.digests[path]:
+            raise SystemExit(f"relay PUT of {path.name} failed: HTTP {resp.status}")
+    finally:
+        src.close()
+        dst.close()
+
+
+def approach_relay(env: Env, name: str, streams: int = 2) -> Result:
+    with fresh_registry(env, name, with_base=False) as (registry, _):
+        server = registry_pid(registry)
+        server_cpu, before = process_cpu(server), resource.getrusage(resource.RUSAGE_SELF)
+        started = time.monotonic()
+        with ThreadPoolExecutor(max_workers=streams, initializer=pinned(env.cpus)) as pool:
+            order = sorted(env.files, key=lambda p: -p.stat().st_size)
+            for future in [pool.submit(relay_blob, env, registry, f"bench/{name}", path) for path in order]:
+                future.result()
+        seconds = time.monotonic() - started
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        registry_cpu = process_cpu(server) - server_cpu
+    return Result(name, seconds, 0, 0, after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime, registry_cpu)
+
+
+def baseline_tree(ref: str, into: Path) -> Path:
+    """The tools image's steps tree of revision `ref` of this repository (laid out by that revision's own embed.py)."""
+    into.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "steps"], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    code = f"from steps.embed import write_tree; from pathlib import Path; write_tree(Path({str(into / 'image')!r}))"
+    subprocess.run([sys.executable, "-c", code], cwd=into, check=True)
+    return into / "image" / "steps"
+
+
+def approach_stream(env: Env, name: str, jobs: int = 2, baseline: bool = False) -> Result:
+    """ours with --source s3://: no model directory, no PVC; S3 → registry in one pass (`baseline`: --baseline's)."""
     assert env.s3 is not None
     scratch = env.work / name
     tmp = scratch / "tmp"
     tmp.mkdir(parents=True)
-    script = write_tree(scratch / "image") / "package.py"  # as deployed: the tools image's file tree
+    if baseline and env.baseline is None:
+        raise SystemExit(f"{name}: needs --baseline REF")
+    # as deployed: the tools image's file tree
+    script = (env.baseline if baseline and env.baseline else write_tree(scratch / "image")) / "package.py"
     run = Runner(env.logs, env.cpus)
     with fresh_registry(env, name, with_base=True) as (registry, base):
         authfile = registry.authfile(scratch / "auth.json")
@@ -484,7 +555,9 @@ APPROACHES: dict[str, tuple[str, Callable[[Env, str], Result], str | None]] = {
     "ours1": ("ours: steps/package.py --jobs 1", functools.partial(approach_ours, jobs=1), "raw1"),
     "ours2": ("ours: steps/package.py --jobs 2 (default)", functools.partial(approach_ours, jobs=2), "raw2"),
     "s3read": ("source read alone: moto S3 GET, 2 streams", approach_s3read, None),
+    "relay2": ("S3 → registry relay, SHA-256 on the way, 2 streams", approach_relay, "raw2"),
     "stream2": ("ours --source s3:// (no PVC), --jobs 2", functools.partial(approach_stream, jobs=2), "raw2"),
+    "basestream2": ("--baseline's --source s3://, --jobs 2", functools.partial(approach_stream, jobs=2, baseline=True), "raw2"),
     "buildah": ("original: buildah bud + push", approach_buildah, "raw1"),
     "olot": ("peer: olot + skopeo", approach_olot, "raw1"),
 }
@@ -538,7 +611,7 @@ def report(results: list[Result], model_bytes: int, size_label: str, floor: floa
     lines += [
         "",
         "CPU per approach (median user + system CPU seconds of the pushing process — raw: the sending threads, "
-        "s3read: the reading threads — per GiB of model; the registry's own CPU is apart):",
+        "s3read: the reading threads, relay2: the relaying threads — per GiB of model; the registry's own CPU is apart):",
         "",
     ]
     for key, runs in by.items():
@@ -556,6 +629,14 @@ def report(results: list[Result], model_bytes: int, size_label: str, floor: floa
         ratio = median([r.seconds for r in by["stream2"]]) / slowest
         lines.append(f"stream2: {ratio:.2f} × max(source read alone, raw ingest alone) (goal ≤ 1.15; "
                      "the download-then-package pipeline takes their sum)")  # fmt: skip
+    if "stream2" in by and "relay2" in by:
+        wall = median([r.seconds for r in by["stream2"]]) / median([r.seconds for r in by["relay2"]])
+        cpu = median([r.cpu_user + r.cpu_sys for r in by["stream2"]]) / median([r.cpu_user + r.cpu_sys for r in by["relay2"]])
+        lines.append(f"stream2: {wall:.2f} × relay2's wall time, {cpu:.2f} × its CPU (the least a streaming packager does here)")
+    if "stream2" in by and "basestream2" in by:
+        cpu = median([r.cpu_user + r.cpu_sys for r in by["stream2"]]) / median([r.cpu_user + r.cpu_sys for r in by["basestream2"]])
+        wall = median([r.seconds for r in by["stream2"]]) / median([r.seconds for r in by["basestream2"]])
+        lines.append(f"stream2: {cpu:.2f} × basestream2's CPU, {wall:.2f} × its wall time (this tree against --baseline)")
     ours = by.get("ours2") or by.get("ours1")
     if ours:
         peak = max(r.peak_scratch for r in ours)
@@ -582,9 +663,12 @@ def main() -> None:
     p.add_argument("--files", type=int, default=0, help="weight shards (default: one per started GiB, at least 2)")
     p.add_argument("--out", type=Path, default=ROOT / "bench-out", help="where the report (markdown + JSON) is written")
     p.add_argument("--workdir", type=Path, default=ROOT / ".bench", help="scratch for model, registries and builds (removed after)")
-    p.add_argument("--approaches", default="raw1,ours1,raw2,ours2,s3read,stream2", help="comma-separated, from: " + ", ".join(APPROACHES))
+    p.add_argument(
+        "--approaches", default="raw1,ours1,raw2,ours2,s3read,relay2,stream2", help="comma-separated, from: " + ", ".join(APPROACHES)
+    )
     p.add_argument("--repeat", type=int, default=3, help="interleaved rounds (each approach runs once per round)")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
+    p.add_argument("--baseline", metavar="REF", help="git revision whose packager basestream2 runs (A/B in the same rounds)")
     p.add_argument(
         "--pin",
         choices=("auto", "none"),
@@ -616,13 +700,15 @@ def main() -> None:
         print(f"generating a {args.size} model ({shards} shards + 4 JSON files) in {args.workdir / 'model'} ...", flush=True)
         env = Env(args.workdir, args.workdir / "model" / "models", [], args.workdir / "logs", {})
         env.cpus, env.server_cpus = split_cpus(args.pin)
+        if args.baseline:
+            env.baseline = baseline_tree(args.baseline, args.workdir / "baseline")
         if env.server_cpus:  # this process (its monitoring threads) and the servers it starts: the servers' CPUs
             os.sched_setaffinity(0, env.server_cpus)
         load = os.getloadavg()
         env.files = make_model(env.model_dir, size, shards)
         env.digests = {path: file_digest(path) for path in env.files}  # the raw reference's, untimed
         model_bytes = sum(f.stat().st_size for f in env.files)
-        if any(n in ("s3read", "stream2") for n in names):
+        if any(n in ("s3read", "relay2", "stream2", "basestream2") for n in names):
             print("starting moto S3 and uploading the model to s3://bench/m/ (untimed) ...", flush=True)
             env.s3 = stack.enter_context(run_s3())
             client = env.s3.client()

@@ -10,6 +10,14 @@ from typing import Any
 import pytest
 
 from stacks.loader import SECRET_KEYS
+
+# the suite leaves nothing behind: subreaper, per-module notes, the session-end check (tests/fixtures/leftovers.py)
+from tests.fixtures.leftovers import (  # noqa: F401  (hooks and an autouse fixture, found by name)
+    _nothing_left_behind_by_module,
+    pytest_configure,
+    pytest_sessionfinish,
+    pytest_terminal_summary,
+)
 from tools.mock_engine import RunResult, run_program, stack_config
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -87,6 +87,21 @@ def test_supported_python_builds_the_venv(checkout: Path, tmp_path: Path) -> Non
     assert (checkout / ".venv" / ".installed").exists()
 
 
+def test_a_venv_this_user_cannot_run_is_made_again(checkout: Path, tmp_path: Path) -> None:
+    """A .venv made by another user: its interpreter is a link into their home (e.g. /root/.pyenv, mode 700),
+    which cannot run here. `make venv` says so and makes it again with $(PYTHON) instead of failing later."""
+    (checkout / ".venv" / "bin").mkdir(parents=True)
+    (checkout / ".venv" / "bin" / "python").symlink_to(tmp_path / "elsewhere" / "bin" / "python3")
+    (checkout / ".venv" / ".installed").write_text("")
+    python = fake_python(tmp_path / "python3.11", "3.11.2")
+    proc = make(checkout, "venv", f"PYTHON={python}")
+    assert proc.returncode == 0, proc.stderr
+    assert "note: .venv/bin/python cannot run as" in proc.stderr and "making .venv again with" in proc.stderr
+    assert not (checkout / ".venv" / "bin" / "python").is_symlink() and (checkout / ".venv" / ".installed").exists()
+    again = make(checkout, "venv", f"PYTHON={python}")
+    assert again.returncode == 0 and "cannot run" not in again.stderr
+
+
 def stand_ins(tmp_path: Path, uid: int, sudo: bool) -> tuple[str, Path]:
     """A PATH with only stand-ins: dpkg (nothing installed), id, apt-get and optionally a password-less sudo."""
     bin_dir = tmp_path / "bin"

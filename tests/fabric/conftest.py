@@ -1,65 +1,125 @@
-"""Fixtures: a simulated cluster of pods and a runner for the real fabric_check.py program."""
+"""The fabric check on pods started from the render (tests/podsim) with the node tools of tests/podsim/nodetools.py.
+
+`fabric(n, stack=, mutate=)` gives a running set of n pods of a committed stack (barcelona: RDMA/SR-IOV; nerc-production:
+TCP) or a variant; pods are kept for the module and every test starts from a healthy node and no gate result.
+The real fabric_check.py runs in pod `host` through `oc exec`; between pods it uses the real sshd/ssh and the real
+Open MPI mpirun; `settings=` hands it a changed copy of the rendered fabric.json (its ML_DEV_FABRIC_CONFIG).
+"""
 
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
-import sys
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
-from components import fabric
+from components import fabric as fabric_component
 from stacks.config import StackConfig
 from tests.conftest import stack_objects
-from tests.fabric.sim import Cluster
+from tests.podsim.nodetools import Node
+from tests.podsim.pods import PodSim, missing_requirements, render_stack
 
-PROGRAM = fabric.PROGRAM
+PROGRAM = fabric_component.PROGRAM
+REASON = missing_requirements()
+needs_pods = pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}")
+OPT = "/opt/ml-dev-env"
+WORKSPACE = "/workspace"
+STATE = "/tmp/ml-dev-env"
 
 
 def barcelona_settings(**fabric_check: Any) -> dict:
+    """fabric.json as barcelona renders it (for tests of the program's pure parts)."""
     objects = stack_objects("barcelona")
     objects["fabricCheck"] = {**objects.get("fabricCheck", {}), **fabric_check}
-    return fabric.pod_settings(StackConfig.model_validate(objects))
+    return fabric_component.pod_settings(StackConfig.model_validate(objects))
 
 
-class Sim:
-    def __init__(self, tmp: Path, n: int) -> None:
-        self.tmp = tmp
-        self.cluster = Cluster(tmp, n)
-        self.settings = barcelona_settings()
+class Fabric:
+    """n pods of one render with their node; the fabric check's program run in them."""
 
-    def env(self, host: int = 0) -> dict[str, str]:
-        self.cluster.build()
-        env = self.cluster.env_for(self.cluster.names[host], self.tmp / "bin", self.tmp / "scenario.json")
-        config = self.tmp / "fabric.json"
-        config.write_text(json.dumps(self.settings))
-        env["ML_DEV_FABRIC_CONFIG"] = str(config)
-        return env
+    def __init__(self, sim: PodSim, node: Node) -> None:
+        self.sim, self.node = sim, node
+        self.settings: dict = json.loads(next(c["fabric.json"] for c in sim.configmaps.values() if "fabric.json" in c))
 
-    def run(self, *args: str, host: int = 0, timeout: float = 120) -> subprocess.CompletedProcess:
-        env = self.env(host)
-        return subprocess.run([sys.executable, str(PROGRAM), *args], env=env, capture_output=True, text=True, timeout=timeout)
+    @property
+    def names(self) -> list[str]:
+        return [p.name for p in self.sim.pods]
 
-    def start(self, *args: str, host: int = 0) -> subprocess.Popen:
-        return subprocess.Popen(
-            [sys.executable, str(PROGRAM), *args], env=self.env(host), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
+    @property
+    def hosts(self) -> list[str]:
+        return [self.sim.fqdn(i) for i in range(self.sim.count)]
 
-    def calls(self, tool: str) -> list[dict]:
-        path = self.tmp / "calls.log"
-        if not path.exists():
-            return []
-        return [c for c in map(json.loads, path.read_text().splitlines()) if c["tool"] == tool]
+    def state(self, i: int) -> dict[str, Any]:
+        return self.node.state(self.sim, i)
+
+    def apply(self, *pods: int) -> None:
+        for i in pods or range(self.sim.count):
+            self.node.apply(self.sim, i)
+
+    def command(self, *args: str, settings: dict | None = None, prefix: str = "") -> str:
+        cmd = f"cd {WORKSPACE} && "
+        if settings is not None:
+            cmd += f"printf '%s' {shlex.quote(json.dumps(settings))} > /tmp/fabric-test.json && ML_DEV_FABRIC_CONFIG=/tmp/fabric-test.json "
+        return cmd + f"exec {prefix}python3 {OPT}/fabric_check.py {shlex.join(args)}"
+
+    def run(
+        self, *args: str, host: int = 0, settings: dict | None = None, prefix: str = "", timeout: float = 240
+    ) -> subprocess.CompletedProcess[str]:
+        return self.sim.exec(host, self.command(*args, settings=settings, prefix=prefix), timeout=timeout)
+
+    def start(self, *args: str, host: int = 0, settings: dict | None = None) -> subprocess.Popen[str]:
+        return self.sim.popen(host, self.command(*args, settings=settings))
+
+    def calls(self, tool: str) -> list[dict[str, Any]]:
+        return self.node.calls(self.sim, tool)
 
     def result(self, host: int = 0, where: str = "workspace") -> dict:
-        h = self.cluster.host(host)
-        base = Path(h["workspace"]) / ".ml-dev-env" / "fabric" if where == "workspace" else Path(h["state"]) / "fabric"
-        return json.loads((base / "latest.json").read_text())
+        base = f"{WORKSPACE}/.ml-dev-env/fabric" if where == "workspace" else f"{STATE}/fabric"
+        return json.loads(self.sim.pods[host].path(f"{base}/latest.json").read_text())
+
+    def reset(self) -> None:
+        self.node.reset(self.sim)
+        for i in range(self.sim.count):
+            self.sim.exec(i, f"rm -rf {WORKSPACE}/.ml-dev-env/fabric {STATE}/fabric /tmp/fabric-test.json", timeout=60)
+
+
+def start_fabric(stack: str, n: int, mutate: Callable[[dict], None] | None = None, **kw: Any) -> Fabric:
+    def variant(objects: dict) -> None:
+        objects["nodes"] = {**objects["nodes"], "count": n}
+        if mutate:
+            mutate(objects)
+
+    node = Node()
+    sim = PodSim(render_stack(stack, variant), count=n, node=node, **kw)
+    sim.start()
+    return Fabric(sim, node)
+
+
+@pytest.fixture(scope="module")
+def fabrics() -> Iterator[dict[Any, Fabric]]:
+    started: dict[Any, Fabric] = {}
+    try:
+        yield started
+    finally:
+        for f in started.values():
+            f.sim.stop()
 
 
 @pytest.fixture
-def sim(tmp_path: Path) -> Callable[[int], Sim]:
-    return lambda n=2: Sim(tmp_path, n)
+def fabric(fabrics: dict[Any, Fabric]) -> Callable[..., Fabric]:
+    """fabric(n=2, stack="barcelona", mutate=None, key=None): the module's pods for that key, reset to healthy."""
+    if REASON is not None:
+        pytest.skip(f"simulated pods: {REASON}")
+
+    def get(n: int = 2, stack: str = "barcelona", mutate: Callable[[dict], None] | None = None, key: str = "") -> Fabric:
+        k = (stack, n, key)
+        if k not in fabrics:
+            fabrics[k] = start_fabric(stack, n, mutate)
+        f = fabrics[k]
+        f.reset()
+        return f
+
+    return get

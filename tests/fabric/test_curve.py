@@ -3,24 +3,22 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import inpod
-from tests.fabric.conftest import PROGRAM, Sim
+from tests.fabric.conftest import Fabric
 
 SVG = "{http://www.w3.org/2000/svg}"
 
 
-def test_gate_writes_its_curve_next_to_its_json(sim) -> None:
-    s: Sim = sim(2)
-    s.cluster.allreduce["busbw"] = 60.0
-    res = s.run("gate")
+def test_gate_writes_its_curve_next_to_its_json(fabric) -> None:
+    f: Fabric = fabric(2)
+    for i in range(2):
+        f.state(i)["busbw"] = 60.0
+    f.apply()
+    res = f.run("gate")
     assert res.returncode == 1, res.stdout + res.stderr
-    h = s.cluster.host(0)
-    for d in (Path(h["workspace"]) / ".ml-dev-env" / "fabric", Path(h["state"]) / "fabric"):
+    for d in (f.sim.pods[0].path("/workspace/.ml-dev-env/fabric"), f.sim.pods[0].path("/tmp/ml-dev-env/fabric")):
         result = json.loads((d / "latest.json").read_text())
         stamp = result["time"].replace(":", "").replace("-", "")
         assert (d / f"gate-{stamp}.svg").read_text() == (d / "latest.svg").read_text()
@@ -35,16 +33,18 @@ def test_gate_writes_its_curve_next_to_its_json(sim) -> None:
         assert all(float(p.split(",")[1]) > pass_y for p in lines[0].get("points", "").split())
 
 
-def test_gate_without_svgplot_still_writes_its_json(sim, tmp_path: Path) -> None:
+def test_gate_without_svgplot_still_writes_its_json(fabric) -> None:
     """An older startup ConfigMap without svgplot.py: the gate works, only the curve is missing."""
-    s: Sim = sim(2)
-    alone = tmp_path / "alone"
-    alone.mkdir()
-    for key, text in inpod.group("fabric").items():  # the fabric check's files, without the home group's svgplot.py
-        (alone / key).write_text(text)
-    program = alone / PROGRAM.name
-    env = s.env(0)
-    res = subprocess.run([sys.executable, str(program), "gate"], env=env, capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stdout + res.stderr
-    d = Path(s.cluster.host(0)["state"]) / "fabric"
-    assert (d / "latest.json").exists() and not (d / "latest.svg").exists()
+    f: Fabric = fabric(2)
+    key = next(name for name, data in f.sim.configmaps.items() if "fabric_check.py" in data)
+    original = dict(f.sim.configmaps[key])
+    older = {k: v for k, v in original.items() if k != "svgplot.py"}
+    assert set(inpod.group("fabric")) <= set(older), "the fabric check's files, without the home group's svgplot.py"
+    f.sim.swap_configmap(key, older)  # the kubelet swaps ..data on every pod
+    try:
+        res = f.run("gate")
+        assert res.returncode == 0, res.stdout + res.stderr
+        d = f.sim.pods[0].path("/tmp/ml-dev-env/fabric")
+        assert (d / "latest.json").exists() and not (d / "latest.svg").exists()
+    finally:
+        f.sim.swap_configmap(key, original)

@@ -1,22 +1,28 @@
-"""Rack-aware ranks: consecutive ranks share a rack, pod 0 stays rank 0, placement read from the API."""
+"""Rack-aware ranks: consecutive ranks share a rack, pod 0 stays rank 0, placement read from the API (a stub API
+server on the simulated pod network; the programs run in pods started from the render)."""
 
 from __future__ import annotations
 
+import ctypes
 import json
+import shlex
 import subprocess
-import sys
 import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import ClassVar
 
 import pytest
 
-import inpod
 from inpod import fabric_util
 from tests.conftest import run_objects, stack_objects
-from tests.fabric.conftest import Sim
+from tests.fabric.conftest import Fabric, needs_pods
 from tests.fabric.test_gate import fc
+from tests.podsim.nodetools import Node
+from tests.podsim.pods import GATEWAY, PodSim, render_stack
 
 PODS = [f"ml-dev-env-{i}" for i in range(6)]
 RACKS = {"n-a1": "rack-a", "n-a2": "rack-a", "n-a3": "rack-a", "n-b1": "rack-b", "n-b2": "rack-b", "n-b3": "rack-b"}
@@ -76,53 +82,78 @@ class FakeApi(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def api():
-    server = HTTPServer(("127.0.0.1", 0), FakeApi)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+API_PORT = 6443  # the API server's port; fixed, as nothing else listens in the simulation's own namespace
+
+
+@contextmanager
+def api_in_the_cluster(sim: PodSim, started: bool = True) -> Iterator[str]:
+    """The stub API server (FakeApi) on the pod network's gateway address, in the simulation's own network namespace
+    (a thread that joins it and serves there): pods reach it over eth0, nothing outside the namespace can.
+    `started=False`: the simulation is about to start; the server binds as soon as its network namespace exists
+    (before the first pod starts: PodSim.start makes the network first)."""
+    box: dict[str, HTTPServer] = {}
+    ready = threading.Event()
+    url = f"http://{GATEWAY}:{API_PORT}"
+
+    def serve() -> None:
+        deadline = time.monotonic() + 60
+        while not Path(f"/run/netns/{sim.cluster_ns}").exists() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        libc = ctypes.CDLL(None, use_errno=True)
+        with open(f"/run/netns/{sim.cluster_ns}") as f:
+            if libc.setns(f.fileno(), 0x40000000):  # CLONE_NEWNET, this thread only
+                raise OSError(ctypes.get_errno(), "setns")
+        while True:  # the gateway address is added to the bridge just after the namespace is made
+            try:
+                box["server"] = HTTPServer((GATEWAY, API_PORT), FakeApi)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.005)
+        ready.set()
+        box["server"].serve_forever()
+
     FakeApi.seen.clear()
     FakeApi.status[:] = [200]
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert not started or ready.wait(10), "the stub API server did not start"
+    try:
+        yield url
+    finally:
+        if ready.wait(10):
+            box["server"].shutdown()
+            box["server"].server_close()
+        thread.join(10)
 
 
-def test_rank_order_command_reads_spec_node_name_from_the_api(sim, api, tmp_path: Path) -> None:
-    s: Sim = sim(1)
-    s.settings = {**s.settings, "nodeRacks": RACKS}
+def rank_order_in_pod(f: Fabric, api: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    env = f"ML_DEV_KUBE_API={api}"
+    return f.sim.exec(0, f"{env} python3 /opt/ml-dev-env/fabric_check.py {shlex.join(extra)}", timeout=60)
+
+
+def test_rank_order_command_reads_spec_node_name_from_the_api(fabric, tmp_path: Path) -> None:
+    f: Fabric = fabric(2)
     FakeApi.items = [{"metadata": {"name": p}, "spec": {"nodeName": n}} for p, n in PLACED.items()]
-    sa = tmp_path / "sa"
-    sa.mkdir()
-    (sa / "token").write_text("tok3n\n")
-    env = s.env(0)
-    env.update(ML_DEV_KUBE_API=api, ML_DEV_SA_DIR=str(sa), POD_NAMESPACE="nccl-test")
-    res = subprocess.run(
-        [sys.executable, str(fc.__file__), "rank-order", "--pods", " ".join(PODS), "--from-api"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    with api_in_the_cluster(f.sim) as api:
+        f.sim.write(0, "/tmp/racks.json", json.dumps({**f.settings, "nodeRacks": RACKS}))
+        res = rank_order_in_pod(f, api, "--config", "/tmp/racks.json", "rank-order", "--pods", " ".join(PODS), "--from-api")
+        seen = list(FakeApi.seen)
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["ml-dev-env-0", "ml-dev-env-2", "ml-dev-env-4", "ml-dev-env-1", "ml-dev-env-3", "ml-dev-env-5"]
-    path, auth = FakeApi.seen[0]
+    path, auth = seen[0]
     assert path.startswith("/api/v1/namespaces/nccl-test/pods?labelSelector=")
-    assert "app.kubernetes.io%2Finstance%3Dml-dev-env" in path and auth == "Bearer tok3n"
+    # the pod's own service-account token (the kubelet's projected volume)
+    assert "app.kubernetes.io%2Finstance%3Dml-dev-env" in path and auth == "Bearer test-service-account-token"
 
 
-def test_rank_order_command_falls_back_to_ordinals_without_api_access(sim, api, tmp_path: Path) -> None:
-    s: Sim = sim(1)
-    s.settings = {**s.settings, "nodeRacks": RACKS}
-    FakeApi.status[:] = [403]
-    env = s.env(0)
-    env.update(ML_DEV_KUBE_API=api, ML_DEV_SA_DIR=str(tmp_path), POD_NAMESPACE="nccl-test")
-    res = subprocess.run(
-        [sys.executable, str(fc.__file__), "rank-order", "--pods", " ".join(PODS), "--from-api"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+def test_rank_order_command_falls_back_to_ordinals_without_api_access(fabric) -> None:
+    f: Fabric = fabric(2)
+    with api_in_the_cluster(f.sim) as api:
+        FakeApi.status[:] = [403]
+        f.sim.write(0, "/tmp/racks.json", json.dumps({**f.settings, "nodeRacks": RACKS}))
+        res = rank_order_in_pod(f, api, "--config", "/tmp/racks.json", "rank-order", "--pods", " ".join(PODS), "--from-api")
     assert res.returncode == 0 and res.stdout.split() == PODS
     assert "cannot read pod placement (HTTP Error 403: Forbidden)" in res.stderr
 
@@ -142,91 +173,70 @@ def test_node_racks_add_a_pod_reader_role_for_the_service_account():
     assert not [r for r in plain.of_type("kubernetes:rbac.authorization.k8s.io/v1:Role") if r.name.endswith("-pod-reader")]
 
 
-def rank_order_sh(tmp_path: Path, settings: dict, env: dict, *pods: str) -> subprocess.CompletedProcess:
-    """Source rank_order.sh from a copy of the ConfigMap directory and call it, as the startup script does."""
-    opt = tmp_path / "opt"
-    opt.mkdir(exist_ok=True)
-    for key, text in inpod.group("fabric").items():  # the program, its modules and rank_order.sh, as shipped
-        (opt / key).write_text(text)
-    (opt / "fabric.json").write_text(json.dumps(settings))
-    script = f'. {opt}/rank_order.sh; read -r -a RANK_PODS <<<"$(ml_dev_rank_order nccl-test "$@")"; echo "${{RANK_PODS[*]}}"'
-    return subprocess.run(["/bin/bash", "-c", script, "sh", *pods], env=env, capture_output=True, text=True, timeout=60)
+def rank_order_sh(f: Fabric, api: str, settings: dict, *pods: str, path: str = "") -> subprocess.CompletedProcess[str]:
+    """Source rank_order.sh from a copy of the ConfigMap directory (its fabric.json replaced) in pod 0 and call it,
+    as the startup script does."""
+    f.sim.exec(0, "rm -rf /tmp/opt && mkdir /tmp/opt && cp -L /opt/ml-dev-env/* /tmp/opt/", timeout=60)
+    f.sim.write(0, "/tmp/opt/fabric.json", json.dumps(settings))
+    script = '. /tmp/opt/rank_order.sh; read -r -a RANK_PODS <<<"$(ml_dev_rank_order nccl-test "$@")"; echo "${RANK_PODS[*]}"'
+    prefix = f"PATH={path} " if path else ""
+    return f.sim.exec(0, f"ML_DEV_KUBE_API={api} {prefix}/bin/bash -c {shlex.quote(script)} sh {shlex.join(pods)}", timeout=60)
 
 
-def test_rank_order_shell_function_for_the_startup_script(sim, api, tmp_path: Path) -> None:
-    s: Sim = sim(1)
+def test_rank_order_shell_function_for_the_startup_script(fabric) -> None:
+    f: Fabric = fabric(2)
     FakeApi.items = [{"metadata": {"name": p}, "spec": {"nodeName": n}} for p, n in PLACED.items()]
-    env = s.env(0)
-    env.pop("ML_DEV_FABRIC_CONFIG")
-    env.update(ML_DEV_KUBE_API=api, ML_DEV_SA_DIR=str(tmp_path), POD_NAMESPACE="nccl-test")
-    plain = rank_order_sh(tmp_path, s.settings, env, *PODS)
-    assert plain.stdout.split() == PODS and FakeApi.seen == [], "no nodeRacks: ordinals, no API call"
-    racked = rank_order_sh(tmp_path, {**s.settings, "nodeRacks": RACKS}, env, *PODS)
-    assert racked.stdout.split() == fc.rack_order(PODS, PLACED, RACKS) != PODS
-    FakeApi.items = FakeApi.items[:3]  # pods 3..5 not scheduled yet: they rank last until they are
-    partial = rank_order_sh(tmp_path, {**s.settings, "nodeRacks": RACKS}, env, *PODS)
-    assert partial.stdout.split() == ["ml-dev-env-0", "ml-dev-env-2", "ml-dev-env-1", "ml-dev-env-3", "ml-dev-env-4", "ml-dev-env-5"]
-    assert "node of ml-dev-env-3, ml-dev-env-4, ml-dev-env-5 not known yet" in partial.stderr
-    env["PATH"] = "/nonexistent"
-    assert rank_order_sh(tmp_path, {**s.settings, "nodeRacks": RACKS}, env, *PODS).stdout.split() == PODS
+    with api_in_the_cluster(f.sim) as api:
+        plain = rank_order_sh(f, api, f.settings, *PODS)
+        assert plain.stdout.split() == PODS and FakeApi.seen == [], "no nodeRacks: ordinals, no API call"
+        racked = rank_order_sh(f, api, {**f.settings, "nodeRacks": RACKS}, *PODS)
+        assert racked.stdout.split() == fc.rack_order(PODS, PLACED, RACKS) != PODS
+        FakeApi.items = FakeApi.items[:3]  # pods 3..5 not scheduled yet: they rank last until they are
+        partial = rank_order_sh(f, api, {**f.settings, "nodeRacks": RACKS}, *PODS)
+        assert partial.stdout.split() == ["ml-dev-env-0", "ml-dev-env-2", "ml-dev-env-1", "ml-dev-env-3", "ml-dev-env-4", "ml-dev-env-5"]
+        assert "node of ml-dev-env-3, ml-dev-env-4, ml-dev-env-5 not known yet" in partial.stderr
+        assert rank_order_sh(f, api, {**f.settings, "nodeRacks": RACKS}, *PODS, path="/nonexistent").stdout.split() == PODS
 
 
-def test_startup_script_writes_rack_aware_ranks_and_follows_placement(sim, api, tmp_path: Path) -> None:
-    import os
-    import signal
+@needs_pods
+@pytest.mark.timeout(300)
+def test_startup_script_writes_rack_aware_ranks_and_follows_placement() -> None:
+    """Six pods of barcelona with fabricCheck.nodeRacks; the API places them interleaved across two racks. Every pod's
+    startup writes the rack-aware order; when placement changes, the poll loop rewrites rank.env."""
 
-    from components.pod import STARTUP_SCRIPT
-    from tests.fabric.test_hold import read_until
+    def racks(objects: dict) -> None:
+        objects["nodes"] = {**objects["nodes"], "count": 6, "gpuNodes": sorted(RACKS)}
+        objects["fabricCheck"] = {**objects.get("fabricCheck", {}), "nodeRacks": RACKS}
 
-    s: Sim = sim(1)
     FakeApi.items = [{"metadata": {"name": p}, "spec": {"nodeName": n}} for p, n in PLACED.items()]
-    opt = tmp_path / "opt"
-    opt.mkdir()
-    (opt / STARTUP_SCRIPT.name).write_text(STARTUP_SCRIPT.read_text())
-    for key, text in inpod.group("fabric").items():
-        (opt / key).write_text(text)
-    (opt / "fabric.json").write_text(json.dumps({**s.settings, "nodeRacks": RACKS}))
-    env = s.env(0)
-    env.pop("ML_DEV_FABRIC_CONFIG")
-    state = tmp_path / "pod1-state"
-    env.update(
-        POD_NAME="ml-dev-env-1",
-        HOSTNAME="ml-dev-env-1",
-        NODE_NAME="n-b1",
-        APP_NAME="ml-dev-env",
-        HEADLESS_SERVICE="ml-dev-env-headless",
-        POD_NAMESPACE="nccl-test",
-        NNODES="6",
-        GPUS_PER_NODE="4",
-        MASTER_PORT="29500",
-        ML_DEV_STATE_DIR=str(state),
-        ML_DEV_CLUSTER_DIR=str(tmp_path / "no-cluster-dir"),
-        ML_DEV_POLL_SECONDS="0.2",
-        ML_DEV_KUBE_API=api,
-        ML_DEV_SA_DIR=str(tmp_path),
-        ML_DEV_SERVERS="",
-    )
-    proc = subprocess.Popen(
-        ["/bin/bash", str(opt / "startup.sh")], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
+    result = render_stack("barcelona", racks)
+    sim = PodSim(result, count=6, node=Node())
+    env = next(r.inputs for r in result.resources if r.kind == "StatefulSet")["spec"]["template"]["spec"]["containers"][0]["env"]
     try:
-        assert proc.stdout is not None
-        read_until(proc.stdout, "] ready")
-        rank = fabric_util.read_rank_env(state / "rank.env")
-        order = fc.rack_order(PODS, PLACED, RACKS)
-        assert rank["ML_DEV_PODS"].split() == order and rank["NODE_RANK"] == str(order.index("ml-dev-env-1")) == "3"
-        assert rank["MASTER_ADDR"].startswith("ml-dev-env-0."), "pod 0 stays rank 0"
-        hostfile = Path(rank["DEEPSPEED_HOSTFILE"]).read_text().split()
-        assert [h.split(".")[0] for h in hostfile[::2]] == order == [h.split(".")[0] for h in rank["ML_DEV_HOSTS"].split()]
-        # pod 1 moves to rack a (rescheduled): the poll loop rewrites rank.env
-        FakeApi.items = [
-            {"metadata": {"name": p}, "spec": {"nodeName": n}}
-            for p, n in dict(PLACED, **{"ml-dev-env-1": "n-a2", "ml-dev-env-2": "n-b1"}).items()
-        ]
-        read_until(proc.stdout, "pod placement changed the rack-aware rank order")
-        read_until(proc.stdout, "NODE_RANK=")
-        rank = fabric_util.read_rank_env(state / "rank.env")
-        assert rank["ML_DEV_PODS"].split()[:3] == ["ml-dev-env-0", "ml-dev-env-1", "ml-dev-env-4"] and rank["NODE_RANK"] == "1"
+        with api_in_the_cluster(sim, started=False) as api:
+            # where the API server is and how often the startup script polls: set on the container as `oc set env`
+            # would (the only changes to the render; the real API server is https://$KUBERNETES_SERVICE_HOST)
+            env += [{"name": "ML_DEV_KUBE_API", "value": api}, {"name": "ML_DEV_POLL_SECONDS", "value": "0.2"}]
+            sim.start()
+            order = fc.rack_order(PODS, PLACED, RACKS)
+            rank = fabric_util.read_rank_env(sim.pods[1].path("/tmp/ml-dev-env/rank.env"))
+            assert FakeApi.seen, "the startup script asked the API"
+            assert rank["ML_DEV_PODS"].split() == order and rank["NODE_RANK"] == str(order.index("ml-dev-env-1")) == "3"
+            assert rank["MASTER_ADDR"].startswith("ml-dev-env-0."), "pod 0 stays rank 0"
+            hostfile = sim.pods[1].path(rank["DEEPSPEED_HOSTFILE"]).read_text().split()
+            assert [h.split(".")[0] for h in hostfile[::2]] == order == [h.split(".")[0] for h in rank["ML_DEV_HOSTS"].split()]
+            # pods 1 and 2 swap nodes (rescheduled): the poll loop rewrites rank.env
+            FakeApi.items = [
+                {"metadata": {"name": p}, "spec": {"nodeName": n}}
+                for p, n in dict(PLACED, **{"ml-dev-env-1": "n-a2", "ml-dev-env-2": "n-b1"}).items()
+            ]
+            deadline = time.monotonic() + 60
+            while True:
+                rank = fabric_util.read_rank_env(sim.pods[1].path("/tmp/ml-dev-env/rank.env"))
+                if rank["NODE_RANK"] == "1" or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            assert rank["ML_DEV_PODS"].split()[:3] == ["ml-dev-env-0", "ml-dev-env-1", "ml-dev-env-4"] and rank["NODE_RANK"] == "1"
+            assert "pod placement changed the rack-aware rank order" in sim.pods[1].log.read_text()
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
+        sim.stop()

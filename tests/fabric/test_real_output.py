@@ -5,15 +5,15 @@ interface from sysfs, and MPI's own traffic kept on eth0 under a stock Open MPI 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from inpod import fabric_gate, fabric_parse
-from tests.fabric.conftest import Sim
+from tests.fabric.conftest import Fabric
 
 REAL = Path(__file__).resolve().parents[1] / "data" / "tool_output"
 DATA = Path(__file__).parent / "data"
@@ -37,14 +37,16 @@ def test_a_clean_real_run_is_not_corruption() -> None:
     assert fabric_gate.corruption({**parsed, "rc": 0}) == ""
 
 
-def test_corruption_is_reported_as_such_whatever_the_exit_status(sim) -> None:
+@pytest.mark.timeout(300)
+def test_corruption_is_reported_as_such_whatever_the_exit_status(fabric) -> None:
     """nccl-tests exits non-zero when #wrong > 0; the gate must still say data corruption, and the pairwise
     runs name the pod whose pairs corrupt."""
-    s: Sim = sim(4)
-    s.cluster.allreduce["corrupt_hosts"] = [s.cluster.names[1]]
-    res = s.run("gate")
+    f: Fabric = fabric(4)
+    f.state(1)["corrupt"] = True  # every all-reduce with pod 1 in it prints a real corrupt run and exits 7
+    f.apply(1)
+    res = f.run("gate")
     assert res.returncode == 1, res.stdout + res.stderr
-    result = s.result()
+    result = f.result()
     assert result["status"] == "fail" and result["corrupt"] is True, result["diagnosis"]
     assert result["diagnosis"][0].startswith("DATA CORRUPTION across 4 pods: #wrong > 0 at 27 of 27 sizes")
     assert not any("failed (exit" in d for d in result["diagnosis"]), "corruption is not a failed run"
@@ -54,41 +56,35 @@ def test_corruption_is_reported_as_such_whatever_the_exit_status(sim) -> None:
     assert any(d.startswith("data corruption between ml-dev-env-0 and ml-dev-env-1") for d in result["diagnosis"])
 
 
-def test_the_gate_sets_the_ring_algorithm_itself(sim) -> None:
-    s: Sim = sim(2)
-    env = s.env()
-    env["NCCL_ALGO"] = "Tree"  # network.ncclEnv may set it in the pod
-    res = subprocess.run([sys.executable, str(s_program()), "gate"], env=env, capture_output=True, text=True, timeout=120)
+def test_the_gate_sets_the_ring_algorithm_itself(fabric) -> None:
+    f: Fabric = fabric(2)
+    res = f.run("gate", prefix="env NCCL_ALGO=Tree ")  # network.ncclEnv may set it in the pod
     assert res.returncode == 0, res.stdout + res.stderr
-    (call,) = s.calls("mpirun")
-    args = call["args"]
+    args = shlex.split(f.result()["command"])
     assert args[args.index("NCCL_ALGO=Ring") - 1] == "-x"
     assert "NCCL_ALGO" not in args, "the pod's NCCL_ALGO is not forwarded"
+    assert {c["env"]["NCCL_ALGO"] for c in f.calls("all_reduce_perf")} == {"Ring"}, "every rank on every pod got Ring"
 
 
-def s_program() -> Path:
-    from tests.fabric.conftest import PROGRAM
-
-    return PROGRAM
-
-
-def test_each_hca_is_paired_with_its_own_interface_from_sysfs(sim) -> None:
-    """Pod 3 numbers its VF interfaces differently (mlx5_8 is net1 there): the client must connect to the
+@pytest.mark.timeout(300)
+def test_each_hca_is_paired_with_its_own_interface_from_sysfs(fabric) -> None:
+    """The other pods number their VF interfaces differently (mlx5_8 is net1 there): the client must connect to the
     address of the partner's interface of the same HCA, not to the interface at the same list position."""
-    s: Sim = sim(4)
-    s.cluster.allreduce["slow_hosts"] = [s.cluster.names[2]]
-    s.cluster.nic["slow"] = {s.cluster.names[2]: ["mlx5_8"]}
-    for name in s.cluster.names:
-        if name != s.cluster.names[2]:
-            s.cluster.hosts[name]["netdevs"] = {"mlx5_6": "net4", "mlx5_7": "net3", "mlx5_8": "net1", "mlx5_9": "net2"}
-    res = s.run("gate")
+    f: Fabric = fabric(4)
+    f.state(2)["busbw"] = 61.0
+    f.state(2)["nic_gbps"]["mlx5_8"] = 97.1
+    for i in (0, 1, 3):
+        f.state(i)["netdevs"] = {"mlx5_6": "net4", "mlx5_7": "net3", "mlx5_8": "net1", "mlx5_9": "net2"}
+    f.apply()
+    res = f.run("gate")
     assert res.returncode == 1, res.stdout + res.stderr
-    result = s.result()
+    result = f.result()
     assert result["suspects"] == ["ml-dev-env-2"]
-    partner = s.cluster.hosts[result["nics"][0]["partner"]]
-    clients = [c for c in s.calls("ib_write_bw") if c["host"] == s.cluster.names[2]]
+    partner = f.names.index(result["nics"][0]["partner"].split(".")[0])
+    clients = [c for c in f.calls("ib_write_bw") if c["pod"] == "ml-dev-env-2"]
     used = {c["args"][c["args"].index("-d") + 1]: c["args"][-1] for c in clients}
-    want = {hca: partner["ifaces"][netdev]["inet"].split("/")[0] for hca, netdev in partner["netdevs"].items()}
+    pod = f.sim.pods[partner]
+    want = {hca: pod.interfaces[netdev].split("/")[0] for hca, netdev in f.state(partner)["netdevs"].items()}
     assert used == want
     bad = [n for n in result["nics"] if not n["pass"]]
     assert [(n["hca"], n["interface"], n["partnerInterface"]) for n in bad] == [("mlx5_8", "net3", "net1")]

@@ -71,6 +71,18 @@ Platform rules (everything a pod gets is a rendered field or one of these), with
   sshd, its privsep user `sshd`, ssh, rsync, pdsh, git and python3 as this machine (Debian) has them.
   Node tools as stubs: nvidia-smi (the NVIDIA container toolkit's; GPUs = the nvidia.com/gpu limit) and
   ibv_devinfo (the HCAs of NCCL_IB_HCA).
+* The node (`nodetools.Node`, `PodSim(..., node=Node())`; formats and sources in tests/fabric/data/SOURCES.md):
+  nvidia-smi, ibv_devinfo (rdma-core libibverbs/examples/devinfo.c), ibstat (infiniband-diags ibstat.c),
+  ib_write_bw (perftest; server and client meet over TCP on the address given, as perftest's out-of-band exchange
+  does) and all_reduce_perf (nccl-tests src/common.cu report; its ranks are started by the REAL Open MPI mpirun
+  over the pods' real sshd and meet in a directory all pods share, the switch fabric) as stubs printing the real
+  formats from the node's state (/run/podsim-node/node.json; the test changes it while pods run). `ip`, `ssh`,
+  `mpirun`/`orted` are real. The VFs' sysfs over the pod's read-only /sys (an overlay keeps the rest): per SR-IOV
+  resource the VF's PCI function /sys/bus/pci/devices/<PCIDEVICE_* address>/{infiniband/<hca>,net/<netK>,
+  iommu_group/type} and /sys/class/infiniband/<hca>/{device -> that function, ports/1/gids/<i>,
+  ports/1/gid_attrs/types/<i>} (Linux Documentation/ABI/stable/sysfs-class-infiniband, drivers/infiniband/core/
+  sysfs.c and cache.c gid_type_str, drivers/iommu/iommu.c iommu_group_show_type; RDMA netns exclusive mode: a pod
+  sees only its own devices). net1..netN get the NetworkAttachmentDefinition's rendered mtu (else fabric.json's).
 * NetworkPolicy (`netpol.py`, opt-in: `with netpol.Enforcement(sim) as net: net.add_peer(...); net.apply()`): the
   rendered policies evaluated on their own (podSelector/namespaceSelector/ipBlock, ports/endPort, policyTypes) into
   iptables INPUT rules on eth0 of each selected pod: admitted sources and ports, replies (conntrack), the node

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Mapping
@@ -28,6 +29,7 @@ class AtomicVolume:
             path.chmod(self.mode)
             if self.gid is not None:
                 os.chown(path, -1, self.gid)
+        new.chmod(0o555)  # the kubelet mounts ConfigMap/Secret volumes read-only: nothing (e.g. __pycache__) is added
         old = os.readlink(self.target / DATA) if (self.target / DATA).is_symlink() else None
         tmp = self.target / "..data_tmp"
         os.symlink(new.name, tmp)
@@ -40,7 +42,6 @@ class AtomicVolume:
             for key in os.listdir(self.target / old):
                 if key not in files:
                     (self.target / key).unlink(missing_ok=True)
-            for entry in (self.target / old).iterdir():
-                entry.unlink()
-            (self.target / old).rmdir()
+            (self.target / old).chmod(0o755)
+            shutil.rmtree(self.target / old)  # as root a program run from it may have left a __pycache__ in it
         return new

@@ -51,6 +51,10 @@ TOOLS = ("unshare", "nsenter", "ip", "setpriv", "prlimit", "sshd", "ssh", "ssh-k
 SERVICE_ACCOUNT = "/run/secrets/kubernetes.io/serviceaccount"  # /var/run -> /run in the image
 
 
+RUN_IDS: list[str] = []
+"""The run ids of the simulations this process started (the leftover check looks only for those: other test runs
+on the same machine have their own)."""
+
 TEST_SECRETS: dict[str, str | None] = {"vscodePassword": "test-password", "jupyterToken": "test-token"}
 
 
@@ -191,6 +195,7 @@ class PodSim:
         grace_seconds: float | None = None,
         read_only_passwd: Sequence[int] = (),
         python_packages: Sequence[str] = (),
+        node: Any = None,
     ) -> None:
         """`read_only_passwd`: pods whose image leaves /etc/passwd read-only (not the stack's base image: the
         programs fall back to nss_wrapper); `python_packages`: modules of this interpreter the image has
@@ -215,6 +220,7 @@ class PodSim:
             )
         self.grace = float(grace_seconds if grace_seconds is not None else self.pod_spec.get("terminationGracePeriodSeconds", 30))
         self.run_id = pysecrets.token_hex(3)
+        RUN_IDS.append(self.run_id)
         self.base = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{self.run_id}-", dir="/var/tmp"))
         self.base.chmod(0o755)
         self.cluster_ns = f"{PREFIX}{self.run_id}-c"
@@ -237,6 +243,10 @@ class PodSim:
         self.python_packages = self._packages(python_packages)
         self.gpus = int((self.main.get("resources") or {}).get("limits", {}).get("nvidia.com/gpu", 0))
         self._started = False
+        # the node behind the pods (tests/podsim/nodetools.py Node): its `setup(sim, pod, root)` gives shell lines
+        # run in the pod's mount and network namespaces before its root is pivoted (node tools, sysfs); None: the
+        # two stubs above only
+        self.node = node
 
     # ---------------------------------------------------------------------------------- inputs
 
@@ -506,6 +516,7 @@ class PodSim:
             # node tools (stubs): the NVIDIA toolkit's nvidia-smi, rdma-core's ibv_devinfo
             f"install -m 0755 {tools}/nvidia-smi {root}/usr/bin/nvidia-smi",
             f"install -m 0755 {tools}/ibv_devinfo {root}/usr/bin/ibv_devinfo",
+            *(self.node.setup(self, pod, root) if self.node is not None else ()),
         ]
         for m in self.main.get("volumeMounts") or []:
             kind, src = volumes[m["name"]]

@@ -7,7 +7,9 @@ import io
 import json
 import sys
 import tarfile
+import threading
 import types
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -84,6 +86,31 @@ def test_header_for_files_over_8_gib_is_gnu(package: types.ModuleType) -> None:
     assert header[257:265] == b"ustar  \0"
     assert header[124] & 0x80, "size in GNU base-256, not a zero ustar field"
     assert tarfile.TarInfo.frombuf(header, "utf-8", "surrogateescape").size == size
+
+
+def test_source_crc32_runs_apart_from_the_hashing_thread(package: types.ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ISA-L's CRC leaves the vector registers' upper state dirty, which slows SHA-256 in that thread: it runs in a
+    thread of its own; the composite (per-part) CRC32 still equals zlib's over the same parts."""
+    if not package._ISAL:
+        pytest.skip("isal is not installed (steps/requirements.txt has it): zlib's CRC runs inline")
+    threads: list[str] = []
+    real = package.crc32
+
+    def spy(data: memoryview, value: int) -> int:
+        threads.append(threading.current_thread().name)
+        return real(data, value)
+
+    monkeypatch.setattr(package, "crc32", spy)
+    data = bytes(range(256)) * 40  # 10240 bytes in parts of 4096
+    parts = [data[i : i + 4096] for i in range(0, len(data), 4096)]
+    combined = zlib.crc32(b"".join(zlib.crc32(p).to_bytes(4, "big") for p in parts))
+    value = f"{base64.b64encode(combined.to_bytes(4, 'big')).decode()}-{len(parts)}"
+    hasher = package.SourceHasher(512, package.Expected(len(data), "crc32-multipart", value, 4096))
+    for start in range(0, 512 + len(data), 3000):  # pieces across the header and the part boundaries
+        hasher.update(memoryview(bytes(512) + data)[start : start + 3000])
+    hasher.verify("model.bin")
+    assert threads and all(name.startswith("crc32") for name in threads), threads
+    assert threading.current_thread().name not in threads
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,226 @@
+"""The node behind simulated pods: node tools as stubs printing the real formats, and the sysfs an RDMA VF gives a pod.
+
+    node = Node()                                   # PodSim(result, count=n, node=node): set up before PID 1 runs
+    node.state(sim, i)["ports"]["mlx5_7"] = {...}    # change what pod i's node shows, then node.apply(sim, i)
+    node.fabric["full_ring_busbw"] = 120.0; node.apply_fabric(sim)
+    node.calls(sim, "ib_write_bw")                  # every call the stubs saw, on every pod (pod, args, ...)
+    node.reset(sim)                                 # every pod's node back to its healthy default
+
+What a pod gets (the podsim docstring lists these as platform rules):
+* tools on PATH (/usr/bin): nvidia-smi (NVIDIA container toolkit; GPUs = the nvidia.com/gpu limit), ibv_devinfo
+  (rdma-core), ibstat (infiniband-diags), ib_write_bw (perftest), all_reduce_perf (nccl-tests, MPI build): the
+  stubs of tests/podsim/nodetool.py. `ip`, `ssh`, `mpirun` and `orted` are real (this machine's, the image layer).
+* sysfs of the allocated VFs, mounted over the pod's read-only /sys (an overlay keeps the rest of sysfs): per
+  SR-IOV resource k, the VF's PCI function (its address = the device plugin's PCIDEVICE_* value) with
+  `infiniband/<hca>`, `net/<netK>` (Multus gives the VF's netdev its pod-side name) and `iommu_group/type`; and
+  `/sys/class/infiniband/<hca>` with `device -> /sys/bus/pci/devices/<bdf>` and `ports/1/gids/<i>`,
+  `ports/1/gid_attrs/types/<i>` (the kernel fills RoCE v2 IPv4 GIDs from the interface's address). Sources:
+  Linux Documentation/ABI/stable/sysfs-class-infiniband, drivers/infiniband/core/sysfs.c (gids, gid_attrs),
+  drivers/infiniband/core/cache.c gid_type_str, drivers/iommu/iommu.c iommu_group_show_type; with RDMA namespace
+  exclusive mode (what the SR-IOV CNI needs) a pod sees only its own devices.
+* the net1..netN interfaces' MTU = the NetworkAttachmentDefinition's `mtu` (rendered when the stack creates them),
+  else the fabric config's expectation (the attachments are the cluster's).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+TOOLS = ("nvidia-smi", "ibv_devinfo", "ibstat", "ib_write_bw", "all_reduce_perf")
+CORRUPT = HERE.parent / "data" / "tool_output" / "all_reduce_perf-2x1-rtx3090-corrupt.txt"
+
+
+def ipv4_gid(address: str) -> str:
+    """The IPv4-mapped GID of an address (::ffff:a.b.c.d), as sysfs prints it: eight groups of four hex digits."""
+    a, b, c, d = (int(x) for x in address.split("/")[0].split("."))
+    return f"0000:0000:0000:0000:0000:ffff:{a:02x}{b:02x}:{c:02x}{d:02x}"
+
+
+class Node:
+    def __init__(
+        self,
+        link_gbps: float = 400,
+        nic_gbps: float = 392.5,
+        busbw: float = 197.0,
+        mtu: int | None = None,
+        overrides: dict[int, dict[str, Any]] | None = None,
+    ) -> None:
+        """`overrides`: per pod index, node state that differs from the healthy default from the start (e.g. {1: {"gpus": 2}})."""
+        self.link_gbps, self.nic_gbps, self.busbw, self.mtu = link_gbps, nic_gbps, busbw, mtu
+        self.overrides = overrides or {}
+        self.fabric: dict[str, Any] = {"full_ring_busbw": None}
+        self.states: dict[int, dict[str, Any]] = {}
+
+    # ------------------------------------------------------------------------------- the render's facts
+
+    def _hcas(self, sim: Any) -> list[str]:
+        env = {e["name"]: e.get("value", "") for e in sim.main.get("env") or []}
+        return [h.split(":")[0] for h in env.get("NCCL_IB_HCA", "").split(",") if h]
+
+    def _mtu(self, sim: Any) -> int:
+        if self.mtu:
+            return self.mtu
+        for r in sim.resources:
+            if r.kind == "NetworkAttachmentDefinition":
+                config = json.loads(r.inputs.get("spec", {}).get("config") or "{}")
+                if config.get("mtu"):
+                    return int(config["mtu"])
+        fabric = json.loads(next(iter(v for c in sim.configmaps.values() for k, v in c.items() if k == "fabric.json"), "{}"))
+        return int(fabric.get("mtu") or 1500)
+
+    def default(self, sim: Any, index: int) -> dict[str, Any]:
+        pod = sim.pods[index]
+        hcas = self._hcas(sim)
+        vfs = sorted(k for k in sim.device_plugin_env(pod) if k.startswith("PCIDEVICE_"))
+        bdfs = [sim.device_plugin_env(pod)[k] for k in vfs]
+        netdevs = sorted(n for n in pod.interfaces if n.startswith("net"))
+        return {
+            "pod": pod.name,
+            "gpus": sim.gpus,
+            "hcas": list(hcas),
+            "ports": {h: {"state": "Active", "rate": self.link_gbps} for h in hcas},
+            "nic_gbps": dict.fromkeys(hcas, self.nic_gbps),
+            "busbw": self.busbw,
+            "corrupt": False,
+            "vfs": {bdf: hcas[k] for k, bdf in enumerate(bdfs) if k < len(hcas)},
+            "netdevs": {h: netdevs[k] for k, h in enumerate(hcas) if k < len(netdevs)},
+            "gids": {
+                h: {
+                    "0": ["fe80:0000:0000:0000:0000:0000:0000:0001", "IB/RoCE v1"],
+                    "1": ["fe80:0000:0000:0000:0000:0000:0000:0001", "RoCE v2"],
+                    **(
+                        {"2": [ipv4_gid(pod.interfaces[netdevs[k]]), "IB/RoCE v1"], "3": [ipv4_gid(pod.interfaces[netdevs[k]]), "RoCE v2"]}
+                        if k < len(netdevs)
+                        else {}
+                    ),
+                }
+                for k, h in enumerate(hcas)
+            },
+            "iommu": "identity",
+        }
+
+    def state(self, sim: Any, index: int) -> dict[str, Any]:
+        if index not in self.states:
+            self.states[index] = {**self.default(sim, index), **self.overrides.get(index, {})}
+        return self.states[index]
+
+    # ------------------------------------------------------------------------------- on this machine
+
+    def dir(self, sim: Any, index: int) -> Path:
+        return sim.base / "node" / f"pod{index}"
+
+    def apply(self, sim: Any, index: int) -> None:
+        """Write pod `index`'s node state where its tools and sysfs read it (live: the pod sees it at once)."""
+        st = self.state(sim, index)
+        d = self.dir(sim, index)
+        tmp = d / "node.json.tmp"
+        tmp.write_text(json.dumps(st, indent=1))
+        tmp.chmod(0o644)
+        tmp.replace(d / "node.json")
+        ib = d / "sys-ib"
+        for child in ib.iterdir():
+            shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+        for bdf in st["vfs"]:
+            pci = d / "pci" / bdf
+            for child in pci.iterdir():
+                shutil.rmtree(child)
+        for bdf, hca in st["vfs"].items():
+            (d / "pci" / bdf / "infiniband" / hca).mkdir(parents=True)
+        bdf_of = {hca: bdf for bdf, hca in st["vfs"].items()}
+        for hca in st["hcas"]:
+            bdf = bdf_of.get(hca)
+            port = ib / hca / "ports" / "1"
+            (port / "gids").mkdir(parents=True)
+            (port / "gid_attrs" / "types").mkdir(parents=True)
+            for i, (gid, kind) in st["gids"].get(hca, {}).items():
+                (port / "gids" / i).write_text(gid + "\n")
+                (port / "gid_attrs" / "types" / i).write_text(kind + "\n")
+            if bdf is None:  # an HCA without an allocated VF of ours: its own PCI function, not under /sys/bus here
+                device = ib / hca / "device"
+                device.mkdir()
+            else:
+                (ib / hca / "device").symlink_to(f"/sys/bus/pci/devices/{bdf}")
+                device = d / "pci" / bdf
+            netdev = st["netdevs"].get(hca)
+            if netdev:
+                (device / "net" / netdev).mkdir(parents=True)
+            if st["iommu"] is not None:
+                (device / "iommu_group").mkdir()
+                (device / "iommu_group" / "type").write_text(st["iommu"] + "\n")
+
+    def apply_fabric(self, sim: Any) -> None:
+        shared = sim.base / "node" / "fabric"
+        (shared / "fabric.json").write_text(json.dumps({**self.fabric, "pods": sim.count}))
+
+    def reset(self, sim: Any) -> None:
+        """Every pod's node back to its default, the fabric healthy, the call logs emptied."""
+        self.fabric = {"full_ring_busbw": None}
+        self.apply_fabric(sim)
+        for pod in sim.pods:
+            self.states[pod.index] = self.default(sim, pod.index)
+            self.apply(sim, pod.index)
+            (self.dir(sim, pod.index) / "calls.log").write_text("")
+
+    def calls(self, sim: Any, tool: str) -> list[dict[str, Any]]:
+        out = []
+        for pod in sim.pods:
+            path = self.dir(sim, pod.index) / "calls.log"
+            if path.exists():
+                out += [c for c in map(json.loads, path.read_text().splitlines()) if c["tool"] == tool]
+        return out
+
+    # ------------------------------------------------------------------------------- pod start
+
+    def setup(self, sim: Any, pod: Any, root: str) -> list[str]:
+        """Shell lines run as root in the pod's new mount and network namespaces before pivot_root (PodSim)."""
+        d = self.dir(sim, pod.index)
+        d.mkdir(parents=True)
+        d.chmod(0o777)  # the stubs log their calls as the pod's user
+        shared = sim.base / "node" / "fabric"
+        if not shared.exists():
+            shared.mkdir()
+            shared.chmod(0o1777)
+            self.apply_fabric(sim)
+        (d / "fabric").mkdir()
+        (d / "sys-ib").mkdir()
+        (d / "lower-class" / "infiniband").mkdir(parents=True)
+        st = self.state(sim, pod.index)
+        for bdf in st["vfs"]:
+            (d / "pci" / bdf).mkdir(parents=True)
+            (d / "lower-pci" / bdf).mkdir(parents=True)
+        (d / "calls.log").write_text("")
+        (d / "calls.log").chmod(0o666)
+        shutil.copy(HERE / "nodetool.py", d / "nodetool.py")
+        shutil.copy(HERE / "nccl.py", d / "nccl.py")
+        shutil.copy(CORRUPT, d / "all_reduce_perf-corrupt.txt")
+        self.apply(sim, pod.index)
+        q = shlex.quote
+        lines = [
+            f"mkdir -p {root}/run/podsim-node && mount --bind {q(str(d))} {root}/run/podsim-node",
+            f"mount --bind {q(str(shared))} {root}/run/podsim-node/fabric",
+        ]
+        for tool in TOOLS:
+            wrapper = d / f"{tool}.sh"
+            wrapper.write_text(f'#!/bin/sh\nexec /usr/bin/python3 /run/podsim-node/nodetool.py {tool} "$@"\n')
+            lines.append(f"install -m 0755 {q(str(wrapper))} {root}/usr/bin/{tool}")
+        # sysfs of the VFs over the read-only sysfs (an overlay keeps the rest of /sys/class and the host's PCI devices)
+        lines += [
+            f"mount -t overlay overlay -o lowerdir={d}/lower-class:{root}/sys/class {root}/sys/class",
+            f"mount --bind {d}/sys-ib {root}/sys/class/infiniband && mount -o remount,bind,ro {root}/sys/class/infiniband",
+        ]
+        if st["vfs"]:
+            lines.append(f"mount -t overlay overlay -o lowerdir={d}/lower-pci:{root}/sys/bus/pci/devices {root}/sys/bus/pci/devices")
+            for bdf in st["vfs"]:
+                target = f"{root}/sys/bus/pci/devices/{bdf}"
+                lines.append(f"mount --bind {d}/pci/{bdf} {target} && mount -o remount,bind,ro {target}")
+        mtu = self._mtu(sim)
+        for name in sorted(pod.interfaces):
+            if name.startswith("net"):
+                peer = f"{name}p{pod.index}"[:15]  # PodSim.add_interfaces' name for the bridge side
+                lines += [f"ip -n {sim.cluster_ns} link set {peer} mtu {mtu}", f"ip link set {name} mtu {mtu}"]
+        return lines
