@@ -1,12 +1,14 @@
 """The home page's environment on simulated pods built from the render (tests/podsim), shared by its tests.
 
 * barcelona with the idle stop on, 2 pods (`HomePods`): startup.sh starts the idle agent on every pod and the
-  page (`home` dev server: `home_page.py serve --listen 127.0.0.1:8090` behind its OAuth proxy) on pod 0;
+  page (`home` dev server: `home_page.py serve` on the pod IP and 127.0.0.1, port 8090, behind its OAuth proxy) on pod 0;
   the page finds the agents through rank.env and the stub cluster DNS, as on a cluster;
-* node tools the render cannot give: `nvidia-smi` printing the real `--format=csv` layout (header with units,
-  tests/data/tool_output/nvidia-smi-query-gpu-*.csv) with GPU 0's utilisation from /run/podsim/gpu-util, and
-  `mpirun` whose all_reduce_perf report is nccl-tests' own format (tests/podsim/nccl.py nccl_report) at a slow
-  plateau: the real `fabric_check.py gate` judges it, localises, and writes its JSON and curve (SVG);
+* the node behind the pods (tests/podsim/nodetools.py `Node`, bus bandwidth SLOW_BUSBW): the gate's REAL
+  `mpirun` starts the all_reduce_perf stubs on both pods over the pods' sshd, they print nccl-tests' report at a
+  slow plateau, and the real `fabric_check.py gate` judges it, localises, and writes its JSON and curve (SVG);
+* `nvidia-smi` printing the idle agent's queries in the real `--format=csv` layout (header with units,
+  tests/data/tool_output/nvidia-smi-query-gpu-*.csv) with GPU 0's utilisation from /run/podsim/gpu-util,
+  placed before the node's stub on PATH;
 * test speed: the idle settings' ConfigMap is edited before the pods start (a round a second, the warning
   after 1 s idle; the admin bounds of stacks/config.py keep a stack's own values at 15 s and more; no IDE
   probes, the IDEs are not in the simulated image) and the
@@ -23,6 +25,7 @@ from typing import Any
 
 from core import naming
 from core.servers import DEV_SERVERS
+from tests.podsim.nodetools import Node
 from tests.podsim.pods import Pod, PodSim, render_stack
 
 HERE = Path(__file__).resolve().parent
@@ -51,6 +54,7 @@ case "$*" in
 esac
 """
 
+# mpirun for the plain-process environment of tests/home/conftest.py (no pods, no sshd there)
 MPIRUN = r"""#!/usr/bin/python3
 # mpirun + all_reduce_perf (nccl-tests): the report nccl-tests prints for the hostfile's hosts, -npernode GPUs
 # each and the -b/-e sizes, at a plateau of @BUSBW@ GB/s (tests/podsim/nccl.py, read from the image layer)
@@ -76,7 +80,7 @@ class HomePods(PodSim):
     """PodSim of barcelona (idle stop on) whose pods' env adds the page's sampling/refresh test overrides."""
 
     def __init__(self, count: int = 2) -> None:
-        super().__init__(render_stack("barcelona", idle_stop_on), count=count)
+        super().__init__(render_stack("barcelona", idle_stop_on), count=count, node=Node(busbw=SLOW_BUSBW))
         settings = naming.lifecycle_configmap(self.app)
         idle = json.loads(self.configmaps[settings]["idle.json"])
         # the IDE servers are not in the simulated image (this machine's root): their probes would fail, which counts
@@ -92,7 +96,6 @@ class HomePods(PodSim):
         try:
             for pod in self.pods:  # /usr/local/bin comes before /usr/bin on the image's PATH
                 self.write(pod.index, "/usr/local/bin/nvidia-smi", NVIDIA_SMI.replace("@GPUS@", str(self.gpus)), mode=0o755)
-            self.write(0, "/usr/local/bin/mpirun", MPIRUN.replace("@NCCL@", str(NCCL)).replace("@BUSBW@", repr(SLOW_BUSBW)), mode=0o755)
             self.write(0, f"{PROJECT}/train.py", "import time\ntime.sleep(300)\n")
             self.wait_for(0, f"{STATE}/home.addr")
         except BaseException:
