@@ -20,8 +20,8 @@ def test_config_reference_is_current() -> None:
     assert config_reference.generate() in page, "docs/ref/configuration.md is stale: run `make docs-generate`"
 
 
-def test_outputs_and_exit_codes_are_current() -> None:
-    pages = [str(DOCS / "ref" / "outputs.md"), str(DOCS / "ref" / "exit-codes.md")]
+def test_outputs_exit_codes_and_prerequisites_are_current() -> None:
+    pages = [str(DOCS / "ref" / "outputs.md"), str(DOCS / "ref" / "exit-codes.md"), str(DOCS / "operate" / "prerequisites.md")]
     assert docs_reference.main(["--check", *pages]) == 0, "run `make docs-generate`"
     for block, (start, _) in docs_reference.blocks():
         assert any(start in Path(p).read_text() for p in pages), f"no page holds {start}"
