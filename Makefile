@@ -4,8 +4,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STACK ?= barcelona
-# Debian packages the tests and benchmarks use for real (registry, skopeo, buildah, htpasswd, shellcheck, headless chromium).
-APT_PACKAGES := docker-registry skopeo buildah apache2-utils openssh-server openssh-client rsync pdsh libnss-wrapper shellcheck chromium chromium-driver iptables iputils-ping
+# Debian packages the tests and benchmarks use for real (registry, skopeo, buildah, htpasswd, shellcheck, headless chromium),
+# and Graphviz, which draws the docs' architecture diagrams (`make docs-generate`).
+APT_PACKAGES := docker-registry skopeo buildah apache2-utils openssh-server openssh-client rsync pdsh libnss-wrapper shellcheck chromium chromium-driver iptables iputils-ping graphviz
 # Hash-locked sets compiled from the *.in files by `make lock` (tools/lock.sh, uv); .venv gets the dev lock.
 
 .PHONY: lock lock-check verify-base-lock typecheck help venv system-deps render render-all runs status test lint docs docs-generate screenshots diagram policy-preview bench-package bench-launch clean
@@ -20,7 +21,7 @@ help:
 	@echo "make verify-base-lock      install the base image's locks for real (PyPI) and pip check them"
 	@echo "make docs                  build the documentation site (docs/ -> site/, MkDocs --strict)"
 	@echo "make docs-generate         regenerate the site's generated pages (config reference, outputs, exit codes, diagram)"
-	@echo "make screenshots           retake the home-page screenshot the docs use (headless chromium)"
+	@echo "make screenshots           retake the home-page screenshot the docs use (headless chromium on simulated pods, root)"
 	@echo "make policy-preview        pulumi preview with the policy pack (needs the Pulumi CLI and a cluster)"
 	@echo "make bench-package         modelcar packaging benchmark (SIZE=2GiB)"
 	@echo "make bench-launch          ml-dev run on 4 simulated pods: time to all ranks running (SIZE=200MB, root)"
@@ -110,16 +111,18 @@ docs: venv
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
 
 # Rewrites the generated blocks of the site (configuration reference, presets, stack outputs, step exit
-# codes, architecture diagrams) from the code; tests fail while one is stale.
-docs-generate: venv
+# codes, prerequisites, architecture diagrams: Graphviz `dot` draws their SVGs) from the code; tests fail while one is stale.
+docs-generate: venv system-deps
 	$(PY) -m tools.config_reference --write docs/ref/configuration.md docs/operate/images.md
-	$(PY) -m tools.docs_reference --write docs/ref/outputs.md docs/ref/exit-codes.md
+	$(PY) -m tools.docs_reference --write docs/ref/outputs.md docs/ref/exit-codes.md docs/operate/prerequisites.md
 	$(PY) -m tools.diagram --write docs/ref/architecture.md
 
-# The home page screenshot the docs show (docs/img/home-page.png), taken by the browser test.
+# The home page screenshot the docs show (docs/img/home-page.png), taken by the browser test on pods started from
+# the render (tests/home/test_browser.py: root, like every podsim test).
 screenshots: venv system-deps
 	ML_DEV_WRITE_SCREENSHOTS=1 $(PY) -m pytest -q tests/home/test_browser.py
 
+# One stack's architecture as a Graphviz DOT source (pipe it to `dot -Tsvg`); the docs' pictures: make docs-generate.
 diagram: venv
 	$(PY) -m tools.diagram $(STACK)
 

@@ -657,6 +657,23 @@ def plot(results: list[Result], size_label: str) -> str:
     )
 
 
+def write_report(out: Path, size_label: str, model_bytes: int, floors: list[float], rounds: int, results: list[Result], setup: str) -> Path:
+    """Writes bench-package-<size>.md (the table, ending with a link to the plot), .json (every run) and .svg
+    (the plot of every run) side by side into `out`; returns the markdown file's path."""
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"bench-package-{size_label.lower()}"  # names built by hand: a size like 1.5GiB has a dot in it
+    svg = out / f"{stem}.svg"
+    text = report(results, model_bytes, size_label, median(floors), rounds, setup)
+    text += f"\n\n![wall time of every run per approach]({svg.name})\n"
+    data = {"size": size_label, "model_bytes": model_bytes, "cpus": os.cpu_count(), "sha256_floor_cpu_s_per_gib": floors,
+            "rounds": rounds, "results": [asdict(r) for r in results]}  # fmt: skip
+    (out / f"{stem}.json").write_text(json.dumps(data, indent=1) + "\n")
+    svg.write_text(plot(results, size_label))
+    md = out / f"{stem}.md"
+    md.write_text(text)
+    return md
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", default="2GiB", help="model size, e.g. 2GiB or 8GiB")
@@ -730,21 +747,13 @@ def main() -> None:
             with ThreadPoolExecutor(max_workers=1, initializer=pinned(env.cpus)) as pool:  # on the packager's CPUs
                 floors.append(pool.submit(sha256_floor, env.files).result())
             print(f"  sha256 floor: {floors[-1]:.3f} CPU-s/GiB", flush=True)
-        floor = median(floors)
         pinning = (f"packager / raw sender / source reader on CPUs {sorted(env.cpus)}, registry and S3 server on CPUs "
                    f"{sorted(env.server_cpus)} (sched_setaffinity)" if env.cpus and env.server_cpus else "no CPU pinning")  # fmt: skip
         setup = (f"load average (1/5/15 min) {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} at the start, "
                  "{:.1f}/{:.1f}/{:.1f} at the end; ".format(*os.getloadavg()) + pinning)  # fmt: skip
-        text = report(results, model_bytes, args.size, floor, args.repeat, setup)
-        print("\n" + text)
-        args.out.mkdir(parents=True, exist_ok=True)
-        stem = f"bench-package-{args.size.lower()}"
-        (args.out / f"{stem}.md").write_text(text + "\n")
-        data = {"size": args.size, "model_bytes": model_bytes, "cpus": os.cpu_count(), "sha256_floor_cpu_s_per_gib": floors,
-                "rounds": args.repeat, "results": [asdict(r) for r in results]}  # fmt: skip
-        (args.out / f"{stem}.json").write_text(json.dumps(data, indent=1) + "\n")
-        (args.out / f"{stem}.svg").write_text(plot(results, args.size))
-        print(f"\nreport written to {args.out / stem}.md / .json / .svg (plot of every run)")
+        md = write_report(args.out, args.size, model_bytes, floors, args.repeat, results, setup)
+        print("\n" + md.read_text())
+        print(f"report written to {md} / .json / .svg (plot of every run)")
     finally:
         stack.close()
         if not args.keep:

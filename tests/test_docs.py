@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
 from tests.conftest import ROOT, VALIDATOR
 from tools import config_reference, docs_reference
 
@@ -20,8 +22,8 @@ def test_config_reference_is_current() -> None:
     assert config_reference.generate() in page, "docs/ref/configuration.md is stale: run `make docs-generate`"
 
 
-def test_outputs_and_exit_codes_are_current() -> None:
-    pages = [str(DOCS / "ref" / "outputs.md"), str(DOCS / "ref" / "exit-codes.md")]
+def test_outputs_exit_codes_and_prerequisites_are_current() -> None:
+    pages = [str(DOCS / "ref" / "outputs.md"), str(DOCS / "ref" / "exit-codes.md"), str(DOCS / "operate" / "prerequisites.md")]
     assert docs_reference.main(["--check", *pages]) == 0, "run `make docs-generate`"
     for block, (start, _) in docs_reference.blocks():
         assert any(start in Path(p).read_text() for p in pages), f"no page holds {start}"
@@ -45,6 +47,42 @@ def test_every_docs_page_is_in_the_nav() -> None:
     nav = (ROOT / "mkdocs.yml").read_text()
     pages = sorted(str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md"))
     assert pages and all(f": {page}" in nav for page in pages), [p for p in pages if f": {p}" not in nav]
+
+
+# The pages by reader that issue 20 asks for, in its order (other pages may sit between them).
+READER_PAGES = {
+    "Use": ["use/day-in-the-life.md", "use/laptop-and-vscode.md", "use/debugging.md", "use/suspend-and-idle.md", "use/teams.md"],
+    "Operate": [
+        "operate/prerequisites.md",
+        "operate/first-up.md",
+        "operate/rebuilds.md",
+        "operate/adoption.md",
+        "operate/sccs.md",
+        "operate/images.md",
+        "operate/fabric-check.md",
+        "operate/kueue.md",
+    ],
+    "Models": ["models/pipeline.md", "models/sources.md", "models/registry.md", "models/benchmarks.md"],
+    "Reference": ["ref/configuration.md", "ref/outputs.md", "ref/guard-rails.md", "ref/exit-codes.md"],
+}
+
+
+def test_nav_lists_the_pages_by_reader_in_order() -> None:
+    nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]
+    sections = {
+        title: [page for entry in pages for page in entry.values()]
+        for item in nav
+        for title, pages in item.items()
+        if isinstance(pages, list)
+    }
+    for section, wanted in READER_PAGES.items():
+        listed = [page for page in sections.get(section, []) if page in wanted]
+        assert listed == wanted, f"nav section {section!r}: {listed} (want {wanted}, in this order)"
+    # The pages split out of longer ones open with one sentence: who the page is for and what they get.
+    for page in ("use/laptop-and-vscode.md", "use/debugging.md", "operate/rebuilds.md", "operate/adoption.md", "operate/sccs.md",
+                 "models/sources.md", "models/registry.md"):  # fmt: skip
+        intro = (DOCS / page).read_text().split("\n\n")[1]
+        assert intro.startswith("For ") and intro.rstrip().endswith("."), f"{page} opens with: {intro!r}"
 
 
 def test_reference_covers_every_top_level_key() -> None:

@@ -2,8 +2,9 @@
 
 * two `SimPod`s (tests/lifecycle/conftest.py) each run the real idle agent (`idle_agent.py run`) on
   127.0.0.1 (port 0, address from `activity.addr`), with the stub `nvidia-smi` printing the real CSV;
-* the fabric gate's result and curve come from the real `fabric_check.py gate` on the fabric simulation
-  (tests/fabric/sim.py), written where the gate writes them (the workspace's `.ml-dev-env/fabric/`);
+* the fabric gate's result and curve come from the real `fabric_check.py gate` (barcelona's fabric.json from
+  components/fabric.py), its `mpirun` a stub printing nccl-tests' report at a slow plateau (tests/home/pods.py
+  MPIRUN), written where the gate writes them (the workspace's `.ml-dev-env/fabric/`);
 * an `ml-dev run` record is written by ml-dev's own `Heartbeat` (ml_dev_launch.py), an SSH session record by the real
   `ssh-session.sh` (its ForceCommand), so the files have exactly the launcher's and the fabric's shape;
 * the home page runs as a plain process (`home_page.py serve --listen 127.0.0.1:0`) with pod 0's state
@@ -26,12 +27,14 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT
-from tests.fabric.conftest import Sim
+from components import fabric
+from stacks.config import StackConfig
+from tests.conftest import ROOT, stack_objects
+from tests.home.pods import INJECTED, MPIRUN, NCCL, SLOW_BUSBW
 from tests.lifecycle.conftest import SimPod, write_settings
 
 HOME_PAGE = ROOT / "inpod" / "home_page.py"
-INJECTED = "<script>window.__xss = 1</script>"
+__all__ = ["INJECTED", "Environment", "fabric_result", "load"]
 
 
 def load(name: str, path: Path, **environ: str) -> ModuleType:
@@ -82,15 +85,13 @@ class Environment:
         # idle stop on, a one-hour timeout whose warning starts after 1 s idle: an idle environment shows its stop time
         self.settings = write_settings(root / "idle.json", idleTimeoutSeconds=3600, warningLeadSeconds=3599, intervalSeconds=1, servers=[])
         self.procs: list[subprocess.Popen[Any]] = []
-        (root / "fabric").mkdir()
-        self.fabric = Sim(root / "fabric", 2)
-        self.fabric.cluster.allreduce["busbw"] = 60.0  # every pair slow: the gate fails (fabric-wide)
+        self.workspace = root / "workspace"
+        self.workspace.mkdir()
 
     def start(self, program: Path = HOME_PAGE, pod_env: dict[str, str] | None = None) -> str:
         """Run the gate, the agents and the page; `program`/`pod_env`: the page as a pod would start it."""
-        gate = self.fabric.run("gate")
+        gate = self.gate()
         assert gate.returncode == 1, gate.stdout + gate.stderr
-        self.workspace = Path(self.fabric.cluster.host(0)["workspace"])
         for pod in reversed(self.pods):
             extra = {"NODE_NAME": f"gpu-node-{pod.index}"}
             if pod.index == 0:
@@ -115,6 +116,23 @@ class Environment:
         self.procs.append(proc)
         self.url = "http://" + wait_for(pod0.state / "home.addr", proc, self.log) + "/"
         return self.url
+
+    def gate(self) -> subprocess.CompletedProcess[str]:
+        """The real `fabric_check.py gate` on pod 0's rank.env: every all-reduce slow, so it fails (fabric-wide)."""
+        config = self.root / "fabric.json"
+        config.write_text(json.dumps(fabric.pod_settings(StackConfig.model_validate(stack_objects("barcelona")))))
+        mpirun = self.root / "mpirun"
+        mpirun.write_text(MPIRUN.replace("@NCCL@", str(NCCL)).replace("@BUSBW@", repr(SLOW_BUSBW)))
+        mpirun.chmod(0o755)
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "POD_NAME": self.pods[0].name,
+            "ML_DEV_STATE_DIR": str(self.pods[0].state),
+            "ML_DEV_WORKSPACE": str(self.workspace),
+            "ML_DEV_FABRIC_CONFIG": str(config),
+            "ML_DEV_MPIRUN": str(mpirun),
+        }
+        return subprocess.run([sys.executable, str(fabric.PROGRAM), "gate"], env=env, capture_output=True, text=True, timeout=120)
 
     def get(self, path: str = "") -> str:
         with urllib.request.urlopen(self.url + path, timeout=10) as response:

@@ -1,56 +1,70 @@
-"""The home page started as pod 0 starts it, on the pod simulation's reading of the render (tests/podsim):
-the rendered container env as the kubelet expands it, the startup ConfigMap in the kubelet's atomic-writer
-layout. The agents, the gate and the state are the simulated pods' of tests/home/conftest.py; what the
-page takes from the pod (its env, its files) is the render's.
-
-The simulation has no network namespaces yet, so the page still reaches the agents on 127.0.0.1
-(ML_DEV_HOME_AGENTS) and uses the simulated pod's state directory."""
+"""The home page on simulated pods started from the barcelona render (tests/home/pods.py), without a browser:
+started by startup.sh as the render starts it, it takes its app, namespace and IDE links from the rendered
+pod env, reaches both agents through rank.env and the cluster DNS, and keeps drawing after a startup
+ConfigMap update removes the `..<timestamp>` directory it started from (the kubelet's atomic writer)."""
 
 from __future__ import annotations
 
+import re
 import time
-from typing import Any
+from collections.abc import Iterator
+
+import pytest
 
 import inpod
 from core import naming
-from tests.conftest import run_objects, stack_objects
-from tests.home.conftest import Environment
-from tests.podsim.layout import AtomicVolume
-from tests.podsim.render import PodFacts, container_env, main_container
+from tests.home.pods import HOME_PORT, STATE, HomePods
+from tests.podsim.pods import leftovers, missing_requirements
+
+REASON = missing_requirements()
+pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}"), pytest.mark.timeout(300)]
+FETCH = "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())"
 
 
-def rendered_pod0() -> tuple[dict[str, str], dict[str, str]]:
-    """Pod 0's main-container env and its startup ConfigMap data, from the barcelona render."""
-    res = run_objects("barcelona", stack_objects("barcelona"))
-    assert res.error is None, res.error
-    sts: dict[str, Any] = next(r for r in res.resources if r.kind == "StatefulSet").inputs
-    app, ns = sts["metadata"]["name"], sts["metadata"]["namespace"]
-    pod = PodFacts(f"{app}-0", ns, "10.128.0.10", "gpu-node-0")
-    secrets = {
-        r.inputs["metadata"]["name"]: dict.fromkeys(r.inputs.get("stringData") or {}, "test") for r in res.resources if r.kind == "Secret"
-    }
-    env = container_env(main_container(sts, naming.MAIN_CONTAINER), pod, secrets)
-    data = next(r for r in res.resources if r.kind == "ConfigMap" and r.inputs["metadata"]["name"] == naming.startup_configmap(app))
-    return env, dict(data.inputs["data"])
+@pytest.fixture
+def pods() -> Iterator[HomePods]:
+    sim = HomePods()
+    try:
+        yield sim.start()
+    finally:
+        sim.stop()
+    assert not [x for x in leftovers() if sim.run_id in x], "the simulation left namespaces or directories behind"
 
 
-def test_home_page_from_the_rendered_pod(environment: Environment) -> None:
-    env, data = rendered_pod0()
-    mount = environment.root / "opt-ml-dev-env"
-    volume = AtomicVolume(mount, mode=0o555)
-    first = volume.write(data)
-    keep = {k: env[k] for k in ("POD_NAME", "POD_NAMESPACE", "ML_DEV_SERVERS", "NODE_NAME")}
-    keep["PYTHONDONTWRITEBYTECODE"] = "1"  # the kubelet mounts the volume read-only: no __pycache__ beside the files
-    assert "APP_NAME" not in env, "the render does not give the app name; the page derives it from POD_NAME"
-    environment.start(program=mount / "home_page.py", pod_env=keep)
-    page = environment.get()
-    assert 'data-app="ml-dev-env" data-namespace="nccl-test"' in page and "<title>ml-dev-env home</title>" in page
-    assert [s for s in ("vscode", "jupyter", "tensorboard") if f'data-server="{s}"' in page] == env["ML_DEV_SERVERS"].split()[:3]
-    # a ConfigMap update swaps ..data and removes the directory the page started from: it keeps drawing
-    second = volume.write({**data, "home_page.py": data["home_page.py"] + "\n# updated\n"})
-    assert second != first and not first.exists()
+def get(pods: HomePods, path: str = "") -> str:
+    """GET on pod 0's loopback from inside the pod (where the OAuth proxy sidecar reaches the page)."""
+    res = pods.exec(0, ["python3", "-c", FETCH, f"http://127.0.0.1:{HOME_PORT}/{path}"], timeout=30)
+    assert res.returncode == 0, res.stderr + pods.log_of(0, "home")
+    return res.stdout
+
+
+def test_home_page_as_the_render_starts_it(pods: HomePods) -> None:
+    # startup.sh's `home` dev server: the page's command line as the render's startup script runs it
+    # (its bind address is startup.sh's: loopback, or the pod IP plus loopback; the OAuth proxy uses loopback)
+    ps = pods.exec(0, "ps -o args= -e").stdout
+    assert re.search(rf"^python3 /opt/ml-dev-env/home_page.py serve --listen \S*:{HOME_PORT}$", ps, re.M), ps
+    assert f"127.0.0.1:{HOME_PORT}" in pods.wait_for(0, f"{STATE}/home.addr")
+    assert "APP_NAME" not in pods.pods[0].env, "the render does not give the app name; the page derives it from POD_NAME"
+    page = get(pods)
+    assert f'data-app="{pods.app}" data-namespace="{pods.namespace}"' in page and f"<title>{pods.app} home</title>" in page
+    servers = pods.pods[0].env["ML_DEV_SERVERS"].split()
+    assert [s for s in ("vscode", "jupyter", "tensorboard") if f'data-server="{s}"' in page] == servers[:3]
+    # both agents through rank.env and the stub cluster DNS (no test override of the agents' addresses)
+    assert "ML_DEV_HOME_AGENTS" not in pods.pods[0].env
     deadline = time.monotonic() + 30
-    while environment.get("fragment").count("<svg") < 2:
-        assert time.monotonic() < deadline, environment.log.read_text()
+    while not all(f"node node-{i}" in (fragment := get(pods, "fragment")) for i in (0, 1)):
+        assert time.monotonic() < deadline, fragment
         time.sleep(0.2)
-    assert environment.get("healthz") == "ok\n" and inpod.text("svgplot.py") == (mount / "svgplot.py").read_text()
+    # a ConfigMap update swaps ..data and removes the directory the page started from: it keeps drawing
+    startup = naming.startup_configmap(pods.app)
+    volume = next(v for v in pods.pods[0].volumes.values() if (v.target / "home_page.py").exists())
+    first = (volume.target / "..data").resolve()
+    data = pods.configmaps[startup]
+    pods.swap_configmap(startup, {**data, "home_page.py": data["home_page.py"] + "\n# updated\n"})
+    assert first.is_dir() is False and (volume.target / "..data").resolve() != first
+    deadline = time.monotonic() + 30
+    while get(pods, "fragment").count("<svg") < 2:
+        assert time.monotonic() < deadline, pods.log_of(0, "home")
+        time.sleep(0.2)
+    assert get(pods, "healthz") == "ok\n"
+    assert inpod.text("svgplot.py") == pods.pods[0].path("/opt/ml-dev-env/svgplot.py").read_text()
