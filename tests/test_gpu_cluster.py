@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -174,23 +173,6 @@ def test_rank_wiring_comes_from_the_cluster_configmap(barcelona: RunResult) -> N
     assert mounts == [{"name": volume["name"], "mountPath": "/etc/ml-dev-env/cluster", "readOnly": True}]
     assert e["ML_DEV_CLUSTER_DIR"] == "/etc/ml-dev-env/cluster"
     assert not [m for c in pod_spec(barcelona)["containers"] for m in c.get("volumeMounts", []) if "subPath" in m]
-
-
-def test_rendered_cluster_env_drives_the_startup_script(barcelona: RunResult, tmp_path: Path) -> None:
-    """The real script on the rendered ConfigMap yields the rank the program reports in its outputs."""
-    from tests.test_startup_script import base_env, make_stubs, rank_env, start, stop, wait_ready
-
-    (tmp_path / "cluster").mkdir()
-    (tmp_path / "cluster" / "cluster.env").write_text(barcelona.one(CONFIGMAP, "gpu-cluster").inputs["data"]["cluster.env"])
-    bin_dir, _ = make_stubs(tmp_path)
-    pod = barcelona.outputs["pod_names"][1]
-    proc = start(base_env(tmp_path, bin_dir, pod, ML_DEV_SERVERS=""))
-    wait_ready(proc, tmp_path / "state")
-    stop(proc)
-    rank = rank_env(tmp_path / "state")
-    assert (rank["ML_DEV_POD"], rank["NODE_RANK"], rank["MASTER_ADDR"]) == (pod, "1", barcelona.outputs["master_addr"])
-    assert int(rank["WORLD_SIZE"]) == barcelona.outputs["world_size"]
-    assert rank["ML_DEV_PODS"].split() == barcelona.outputs["pod_names"]
 
 
 def statefulset_template(result: RunResult) -> str:

@@ -12,6 +12,7 @@ API (root; tests skip with `pods.missing_requirements()` as the reason otherwise
     sim.swap_configmap(name, data=None)        # a ConfigMap/Secret update: new ..<timestamp> dir, ..data swapped
     sim.add_interfaces(i, {"net5": "10.0.9.1/24"})  # extra interfaces (netK of every pod share one bridge)
     sim.terminate(i, grace=None)               # preStop exec, SIGTERM to PID 1, SIGKILL after the grace
+    sim.restart(i)                             # the kubelet's container restart (volumes and sandbox kept)
     sim.volume_dir(i, "/workspace")            # this machine's directory behind a PVC/emptyDir mount (outlives the pod)
     sim.probe(i), sim.sshd_log(i), sim.identity, sim.keys (user/stranger/host/client ed25519 keys)
     sim.stop()                                 # kills every process, deletes namespaces and directories
@@ -71,6 +72,14 @@ Platform rules (everything a pod gets is a rendered field or one of these), with
   sshd, its privsep user `sshd`, ssh, rsync, pdsh, git and python3 as this machine (Debian) has them.
   Node tools as stubs: nvidia-smi (the NVIDIA container toolkit's; GPUs = the nvidia.com/gpu limit) and
   ibv_devinfo (the HCAs of NCCL_IB_HCA).
+* The image's programs this machine lacks (`PodSim(..., image_programs={path: script})`): the dev servers of
+  images/base.Containerfile (code-server at /usr/local/bin/code-server -> /opt/code-server, jupyter and
+  tensorboard from the system pip at /usr/local/bin) as stubs installed 0755 at those paths before PID 1 runs;
+  they record into /run/podsim-image (1777), a directory only the stubs use (tests/podsim/test_startup.py).
+* Container restart (`sim.restart(i)`): the pod sandbox stays (network namespace, IP, /etc/hosts, volumes:
+  PVCs, emptyDirs, ConfigMaps), the container gets a fresh writable layer, /tmp and PID namespace
+  (pkg/kubelet/kuberuntime/kuberuntime_manager.go computePodActions: containers are restarted inside the
+  kept sandbox).
 * The node (`nodetools.Node`, `PodSim(..., node=Node())`; formats and sources in tests/fabric/data/SOURCES.md):
   nvidia-smi, ibv_devinfo (rdma-core libibverbs/examples/devinfo.c), ibstat (infiniband-diags ibstat.c),
   ib_write_bw (perftest; server and client meet over TCP on the address given, as perftest's out-of-band exchange

@@ -196,10 +196,14 @@ class PodSim:
         read_only_passwd: Sequence[int] = (),
         python_packages: Sequence[str] = (),
         node: Any = None,
+        image_programs: Mapping[str, str] | None = None,
     ) -> None:
         """`read_only_passwd`: pods whose image leaves /etc/passwd read-only (not the stack's base image: the
         programs fall back to nss_wrapper); `python_packages`: modules of this interpreter the image has
-        (copied into the pods' site-packages, e.g. debugpy of images/base-requirements.in)."""
+        (copied into the pods' site-packages, e.g. debugpy of images/base-requirements.in); `image_programs`:
+        {path in the image: script} for programs the image has and this machine lacks (the dev servers
+        code-server, jupyter, tensorboard of images/base.Containerfile), installed mode 0755 at those paths; they
+        may record what they see under /run/podsim-image (mode 1777, the stubs' own directory)."""
         self.result = result
         self.resources = list(result.resources)
         sts = next(r.inputs for r in self.resources if r.kind == "StatefulSet")
@@ -247,6 +251,7 @@ class PodSim:
         # run in the pod's mount and network namespaces before its root is pivoted (node tools, sysfs); None: the
         # two stubs above only
         self.node = node
+        self.image_programs = dict(image_programs or {})
 
     # ---------------------------------------------------------------------------------- inputs
 
@@ -466,18 +471,19 @@ class PodSim:
         pod.host_dir.mkdir(parents=True, exist_ok=True)
         pod.host_dir.chmod(0o755)
         volumes = self._volume_dirs(pod)
+        pod.pid = 0
         etc = pod.host_dir / "etc"
-        etc.mkdir()
+        etc.mkdir(exist_ok=True)
         (etc / "hosts").write_text(self.hosts_file(pod))
         (etc / "resolv.conf").write_text(self.resolv_conf())
         (etc / "hostname").write_text(pod.name + "\n")
         tools = pod.host_dir / "tools"
-        tools.mkdir()
+        tools.mkdir(exist_ok=True)
         (tools / "nvidia-smi").write_text(NVIDIA_SMI.replace("@GPUS@", str(self.gpus)))
         (tools / "ibv_devinfo").write_text(IBV_DEVINFO)
         pod.env = self.container_env(pod)
         layer = pod.host_dir / "layer"
-        layer.mkdir()
+        layer.mkdir(exist_ok=True)
         root = f"{layer}/merged"
         q = shlex.quote
         lines = [
@@ -517,6 +523,7 @@ class PodSim:
             f"install -m 0755 {tools}/nvidia-smi {root}/usr/bin/nvidia-smi",
             f"install -m 0755 {tools}/ibv_devinfo {root}/usr/bin/ibv_devinfo",
             *(self.node.setup(self, pod, root) if self.node is not None else ()),
+            *self._image_program_lines(pod, root),
         ]
         for m in self.main.get("volumeMounts") or []:
             kind, src = volumes[m["name"]]
@@ -572,6 +579,30 @@ class PodSim:
                 raise RuntimeError(f"{pod.name} did not start:\n{pod.log.read_text()}")
             else:
                 time.sleep(0.02)
+
+    def _image_program_lines(self, pod: Pod, root: str) -> list[str]:
+        """Shell lines installing `image_programs` into the pod's root (before PID 1 runs)."""
+        if not self.image_programs:
+            return []
+        src = pod.host_dir / "image-programs"
+        src.mkdir(exist_ok=True)
+        lines = [f"mkdir -p {root}/run/podsim-image && chmod 1777 {root}/run/podsim-image"]
+        for k, (path, text) in enumerate(sorted(self.image_programs.items())):
+            (src / str(k)).write_text(text)
+            lines.append(f"install -D -m 0755 {src}/{k} {shlex.quote(root + path)}")
+        return lines
+
+    def restart(self, index: int, timeout: float = 90, wait: bool = True) -> None:
+        """A container restart in the same pod (the kubelet's restart after PID 1 exits, or after `terminate`): the
+        pod sandbox stays (network namespace, IP, /etc/hosts), so do the volumes (PVCs, emptyDirs, ConfigMaps); the
+        container gets a fresh writable layer, /tmp and PID namespace (kuberuntime_manager.go computePodActions:
+        a container is restarted, the sandbox is kept while it is healthy)."""
+        pod = self.pods[index]
+        if pod.proc is not None and pod.proc.poll() is None:
+            self.terminate(index)
+        self._start_pod(pod)
+        if wait:
+            self.wait_ready(index, timeout)
 
     def _as_container(self, env: Mapping[str, str], argv: Sequence[str]) -> list[str]:
         """argv that runs `argv` with the container's identity, capabilities and env (nothing else)."""
