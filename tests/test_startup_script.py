@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from components.pod import STARTUP_SCRIPT
-from core import naming
+from core import naming, pod_contract
 
 SERVERS = ("code-server", "jupyter", "tensorboard")
 STUBS = {
@@ -42,23 +42,7 @@ CLUSTER = {
     "POD_NAMESPACE": NAMESPACE,
     "MASTER_PORT": "29500",
 }
-RANK_KEYS = (
-    "ML_DEV_POD",
-    "NODE_RANK",
-    "NNODES",
-    "GPUS_PER_NODE",
-    "WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "PET_NNODES",
-    "PET_NODE_RANK",
-    "PET_NPROC_PER_NODE",
-    "PET_MASTER_ADDR",
-    "PET_MASTER_PORT",
-    "DEEPSPEED_HOSTFILE",
-    "ML_DEV_HOSTS",
-    "ML_DEV_PODS",
-)
+RANK_KEYS = pod_contract.RANK_ENV  # what rank.env holds: the one contract (core/pod_contract.py)
 
 
 def make_stubs(tmp_path: Path) -> tuple[Path, Path]:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from core import naming
+from core import naming, pod_contract
 from tests.podsim.nodetools import Node
 from tests.podsim.pods import PREFIX, PodSim, leftovers, missing_requirements, pids_in_namespace_of, render_stack
 
@@ -44,23 +44,7 @@ if grep -qxF "[ml-dev-env] ready" /proc/1/fd/1 2>/dev/null; then echo logged > {
 exec /usr/bin/touch "$@"
 """
 IMAGE_PROGRAMS = {**dict.fromkeys(SERVERS.values(), SERVER_STUB), "/usr/local/bin/touch": TOUCH}
-RANK_KEYS = (
-    "ML_DEV_POD",
-    "NODE_RANK",
-    "NNODES",
-    "GPUS_PER_NODE",
-    "WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "PET_NNODES",
-    "PET_NODE_RANK",
-    "PET_NPROC_PER_NODE",
-    "PET_MASTER_ADDR",
-    "PET_MASTER_PORT",
-    "DEEPSPEED_HOSTFILE",
-    "ML_DEV_HOSTS",
-    "ML_DEV_PODS",
-)
+RANK_KEYS = pod_contract.RANK_ENV  # what rank.env holds: the one contract (core/pod_contract.py)
 
 
 # ----------------------------------------------------------------------------------------------- helpers
