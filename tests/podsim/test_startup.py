@@ -329,7 +329,7 @@ def token_auth(objects: dict[str, Any]) -> None:
     objects["access"] = {**objects["access"], "vscode": True, "jupyter": True, "tensorboard": False, "auth": "token"}
 
 
-def token_secrets(sim_result: Any) -> dict[str, str]:
+def token_secrets(sim_result: Any) -> dict[str, dict[str, str]]:
     """env name -> (Secret, key) for the token-mode secrets of the rendered main container."""
     sts = next(r.inputs for r in sim_result.resources if r.kind == "StatefulSet")
     env = sts["spec"]["template"]["spec"]["containers"][0]["env"]
