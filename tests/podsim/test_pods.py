@@ -93,7 +93,7 @@ def sim(request: pytest.FixtureRequest) -> Iterator[PodSim]:
 
 def rendered_main(s: PodSim) -> dict[str, Any]:
     """An independent reading of the rendered StatefulSet: the first container of the pod template."""
-    return s.statefulset["spec"]["template"]["spec"]["containers"][0]  # type: ignore[no-any-return]
+    return s.statefulset["spec"]["template"]["spec"]["containers"][0]
 
 
 def test_environ_and_mounts_are_the_rendered_ones(sim: PodSim) -> None:
