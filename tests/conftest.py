@@ -52,7 +52,9 @@ ONLY_MODEL_SECRETS: dict[str, str | None] = {key: None for key in SECRET_KEYS if
 def run() -> Callable[..., RunResult]:
     """run(stack, mutate=None, secrets=None): load the stack file, let `mutate` edit it, run the program."""
 
-    def _run(stack: str, mutate: Callable[[dict[str, Any]], None] | None = None, secrets: Mapping[str, str | None] | None = None) -> RunResult:
+    def _run(
+        stack: str, mutate: Callable[[dict[str, Any]], None] | None = None, secrets: Mapping[str, str | None] | None = None
+    ) -> RunResult:
         objects = stack_objects(stack)
         if mutate:
             mutate(objects)

@@ -259,6 +259,7 @@ def test_two_environments_in_one_cluster_have_disjoint_cluster_scoped_names(barc
     mine, theirs = cluster_scoped(barcelona), cluster_scoped(other)
     assert (SCC, "nccl-rdma-scc-nccl-test-ml-dev-env") in mine and (SCC, "nccl-rdma-scc-alice-dev-alice-env") in theirs
     assert mine.isdisjoint(theirs), mine & theirs
+
     # the same holds with the namespace created by each stack
     def second_user_creating_namespace(o: dict[str, Any]) -> None:
         second_user(o)

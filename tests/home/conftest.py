@@ -143,7 +143,8 @@ class Environment:
         self.pods[0].gpu(87)
         # Heartbeat lives in ml_dev_launch (shipped next to ml-dev); loaded inside the inpod package so that its
         # sibling imports resolve, with the pod's state directory in place of the one read at import
-        ml_dev = load("inpod.ml_dev_launch_under_test", ROOT / "inpod" / "ml_dev_launch.py")
+        # (Any: a module loaded from its file, one of its globals set here)
+        ml_dev: Any = load("inpod.ml_dev_launch_under_test", ROOT / "inpod" / "ml_dev_launch.py")
         ml_dev.STATE_DIR = self.pods[0].state
         self.heartbeat = ml_dev.Heartbeat("run", {"command": ["python", "train.py", INJECTED], "cwd": "/workspace/x", "pods": ["a", "b"]})
         self.heartbeat.__enter__()
