@@ -97,7 +97,8 @@ class Environment:
             if pod.index == 0:
                 extra["ML_DEV_ACTIVITY_PEERS"] = f"{self.pods[1].name}={self.pods[1].address()}"
             pod.start(pod.env(self.settings, None, **extra))
-            self.procs.append(pod.proc)  # type: ignore[arg-type]
+            assert pod.proc is not None, f"{pod.name}: start() leaves its agent process"
+            self.procs.append(pod.proc)
         agents = " ".join(f"{p.name}={p.address()}" for p in self.pods)
         pod0 = self.pods[0]
         env = {
