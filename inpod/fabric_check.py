@@ -36,6 +36,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -206,7 +207,7 @@ def cmd_hold(args: argparse.Namespace) -> int:
     return 0
 
 
-def rack_order(pods: list[str], pod_nodes: dict[str, str | None], node_racks: dict[str, str]) -> list[str]:
+def rack_order(pods: list[str], pod_nodes: Mapping[str, str | None], node_racks: Mapping[str, str]) -> list[str]:
     """Pods in rank order: pod 0 (first in `pods`) stays rank 0, its rack's pods follow, then the other
     racks in the order nodeRacks lists them; inside a rack by pod ordinal. Pods whose node is unknown
     (not scheduled yet, or not in nodeRacks) come last, by ordinal."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ MODEL_SECRETS = {"quayDockerConfigJson": '{"auths":{"quay.io":{"auth":"cm9ib3Q6d
 PLACEHOLDER_SECRETS = {**{key: f"test-placeholder-{key}" for key in SECRET_KEYS}, **MODEL_SECRETS}
 
 
-def run_objects(stack: str, objects: dict[str, Any], secrets: dict[str, str | None] | None = None) -> RunResult:
+def run_objects(stack: str, objects: dict[str, Any], secrets: Mapping[str, str | None] | None = None) -> RunResult:
     """Run the program; every secret is set (placeholders; tests about secrets pass their own values, None = not set)."""
     chosen = {**PLACEHOLDER_SECRETS, **(secrets or {})}
     return run_program(stack, {f"ml-dev-env:{k}": v for k, v in objects.items()}, {k: v for k, v in chosen.items() if v is not None})
@@ -52,7 +52,9 @@ ONLY_MODEL_SECRETS: dict[str, str | None] = {key: None for key in SECRET_KEYS if
 def run() -> Callable[..., RunResult]:
     """run(stack, mutate=None, secrets=None): load the stack file, let `mutate` edit it, run the program."""
 
-    def _run(stack: str, mutate: Callable[[dict[str, Any]], None] | None = None, secrets: dict[str, str | None] | None = None) -> RunResult:
+    def _run(
+        stack: str, mutate: Callable[[dict[str, Any]], None] | None = None, secrets: Mapping[str, str | None] | None = None
+    ) -> RunResult:
         objects = stack_objects(stack)
         if mutate:
             mutate(objects)

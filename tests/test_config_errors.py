@@ -351,6 +351,7 @@ def test_every_mistake_is_reported_in_one_run() -> None:
         "ml-dev-env:storage.volumes[1].mountPath: got '/tmp'; /tmp is reserved",
         "ml-dev-env:storage.volumes[2].scope: got None; hybrid mode needs 'shared' or 'per-pod' on every volume",
     ], result.error
+    assert result.error is not None, "the run fails"
     assert result.error.startswith("invalid stack configuration in Pulumi.barcelona.yaml (8 problems):\n")
 
 

@@ -167,7 +167,7 @@ def test_cluster_keys_and_foreign_nodes_in_an_environment_are_one_line_each() ->
 
 def transform(reader: Any, stack: str = "barcelona-alice", name: str = "ml-dev-env-alice") -> Any:
     args = pulumi.ResourceTransformationArgs(
-        resource=None,  # type: ignore[arg-type]
+        resource=None,  # type: ignore[arg-type]  # no Resource exists outside a Pulumi run; the transform never reads it
         type_="kubernetes:apps/v1:StatefulSet",
         name="gpu-statefulset",
         props={"metadata": {"name": name, "namespace": "nccl-test", "labels": {"a": "b"}}, "spec": {}},

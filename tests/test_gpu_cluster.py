@@ -259,8 +259,13 @@ def test_two_environments_in_one_cluster_have_disjoint_cluster_scoped_names(barc
     mine, theirs = cluster_scoped(barcelona), cluster_scoped(other)
     assert (SCC, "nccl-rdma-scc-nccl-test-ml-dev-env") in mine and (SCC, "nccl-rdma-scc-alice-dev-alice-env") in theirs
     assert mine.isdisjoint(theirs), mine & theirs
+
     # the same holds with the namespace created by each stack
-    created = run("barcelona", lambda o: (second_user(o), o["cluster"].update(createNamespace=True)))
+    def second_user_creating_namespace(o: dict[str, Any]) -> None:
+        second_user(o)
+        o["cluster"].update(createNamespace=True)
+
+    created = run("barcelona", second_user_creating_namespace)
     assert cluster_scoped(created).isdisjoint(cluster_scoped(run("barcelona", lambda o: o["cluster"].update(createNamespace=True))))
 
 

@@ -101,6 +101,7 @@ def sys_path_edits(path: Path) -> list[int]:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             target = next((t.value if isinstance(t, ast.Subscript) else t for t in targets), None)
         if isinstance(target, ast.Attribute) and target.attr == "path" and isinstance(target.value, ast.Name) and target.value.id == "sys":
+            assert isinstance(node, (ast.expr, ast.stmt)), f"a call or an assignment, not {node!r}"
             lines.append(node.lineno)
     return sorted(lines)
 

@@ -59,6 +59,7 @@ esac
 def make(checkout: Path, *args: str, path: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PATH": path or os.environ["PATH"]}
     env.pop("MAKEFLAGS", None)
+    assert MAKE is not None, "the module is skipped without make"
     return subprocess.run([MAKE, "-C", str(checkout), *args], capture_output=True, text=True, env=env, check=False)
 
 

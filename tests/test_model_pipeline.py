@@ -313,7 +313,7 @@ def test_full_model_fits_a_node_with_13gb_free() -> None:
     assert model["sizeGi"] == 48
     from stacks.config import ModelConfig, ModelPipelineConfig
 
-    pipeline = ModelPipelineConfig(nodeEphemeralFree="13Gi", maxModelSizeGi=48)
+    pipeline = ModelPipelineConfig.model_validate({"nodeEphemeralFree": "13Gi", "maxModelSizeGi": 48})
     assert model_sizing.preflight(ModelConfig.model_validate(model), pipeline) is None
 
 

@@ -30,16 +30,16 @@ SETUP_MARGIN_SECONDS = 15 * 60  # checkout, venv, offline render, plugin downloa
 INTERNAL = "image-registry.openshift-image-registry.svc:5000/"
 
 
-def annotations(r: Any) -> dict[str, str]:
+def annotations_of(r: Any) -> dict[str, str]:
     return r.inputs.get("metadata", {}).get("annotations") or {}
 
 
 def awaited(result: RunResult) -> list[Any]:
-    return [r for r in result.resources if r.custom and r.kind in AWAITED_KINDS and annotations(r).get("pulumi.com/skipAwait") != "true"]
+    return [r for r in result.resources if r.custom and r.kind in AWAITED_KINDS and annotations_of(r).get("pulumi.com/skipAwait") != "true"]
 
 
 def timeout(r: Any) -> int:
-    return int(annotations(r).get("pulumi.com/timeoutSeconds", DEFAULT_TIMEOUT))
+    return int(annotations_of(r).get("pulumi.com/timeoutSeconds", DEFAULT_TIMEOUT))
 
 
 def build_chain_seconds(result: RunResult, image: str) -> int:
@@ -142,7 +142,7 @@ def test_every_await_outlasts_what_it_waits_on(variant: str) -> None:
     result = render(variant)
     short = [(r.kind, r.name, timeout(r), needed_seconds(result, r)) for r in awaited(result) if timeout(r) < needed_seconds(result, r)]
     assert not short, f"awaits that time out before what they wait on can finish (kind, name, timeout s, needed s): {short}"
-    waits_for = [(r.kind, r.name) for r in result.resources if "pulumi.com/waitFor" in annotations(r)]
+    waits_for = [(r.kind, r.name) for r in result.resources if "pulumi.com/waitFor" in annotations_of(r)]
     assert not waits_for, f"custom waits need a timeout analysis here: {waits_for}"
 
 
@@ -173,9 +173,9 @@ def test_deploy_job_outlives_the_longest_await_of_every_stack() -> None:
 def test_the_pod_zero_service_is_not_awaited_but_the_statefulset_is() -> None:
     result = render("barcelona")
     dev = result.one("kubernetes:core/v1:Service", "gpu-dev")
-    assert annotations(dev)["pulumi.com/skipAwait"] == "true"
+    assert annotations_of(dev)["pulumi.com/skipAwait"] == "true"
     sts = result.one("kubernetes:apps/v1:StatefulSet")
-    assert "pulumi.com/skipAwait" not in annotations(sts)
+    assert "pulumi.com/skipAwait" not in annotations_of(sts)
     # the pods switch to a built tag only after the wait Job saw it pushed
     job = result.one("kubernetes:batch/v1:Job")
     assert job in dependencies(result, sts) and waited_image(job) == result.outputs["runtime_image"]
@@ -230,7 +230,7 @@ def path_timeout(result: RunResult, r: Any) -> int:
 
 def test_a_failed_wait_job_is_replaced_by_the_next_up() -> None:
     job = render("barcelona").one("kubernetes:batch/v1:Job")
-    assert annotations(job)["pulumi.com/replaceUnready"] == "true"
+    assert annotations_of(job)["pulumi.com/replaceUnready"] == "true"
     (container,) = pod_template(job)["containers"]
     command = container["command"]
     configs = [command[i + 1] for i, arg in enumerate(command) if arg == "--build-config"]

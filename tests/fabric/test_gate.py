@@ -51,12 +51,16 @@ def test_ib_write_bw_parser_gbits_and_mib():
         " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]\n"
         " 65536      3790000          392.90             392.50\t\t     0.748634\n"
     )
-    assert fabric_parse.parse_ib_write_bw(text)["gbps"] == 392.5
+    gbits = fabric_parse.parse_ib_write_bw(text)
+    assert gbits is not None, "a Gb/sec report parses"
+    assert gbits["gbps"] == 392.5
     mib = (
         " #bytes     #iterations    BW peak[MiB/sec]    BW average[MiB/sec]   MsgRate[Mpps]\n"
         " 65536      5000             11025.44            11024.71            0.176395\n"
     )
-    assert fabric_parse.parse_ib_write_bw(mib)["gbps"] == round(11024.71 * 8 * (1 << 20) / 1e9, 2)
+    mibs = fabric_parse.parse_ib_write_bw(mib)
+    assert mibs is not None, "a MiB/sec report parses"
+    assert mibs["gbps"] == round(11024.71 * 8 * (1 << 20) / 1e9, 2)
 
 
 # ------------------------------------------------------------------------------------- pair rounds

@@ -38,6 +38,12 @@ def gid(h: dict, hca: str, index: str, value: str, kind: str) -> None:
     h["gids"][hca][index] = [value, kind]
 
 
+def ipv6_gid_at_index_3(h: dict) -> None:
+    """mlx5_7's configured GID index holds a link-local IPv6 GID; its IPv4 RoCE v2 GID is at another index."""
+    gid(h, "mlx5_7", "3", "fe80:0000:0000:0000:0000:0000:0000:0001", "RoCE v2")
+    gid(h, "mlx5_7", "5", "0000:0000:0000:0000:0000:ffff:0a00:680a", "RoCE v2")
+
+
 CASES = [
     # (id, mutate pod 0's node, device, problem, fix)
     (
@@ -81,10 +87,7 @@ CASES = [
     ),
     (
         "gid-ipv6-only",
-        lambda h: (
-            gid(h, "mlx5_7", "3", "fe80:0000:0000:0000:0000:0000:0000:0001", "RoCE v2"),
-            gid(h, "mlx5_7", "5", "0000:0000:0000:0000:0000:ffff:0a00:680a", "RoCE v2"),
-        ),
+        ipv6_gid_at_index_3,
         "mlx5_7",
         "not a RoCE v2 IPv4 GID",
         "network.rdma.gidIndex (RoCE v2 IPv4 GIDs on this HCA: index 5)",

@@ -97,7 +97,8 @@ class Environment:
             if pod.index == 0:
                 extra["ML_DEV_ACTIVITY_PEERS"] = f"{self.pods[1].name}={self.pods[1].address()}"
             pod.start(pod.env(self.settings, None, **extra))
-            self.procs.append(pod.proc)  # type: ignore[arg-type]
+            assert pod.proc is not None, f"{pod.name}: start() leaves its agent process"
+            self.procs.append(pod.proc)
         agents = " ".join(f"{p.name}={p.address()}" for p in self.pods)
         pod0 = self.pods[0]
         env = {
@@ -143,7 +144,8 @@ class Environment:
         self.pods[0].gpu(87)
         # Heartbeat lives in ml_dev_launch (shipped next to ml-dev); loaded inside the inpod package so that its
         # sibling imports resolve, with the pod's state directory in place of the one read at import
-        ml_dev = load("inpod.ml_dev_launch_under_test", ROOT / "inpod" / "ml_dev_launch.py")
+        # (Any: a module loaded from its file, one of its globals set here)
+        ml_dev: Any = load("inpod.ml_dev_launch_under_test", ROOT / "inpod" / "ml_dev_launch.py")
         ml_dev.STATE_DIR = self.pods[0].state
         self.heartbeat = ml_dev.Heartbeat("run", {"command": ["python", "train.py", INJECTED], "cwd": "/workspace/x", "pods": ["a", "b"]})
         self.heartbeat.__enter__()

@@ -496,7 +496,9 @@ def build_standin_rootfs(root: Path) -> str:
         assert found, f"{tool} not found on this machine"
         builder.binary(os.path.realpath(found))
         builder.link(f"/usr/bin/{tool}", os.path.realpath(found))
-    builder.link("/usr/bin/sh", os.path.realpath(shutil.which("dash")))
+    dash = shutil.which("dash")
+    assert dash, "dash not found on this machine"
+    builder.link("/usr/bin/sh", os.path.realpath(dash))
     builder.link("/bin", "usr/bin")
     builder.finish()
 

@@ -310,5 +310,7 @@ def test_nccl_tests_pin_matches_the_parser_fixture_version():
     # the stubs print nccl-tests 2.17.6's format; the image must build that release
     from tests.podsim.nccl import nccl_report
 
-    version = re.search(r"ARG NCCLTESTS_VERSION=(\S+)", (Path(__file__).parents[2] / "images" / "base.Containerfile").read_text()).group(1)
+    pin = re.search(r"ARG NCCLTESTS_VERSION=(\S+)", (Path(__file__).parents[2] / "images" / "base.Containerfile").read_text())
+    assert pin, "base.Containerfile pins nccl-tests with ARG NCCLTESTS_VERSION=<version>"
+    version = pin.group(1)
     assert f"# nccl-tests version {version} " in nccl_report(["a", "b"], 1, 1 << 20, 1 << 20, 1.0)

@@ -25,6 +25,7 @@ import types
 import unittest
 from pathlib import Path
 from typing import Any, Callable, Iterator
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 INPOD = ROOT / "inpod"
@@ -113,7 +114,7 @@ def dump() -> dict[str, object]:
 
         def judge(b: dict[str, Any] = b) -> dict[str, Any]:
             now = find("parse_time")(b["status"]["last_activity"]) + 600
-            return find("judge_jupyter")(b["status"], b["kernels"], b["terminals"], now)  # type: ignore[no-any-return]
+            return find("judge_jupyter")(b["status"], b["kernels"], b["terminals"], now)
 
         out["jupyter " + state] = outcome(judge)
     with tempfile.TemporaryDirectory() as tmp:
@@ -172,9 +173,9 @@ class IdleAgent(unittest.TestCase):
         def broken(*_: object) -> dict[str, object]:
             raise AttributeError("'str' object has no attribute 'removesuffix'")
 
-        original = self.agent.probe_terminals
-        self.agent.probe_terminals = broken
-        self.addCleanup(setattr, self.agent, "probe_terminals", original)
+        patch = mock.patch.object(self.agent, "probe_terminals", broken)
+        patch.start()
+        self.addCleanup(patch.stop)
         with mock_env(ML_DEV_NVIDIA_SMI=self.stub_smi(GPU_ROWS[3]), ML_DEV_STATE_DIR=str(self.tmp), ML_DEV_SSH_PROCESS_SCAN="0"):
             report = self.agent.local_activity(dict(self.agent.DEFAULTS))
         terminals = [s for s in report["signals"] if s["name"] == "terminals"]

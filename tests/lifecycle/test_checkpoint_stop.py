@@ -20,6 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -142,7 +143,8 @@ def start_pod(tmp: Path, name: str, ranks: int, signal_name: str) -> Pod:
         )
         pod.ranks.append(agent)
     for r, ckpt in enumerate(pod.checkpoints):
-        assert wait_until(lambda c=ckpt: Path(str(c) + ".started").exists(), 20), f"{name} rank {r} never started"
+        started = Path(str(ckpt) + ".started")
+        assert wait_until(started.exists, 20), f"{name} rank {r} never started"
     assert wait_until(lambda: len(list((root / "state" / "heartbeat").glob("rank-*.json"))) == ranks, 20)
     return pod
 
@@ -165,12 +167,14 @@ def kubelet_terminate(pod: Pod, grace_period: int) -> None:
     except subprocess.TimeoutExpired:
         pod.killed = True
     # the runtime removes the container: everything still in it dies
-    for proc in [pod.pid1, *pod.ranks]:
+    # Popen[str] and Popen[bytes]: only pid and wait() are used
+    everything: list[subprocess.Popen[Any]] = [pod.pid1, *pod.ranks]
+    for proc in everything:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-    for proc in [pod.pid1, *pod.ranks]:
+    for proc in everything:
         proc.wait(timeout=10)
     pod.stopped_after = time.monotonic() - start
 

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -81,9 +82,17 @@ class Answer:
 
 
 def decide(
-    pod: SimPod, settings: Path, api: FakeApiServer, monkeypatch: pytest.MonkeyPatch, idle_for: float = 3600, **extra: str
+    pod: SimPod,
+    settings: Path,
+    api: FakeApiServer,
+    monkeypatch: pytest.MonkeyPatch,
+    idle_for: float = 3600,
+    env: Mapping[str, str] | None = None,
+    **extra: str,
 ) -> tuple[str, Any]:
-    """One round of pod 0's decision when nothing was seen for `idle_for` seconds."""
+    """One round of pod 0's decision when nothing was seen for `idle_for` seconds; `env` and `extra`: the agent's
+    environment variables (a mapping in `env`, so that it cannot be mistaken for `idle_for`)."""
+    extra = {**(env or {}), **extra}
     for key, value in pod.env(settings, api, **extra).items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("JUPYTER_TOKEN", raising=False) if "JUPYTER_TOKEN" not in extra else None
@@ -223,7 +232,7 @@ def test_a_failed_probe_counts_as_active(
         broken = Answer(500, {"message": "Internal Server Error"})
         extra["ML_DEV_JUPYTER_URL"] = f"http://{broken.addr}"
     try:
-        outcome, decider = decide(pods[0], settings, api, monkeypatch, **extra)
+        outcome, decider = decide(pods[0], settings, api, monkeypatch, env=extra)
     finally:
         if broken:
             broken.close()
@@ -388,14 +397,14 @@ def test_jupyter_idle_server_polled_by_the_agent_stays_idle(
     # an open terminal in Jupyter is activity ...
     term = jupyter.request("POST", "/api/terminals")
     try:
-        outcome, decider = decide(pod, settings, api, monkeypatch, **env)
+        outcome, decider = decide(pod, settings, api, monkeypatch, env=env)
         assert (outcome, decider.reason) == ("active", f"{APP}-0/jupyter: last activity")
         assert decider.last_reports[0]["signals"][-1]["detail"]["terminals"] >= 1
     finally:
         jupyter.request("DELETE", f"/api/terminals/{term['name']}")
     # ... and once nothing happens for idleTimeout, the environment stops
     time.sleep(2.5)
-    outcome, decider = decide(pod, settings, api, monkeypatch, **env)
+    outcome, decider = decide(pod, settings, api, monkeypatch, env=env)
     assert outcome == "stop", decider.reason
 
 
@@ -496,7 +505,7 @@ def test_the_warning_says_how_to_hook_in(
         "ML_DEV_CHECKPOINT_SIGNAL": "SIGUSR1",
         "ML_DEV_CHECKPOINT_GRACE_SECONDS": "120",
     }
-    outcome, decider = decide(pods[0], settings, api, monkeypatch, idle_for=4, **extra)
+    outcome, decider = decide(pods[0], settings, api, monkeypatch, idle_for=4, env=extra)
     assert outcome == "warn", decider.reason
     text = pods[0].state.joinpath("idle-warning").read_text()
     assert "Each rank of `ml-dev run` then gets SIGUSR1 and 120 s to save a checkpoint: handle that signal" in text

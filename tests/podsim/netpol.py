@@ -147,7 +147,7 @@ def allowed(
     for policy in isolating:
         for rule in policy["spec"].get("ingress") or []:
             peers = rule.get("from")
-            sources: list[str | None] = [None]
+            sources: Sequence[str | None] = [None]
             if peers:
                 sources = sorted({ip for peer in peers for ip in _peer_sources(peer, target.namespace, endpoints)})
             ports = _ports(rule, named)

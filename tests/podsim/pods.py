@@ -95,7 +95,9 @@ CAPABILITY_BITS = {
 
 def capability_mask(status: str, field_name: str = "CapEff") -> set[str]:
     """Capability names set in a /proc/<pid>/status field."""
-    value = int(re.search(rf"^{field_name}:\s*([0-9a-f]+)", status, re.M).group(1), 16)  # type: ignore[union-attr]
+    found = re.search(rf"^{field_name}:\s*([0-9a-f]+)", status, re.M)
+    assert found, f"/proc/<pid>/status has a {field_name} line: {status!r}"
+    value = int(found.group(1), 16)
     return {name for name, bit in CAPABILITY_BITS.items() if value >> bit & 1}
 
 

@@ -105,7 +105,8 @@ def cluster() -> Iterator[PodSim]:
         assert not [x for x in set(leftovers()) - before if f"{PREFIX}{c.run_id}-" in x]
 
 
-def records(c: PodSim) -> dict[int, dict[str, object]]:
+def records(c: PodSim) -> dict[int, dict[str, Any]]:
+    """Each rank's record (JSON written by the training stand-in), by pod index."""
     out = {}
     for pod in c.pods:
         f = pod.path(f"{PROJECT}/out/rank-{pod.index}.json")
@@ -146,8 +147,8 @@ def test_run_starts_every_rank_with_its_rank_env_on_the_same_tree(cluster: Clust
         assert f"[{i}] hello from rank {i} on {naming.pod_name(APP, i)}" in res.stdout
     # the same files, modes and contents on every pod: pod 0's tree without its git-ignored and launcher-ignored paths
     ignored = {"train.log", "scratch/notes.txt"}
-    expected = [f for f in got[0]["files"] if f[0] not in ignored]  # type: ignore[union-attr]
-    assert len(expected) == len(got[0]["files"]) - 2  # type: ignore[arg-type]
+    expected = [f for f in got[0]["files"] if f[0] not in ignored]
+    assert len(expected) == len(got[0]["files"]) - 2
     for i in (1, 2, 3):
         assert got[i]["files"] == expected, i
     assert len({got[i]["tree"] for i in (1, 2, 3)}) == 1
@@ -171,7 +172,7 @@ def test_edits_on_pod0_reach_every_pod_before_launch_20_times(cluster: Cluster) 
         assert sorted(got) == [0, 1, 2, 3], f"repetition {n}"
         assert {rec["version"] for rec in got.values()} == {f"v{n}"}, f"repetition {n}: {got}"
         assert len({got[i]["tree"] for i in (1, 2, 3)}) == 1, f"repetition {n}"
-        assert all(("pkg/extra.py" in [f[0] for f in rec["files"]]) == bool(n % 2) for rec in got.values()), f"repetition {n}"  # type: ignore[union-attr]
+        assert all(("pkg/extra.py" in [f[0] for f in rec["files"]]) == bool(n % 2) for rec in got.values()), f"repetition {n}"
 
 
 def _alive(c: PodSim, index: int, pid: int) -> bool:
@@ -194,7 +195,7 @@ def test_a_failing_rank_stops_every_other_rank_and_is_named(cluster: Cluster) ->
     got = records(cluster)
     assert sorted(got) == [0, 1, 2, 3]
     for i in (0, 1, 3):
-        assert not _alive(cluster, i, int(got[i]["pid"])), f"rank {i} still runs"  # type: ignore[arg-type]
+        assert not _alive(cluster, i, int(got[i]["pid"])), f"rank {i} still runs"
 
 
 def test_ctrl_c_stops_every_rank(cluster: Cluster) -> None:
@@ -213,7 +214,7 @@ def test_ctrl_c_stops_every_rank(cluster: Cluster) -> None:
     assert proc.returncode == 130, out
     assert "interrupted; stopping every rank" in out
     for i, rec in got.items():
-        assert not _alive(cluster, i, int(rec["pid"])), f"rank {i} still runs"  # type: ignore[arg-type]
+        assert not _alive(cluster, i, int(rec["pid"])), f"rank {i} still runs"
     assert not list(cluster.pods[0].path(f"{STATE}/heartbeat").glob("run-*.json"))
 
 
@@ -508,7 +509,9 @@ def _dap_read(sock: socket.socket, buf: bytearray) -> dict[str, object]:
     while b"\r\n\r\n" not in buf:
         buf += sock.recv(65536)
     head, _, rest = bytes(buf).partition(b"\r\n\r\n")
-    size = int(re.search(rb"Content-Length: (\d+)", head).group(1))  # type: ignore[union-attr]
+    length = re.search(rb"Content-Length: (\d+)", head)
+    assert length, f"a DAP message starts with a Content-Length header: {head!r}"
+    size = int(length.group(1))
     while len(rest) < size:
         rest += sock.recv(65536)
     buf[:] = rest[size:]

@@ -93,7 +93,7 @@ def sim(request: pytest.FixtureRequest) -> Iterator[PodSim]:
 
 def rendered_main(s: PodSim) -> dict[str, Any]:
     """An independent reading of the rendered StatefulSet: the first container of the pod template."""
-    return s.statefulset["spec"]["template"]["spec"]["containers"][0]  # type: ignore[no-any-return]
+    return s.statefulset["spec"]["template"]["spec"]["containers"][0]
 
 
 def test_environ_and_mounts_are_the_rendered_ones(sim: PodSim) -> None:
@@ -196,7 +196,9 @@ def test_capabilities_are_what_admission_gives(sim: PodSim) -> None:
     status = Path(f"/proc/{sim.pods[1].pid}/status").read_text()
     caps = capability_mask(status)
     assert caps == set(sim.identity.capabilities) & set(CAPABILITY_BITS)
-    uid = int(re.search(r"^Uid:\s+(\d+)", status, re.M).group(1))  # type: ignore[union-attr]
+    uid_line = re.search(r"^Uid:\s+(\d+)", status, re.M)
+    assert uid_line, f"/proc/<pid>/status has a Uid line: {status!r}"
+    uid = int(uid_line.group(1))
     assert uid == sim.identity.uid
     if sim.identity.scc == "restricted-v2":
         assert caps == set() and "NoNewPrivs:\t1" in status and uid >= 1000000000

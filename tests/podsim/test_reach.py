@@ -212,7 +212,7 @@ def test_no_listener_of_ours_binds_a_wildcard_and_each_is_named(env: Env) -> Non
         ours = [x for x in found if x.ours]
         assert not [x for x in ours if x.host in WILDCARDS], ours
         assert {x.host for x in ours} <= {pod.ip, "127.0.0.1"}, ours
-        by = {(x.name, x.port): set() for x in ours}
+        by: dict[tuple[str, int], set[str]] = {(x.name, x.port): set() for x in ours}
         for x in ours:
             by[(x.name, x.port)].add(x.host)
         assert by[("sshd", 2222)] == {pod.ip, "127.0.0.1"}

@@ -151,7 +151,11 @@ def one_trial(result: Any, trial: int, sims: list[PodSim], stop: tuple[int, ...]
             out, _ = launcher.communicate(timeout=30)
             for i in set(range(2)) - set(stop):  # a pod that stays: its rank was stopped by the launcher's end
                 ckpt = sim.pods[i].path(f"{PROJECT}/ckpt")
-                wait_for(f"trial {trial}: rank {i} saved", lambda c=ckpt, i=i: list(c.glob(f"step*-rank{i}.txt")), GRACE + 10)
+
+                def saved_checkpoints(c: Path = ckpt, i: int = i) -> list[Path]:
+                    return list(c.glob(f"step*-rank{i}.txt"))
+
+                wait_for(f"trial {trial}: rank {i} saved", saved_checkpoints, GRACE + 10)
         finally:
             if launcher.poll() is None:
                 launcher.kill()

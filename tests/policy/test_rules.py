@@ -242,7 +242,9 @@ def test_restricted_scc_grants_no_capabilities() -> None:
 
 
 def test_net_bind_service_and_dropped_caps_need_nothing() -> None:
-    ctx = {"securityContext": {"capabilities": {"add": ["NET_BIND_SERVICE"], "drop": ["ALL"]}, "allowPrivilegeEscalation": False}}
+    ctx: dict[str, Any] = {
+        "securityContext": {"capabilities": {"add": ["NET_BIND_SERVICE"], "drop": ["ALL"]}, "allowPrivilegeEscalation": False}
+    }
     assert run("privileges-require-scc-binding", rdma_pod(**ctx)) == []
 
 

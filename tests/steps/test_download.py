@@ -14,7 +14,7 @@ import pytest
 from boto3.s3.transfer import TransferConfig
 
 from tests.fixtures.hf_hub import FakeHub, run_hub
-from tests.fixtures.proxy import run_proxy
+from tests.fixtures.proxy import FaultKind, run_proxy
 from tests.fixtures.s3 import S3Server
 from tests.steps.conftest import StepRunner
 
@@ -93,7 +93,7 @@ def test_tekton_style_arguments(tmp_path: Path, run_step: StepRunner, s3: S3Serv
     ],
 )
 def test_corrupt_or_partial_download_fails_cleanly(
-    tmp_path: Path, run_step: StepRunner, s3: S3Server, fault: str, store_checksums: bool
+    tmp_path: Path, run_step: StepRunner, s3: S3Server, fault: FaultKind, store_checksums: bool
 ) -> None:
     bucket = f"bad-{fault.split('_')[0]}-{'crc' if store_checksums else 'etag'}"
     put_files(s3, bucket, {"m/weights.bin": os.urandom(2 * MiB)}, store_checksums=store_checksums)

@@ -14,7 +14,7 @@ import pytest
 from tests.fixtures.images import pull
 from tests.fixtures.registry import Registry
 from tests.fixtures.s3 import S3Server
-from tests.steps.conftest import StepRunner, needs_registry, needs_skopeo, write_model
+from tests.steps.conftest import StepRun, StepRunner, needs_registry, needs_skopeo, write_model
 from tests.steps.test_download import put_files, s3_args
 from tests.steps.test_package import assert_image_holds, package_args
 
@@ -45,11 +45,11 @@ def full_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", str(mount)], check=True)
 
 
-def assert_one_line(step: object, *parts: str) -> None:
-    assert step.returncode == 1, step.stderr  # type: ignore[attr-defined]
-    assert "Traceback" not in step.stderr, step.stderr  # type: ignore[attr-defined]
+def assert_one_line(step: StepRun, *parts: str) -> None:
+    assert step.returncode == 1, step.stderr
+    assert "Traceback" not in step.stderr, step.stderr
     for part in parts:
-        assert part in step.error, step.error  # type: ignore[attr-defined]
+        assert part in step.error, step.error
 
 
 def test_download_into_a_full_disk(tmp_path: Path, run_step: StepRunner, s3: S3Server, full_disk: Path) -> None:

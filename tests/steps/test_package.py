@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.images import pull
-from tests.fixtures.proxy import HttpProxy
+from tests.fixtures.proxy import FaultKind, HttpProxy
 from tests.fixtures.registry import Registry
 from tests.steps.conftest import StepRunner, needs_registry, needs_skopeo, write_model
 
@@ -319,7 +319,7 @@ def test_stored_chunk_without_its_answer_on_distribution(
     base_image: str,
     model_dir: Model,
     repo_name: str,
-    kind: str,
+    kind: FaultKind,
 ) -> None:
     """distribution keeps the upload offset in the signed `_state` of each answer's Location and
     cancels a session asked about with an older one (registry/handlers/blobupload.go,

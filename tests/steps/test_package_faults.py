@@ -77,7 +77,7 @@ def test_retry_after_a_failure_resends_at_most_one_chunk(
     if mode == "stream":
         files = {rel: os.urandom(size) for rel, size in SHARDS.items()}
         upload(s3, f"resume-{os.getpid()}", {f"m/{k}": v for k, v in files.items()})
-        source = ["--source", f"s3://resume-{os.getpid()}/m", "--s3-endpoint-url", s3.endpoint]
+        source: list[str | Path] = ["--source", f"s3://resume-{os.getpid()}/m", "--s3-endpoint-url", s3.endpoint]
         env = s3.env()
     else:
         model = tmp_path / "claim" / "models"
@@ -167,7 +167,9 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
         while remaining > 0:
             remaining -= len(self.rfile.read(min(remaining, 1 << 20)))
         self.seen.append((self.command, self.path, self.headers.get("Authorization") or ""))
-        host, port = self.server.server_address[:2]
+        address = self.server.server_address
+        assert isinstance(address, tuple), f"a TCP server has a (host, port) address, not {address!r}"
+        host, port = address[:2]
         self.send_response(401)
         self.send_header("WWW-Authenticate", f'Bearer realm="http://{host!s}:{port}/token",service="hostile"')
         self.send_header("Content-Length", "0")

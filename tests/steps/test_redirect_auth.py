@@ -19,11 +19,20 @@ Deployed = Callable[[str], types.ModuleType]
 BLOB = b"weights" * 1000
 
 
+class _SeenServer(http.server.ThreadingHTTPServer):
+    """An HTTP server that keeps the Authorization header of every request it answered."""
+
+    seen: list[str | None]
+
+    def __init__(self, address: tuple[str, int], handler: type[http.server.BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self.seen = []
+
+
 class _Server:
     def __init__(self, handler: type[http.server.BaseHTTPRequestHandler]) -> None:
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self.seen: list[str | None] = []
-        self.httpd.seen = self.seen  # type: ignore[attr-defined]
+        self.httpd = _SeenServer(("127.0.0.1", 0), handler)
+        self.seen = self.httpd.seen
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
 
@@ -41,12 +50,17 @@ class _Quiet(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args: object) -> None:
         pass
 
+    def saw(self, authorization: str | None) -> None:
+        """Records the request's Authorization header on the server."""
+        assert isinstance(self.server, _SeenServer), f"served by a _SeenServer, not {self.server!r}"
+        self.server.seen.append(authorization)
+
 
 @pytest.fixture
 def servers() -> Iterator[tuple[_Server, _Server]]:
     class Storage(_Quiet):
         def do_GET(self) -> None:
-            self.server.seen.append(self.headers.get("Authorization"))  # type: ignore[attr-defined]
+            self.saw(self.headers.get("Authorization"))
             self.send_response(200)
             self.send_header("Content-Length", str(len(BLOB)))
             self.end_headers()
@@ -56,7 +70,7 @@ def servers() -> Iterator[tuple[_Server, _Server]]:
 
     class Registry(_Quiet):
         def do_GET(self) -> None:
-            self.server.seen.append(self.headers.get("Authorization"))  # type: ignore[attr-defined]
+            self.saw(self.headers.get("Authorization"))
             self.send_response(307)
             self.send_header("Location", f"{storage.url}/bucket/blob?X-Amz-Signature=signed")
             self.send_header("Content-Length", "0")

@@ -1,0 +1,1 @@
+"""Benchmarks (make bench-package, make bench-launch): medians and spreads, never timed tests."""
