@@ -79,6 +79,7 @@ class Result:
     cpu_user: float = 0.0  # the pushing process (ours: the step; raw: this benchmark's sending threads)
     cpu_sys: float = 0.0
     registry_cpu: float = 0.0  # docker-registry's own user + system seconds during the run
+    source_cpu: float = 0.0  # the moto S3 server's user + system seconds during the run (s3read, relay2, stream2)
 
     def rate(self, model_bytes: int) -> float:
         return model_bytes / self.seconds / 1e6
@@ -207,6 +208,11 @@ def moto_pid(endpoint: str) -> int:
             if b"moto.server" in args and port in args:
                 return int(entry.name)
     raise SystemExit(f"cannot find the moto process for {endpoint}")
+
+
+def source_cpu(env: Env) -> float:
+    """CPU seconds the moto S3 server has used so far (0 without one)."""
+    return process_cpu(moto_pid(env.s3.endpoint)) if env.s3 is not None else 0.0
 
 
 def split_cpus(how: str) -> tuple[set[int] | None, set[int] | None]:
@@ -411,14 +417,14 @@ def approach_s3read(env: Env, name: str, streams: int = 2) -> Result:
         finally:
             conn.close()
 
-    before = resource.getrusage(resource.RUSAGE_SELF)
+    source, before = source_cpu(env), resource.getrusage(resource.RUSAGE_SELF)
     started = time.monotonic()
     with ThreadPoolExecutor(max_workers=streams, initializer=pinned(env.cpus)) as pool:
         for future in [pool.submit(read, p) for p in sorted(env.files, key=lambda p: -p.stat().st_size)]:
             future.result()
     seconds = time.monotonic() - started
     after = resource.getrusage(resource.RUSAGE_SELF)
-    return Result(name, seconds, 0, 0, after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime)
+    return Result(name, seconds, 0, 0, after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime, 0.0, source_cpu(env) - source)
 
 
 def relay_blob(env: Env, registry: Registry, repo: str, path: Path) -> None:
@@ -458,7 +464,7 @@ def relay_blob(env: Env, registry: Registry, repo: str, path: Path) -> None:
 def approach_relay(env: Env, name: str, streams: int = 2) -> Result:
     with fresh_registry(env, name, with_base=False) as (registry, _):
         server = registry_pid(registry)
-        server_cpu, before = process_cpu(server), resource.getrusage(resource.RUSAGE_SELF)
+        server_cpu, source, before = process_cpu(server), source_cpu(env), resource.getrusage(resource.RUSAGE_SELF)
         started = time.monotonic()
         with ThreadPoolExecutor(max_workers=streams, initializer=pinned(env.cpus)) as pool:
             order = sorted(env.files, key=lambda p: -p.stat().st_size)
@@ -467,7 +473,9 @@ def approach_relay(env: Env, name: str, streams: int = 2) -> Result:
         seconds = time.monotonic() - started
         after = resource.getrusage(resource.RUSAGE_SELF)
         registry_cpu = process_cpu(server) - server_cpu
-    return Result(name, seconds, 0, 0, after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime, registry_cpu)
+    return Result(
+        name, seconds, 0, 0, after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime, registry_cpu, source_cpu(env) - source
+    )
 
 
 def baseline_tree(ref: str, into: Path) -> Path:
@@ -497,13 +505,13 @@ def approach_stream(env: Env, name: str, jobs: int = 2, baseline: bool = False) 
         cmd += ["--image", f"{registry.host}/bench/{name}:v1", "--base-image", base, "--authfile", str(authfile), "--plain-http"]
         cmd += ["--progress-interval", "10", "--jobs", str(jobs)]
         server = registry_pid(registry)
-        server_cpu = process_cpu(server)
+        server_cpu, source = process_cpu(server), source_cpu(env)
         with ScratchSampler([tmp]) as sampler:
             started = time.monotonic()
             run(name, cmd, env={**env.s3.env(), "TMPDIR": str(tmp)})
             seconds = time.monotonic() - started
         registry_cpu = process_cpu(server) - server_cpu
-    return Result(name, seconds, sampler.peak, run.peak_rss, run.cpu_user, run.cpu_sys, registry_cpu)
+    return Result(name, seconds, sampler.peak, run.peak_rss, run.cpu_user, run.cpu_sys, registry_cpu, source_cpu(env) - source)
 
 
 def approach_buildah(env: Env, name: str) -> Result:
@@ -611,14 +619,17 @@ def report(results: list[Result], model_bytes: int, size_label: str, floor: floa
     lines += [
         "",
         "CPU per approach (median user + system CPU seconds of the pushing process — raw: the sending threads, "
-        "s3read: the reading threads, relay2: the relaying threads — per GiB of model; the registry's own CPU is apart):",
+        "s3read: the reading threads, relay2: the relaying threads — per GiB of model; the registry's and the S3 server's own CPU "
+        "are apart):",
         "",
     ]
     for key, runs in by.items():
         cpu = median([r.cpu_user + r.cpu_sys for r in runs]) / gib
         goal = f" (goal ≤ {GOALS[key]})" if key in GOALS else ""
+        source = median([r.source_cpu for r in runs]) / gib
         lines.append(f"* {key}: cpu: {cpu:.2f} CPU-s/GiB = {cpu / floor:.2f} × sha256 floor ({floor:.2f} CPU-s/GiB in this run){goal}; "
-                     f"registry process {median([r.registry_cpu for r in runs]) / gib:.2f} CPU-s/GiB")  # fmt: skip
+                     f"registry process {median([r.registry_cpu for r in runs]) / gib:.2f} CPU-s/GiB"
+                     + (f", S3 server {source:.2f} CPU-s/GiB" if source else ""))  # fmt: skip
     lines.append("")
     for key in ("ours1", "ours2"):
         reference = APPROACHES[key][2]
@@ -741,7 +752,8 @@ def main() -> None:
                 result = APPROACHES[name][1](env, slug)
                 result.name = name
                 print(f"  {result.seconds:.1f}s, {result.rate(model_bytes):.0f} MB/s, CPU {result.cpu_user:.1f}+{result.cpu_sys:.1f}s, "
-                      f"registry CPU {result.registry_cpu:.1f}s, peak scratch {human(result.peak_scratch)}", flush=True)  # fmt: skip
+                      f"registry CPU {result.registry_cpu:.1f}s, S3 CPU {result.source_cpu:.1f}s, "
+                      f"peak scratch {human(result.peak_scratch)}", flush=True)  # fmt: skip
                 results.append(result)
                 shutil.rmtree(args.workdir / slug, ignore_errors=True)
             with ThreadPoolExecutor(max_workers=1, initializer=pinned(env.cpus)) as pool:  # on the packager's CPUs

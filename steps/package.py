@@ -541,16 +541,81 @@ class SourceHasher:
             )
 
 
-def _framed(layout: LayerLayout, body: Reader) -> Reader:
-    """The layer's bytes [offset, end): tar header, `body(file start, file end)` (one ranged read of just
-    the file bytes the chunk needs), padding."""
+class Continued:
+    """Ranged reads of one source object served by one open GET, from the first read's offset to the object's end,
+    for as long as each read starts where the last one stopped: the chunks of one upload cost one request, not one
+    per chunk (no first-byte wait between chunks; moto, which reads the whole object for every ranged GET
+    (moto/s3/responses.py `_handle_range_header` slices `key.value`), reads it once). A read that starts elsewhere (a
+    resume) opens a new GET from there. A GET that breaks (or ends early) after giving bytes is replaced by one from
+    the byte it stopped at, inside the same read: the registry's request in flight never sees it, so a source hiccup
+    costs no re-sent chunk (on distribution, a half-sent chunk costs the whole session). The bytes are the same
+    object's (If-Match: the listed ETag). `close()` ends the open GET."""
 
-    def read(offset: int, end: int) -> Iterator[memoryview]:
+    def __init__(self, open_from: Callable[[int], Iterator[memoryview]], size: int, what: str) -> None:
+        self.open_from, self.size, self.what = open_from, size, what
+        self.pieces: Iterator[memoryview] | None = None
+        self.pos = 0  # the offset the open GET's next byte has
+        self.rest: memoryview | None = None  # bytes of the last piece beyond the last read (valid until the next piece)
+        self.requests = 0
+
+    def __call__(self, start: int, stop: int) -> Iterator[memoryview]:
+        fresh = -1  # the offset of a GET opened by this read that has not yet given a byte
+        if self.pieces is None or self.pos != start:
+            self._open(start)
+            fresh = start
+        try:
+            while self.pos < stop:
+                piece = self.rest
+                self.rest = None
+                if piece is None:
+                    try:
+                        piece = next(self.pieces, None)  # type: ignore[arg-type]
+                        if piece is None:
+                            raise TransientError(f"{self.what}: the source ended at byte {self.pos}, before byte {stop}")
+                    except TransientError as exc:
+                        if fresh == self.pos:  # a GET opened here broke before its first byte: the upload's retries decide
+                            raise
+                        log(f"{self.what}: the source's GET broke at byte {self.pos} ({exc}); reading on with a new GET from there")
+                        self._open(self.pos)
+                        fresh = self.pos
+                        continue
+                take = min(len(piece), stop - self.pos)
+                if take < len(piece):
+                    self.rest = piece[take:]
+                self.pos += take
+                yield piece[:take]
+        except BaseException as exc:
+            if not isinstance(exc, GeneratorExit):  # a consumer that stops early leaves the GET where it is
+                self.close()
+            raise
+        if self.pos >= self.size:
+            self.close()
+
+    def _open(self, start: int) -> None:
+        self.close()
+        self.pieces, self.pos, self.rest = self.open_from(start), start, None
+        self.requests += 1
+
+    def close(self) -> None:
+        pieces, self.pieces, self.rest = self.pieces, None, None
+        if pieces is not None:
+            getattr(pieces, "close", lambda: None)()
+
+
+class FramedReader:
+    """The layer's bytes [offset, end) of a streamed file: tar header, the file bytes the chunk needs from the source
+    (`Continued`: one GET goes on from chunk to chunk), padding. `close()` ends the source's open GET."""
+
+    def __init__(self, layout: LayerLayout, body: Continued) -> None:
+        self.layout, self.body = layout, body
+
+    def __call__(self, offset: int, end: int) -> Iterator[memoryview]:
+        layout = self.layout
         head_len, size = len(layout.head), layout.file_size
         start, stop = max(offset - head_len, 0), min(max(end - head_len, 0), size)
         # The source answers before the first piece is yielded: a 404 or refusal fails before a PATCH is sent
         # (a half-sent chunk leaves distribution a session it can neither resume nor cancel).
-        pieces = body(start, stop) if start < stop else None
+        pieces = self.body(start, stop) if start < stop else None
         first = next(pieces, None) if pieces is not None else None
         if offset < head_len:
             yield memoryview(layout.head)[offset:]
@@ -562,7 +627,8 @@ def _framed(layout: LayerLayout, body: Reader) -> Reader:
             offset = head_len + size
         yield memoryview(layout.tail)[offset - head_len - size :]
 
-    return read
+    def close(self) -> None:
+        self.body.close()
 
 
 @dataclass
@@ -610,15 +676,15 @@ class S3Source:
         if not self.objects:
             raise StepError(f"no objects to package under {where}", EXIT_NOT_FOUND)
 
-    def reader(self, rel: str, layout: LayerLayout) -> Reader:
+    def reader(self, rel: str, layout: LayerLayout) -> FramedReader:
         """Signed (botocore/auth.py S3SigV4Auth.add_auth) ranged GETs into one buffer; If-Match the listed ETag."""
         from botocore.auth import S3SigV4Auth
         from botocore.awsrequest import AWSRequest
 
         obj, where = self.objects[rel], f"GET s3://{self.bucket}/{self.objects[rel].key}"
 
-        def body(start: int, stop: int) -> Iterator[memoryview]:
-            headers = {"Range": f"bytes={start}-{stop - 1}", "If-Match": f'"{obj.etag}"'}
+        def body(start: int) -> Iterator[memoryview]:
+            headers = {"Range": f"bytes={start}-{obj.expected.size - 1}", "If-Match": f'"{obj.etag}"'}
             req = AWSRequest("GET", f"{self.client.meta.endpoint_url}/{self.bucket}/{urllib.parse.quote(obj.key)}", headers)
             S3SigV4Auth(self.session.get_credentials().get_frozen_credentials(), "s3", self.client.meta.region_name).add_auth(req)
             url = urllib.parse.urlsplit(req.url)
@@ -642,7 +708,7 @@ class S3Source:
             finally:
                 conn.close()
 
-        return _framed(layout, body)
+        return FramedReader(layout, Continued(body, obj.expected.size, rel))
 
     def tag(self, rel: str) -> str:
         """What identifies the source bytes of `rel` (recorded as a layer annotation, compared on re-runs)."""
@@ -690,13 +756,15 @@ class HfSource:
             expected = Expected(entry.size, "sha256", lfs.sha256) if lfs else Expected(entry.size, "git-sha1", entry.blob_id)
             self.objects[rel] = S3Object(rel, expected, expected.value)
 
-    def reader(self, rel: str, layout: LayerLayout) -> Reader:
+    def reader(self, rel: str, layout: LayerLayout) -> FramedReader:
         from huggingface_hub.utils import get_session
 
         url = f"{self.endpoint}/{self.repo_id}/resolve/{self.commit}/{urllib.parse.quote(rel)}"
 
-        def body(start: int, stop: int) -> Iterator[memoryview]:
-            headers = {"Range": f"bytes={start}-{stop - 1}", "Accept-Encoding": "identity"}
+        size = self.objects[rel].expected.size
+
+        def body(start: int) -> Iterator[memoryview]:
+            headers = {"Range": f"bytes={start}-{size - 1}", "Accept-Encoding": "identity"}
             if self.token:
                 headers["Authorization"] = f"Bearer {self.token}"
             try:
@@ -716,7 +784,7 @@ class HfSource:
             except Exception as exc:  # httpx's transport errors (not pinned here: huggingface_hub's dependency)
                 raise TransientError(f"reading hf://{self.repo_id}/{rel}: {type(exc).__name__}: {exc}") from exc
 
-        return _framed(layout, body)
+        return FramedReader(layout, Continued(body, size, rel))
 
     def tag(self, rel: str) -> str:
         return f"hf:{self.commit}:{self.objects[rel].expected.value}"
@@ -1190,14 +1258,19 @@ def package(
         resume = earlier if earlier and earlier.get("source") == tag else None
         expected = s3.objects[rel].expected
         begun = time.monotonic()
-        digest = pusher.push(
-            rel, layout.size, s3.reader(rel, layout), resume=resume,
-            on_state=lambda state: record.upload_state(rel, tag, state),
-            new_hasher=lambda: SourceHasher(len(layout.head), expected), check=lambda state: state.verify(rel),
-        )  # fmt: skip
+        reader = s3.reader(rel, layout)
+        try:
+            digest = pusher.push(
+                rel, layout.size, reader, resume=resume,
+                on_state=lambda state: record.upload_state(rel, tag, state),
+                new_hasher=lambda: SourceHasher(len(layout.head), expected), check=lambda state: state.verify(rel),
+            )  # fmt: skip
+        finally:
+            reader.close()
         record.layer_done(rel, digest, layout.size, tag)
         secs = time.monotonic() - begun
-        log(f"{rel}: streamed {human(layout.size)} as {digest[:19]} in {secs:.1f}s, source {expected.describe()} verified")
+        gets = f", {reader.body.requests} GETs" if reader.body.requests > 1 else ""
+        log(f"{rel}: streamed {human(layout.size)} as {digest[:19]} in {secs:.1f}s, source {expected.describe()} verified{gets}")
         return rel, digest, layout.size
 
     # Largest files first keeps the parallel uploads busy until the end.

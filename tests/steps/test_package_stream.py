@@ -66,27 +66,39 @@ def test_streams_from_s3_verifies_and_reruns_skip(
     assert quay_proxy.count("PATCH") == 0
 
 
-def test_each_chunk_reads_only_its_own_bytes_from_s3(
+def test_one_get_per_file_goes_on_from_chunk_to_chunk(
     tmp_path: Path, run_step: StepRunner, s3: S3Server, quay: Registry, quay_proxy: HttpProxy, base_image: str, repo_name: str
 ) -> None:
-    """A chunked upload asks S3 for each chunk's file bytes only: the ranges requested add up to the file, not more
-    (a GET to the object's end per chunk read 385 MiB for a 300 MiB model)."""
+    """A chunked upload reads each file with one ranged GET that goes on from chunk to chunk: S3 is asked for the
+    file's bytes once (a GET per chunk made moto read the whole object per chunk). A GET that breaks in the middle
+    of a chunk is replaced by one from the byte it stopped at, inside the same PATCH: no retry, no new session."""
     size = 9 * MiB + 5
-    upload(s3, "ranges", {"m/model.safetensors": os.urandom(size), "m/config.json": b"{}"})
+    model = os.urandom(size)
+    upload(s3, "ranges", {"m/model.safetensors": model, "m/config.json": b"{}"})
     with run_proxy(int(s3.endpoint.rsplit(":", 1)[1])) as s3_proxy:
         args = stream_args(
             tmp_path, quay, quay_proxy.host, via(quay_proxy, quay, base_image), repo_name, "ranges", f"http://{s3_proxy.host}"
         )
         step = run_step("package", *args, env=s3.env())
+        assert step.returncode == 0, step.stderr
         ranges = [value for path, value in s3_proxy.ranges if path.endswith("/model.safetensors")]
-    assert step.returncode == 0, step.stderr
-    spans = []
-    for value in ranges:
-        first, _, last = value.removeprefix("bytes=").partition("-")
-        spans.append((int(first), int(last)))
-    assert len(spans) >= 4, f"a 9 MiB file in 2 MiB chunks is read in several ranged GETs: {ranges}"
-    assert sum(last - first + 1 for first, last in spans) == size, ranges
-    assert sorted(spans)[0][0] == 0 and max(last for _, last in spans) == size - 1
+        assert ranges == [f"bytes=0-{size - 1}"], ranges
+        assert quay_proxy.count("PATCH") >= 5 + 1, "the 9 MiB layer went in 2 MiB chunks (+ config.json)"
+        sessions = quay_proxy.count("POST", "/blobs/uploads/")
+
+        s3_proxy.reset()
+        quay_proxy.reset()
+        broken = 3 * MiB  # inside the second 2 MiB chunk
+        s3_proxy.add_fault("truncate_response", "GET", "/model.safetensors", at=broken)
+        step = run_step("package", *args[:5], f"{quay_proxy.host}/{repo_name}-again:v1", *args[6:], env=s3.env())
+        assert step.returncode == 0, step.stderr
+        assert s3_proxy.fired
+        ranges = [value for path, value in s3_proxy.ranges if path.endswith("/model.safetensors")]
+    assert ranges == [f"bytes=0-{size - 1}", f"bytes={broken}-{size - 1}"], ranges
+    assert f"model.safetensors: the source's GET broke at byte {broken} (" in step.stdout
+    assert "retry" not in step.stdout and "new session" not in step.stdout and "2 GETs" in step.stdout
+    assert quay_proxy.count("POST", "/blobs/uploads/") == sessions, "no upload session more than without the fault"
+    assert_image_holds(quay, f"{quay.host}/{repo_name}-again:v1", {"model.safetensors": model, "config.json": b"{}"}, tmp_path / "p")
 
 
 @pytest.mark.parametrize(
