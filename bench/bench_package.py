@@ -25,11 +25,12 @@ approaches are interleaved (round-robin, `--repeat` rounds, default 3), so drift
 (page cache, other load) hits all of them alike; the report shows the median, the spread (min–max)
 and the per-run values. CPU per approach (medians): `cpu: <x> CPU-s/GiB = <r> × sha256 floor (<f> CPU-s/GiB
 in this run)` for the pushing process (user + system), where the floor is SHA-256 of the model's own bytes
-in one process (memory-mapped, no copy), measured every round on the packager's CPUs; and the registry
-process's CPU. With `--pin auto` (default) the registry and the S3 server run on the upper half of the
-CPUs and the packager (raw: the sending threads; s3read: the reading threads) on the lower half — on a
-2-CPU machine one core each — so the servers never share the packager's cores; the report names the
-split and the load average at start and end. Each run gets a fresh registry storage and
+in one process (memory-mapped, no copy), measured every round on the packager's CPUs; and the registry's and
+the S3 server's CPU. With `--pin auto` (default) the packager (raw: the sending threads; s3read: the reading
+threads), the registry and the S3 server each run on a third of the CPUs; on a 2-CPU machine the packager
+gets one and the two servers share the other (so a relay there takes the sum of their work, not the
+larger); no server ever shares the packager's cores. The report names the split and the load average at
+start and end. Each run gets a fresh registry storage and
 repository. A sampler polls the disk usage of the approach's scratch locations every 0.2 s; "peak
 scratch" is the largest growth seen (node-ephemeral space needed besides the model directory).
 """
@@ -215,14 +216,18 @@ def source_cpu(env: Env) -> float:
     return process_cpu(moto_pid(env.s3.endpoint)) if env.s3 is not None else 0.0
 
 
-def split_cpus(how: str) -> tuple[set[int] | None, set[int] | None]:
-    """(packager CPUs, server CPUs): `auto` gives the servers (registry, S3) the upper half of this process's CPUs
-    and the packager (or the raw sender, or the source reader) the lower half; `none` pins nothing."""
-    mine = sorted(os.sched_getaffinity(0))
+def split_cpus(how: str, cpus: list[int] | None = None) -> tuple[set[int] | None, set[int] | None, set[int] | None]:
+    """(packager CPUs, registry CPUs, S3 server CPUs). `auto` with three or more CPUs gives each of the three its own
+    third (the packager the first, the S3 server the last; a 16-CPU machine: 5, 5, 6), so neither server shares a
+    core with the packager nor with the other; with two the registry and the S3 server share the upper CPU (they
+    then cannot run at once: a relay takes the sum of their times, not the larger). `none` pins nothing."""
+    mine = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
     if how == "none" or len(mine) < 2:
-        return None, None
-    half = len(mine) // 2
-    return set(mine[:half]), set(mine[half:])
+        return None, None, None
+    if len(mine) == 2:
+        return {mine[0]}, {mine[1]}, {mine[1]}
+    third = len(mine) // 3
+    return set(mine[:third]), set(mine[third : 2 * third]), set(mine[2 * third :])
 
 
 class Runner:
@@ -339,7 +344,8 @@ class Env:
     digests: dict[Path, str]
     s3: S3Server | None = None  # moto S3 holding the same model under s3://bench/m/ (streaming approaches)
     cpus: set[int] | None = None  # where the packager (raw: the sending threads; s3read: the readers) runs
-    server_cpus: set[int] | None = None  # where the registry and the S3 server run (never the packager's)
+    server_cpus: set[int] | None = None  # where the registry runs (never the packager's CPUs)
+    source_cpus: set[int] | None = None  # where the S3 server runs (never the packager's; the registry's only on 2 CPUs)
     baseline: Path | None = None  # another revision's steps tree (--baseline REF), for basestream2
 
 
@@ -701,8 +707,9 @@ def main() -> None:
         "--pin",
         choices=("auto", "none"),
         default="auto",
-        help="auto: registry and S3 server on the upper half of the CPUs, the packager (raw sender, source reader) on "
-        "the lower half, so the servers never share the packager's cores (sched_setaffinity, like taskset)",
+        help="auto: the packager (raw sender, source reader), the registry and the S3 server on a third of the CPUs each "
+        "(on 2 CPUs: the packager on one, both servers on the other), so no server shares the packager's cores "
+        "(sched_setaffinity, like taskset)",
     )
     args = p.parse_args()
     size = parse_size(args.size)
@@ -727,7 +734,7 @@ def main() -> None:
     try:
         print(f"generating a {args.size} model ({shards} shards + 4 JSON files) in {args.workdir / 'model'} ...", flush=True)
         env = Env(args.workdir, args.workdir / "model" / "models", [], args.workdir / "logs", {})
-        env.cpus, env.server_cpus = split_cpus(args.pin)
+        env.cpus, env.server_cpus, env.source_cpus = split_cpus(args.pin)
         if args.baseline:
             env.baseline = baseline_tree(args.baseline, args.workdir / "baseline")
         if env.server_cpus:  # this process (its monitoring threads) and the servers it starts: the servers' CPUs
@@ -739,6 +746,7 @@ def main() -> None:
         if any(n in ("s3read", "relay2", "stream2", "basestream2") for n in names):
             print("starting moto S3 and uploading the model to s3://bench/m/ (untimed) ...", flush=True)
             env.s3 = stack.enter_context(run_s3())
+            pin(moto_pid(env.s3.endpoint), env.source_cpus)
             client = env.s3.client()
             client.create_bucket(Bucket="bench")
             for path in env.files:
@@ -759,8 +767,11 @@ def main() -> None:
             with ThreadPoolExecutor(max_workers=1, initializer=pinned(env.cpus)) as pool:  # on the packager's CPUs
                 floors.append(pool.submit(sha256_floor, env.files).result())
             print(f"  sha256 floor: {floors[-1]:.3f} CPU-s/GiB", flush=True)
-        pinning = (f"packager / raw sender / source reader on CPUs {sorted(env.cpus)}, registry and S3 server on CPUs "
-                   f"{sorted(env.server_cpus)} (sched_setaffinity)" if env.cpus and env.server_cpus else "no CPU pinning")  # fmt: skip
+        pinning = "no CPU pinning"
+        if env.cpus and env.server_cpus and env.source_cpus:
+            servers = (f"registry and S3 server on CPUs {sorted(env.server_cpus)}" if env.server_cpus == env.source_cpus else
+                       f"registry on CPUs {sorted(env.server_cpus)}, S3 server on CPUs {sorted(env.source_cpus)}")  # fmt: skip
+            pinning = f"packager / raw sender / source reader on CPUs {sorted(env.cpus)}, {servers} (sched_setaffinity)"
         setup = (f"load average (1/5/15 min) {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} at the start, "
                  "{:.1f}/{:.1f}/{:.1f} at the end; ".format(*os.getloadavg()) + pinning)  # fmt: skip
         md = write_report(args.out, args.size, model_bytes, floors, args.repeat, results, setup)

@@ -54,3 +54,18 @@ def test_package_report_writes_the_plot_beside_the_table(tmp_path: Path) -> None
     text = md.read_text()
     assert f"]({stem}.svg)" in text, "the report links its plot by the name beside it"
     assert all(title in text for title in titles), "the table has a row per approach"
+
+
+def test_package_benchmark_keeps_the_servers_off_the_packagers_cores() -> None:
+    """`--pin auto`: with three or more CPUs the packager, the registry and the S3 server each get CPUs of their own
+    (the issue's condition for the streaming wall-time goal); with two the servers share the one the packager has
+    not; `none` pins nothing."""
+    packager, registry, source = bench_package.split_cpus("auto", list(range(16)))
+    assert packager and registry and source
+    assert (len(packager), len(registry), len(source)) == (5, 5, 6)
+    assert not (packager & registry or packager & source or registry & source)
+    assert packager | registry | source == set(range(16))
+    assert bench_package.split_cpus("auto", [0, 1]) == ({0}, {1}, {1})
+    assert bench_package.split_cpus("auto", [3, 5, 7]) == ({3}, {5}, {7})
+    assert bench_package.split_cpus("none", list(range(16))) == (None, None, None)
+    assert bench_package.split_cpus("auto", [0]) == (None, None, None)
