@@ -588,8 +588,9 @@ class Continued:
             if not isinstance(exc, GeneratorExit):  # a consumer that stops early leaves the GET where it is
                 self.close()
             raise
-        if self.pos >= self.size:
-            self.close()
+        finally:
+            if self.pos >= self.size:  # the object's last byte is read: its GET is done
+                self.close()
 
     def _open(self, start: int) -> None:
         self.close()

@@ -80,6 +80,50 @@ def test_file_windows_cover_the_file_and_name_each_slice_offset(
         b"".join(bytes(c) for c in layout.read(path, head))
 
 
+def test_one_source_get_serves_successive_chunks(package: types.ModuleType) -> None:
+    """`Continued`, the streaming reader under every chunked upload, fed by a fake source: reads that follow each
+    other share one GET, a read elsewhere (a resume) opens a new one, a GET that breaks after giving bytes is
+    replaced from the byte it stopped at within the same read, and one that breaks before its first byte raises
+    (the upload's retry budget decides, no loop)."""
+    data = bytes(range(256)) * 40  # 10,240 bytes
+    opened: list[int] = []
+    breaks: dict[int, int] = {}  # GET number -> byte offset where that GET ends early
+
+    def open_from(start: int) -> object:
+        opened.append(start)
+        end = breaks.get(len(opened), len(data))
+        for pos in range(start, end, 4096):
+            yield memoryview(data)[pos : min(pos + 4096, end)]
+
+    def read(reader: object, start: int, stop: int) -> bytes:
+        return b"".join(bytes(piece) for piece in package._limit(reader(start, stop), stop - start))  # type: ignore[operator]
+
+    cursor = package.Continued(open_from, len(data), "f")
+    assert read(cursor, 0, 3000) + read(cursor, 3000, 7000) + read(cursor, 7000, len(data)) == data
+    assert opened == [0] and cursor.pieces is None, "one GET for three chunks, closed at the object's end"
+
+    opened.clear()
+    cursor = package.Continued(open_from, len(data), "f")
+    assert read(cursor, 0, 3000) == data[:3000]
+    assert read(cursor, 1000, 5000) == data[1000:5000], "a resume at an earlier offset"
+    assert opened == [0, 1000]
+
+    opened.clear()
+    breaks[1] = 5000  # the first GET ends in the middle of the second read
+    cursor = package.Continued(open_from, len(data), "f")
+    assert read(cursor, 0, 3000) + read(cursor, 3000, len(data)) == data
+    assert opened == [0, 5000], "the broken GET was replaced from byte 5000 inside the same read"
+
+    opened.clear()
+    breaks.clear()
+    breaks[2] = 5000  # the replacement GET gives nothing
+    breaks[1] = 5000
+    cursor = package.Continued(open_from, len(data), "f")
+    with pytest.raises(package.TransientError, match="the source ended at byte 5000"):
+        read(cursor, 0, len(data))
+    assert opened == [0, 5000] and cursor.pieces is None
+
+
 def test_header_for_files_over_8_gib_is_gnu(package: types.ModuleType) -> None:
     size = 9 * 1024**3 + 3
     header = package.LayerLayout.for_file("model-00001-of-00002.safetensors", size).head[-512:]
