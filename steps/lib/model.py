@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import fnmatch
 import json
+import mmap
 import os
 import stat
 import tarfile
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .runtime import EXIT_INTEGRITY, EXIT_NOT_FOUND, StepError, human, log, writing
+from .runtime import EXIT_INTEGRITY, EXIT_NOT_FOUND, READ_SIZE, StepError, human, log, writing
 
 # --- model files and their modelcar layers ---------------------------------------------------
 
@@ -25,7 +26,7 @@ FILE_MODE = 0o644
 DIR_MODE = 0o775
 _BLOCK = tarfile.BLOCKSIZE
 _RECORD = tarfile.RECORDSIZE
-PIECE = 1 << 20  # bytes of a model file read (and hashed from a cache-sized buffer) at a time
+_WINDOW = 64 << 20  # bytes of a model file mapped at a time
 
 
 def path_rule(rel: str) -> str:
@@ -247,11 +248,9 @@ class LayerLayout:
             raise StepError(f"{path} was replaced or changed size after it was listed; refusing to package it", EXIT_INTEGRITY)
         return os.fdopen(fd, "rb", buffering=0)
 
-    def read(self, path: Path, offset: int = 0, buf_size: int = PIECE, listed: os.stat_result | None = None) -> Iterator[memoryview]:
-        """Yield the layer bytes from `offset` on. The file's are read into one reused `FilePiece` of `buf_size` bytes
-        (for the hash, from a buffer that stays in the CPU cache), and each piece names its file offset so a plain
-        socket sends the same bytes with sendfile() from the page cache. The file is opened (and checked) before the
-        first piece is yielded, so a refused file fails before a request is sent."""
+    def read(self, path: Path, offset: int = 0, buf_size: int = READ_SIZE, listed: os.stat_result | None = None) -> Iterator[memoryview]:
+        """Yield the layer bytes from `offset` on; the file's from mmap windows (no read() copy). The file is
+        opened (and checked) before the first piece is yielded, so a refused file fails before a request is sent."""
         head_len = len(self.head)
         file_end = head_len + self.file_size
         fh = self.open(path, listed) if offset < file_end else None
@@ -260,29 +259,24 @@ class LayerLayout:
             offset = head_len
         if offset < file_end and fh is not None:
             with fh:
-                piece = FilePiece(min(buf_size, self.file_size))
-                piece.file, view = fh, memoryview(piece)
-                pos = offset - head_len
-                while pos < self.file_size:
-                    want = min(len(piece), self.file_size - pos)
-                    got = os.preadv(fh.fileno(), [view[:want]], pos)
-                    if got < want:
+                while offset < file_end:
+                    if os.fstat(fh.fileno()).st_size < self.file_size:  # (a mapped page past the end would be SIGBUS)
                         raise StepError(f"{path} shrank while being read", EXIT_INTEGRITY)
-                    piece.pos = pos
-                    yield view[:got]
-                    pos += got
-            offset = file_end
+                    start = (offset - head_len) // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
+                    size = min(_WINDOW, self.file_size - start)
+                    win = FileWindow(
+                        fh.fileno(), size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=mmap.PROT_READ, offset=start
+                    )
+                    win.file, view = fh, memoryview(win)
+                    for pos in range(offset - head_len - start, size, buf_size):
+                        win.pos = start + pos
+                        yield view[pos : pos + buf_size]
+                    offset = head_len + start + size
         yield memoryview(self.tail)[offset - file_end :]
 
 
-class FilePiece(bytearray):
-    """A reused buffer with the file bytes [pos, pos + len) just read; `file` and `pos` let a plain socket send the same
-    bytes with sendfile() (registry.py `RegistryClient.stream`), so the bytes cross this process once, for the hash.
-
-    Read, not memory-mapped: while the sender keeps the file mapped, loopback's receiver (the registry) spends
-    0.2-0.3 CPU-s/GiB more on the same sendfile() (measured on docker-registry: 3.16 -> 3.34-3.54 CPU-s/GiB and
-    3.5 -> 3.8-4.0 s per GiB with the file mapped with MAP_POPULATE, sendfile() unchanged), and the packager's wall
-    time followed; reading 1 MiB pieces costs the packager what mapping did (0.85 CPU-s/GiB with the hash)."""
+class FileWindow(mmap.mmap):
+    """Part of a file, mapped; `pos`: the file offset of the slice handed out now."""
 
     file: Any
     pos: int

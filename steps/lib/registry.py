@@ -237,7 +237,7 @@ class RegistryClient:
                 conn.putheader(key, value)
             conn.endheaders()
             for chunk in chunks:
-                # A slice of a FilePiece (lib/model.py) goes out by sendfile() on a plain socket, from the page cache.
+                # A slice of a FileWindow (lib/model.py) goes out by sendfile() on a plain socket: no copy here.
                 win: Any = chunk.obj
                 if isinstance(getattr(win, "pos", None), int) and conn.sock and not isinstance(conn.sock, ssl.SSLSocket):
                     conn.sock.sendfile(win.file, win.pos, len(chunk))
