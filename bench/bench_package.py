@@ -17,6 +17,7 @@ plus small JSON files) and pushes it to a local docker-registry with every appro
                 the precomputed one), 2 streams. The physical reference for stream2's CPU and wall time.
   stream2       steps/package.py --source s3:// --jobs 2: S3 → registry in one pass, no model dir.
   basestream2   stream2 with the packager of another git revision (`--baseline REF`, e.g. main): A/B in the same rounds.
+  baseours1/2   ours1/ours2 with the packager of `--baseline REF`, likewise.
   buildah       `buildah bud` (FROM <base>, COPY models /models; vfs, chroot) + `buildah push`.
   olot          `skopeo copy` of the base into an OCI layout, `olot`, `skopeo copy --preserve-digests`.
 
@@ -346,7 +347,7 @@ class Env:
     cpus: set[int] | None = None  # where the packager (raw: the sending threads; s3read: the readers) runs
     server_cpus: set[int] | None = None  # where the registry runs (never the packager's CPUs)
     source_cpus: set[int] | None = None  # where the S3 server runs (never the packager's; the registry's only on 2 CPUs)
-    baseline: Path | None = None  # another revision's steps tree (--baseline REF), for basestream2
+    baseline: Path | None = None  # another revision's steps tree (--baseline REF), for baseours1/2 and basestream2
 
 
 @contextmanager
@@ -371,11 +372,15 @@ def approach_raw(env: Env, name: str, streams: int = 1) -> Result:
     return Result(name, seconds, sampler.peak, 0, after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime, registry_cpu)
 
 
-def approach_ours(env: Env, name: str, jobs: int = 2) -> Result:
+def approach_ours(env: Env, name: str, jobs: int = 2, baseline: bool = False) -> Result:
+    """steps/package.py from the model directory (`baseline`: --baseline's packager, for A/B in the same rounds)."""
     scratch = env.work / name
     tmp = scratch / "tmp"
     tmp.mkdir(parents=True)
-    script = write_tree(scratch / "image") / "package.py"  # as deployed: the tools image's file tree
+    if baseline and env.baseline is None:
+        raise SystemExit(f"{name}: needs --baseline REF")
+    # as deployed: the tools image's file tree
+    script = (env.baseline if baseline and env.baseline else write_tree(scratch / "image")) / "package.py"
     cache = env.model_dir.parent / f".{env.model_dir.name}.digests.json"
     cache.unlink(missing_ok=True)  # cold: every layer is hashed while it is uploaded
     run = Runner(env.logs, env.cpus)
@@ -568,6 +573,8 @@ APPROACHES: dict[str, tuple[str, Callable[[Env, str], Result], str | None]] = {
     "raw2": ("raw blob ingest, 2 streams", functools.partial(approach_raw, streams=2), None),
     "ours1": ("ours: steps/package.py --jobs 1", functools.partial(approach_ours, jobs=1), "raw1"),
     "ours2": ("ours: steps/package.py --jobs 2 (default)", functools.partial(approach_ours, jobs=2), "raw2"),
+    "baseours1": ("--baseline's steps/package.py --jobs 1", functools.partial(approach_ours, jobs=1, baseline=True), "raw1"),
+    "baseours2": ("--baseline's steps/package.py --jobs 2", functools.partial(approach_ours, jobs=2, baseline=True), "raw2"),
     "s3read": ("source read alone: moto S3 GET, 2 streams", approach_s3read, None),
     "relay2": ("S3 → registry relay, SHA-256 on the way, 2 streams", approach_relay, "raw2"),
     "stream2": ("ours --source s3:// (no PVC), --jobs 2", functools.partial(approach_stream, jobs=2), "raw2"),
@@ -579,7 +586,7 @@ APPROACHES: dict[str, tuple[str, Callable[[Env, str], Result], str | None]] = {
 
 def sha256_floor(files: list[Path]) -> float:
     """CPU seconds per GiB that SHA-256 of the model's bytes costs in one process on this machine: every file
-    hashed once from the page cache through a memory map (no read copy), as the packager reads them."""
+    hashed once from the page cache through a memory map (no read copy: SHA-256 alone)."""
     total, started = 0, time.process_time()
     for path in files:
         h = hashlib.sha256()
@@ -650,10 +657,12 @@ def report(results: list[Result], model_bytes: int, size_label: str, floor: floa
         wall = median([r.seconds for r in by["stream2"]]) / median([r.seconds for r in by["relay2"]])
         cpu = median([r.cpu_user + r.cpu_sys for r in by["stream2"]]) / median([r.cpu_user + r.cpu_sys for r in by["relay2"]])
         lines.append(f"stream2: {wall:.2f} × relay2's wall time, {cpu:.2f} × its CPU (the least a streaming packager does here)")
-    if "stream2" in by and "basestream2" in by:
-        cpu = median([r.cpu_user + r.cpu_sys for r in by["stream2"]]) / median([r.cpu_user + r.cpu_sys for r in by["basestream2"]])
-        wall = median([r.seconds for r in by["stream2"]]) / median([r.seconds for r in by["basestream2"]])
-        lines.append(f"stream2: {cpu:.2f} × basestream2's CPU, {wall:.2f} × its wall time (this tree against --baseline)")
+    for key in ("ours1", "ours2", "stream2"):
+        base = "basestream2" if key == "stream2" else f"base{key}"
+        if key in by and base in by:
+            cpu = median([r.cpu_user + r.cpu_sys for r in by[key]]) / median([r.cpu_user + r.cpu_sys for r in by[base]])
+            wall = median([r.seconds for r in by[key]]) / median([r.seconds for r in by[base]])
+            lines.append(f"{key}: {cpu:.2f} × {base}'s CPU, {wall:.2f} × its wall time (this tree against --baseline)")
     ours = by.get("ours2") or by.get("ours1")
     if ours:
         peak = max(r.peak_scratch for r in ours)
@@ -702,7 +711,7 @@ def main() -> None:
     )
     p.add_argument("--repeat", type=int, default=3, help="interleaved rounds (each approach runs once per round)")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
-    p.add_argument("--baseline", metavar="REF", help="git revision whose packager basestream2 runs (A/B in the same rounds)")
+    p.add_argument("--baseline", metavar="REF", help="git revision whose packager baseours1/2 and basestream2 run (A/B in the same rounds)")
     p.add_argument(
         "--pin",
         choices=("auto", "none"),
