@@ -571,10 +571,10 @@ class Continued:
                     try:
                         piece = next(self.pieces, None)  # type: ignore[arg-type]
                         if piece is None:
-                            raise TransientError(f"{self.what}: the source ended at byte {self.pos}, before byte {stop}")
+                            raise TransientError(f"the source ended at byte {self.pos}, before byte {stop}")
                     except TransientError as exc:
                         if fresh == self.pos:  # a GET opened here broke before its first byte: the upload's retries decide
-                            raise
+                            raise TransientError(f"{self.what}: {exc}") from exc
                         log(f"{self.what}: the source's GET broke at byte {self.pos} ({exc}); reading on with a new GET from there")
                         self._open(self.pos)
                         fresh = self.pos
