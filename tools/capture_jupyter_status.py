@@ -52,6 +52,11 @@ PACKAGES = ["jupyter_server", "jupyterlab", "jupyter_client", "ipykernel", "term
 
 
 class Server:
+    """A real JupyterLab on 127.0.0.1 (port 0, read back from its runtime file) under `root`, with token auth
+    (`token`); the tests' `jupyter` fixture (tests/lifecycle/conftest.py) runs the same server."""
+
+    token = TOKEN
+
     def __init__(self, root: Path) -> None:
         self.runtime = root / "runtime"
         env = {
@@ -74,7 +79,7 @@ class Server:
             "--ip=127.0.0.1",
             "--port=0",
             "--ServerApp.port_retries=0",
-            f"--IdentityProvider.token={TOKEN}",
+            f"--IdentityProvider.token={self.token}",
             f"--ServerApp.root_dir={work}",
             "--LabApp.news_url=",
             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
@@ -101,7 +106,7 @@ class Server:
 
     def raw(self, method: str, path: str, body: Any = None) -> bytes:
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.url + path, data=data, method=method, headers={"Authorization": f"token {TOKEN}"})
+        request = urllib.request.Request(self.url + path, data=data, method=method, headers={"Authorization": f"token {self.token}"})
         with urllib.request.urlopen(request, timeout=30) as response:
             return bytes(response.read())
 

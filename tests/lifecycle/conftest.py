@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -28,6 +27,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from tests.conftest import ROOT, run_objects, stack_objects
+from tools.capture_jupyter_status import Server as Jupyter  # one real JupyterLab launcher for the capture tool and the tests
 
 AGENT_PATH = ROOT / "inpod" / "idle_agent.py"
 APP, NS = "ml-dev-env", "nccl-test"
@@ -324,66 +324,6 @@ def write_settings(path: Path, **overrides: Any) -> Path:
 
 
 # ---------------------------------------------------------------------------------------- Jupyter
-
-
-class Jupyter:
-    def __init__(self, root: Path) -> None:
-        self.token = "jupyter-test-token-5b1e"
-        self.runtime = root / "runtime"
-        env = {
-            **os.environ,
-            "JUPYTER_RUNTIME_DIR": str(self.runtime),
-            "JUPYTER_CONFIG_DIR": str(root / "config"),
-            "JUPYTER_DATA_DIR": str(root / "data"),
-            "HOME": str(root),
-            "JUPYTER_PLATFORM_DIRS": "1",
-        }
-        cmd = [
-            sys.executable,
-            "-m",
-            "jupyter",
-            "lab",
-            "--no-browser",
-            "--allow-root",
-            "--ip=127.0.0.1",
-            "--port=0",
-            "--ServerApp.port_retries=0",
-            f"--IdentityProvider.token={self.token}",
-            f"--ServerApp.root_dir={root}",
-            "--LabApp.news_url=",
-            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-        ]
-        self.log = open(root / "jupyter.log", "w")
-        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=root)
-        deadline = time.monotonic() + 120
-        self.url = ""
-        while time.monotonic() < deadline and not self.url:
-            assert self.proc.poll() is None, (root / "jupyter.log").read_text()
-            for info in self.runtime.glob("jpserver-*.json"):
-                try:
-                    port = json.loads(info.read_text()).get("port")
-                except ValueError:  # still being written
-                    continue
-                if port:
-                    self.url = f"http://127.0.0.1:{port}"
-            time.sleep(0.2)
-        assert self.url, (root / "jupyter.log").read_text()
-
-    def request(self, method: str, path: str) -> Any:
-        import urllib.request
-
-        req = urllib.request.Request(self.url + path, method=method, headers={"Authorization": f"token {self.token}"})
-        with urllib.request.urlopen(req, timeout=30) as response:
-            return json.loads(response.read() or b"null")
-
-    def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
 
 
 @pytest.fixture(scope="module")

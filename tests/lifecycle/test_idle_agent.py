@@ -388,20 +388,20 @@ def test_jupyter_idle_server_polled_by_the_agent_stays_idle(
     pod.state.joinpath("rank.env").write_text(f"export NODE_RANK=0 ML_DEV_PODS='{APP}-0' ML_DEV_HOSTS='{APP}-0.x'\n")
     settings = write_settings(tmp_path / "idle.json", servers=["jupyter"], idleTimeoutSeconds=2, warningLeadSeconds=1)
     env = {"ML_DEV_JUPYTER_URL": jupyter.url, "JUPYTER_TOKEN": jupyter.token}
-    before = jupyter.request("GET", "/api/status")["last_activity"]
+    before = jupyter.json("GET", "/api/status")["last_activity"]
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     probe = agent.probe_jupyter(time.time())
     assert probe["ok"] and not probe["active"]
-    assert jupyter.request("GET", "/api/status")["last_activity"] == before  # the agent's polling is not activity
+    assert jupyter.json("GET", "/api/status")["last_activity"] == before  # the agent's polling is not activity
     # an open terminal in Jupyter is activity ...
-    term = jupyter.request("POST", "/api/terminals")
+    term = jupyter.json("POST", "/api/terminals")
     try:
         outcome, decider = decide(pod, settings, api, monkeypatch, env=env)
         assert (outcome, decider.reason) == ("active", f"{APP}-0/jupyter: last activity")
         assert decider.last_reports[0]["signals"][-1]["detail"]["terminals"] >= 1
     finally:
-        jupyter.request("DELETE", f"/api/terminals/{term['name']}")
+        jupyter.json("DELETE", f"/api/terminals/{term['name']}")
     # ... and once nothing happens for idleTimeout, the environment stops
     time.sleep(2.5)
     outcome, decider = decide(pod, settings, api, monkeypatch, env=env)
