@@ -274,6 +274,15 @@ class BuildFailed(AssertionError):
     pass
 
 
+# buildah re-executes itself from a sealed memfd copy of /proc/self/exe before it does anything
+# (containers/storage pkg/unshare/unshare.c, copy_self_proc_exe: F_ADD_SEALS with F_SEAL_WRITE). The
+# kernel refuses the seal with EBUSY when a page of the copy still holds an extra reference after its
+# short wait (mm/memfd.c, memfd_wait_for_pins), which a busy 2-CPU machine hits now and then. Nothing
+# has run at that point, so running the same command again is safe; any other failure is not retried.
+REEXEC_EBUSY = "sealing memfd copy: Device or resource busy"
+REEXEC_ATTEMPTS = 3
+
+
 @dataclass
 class ImageRig:
     """buildah on private vfs storage + a local registry."""
@@ -294,9 +303,13 @@ class ImageRig:
         timeout: float = 300,
     ) -> subprocess.CompletedProcess:
         cmd = ["buildah", *self.global_flags, *args]
-        started = time.monotonic()
-        proc = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=timeout)
-        self.log.append(f"{time.monotonic() - started:6.1f}s buildah {' '.join(args[:2])}")
+        for attempt in range(1, REEXEC_ATTEMPTS + 1):
+            started = time.monotonic()
+            proc = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=timeout)
+            self.log.append(f"{time.monotonic() - started:6.1f}s buildah {' '.join(args[:2])}")
+            if proc.returncode == 0 or REEXEC_EBUSY not in proc.stderr or attempt == REEXEC_ATTEMPTS:
+                break
+            self.log.append(f"       buildah re-exec hit memfd EBUSY; attempt {attempt + 1}/{REEXEC_ATTEMPTS}")
         if check and proc.returncode != 0:
             raise BuildFailed(f"buildah {' '.join(args)} failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-6000:]}")
         return proc

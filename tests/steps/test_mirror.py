@@ -39,7 +39,7 @@ def test_token_file_and_digest_verified(tmp_path: Path, run_step: StepRunner, qu
         "mirror", *mirror_args(tmp_path, quay, pushed, dest, "--dest-token-file", token, "--tmpdir", tmp_path / "tmp"),
         "--result-digest", tmp_path / "digest",
     )  # fmt: skip
-    assert step.returncode == 0, step.stderr
+    assert step.returncode == 0, step.stderr + quay.diagnosis() + internal.diagnosis()
     digest = pushed.split("@")[1]
     assert (tmp_path / "digest").read_text() == digest
     assert f"{dest} verified: {digest}" in step.stdout
@@ -57,7 +57,7 @@ def test_expired_token_is_an_auth_error(tmp_path: Path, run_step: StepRunner, qu
 def test_dest_authfile(tmp_path: Path, run_step: StepRunner, quay: Registry, internal: Registry, pushed: str) -> None:
     authfile = internal.authfile(tmp_path / "internal.json")
     step = run_step("mirror", *mirror_args(tmp_path, quay, pushed, f"{internal.host}/team/y:v1", "--dest-authfile", authfile))
-    assert step.returncode == 0, step.stderr
+    assert step.returncode == 0, step.stderr + quay.diagnosis() + internal.diagnosis()
 
 
 def test_unknown_source_digest(tmp_path: Path, run_step: StepRunner, quay: Registry, internal: Registry, pushed: str) -> None:
