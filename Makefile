@@ -78,10 +78,13 @@ runs: venv
 	$(PY) -m tools.runs $(STACK)
 
 # Who holds the GPUs: every environment of cluster $(CLUSTER) (owner, namespace, size, state, GPU-hours of 7 days)
-# from the live objects (needs oc, logged in with list rights on the namespaces). inpod/usage.py is stdlib only.
+# from the live objects (needs oc, logged in). Reads the namespaces of this project's stacks of that cluster
+# (list rights there are enough); NAMESPACES='a b' names others, ALL=1 reads every namespace (cluster-wide rights).
 CLUSTER ?= $(STACK)
-status:
-	set -o pipefail; oc get statefulsets,configmaps --all-namespaces -l ml-dev-env/cluster=$(CLUSTER) -o json | $(PYTHON) inpod/usage.py status --from-json -
+NAMESPACES ?=
+ALL ?=
+status: venv
+	$(PY) -m tools.status $(CLUSTER) $(if $(ALL),--all-namespaces) $(foreach ns,$(NAMESPACES),--namespace $(ns))
 
 lint: venv
 	$(PY) -m ruff check .

@@ -4,7 +4,7 @@
 time since the last record to today's bucket (`gpu-seconds.<UTC date>`) of the environment's usage ConfigMap.
 A suspended or idle-stopped environment has no pods: nothing is added. A missed run counts at most two periods.
 
-`status` (`ml-dev status --all` in a pod, `make status STACK=<cluster>` from a laptop): reads the live
+`status` (`ml-dev status --all` in a pod, `make status CLUSTER=<cluster>` from a laptop (tools/status.py)): reads the live
 StatefulSets and ConfigMaps labelled `ml-dev-env/cluster=<cluster>` (a List as `oc get -o json` prints it, or
 read from the API with the pod's token) and prints owner, namespace, size, state and GPU-hours of the last 7 days.
 

@@ -208,34 +208,85 @@ def test_every_environment_of_the_cluster_in_one_table(tmp_path: Path) -> None:
     assert all(r["gpuHoursWeek"] == 2.0 for r in rows.values())  # the 9-day-old bucket is not this week
 
 
-@pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make")
-def test_make_status_pipes_oc_into_the_table(tmp_path: Path) -> None:
+OC_STUB = """#!{python}
+import json, os, sys
+args = sys.argv[1:]
+with open(os.environ["STUB_OC_LOG"], "a") as log:
+    log.write(" ".join(args) + "\\n")
+items = json.load(open(os.environ["STUB_OC_LIVE"]))["items"]
+if "-n" in args:
+    ns = args[args.index("-n") + 1]
+    if ns in os.environ.get("STUB_OC_FORBIDDEN", "").split():
+        sys.stderr.write('Error from server (Forbidden): statefulsets.apps is forbidden: User "carol" cannot list '
+                         'resource "statefulsets" in API group "apps" in the namespace "%s"\\n' % ns)
+        sys.exit(1)
+    items = [i for i in items if i["metadata"].get("namespace") == ns]
+selector = args[args.index("-l") + 1].split("=", 1)[1]
+items = [i for i in items if i["metadata"].get("labels", {}).get("ml-dev-env/cluster") == selector]
+print(json.dumps({"kind": "List", "items": items}))
+"""
+
+
+def make_status(tmp_path: Path, *variables: str, forbidden: str = "") -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """`make status …` with a stub `oc` that lists the live objects per namespace (refusing `forbidden` ones)."""
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    live = live_list(tmp_path)
+    bin_dir.mkdir(exist_ok=True)
     oc = bin_dir / "oc"
-    oc.write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/oc.args\ncat {live}\n')
+    oc.write_text(OC_STUB.replace("{python}", sys.executable))
     oc.chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    proc = subprocess.run(
-        ["make", "-s", "status", "CLUSTER=barcelona", f"PYTHON={sys.executable}"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    log = tmp_path / "oc.log"
+    log.unlink(missing_ok=True)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "STUB_OC_LOG": str(log),
+           "STUB_OC_LIVE": str(live_list(tmp_path)), "STUB_OC_FORBIDDEN": forbidden}  # fmt: skip
+    proc = subprocess.run(["make", "-s", "status", *variables], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+    return proc, log.read_text().splitlines() if log.exists() else []
+
+
+def rows_of(table: str) -> dict[str, list[str]]:
+    lines = table.splitlines()
+    assert lines and lines[0].split()[:2] == ["OWNER", "(STACK)"], table
+    return {line.split()[2]: line.split() for line in lines[1:]}
+
+
+needs_make = pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make")
+
+
+@needs_make
+def test_make_status_reads_only_the_namespaces_of_the_clusters_stacks(tmp_path: Path) -> None:
+    proc, calls = make_status(tmp_path, "CLUSTER=barcelona")
     assert proc.returncode == 0, proc.stderr
-    assert (tmp_path / "oc.args").read_text().split() == [
-        "get",
-        "statefulsets,configmaps",
-        "--all-namespaces",
-        "-l",
-        "ml-dev-env/cluster=barcelona",
-        "-o",
-        "json",
+    selector = "-l ml-dev-env/cluster=barcelona -o json"
+    # barcelona and alice deploy to nccl-test, bob to bob-dev; nerc-production is another cluster
+    assert calls == [f"get statefulsets,configmaps -n bob-dev {selector}", f"get statefulsets,configmaps -n nccl-test {selector}"]
+    rows = rows_of(proc.stdout)
+    assert set(rows) == {"ml-dev-env", "ml-dev-env-alice", "ml-dev-env-bob"}
+    assert rows["ml-dev-env-bob"][:2] == ["barcelona-bob", "bob-dev"] and "suspended" in rows["ml-dev-env-bob"]
+
+
+@needs_make
+def test_make_status_shows_what_it_can_read_and_names_what_it_cannot(tmp_path: Path) -> None:
+    """A team member with list rights in bob-dev only: one line for nccl-test, bob's row, exit 1."""
+    proc, _ = make_status(tmp_path, "CLUSTER=barcelona", forbidden="nccl-test")
+    assert proc.returncode != 0
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("WARNING:")]
+    assert warnings == [
+        'WARNING: namespace nccl-test: not read: Error from server (Forbidden): statefulsets.apps is forbidden: User "carol" '
+        'cannot list resource "statefulsets" in API group "apps" in the namespace "nccl-test"'
     ]
-    lines = proc.stdout.splitlines()
-    assert lines[0].split()[:2] == ["OWNER", "(STACK)"] and len(lines) == 4
-    assert any("barcelona-bob" in line and "bob-dev" in line and "suspended" in line for line in lines)
+    assert set(rows_of(proc.stdout)) == {"ml-dev-env-bob"}
+    proc, _ = make_status(tmp_path, "CLUSTER=barcelona", forbidden="nccl-test bob-dev")
+    assert proc.returncode != 0 and proc.stdout == "" and proc.stderr.count("not read: Error from server (Forbidden)") == 2
+
+
+@needs_make
+def test_make_status_all_namespaces_or_named_ones(tmp_path: Path) -> None:
+    proc, calls = make_status(tmp_path, "CLUSTER=barcelona", "ALL=1")
+    assert proc.returncode == 0, proc.stderr
+    assert calls == ["get statefulsets,configmaps --all-namespaces -l ml-dev-env/cluster=barcelona -o json"]
+    assert len(rows_of(proc.stdout)) == 3
+    proc, calls = make_status(tmp_path, "CLUSTER=barcelona", "NAMESPACES=bob-dev")
+    assert proc.returncode == 0, proc.stderr
+    assert [c.split()[2:4] for c in calls] == [["-n", "bob-dev"]] and set(rows_of(proc.stdout)) == {"ml-dev-env-bob"}
+    proc, calls = make_status(tmp_path, "CLUSTER=cairo")
+    assert proc.returncode != 0 and calls == []
+    assert "ERROR: no stack file in" in proc.stderr and "has cluster.name 'cairo'" in proc.stderr

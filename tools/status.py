@@ -1,0 +1,136 @@
+"""`make status CLUSTER=<name>`: every environment of a cluster — owner, namespace, size, state, GPU-hours of 7 days.
+
+Who holds the GPUs, from the live objects, with the rights a team member has. `oc` reads, in each
+namespace that a stack of this project deploys to on that cluster (every `Pulumi.<stack>.yaml` whose
+`cluster.name` is the cluster: the cluster stack and its environment stacks), the StatefulSets and
+ConfigMaps labelled `ml-dev-env/cluster=<cluster>`. List rights in those namespaces are enough; a
+namespace `oc` cannot read is named on stderr in one line and the table shows the others.
+`--all-namespaces` (`make status ALL=1`) reads the whole cluster instead (cluster-wide list rights): it
+also finds environments whose stack file is not in this checkout. The table is `inpod/usage.py`'s, the
+same one `ml-dev status --all` prints in a pod.
+
+Exit status: 0 when every namespace was read, 1 when some could not be, 2 when none could.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+if __name__ == "__main__" and not __package__:
+    # Run as a file (`python tools/status.py`): re-run as the module of the repository package (`python -m
+    # tools.status`, what the Makefile runs), which needs no sys.path edits.
+    os.execve(
+        sys.executable,
+        [sys.executable, "-m", "tools.status", *sys.argv[1:]],
+        {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")])),
+        },
+    )
+
+from inpod import usage
+from stacks.loader import stack_raw, validate_all
+from tools.mock_engine import ROOT, StackFileError, flatten, stack_config
+
+KINDS = "statefulsets,configmaps"
+
+Oc = Callable[[list[str]], subprocess.CompletedProcess[str]]
+
+
+def run_oc(args: list[str]) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(["oc", *args], capture_output=True, text=True, timeout=120)
+    except FileNotFoundError:
+        return subprocess.CompletedProcess(
+            ["oc", *args], 127, "", "oc is not installed (https://mirror.openshift.com/pub/openshift-v4/clients/ocp/)"
+        )
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(["oc", *args], 124, "", "oc did not answer within 120 s")
+
+
+def cluster_namespaces(cluster: str, config_dir: Path) -> tuple[list[str], list[str]]:
+    """The namespaces this project's stacks of `cluster` deploy to, and one line per stack file that could not be read."""
+    namespaces: set[str] = set()
+    problems: list[str] = []
+    for path in sorted(config_dir.glob("Pulumi.*.yaml")):
+        try:
+            flat, _ = flatten(stack_config(path))
+        except StackFileError as exc:
+            problems.append(f"{path.name}: skipped: {exc}")
+            continue
+        raw, raw_problems = stack_raw(flat, config_dir)
+        config, value_problems = validate_all(raw)
+        if config is None:
+            problems.append(f"{path.name}: skipped: {(raw_problems + value_problems + ['not a valid stack'])[0]} (`make render` says all)")
+        elif config.cluster.name == cluster:
+            namespaces.add(config.cluster.namespace)
+    return sorted(namespaces), problems
+
+
+def first_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "no output"
+
+
+def read(cluster: str, namespaces: Sequence[str] | None, oc: Oc = run_oc) -> tuple[list[dict[str, Any]], list[str]]:
+    """The labelled live objects of `namespaces` (None: all namespaces), and one line per namespace `oc` could not read."""
+    selector = f"ml-dev-env/cluster={cluster}"
+    scopes = [["--all-namespaces"]] if namespaces is None else [["-n", ns] for ns in namespaces]
+    items: list[dict[str, Any]] = []
+    failed: list[str] = []
+    for scope in scopes:
+        proc = oc(["get", KINDS, *scope, "-l", selector, "-o", "json"])
+        where = "all namespaces" if namespaces is None else f"namespace {scope[1]}"
+        if proc.returncode != 0:
+            failed.append(f"{where}: not read: {first_line(proc.stderr)}")
+            continue
+        try:
+            items += json.loads(proc.stdout).get("items") or []
+        except ValueError:
+            failed.append(f"{where}: not read: oc printed no JSON list")
+    return items, failed
+
+
+def main(argv: list[str] | None = None, oc: Oc = run_oc) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("cluster", help="the cluster's name (cluster.name of its stacks)")
+    parser.add_argument("--namespace", action="append", default=[], help="read these namespaces instead of the stacks' (repeatable)")
+    parser.add_argument("--all-namespaces", action="store_true", help="read every namespace (needs cluster-wide list rights)")
+    parser.add_argument("--config-dir", default=str(ROOT), help="where the Pulumi.<stack>.yaml files are")
+    parser.add_argument("--json", action="store_true", help="rows as JSON")
+    args = parser.parse_args(argv)
+    namespaces: list[str] | None = None
+    if not args.all_namespaces:
+        namespaces = args.namespace
+        if not namespaces:
+            namespaces, problems = cluster_namespaces(args.cluster, Path(args.config_dir))
+            for line in problems:
+                print(f"WARNING: {line}", file=sys.stderr)
+            if not namespaces:
+                print(
+                    f"ERROR: no stack file in {args.config_dir} has cluster.name {args.cluster!r}; "
+                    "name the namespaces (NAMESPACES='a b', --namespace) or read all (ALL=1, --all-namespaces)",
+                    file=sys.stderr,
+                )
+                return 2
+    items, failed = read(args.cluster, namespaces, oc)
+    for line in failed:
+        print(f"WARNING: {line}", file=sys.stderr)
+    scopes = 1 if namespaces is None else len(namespaces)
+    if len(failed) == scopes:
+        return 2
+    rows = usage.environments(items, time.time())
+    sys.stdout.write(json.dumps(rows, indent=2) + "\n" if args.json else usage.table(rows))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
