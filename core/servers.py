@@ -39,6 +39,9 @@ class DevServer:
     on_under_token_auth: bool = True
     """False: off under `access.auth: token` unless its key is set explicitly (then the config is refused,
     as for any server without its own authentication); for a server every stack gets by default."""
+    program: str = ""
+    """The executable its start command runs, which the pods' image must carry; "" for a program of ours that
+    ships into the pods (listed for a stack that runs an image it did not build: tools/prerequisites.py)."""
 
     @property
     def has_own_auth(self) -> bool:
@@ -64,6 +67,7 @@ DEV_SERVERS: tuple[DevServer, ...] = (
         secret_key="vscodePassword",
         credential="password",
         activity_probe="/healthz",
+        program="code-server",
     ),
     # jupyter_server: services/api/handlers.py, APIStatusHandler answers /api/status with "last_activity".
     DevServer(
@@ -75,8 +79,9 @@ DEV_SERVERS: tuple[DevServer, ...] = (
         secret_key="jupyterToken",
         credential="token",
         activity_probe="/api/status",
+        program="jupyter",
     ),
-    DevServer("tensorboard", "TensorBoard", 6006, 16006),
+    DevServer("tensorboard", "TensorBoard", 6006, 16006, program="tensorboard"),
     # inpod/home_page.py: the environment's home page (idle state, pods and GPUs, runs, fabric curve). Its own
     # Route + OAuth proxy rather than a path on another server's proxy: it works whichever IDEs are enabled,
     # and code-server/Jupyter own their whole URL space (a path prefix would have to be stripped for them).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 import subprocess
 import sys
 from collections.abc import Callable
@@ -74,6 +75,41 @@ def test_tcp_stack_without_models_needs_no_rdma_operators_or_pipelines() -> None
     assert not [w for w in whats if w.startswith(("NetworkAttachmentDefinitions", "SR-IOV", "OpenShift Pipelines", "model registry"))]
     assert any(w.startswith("NVIDIA GPU operator") for w in whats)
     assert admin_needs(objects, config.cluster.namespace) == []
+
+
+def test_an_image_the_stack_does_not_build_must_carry_what_the_pods_run(tmp_path: Path) -> None:
+    config, objects = rendered("nerc-production")
+    [image] = find(prerequisites(config, objects), "image ")
+    assert image.what.startswith(f"image {config.image.reference} carries python3 (>= 3.8), sshd, ssh, rsync, ")
+    servers = [s.program for s in config.access.enabled() if s.program]
+    assert servers and image.what.split("sshd, ssh, rsync, ", 1)[1].startswith(", ".join(servers) + ";")
+    assert image.what.endswith("for the fabric check mpirun, all_reduce_perf")  # TCP: no ib_write_bw
+
+    # the check, run for real on an "image" (a PATH) that lacks rsync and code-server
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for program in ("sshd", "ssh", "jupyter", "tensorboard", "mpirun", "all_reduce_perf"):
+        (bin_dir / program).write_text("#!/bin/sh\n")
+        (bin_dir / program).chmod(0o755)
+    (bin_dir / "python3").symlink_to(sys.executable)
+    argv = shlex.split(image.check)
+    assert argv[:3] == ["oc", "run", "image-check"] and f"--image={config.image.reference}" in argv
+    script = argv[argv.index("--") + 3]
+    probe = subprocess.run(["/bin/sh", "-c", script], env={"PATH": str(bin_dir)}, capture_output=True, text=True, timeout=60)
+    assert probe.stdout.splitlines()[:2] == ["missing: rsync", "missing: code-server"], probe.stdout + probe.stderr
+    assert probe.stdout.splitlines()[2:] == sys.version.splitlines(), "then the interpreter's version (>= 3.8?)"
+
+    def token_rdma(o: dict[str, Any]) -> None:
+        o["access"] = {**o.get("access", {}), "auth": "token", "tensorboard": False}
+        o["network"] = {"mode": "rdma", "rdma": {"enabled": True, "hcas": ["mlx5_0"], "attachments": ["net1"],
+                        "sriovResources": ["openshift.io/roce"], "socketInterfaces": ["net1"]}}  # fmt: skip
+
+    config, objects = rendered("nerc-production", token_rdma)
+    [image] = find(prerequisites(config, objects), "image ")
+    assert "tensorboard" not in image.what  # off: no login of its own under token auth
+    assert image.what.endswith("for the fabric check mpirun, all_reduce_perf, ib_write_bw")
+    config, objects = rendered("barcelona")
+    assert find(prerequisites(config, objects), "image ") == [], "a stack that builds its image needs none"
 
 
 def _self_contained(o: dict[str, Any]) -> None:

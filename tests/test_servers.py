@@ -108,6 +108,12 @@ def test_every_row_has_a_start_command_on_its_port() -> None:
         assert re.search(rf"(:|--port[= ]){server.port}\b", branches[server.name]), (server.name, server.port)
         if server.credential_env:
             assert f"${{{server.credential_env}" in branches[server.name], f"{server.name} ignores {server.credential_env}"
+        # what the image must carry (tools/prerequisites.py lists it for images the stack did not build)
+        started = re.findall(rf"start {server.name} ([\w.-]+)", branches[server.name])
+        if server.program:
+            assert started and set(started) == {server.program}, (server.name, started, server.program)
+        else:
+            assert all(p in ("python3", "bash") for p in started), (server.name, started)
 
 
 def test_policy_guard_knows_every_credential() -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+import inpod
 from core.quantity import format_gib, parse_quantity
 from stacks.config import StackConfig
 from stacks.errors import PREFIX
@@ -333,6 +334,7 @@ def prerequisites(config: StackConfig, objects: Sequence[Mapping[str, Any]], pat
             )
         )
     needs += kueue_needs(config, objects)
+    needs += image_needs(config)
     if config.models:
         needs.append(
             Need(
@@ -342,6 +344,38 @@ def prerequisites(config: StackConfig, objects: Sequence[Mapping[str, Any]], pat
             )
         )
     return needs
+
+
+def image_programs(config: StackConfig) -> tuple[list[str], list[str]]:
+    """What the pods' image must carry for the programs that ship into the pods, and for the fabric check."""
+    minimum = ".".join(map(str, inpod.MIN_PYTHON))
+    always = [f"python3 (>= {minimum})", "sshd", "ssh", "rsync"]  # startup, SSH fabric, `ml-dev sync`/`run`
+    always += [s.program for s in config.access.enabled() if s.program]
+    fabric = ["mpirun", "all_reduce_perf"] + (["ib_write_bw"] if config.network.effective_mode == "rdma" else [])
+    return always, fabric
+
+
+def image_needs(config: StackConfig) -> list[Need]:
+    """A stack that runs an image it does not build (`image.reference`) relies on what that image carries."""
+    reference = config.image.reference
+    if reference is None or config.environment is not None:  # an environment runs its cluster stack's image
+        return []
+    always, fabric = image_programs(config)
+    probe = " ".join(p.split()[0] for p in always + fabric)
+    check = (
+        f"oc run image-check --rm -i --restart=Never -n {config.cluster.namespace} --image={reference} -- "
+        f"sh -c 'PATH=$PATH:/usr/sbin; for p in {probe}; do command -v $p >/dev/null || echo missing: $p; done; "
+        'python3 -c "import sys; print(sys.version)"\''
+    )
+    return [
+        Need(
+            f"image {reference} carries {', '.join(always)}; for the fabric check {', '.join(fabric)}",
+            "image.reference: the pods run it as it is (the stack builds nothing); the startup, SSH fabric, `ml-dev`, "
+            "idle agent and home page ship into the pods and call these (the images a stack builds have them all: "
+            "images/base.Containerfile)",
+            check,
+        )
+    ]
 
 
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
