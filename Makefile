@@ -9,13 +9,14 @@ STACK ?= barcelona
 APT_PACKAGES := docker-registry skopeo buildah apache2-utils openssh-server openssh-client rsync pdsh libnss-wrapper shellcheck chromium chromium-driver iptables iputils-ping graphviz
 # Hash-locked sets compiled from the *.in files by `make lock` (tools/lock.sh, uv); .venv gets the dev lock.
 
-.PHONY: lock lock-check verify-base-lock typecheck help venv system-deps render render-all runs status test lint docs docs-generate screenshots diagram policy-preview bench-package bench-launch clean
+.PHONY: lock lock-check verify-base-lock typecheck help venv system-deps render render-all runs status racks test lint docs docs-generate screenshots diagram policy-preview bench-package bench-launch clean
 
 help:
 	@echo "make render STACK=<name>   render one stack offline into rendered/<name>/ (+ schema check)"
 	@echo "make render-all            render every Pulumi.<stack>.yaml"
 	@echo "make runs STACK=<name>     state of each model's packaging run (needs oc, logged in)"
 	@echo "make status CLUSTER=<name> every environment of a cluster: owner, size, state, GPU-hours (needs oc)"
+	@echo "make racks STACK=<name> LABEL=<node label>  fabricCheck.nodeRacks from a node topology label (needs oc)"
 	@echo "make test                  ruff check + format check, mypy, the whole test suite (installs what it needs)"
 	@echo "make lock                  re-lock requirements*.txt (hashes) after editing requirements*.in"
 	@echo "make verify-base-lock      install the base image's locks for real (PyPI) and pip check them"
@@ -85,6 +86,12 @@ NAMESPACES ?=
 ALL ?=
 status: venv
 	$(PY) -m tools.status $(CLUSTER) $(if $(ALL),--all-namespaces) $(foreach ns,$(NAMESPACES),--namespace $(ns))
+
+# fabricCheck.nodeRacks of a cluster stack from a node label (needs oc, logged in, `get nodes`): prints the
+# `pulumi config set --path` commands that write it.
+racks: venv
+	@test -n "$(LABEL)" || { echo "usage: make racks STACK=<cluster stack> LABEL=<node label, e.g. topology.kubernetes.io/rack>" >&2; exit 2; }
+	$(PY) -m tools.racks $(STACK) --label $(LABEL)
 
 lint: venv
 	$(PY) -m ruff check .

@@ -1014,7 +1014,7 @@ class FabricCheckConfig(Model):
     node_racks: dict[DnsSubdomain, DnsLabel] = Field(
         default_factory=dict,
         description="Node name → rack (or leaf switch). Set: ranks are ordered so consecutive ranks share a rack "
-        "(pod 0 stays rank 0). Empty: rank = pod ordinal.",
+        "(pod 0 stays rank 0). Empty: rank = pod ordinal. `make racks LABEL=<node label>` writes it from a node topology label.",
     )
 
     @rule
