@@ -4,6 +4,13 @@ The destination credentials can be a service-account token file: the authfile
 (`serviceaccount:<token>`) is built right before each skopeo call, because tokens read at task
 start expire during long copies. After the copy the destination tag's manifest is read back and
 its digest must equal the source digest.
+
+skopeo's own `--retry-times` does not cover everything a busy registry does: a 5xx from the token
+service ends it at once (containers/image docker/docker_client.go `getBearerToken` wraps the status in
+a plain error, which containers/common pkg/retry `isRetryable` does not retry). So a skopeo call that
+fails with a 5xx, a dropped connection or a timeout runs again, up to `--retry-times` more times with
+exponential backoff (`--retry-delay`); both calls are idempotent (a copy by digest re-sends no blob the
+destination has). Authentication and unknown-manifest failures are not retried.
 """
 
 from __future__ import annotations
@@ -16,14 +23,28 @@ import os
 import re
 import subprocess
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from lib.images import ImageRef
+from lib.registry import backoff
 from lib.runtime import EXIT_AUTH, EXIT_INTEGRITY, EXIT_NOT_FOUND, EXIT_REMOTE, StepError, log, run_step, write_result, writing
 
 # Words of skopeo's auth failures; status codes as whole numbers only (a port such as :59403 is no 403).
 AUTH_HINTS = re.compile(r"unauthorized|authentication required|denied|\b40[13]\b")
+# What a later attempt may not meet (lower-cased skopeo message): a 5xx (containers/image: "invalid status code
+# from registry 503", "unexpected http status: 502", "StatusCode: 500"), a dropped connection, a timeout.
+TRANSIENT = re.compile(
+    r"(invalid status code from registry|unexpected http status:?|statuscode:) 5\d\d\b"
+    r"|: eof\b|unexpected eof|connection reset by peer|broken pipe|i/o timeout|tls handshake timeout"
+)
+
+
+class SkopeoFailed(StepError):
+    def __init__(self, message: str, code: int, transient: bool) -> None:
+        super().__init__(message, code)
+        self.transient = transient
 
 
 def token_authfile(directory: Path, registry: str, username: str, token_file: Path) -> Path:
@@ -55,8 +76,22 @@ def skopeo(args: list[str], what: str, env: dict[str, str], timeout: float) -> b
         message = lines[-1] if lines else f"exit code {proc.returncode}"
         lower = message.lower()
         code = EXIT_AUTH if AUTH_HINTS.search(lower) else EXIT_NOT_FOUND if "manifest unknown" in lower else EXIT_REMOTE
-        raise StepError(f"{what} failed: {message}", code)
+        raise SkopeoFailed(f"{what} failed: {message}", code, transient=code == EXIT_REMOTE and bool(TRANSIENT.search(lower)))
     return proc.stdout
+
+
+def with_retries(call: Callable[[], bytes], what: str, retries: int, first_delay: float) -> bytes:
+    """`call()` (a skopeo run), again after a transient failure, at most `retries` more times."""
+    for attempt in range(1, retries + 2):
+        try:
+            return call()
+        except SkopeoFailed as exc:
+            if not exc.transient or attempt > retries:
+                raise
+            delay = backoff(attempt, first_delay)
+            log(f"{what}: transient failure; retry {attempt}/{retries} in {delay:.1f}s")
+            time.sleep(delay)
+    raise AssertionError("unreachable")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -72,7 +107,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--dest-tls-verify", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--src-cert-dir", help="directory with *.crt CA files for the source")
     p.add_argument("--dest-cert-dir", help="directory with *.crt CA files for the destination (e.g. the service CA)")
-    p.add_argument("--retry-times", type=int, default=3, help="skopeo retries per operation")
+    p.add_argument("--retry-times", type=int, default=3, help="skopeo retries per operation, and runs of skopeo after a transient failure")
+    p.add_argument("--retry-delay", type=float, default=2.0, help="first delay before running skopeo again, in seconds (doubles)")
     p.add_argument("--timeout", type=float, default=4 * 3600.0, help="seconds before the copy is abandoned")
     p.add_argument("--tmpdir", help="TMPDIR for skopeo (point at the workspace PVC, never the node disk)")
     p.add_argument("--result-digest", help="file to write the destination digest to (Tekton result)")
@@ -108,9 +144,18 @@ def main(argv: Sequence[str] | None = None) -> None:
             return opts + ([f"--{prefix}cert-dir", args.dest_cert_dir] if args.dest_cert_dir else [])
 
         log(f"mirroring {source} to {target}")
-        copy = ["copy", "--all", "--preserve-digests", f"--retry-times={args.retry_times}", *src_opts, *dest_opts("dest-")]
-        skopeo([*copy, source, target], "skopeo copy", env, args.timeout)
-        raw = skopeo(["inspect", "--raw", f"--retry-times={args.retry_times}", *dest_opts(""), target], "skopeo inspect", env, 600)
+        copy = ["copy", "--all", "--preserve-digests", f"--retry-times={args.retry_times}", *src_opts]
+        inspect = ["inspect", "--raw", f"--retry-times={args.retry_times}"]
+        retries, delay = max(args.retry_times, 0), args.retry_delay
+
+        def run_copy() -> bytes:  # the token file is read again for every run
+            return skopeo([*copy, *dest_opts("dest-"), source, target], "skopeo copy", env, args.timeout)
+
+        def run_inspect() -> bytes:
+            return skopeo([*inspect, *dest_opts(""), target], "skopeo inspect", env, 600)
+
+        with_retries(run_copy, "skopeo copy", retries, delay)
+        raw = with_retries(run_inspect, "skopeo inspect", retries, delay)
     digest = "sha256:" + hashlib.sha256(raw).hexdigest()
     if digest != src.digest:
         raise StepError(f"{dest} has digest {digest}, source is {src.digest}: digests were not preserved", EXIT_INTEGRITY)

@@ -46,12 +46,32 @@ def test_token_file_and_digest_verified(tmp_path: Path, run_step: StepRunner, qu
     assert list((tmp_path / "tmp").iterdir()) == [], "the generated authfile is removed"
 
 
+def test_a_token_service_5xx_is_run_again(tmp_path: Path, run_step: StepRunner, quay: Registry, internal: Registry, pushed: str) -> None:
+    """skopeo ends at once on a 5xx from the token service (its --retry-times does not cover it): the step runs it again."""
+    authfile = internal.authfile(tmp_path / "internal.json")
+    before = len(quay.token_requests)
+    quay.token_outage[0] = 1
+    try:
+        step = run_step(
+            "mirror", *mirror_args(tmp_path, quay, pushed, f"{internal.host}/team/retried:v1", "--dest-authfile", authfile),
+            "--retry-delay", "0.05",
+        )  # fmt: skip
+    finally:
+        quay.token_outage[0] = 0
+    assert step.returncode == 0, step.stderr + quay.diagnosis() + internal.diagnosis()
+    assert quay.token_requests[before] == "503" and quay.token_requests[before + 1].startswith("200 pusher")
+    assert "invalid status code from registry 503" in step.stdout  # skopeo's lines, logged
+    assert "skopeo copy: transient failure; retry 1/3 in " in step.stdout
+    assert f"{internal.host}/team/retried:v1 verified: {pushed.split('@')[1]}" in step.stdout
+
+
 def test_expired_token_is_an_auth_error(tmp_path: Path, run_step: StepRunner, quay: Registry, internal: Registry, pushed: str) -> None:
     token = tmp_path / "token"
     token.write_text("expired-token")
     step = run_step("mirror", *mirror_args(tmp_path, quay, pushed, f"{internal.host}/team/x:v1", "--dest-token-file", token))
     assert step.returncode == 4, step.stderr
     assert step.error.startswith("ERROR: skopeo copy failed:")
+    assert "retry" not in step.stdout, "an auth failure is not run again"
 
 
 def test_dest_authfile(tmp_path: Path, run_step: StepRunner, quay: Registry, internal: Registry, pushed: str) -> None:
