@@ -226,12 +226,12 @@ def test_reader_reports_an_unreachable_cluster_and_a_missing_kubeconfig(tmp_path
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
     with pytest.raises(preflight.LiveReadError, match="no kubeconfig"):
         preflight.read_statefulset(None, "nccl-test", "ml-dev-env")
-    # a port nothing listens on: bind port 0, remember it, close it
+    # a port nothing listens on: bound here and never listened on, so no other process can take it meanwhile
     import socket
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "config", f"http://127.0.0.1:{port}", {"token": "t"})))
-    with pytest.raises(preflight.LiveReadError, match="GET /apis/apps/v1/"):
-        preflight.read_statefulset(None, "nccl-test", "ml-dev-env")
+        monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "config", f"http://127.0.0.1:{port}", {"token": "t"})))
+        with pytest.raises(preflight.LiveReadError, match="GET /apis/apps/v1/"):
+            preflight.read_statefulset(None, "nccl-test", "ml-dev-env")

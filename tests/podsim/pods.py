@@ -714,8 +714,14 @@ class PodSim:
         return out
 
     def pod_pids(self, index: int) -> list[int]:
-        """Every process of pod `index` (its PID namespace), as this machine numbers them."""
-        return pids_in_namespace_of(os.readlink(f"/proc/{self.pods[index].pid}/ns/pid"))
+        """Every process of pod `index` (its PID namespace), as this machine numbers them.
+
+        Refuses when the pod's first process is gone and its number now names a process outside any pod: the
+        answer would be every process of the machine (callers kill what they find)."""
+        namespace = os.readlink(f"/proc/{self.pods[index].pid}/ns/pid")
+        if namespace == os.readlink("/proc/self/ns/pid"):
+            raise RuntimeError(f"pod {index}: process {self.pods[index].pid} is not in a pod's PID namespace (the pod has ended)")
+        return pids_in_namespace_of(namespace)
 
     def in_network(self, argv: Sequence[str]) -> list[str]:
         """argv run in the simulation's bridge namespace (a node of the pod network, not a pod): reaches every pod IP."""

@@ -486,12 +486,12 @@ def test_token_service_outage_is_retried_and_not_called_wrong_credentials(
     tmp_path: Path, run_step: StepRunner, quay: Registry, base_image: str, model_dir: Model, repo_name: str
 ) -> None:
     model, _ = model_dir
-    quay.token_outage[0] = 2
-    step = run_step("package", *package_args(tmp_path, quay, quay.host, base_image, repo_name, model))
-    assert step.returncode == 0, step.stderr
-    assert "HTTP 503; retry 2/5" in step.stdout
-    quay.token_outage[0] = 100
-    try:
+    try:  # the token service is the session's: never leave it failing for later tests
+        quay.token_outage[0] = 2
+        step = run_step("package", *package_args(tmp_path, quay, quay.host, base_image, repo_name, model))
+        assert step.returncode == 0, step.stderr
+        assert "HTTP 503; retry 2/5" in step.stdout
+        quay.token_outage[0] = 100
         step = run_step("package", *package_args(tmp_path, quay, quay.host, base_image, f"{repo_name}-b", model), "--retries", 1)
     finally:
         quay.token_outage[0] = 0
