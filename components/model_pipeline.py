@@ -494,7 +494,8 @@ def stream_pipeline_spec(size_gi_for_timeouts: float) -> tekton.PipelineSpec:
     )
     tasks = [by_name["wait-tools"], package, by_name["mirror"], by_name["register"]]
     return tekton.PipelineSpec(
-        description="Package LLM weights straight from S3 as a KServe modelcar (no weights PVC), mirror internally, register.",
+        description="Package LLM weights straight from S3 or the Hugging Face Hub as a KServe modelcar (no weights PVC), "
+        "mirror internally, register.",
         params=full.params,
         workspaces=full.workspaces,
         tasks=tasks,
