@@ -706,7 +706,9 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=ROOT / "bench-out", help="where the report (markdown + JSON) is written")
     p.add_argument("--workdir", type=Path, default=ROOT / ".bench", help="scratch for model, registries and builds (removed after)")
     p.add_argument(
-        "--approaches", default="raw1,ours1,raw2,ours2,s3read,relay2,stream2,buildah,olot", help="comma-separated, from: " + ", ".join(APPROACHES)
+        "--approaches",
+        default="raw1,ours1,raw2,ours2,s3read,relay2,stream2,buildah,olot",
+        help="comma-separated, from: " + ", ".join(APPROACHES),
     )
     p.add_argument("--repeat", type=int, default=3, help="interleaved rounds (each approach runs once per round)")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
