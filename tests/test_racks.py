@@ -66,6 +66,7 @@ def test_commands_write_the_mapping_that_the_stack_then_accepts(capsys: pytest.C
 def test_racks_that_pulumi_would_store_as_numbers_stay_strings() -> None:
     lines = racks.commands("barcelona", {"n1": "12", "n2": "rack-b", "n3": "12"})
     assert lines == [
+        "pulumi config rm -s barcelona --path ml-dev-env:fabricCheck.nodeRacks",
         """pulumi config set -s barcelona --path --type string 'ml-dev-env:fabricCheck.nodeRacks["n1"]' 12""",
         """pulumi config set -s barcelona --path --type string 'ml-dev-env:fabricCheck.nodeRacks["n3"]' 12""",
         """pulumi config set -s barcelona --path 'ml-dev-env:fabricCheck.nodeRacks["n2"]' rack-b""",
@@ -108,3 +109,36 @@ def test_make_racks_runs_the_tool_with_oc_on_path(tmp_path: Path) -> None:
     assert proc.stdout.count("pulumi config set") == len(BARCELONA)
     usage = subprocess.run(["make", "-s", "racks", "STACK=barcelona"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert usage.returncode == 2 and "usage: make racks" in usage.stderr
+
+
+def test_a_label_value_that_is_no_rack_name_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    nodes = [node(n, **{LABEL: "R4_PCC02" if n == "moc-r4pcc02u17-nairr" else "r1"}) for n in BARCELONA]
+    assert racks.main(["barcelona", "--label", LABEL], stub_oc(nodes, [])) == 1
+    captured = capsys.readouterr()
+    assert "pulumi config" not in captured.out
+    assert captured.err.splitlines() == [
+        f"ERROR: node moc-r4pcc02u17-nairr: {LABEL}=R4_PCC02 is no rack name nodeRacks accepts (lower-case letters, "
+        "digits and '-', at most 63); set the node's rack by hand, e.g. r4-pcc02"
+    ]
+
+
+def test_a_stale_mapping_does_not_stop_the_tool_that_replaces_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """nodeRacks still names a node that nodes.gpuNodes dropped (the stack no longer validates): the tool still runs,
+    and its commands remove the old mapping before writing the new one."""
+    data = yaml.safe_load((ROOT / "Pulumi.barcelona.yaml").read_text())
+    kept = BARCELONA[:4]
+    data["config"]["ml-dev-env:nodes"]["gpuNodes"] = kept
+    data["config"].setdefault("ml-dev-env:fabricCheck", {})["nodeRacks"] = {n: "r1" for n in BARCELONA}
+    (tmp_path / "Pulumi.barcelona.yaml").write_text(yaml.safe_dump(data))
+    nodes = [node(n, **{LABEL: "r2"}) for n in BARCELONA]
+    assert racks.main(["barcelona", "--label", LABEL, "--config-dir", str(tmp_path)], stub_oc(nodes, [])) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("pulumi config")]
+    assert lines[0] == "pulumi config rm -s barcelona --path ml-dev-env:fabricCheck.nodeRacks"
+    assert [shlex.split(line)[6] for line in lines[1:]] == [f'ml-dev-env:fabricCheck.nodeRacks["{n}"]' for n in sorted(kept)]
+
+
+def test_an_environment_stack_is_sent_to_its_cluster_stack() -> None:
+    with pytest.raises(
+        SystemExit, match="barcelona-bob is an environment stack; nodeRacks belongs to its cluster stack: make racks STACK=barcelona"
+    ):
+        racks.main(["barcelona-bob", "--label", LABEL], stub_oc([], []))

@@ -7,8 +7,9 @@ the stack carries the mapping as config, and this tool writes it from the label 
 
 The nodes are the stack's `nodes.gpuNodes`, or, when it pins none, every node `oc` lists with the stack's GPU
 node selector (`nvidia.com/gpu.present=true` and `nodes.gpuProduct`). It prints the `pulumi config set --path`
-commands that put the mapping into the stack file (and the mapping itself); a node without the label is named
-in one line and nothing is printed to apply. Exit status: 0 when every node has the label, else 1.
+commands that replace the stack file's mapping with it (and the mapping itself); a node without the label, or
+whose label value is no valid rack name, is named in one line and nothing is printed to apply. An environment
+stack is refused: the mapping belongs to its cluster stack. Exit status: 0 when every node has the label, else 1.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -34,6 +36,7 @@ if __name__ == "__main__" and not __package__:
         },
     )
 
+from core.naming import DNS_LABEL
 from stacks.config import StackConfig
 from stacks.loader import stack_raw, validate_all
 from tools.mock_engine import ROOT, flatten, stack_config
@@ -52,8 +55,16 @@ def run_oc(args: list[str]) -> subprocess.CompletedProcess[str]:
 
 
 def load(stack: str, config_dir: Path) -> StackConfig:
+    """The stack's config without its current `nodeRacks` (which this tool replaces: a node added to or removed
+    from `nodes.gpuNodes` makes the old mapping invalid, and that must not stop the tool that fixes it)."""
     flat, _ = flatten(stack_config(config_dir / f"Pulumi.{stack}.yaml"))
     raw, problems = stack_raw(flat, config_dir)
+    if raw.get("environment"):
+        cluster = raw["environment"].get("cluster", "?")
+        raise SystemExit(f"ERROR: {stack} is an environment stack; nodeRacks belongs to its cluster stack: make racks STACK={cluster}")
+    fabric = raw.get("fabricCheck")
+    if isinstance(fabric, dict):
+        raw = {**raw, "fabricCheck": {k: v for k, v in fabric.items() if k != "nodeRacks"}}
     config, value_problems = validate_all(raw)
     if config is None:
         raise SystemExit(f"ERROR: Pulumi.{stack}.yaml does not validate: {(problems + value_problems)[0]} (`make render STACK={stack}`)")
@@ -78,18 +89,25 @@ def racks_from(nodes: list[dict[str, Any]], label: str, wanted: list[str] | None
             problems.append(f"node {name}: not found by `oc get nodes` (nodes.gpuNodes names it)")
         elif not labels[name].get(label):
             problems.append(f"node {name}: has no label {label} (its labels: {', '.join(sorted(labels[name])) or 'none'})")
+        elif not DNS_LABEL.match(labels[name][label]):
+            value = labels[name][label]
+            problems.append(
+                f"node {name}: {label}={value} is no rack name nodeRacks accepts (lower-case letters, digits and '-', "
+                f"at most 63); set the node's rack by hand, e.g. {re.sub(r'[^a-z0-9-]+', '-', value.lower()).strip('-') or 'rack-1'}"
+            )
         else:
             racks[name] = labels[name][label]
     return racks, problems
 
 
 def commands(stack: str, racks: dict[str, str]) -> list[str]:
-    """`pulumi config set --path` lines that write the mapping into the stack file, grouped by rack."""
+    """`pulumi config` lines that replace the stack file's mapping with this one (grouped by rack): the old one
+    is removed first, so a node no longer in the stack loses its entry."""
     order = list(dict.fromkeys(racks.values()))
     ordered = sorted(racks.items(), key=lambda kv: (order.index(kv[1]), kv[0]))
     # with --path, pulumi stores "true"/"false" and integers as such; a rack is a string (--type string, CLI 3.1xx+)
     typed = {rack: " --type string" if rack.isdigit() or rack in ("true", "false") else "" for rack in order}
-    return [
+    return [f"pulumi config rm -s {stack} --path {KEY}"] + [
         f"pulumi config set -s {stack} --path{typed[rack]} {shlex.quote(f'{KEY}[{json.dumps(node)}]')} {shlex.quote(rack)}"
         for node, rack in ordered
     ]
