@@ -17,7 +17,7 @@ from core.naming import stack_scc_name
 from stacks.config import StackConfig
 from tests.conftest import ROOT, VALIDATOR, run_objects, stack_objects
 from tools import render
-from tools.prerequisites import Need, admin_needs, prerequisites, secret_status
+from tools.prerequisites import Need, admin_needs, image_needs, prerequisites, secret_status
 
 
 def rendered(stack: str, mutate: Callable[[dict[str, Any]], None] | None = None, with_patches: bool = False) -> Any:
@@ -80,7 +80,7 @@ def test_tcp_stack_without_models_needs_no_rdma_operators_or_pipelines() -> None
 def test_an_image_the_stack_does_not_build_must_carry_what_the_pods_run(tmp_path: Path) -> None:
     config, objects = rendered("nerc-production")
     [image] = find(prerequisites(config, objects), "image ")
-    assert image.what.startswith(f"image {config.image.reference} carries python3 (>= 3.8), sshd, ssh, rsync, ")
+    assert image.what.startswith(f"image {config.image.reference} carries bash, awk, python3 (>= 3.8), sshd, ssh, rsync, ")
     servers = [s.program for s in config.access.enabled() if s.program]
     assert servers and image.what.split("sshd, ssh, rsync, ", 1)[1].startswith(", ".join(servers) + ";")
     assert image.what.endswith("for the fabric check mpirun, all_reduce_perf")  # TCP: no ib_write_bw
@@ -88,12 +88,14 @@ def test_an_image_the_stack_does_not_build_must_carry_what_the_pods_run(tmp_path
     # the check, run for real on an "image" (a PATH) that lacks rsync and code-server
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for program in ("sshd", "ssh", "jupyter", "tensorboard", "mpirun", "all_reduce_perf"):
+    for program in ("bash", "awk", "sshd", "ssh", "jupyter", "tensorboard", "mpirun", "all_reduce_perf"):
         (bin_dir / program).write_text("#!/bin/sh\n")
         (bin_dir / program).chmod(0o755)
     (bin_dir / "python3").symlink_to(sys.executable)
     argv = shlex.split(image.check)
     assert argv[:3] == ["oc", "run", "image-check"] and f"--image={config.image.reference}" in argv
+    assert argv[argv.index("--") - 1] == "--command", "sh replaces the image's entrypoint, not its arguments"
+    assert argv[argv.index("--") + 1 : argv.index("--") + 3] == ["sh", "-c"]
     script = argv[argv.index("--") + 3]
     probe = subprocess.run(["/bin/sh", "-c", script], env={"PATH": str(bin_dir)}, capture_output=True, text=True, timeout=60)
     assert probe.stdout.splitlines()[:2] == ["missing: rsync", "missing: code-server"], probe.stdout + probe.stderr
@@ -110,6 +112,18 @@ def test_an_image_the_stack_does_not_build_must_carry_what_the_pods_run(tmp_path
     assert image.what.endswith("for the fabric check mpirun, all_reduce_perf, ib_write_bw")
     config, objects = rendered("barcelona")
     assert find(prerequisites(config, objects), "image ") == [], "a stack that builds its image needs none"
+    for stack in ("barcelona-alice", "barcelona-bob"):  # environments run the image their cluster stack builds
+        settings = render.stack_settings(yaml.safe_load((ROOT / f"Pulumi.{stack}.yaml").read_text())["config"])
+        assert settings.image.build is not None and image_needs(settings) == [], stack
+
+    # an environment on a cluster that runs a given image: checked with the dev servers it enables itself
+    (tmp_path / "Pulumi.nerc-production.yaml").write_text((ROOT / "Pulumi.nerc-production.yaml").read_text())
+    carol = {"ml-dev-env:environment": {"cluster": "nerc-production", "name": "carol"},
+             "ml-dev-env:nodes": {"count": 1, "gpusPerPod": 4}, "ml-dev-env:access": {"jupyter": False}}  # fmt: skip
+    settings = render.stack_settings(carol, tmp_path)
+    [need] = image_needs(settings)
+    assert need.what.startswith(f"image {settings.image.reference} carries ") and "jupyter" not in need.what
+    assert "code-server" in need.what and f"-n {settings.cluster.namespace} " in need.check
 
 
 def _self_contained(o: dict[str, Any]) -> None:

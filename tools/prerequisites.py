@@ -349,7 +349,8 @@ def prerequisites(config: StackConfig, objects: Sequence[Mapping[str, Any]], pat
 def image_programs(config: StackConfig) -> tuple[list[str], list[str]]:
     """What the pods' image must carry for the programs that ship into the pods, and for the fabric check."""
     minimum = ".".join(map(str, inpod.MIN_PYTHON))
-    always = [f"python3 (>= {minimum})", "sshd", "ssh", "rsync"]  # startup, SSH fabric, `ml-dev sync`/`run`
+    # startup.sh and sshd.sh (bash, awk), the SSH fabric, `ml-dev sync`/`run`, the Python programs
+    always = ["bash", "awk", f"python3 (>= {minimum})", "sshd", "ssh", "rsync"]
     always += [s.program for s in config.access.enabled() if s.program]
     fabric = ["mpirun", "all_reduce_perf"] + (["ib_write_bw"] if config.network.effective_mode == "rdma" else [])
     return always, fabric
@@ -357,14 +358,14 @@ def image_programs(config: StackConfig) -> tuple[list[str], list[str]]:
 
 def image_needs(config: StackConfig) -> list[Need]:
     """A stack that runs an image it does not build (`image.reference`) relies on what that image carries."""
-    reference = config.image.reference
-    if reference is None or config.environment is not None:  # an environment runs its cluster stack's image
+    reference = config.image.reference  # an environment's is its cluster stack's, with its own dev servers
+    if reference is None:
         return []
     always, fabric = image_programs(config)
     probe = " ".join(p.split()[0] for p in always + fabric)
     check = (
-        f"oc run image-check --rm -i --restart=Never -n {config.cluster.namespace} --image={reference} -- "
-        f"sh -c 'PATH=$PATH:/usr/sbin; for p in {probe}; do command -v $p >/dev/null || echo missing: $p; done; "
+        f"oc run image-check --rm -i --restart=Never -n {config.cluster.namespace} --image={reference} --command -- "
+        f"sh -c 'PATH=$PATH:/usr/sbin:/usr/local/sbin; for p in {probe}; do command -v $p >/dev/null || echo missing: $p; done; "
         'python3 -c "import sys; print(sys.version)"\''
     )
     return [
