@@ -8,9 +8,9 @@ its digest must equal the source digest.
 skopeo's own `--retry-times` does not cover everything a busy registry does: a 5xx from the token
 service ends it at once (containers/image docker/docker_client.go `getBearerToken` wraps the status in
 a plain error, which containers/common pkg/retry `isRetryable` does not retry). So a skopeo call that
-fails with a 5xx, a dropped connection or a timeout runs again, up to `--retry-times` more times with
-exponential backoff (`--retry-delay`); both calls are idempotent (a copy by digest re-sends no blob the
-destination has). Authentication and unknown-manifest failures are not retried.
+fails with a 5xx or 429, a dropped connection or a timeout runs again, up to `--retry-times` more times
+with exponential backoff (`--retry-delay`), every run within `--timeout`; both calls are idempotent (a copy
+by digest re-sends no blob the destination has). Authentication and unknown-manifest failures are not retried.
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ AUTH_HINTS = re.compile(r"unauthorized|authentication required|denied|\b40[13]\b
 # What a later attempt may not meet (lower-cased skopeo message): a 5xx (containers/image: "invalid status code
 # from registry 503", "unexpected http status: 502", "StatusCode: 500"), a dropped connection, a timeout.
 TRANSIENT = re.compile(
-    r"(invalid status code from registry|unexpected http status:?|statuscode:) 5\d\d\b"
-    r"|: eof\b|unexpected eof|connection reset by peer|broken pipe|i/o timeout|tls handshake timeout"
+    r"(invalid status code from registry|unexpected http status:?|statuscode:) (5\d\d|429)\b|toomanyrequests"
+    r"|: eof\b|unexpected eof|connection reset by peer|broken pipe"
+    r"|i/o timeout|tls handshake timeout|client\.timeout exceeded|timeout awaiting response headers|context deadline exceeded"
 )
 
 
@@ -80,15 +81,17 @@ def skopeo(args: list[str], what: str, env: dict[str, str], timeout: float) -> b
     return proc.stdout
 
 
-def with_retries(call: Callable[[], bytes], what: str, retries: int, first_delay: float) -> bytes:
-    """`call()` (a skopeo run), again after a transient failure, at most `retries` more times."""
+def with_retries(call: Callable[[float], bytes], what: str, retries: int, first_delay: float, timeout: float) -> bytes:
+    """`call(seconds left)` (a skopeo run), again after a transient failure, at most `retries` more times, all of
+    them within `timeout` seconds: a retry that could not start before the deadline is not made."""
+    deadline = time.monotonic() + timeout
     for attempt in range(1, retries + 2):
         try:
-            return call()
+            return call(max(deadline - time.monotonic(), 1.0))
         except SkopeoFailed as exc:
-            if not exc.transient or attempt > retries:
-                raise
             delay = backoff(attempt, first_delay)
+            if not exc.transient or attempt > retries or time.monotonic() + delay >= deadline:
+                raise
             log(f"{what}: transient failure; retry {attempt}/{retries} in {delay:.1f}s")
             time.sleep(delay)
     raise AssertionError("unreachable")
@@ -109,7 +112,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--dest-cert-dir", help="directory with *.crt CA files for the destination (e.g. the service CA)")
     p.add_argument("--retry-times", type=int, default=3, help="skopeo retries per operation, and runs of skopeo after a transient failure")
     p.add_argument("--retry-delay", type=float, default=2.0, help="first delay before running skopeo again, in seconds (doubles)")
-    p.add_argument("--timeout", type=float, default=4 * 3600.0, help="seconds before the copy is abandoned")
+    p.add_argument("--timeout", type=float, default=4 * 3600.0, help="seconds before the copy (all its runs) is abandoned")
     p.add_argument("--tmpdir", help="TMPDIR for skopeo (point at the workspace PVC, never the node disk)")
     p.add_argument("--result-digest", help="file to write the destination digest to (Tekton result)")
     p.add_argument("--result-image", help="file to write <dest registry>/<repo>@<digest> to (Tekton result)")
@@ -148,14 +151,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         inspect = ["inspect", "--raw", f"--retry-times={args.retry_times}"]
         retries, delay = max(args.retry_times, 0), args.retry_delay
 
-        def run_copy() -> bytes:  # the token file is read again for every run
-            return skopeo([*copy, *dest_opts("dest-"), source, target], "skopeo copy", env, args.timeout)
+        def run_copy(seconds: float) -> bytes:  # the token file is read again for every run
+            return skopeo([*copy, *dest_opts("dest-"), source, target], "skopeo copy", env, seconds)
 
-        def run_inspect() -> bytes:
-            return skopeo([*inspect, *dest_opts(""), target], "skopeo inspect", env, 600)
+        def run_inspect(seconds: float) -> bytes:
+            return skopeo([*inspect, *dest_opts(""), target], "skopeo inspect", env, seconds)
 
-        with_retries(run_copy, "skopeo copy", retries, delay)
-        raw = with_retries(run_inspect, "skopeo inspect", retries, delay)
+        with_retries(run_copy, "skopeo copy", retries, delay, args.timeout)
+        raw = with_retries(run_inspect, "skopeo inspect", retries, delay, 600)
     digest = "sha256:" + hashlib.sha256(raw).hexdigest()
     if digest != src.digest:
         raise StepError(f"{dest} has digest {digest}, source is {src.digest}: digests were not preserved", EXIT_INTEGRITY)

@@ -238,3 +238,80 @@ def test_upload_range_forms(deployed: Deployed) -> None:
     assert parse("bytes=0-1048576") == (1048577, 1048576)  # Quay's status: the byte count
     assert parse("0-0") == (1, 0)  # a fresh session (or one byte)
     assert parse("5-10") is None and parse("") is None
+
+
+# ------------------------------------------------------------------------------------------ mirror
+
+
+@pytest.fixture(scope="module")
+def mirror(deployed: Deployed) -> types.ModuleType:
+    return deployed("mirror")
+
+
+@pytest.mark.parametrize(
+    ("message", "code", "transient"),
+    [  # skopeo 1.9's last stderr lines (containers/image wording)
+        (
+            "initializing source docker://q/m@sha256:1: Requesting bearer token: invalid status code from registry 503",
+            6,
+            True,
+        ),
+        ("writing blob: initiating layer upload to /v2/m/blobs/uploads/ in q: received unexpected HTTP status: 502 Bad Gateway", 6, True),
+        ("reading manifest sha256:1 in q/m: toomanyrequests: rate limit exceeded", 6, True),
+        ('Get "https://q/v2/": net/http: request canceled (Client.Timeout exceeded while awaiting headers)', 6, True),
+        (
+            'writing blob: Patch "https://q/v2/m/blobs/uploads/1": read tcp 10.0.0.1:40000->10.0.0.2:443: read: connection reset by peer',
+            6,
+            True,
+        ),
+        (
+            'pinging container registry 127.0.0.1:59500: Get "http://127.0.0.1:59500/v2/": dial tcp: connect: connection refused',
+            6,
+            False,
+        ),
+        ("initializing source docker://q/m@sha256:1: reading manifest sha256:1 in q/m: manifest unknown", 5, False),
+        ("trying to reuse blob at destination: unauthorized: authentication required", 4, False),
+        ("Requesting bearer token: invalid status code from registry 401 (Unauthorized)", 4, False),
+    ],
+    ids=["token-503", "upload-502", "429", "client-timeout", "reset", "refused-port-59500", "unknown", "auth", "token-401"],
+)
+def test_mirror_runs_skopeo_again_only_after_a_transient_failure(
+    mirror: types.ModuleType, monkeypatch: pytest.MonkeyPatch, message: str, code: int, transient: bool
+) -> None:
+    runs: list[float] = []
+
+    def fake_skopeo(seconds: float) -> bytes:
+        runs.append(seconds)
+        if len(runs) == 1:
+            raise mirror.SkopeoFailed(f"skopeo copy failed: {message}", code, transient=bool(mirror.TRANSIENT.search(message.lower())))
+        return b"ok"
+
+    monkeypatch.setattr(mirror.time, "sleep", lambda _: None)
+    proc = types.SimpleNamespace(returncode=1, stderr=f"time=x level=fatal msg={message}\n{message}\n".encode(), stdout=b"")
+    monkeypatch.setattr(mirror.subprocess, "run", lambda *a, **k: proc)
+    with pytest.raises(mirror.SkopeoFailed) as failed:  # the real classification of skopeo's last line
+        mirror.skopeo(["copy"], "skopeo copy", {}, 10)
+    assert (failed.value.code, failed.value.transient) == (code, transient)
+    if transient:
+        assert mirror.with_retries(fake_skopeo, "skopeo copy", 3, 0.01, 60) == b"ok" and len(runs) == 2
+    else:
+        with pytest.raises(mirror.SkopeoFailed):
+            mirror.with_retries(fake_skopeo, "skopeo copy", 3, 0.01, 60)
+        assert len(runs) == 1
+
+
+def test_mirror_retries_stay_within_one_timeout(mirror: types.ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [0.0]
+    monkeypatch.setattr(mirror.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(mirror.time, "sleep", lambda seconds: clock.__setitem__(0, clock[0] + seconds))
+    given: list[float] = []
+
+    def always_503(seconds: float) -> bytes:
+        given.append(seconds)
+        clock[0] += 40  # each run takes 40 s before it fails
+        raise mirror.SkopeoFailed("skopeo copy failed: invalid status code from registry 503", 6, transient=True)
+
+    with pytest.raises(mirror.SkopeoFailed):
+        mirror.with_retries(always_503, "skopeo copy", 10, 2.0, 100)
+    assert given[0] == 100 and all(later < 100 - 40 for later in given[1:]), given  # each run gets what is left
+    assert 2 <= len(given) <= 3, "no retry starts after the deadline"
