@@ -85,7 +85,7 @@ CLUSTER ?= $(STACK)
 NAMESPACES ?=
 ALL ?=
 status: venv
-	$(PY) -m tools.status $(CLUSTER) $(if $(ALL),--all-namespaces) $(foreach ns,$(NAMESPACES),--namespace $(ns))
+	$(PY) -m tools.status $(CLUSTER) $(if $(filter 1 yes true,$(ALL)),--all-namespaces) $(foreach ns,$(NAMESPACES),--namespace $(ns))
 
 # fabricCheck.nodeRacks of a cluster stack from a node label (needs oc, logged in, `get nodes`): prints the
 # `pulumi config set --path` commands that write it.

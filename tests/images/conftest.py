@@ -274,11 +274,13 @@ class BuildFailed(AssertionError):
     pass
 
 
-# buildah re-executes itself from a sealed memfd copy of /proc/self/exe before it does anything
-# (containers/storage pkg/unshare/unshare.c, copy_self_proc_exe: F_ADD_SEALS with F_SEAL_WRITE). The
-# kernel refuses the seal with EBUSY when a page of the copy still holds an extra reference after its
-# short wait (mm/memfd.c, memfd_wait_for_pins), which a busy 2-CPU machine hits now and then. Nothing
-# has run at that point, so running the same command again is safe; any other failure is not retried.
+# buildah's child for a RUN (and for `buildah run`) re-executes itself from a sealed memfd copy of
+# /proc/self/exe before the command starts (containers/storage pkg/unshare/unshare.c, copy_self_proc_exe:
+# F_ADD_SEALS with F_SEAL_WRITE). The kernel refuses the seal with EBUSY when a page of the copy still holds
+# an extra reference after its short wait (mm/memfd.c, memfd_wait_for_pins), which a busy 2-CPU machine
+# hits now and then. The failing step's command has not run, and a build's earlier steps are redone from
+# scratch (`bud --force-rm` leaves no half-built container behind), so running the same buildah command
+# again is safe; any other failure is not retried.
 REEXEC_EBUSY = "sealing memfd copy: Device or resource busy"
 REEXEC_ATTEMPTS = 3
 
@@ -319,6 +321,7 @@ class ImageRig:
     ) -> subprocess.CompletedProcess:
         args = [
             "bud",
+            "--force-rm",
             "--isolation",
             "chroot",
             "--tls-verify=false",
