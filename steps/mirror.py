@@ -28,8 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from lib.images import ImageRef
-from lib.registry import backoff
-from lib.runtime import EXIT_AUTH, EXIT_INTEGRITY, EXIT_NOT_FOUND, EXIT_REMOTE, StepError, log, run_step, write_result, writing
+from lib.runtime import EXIT_AUTH, EXIT_INTEGRITY, EXIT_NOT_FOUND, EXIT_REMOTE, StepError, backoff, log, run_step, write_result, writing
 
 # Words of skopeo's auth failures; status codes as whole numbers only (a port such as :59403 is no 403).
 AUTH_HINTS = re.compile(r"unauthorized|authentication required|denied|\b40[13]\b")

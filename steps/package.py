@@ -57,7 +57,6 @@ from lib.registry import (
     ChunkRefused,
     RegistryClient,
     TransientError,
-    backoff,
     sha256_digest,
 )
 from lib.runtime import (
@@ -67,6 +66,7 @@ from lib.runtime import (
     EXIT_REMOTE,
     Progress,
     StepError,
+    backoff,
     human,
     log,
     parse_size,

@@ -6,7 +6,6 @@ import base64
 import hashlib
 import http.client
 import json
-import random
 import re
 import ssl
 import threading
@@ -16,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .runtime import EXIT_AUTH, EXIT_INTEGRITY, EXIT_NOT_FOUND, EXIT_REMOTE, StepError, human, log
+from .runtime import EXIT_AUTH, EXIT_INTEGRITY, EXIT_NOT_FOUND, EXIT_REMOTE, StepError, backoff, human, log
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -45,11 +44,6 @@ class AuthExpired(TransientError):
 
 class ChunkRefused(Exception):
     """HTTP 413: the registry (or a proxy in front of it) refused a request body of this size."""
-
-
-def backoff(attempt: int, first: float) -> float:
-    """Exponential backoff with jitter: the n-th retry waits 50-100 % of first * 2**(n-1), at most 60 s."""
-    return min(first * 2 ** max(attempt - 1, 0), 60.0) * (0.5 + random.random() / 2)
 
 
 @dataclass

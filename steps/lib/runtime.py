@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import random
 import re
 import sys
 import threading
@@ -68,6 +69,11 @@ def writing(path: Path | str, what: str) -> Iterator[None]:
         if exc.errno not in DISK_ERRORS:
             raise
         raise StepError(f"cannot write {what} {path}: {exc.strerror or exc}", EXIT_FAILED) from exc
+
+
+def backoff(attempt: int, first: float) -> float:
+    """Exponential backoff with jitter: the n-th retry waits 50-100 % of first * 2**(n-1), at most 60 s."""
+    return min(first * 2 ** max(attempt - 1, 0), 60.0) * (0.5 + random.random() / 2)
 
 
 def log(message: str) -> None:
