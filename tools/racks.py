@@ -19,9 +19,7 @@ import json
 import os
 import re
 import shlex
-import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,18 +38,9 @@ from core.naming import DNS_LABEL
 from stacks.config import StackConfig
 from stacks.loader import stack_raw, validate_all
 from tools.mock_engine import ROOT, flatten, stack_config
+from tools.oc import Oc, run_oc
 
-Oc = Callable[[list[str]], subprocess.CompletedProcess[str]]
 KEY = "ml-dev-env:fabricCheck.nodeRacks"
-
-
-def run_oc(args: list[str]) -> subprocess.CompletedProcess[str]:
-    try:
-        return subprocess.run(["oc", *args], capture_output=True, text=True, timeout=120)
-    except FileNotFoundError:
-        return subprocess.CompletedProcess(["oc", *args], 127, "", "oc is not installed")
-    except subprocess.TimeoutExpired:
-        return subprocess.CompletedProcess(["oc", *args], 124, "", "oc did not answer within 120 s")
 
 
 def load(stack: str, config_dir: Path) -> StackConfig:

@@ -17,10 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,21 +38,9 @@ if __name__ == "__main__" and not __package__:
 from inpod import usage
 from stacks.loader import stack_raw, validate_all
 from tools.mock_engine import ROOT, StackFileError, flatten, stack_config
+from tools.oc import Oc, run_oc
 
 KINDS = "statefulsets,configmaps"
-
-Oc = Callable[[list[str]], subprocess.CompletedProcess[str]]
-
-
-def run_oc(args: list[str]) -> subprocess.CompletedProcess[str]:
-    try:
-        return subprocess.run(["oc", *args], capture_output=True, text=True, timeout=120)
-    except FileNotFoundError:
-        return subprocess.CompletedProcess(
-            ["oc", *args], 127, "", "oc is not installed (https://mirror.openshift.com/pub/openshift-v4/clients/ocp/)"
-        )
-    except subprocess.TimeoutExpired:
-        return subprocess.CompletedProcess(["oc", *args], 124, "", "oc did not answer within 120 s")
 
 
 def cluster_namespaces(cluster: str, config_dir: Path) -> tuple[list[str], list[str]]:
