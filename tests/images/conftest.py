@@ -279,8 +279,9 @@ class BuildFailed(AssertionError):
 # F_ADD_SEALS with F_SEAL_WRITE). The kernel refuses the seal with EBUSY when a page of the copy still holds
 # an extra reference after its short wait (mm/memfd.c, memfd_wait_for_pins), which a busy 2-CPU machine
 # hits now and then. The failing step's command has not run, and a build's earlier steps are redone from
-# scratch (`bud --force-rm` leaves no half-built container behind), so running the same buildah command
-# again is safe; any other failure is not retried.
+# scratch, so running the same buildah command again is safe (a failed build's working container may stay
+# in the rig's storage until the module's teardown removes it all); any other failure is not retried.
+# (`bud --force-rm` would clean up at once, but buildah 1.28 allows it only with --layers or --no-cache.)
 REEXEC_EBUSY = "sealing memfd copy: Device or resource busy"
 REEXEC_ATTEMPTS = 3
 
@@ -321,7 +322,6 @@ class ImageRig:
     ) -> subprocess.CompletedProcess:
         args = [
             "bud",
-            "--force-rm",
             "--isolation",
             "chroot",
             "--tls-verify=false",
