@@ -363,6 +363,8 @@ def image_needs(config: StackConfig) -> list[Need]:
         return []
     always, fabric = image_programs(config)
     probe = " ".join(p.split()[0] for p in always + fabric)
+    # --command: kubectl's `run` puts what follows `--` into the container's `args` (the image's ENTRYPOINT stays)
+    # unless --command makes it the `command` (kubectl pkg/cmd/run/run.go, the "command" flag)
     check = (
         f"oc run image-check --rm -i --restart=Never -n {config.cluster.namespace} --image={reference} --command -- "
         f"sh -c 'PATH=$PATH:/usr/sbin:/usr/local/sbin; for p in {probe}; do command -v $p >/dev/null || echo missing: $p; done; "

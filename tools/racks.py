@@ -16,23 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shlex
 import sys
 from pathlib import Path
 from typing import Any
-
-if __name__ == "__main__" and not __package__:
-    # Run as a file: re-run as the module of the repository package (`python -m tools.racks`, what the Makefile runs).
-    os.execve(
-        sys.executable,
-        [sys.executable, "-m", "tools.racks", *sys.argv[1:]],
-        {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")])),
-        },
-    )
 
 from core.naming import DNS_LABEL
 from stacks.config import StackConfig
@@ -91,7 +79,8 @@ def racks_from(nodes: list[dict[str, Any]], label: str, wanted: list[str] | None
 
 def commands(stack: str, racks: dict[str, str]) -> list[str]:
     """`pulumi config` lines that replace the stack file's mapping with this one (grouped by rack): the old one
-    is removed first, so a node no longer in the stack loses its entry."""
+    is removed first, so a node no longer in the stack loses its entry. `config rm --path` of a key that is not
+    there does nothing (pulumi sdk/go/common/resource/config/map.go, `Map.Remove`: a missing root returns nil)."""
     order = list(dict.fromkeys(racks.values()))
     ordered = sorted(racks.items(), key=lambda kv: (order.index(kv[1]), kv[0]))
     # with --path, pulumi stores "true"/"false" and integers as such; a rack is a string (--type string, CLI 3.1xx+)

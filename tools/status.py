@@ -16,24 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-
-if __name__ == "__main__" and not __package__:
-    # Run as a file (`python tools/status.py`): re-run as the module of the repository package (`python -m
-    # tools.status`, what the Makefile runs), which needs no sys.path edits.
-    os.execve(
-        sys.executable,
-        [sys.executable, "-m", "tools.status", *sys.argv[1:]],
-        {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")])),
-        },
-    )
 
 from inpod import usage
 from stacks.loader import stack_raw, validate_all
@@ -62,7 +49,7 @@ def cluster_namespaces(cluster: str, config_dir: Path) -> tuple[list[str], list[
     return sorted(namespaces), problems
 
 
-def first_line(text: str) -> str:
+def last_line(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1] if lines else "no output"
 
@@ -77,7 +64,7 @@ def read(cluster: str, namespaces: Sequence[str] | None, oc: Oc = run_oc) -> tup
         proc = oc(["get", KINDS, *scope, "-l", selector, "-o", "json"])
         where = "all namespaces" if namespaces is None else f"namespace {scope[1]}"
         if proc.returncode != 0:
-            failed.append(f"{where}: not read: {first_line(proc.stderr)}")
+            failed.append(f"{where}: not read: {last_line(proc.stderr)}")
             continue
         try:
             items += json.loads(proc.stdout).get("items") or []
