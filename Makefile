@@ -4,9 +4,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STACK ?= barcelona
-# Debian packages the tests and benchmarks use for real (registry, skopeo, buildah, htpasswd, shellcheck, headless chromium),
+# Debian packages the tests and benchmarks use for real (Open MPI for the fabric check, registry, skopeo, buildah,
+# htpasswd, shellcheck, headless chromium),
 # and Graphviz, which draws the docs' architecture diagrams (`make docs-generate`).
-APT_PACKAGES := docker-registry skopeo buildah apache2-utils openssh-server openssh-client rsync pdsh libnss-wrapper shellcheck chromium chromium-driver iptables iputils-ping graphviz
+APT_PACKAGES := openmpi-bin docker-registry skopeo buildah apache2-utils openssh-server openssh-client rsync pdsh libnss-wrapper shellcheck chromium chromium-driver iptables iputils-ping graphviz
 # Hash-locked sets compiled from the *.in files by `make lock` (tools/lock.sh, uv); .venv gets the dev lock.
 
 .PHONY: lock lock-check verify-base-lock typecheck help venv system-deps render render-all runs status racks test lint docs docs-generate screenshots diagram policy-preview bench-package bench-launch clean
