@@ -148,8 +148,21 @@ def network_policy_spec(selector: dict[str, str], router_ports: tuple[int, ...])
       a rule with ports matches `tcp && tcp.dst==...` only, while a rule without ports gets no L4 match at
       all (go-controller/pkg/libovsdb/util/acl.go, GetL4MatchesFromNetworkPolicyPorts -> UnspecifiedL4Match;
       go-controller/pkg/ovn/gress_policy.go, gressPolicy.buildLocalPodACLs leaves the L4 term out), so ping works.
-    * From the router's namespaces (any pod there), only `router_ports` (core/servers.py router_ports: the
-      OAuth proxies, or the servers themselves with auth `token`).
+    * From the router's namespaces, only `router_ports` (core/servers.py router_ports: the OAuth proxies, or the
+      servers themselves with auth `token`). The peer is a `namespaceSelector` with **no** `podSelector`: on
+      bare metal (barcelona, NERC) the default router runs on the host network
+      (openshift/cluster-ingress-operator pkg/operator/controller/ingress/controller.go,
+      computeEffectivePublishingStrategy), and its traffic to a pod on another node arrives SNATed to that
+      node's management-port IP (ovn-org/ovn-kubernetes go-controller/pkg/node/management-port_linux.go,
+      setupManagementPortNFTables). Those IPs are in the address set of the `openshift-host-network`
+      namespace (go-controller/pkg/ovn/master.go, addIPToHostNetworkNamespaceAddrSet), which
+      openshift/cluster-network-operator labels with the ingress policy group when the router is
+      HostNetwork (pkg/controller/ingressconfig, Reconcile). OVN-Kubernetes uses namespace address sets only
+      for a peer whose podSelector is nil (go-controller/pkg/ovn/base_network_controller_policy.go,
+      useNamespaceAddrSet: "nil and empty PodSelectors behave differently"); with `podSelector: {}` the peer
+      holds the router pods' IPs, which a host-network router's SNATed source never is, and every Route
+      answers 503 unless a router replica runs on the pod's own node. So this admits every node's
+      host-network traffic on the routed ports (and the router pods', where it runs on the pod network).
     * Kubelet probes need no rule: OVN-Kubernetes adds an allow-related ACL for the node's management port
       IP to every node switch, above the policies' default deny (base_network_controller_policy.go,
       BaseNetworkController.addAllowACLFromNode).
@@ -162,7 +175,8 @@ def network_policy_spec(selector: dict[str, str], router_ports: tuple[int, ...])
     own = {"podSelector": {"matchLabels": dict(selector)}}
     rules: list[dict[str, Any]] = [{"from": [own]}]
     if router_ports:
-        router = {"namespaceSelector": {"matchLabels": {ROUTER_NAMESPACE_LABEL: ""}}, "podSelector": {}}
+        # namespaceSelector only: no podSelector at all, not even {} (see the docstring)
+        router = {"namespaceSelector": {"matchLabels": {ROUTER_NAMESPACE_LABEL: ""}}}
         rules.append({"from": [router], "ports": [{"protocol": "TCP", "port": p} for p in router_ports]})
     return {"podSelector": {"matchLabels": dict(selector)}, "policyTypes": ["Ingress"], "ingress": rules}
 

@@ -2,8 +2,12 @@
 
 Every ingress rule of every NetworkPolicy the stack renders names its sources (`from`), and each source is either
 the pods the policy protects (a `podSelector` equal to the policy's own, no namespace selector) or the
-OpenShift router (`namespaceSelector` = {policy-group.network.openshift.io/ingress: ""}, any pod there); router
+OpenShift router (`namespaceSelector` = {policy-group.network.openshift.io/ingress: ""} and no `podSelector`); router
 sources reach only ports that a rendered Route leads to (Route -> Service -> pod port), never a range.
+
+A router peer with any `podSelector`, `{}` included, fails: OVN-Kubernetes admits a host-network router (the
+default on bare metal) only through the namespace address set, which it uses for a peer whose podSelector is nil
+(ovn-org/ovn-kubernetes go-controller/pkg/ovn/base_network_controller_policy.go, useNamespaceAddrSet).
 Policy `ingress-by-design` (`POLICY` below).
 """
 
@@ -19,7 +23,13 @@ ROUTER_LABEL = "policy-group.network.openshift.io/ingress"
 FIX = (
     "Fix: keep the stack's NetworkPolicy as components/devloop.py network_policy_spec renders it: one rule "
     "from podSelector = the policy's own podSelector (every port), one rule from namespaceSelector "
-    f"{{{ROUTER_LABEL}: ''}} for the routed proxies' ports only (core/servers.py router_ports)."
+    f"{{{ROUTER_LABEL}: ''}} (no podSelector) for the routed proxies' ports only (core/servers.py router_ports)."
+)
+HOST_NETWORK = (
+    "on OVN-Kubernetes a peer with a podSelector, even {}, holds the router pods' own IPs only, never the node "
+    "addresses a host-network router's traffic arrives from (ovn-org/ovn-kubernetes "
+    "go-controller/pkg/ovn/base_network_controller_policy.go, useNamespaceAddrSet: namespace address sets serve "
+    "only a nil podSelector), so every Route answers 503 unless a router replica runs on the pod's node"
 )
 
 
@@ -63,15 +73,16 @@ def _is_own(peer: Mapping[str, Any], own: Mapping[str, Any]) -> bool:
     return keys == {"podSelector"} and not _seq(_m(peer.get("podSelector")).get("matchExpressions")) and bool(own) and match == own
 
 
-def _is_router(peer: Mapping[str, Any]) -> bool:
+def _is_router_namespace(peer: Mapping[str, Any]) -> bool:
+    """The peer selects exactly the router's namespaces (whatever its podSelector)."""
     ns = _m(peer.get("namespaceSelector"))
-    pods = _m(peer.get("podSelector"))
-    return (
-        set(peer) <= {"namespaceSelector", "podSelector"}
-        and set(ns) == {"matchLabels"}
-        and dict(_m(ns.get("matchLabels"))) == {ROUTER_LABEL: ""}
-        and not pods
-    )
+    labels = dict(_m(ns.get("matchLabels")))
+    return set(peer) <= {"namespaceSelector", "podSelector"} and set(ns) == {"matchLabels"} and labels == {ROUTER_LABEL: ""}
+
+
+def _is_router(peer: Mapping[str, Any]) -> bool:
+    """The router as OVN-Kubernetes admits it from the host network too: its namespaces, podSelector absent (nil)."""
+    return _is_router_namespace(peer) and "podSelector" not in peer
 
 
 def _peer_unknown(peer: Mapping[str, Any]) -> bool:
@@ -141,6 +152,9 @@ def check_ingress_by_design(resources: Sequence[Resource]) -> Iterator[tuple[Res
                     for problem in _router_port_problems(rule, routed):
                         yield pol, f"ingress[{i}] {problem}. {FIX}"
                     continue
+                if _is_router_namespace(peer):
+                    yield pol, f"ingress[{i}] names the router's namespaces with a podSelector: {HOST_NETWORK}. {FIX}"
+                    continue
                 yield pol, f"ingress[{i}] admits {_describe(peer)}: only the policy's own pods and the router may be sources. {FIX}"
 
 
@@ -149,7 +163,7 @@ POLICY = PolicySpec(
     MANDATORY,
     "stack",
     "Every ingress rule of the stack's NetworkPolicies names its sources; each source is the policy's own pods "
-    f"(podSelector equal to the policy's) or the router (namespaceSelector {ROUTER_LABEL}: '', any pod there), "
+    f"(podSelector equal to the policy's) or the router (namespaceSelector {ROUTER_LABEL}: '' and no podSelector), "
     "and the router reaches only pod ports that a rendered Route leads to (no ranges, no rule without ports).",
     "Keep the stack's <app>-ssh NetworkPolicy as components/devloop.py network_policy_spec renders it; a new routed "
     "server gets its router port from its row in core/servers.py.",

@@ -18,7 +18,7 @@ from tests.policy.objects import NS, UNKNOWN, Item, container, item, meta, oauth
 
 POLICY = "ingress-by-design"
 SELECTOR = {"app": "app"}
-ROUTER = {"namespaceSelector": {"matchLabels": {devloop.ROUTER_NAMESPACE_LABEL: ""}}, "podSelector": {}}
+ROUTER = {"namespaceSelector": {"matchLabels": {devloop.ROUTER_NAMESPACE_LABEL: ""}}}
 
 
 def network_policy(spec: dict[str, Any]) -> Item:
@@ -132,10 +132,27 @@ def test_a_peer_other_than_the_stacks_pods_or_the_router_fails(peer: dict[str, A
     assert len(found) == 1 and found[0].startswith(f"ingress[0] admits {expected}"), found
 
 
+def test_the_rendered_router_peer_has_no_pod_selector() -> None:
+    """Not even `{}`: OVN-Kubernetes serves a host-network router only to a nil podSelector (useNamespaceAddrSet)."""
+    (router_rule,) = [r for r in good()["ingress"] if "ports" in r]
+    assert router_rule["from"] == [ROUTER] and "podSelector" not in router_rule["from"][0]
+
+
+@pytest.mark.parametrize("pods", [{}, {"matchLabels": {"ingresscontroller.operator.openshift.io/deployment-ingresscontroller": "default"}}])
+def test_a_router_peer_with_any_pod_selector_fails_citing_ovn_kubernetes(pods: dict[str, Any]) -> None:
+    """The shape issue 25 prescribed (`podSelector: {}`) admits only router pods on the pod network: 503 behind a
+    host-network router (the default on bare metal)."""
+    spec = good()
+    spec["ingress"][1]["from"] = [{**ROUTER, "podSelector": pods}]
+    found = messages(spec)
+    assert len(found) == 1, found
+    assert found[0].startswith("ingress[1] names the router's namespaces with a podSelector"), found
+    assert "useNamespaceAddrSet" in found[0] and "503" in found[0]
+
+
 @pytest.mark.parametrize(
     "router",
     [
-        {"namespaceSelector": {"matchLabels": {devloop.ROUTER_NAMESPACE_LABEL: ""}}, "podSelector": {"matchLabels": {"x": "y"}}},
         {"namespaceSelector": {"matchLabels": {devloop.ROUTER_NAMESPACE_LABEL: "", "more": "labels"}}},
         {"namespaceSelector": {"matchExpressions": [{"key": devloop.ROUTER_NAMESPACE_LABEL, "operator": "Exists"}]}},
     ],
