@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from inpod import svgplot
+from inpod.home import svgplot
 from tests.conftest import run_objects, stack_objects
 from tests.podsim.pods import PodSim, missing_requirements
 

@@ -281,25 +281,31 @@ class GpuCluster(pulumi.ComponentResource):
             opts=self._child,
         )
 
+    def _startup_data(self, script: str) -> dict[str, str]:
+        """The startup ConfigMap's keys: the package (inpod.SHIPPED), the launchers and shell files, the settings files.
+        + the fabric check (fabric_check.py, fabric.json, rank_order.sh; docs/operate/fabric-check.md),
+        + usage.py (`ml-dev status --all`): not hashed into the pod template, like ml-dev it updates in place
+        + the home page and the SVG plots (home_page.py, svgplot.py; always: the fabric gate draws with svgplot)"""
+        return {
+            "startup.sh": script,
+            **inpod.group("package"),
+            **devloop.scripts(self._cfg),
+            **lifecycle.scripts(),
+            **fabric.configmap_files(self._cfg),
+            **inpod.group("usage"),
+            **inpod.group("home"),
+        }
+
     def _startup_and_cluster_config(self, script: str) -> None:
         """The startup script ConfigMap and the count-dependent `cluster.env` ConfigMap."""
         name, app = self._name, self._app
         startup = k8s.core.v1.ConfigMap(
             f"{name}-startup",
             metadata=self._meta(naming.startup_configmap(app)),
-            # + the fabric check (fabric_check.py, fabric.json, rank_order.sh; docs/operate/fabric-check.md),
-            # + usage.py (`ml-dev status --all`): not hashed into the pod template, like ml-dev it updates in place
-            # + the home page and the SVG plots (home_page.py, svgplot.py; always: the fabric gate draws with svgplot)
-            data={
-                "startup.sh": script,
-                **devloop.scripts(self._cfg),
-                **lifecycle.scripts(),
-                **fabric.configmap_files(self._cfg),
-                **inpod.group("usage"),
-                **inpod.group("home"),
-            },
+            data=self._startup_data(script),
             opts=self._child,
         )
+        self._startup_configmap = startup  # the usage recorder mounts its program from it
         self._depends.append(startup)
         # Count-dependent facts (NNODES, …) live here, not in the pod template: a new `nodes.count`
         # updates this ConfigMap and the StatefulSet's `replicas`, so running pods are not restarted. Both
@@ -378,7 +384,7 @@ class GpuCluster(pulumi.ComponentResource):
             # Not awaited: a pull of a small Python image must not lengthen `pulumi up` (tests/test_waits.py).
             metadata=self._meta(role_name, annotations={"pulumi.com/skipAwait": "true"}),
             spec=lifecycle.usage_recorder_spec(cfg),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[binding]),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[binding, self._startup_configmap]),
         )
 
     def _dev_credentials(self) -> tuple[list[k8s.core.v1.VolumeArgs], str | None]:
@@ -439,7 +445,12 @@ class GpuCluster(pulumi.ComponentResource):
             ),
             k8s.core.v1.VolumeArgs(
                 name="startup",
-                config_map=k8s.core.v1.ConfigMapVolumeSourceArgs(name=naming.startup_configmap(app), default_mode=0o555),
+                # every key at its path in the pod (inpod.items): the package nested under inpod/, the rest at the root
+                config_map=k8s.core.v1.ConfigMapVolumeSourceArgs(
+                    name=naming.startup_configmap(app),
+                    default_mode=0o555,
+                    items=[k8s.core.v1.KeyToPathArgs(**i) for i in inpod.items(self._startup_data(script))],
+                ),
             ),
             k8s.core.v1.VolumeArgs(
                 name=pod.CLUSTER_VOLUME,

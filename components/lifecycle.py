@@ -153,11 +153,23 @@ def usage_selector(app: str) -> dict[str, str]:
     return {"app.kubernetes.io/name": "ml-dev-env-usage", "app.kubernetes.io/instance": app}
 
 
+def usage_volume(app: str) -> k8s.core.v1.VolumeArgs:
+    """The recorder's program from the startup ConfigMap: its launcher and the package modules it imports, at their paths
+    (items; k8s.io/api core/v1/types.go KeyToPath), so the pod runs the same files as the environment's pods."""
+    keys = {**inpod.group("package"), **inpod.group("usage")}
+    return k8s.core.v1.VolumeArgs(
+        name="program",
+        config_map=k8s.core.v1.ConfigMapVolumeSourceArgs(
+            name=naming.startup_configmap(app), default_mode=0o555, items=[k8s.core.v1.KeyToPathArgs(**i) for i in inpod.items(keys)]
+        ),
+    )
+
+
 def usage_recorder_spec(config: StackConfig) -> k8s.apps.v1.DeploymentSpecArgs:
     """One small pod running inpod/usage.py `loop` (a record every USAGE_PERIOD s) on a stdlib Python image (the pipeline's
     tools base). A Deployment, not a CronJob: no pod start every period, and the strict schemas know it."""
     app, ns = config.cluster.app_name, config.cluster.namespace
-    command = ["python3", "-c", inpod.text("usage.py"), "loop", "--namespace", ns, "--statefulset", app]
+    command = ["python3", f"{naming.STARTUP_MOUNT}/usage.py", "loop", "--namespace", ns, "--statefulset", app]
     command += ["--configmap", naming.usage_configmap(app), "--gpus-per-pod", str(config.nodes.gpus_per_pod), "--period", str(USAGE_PERIOD)]
     return k8s.apps.v1.DeploymentSpecArgs(
         replicas=1,
@@ -182,8 +194,10 @@ def usage_recorder_spec(config: StackConfig) -> k8s.apps.v1.DeploymentSpecArgs:
                         security_context=k8s.core.v1.SecurityContextArgs(
                             allow_privilege_escalation=False, capabilities=k8s.core.v1.CapabilitiesArgs(drop=["ALL"])
                         ),
+                        volume_mounts=[k8s.core.v1.VolumeMountArgs(name="program", mount_path=naming.STARTUP_MOUNT, read_only=True)],
                     )
                 ],
+                volumes=[usage_volume(app)],
             ),
         ),
     )

@@ -1,17 +1,27 @@
 """Programs that run inside the environment's pods, and the one table of what ships where.
 
 Every file here is delivered verbatim in the stack's startup ConfigMap (`<app>-startup`, mounted at
-`core.naming.STARTUP_MOUNT`, /opt/ml-dev-env) under the key `SHIPPED` names. The Pulumi components read
-the texts only through `text()` / `group()`; nothing else ships. Like `steps/`, this package imports
-nothing of ours and no Pulumi: the programs run on the images' Pythons with the standard library only.
+`core.naming.STARTUP_MOUNT`, /opt/ml-dev-env) at the path in the pod that `SHIPPED` names: the package itself
+under `inpod/` (its families are subpackages importing each other relatively), the programs' 3-line launchers
+(bin/) and the shell files (sh/) at the mount root, where the docs and the image call them. ConfigMap keys are
+flat (k8s.io/apimachinery pkg/util/validation/validation.go IsConfigMapKey: `[-._a-zA-Z0-9]+`), so each row's key
+is its path with `/` as `.`; the volume's `items` (k8s.io/api core/v1/types.go ConfigMapVolumeSource.Items,
+KeyToPath.Path) put every key back at its path (kubernetes pkg/volume/util/atomic_writer.go writePayloadToDir
+makes the directories, createUserVisibleFiles links the first component: `inpod -> ..data/inpod`). A launcher
+imports the package by its absolute name: Python puts the launcher's real (`..<timestamp>`) directory first on
+sys.path, and that directory holds `inpod/`. The Pulumi components read the texts only through `text()` /
+`group()` / `items()`; nothing else ships. Like `steps/`, this package imports nothing of ours and no Pulumi: the
+programs run on the images' Pythons with the standard library only.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(os.path.dirname(os.path.abspath(__file__)))
 
 MIN_PYTHON = (3, 8)
 """The oldest `python3` the in-pod programs run on; the one place that says so. The presets' images carry 3.10
@@ -22,40 +32,56 @@ CPython from this one to the newest found (pyenv or PATH)."""
 
 @dataclass(frozen=True)
 class Shipped:
-    key: str
-    """The ConfigMap key, i.e. the file name under /opt/ml-dev-env in the pod."""
+    path: str
+    """Where the pod finds it, relative to the mount (/opt/ml-dev-env)."""
     source: str
     """The file in this package."""
     group: str
-    """Which part of the stack ships it: startup (PID 1), devloop (SSH fabric, launcher), lifecycle, fabric, usage,
-    home (the home page and the SVG plots it and the fabric gate draw; always shipped)."""
+    """Which part of the stack ships it: package (the package's common modules; always), startup (PID 1), devloop
+    (SSH fabric, launcher), lifecycle, fabric, usage, home (the home page and the SVG plots it and the fabric gate
+    draw; always shipped)."""
+
+    @property
+    def key(self) -> str:
+        """The ConfigMap key: the path with `/` as `.` (keys are flat; none starts with `..`)."""
+        return self.path.replace("/", ".")
+
+
+def _package(group: str, *sources: str) -> tuple[Shipped, ...]:
+    return tuple(Shipped(f"inpod/{s}", s, group) for s in sources)
 
 
 SHIPPED: tuple[Shipped, ...] = (
-    Shipped("startup.sh", "startup.sh", "startup"),
-    Shipped("sshd.sh", "sshd.sh", "devloop"),
-    Shipped("ssh-session.sh", "ssh-session.sh", "devloop"),
-    Shipped("ml-dev", "ml_dev.py", "devloop"),
-    Shipped("ml_dev_lib.py", "ml_dev_lib.py", "devloop"),
-    Shipped("ml_dev_sync.py", "ml_dev_sync.py", "devloop"),
-    Shipped("ml_dev_launch.py", "ml_dev_launch.py", "devloop"),
-    Shipped("ml_dev_status.py", "ml_dev_status.py", "devloop"),
-    Shipped("idle_agent.py", "idle_agent.py", "lifecycle"),
-    Shipped("idle_probes.py", "idle_probes.py", "lifecycle"),
-    Shipped("idle_decider.py", "idle_decider.py", "lifecycle"),
-    Shipped("idle-warning.sh", "idle-warning.sh", "lifecycle"),
-    Shipped("checkpoint_stop.sh", "checkpoint_stop.sh", "lifecycle"),
-    Shipped("fabric_check.py", "fabric_check.py", "fabric"),
-    Shipped("fabric_util.py", "fabric_util.py", "fabric"),
-    Shipped("fabric_parse.py", "fabric_parse.py", "fabric"),
-    Shipped("fabric_preflight.py", "fabric_preflight.py", "fabric"),
-    Shipped("fabric_gate.py", "fabric_gate.py", "fabric"),
-    Shipped("fabric_localise.py", "fabric_localise.py", "fabric"),
-    Shipped("fabric_report.py", "fabric_report.py", "fabric"),
-    Shipped("rank_order.sh", "rank_order.sh", "fabric"),
-    Shipped("usage.py", "usage.py", "usage"),
-    Shipped("home_page.py", "home_page.py", "home"),
-    Shipped("svgplot.py", "svgplot.py", "home"),
+    *_package("package", "__init__.py", "lib/__init__.py"),
+    Shipped("startup.sh", "sh/startup.sh", "startup"),
+    Shipped("sshd.sh", "sh/sshd.sh", "devloop"),
+    Shipped("ssh-session.sh", "sh/ssh-session.sh", "devloop"),
+    Shipped("ml-dev", "bin/ml-dev", "devloop"),
+    *_package(
+        "devloop", "ml_dev/__init__.py", "ml_dev/main.py", "ml_dev/common.py", "ml_dev/sync.py", "ml_dev/launch.py", "ml_dev/status.py"
+    ),
+    Shipped("idle_agent.py", "bin/idle_agent.py", "lifecycle"),
+    *_package("lifecycle", "idle/__init__.py", "idle/agent.py", "idle/probes.py", "idle/decider.py"),
+    Shipped("idle-warning.sh", "sh/idle-warning.sh", "lifecycle"),
+    Shipped("checkpoint_stop.sh", "sh/checkpoint_stop.sh", "lifecycle"),
+    Shipped("fabric_check.py", "bin/fabric_check.py", "fabric"),
+    *_package(
+        "fabric",
+        "fabric/__init__.py",
+        "fabric/check.py",
+        "fabric/util.py",
+        "fabric/parse.py",
+        "fabric/allreduce.py",
+        "fabric/preflight.py",
+        "fabric/gate.py",
+        "fabric/localise.py",
+        "fabric/report.py",
+    ),
+    Shipped("rank_order.sh", "sh/rank_order.sh", "fabric"),
+    Shipped("usage.py", "bin/usage.py", "usage"),
+    *_package("usage", "usage.py"),
+    Shipped("home_page.py", "bin/home_page.py", "home"),
+    *_package("home", "home/__init__.py", "home/page.py", "home/svgplot.py"),
 )
 _BY_KEY = {s.key: s for s in SHIPPED}
 
@@ -71,6 +97,13 @@ def path(key: str) -> Path:
 def text(key: str) -> str:
     """The exact text the pod gets under `key`."""
     return path(key).read_text()
+
+
+def items(keys: Iterable[str]) -> list[dict[str, str]]:
+    """The `items` of a volume of the startup ConfigMap holding `keys`: every shipped key at its path in the pod, any
+    other key (the rendered settings: devloop.env, fabric.json) at its own name. A volume with `items` holds the
+    listed keys only (k8s.io/api core/v1/types.go ConfigMapVolumeSource.Items), so every key is listed."""
+    return [{"key": k, "path": _BY_KEY[k].path if k in _BY_KEY else k} for k in keys]
 
 
 def group(name: str) -> dict[str, str]:

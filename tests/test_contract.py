@@ -9,7 +9,7 @@ import pytest
 
 import inpod
 from core import pod_contract as contract
-from inpod import ml_dev
+from inpod.ml_dev import common as ml_dev
 from tests.conftest import run_objects, stack_objects
 from tools.mock_engine import RunResult
 
@@ -49,14 +49,14 @@ def test_program_side() -> None:
     assert case and case.group(1).split("|") == list(contract.CLUSTER_ENV)
     written = re.findall(r"printf 'export ([A-Z_]+)=%s\\n'", startup[startup.index("refresh_rank() {") :])
     assert [w for w in written if w != "NCCL_IB_HCA"] == list(contract.RANK_ENV)
-    ml_dev = "".join(text for key, text in inpod.group("devloop").items() if key == "ml-dev" or key.startswith("ml_dev_"))
+    ml_dev = "".join(text for key, text in inpod.group("devloop").items() if key == "ml-dev" or key.startswith("inpod.ml_dev."))
     assert all(f"{k}" in ml_dev for k in ("ML_DEV_SHARED_PATHS", "ML_DEV_PER_POD_PATHS", contract.STARTUP_DIR_ENV))
 
 
-@pytest.mark.parametrize("key", ["ml_dev_lib.py", "fabric_util.py"])
+@pytest.mark.parametrize("key", ["inpod.ml_dev.common.py", "inpod.fabric.util.py"])
 def test_programs_hand_other_pods_the_mount_path(key: str) -> None:
     """The kubelet's ..<timestamp> directory behind the mount differs per pod: never resolve() our own path.
-    (The fabric check's modules hand the path on through fabric_util.PROGRAM, ml-dev's through ml_dev_lib.HERE.)"""
+    (The fabric check's modules hand the path on through inpod.fabric.util.PROGRAM, ml-dev's through inpod.ml_dev.common.HERE.)"""
     text = inpod.text(key)
     assert contract.STARTUP_DIR_ENV in text
     python = [k for g in ("fabric", "devloop") for k in inpod.group(g) if k.endswith(".py") or k == "ml-dev"]

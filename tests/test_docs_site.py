@@ -1,4 +1,4 @@
-"""The built documentation site in a real browser (Debian's headless chromium, tests/home/browser.py): the
+"""The built documentation site in a real browser (Debian's headless chromium, tests/inpod/home/browser.py): the
 architecture diagrams are pictures (the SVGs `make docs-generate` draws with Graphviz), not diagram source, and
 the pages load nothing from elsewhere: every host name fails to resolve in this browser, so any fetch from the
 internet would be a console error. The site is served as `mkdocs build` wrote it, over HTTP on 127.0.0.1 (port 0:
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, STACKS
-from tests.home.browser import CHROMIUM, DRIVER, NO_BROWSER, js, open_browser
+from tests.inpod.home.browser import CHROMIUM, DRIVER, NO_BROWSER, js, open_browser
 
 pytestmark = [pytest.mark.skipif(not (CHROMIUM and DRIVER), reason=NO_BROWSER), pytest.mark.timeout(180)]
 IMAGES = (

@@ -23,7 +23,7 @@ from core.servers import DEV_SERVERS, DevServer
 from policy.rules.routes_authenticated import SERVICE_PORT_AUTH, SERVICE_PORT_NUMBERS
 
 ROOT = Path(__file__).resolve().parent.parent
-STARTUP = ROOT / "inpod" / "startup.sh"
+STARTUP = ROOT / "inpod" / "sh" / "startup.sh"
 
 PROGRAM = textwrap.dedent(
     """

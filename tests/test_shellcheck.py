@@ -42,7 +42,9 @@ def shellcheck(*files: Path) -> subprocess.CompletedProcess[str]:
 
 def test_the_shell_files_are_found() -> None:
     names = {str(p.relative_to(ROOT)) for p in shell_files()}
-    expected = {"inpod/startup.sh", "inpod/sshd.sh", "inpod/ssh-session.sh", "inpod/idle-warning.sh", "inpod/rank_order.sh"}
+    expected = {
+        f"inpod/sh/{n}" for n in ("startup.sh", "sshd.sh", "ssh-session.sh", "idle-warning.sh", "rank_order.sh", "checkpoint_stop.sh")
+    }
     assert expected | {"tools/lock.sh", "tools/verify_base_lock.sh", ".ci/run"} <= names, names
 
 

@@ -1,11 +1,11 @@
 """The startup script as a plain process with stub binaries: only what a pod started from the render cannot show.
 
-Its behaviour on pods lives in tests/podsim/test_startup.py (rank, hostfile, servers, count changes, HOME, shells,
+Its behaviour on pods lives in tests/inpod/sh/test_startup.py (rank, hostfile, servers, count changes, HOME, shells,
 token auth, hcaMode auto, refused memlock, restricted-v2 on a read-only workspace, the idle agent). What stays here
 cannot be expressed by any render: a pod name without an ordinal (a StatefulSet always names pods <app>-<n>), an
 unwritable /tmp and $TMPDIR (no stack renders readOnlyRootFilesystem; the image's /tmp is writable) and a pod
 without the idle settings (every render mounts the lifecycle ConfigMap's idle.json). The helpers are shared with
-tests/lifecycle/test_checkpoint_stop.py and tests/test_gpu_cluster.py.
+tests/inpod/ml_dev/test_checkpoint_stop.py and tests/test_gpu_cluster.py.
 """
 
 from __future__ import annotations
@@ -194,7 +194,7 @@ def test_no_writable_state_dir_nor_tmpdir_still_runs(tmp_path: Path, stubs: tupl
 
 def test_no_settings_no_agent(tmp_path: Path, stubs: tuple[Path, Path]) -> None:
     """Without idle settings at ML_DEV_IDLE_SETTINGS the script starts no idle agent (moved from
-    tests/lifecycle/test_startup_hook.py; with the rendered settings: tests/podsim/test_startup.py)."""
+    tests/lifecycle/test_startup_hook.py; with the rendered settings: tests/inpod/sh/test_startup.py)."""
     bin_dir, _ = stubs
     env = base_env(tmp_path, bin_dir, "ml-dev-env-1", ML_DEV_IDLE_SETTINGS=str(tmp_path / "absent.json"))
     proc = start(env)

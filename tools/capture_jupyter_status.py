@@ -53,7 +53,7 @@ PACKAGES = ["jupyter_server", "jupyterlab", "jupyter_client", "ipykernel", "term
 
 class Server:
     """A real JupyterLab on 127.0.0.1 (port 0, read back from its runtime file) under `root`, with token auth
-    (`token`); the tests' `jupyter` fixture (tests/lifecycle/conftest.py) runs the same server."""
+    (`token`); the tests' `jupyter` fixture (tests/inpod/idle/conftest.py) runs the same server."""
 
     token = TOKEN
 

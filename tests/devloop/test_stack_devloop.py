@@ -17,6 +17,7 @@ from components import devloop
 from core import naming
 from stacks.config import SshConfig
 from tests.conftest import run_objects, stack_objects, tcp_shared_variant
+from tests.inpod import mount
 from tools.mock_engine import MOCK_SSH_PUBLIC_KEY, RunResult
 
 NETPOL = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
@@ -191,7 +192,7 @@ def test_shared_paths_tell_the_launcher_when_not_to_sync() -> None:
 
 def launcher() -> Any:
     """The launcher's tree rules: ml_dev_sync, shipped next to `ml-dev` (inpod.SHIPPED), imported as a module."""
-    return importlib.import_module("inpod.ml_dev_sync")
+    return importlib.import_module("inpod.ml_dev.sync")
 
 
 @pytest.mark.parametrize(
@@ -247,7 +248,7 @@ def test_hash_cache_does_not_trust_a_racy_rewrite(tmp_path: Path, monkeypatch: p
 
 def test_launcher_runs_with_plain_python3_and_explains_outside_a_pod(tmp_path: Path) -> None:
     res = subprocess.run(
-        [sys.executable, str(inpod.path("ml-dev")), "status"],
+        [sys.executable, str(mount.shipped() / "ml-dev"), "status"],
         capture_output=True,
         text=True,
         env={**os.environ, "ML_DEV_STATE_DIR": str(tmp_path)},

@@ -1,8 +1,8 @@
 """Unit tests of the in-pod programs that run under every CPython from inpod.MIN_PYTHON on.
 
-Standard library only (unittest) and nothing of ours imported: the programs are loaded from their files,
-as the pods run them, with inpod/ on PYTHONPATH so that a program may import a sibling that ships next
-to it. tests/inpod/test_pythons.py runs this file under each interpreter it finds:
+Standard library only (unittest) and nothing of ours imported but the programs: the `inpod` package is
+imported as the pods import it, from the startup ConfigMap's mount (tests/inpod/mount.py; $POD_UNITS_MOUNT,
+on PYTHONPATH), and its launchers are run from there. tests/inpod/test_pythons.py runs this file under each interpreter it finds:
 
   python tests/inpod/pod_units.py          the unit tests (unittest; exit status 0 when all pass)
   python tests/inpod/pod_units.py --dump   what every `parse_*` function of the programs makes of every
@@ -29,34 +29,29 @@ from unittest import mock
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 INPOD = ROOT / "inpod"
-_LOADED: dict[str, types.ModuleType] = {}
+MOUNT = Path(os.environ.get("POD_UNITS_MOUNT") or INPOD / "bin")  # where the launchers are (the pod's mount)
+LAUNCHERS = ("ml-dev", "fabric_check.py", "idle_agent.py", "home_page.py", "usage.py")
 
 
-def program_files() -> list[Path]:
-    return sorted(p for p in INPOD.iterdir() if p.is_file() and (p.suffix == ".py" or p.name == "ml_dev.py") and p.name != "__init__.py")
+def program_modules() -> list[str]:
+    """Every module of the package (inpod.fabric.parse, …) but the table (inpod/__init__.py) and the launchers."""
+    found = []
+    for path in sorted(INPOD.rglob("*.py")):
+        rel = path.relative_to(ROOT).with_suffix("")
+        if rel.parts[1] != "bin" and rel.name != "__init__" and "__pycache__" not in rel.parts:
+            found.append(".".join(rel.parts))
+    return found
 
 
 def load(name: str) -> types.ModuleType:
-    """inpod/<name> as a module (registered under its stem, so a sibling's import finds the same one)."""
-    if name not in _LOADED:
-        stem = Path(name).stem
-        imported = sys.modules.get(stem)  # already imported by a sibling (inpod/ is on PYTHONPATH): the same one
-        if imported is not None and getattr(imported, "__file__", None) == str(INPOD / name):
-            _LOADED[name] = imported
-            return imported
-        spec = importlib.util.spec_from_file_location(stem, str(INPOD / name))
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[stem] = module  # dataclasses look their module up in sys.modules (3.8)
-        spec.loader.exec_module(module)
-        _LOADED[name] = module
-    return _LOADED[name]
+    """The package's module `name` (inpod.idle.probes), imported as the pod imports it."""
+    return importlib.import_module(name)
 
 
 def find(function: str) -> Callable[..., Any]:
     """A function by name, from whichever program defines it (the programs may be split into modules)."""
-    for path in program_files():
-        module = load(path.name)
+    for name in program_modules():
+        module = load(name)
         if callable(getattr(module, function, None)) and getattr(module, function).__module__ == module.__name__:
             return getattr(module, function)
     raise LookupError(f"no in-pod program defines {function}")
@@ -88,12 +83,12 @@ GPU_ROWS = [
 def dump() -> dict[str, object]:
     out: dict[str, object] = {}
     parsers = {}
-    for path in program_files():
-        module = load(path.name)
+    for module_name in program_modules():
+        module = load(module_name)
         for name in sorted(vars(module)):
             function = getattr(module, name)
             if name.startswith("parse_") and callable(function) and getattr(function, "__module__", None) == module.__name__:
-                parsers[f"{path.name}:{name}"] = function
+                parsers[f"{module_name}:{name}"] = function
     for fixture in fixtures():
         text = fixture.read_text(errors="replace")
         for name, function in parsers.items():
@@ -130,8 +125,8 @@ def dump() -> dict[str, object]:
 
 class IdleAgent(unittest.TestCase):
     def setUp(self) -> None:
-        self.agent = load("idle_probes.py")  # the idle agent's probes; idle_agent.py is its server and command line
-        self.decider = load("idle_decider.py")
+        self.agent = load("inpod.idle.probes")  # the idle agent's probes; idle_agent.py is its server and command line
+        self.decider = load("inpod.idle.decider")
         self.tmp = Path(tempfile.mkdtemp(prefix="pod-units-"))
         self.addCleanup(subprocess.run, ["rm", "-rf", str(self.tmp)], check=False)
 
@@ -196,7 +191,7 @@ class IdleAgent(unittest.TestCase):
         (self.tmp / "pts").mkdir()
         env = dict(os.environ, ML_DEV_NVIDIA_SMI=str(self.tmp / "missing"), ML_DEV_STATE_DIR=str(self.tmp), ML_DEV_SSH_PROCESS_SCAN="0")
         env.update(ML_DEV_IDLE_SETTINGS=str(self.tmp / "none.json"), ML_DEV_PTS_DIR=str(self.tmp / "pts"))
-        proc = subprocess.run([sys.executable, str(INPOD / "idle_agent.py"), "probe"], capture_output=True, env=env, timeout=60)
+        proc = subprocess.run([sys.executable, str(MOUNT / "idle_agent.py"), "probe"], capture_output=True, env=env, timeout=60)
         self.assertEqual(proc.returncode, 0, proc.stderr)
         report = json.loads(proc.stdout.decode().split("\n", 1)[1])  # after the log line about the settings
         self.assertEqual([s["name"] for s in report["signals"]], ["gpu", "terminals", "ssh", "launcher"])
@@ -209,7 +204,7 @@ class Usage(unittest.TestCase):
     NOW = 1_780_000_000.0
 
     def setUp(self) -> None:
-        self.usage = load("usage.py")
+        self.usage = load("inpod.usage")
 
     def test_record_arithmetic(self) -> None:
         u = self.usage
@@ -236,7 +231,7 @@ class StatusIdleView(unittest.TestCase):
     NOW = 1_780_000_000.0
 
     def setUp(self) -> None:
-        self.status = load("ml_dev_status.py")
+        self.status = load("inpod.ml_dev.status")
 
     def view(self, **over: object) -> dict[str, object]:
         unreachable = {"ml-dev-env-1": {"seconds": 700.0, "since": self.NOW - 700, "writtenOff": True, "error": "timed out"}}
@@ -270,9 +265,9 @@ class StatusIdleView(unittest.TestCase):
 
 class Programs(unittest.TestCase):
     def test_every_program_starts(self) -> None:
-        for path in program_files():
-            with self.subTest(program=path.name):
-                proc = subprocess.run([sys.executable, str(path), "--help"], capture_output=True, timeout=60)
+        for launcher in LAUNCHERS:
+            with self.subTest(program=launcher):
+                proc = subprocess.run([sys.executable, str(MOUNT / launcher), "--help"], capture_output=True, timeout=60)
                 self.assertEqual(proc.returncode, 0, proc.stderr.decode())
 
     def test_pair_rounds_test_each_pair_at_most_once(self) -> None:
@@ -293,7 +288,7 @@ class Plots(unittest.TestCase):
     def test_a_chart_is_svg_and_its_text_is_escaped(self) -> None:
         import xml.etree.ElementTree as ET
 
-        svgplot = load("svgplot.py")
+        svgplot = load("inpod.home.svgplot")
         label = "<script>alert(1)</script> & 'q'"
         root = ET.fromstring(svgplot.line_chart([{"label": label, "points": [(1, 2), (4, 8)]}], title=label, hlines=[(5, "<x>", "#000")]))
         self.assertEqual(root.tag, self.SVG + "svg")
@@ -304,17 +299,17 @@ class Plots(unittest.TestCase):
         import xml.etree.ElementTree as ET
 
         parse = find("parse_nccl_tests")
-        rows = parse((ROOT / "tests" / "fabric" / "data" / "all_reduce_perf-2x8-h100.txt").read_text())["rows"]
+        rows = parse((ROOT / "tests" / "inpod" / "fabric" / "data" / "all_reduce_perf-2x8-h100.txt").read_text())["rows"]
         result = {"status": "pass", "time": "t", "hosts": ["a", "b"], "gpusPerNode": 8, "sizes": rows,
                   "expectation": {"expected_busbw_gbs": 194.6, "pass_busbw_gbs": 175.14}}  # fmt: skip
-        root = ET.fromstring(load("svgplot.py").gate_curve(result))
+        root = ET.fromstring(load("inpod.home.svgplot").gate_curve(result))
         line = next(root.iter(self.SVG + "polyline")).get("points", "").split()
         self.assertEqual(len(line), len(rows))
         self.assertIn("pass at 175.1 GB/s", [t.text for t in root.iter(self.SVG + "text")])
-        self.assertIsNone(load("svgplot.py").gate_curve({"status": "error"}))
+        self.assertIsNone(load("inpod.home.svgplot").gate_curve({"status": "error"}))
 
     def test_home_page_escapes_what_users_write(self) -> None:
-        home = load("home_page.py")
+        home = load("inpod.home.page")
         with tempfile.TemporaryDirectory() as tmp, mock_env(ML_DEV_STATE_DIR=tmp, ML_DEV_WORKSPACE=tmp, ML_DEV_HOME_AGENTS=""):
             beats = Path(tmp, "heartbeat")
             beats.mkdir()

@@ -17,10 +17,12 @@ import pytest
 
 import inpod
 from tests.conftest import ROOT
+from tests.inpod import mount
 
 UNITS = Path(__file__).resolve().parent / "pod_units.py"
 VERSIONS = [f"3.{minor}" for minor in range(inpod.MIN_PYTHON[1], 14)]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT / "inpod"), "PYTHONDONTWRITEBYTECODE": "1"}
+MOUNT = mount.shipped()  # the startup ConfigMap as a pod has it: the package under inpod/, the launchers at the root
+ENV = {**os.environ, "PYTHONPATH": str(MOUNT), "POD_UNITS_MOUNT": str(MOUNT), "PYTHONDONTWRITEBYTECODE": "1"}
 
 
 def version_of(python: str) -> str | None:

@@ -75,12 +75,12 @@ Platform rules (everything a pod gets is a rendered field or one of these), with
 * The image's programs this machine lacks (`PodSim(..., image_programs={path: script})`): the dev servers of
   images/base.Containerfile (code-server at /usr/local/bin/code-server -> /opt/code-server, jupyter and
   tensorboard from the system pip at /usr/local/bin) as stubs installed 0755 at those paths before PID 1 runs;
-  they record into /run/podsim-image (1777), a directory only the stubs use (tests/podsim/test_startup.py).
+  they record into /run/podsim-image (1777), a directory only the stubs use (tests/inpod/sh/test_startup.py).
 * Container restart (`sim.restart(i)`): the pod sandbox stays (network namespace, IP, /etc/hosts, volumes:
   PVCs, emptyDirs, ConfigMaps), the container gets a fresh writable layer, /tmp and PID namespace
   (pkg/kubelet/kuberuntime/kuberuntime_manager.go computePodActions: containers are restarted inside the
   kept sandbox).
-* The node (`nodetools.Node`, `PodSim(..., node=Node())`; formats and sources in tests/fabric/data/SOURCES.md):
+* The node (`nodetools.Node`, `PodSim(..., node=Node())`; formats and sources in tests/inpod/fabric/data/SOURCES.md):
   nvidia-smi, ibv_devinfo (rdma-core libibverbs/examples/devinfo.c), ibstat (infiniband-diags ibstat.c),
   ib_write_bw (perftest; server and client meet over TCP on the address given, as perftest's out-of-band exchange
   does) and all_reduce_perf (nccl-tests src/common.cu report; its ranks are started by the REAL Open MPI mpirun

@@ -6,7 +6,7 @@ thread (Linux kernel/nsproxy.c, SYSCALL_DEFINE2(setns) -> commit_nsset -> switch
 so every socket the thread opens and every process it starts (fork copies the calling thread's nsproxy:
 kernel/fork.c copy_process -> copy_namespaces) lives in the pod's network, while the rest of this process
 (pytest, other threads) stays where it was. The thread never returns to this machine's namespace; it ends
-with `fn`. Used to drive a browser against a server on a pod's loopback (tests/home/test_browser.py).
+with `fn`. Used to drive a browser against a server on a pod's loopback (tests/inpod/home/test_browser.py).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 """The node tools' stubs, run INSIDE a simulated pod (copied to /run/podsim-node/ with nccl.py; the tools on PATH
 are two-line wrappers `exec python3 /run/podsim-node/nodetool.py <tool> "$@"`). Standard library only.
 
-They print the real formats (tests/data/tool_output/PROVENANCE.md, tests/fabric/data/SOURCES.md) from the node's
+They print the real formats (tests/data/tool_output/PROVENANCE.md, tests/inpod/fabric/data/SOURCES.md) from the node's
 state in /run/podsim-node/node.json (written by tests/podsim/nodetools.py) and log each call to calls.log there.
 Between pods they use real transports: ib_write_bw server and client meet over TCP on the address given (the
 pods' netK interfaces, as perftest's own out-of-band exchange does: perftest_communication.c), and the ranks of

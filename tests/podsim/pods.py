@@ -447,7 +447,7 @@ class PodSim:
                 data = self.configmaps[src["name"]] if "configMap" in v else self.secrets[src["secretName"]]
                 mode = int(src.get("defaultMode", 0o644))
                 volume = AtomicVolume(vdir / name, mode=mode, gid=fs_group)
-                volume.write({k: data[k] for k in data})
+                volume.write_volume(src, data)
                 pod.volumes[name] = volume
                 out[name] = ("atomic", vdir / name)
             else:
@@ -760,7 +760,7 @@ class PodSim:
             for v in self.pod_spec.get("volumes") or []:
                 ref = (v.get("configMap") or {}).get("name") or (v.get("secret") or {}).get("secretName")
                 if ref == name:
-                    pod.volumes[v["name"]].write(dict(source[name]))
+                    pod.volumes[v["name"]].write_volume(v.get("configMap") or v["secret"], dict(source[name]))
 
     def terminate(self, index: int, grace: float | None = None) -> str:
         """The kubelet's kill: preStop exec hook (if rendered), SIGTERM to PID 1, SIGKILL after the grace period

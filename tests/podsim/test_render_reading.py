@@ -43,24 +43,27 @@ def test_env_of_a_rendered_pod(stack: str) -> None:
 def test_programs_see_the_mount_path_through_the_kubelet_layout(tmp_path: Path) -> None:
     mount = tmp_path / "opt-ml-dev-env"
     vol = AtomicVolume(mount, mode=0o555)
-    shipped = {**inpod.group("devloop"), **inpod.group("fabric")}  # ml-dev, fabric_check.py and their modules
-    first = vol.write(shipped)
+    shipped = {**inpod.group("package"), **inpod.group("devloop"), **inpod.group("fabric"), **inpod.group("home")}
+    first = vol.write_volume({"items": inpod.items(shipped)}, shipped)  # ml-dev, fabric_check.py and their package
     assert os.readlink(mount / "ml-dev") == f"{DATA}/ml-dev" and os.readlink(mount / DATA) == first.name
-    # as `python3 <script>` does: __main__.__file__ is the script as called, and its directory (symlinks resolved,
-    # docs: sys.path) is first on sys.path for its sibling modules; ml-dev keeps HERE in its library module
+    assert os.readlink(mount / "inpod") == f"{DATA}/inpod", "createUserVisibleFiles links the first component only"
+    # as `python3 <launcher>` does: __main__.__file__ is the launcher as called, and its directory (symlinks resolved,
+    # docs: sys.path) is first on sys.path, where the package lies; the modules keep the path they hand other pods
     probe = (
-        "import os, runpy, sys; sys.modules['__main__'].__file__ = sys.argv[1]; "
+        "import importlib, os, sys; sys.modules['__main__'].__file__ = sys.argv[1]; "
         "sys.path.insert(0, os.path.dirname(os.path.realpath(sys.argv[1]))); "
-        "g = runpy.run_path(sys.argv[1], run_name='probe'); "
-        "lib = sys.modules.get('ml_dev_lib'); print(lib.HERE if lib else g['PROGRAM'])"
+        "m = importlib.import_module(sys.argv[2]); print(getattr(m, 'HERE', None) or m.PROGRAM)"
     )
     env = {k: v for k, v in os.environ.items() if k != "ML_DEV_DIR"}
-    for key, want in (("ml-dev", mount), ("fabric_check.py", mount / "fabric_check.py")):
-        out = subprocess.run([sys.executable, "-c", probe, str(mount / key)], capture_output=True, text=True, env=env, timeout=60)
+    for key, module, want in (
+        ("ml-dev", "inpod.ml_dev.common", mount),
+        ("fabric_check.py", "inpod.fabric.util", mount / "fabric_check.py"),
+    ):
+        out = subprocess.run([sys.executable, "-c", probe, str(mount / key), module], capture_output=True, text=True, env=env, timeout=60)
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == str(want), f"{key} would hand other pods {out.stdout.strip()}"
     # an update swaps ..data: the old timestamped directory is gone, the mount path still works
-    second = vol.write(shipped)
+    second = vol.write_volume({"items": inpod.items(shipped)}, shipped)
     assert second != first and not first.exists()
     out = subprocess.run([sys.executable, str(mount / "ml-dev"), "run", "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "--per-pod" in out.stdout

@@ -1,0 +1,179 @@
+"""ml-dev-env idle agent: decides idleness for the WHOLE environment and suspends it (scale to 0).
+
+Runs in the main container of every pod (started by startup.sh; it needs that container's GPUs,
+processes, terminals and state directory), standard library only:
+
+* every pod serves `GET /activity` (its local signals as JSON) on the activity port of its pod IP and
+  127.0.0.1 (never a wildcard: nothing answers on the SR-IOV interfaces);
+* pod 0 (NODE_RANK 0 in rank.env) samples its own signals and every other pod's `/activity` each
+  interval, keeps the time of the last activity anywhere, shows a warning `warningLead` before the
+  stop (a file the shells print at each prompt + a banner written to open terminals) and, after
+  `idleTimeout` without activity, scales the StatefulSet to 0 through `statefulsets/scale`
+  (autoscaling/v1 Scale), then records why on the stop-record ConfigMap and as an Event;
+* the other pods poll pod 0's `GET /decision` and mirror its warning locally.
+
+Signals (a local probe that fails, or raises anything unexpected, counts as ACTIVE: the agent never stops
+what it cannot see; a worker pod that cannot be reached counts as active for `unreachableSeconds`, then
+it is reported (an Event, `idle_agent.py status`) and no longer holds the stop):
+  gpu        `nvidia-smi --query-gpu=index,uuid,utilization.gpu,utilization.memory,memory.used --format=csv`
+             and `--query-compute-apps=gpu_uuid,pid,process_name,used_memory`: a GPU is busy with a compute
+             process, with memory.used at or above gpuMemoryFloorMiB, or with utilization.gpu/.memory at
+             or above its threshold; `[N/A]` in a column is no evidence (MIG, unified memory), never a
+             failure; a missing or failing nvidia-smi is a failed probe
+  terminals  last input on any /dev/pts/N (its atime, what `w` shows as IDLE)
+  ssh        `$ML_DEV_STATE_DIR/activity/ssh/<pid>` or `ssh-sessions/<pid>` records whose pid is alive (and,
+             when the record's first line holds it, has the same start time), or `sshd: user@…` processes
+  launcher   `$ML_DEV_STATE_DIR/activity/launcher.heartbeat` or `heartbeat/*.json` rewritten within 60 s by a
+             live run (`ml-dev` rewrites its run/rank records every 10 s)
+  vscode     code-server's heartbeat file (`<data dir>/code-server/heartbeat`, rewritten at most once a
+             minute while code-server has activity or open connections: coder/code-server src/node/heart.ts)
+  jupyter    `/api/status` last_activity, `/api/kernels` (a busy kernel is active), `/api/terminals`
+
+Usage: idle_agent.py run | probe | status   (settings: $ML_DEV_IDLE_SETTINGS, default
+/etc/ml-dev-env/lifecycle/idle.json; re-read every interval so a change needs no restart).
+
+The program is split at its seams, modules shipped next to it in the same ConfigMap (inpod.SHIPPED):
+idle_probes (settings, environment, the local signals) and idle_decider (gathering, the idle clock, the
+warning, the scale to 0 and its record); this file holds the HTTP server and the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from .decider import Decider, fetch_json, overridden, show_warning, tick
+from .probes import DEFAULTS, env, is_rank0, load_settings, local_activity, log, read_rank_env, state_dir
+
+
+class Handler(BaseHTTPRequestHandler):
+    decider: Decider | None = None
+
+    def do_GET(self) -> None:  # http.server's method name
+        if self.path == "/activity":
+            body: Any = local_activity(load_settings())
+        elif self.path == "/decision" and self.decider is not None:
+            body = self.decider.status(time.time())
+        else:
+            self.send_error(404)
+            return
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+class _Server6(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
+def listen_addresses(listen: str | None, port: int) -> list[tuple[str, int]]:
+    """Where /activity and /decision answer: `host:port` items (`[v6]:port`), separated by spaces or commas.
+
+    Default: the pod IP (pod 0 and the workers reach each other there; the NetworkPolicy admits only the stack's
+    pods) plus 127.0.0.1 (local clients, `oc port-forward`); never a wildcard, so nothing answers on the SR-IOV
+    interfaces (net1..N), which NetworkPolicy does not cover.
+    """
+    items = (listen or "").replace(",", " ").split()
+    if not items:
+        items = [f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}" for ip in (env("POD_IP"), "127.0.0.1") if ip]
+    out = []
+    for item in items:
+        host, _, number = item.rpartition(":")
+        host = host.strip("[]")
+        if not host or host in ("0.0.0.0", "::"):
+            raise ValueError(f"listen address {item!r}: name the address to bind (the pod IP, 127.0.0.1), not a wildcard")
+        out.append((host, int(number)))
+    return out
+
+
+def serve(listen: str | None, decider: Decider | None, port: int = 0) -> list[ThreadingHTTPServer]:
+    handler = type("BoundHandler", (Handler,), {"decider": decider})
+    servers: list[ThreadingHTTPServer] = []
+    for host, number in listen_addresses(listen, port):
+        server = (_Server6 if ":" in host else ThreadingHTTPServer)((host, number), handler)
+        servers.append(server)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    bound = [(str(s.server_address[0]), s.server_address[1]) for s in servers]
+    (state_dir() / "activity.addr").write_text("".join(f"[{h}]:{p}\n" if ":" in h else f"{h}:{p}\n" for h, p in bound))
+    return servers
+
+
+def follow_master(settings: dict[str, Any]) -> None:
+    """Workers: mirror pod 0's warning (unreachable pod 0 = no warning shown; it decides anyway)."""
+    try:
+        override = overridden("ML_DEV_MASTER_ACTIVITY")  # host:port, for simulated pods
+        base = f"http://{override}" if override else f"http://{read_rank_env()['MASTER_ADDR']}:{settings['activityPort']}"
+        decision = fetch_json(f"{base}/decision", timeout=10)
+    except (OSError, ValueError, KeyError, urllib.error.URLError):
+        return
+    warning = decision.get("warning")
+    show_warning(warning["text"] if warning else None)
+
+
+def run(listen: str | None, rounds: int | None = None) -> int:
+    settings = load_settings()
+    state_dir().mkdir(parents=True, exist_ok=True)
+    decider = Decider(unreachable_seconds=float(settings.get("unreachableSeconds", DEFAULTS["unreachableSeconds"])))
+    servers = serve(listen or env("ML_DEV_ACTIVITY_LISTEN"), decider, int(settings["activityPort"]))
+    where = ", ".join(str(s.server_address[:2]) for s in servers)
+    log(f"serving /activity on {where}; idle stop {'on' if settings['enabled'] else 'off'}")
+    done, next_round = 0, time.monotonic()
+    while rounds is None or done < rounds:
+        settings = load_settings()
+        try:
+            if is_rank0():
+                outcome = tick(settings, decider)
+                if outcome != "active":
+                    log(f"{outcome}: idle {int(time.time() - decider.last_active)}s; last: {decider.reason}")
+            elif settings["enabled"]:
+                follow_master(settings)
+            else:
+                show_warning(None)
+        except Exception as exc:  # the agent must never die and leave the environment unguarded
+            log(f"ERROR: {type(exc).__name__}: {exc}")
+        done += 1
+        # fixed period (a slow probe does not stretch the interval); never busy-loop
+        next_round = max(next_round + max(1.0, float(settings["intervalSeconds"])), time.monotonic() + 0.2)
+        time.sleep(next_round - time.monotonic())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=["run", "probe", "status"])
+    parser.add_argument("--listen", help="host:port[,host:port] for /activity (default $POD_IP and 127.0.0.1, port activityPort)")
+    parser.add_argument("--rounds", type=int, help="stop after this many intervals (tests)")
+    args = parser.parse_args(argv)
+    if args.command == "status":
+        # pod 0's view: idle seconds, last activity, pods written off as unreachable
+        path = state_dir() / "idle-status.json"
+        try:
+            print(path.read_text().strip())
+        except OSError:
+            print(f"no {path} (the idle agent runs its decision on pod 0 only)")
+            return 2
+        return 0
+    if args.command == "probe":
+        json.dump(local_activity(load_settings()), sys.stdout, indent=2)
+        print()
+        return 0
+    return run(args.listen, args.rounds)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""ml-dev: run one command on every pod of an ml-dev-env stack, from any pod.
+
+    ml-dev run -- torchrun train.py        sync the tree, start on every pod, stream, stop all on failure
+    ml-dev run --debug 1 -- python x.py    rank 1's Python waits for a debugger on 127.0.0.1:5678 of its pod
+                                           (--debug-host pod: on the pod IP, for a debugger in another pod)
+    ml-dev sync                            sync the working tree to every pod (no-op on shared storage)
+    ml-dev exec -- nvidia-smi              run on every pod, output prefixed by rank
+    ml-dev status                          pods, reachability, ranks, GPUs, RDMA devices, SSH sessions, idle agent's view
+    ml-dev status --all                    every environment of the namespace: owner, size, state, GPU-hours 7 days
+
+Delivered by the stack in the <app>-startup ConfigMap (mounted at /opt/ml-dev-env), so it works in any
+image with Python 3.8+, OpenSSH and rsync. Reads the rank contract only: $ML_DEV_STATE_DIR/rank.env
+(ML_DEV_HOSTS, ML_DEV_PODS, NODE_RANK, ...), written by the startup script; never computes ranks.
+The pods talk over the stack's SSH fabric (sshd.sh): $ML_DEV_STATE_DIR/ssh/client.conf.
+
+The synced tree: the git top level of the current directory (else the current directory), without
+.gitignore'd paths (git's own rules) and without paths matching `.ml-devignore` at the tree root
+(gitignore-style globs: `name`, `dir/`, `/anchored`, `*.ext`). Its hash is sha256 over the sorted
+(path, mode, sha256 of content) of every file. Files the launcher synced earlier and that are gone now
+are deleted on the other pods; files created on the other pods are never touched.
+
+Activity records: while a run is alive, $ML_DEV_STATE_DIR/heartbeat/run-<pid>.json (on the launching pod)
+and rank-<pid>.json (on every pod running a rank) are rewritten every 10 s and removed at the end.
+
+The program is split at its seams, modules shipped next to it in the same ConfigMap (inpod.SHIPPED):
+ml_dev_lib (paths, rank contract, environment rule, the pods), ml_dev_sync (the synced tree and the sync),
+ml_dev_launch (run, exec and the per-pod `_rank`) and ml_dev_status; this file holds the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .common import DEBUG_PORT, PER_POD_ENV
+from .launch import cmd_exec, cmd_rank, cmd_run
+from .status import cmd_status
+from .sync import cmd_apply, cmd_sync
+
+ENV_RULE = (
+    "Environment of every rank: the pod's container env, its rank.env (NODE_RANK, NNODES, MASTER_ADDR, ...),\n"
+    "then every variable of this shell that differs from the container env (an activated venv's PATH,\n"
+    "NCCL_DEBUG=..., HF_*, CUDA_VISIBLE_DEVICES, ...), sent over the SSH session's stdin, never argv;\n"
+    "then each --env K=V. Never carried (they differ per pod): " + " ".join(PER_POD_ENV) + "."
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ml-dev", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    run = sub.add_parser(
+        "run",
+        help="sync, then run a command on every pod with its rank environment",
+        epilog=ENV_RULE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    run.add_argument("--no-sync", action="store_true", help="do not sync the working tree first")
+    run.add_argument("--debug", type=int, metavar="RANK", help=f"run RANK's Python under debugpy on port {DEBUG_PORT}")
+    run.add_argument("--no-wait", action="store_true", help="with --debug: do not wait for the debugger to attach")
+    run.add_argument(
+        "--debug-host",
+        choices=("localhost", "pod"),
+        default="localhost",
+        help="with --debug: listen on 127.0.0.1 (default; oc port-forward) or on the pod IP (attach from another pod of the stack)",
+    )
+    run.add_argument(
+        "--per-pod",
+        action="store_true",
+        help="one process per pod: also set RANK=NODE_RANK, LOCAL_RANK=0, WORLD_SIZE=NNODES (else nothing new is set)",
+    )
+    for p in (
+        run,
+        sub.add_parser("sync", help="sync the working tree to every pod"),
+        sub.add_parser("exec", help="run a command on every pod (no sync)"),
+        sub.add_parser("status", help="pods, ranks, GPUs, RDMA devices, SSH sessions, the idle agent's view"),
+    ):
+        p.add_argument("--timeout", type=float, default=60, help="seconds to wait for every pod to be reachable (60)")
+        if p.prog.split()[-1] == "status":
+            p.add_argument("--all", action="store_true", help="every environment of the namespace: owner, size, state, GPU-hours")
+        if p.prog.split()[-1] in ("run", "exec"):
+            p.add_argument("--env", action="append", default=[], metavar="K=V", help="set K=V on every rank (repeatable)")
+            p.add_argument("command", nargs=argparse.REMAINDER)
+    apply = sub.add_parser("_apply")
+    apply.add_argument("--root", required=True)
+    rank = sub.add_parser("_rank")
+    rank.add_argument("--cwd", required=True)
+    rank.add_argument("--debug-port", type=int)
+    rank.add_argument("--debug-host", choices=("localhost", "pod"), default="localhost")
+    rank.add_argument("--no-stdin-watch", action="store_true")
+    rank.add_argument("--env-stdin", action="store_true")
+    rank.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    if getattr(args, "command", None) and args.command[:1] == ["--"]:
+        args.command = args.command[1:]
+    handlers = {"run": cmd_run, "sync": cmd_sync, "exec": cmd_exec, "status": cmd_status, "_apply": cmd_apply, "_rank": cmd_rank}
+    return handlers[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""ml-dev status: pods, reachability, ranks, GPUs, RDMA devices, SSH sessions, the idle agent's view (`--all`: usage.py).
+
+The idle agent's view is pod 0's decision (idle_decider.Decider.status): its `$ML_DEV_STATE_DIR/idle-status.json`
+on pod 0, `GET /decision` on pod 0's activity port from the other pods. A worker the agent cannot reach is shown
+with the time it was first unreachable and whether it still holds the idle stop (lifecycle.idleStop.unreachableAfter).
+
+Shipped next to ml-dev (inpod.SHIPPED); Python 3.8+, standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from .common import HERE, PY, STATE_DIR, Cluster, parallel
+
+STATUS_SCRIPT = r"""
+. "${ML_DEV_STATE_DIR:-/tmp/ml-dev-env}/rank.env" 2>/dev/null
+gpus="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | sort | uniq -c | sed 's/^ *//' | paste -sd, -)"
+rdma="$(ls /sys/class/infiniband 2>/dev/null | paste -sd, -)"
+n=0
+for f in "${ML_DEV_STATE_DIR:-/tmp/ml-dev-env}"/ssh-sessions/*; do
+  [ -f "$f" ] || continue
+  pid="${f##*/}"; start="$(head -n1 "$f")"
+  if [ -r "/proc/$pid/stat" ] && [ "$(cut -d' ' -f22 "/proc/$pid/stat")" = "$start" ]; then n=$((n + 1)); else rm -f "$f"; fi
+done
+stopping=""  # checkpoint_stop.sh's marker: the pod got its stop (preStop or SIGTERM), its ranks are saving
+if [ -r "${ML_DEV_STATE_DIR:-/tmp/ml-dev-env}/stopping" ]; then
+  at="$(cat "${ML_DEV_STATE_DIR:-/tmp/ml-dev-env}/stopping")"
+  stopping=" STOPPING since $(date -u -d "@$at" '+%Y-%m-%d %H:%M:%S UTC' 2>/dev/null || printf '%s' "$at")"
+fi
+printf 'rank=%s/%s gpus=%s rdma=%s ssh_sessions=%s%s\n' "${NODE_RANK:-?}" "${NNODES:-?}" "${gpus:-none}" "${rdma:-none}" "$n" "$stopping"
+"""
+
+
+IDLE_SETTINGS = "/etc/ml-dev-env/lifecycle/idle.json"  # components/lifecycle.py SETTINGS_MOUNT/SETTINGS_KEY
+
+
+def idle_settings() -> dict[str, Any]:
+    try:
+        value = json.loads(Path(os.environ.get("ML_DEV_IDLE_SETTINGS") or IDLE_SETTINGS).read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def idle_view(cluster: Cluster, settings: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """Pod 0's idle decision (None and why not when it cannot be read)."""
+    try:
+        if cluster.me == 0:
+            return json.loads((STATE_DIR / "idle-status.json").read_text()), ""
+        port = settings.get("activityPort", 9099)
+        with urllib.request.urlopen(f"http://{cluster.hosts[0]}:{port}/decision", timeout=5) as response:
+            return json.loads(response.read()), ""
+    except (OSError, ValueError, urllib.error.URLError) as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def clock(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
+
+
+def idle_lines(view: dict[str, Any] | None, why: str, settings: dict[str, Any], now: float) -> tuple[list[str], dict[str, str]]:
+    """The summary line(s) of the idle agent's view and one note per pod it cannot reach."""
+    if view is None:
+        if not settings:
+            return [], {}
+        return [f"idle agent: no view from pod 0 ({why})"], {}
+    if not view.get("enabled", True):
+        return ["idle stop: off (lifecycle.idleStop.enabled); the idle agent only reports"], {}
+    at = float(view.get("at") or now)
+    interval = float(settings.get("intervalSeconds", 60))
+    stale = f" (stale: pod 0's agent last decided {int(now - at)} s ago)" if now - at > 3 * interval + 5 else ""
+    lines = [f"idle stop: idle {int(float(view.get('idleSeconds', 0)))} s; last activity: {view.get('reason', '?')}{stale}"]
+    bound = int(float(view.get("unreachableSeconds") or settings.get("unreachableSeconds") or 0))
+    notes = {}
+    for pod, entry in sorted((view.get("unreachable") or {}).items()):
+        since = float(entry.get("since") or at - float(entry.get("seconds", 0)))
+        held = (
+            f"written off after {bound} s: the idle stop no longer waits for it"
+            if entry.get("writtenOff")
+            else f"counts as active until {bound} s, then the idle stop no longer waits for it"
+        )
+        error = f"; {entry['error']}" if entry.get("error") else ""
+        notes[pod] = f"UNREACHABLE for the idle agent since {clock(since)} ({int(now - since)} s{error}): {held}"
+    return lines, notes
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    if getattr(args, "all", False):
+        # Every environment of this namespace (owner, size, state, GPU-hours this week) from the live objects,
+        # read with the pod's ServiceAccount (its usage Role may list them): usage.py, shipped next to ml-dev.
+        namespace = os.environ.get("POD_NAMESPACE") or Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace").read_text().strip()
+        return subprocess.run([PY, str(HERE / "usage.py"), "status", "--namespace", namespace], check=False).returncode
+    cluster = Cluster()
+
+    def one(rank: int) -> str:
+        argv = ["bash", "-c", STATUS_SCRIPT] if rank == cluster.me else cluster.ssh(rank, ["bash", "-c", STATUS_SCRIPT])
+        res = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=args.timeout + 10, check=False)
+        if res.returncode != 0:
+            return "UNREACHABLE " + ((res.stderr.strip().splitlines() or [""])[-1])
+        return res.stdout.strip()
+
+    settings = idle_settings()
+    results = parallel(one, list(range(len(cluster.hosts))))
+    view, why = idle_view(cluster, settings)
+    lines, notes = idle_lines(view, why, settings, time.time())
+    print(
+        f"{len(cluster.hosts)} pods, WORLD_SIZE={cluster.rank_env.get('WORLD_SIZE', '?')}, "
+        f"master {cluster.rank_env.get('MASTER_ADDR', '?')}:{cluster.rank_env.get('MASTER_PORT', '?')}"
+    )
+    unreachable = 0
+    for rank in range(len(cluster.hosts)):
+        text = results[rank]
+        text = f"ERROR {text}" if isinstance(text, Exception) else text
+        unreachable += str(text).startswith(("UNREACHABLE", "ERROR")) or cluster.pods[rank] in notes
+        print(f"  {cluster.pods[rank]:<24} {text}{'  (this pod)' if rank == cluster.me else ''}")
+        if cluster.pods[rank] in notes:
+            print(f"  {'':<24} {notes.pop(cluster.pods[rank])}")
+    for pod, note in sorted(notes.items()):  # a pod the agent names that rank.env does not list
+        print(f"  {pod:<24} {note}")
+    for line in lines:
+        print(line)
+    return 1 if unreachable else 0

@@ -1,0 +1,132 @@
+"""The home page's environment on simulated pods built from the render (tests/podsim), shared by its tests.
+
+* barcelona with the idle stop on, 2 pods (`HomePods`): startup.sh starts the idle agent on every pod and the
+  page (`home` dev server: `home_page.py serve` on the pod IP and 127.0.0.1, port 8090, behind its OAuth proxy) on pod 0;
+  the page finds the agents through rank.env and the stub cluster DNS, as on a cluster;
+* the node behind the pods (tests/podsim/nodetools.py `Node`, bus bandwidth SLOW_BUSBW): the gate's REAL
+  `mpirun` starts the all_reduce_perf stubs on both pods over the pods' sshd, they print nccl-tests' report at a
+  slow plateau, and the real `fabric_check.py gate` judges it, localises, and writes its JSON and curve (SVG);
+* `nvidia-smi` printing the idle agent's queries in the real `--format=csv` layout (header with units,
+  tests/data/tool_output/nvidia-smi-query-gpu-*.csv) with GPU 0's utilisation from /run/podsim/gpu-util,
+  placed before the node's stub on PATH;
+* test speed: the idle settings' ConfigMap is edited before the pods start (a round a second, the warning
+  after 1 s idle; the admin bounds of stacks/config.py keep a stack's own values at 15 s and more; no IDE
+  probes, the IDEs are not in the simulated image) and the
+  page samples and refreshes every second (its ML_DEV_HOME_INTERVAL / ML_DEV_HOME_REFRESH test overrides).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from pathlib import Path
+from typing import Any
+
+from core import naming
+from core.servers import DEV_SERVERS
+from tests.podsim.nodetools import Node
+from tests.podsim.pods import Pod, PodSim, render_stack
+
+HERE = Path(__file__).resolve().parent
+NCCL = HERE.parents[1] / "podsim" / "nccl.py"
+INJECTED = "<script>window.__xss = 1</script>"
+HOME_PORT = next(s.port for s in DEV_SERVERS if s.name == "home")  # where it listens, behind its OAuth proxy
+SLOW_BUSBW = 60.0  # GB/s at the plateau, far below barcelona's pass line (175.1 GB/s): the gate fails
+STATE = "/tmp/ml-dev-env"
+PROJECT = "/workspace/proj"
+
+NVIDIA_SMI = r"""#!/bin/sh
+# nvidia-smi (the NVIDIA container toolkit injects it): the idle agent's two queries in the real --format=csv
+# layout, @GPUS@ GPUs; GPU 0's utilisation.gpu from /run/podsim/gpu-util
+util=$(cat /run/podsim/gpu-util 2>/dev/null || echo 0)
+case "$*" in
+  *--query-gpu=index,uuid,utilization.gpu,utilization.memory,memory.used*--format=csv*)
+    echo "index, uuid, utilization.gpu [%], utilization.memory [%], memory.used [MiB]"
+    i=0
+    while [ "$i" -lt @GPUS@ ]; do
+      u=0; [ "$i" -eq 0 ] && u=$util
+      printf '%d, GPU-%08x-4d87-49d1-2eb9-39ec2baddf9b, %d %%, 0 %%, 0 MiB\n' "$i" "$i" "$u"
+      i=$((i + 1))
+    done ;;
+  *--query-compute-apps=*--format=csv*) echo "gpu_uuid, pid, process_name, used_gpu_memory [MiB]" ;;
+  *) exec /usr/bin/nvidia-smi "$@" ;;
+esac
+"""
+
+# mpirun for the plain-process environment of tests/inpod/home/conftest.py (no pods, no sshd there)
+MPIRUN = r"""#!/usr/bin/python3
+# mpirun + all_reduce_perf (nccl-tests): the report nccl-tests prints for the hostfile's hosts, -npernode GPUs
+# each and the -b/-e sizes, at a plateau of @BUSBW@ GB/s (tests/podsim/nccl.py, read from the image layer)
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("nccl", "@NCCL@")
+nccl = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(nccl)
+args = sys.argv[1:]
+value = lambda flag: args[args.index(flag) + 1]
+hosts = [line.split()[0] for line in open(value("--hostfile")) if line.strip()]
+sys.stdout.write(nccl.nccl_report(hosts, int(value("-npernode")), int(value("-b")), int(value("-e")), @BUSBW@))
+"""
+
+
+def idle_stop_on(objects: dict[str, Any]) -> None:
+    objects["lifecycle"] = {**objects.get("lifecycle", {}), "idleStop": {"enabled": True}}
+
+
+SPEED = {"ML_DEV_HOME_INTERVAL": "1", "ML_DEV_HOME_REFRESH": "1"}  # home_page.py's test overrides: sample, refresh each second
+
+
+class HomePods(PodSim):
+    """PodSim of barcelona (idle stop on) whose pods' env adds the page's sampling/refresh test overrides."""
+
+    def __init__(self, count: int = 2) -> None:
+        super().__init__(render_stack("barcelona", idle_stop_on), count=count, node=Node(busbw=SLOW_BUSBW))
+        settings = naming.lifecycle_configmap(self.app)
+        idle = json.loads(self.configmaps[settings]["idle.json"])
+        # the IDE servers are not in the simulated image (this machine's root): their probes would fail, which counts
+        # as activity (idle_probes.guarded), so the agent leaves them out here
+        idle.update(intervalSeconds=1, warningLeadSeconds=idle["idleTimeoutSeconds"] - 1, servers=[])
+        self.configmaps[settings]["idle.json"] = json.dumps(idle)
+
+    def container_env(self, pod: Pod) -> dict[str, str]:
+        return {**super().container_env(pod), **SPEED}
+
+    def start(self, timeout: float = 90, wait: bool = True) -> HomePods:
+        super().start(timeout, wait)
+        try:
+            for pod in self.pods:  # /usr/local/bin comes before /usr/bin on the image's PATH
+                self.write(pod.index, "/usr/local/bin/nvidia-smi", NVIDIA_SMI.replace("@GPUS@", str(self.gpus)), mode=0o755)
+            self.write(0, f"{PROJECT}/train.py", "import time\ntime.sleep(300)\n")
+            self.wait_for(0, f"{STATE}/home.addr")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_for(self, index: int, path: str, timeout: float = 30) -> str:
+        target = self.pods[index].path(path)
+        deadline = time.monotonic() + timeout
+        while not (target.exists() and target.read_text().strip()):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{path} never appeared on pod {index}: {self.log_of(index, 'home')}")
+            time.sleep(0.1)
+        return target.read_text().strip()
+
+    def log_of(self, index: int, name: str) -> str:
+        try:
+            return self.pods[index].path(f"{STATE}/logs/{name}.log").read_text()
+        except OSError:
+            return f"(no {name} log)"
+
+    def gate(self) -> dict[str, Any]:
+        """The real fabric gate on pod 0 (`oc exec`), as `fabric_check.py gate` runs there; its latest.json."""
+        res = self.exec(0, "python3 /opt/ml-dev-env/fabric_check.py gate", timeout=120)
+        assert res.returncode == 1, res.stdout + res.stderr
+        return json.loads(self.pods[0].path("/workspace/.ml-dev-env/fabric/latest.json").read_text())
+
+    def gpu(self, index: int, util: int) -> None:
+        self.write(index, "/run/podsim/gpu-util", f"{util}\n")
+
+    def run(self, *argv: str) -> Any:
+        """`ml-dev run -- argv...` started from pod 0's project directory (a terminal's `oc exec`)."""
+        return self.popen(0, f"exec python3 /opt/ml-dev-env/ml-dev run -- {shlex.join(argv)}", cwd=PROJECT)

@@ -1,0 +1,474 @@
+"""Stops that keep the work, on pods started from the render (tests/podsim): issue 24 items 1 and 2 end to end.
+
+* A checkpoint before every stop, through the launcher: `ml-dev run` from pod 0 starts one rank on each of 2 pods
+  (the docs' training loop, its standard-library twin: save on the signal, write a temporary file, rename); then
+  both pods get the kubelet's termination at once, as a StatefulSet scale to 0 or delete does (`sim.terminate`:
+  preStop exec, SIGTERM to PID 1, SIGKILL at terminationGracePeriodSeconds). 10 trials: a complete checkpoint
+  on every rank, every pod gone within checkpointGraceSeconds + 10 s.
+* The idle stop's path: with pod 1 off the network, pod 0's idle agent reports it (an IdleAgentPodUnreachable
+  Event) after the bound and, with the pod's mounted service-account token and CA, scales the StatefulSet to 0
+  through an API stand-in at the `kubernetes` Service address (HTTPS); the controller then deletes the
+  pods, which is the same kubelet termination (an `ml-dev run` job never meets an idle stop: its heartbeat is
+  activity, so what the stop must save is covered by the trial above).
+* An unreachable worker: pod 1's network goes away (its veth down on the node side); pod 0's idle agent counts it as active
+  until the bound, then writes it off (it no longer holds the stop); `ml-dev status` on pod 0 names it
+  UNREACHABLE with since-when; when it answers again it counts again.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import ssl
+import statistics
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from components import lifecycle
+from core import naming
+from tests.inpod.idle.conftest import ROLE, TOKEN, FakeApiServer
+from tests.podsim.pods import PREFIX, PodSim, leftovers, missing_requirements, render_stack
+
+REASON = missing_requirements()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}")
+
+STATE = "/tmp/ml-dev-env"
+PROJECT = "/workspace/job"
+GRACE = 5  # lifecycle.checkpointGraceSeconds of the variant (short: 10 trials)
+SAVE_SECONDS = 1.0  # how long the job takes to write its checkpoint
+TRIALS = 10
+
+# The docs' PyTorch loop ("Checkpoint before a stop"), standard library only: the handler sets a flag, the loop
+# saves at the next step boundary (temporary name, fsync, rename) and exits; each rank writes its own file.
+JOB = """
+import os, signal, sys, time
+stop = False
+def on_signal(signum, frame):
+    global stop
+    stop = True
+signal.signal(getattr(signal, os.environ.get("ML_DEV_CHECKPOINT_SIGNAL", "SIGTERM")), on_signal)
+rank = os.environ["NODE_RANK"]
+os.makedirs("ckpt", exist_ok=True)
+open("ckpt/rank%s.started" % rank, "w").close()
+step = 0
+while not stop:
+    step += 1
+    time.sleep(0.02)
+path = "ckpt/step%d-rank%s.txt" % (step, rank)
+with open(path + ".tmp", "w") as f:
+    f.write("step=%d\\n" % step)
+    for _ in range(10):
+        f.write("x" * 1000 + "\\n")
+        f.flush()
+        time.sleep(float(sys.argv[1]) / 10)
+    f.write("END\\n")
+    f.flush()
+    os.fsync(f.fileno())
+os.replace(path + ".tmp", path)
+print("rank", rank, "saved", path, flush=True)
+"""
+
+
+def quiet(objects: dict[str, Any]) -> None:
+    """No dev servers (none is installed on these pods; the idle agent would count their failed probes as activity)."""
+    objects["access"] = {**objects["access"], "vscode": False, "jupyter": False, "tensorboard": False}
+
+
+def with_grace(objects: dict[str, Any]) -> None:
+    quiet(objects)
+    objects.setdefault("lifecycle", {}).update(checkpointGraceSeconds=GRACE)
+
+
+def with_idle_stop(objects: dict[str, Any]) -> None:
+    quiet(objects)
+    objects.setdefault("lifecycle", {})["idleStop"] = {"enabled": True, "interval": "15s", "unreachableAfter": "2m"}
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float, log: Callable[[], str] = lambda: "") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout} s\n{log()}")
+        time.sleep(0.2)
+
+
+def complete(path: Path) -> bool:
+    lines = path.read_text().splitlines()
+    return len(lines) == 12 and lines[0].startswith("step=") and lines[-1] == "END"
+
+
+# ------------------------------------------------------------------------------ checkpoint trial
+
+
+@pytest.fixture(scope="module")
+def grace_render() -> Any:
+    return render_stack("barcelona", with_grace)
+
+
+def test_the_variant_renders_the_short_grace(grace_render: Any) -> None:
+    sts = next(r.inputs for r in grace_render.resources if r.kind == "StatefulSet")
+    assert sts["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == GRACE + lifecycle.STOP_MARGIN_SECONDS
+
+
+def mine(sim: PodSim) -> list[str]:
+    """Namespaces and directories of this simulation still here (other simulations may run beside it)."""
+    return [item for item in leftovers() if f"{PREFIX}{sim.run_id}-" in item]
+
+
+def one_trial(result: Any, trial: int, sims: list[PodSim], stop: tuple[int, ...] = (0, 1)) -> tuple[list[float], list[str]]:
+    """Start 2 pods, `ml-dev run` the job from pod 0, terminate the pods `stop` at once; (stop seconds, problems)."""
+    problems: list[str] = []
+    with PodSim(result, count=2) as sim:
+        sims.append(sim)
+        sim.write(0, f"{PROJECT}/job.py", JOB)
+        launcher = sim.popen(0, f"ml-dev run -- python3 job.py {SAVE_SECONDS}", cwd=PROJECT)
+        try:
+            for i in range(2):
+                started = sim.pods[i].path(f"{PROJECT}/ckpt/rank{i}.started")
+                wait_for(f"trial {trial}: rank {i} started", started.exists, 60, lambda: sim.pods[0].log.read_text())
+            stopped: dict[int, tuple[str, float]] = {}
+
+            def kubelet(i: int) -> None:
+                t0 = time.monotonic()
+                how = sim.terminate(i)
+                stopped[i] = (how, time.monotonic() - t0)
+
+            threads = [threading.Thread(target=kubelet, args=(i,)) for i in stop]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=sim.grace + 60)
+            out, _ = launcher.communicate(timeout=30)
+            for i in set(range(2)) - set(stop):  # a pod that stays: its rank was stopped by the launcher's end
+                ckpt = sim.pods[i].path(f"{PROJECT}/ckpt")
+
+                def saved_checkpoints(c: Path = ckpt, i: int = i) -> list[Path]:
+                    return list(c.glob(f"step*-rank{i}.txt"))
+
+                wait_for(f"trial {trial}: rank {i} saved", saved_checkpoints, GRACE + 10)
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
+                launcher.communicate(timeout=30)
+        times = []
+        for i in range(2):
+            how, seconds = stopped.get(i, ("not stopped", float("inf"))) if i in stop else ("exited", 0.0)
+            times += [seconds] if i in stop else []
+            if how != "exited":
+                problems.append(f"trial {trial}: pod {i} {how} (needed SIGKILL at the grace)")
+            if seconds > GRACE + 10:
+                problems.append(f"trial {trial}: pod {i} took {seconds:.1f} s > grace {GRACE} s + 10 s")
+            ckpt = sim.volume_dir(i, "/workspace") / PROJECT.removeprefix("/workspace/") / "ckpt"
+            saved = sorted(ckpt.glob(f"step*-rank{i}.txt"))
+            if len(saved) != 1 or not complete(saved[0]) or list(ckpt.glob("*.tmp")):
+                problems.append(f"trial {trial}: rank {i} checkpoint {[p.name for p in ckpt.iterdir()]} incomplete\n{out}")
+    return times, problems
+
+
+@pytest.mark.timeout(900)
+def test_every_rank_saves_a_complete_checkpoint_when_every_pod_is_terminated(grace_render: Any) -> None:
+    times: list[float] = []
+    problems: list[str] = []
+    sims: list[PodSim] = []
+    for trial in range(TRIALS):
+        got, bad = one_trial(grace_render, trial, sims)
+        times += got
+        problems += bad
+    assert not [item for sim in sims for item in mine(sim)]
+    print(
+        f"\ncheckpoint trials: {TRIALS} x 2 pods, grace {GRACE} s, save {SAVE_SECONDS} s: pod stop seconds "
+        f"median {statistics.median(times):.2f}, max {max(times):.2f}, min {min(times):.2f}"
+    )
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.timeout(300)
+def test_the_configured_signal_reaches_every_rank_through_the_launcher() -> None:
+    """checkpointSignal SIGUSR1: the job handles only SIGUSR1 (SIGTERM would kill it unsaved); on both pods it saves."""
+
+    def usr1(objects: dict[str, Any]) -> None:
+        with_grace(objects)
+        objects["lifecycle"]["checkpointSignal"] = "SIGUSR1"
+
+    sims: list[PodSim] = []
+    times, problems = one_trial(render_stack("barcelona", usr1), 0, sims)
+    assert not [item for sim in sims for item in mine(sim)]
+    assert not problems, "\n".join(problems)
+    assert max(times) <= GRACE + 10
+
+
+@pytest.mark.timeout(300)
+def test_deleting_only_the_launchers_pod_still_saves_every_rank(grace_render: Any) -> None:
+    """Pod 0 (where `ml-dev run` runs) deleted or evicted alone: its rank saves through preStop; the launcher's end
+    closes the SSH channel to pod 1, whose rank agent gives its rank the signal and the grace too."""
+    sims: list[PodSim] = []
+    times, problems = one_trial(grace_render, 0, sims, stop=(0,))
+    assert not [item for sim in sims for item in mine(sim)]
+    assert not problems, "\n".join(problems)
+    assert times and max(times) <= GRACE + 10
+
+
+STUBBORN = """
+import os, signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a job that never handles the checkpoint signal
+os.makedirs("ckpt", exist_ok=True)
+open("ckpt/rank%s.started" % os.environ["NODE_RANK"], "w").close()
+while True:
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_the_launchers_rank_stop_waits_the_checkpoint_grace(grace_render: Any) -> None:
+    """Ctrl-C on `ml-dev run`: every rank gets the checkpoint signal and checkpointGraceSeconds (5 s here, not a
+    fixed 10 s) before its process group is killed; the launcher then returns 130."""
+    with PodSim(grace_render, count=2) as sim:
+        sim.write(0, f"{PROJECT}/stubborn.py", STUBBORN)
+        launcher = sim.popen(0, "ml-dev run -- python3 stubborn.py", cwd=PROJECT)
+        try:
+            for i in range(2):
+                started = sim.pods[i].path(f"{PROJECT}/ckpt/rank{i}.started")
+                wait_for(f"rank {i} started", started.exists, 60, lambda: sim.pods[0].log.read_text())
+            t0 = time.monotonic()
+            sim.interrupt(launcher)
+            out, _ = launcher.communicate(timeout=GRACE + 30)
+            elapsed = time.monotonic() - t0
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
+                launcher.communicate(timeout=30)
+        print(f"\nCtrl-C to exit with ranks ignoring the signal: {elapsed:.2f} s (grace {GRACE} s)")
+        assert launcher.returncode == 130, out
+        assert "interrupted; stopping every rank" in out, out
+        assert GRACE - 0.5 <= elapsed <= GRACE + 4, (elapsed, out)
+        for i in range(2):  # no rank left behind
+            left = sim.exec(i, "pgrep -f 'python3 [s]tubborn' || true", timeout=30).stdout.split()
+            assert left == [], (i, left)
+
+
+# ---------------------------------------------------------------------------- unreachable worker
+
+IDLE_GPU = r"""#!/usr/bin/python3
+# nvidia-smi's CSV as the real tool prints it for the idle agent's two queries (header with units; compute apps:
+# the header alone = no process); anything else goes to the simulation's stub
+import os, sys
+args = " ".join(sys.argv[1:])
+if "--query-gpu=index,uuid," not in args and "--query-compute-apps=" not in args:
+    os.execv("/usr/bin/nvidia-smi.podsim", ["nvidia-smi", *sys.argv[1:]])
+if "--query-compute-apps=" in args:
+    print("gpu_uuid, pid, process_name, used_gpu_memory [MiB]")
+    sys.exit(0)
+print("index, uuid, utilization.gpu [%], utilization.memory [%], memory.used [MiB]")
+for i in range(4):
+    print("%d, GPU-%08x-4d87-49d1-2eb9-39ec2baddf9b, 0 %%, 0 %%, 0 MiB" % (i, i))
+"""
+
+
+@pytest.fixture(scope="module")
+def idle_render() -> Any:
+    return render_stack("barcelona", with_idle_stop)
+
+
+def idle_gpus(sim: PodSim) -> None:
+    for pod in sim.pods:  # idle GPUs in nvidia-smi's real CSV (the generic stub prints no header)
+        tool = pod.path("/usr/bin/nvidia-smi")
+        tool.rename(pod.path("/usr/bin/nvidia-smi.podsim"))
+        tool.write_text(IDLE_GPU)
+        tool.chmod(0o755)
+
+
+@pytest.fixture(scope="module")
+def idle_sim(idle_render: Any) -> Iterator[PodSim]:
+    sim = PodSim(idle_render, count=2)
+    try:
+        sim.start()
+        idle_gpus(sim)
+        yield sim
+    finally:
+        sim.stop()
+        assert not mine(sim), mine(sim)
+
+
+def decision(sim: PodSim) -> dict[str, Any]:
+    try:
+        return dict(json.loads(sim.pods[0].path(f"{STATE}/idle-status.json").read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+@pytest.mark.timeout(300)
+def test_an_unreachable_worker_is_shown_by_ml_dev_status_and_stops_holding_the_idle_stop(idle_sim: PodSim) -> None:
+    sim = idle_sim
+    bound = 4
+    name = lifecycle.SETTINGS_KEY
+    cm = naming.lifecycle_configmap("ml-dev-env")
+    settings = json.loads(sim.configmaps[cm][name])
+    assert settings["enabled"] and settings["unreachableSeconds"] == 120
+    # a quicker clock for the test (the stack's bounds: interval >= 15 s, unreachableAfter >= 2 min): the ConfigMap
+    # edited as the kubelet delivers an update; the agent re-reads it each round (within the rendered 15 s)
+    sim.swap_configmap(cm, {name: json.dumps({**settings, "intervalSeconds": 1, "unreachableSeconds": bound})})
+    agent_log = lambda: sim.pods[0].path(f"{STATE}/logs").joinpath("idle-agent.log").read_text()  # noqa: E731
+    wait_for(
+        "pod 0's agent reads the new bound",
+        lambda: decision(sim).get("unreachableSeconds") == bound and not decision(sim)["unreachable"],
+        45,
+        agent_log,
+    )
+    # pod 1 off the network: the node side of its veth down (the pod's own interface and routes stay as they are)
+    subprocess.run(["ip", "-n", sim.cluster_ns, "link", "set", "v1", "down"], check=True, timeout=30)
+    down_at = time.time()
+    try:
+        held = wait_for("pod 1 unreachable", lambda: decision(sim).get("unreachable", {}).get("ml-dev-env-1"), 60)
+        assert not held["writtenOff"] and held["since"] >= down_at - 1
+        view = decision(sim)
+        assert "ml-dev-env-1/reachable: probe failed" in view["reason"], "within the bound it counts as active"
+        off = wait_for("pod 1 written off", lambda: (decision(sim).get("unreachable", {}).get("ml-dev-env-1") or {}).get("writtenOff"), 60)
+        assert off
+        view = decision(sim)
+        entry = view["unreachable"]["ml-dev-env-1"]
+        assert entry["seconds"] >= bound and entry["since"] == held["since"]
+        # its veto is gone: the idle clock runs on from its last activity (pod 0 itself is idle)
+        later = wait_for("the idle clock runs", lambda: decision(sim)["idleSeconds"] >= view["idleSeconds"] + 2 and decision(sim), 30)
+        assert later["lastActive"] == view["lastActive"] <= entry["since"] + bound + 2, later
+        status = sim.exec(0, "ml-dev status --timeout 5", timeout=60)
+        out = status.stdout + status.stderr
+        print(f"\n$ ml-dev status  (pod 0, pod 1 off the network)\n{out}")
+        assert status.returncode == 1, out
+        since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(entry["since"]))
+        lines = out.splitlines()
+        i = next(n for n, line in enumerate(lines) if line.strip().startswith("ml-dev-env-1"))
+        assert lines[i].split()[1] == "UNREACHABLE", out  # its SSH check
+        assert f"UNREACHABLE for the idle agent since {since}" in lines[i + 1], out
+        assert "written off after 4 s: the idle stop no longer waits for it" in lines[i + 1], out
+        assert any(line.startswith("idle stop: idle ") for line in lines), out
+        assert "Pod ml-dev-env-1 unreachable for" in agent_log()
+    finally:
+        subprocess.run(["ip", "-n", sim.cluster_ns, "link", "set", "v1", "up"], check=True, timeout=30)
+    # it answers again: it counts again and is no longer listed
+    wait_for("pod 1 reachable again", lambda: decision(sim).get("unreachable") == {}, 60)
+    status = sim.exec(0, "ml-dev status --timeout 5", timeout=60)
+    assert status.returncode == 0 and "UNREACHABLE" not in status.stdout, status.stdout + status.stderr
+    # from a worker, the same view comes from pod 0's GET /decision
+    status = sim.exec(1, "ml-dev status --timeout 5", timeout=60)
+    assert status.returncode == 0 and "\nidle stop: idle " in status.stdout, status.stdout + status.stderr
+
+
+# ------------------------------------------------------------------------------------ idle stop
+
+API_IP = "172.30.0.1"  # the `kubernetes` Service (KUBERNETES_SERVICE_HOST in every pod: tests/podsim/render.py)
+
+
+def write_self_signed(key: Path, cert: Path, ip: str) -> None:
+    """A one-day self-signed CA certificate for `ip` (its subjectAltName): the API server's cert and the pods' ca.crt."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    private = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kubernetes")])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(private.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(ip))]), critical=False)
+        .sign(private, hashes.SHA256())
+    )
+    key.write_bytes(private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    cert.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+
+
+def serve_api(sim: PodSim, api: FakeApiServer, tmp: Path) -> tuple[ThreadingHTTPServer, str]:
+    """The API stand-in's handler over HTTPS on API_IP:443 in the pod network; returns the server and its CA."""
+    subprocess.run(["ip", "-n", sim.cluster_ns, "addr", "add", f"{API_IP}/32", "dev", "br0"], check=True, timeout=30)
+    key, cert = tmp / "api.key", tmp / "api.crt"
+    write_self_signed(key, cert, API_IP)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    made: list[Any] = []
+
+    def work() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            with open(f"/run/netns/{sim.cluster_ns}") as f:
+                if libc.setns(f.fileno(), 0x40000000):  # CLONE_NEWNET, this thread only
+                    raise OSError(ctypes.get_errno(), "setns")
+            httpd = ThreadingHTTPServer((API_IP, 443), api.httpd.RequestHandlerClass)
+            httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+        except BaseException as exc:  # handed to the test
+            made.append(exc)
+            return
+        made.append(httpd)
+        httpd.serve_forever()
+
+    threading.Thread(target=work, daemon=True).start()
+    server = wait_for("the API stand-in listens", lambda: made and made[0], 30)
+    if isinstance(server, BaseException):
+        raise server
+    return server, cert.read_text()
+
+
+@pytest.mark.timeout(300)
+def test_the_idle_stop_scales_to_zero_from_the_pod_and_the_pods_end_in_time(idle_render: Any, tmp_path: Path) -> None:
+    """Pod 1 off the network: after the bound an IdleAgentPodUnreachable Event, and it no longer holds the stop:
+    pod 0's agent scales to 0 (its record names pod 1); then both pods end through the kubelet's termination."""
+    rules = idle_render.one(ROLE, "gpu-idle-agent").inputs["rules"]
+    api = FakeApiServer(rules, replicas=2)
+    with PodSim(idle_render, count=2) as sim:
+        idle_gpus(sim)
+        server, ca = serve_api(sim, api, tmp_path)
+        try:
+            for pod in sim.pods:  # the service-account volume with the stand-in's token and CA
+                pod.volumes["kube-api-access"].write({"token": TOKEN, "ca.crt": ca, "namespace": sim.namespace})
+            cm = naming.lifecycle_configmap("ml-dev-env")
+            settings = json.loads(sim.configmaps[cm][lifecycle.SETTINGS_KEY])
+            subprocess.run(["ip", "-n", sim.cluster_ns, "link", "set", "v1", "down"], check=True, timeout=30)
+            quick = {"intervalSeconds": 1, "idleTimeoutSeconds": 6, "warningLeadSeconds": 3, "unreachableSeconds": 2}
+            sim.swap_configmap(cm, {lifecycle.SETTINGS_KEY: json.dumps({**settings, **quick})})
+            log = lambda: sim.pods[0].path(f"{STATE}/logs/idle-agent.log").read_text()  # noqa: E731
+            wait_for("the idle agent scales to 0", lambda: api.replicas == 0, 90, log)
+            assert api.denied == [], api.denied
+            assert [s["spec"]["replicas"] for s in api.scales] == [0]
+            (unreachable,) = [e for e in api.events if e["reason"] == "IdleAgentPodUnreachable"]
+            assert unreachable["message"].startswith("Pod ml-dev-env-1 unreachable for "), unreachable
+            (event,) = [e for e in api.events if e["reason"] == "IdleStop"]
+            assert "replicas 2 -> 0" in event["message"] and "Unreachable pods not waited for: ml-dev-env-1." in event["message"]
+            assert api.configmap["data"]["replicasBefore"] == "2" and api.configmap["data"]["unreachablePods"] == "ml-dev-env-1"
+        finally:
+            subprocess.run(["ip", "-n", sim.cluster_ns, "link", "set", "v1", "up"], check=True, timeout=30)
+            server.shutdown()
+            server.server_close()
+            api.close()
+        # the StatefulSet controller deletes both pods: the kubelet's termination, at once
+        outcome: dict[int, tuple[str, float]] = {}
+
+        def kubelet(i: int) -> None:
+            t0 = time.monotonic()
+            outcome[i] = (sim.terminate(i), time.monotonic() - t0)
+
+        threads = [threading.Thread(target=kubelet, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=sim.grace + 60)
+        assert [outcome[i][0] for i in range(2)] == ["exited", "exited"], outcome
+        assert max(seconds for _, seconds in outcome.values()) <= sim.grace, outcome

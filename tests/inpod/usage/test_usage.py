@@ -1,0 +1,297 @@
+"""Who holds the GPUs: the usage recorder (inpod/usage.py) against a stand-in API that enforces the rendered Role,
+and the status table over live objects taken from the real renders of barcelona and its two environments."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+from core import naming
+from inpod import usage
+from tests.conftest import ROOT, run_objects, stack_objects
+
+DAY = 86400.0
+NOW = 1_780_000_000.0  # a fixed instant (UTC 2026-05-28)
+
+
+def test_pods_times_gpus_times_time_into_todays_bucket() -> None:
+    data = usage.add_usage({usage.LAST: str(int(NOW - 600))}, pods=2, gpus_per_pod=4, now=NOW, period=600)
+    assert data[usage.BUCKET + usage.day(NOW)] == str(2 * 4 * 600)
+    assert data[usage.LAST] == str(int(NOW))
+    again = usage.add_usage(data, pods=2, gpus_per_pod=4, now=NOW + 300, period=600)
+    assert int(again[usage.BUCKET + usage.day(NOW)]) == 2 * 4 * 900
+
+
+def test_suspended_time_adds_nothing_and_a_gap_counts_at_most_two_periods() -> None:
+    start = {usage.LAST: str(int(NOW - 600))}
+    assert usage.add_usage(start, pods=0, gpus_per_pod=4, now=NOW, period=600)[usage.BUCKET + usage.day(NOW)] == "0"
+    late = usage.add_usage({usage.LAST: str(int(NOW - 5 * 3600))}, pods=1, gpus_per_pod=1, now=NOW, period=600)
+    assert late[usage.BUCKET + usage.day(NOW)] == "1200"
+
+
+def test_old_days_are_dropped_and_the_week_sums_seven_days() -> None:
+    data = {usage.BUCKET + usage.day(NOW - d * DAY): "3600" for d in range(20)}
+    kept = usage.add_usage(data, pods=0, gpus_per_pod=1, now=NOW, period=600)
+    assert sorted(k for k in kept if k.startswith(usage.BUCKET))[0] == usage.BUCKET + usage.day(NOW - usage.KEEP_DAYS * DAY)
+    assert usage.week_hours(kept, NOW) == 7.0
+
+
+# ------------------------------------------------------------------------------- against a stand-in API
+
+
+def allowed(rules: list[dict[str, Any]], group: str, resource: str, verb: str, name: str | None) -> bool:
+    return any(
+        group in r.get("apiGroups", [])
+        and resource in r.get("resources", [])
+        and verb in r.get("verbs", [])
+        and (not r.get("resourceNames") or name in r["resourceNames"])
+        for r in rules
+    )
+
+
+@pytest.fixture(scope="module")
+def alice() -> Any:
+    result = run_objects("barcelona-alice", stack_objects("barcelona-alice"))
+    assert result.error is None, result.error
+    return result
+
+
+@pytest.fixture
+def api(alice: Any, tmp_path: Path) -> Iterator[tuple[dict[str, Any], str, Path]]:
+    role = alice.one("kubernetes:rbac.authorization.k8s.io/v1:Role", "gpu-usage-role").inputs
+    sts = alice.one("kubernetes:apps/v1:StatefulSet").inputs
+    ns, app = sts["metadata"]["namespace"], sts["metadata"]["name"]
+    state: dict[str, Any] = {"replicas": 1, "data": {}, "denied": [], "patches": []}
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def answer(self, code: int, body: Any) -> None:
+            raw = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def handle_any(self) -> None:
+            assert self.headers["Authorization"] == "Bearer sa-token"
+            url = urlsplit(self.path)
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"null")
+            if url.path == f"/apis/apps/v1/namespaces/{ns}/statefulsets/{app}/scale" and allowed(
+                role["rules"], "apps", "statefulsets/scale", "get", app
+            ):
+                self.answer(200, {"kind": "Scale", "status": {"replicas": state["replicas"]}})
+            elif url.path == f"/api/v1/namespaces/{ns}/configmaps/{app}-usage":
+                verb = {"GET": "get", "PATCH": "patch"}[self.command]
+                if not allowed(role["rules"], "", "configmaps", verb, f"{app}-usage"):
+                    state["denied"].append(self.path)
+                    self.answer(403, {})
+                    return
+                if verb == "patch":
+                    assert self.headers["Content-Type"] == "application/merge-patch+json"
+                    state["patches"].append(body)
+                    for k, v in body["data"].items():
+                        if v is None:
+                            state["data"].pop(k, None)
+                        else:
+                            state["data"][k] = v
+                self.answer(200, {"kind": "ConfigMap", "data": dict(state["data"])})
+            elif url.path == f"/apis/apps/v1/namespaces/{ns}/statefulsets" and allowed(role["rules"], "apps", "statefulsets", "list", None):
+                state["selector"] = parse_qs(url.query)["labelSelector"][0]
+                self.answer(200, {"items": [{**sts, "spec": {**sts["spec"], "replicas": state["replicas"]}}]})
+            elif url.path == f"/api/v1/namespaces/{ns}/configmaps" and allowed(role["rules"], "", "configmaps", "list", None):
+                self.answer(200, {"items": [{"metadata": {"name": f"{app}-usage", "namespace": ns}, "data": state["data"]}]})
+            else:
+                state["denied"].append(self.path)
+                self.answer(403, {})
+
+        do_GET = do_PATCH = handle_any
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    sa = tmp_path / "sa"
+    sa.mkdir()
+    (sa / "token").write_text("sa-token\n")
+    state.update(ns=ns, app=app, gpus=int(sts["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]))
+    try:
+        yield state, f"http://127.0.0.1:{server.server_address[1]}", sa
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_recorder_writes_its_record_with_the_rendered_role(api: tuple[dict[str, Any], str, Path], alice: Any) -> None:
+    state, url, sa = api
+    client = usage.Api(url, sa)
+    line = usage.record(client, state["ns"], state["app"], f"{state['app']}-usage", state["gpus"], 600, now=NOW)
+    assert f"{state['app']}: 1 pod(s) × 4 GPU(s)" in line and not state["denied"]
+    assert state["data"][usage.BUCKET + usage.day(NOW)] == str(4 * 600)
+    state["replicas"] = 0  # suspended: nothing more
+    usage.record(client, state["ns"], state["app"], f"{state['app']}-usage", state["gpus"], 600, now=NOW + 600)
+    assert state["data"][usage.BUCKET + usage.day(NOW)] == str(4 * 600)
+    # the rendered recorder runs exactly this program with these arguments
+    (dep,) = [r.inputs for r in alice.resources if r.kind == "Deployment"]
+    command = dep["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[:2] == ["python3", f"{naming.STARTUP_MOUNT}/usage.py"]
+    spec = dep["spec"]["template"]["spec"]
+    (volume,) = spec["volumes"]
+    assert spec["containers"][0]["volumeMounts"] == [{"name": volume["name"], "mountPath": naming.STARTUP_MOUNT, "readOnly": True}]
+    assert {i["path"] for i in volume["configMap"]["items"]} >= {"usage.py", "inpod/__init__.py", "inpod/usage.py"}
+    assert command[2:] == [
+        "loop",
+        "--namespace",
+        state["ns"],
+        "--statefulset",
+        state["app"],
+        "--configmap",
+        f"{state['app']}-usage",
+        "--gpus-per-pod",
+        "4",
+        "--period",
+        "600",
+    ]
+
+
+def test_status_in_a_pod_lists_the_namespace_with_the_pods_token(api: tuple[dict[str, Any], str, Path]) -> None:
+    state, url, sa = api
+    state["data"] = {usage.BUCKET + usage.day(NOW): str(3 * 3600)}
+    rows = usage.environments(usage.read_live(usage.Api(url, sa), None, [state["ns"]]), NOW)
+    assert state["selector"] == "app.kubernetes.io/part-of=ml-dev-env" and not state["denied"]
+    assert rows == [
+        {
+            "owner": "barcelona-alice",
+            "namespace": state["ns"],
+            "environment": state["app"],
+            "size": "1 × 4 GPU",
+            "state": "running",
+            "gpuHoursWeek": 3.0,
+        }
+    ]
+
+
+def live_list(tmp_path: Path) -> Path:
+    """The three renders' StatefulSets and ConfigMaps as `oc get -A -o json` would list them, with live state."""
+    items = []
+    for stack in ("barcelona", "barcelona-alice", "barcelona-bob"):
+        result = run_objects(stack, stack_objects(stack))
+        assert result.error is None, result.error
+        items += [dict(r.inputs) for r in result.resources if r.kind in ("StatefulSet", "ConfigMap") and "kind" in r.inputs]
+    for item in items:
+        name = item["metadata"]["name"]
+        if name == "ml-dev-env-alice":
+            item["spec"] = {**item["spec"], "replicas": 0}  # idle-stopped
+        if name == "ml-dev-env-alice-idle-stop":
+            item["data"] = {"stoppedAt": "2026-05-28T10:00:00Z"}
+        if name == "ml-dev-env-bob":
+            item["spec"] = {**item["spec"], "replicas": 0}  # suspended
+        if name.endswith("-usage"):
+            item["data"] = {usage.BUCKET + usage.day(NOW - DAY): "7200", usage.BUCKET + usage.day(NOW - 9 * DAY): "99999"}
+    path = tmp_path / "live.json"
+    path.write_text(json.dumps({"kind": "List", "items": items}))
+    return path
+
+
+def test_every_environment_of_the_cluster_in_one_table(tmp_path: Path) -> None:
+    rows = {r["environment"]: r for r in usage.environments(json.loads(live_list(tmp_path).read_text())["items"], NOW)}
+    assert set(rows) == {"ml-dev-env", "ml-dev-env-alice", "ml-dev-env-bob"}
+    assert rows["ml-dev-env"]["owner"] == "barcelona" and rows["ml-dev-env"]["state"] == "running"
+    assert rows["ml-dev-env-alice"]["state"] == "idle-stopped" and rows["ml-dev-env-bob"]["state"] == "suspended"
+    assert rows["ml-dev-env-bob"]["namespace"] == "bob-dev" and rows["ml-dev-env-bob"]["size"] == "0 × 2 GPU"
+    assert all(r["gpuHoursWeek"] == 2.0 for r in rows.values())  # the 9-day-old bucket is not this week
+
+
+OC_STUB = """#!{python}
+import json, os, sys
+args = sys.argv[1:]
+with open(os.environ["STUB_OC_LOG"], "a") as log:
+    log.write(" ".join(args) + "\\n")
+items = json.load(open(os.environ["STUB_OC_LIVE"]))["items"]
+if "-n" in args:
+    ns = args[args.index("-n") + 1]
+    if ns in os.environ.get("STUB_OC_FORBIDDEN", "").split():
+        sys.stderr.write('Error from server (Forbidden): statefulsets.apps is forbidden: User "carol" cannot list '
+                         'resource "statefulsets" in API group "apps" in the namespace "%s"\\n' % ns)
+        sys.exit(1)
+    items = [i for i in items if i["metadata"].get("namespace") == ns]
+selector = args[args.index("-l") + 1].split("=", 1)[1]
+items = [i for i in items if i["metadata"].get("labels", {}).get("ml-dev-env/cluster") == selector]
+print(json.dumps({"kind": "List", "items": items}))
+"""
+
+
+def make_status(tmp_path: Path, *variables: str, forbidden: str = "") -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """`make status …` with a stub `oc` that lists the live objects per namespace (refusing `forbidden` ones)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    oc = bin_dir / "oc"
+    oc.write_text(OC_STUB.replace("{python}", sys.executable))
+    oc.chmod(0o755)
+    log = tmp_path / "oc.log"
+    log.unlink(missing_ok=True)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "STUB_OC_LOG": str(log),
+           "STUB_OC_LIVE": str(live_list(tmp_path)), "STUB_OC_FORBIDDEN": forbidden}  # fmt: skip
+    proc = subprocess.run(["make", "-s", "status", *variables], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+    return proc, log.read_text().splitlines() if log.exists() else []
+
+
+def rows_of(table: str) -> dict[str, list[str]]:
+    lines = table.splitlines()
+    assert lines and lines[0].split()[:2] == ["OWNER", "(STACK)"], table
+    return {line.split()[2]: line.split() for line in lines[1:]}
+
+
+needs_make = pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make")
+
+
+@needs_make
+def test_make_status_reads_only_the_namespaces_of_the_clusters_stacks(tmp_path: Path) -> None:
+    proc, calls = make_status(tmp_path, "CLUSTER=barcelona")
+    assert proc.returncode == 0, proc.stderr
+    selector = "-l ml-dev-env/cluster=barcelona -o json"
+    # barcelona and alice deploy to nccl-test, bob to bob-dev; nerc-production is another cluster
+    assert calls == [f"get statefulsets,configmaps -n bob-dev {selector}", f"get statefulsets,configmaps -n nccl-test {selector}"]
+    rows = rows_of(proc.stdout)
+    assert set(rows) == {"ml-dev-env", "ml-dev-env-alice", "ml-dev-env-bob"}
+    assert rows["ml-dev-env-bob"][:2] == ["barcelona-bob", "bob-dev"] and "suspended" in rows["ml-dev-env-bob"]
+
+
+@needs_make
+def test_make_status_shows_what_it_can_read_and_names_what_it_cannot(tmp_path: Path) -> None:
+    """A team member with list rights in bob-dev only: one line for nccl-test, bob's row, exit 1."""
+    proc, _ = make_status(tmp_path, "CLUSTER=barcelona", forbidden="nccl-test")
+    assert proc.returncode != 0
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("WARNING:")]
+    assert warnings == [
+        'WARNING: namespace nccl-test: not read: Error from server (Forbidden): statefulsets.apps is forbidden: User "carol" '
+        'cannot list resource "statefulsets" in API group "apps" in the namespace "nccl-test"'
+    ]
+    assert set(rows_of(proc.stdout)) == {"ml-dev-env-bob"}
+    proc, _ = make_status(tmp_path, "CLUSTER=barcelona", forbidden="nccl-test bob-dev")
+    assert proc.returncode != 0 and proc.stdout == "" and proc.stderr.count("not read: Error from server (Forbidden)") == 2
+
+
+@needs_make
+def test_make_status_all_namespaces_or_named_ones(tmp_path: Path) -> None:
+    proc, calls = make_status(tmp_path, "CLUSTER=barcelona", "ALL=1")
+    assert proc.returncode == 0, proc.stderr
+    assert calls == ["get statefulsets,configmaps --all-namespaces -l ml-dev-env/cluster=barcelona -o json"]
+    assert len(rows_of(proc.stdout)) == 3
+    proc, calls = make_status(tmp_path, "CLUSTER=barcelona", "NAMESPACES=bob-dev")
+    assert proc.returncode == 0, proc.stderr
+    assert [c.split()[2:4] for c in calls] == [["-n", "bob-dev"]] and set(rows_of(proc.stdout)) == {"ml-dev-env-bob"}
+    proc, calls = make_status(tmp_path, "CLUSTER=cairo")
+    assert proc.returncode != 0 and calls == []
+    assert "ERROR: no stack file in" in proc.stderr and "has cluster.name 'cairo'" in proc.stderr
