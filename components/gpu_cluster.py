@@ -449,7 +449,7 @@ class GpuCluster(pulumi.ComponentResource):
                 config_map=k8s.core.v1.ConfigMapVolumeSourceArgs(
                     name=naming.startup_configmap(app),
                     default_mode=0o555,
-                    items=[k8s.core.v1.KeyToPathArgs(**i) for i in inpod.items(self._startup_data(script))],
+                    items=[k8s.core.v1.KeyToPathArgs(key=i["key"], path=i["path"]) for i in inpod.items(self._startup_data(script))],
                 ),
             ),
             k8s.core.v1.VolumeArgs(

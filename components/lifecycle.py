@@ -160,7 +160,9 @@ def usage_volume(app: str) -> k8s.core.v1.VolumeArgs:
     return k8s.core.v1.VolumeArgs(
         name="program",
         config_map=k8s.core.v1.ConfigMapVolumeSourceArgs(
-            name=naming.startup_configmap(app), default_mode=0o555, items=[k8s.core.v1.KeyToPathArgs(**i) for i in inpod.items(keys)]
+            name=naming.startup_configmap(app),
+            default_mode=0o555,
+            items=[k8s.core.v1.KeyToPathArgs(key=i["key"], path=i["path"]) for i in inpod.items(keys)],
         ),
     )
 

@@ -52,7 +52,7 @@ def _package(group: str, *sources: str) -> tuple[Shipped, ...]:
 
 
 SHIPPED: tuple[Shipped, ...] = (
-    *_package("package", "__init__.py", "lib/__init__.py"),
+    *_package("package", "__init__.py", "contract.py", "lib/__init__.py", "lib/pod.py", "lib/ssh.py", "lib/kube.py", "lib/http.py"),
     Shipped("startup.sh", "sh/startup.sh", "startup"),
     Shipped("sshd.sh", "sh/sshd.sh", "devloop"),
     Shipped("ssh-session.sh", "sh/ssh-session.sh", "devloop"),

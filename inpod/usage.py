@@ -14,9 +14,8 @@ Standard library only, nothing of ours imported (it runs on any Python image).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import os
-import ssl
 import sys
 import time
 import urllib.error
@@ -25,16 +24,19 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+from . import contract
+from .lib import kube
+from .lib.kube import Client
+
 BUCKET = "gpu-seconds."
 LAST = "last-record"
 KEEP_DAYS = 14
 WEEK_DAYS = 7
-STACK_LABEL = "ml-dev-env/stack"
-CLUSTER_LABEL = "ml-dev-env/cluster"
-USAGE_LABEL = "ml-dev-env/usage"
+STACK_LABEL, CLUSTER_LABEL, USAGE_LABEL = contract.STACK_LABEL, contract.CLUSTER_LABEL, contract.USAGE_LABEL
 GPU = "nvidia.com/gpu"
-PART_OF = "app.kubernetes.io/part-of"
+FIELD_MANAGER = "ml-dev-env-usage"
+Api = functools.partial(kube.Client, FIELD_MANAGER)
+"""`Api(base=None, sa_dir=None)`: the in-cluster client (lib/kube.py) as the usage recorder."""
 
 
 def day(ts: float) -> str:
@@ -63,27 +65,9 @@ def week_hours(data: dict[str, str], now: float) -> float:
     return seconds / 3600
 
 
-class Api:
-    """In-cluster REST client (service-account token, re-read on every call: tokens rotate)."""
-
-    def __init__(self, base: str | None = None, sa_dir: Path = SA_DIR) -> None:
-        host, port = os.environ.get("KUBERNETES_SERVICE_HOST", ""), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-        self.base = (base or os.environ.get("ML_DEV_KUBE_API") or f"https://{host}:{port}").rstrip("/")
-        self.token = sa_dir / "token"
-        self.context = ssl.create_default_context(cafile=str(sa_dir / "ca.crt")) if self.base.startswith("https:") else None
-
-    def call(self, method: str, path: str, body: Any = None, content_type: str = "application/merge-patch+json") -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.base + path, data=data, method=method)
-        request.add_header("Authorization", f"Bearer {self.token.read_text().strip()}")
-        request.add_header("Accept", "application/json")
-        if data is not None:
-            request.add_header("Content-Type", content_type)
-        with urllib.request.urlopen(request, timeout=30, context=self.context) as reply:
-            return json.loads(reply.read())
-
-
-def record(api: Api, namespace: str, statefulset: str, configmap: str, gpus_per_pod: int, period: float, now: float | None = None) -> str:
+def record(
+    api: Client, namespace: str, statefulset: str, configmap: str, gpus_per_pod: int, period: float, now: float | None = None
+) -> str:
     scale = api.call("GET", f"/apis/apps/v1/namespaces/{namespace}/statefulsets/{statefulset}/scale")
     pods = int((scale.get("status") or {}).get("replicas") or 0)
     path = f"/api/v1/namespaces/{namespace}/configmaps/{configmap}"
@@ -91,11 +75,11 @@ def record(api: Api, namespace: str, statefulset: str, configmap: str, gpus_per_
     now = time.time() if now is None else now
     data = add_usage(current, pods, gpus_per_pod, now, period)
     # A merge patch: keys it drops (older than KEEP_DAYS) are sent as null, which removes them.
-    api.call("PATCH", path, {"data": {**{k: None for k in current if k not in data}, **data}})
+    api.call("PATCH", path, {"data": {**{k: None for k in current if k not in data}, **data}}, "application/merge-patch+json")
     return f"{namespace}/{statefulset}: {pods} pod(s) × {gpus_per_pod} GPU(s); today {int(data[BUCKET + day(now)]) / 3600:.2f} GPU-hours"
 
 
-def run_loop(api: Api, namespace: str, statefulset: str, configmap: str, gpus: int, period: float, rounds: int | None = None) -> int:
+def run_loop(api: Client, namespace: str, statefulset: str, configmap: str, gpus: int, period: float, rounds: int | None = None) -> int:
     """Record every `period` seconds; a failed record is logged and retried next period (never exits on its own)."""
     done = 0
     while rounds is None or done < rounds:
@@ -153,8 +137,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join("  ".join(str(c[i]).ljust(widths[i]) for i in range(len(head))).rstrip() for c in cells) + "\n"
 
 
-def read_live(api: Api, cluster: str | None, namespaces: list[str]) -> list[dict[str, Any]]:
-    selector = urllib.parse.quote(f"{CLUSTER_LABEL}={cluster}" if cluster else f"{PART_OF}=ml-dev-env")
+def read_live(api: Client, cluster: str | None, namespaces: list[str]) -> list[dict[str, Any]]:
+    selector = urllib.parse.quote(f"{CLUSTER_LABEL}={cluster}" if cluster else f"{contract.PART_OF_LABEL}={contract.PART_OF}")
     items: list[dict[str, Any]] = []
     for ns in namespaces:
         for kind, path in (
@@ -178,9 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--gpus-per-pod", type=int, required=True)
         p.add_argument("--period", type=float, required=True, help="seconds between records")
     st = sub.add_parser("status", help="every environment of a cluster")
-    st.add_argument(
-        "--from-json", help="a List as `oc get statefulsets,configmaps -A -l ml-dev-env/cluster=<c> -o json` prints (- = stdin)"
-    )
+    st.add_argument("--from-json", help=f"a List as `oc get statefulsets,configmaps -A -l {CLUSTER_LABEL}=<c> -o json` prints (- = stdin)")
     st.add_argument("--cluster", help="with the API: only this cluster's objects (default: every ml-dev-env object of --namespace)")
     st.add_argument("--namespace", action="append", default=[], help="namespaces to read with the API (repeatable)")
     st.add_argument("--json", action="store_true", help="rows as JSON")

@@ -38,11 +38,14 @@ import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
+from ..lib import kube
 from .gate import gate
 from .parse import parse_ip_addr
 from .preflight import hca_netdevs, preflight, preflight_all
-from .report import latest, table, write_result
-from .util import PROGRAM, ensure, env, load_config, log, read_rank_env, read_text, remote, run, state_dir, sys_root, utc_now
+from .report import gate_table, latest, write_result
+from .util import PROGRAM, ensure, env, load_config, log, read_rank_env, remote, run, state_dir, sys_root, utc_now
+
+FIELD_MANAGER = "ml-dev-env-fabric-check"
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
@@ -77,13 +80,13 @@ def cmd_gate(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     result = gate(cfg, localise=not args.no_localise)
     written = write_result(result)
-    sys.stdout.write(table(result))
+    sys.stdout.write(gate_table(result))
     for d in written:
         print(f"result: {d / 'latest.json'}")
     return 0 if result["status"] in ("pass", "no-expectation", "skipped") else 1
 
 
-def cmd_status(args: argparse.Namespace) -> int:
+def cmd_latest(args: argparse.Namespace) -> int:
     result = latest()
     if result is None:
         print("no fabric gate result yet (run: fabric_check.py gate)")
@@ -91,7 +94,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        sys.stdout.write(table(result))
+        sys.stdout.write(gate_table(result))
     return 0 if result["status"] in ("pass", "no-expectation", "skipped") else 1
 
 
@@ -182,7 +185,7 @@ def cmd_hold(args: argparse.Namespace) -> int:
             continue
         result = gate(cfg)
         write_result(result)
-        for line in table(result).splitlines():
+        for line in gate_table(result).splitlines():
             log(line)
         if result["status"] in ("pass", "no-expectation", "skipped"):
             return 0
@@ -225,18 +228,8 @@ def rack_order(pods: list[str], pod_nodes: Mapping[str, str | None], node_racks:
 
 def pod_nodes_from_api(namespace: str, selector: str) -> dict[str, str | None]:
     """spec.nodeName of this StatefulSet's pods through the Kubernetes API (needs get/list on pods in the namespace)."""
-    base = env("ML_DEV_KUBE_API") or f"https://{env('KUBERNETES_SERVICE_HOST')}:{env('KUBERNETES_SERVICE_PORT', '443')}"
-    sa = Path(env("ML_DEV_SA_DIR", "/var/run/secrets/kubernetes.io/serviceaccount"))
-    token = read_text(sa / "token") or ""
     query = urllib.parse.urlencode({"labelSelector": selector})
-    req = urllib.request.Request(f"{base}/api/v1/namespaces/{namespace}/pods?{query}", headers={"Authorization": f"Bearer {token}"})
-    context = None
-    if base.startswith("https://"):
-        import ssl
-
-        context = ssl.create_default_context(cafile=str(sa / "ca.crt"))
-    with urllib.request.urlopen(req, timeout=10, context=context) as resp:
-        items = json.loads(resp.read())["items"]
+    items = kube.Client(FIELD_MANAGER).call("GET", f"/api/v1/namespaces/{namespace}/pods?{query}", timeout=10)["items"]
     return {i["metadata"]["name"]: (i.get("spec") or {}).get("nodeName") for i in items}
 
 
@@ -286,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_netdev)
     p = sub.add_parser("status", help="print the latest gate result")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_status)
+    p.set_defaults(func=cmd_latest)
     p = sub.add_parser("hold", help="(startup, pod 0) wait for the fabric check when fabricCheck.onDeploy is set")
     p.add_argument("--timeout", type=float, help="seconds (default fabricCheck.onDeployTimeoutSeconds)")
     p.add_argument(

@@ -23,7 +23,7 @@ def gate_svg(result: dict) -> str | None:
     return svgplot.gate_curve(result) if svgplot is not None else None
 
 
-def table(result: dict) -> str:
+def gate_table(result: dict) -> str:
     lines = [
         f"fabric gate {result['status'].upper()}  {result['time']}  mode {result.get('mode')}  "
         f"{len(result.get('hosts', []))} pods x {result.get('gpusPerNode')} GPUs"
@@ -71,7 +71,7 @@ def result_dirs() -> list[Path]:
 
 
 def write_result(result: dict) -> list[Path]:
-    text = table(result)
+    text = gate_table(result)
     svg = gate_svg(result)
     stamp = result["time"].replace(":", "").replace("-", "")
     written = []

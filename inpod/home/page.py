@@ -32,30 +32,26 @@ import argparse
 import concurrent.futures
 import contextlib
 import html
-import json
-import os
 import shlex
-import socket
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 from collections import deque
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
+from .. import contract
+from ..lib import http
+from ..lib.http import fetch_json
+from ..lib.pod import clock, env, idle_settings, pid_alive, read_json, read_rank_env, state_dir
+
 HISTORY_SECONDS = 3600
+PORT = 8090
+"""The page's port when --listen names none (core/servers.py, the home row)."""
 LINKS = (("vscode", "VS Code"), ("jupyter", "Jupyter"), ("tensorboard", "TensorBoard"))
-
-
-def env(name: str, default: str = "") -> str:
-    return os.environ.get(name, default)
-
-
-def state_dir() -> Path:
-    return Path(env("ML_DEV_STATE_DIR", "/tmp/ml-dev-env"))
 
 
 def esc(value: object) -> str:
@@ -73,23 +69,20 @@ def svgplot() -> Any:
     return SVGPLOT
 
 
-def load_settings() -> dict[str, Any]:
-    settings: dict[str, Any] = {"enabled": False, "idleTimeoutSeconds": 3600, "activityPort": 9099, "servers": []}
-    with contextlib.suppress(OSError, ValueError):
-        settings.update(json.loads(Path(env("ML_DEV_IDLE_SETTINGS", "/etc/ml-dev-env/lifecycle/idle.json")).read_text()))
-    return settings
+def settings_or_defaults() -> dict[str, Any]:
+    """idle.json over the contract's defaults; unreadable: the defaults (the page shows the idle stop as off)."""
+    try:
+        return idle_settings()
+    except (OSError, ValueError):
+        return dict(contract.IDLE_DEFAULTS)
 
 
-def read_rank_env() -> dict[str, str]:
-    values: dict[str, str] = {}
-    with contextlib.suppress(OSError, ValueError):
-        for line in (state_dir() / "rank.env").read_text().splitlines():
-            words = shlex.split(line, comments=True)
-            for word in words[1:] if words[:1] == ["export"] else words:
-                key, sep, value = word.partition("=")
-                if sep:
-                    values[key] = value
-    return values
+def rank_or_empty() -> dict[str, str]:
+    """rank.env, or nothing yet (the startup script has not written it): the page shows what it has."""
+    try:
+        return read_rank_env()
+    except (OSError, ValueError):
+        return {}
 
 
 def agents(settings: dict[str, Any]) -> list[tuple[str, str]]:
@@ -97,32 +90,10 @@ def agents(settings: dict[str, Any]) -> list[tuple[str, str]]:
     override = env("ML_DEV_HOME_AGENTS")
     if override:
         return [(p.split("=", 1)[0], "http://" + p.split("=", 1)[1]) for p in override.split()]
-    rank = read_rank_env()
+    rank = rank_or_empty()
     pods, hosts = rank.get("ML_DEV_PODS", "").split(), rank.get("ML_DEV_HOSTS", "").split()
     count = len(pods) if len(pods) == len(hosts) else 0  # a half-written rank.env names no pod
     return [(pods[i], f"http://{hosts[i]}:{settings['activityPort']}") for i in range(count)]
-
-
-def fetch_json(url: str, timeout: float = 5) -> Any:
-    with urllib.request.urlopen(url, timeout=timeout) as response:
-        return json.loads(response.read())
-
-
-def read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True
-    return True
 
 
 def ago(seconds: float | None) -> str:
@@ -134,10 +105,6 @@ def ago(seconds: float | None) -> str:
     if seconds < 7200:
         return f"{seconds // 60} min"
     return f"{seconds / 3600:.1f} h"
-
-
-def clock(ts: float) -> str:
-    return time.strftime("%H:%M:%S UTC", time.gmtime(ts))
 
 
 # ------------------------------------------------------------------------------------ collection
@@ -159,7 +126,7 @@ class Collector:
         self.pods: list[str] = []
 
     def sample(self, now: float | None = None) -> None:
-        settings = load_settings()
+        settings = settings_or_defaults()
         pods = agents(settings)
         now = time.time() if now is None else now
 
@@ -246,7 +213,7 @@ def links_html(settings: dict[str, Any]) -> str:
 
 def idle_html(col: Collector, settings: dict[str, Any], now: float) -> str:
     decision = col.decision or {}
-    stop_record = read_json(state_dir() / "idle-stop.json")
+    stop_record = read_json(state_dir() / contract.IDLE_STOP_FILE)
     rows = []
     if not settings.get("enabled"):
         state, cls = "idle stop is off: this environment runs until someone stops it", "neutral"
@@ -316,7 +283,7 @@ def pods_html(col: Collector, plots: Any) -> str:
 
 def sessions_html(now: float) -> str:
     runs, ssh = [], []
-    for beat in sorted((state_dir() / "heartbeat").glob("run-*.json")):
+    for beat in sorted((state_dir() / contract.HEARTBEAT_DIR).glob("run-*.json")):
         info = read_json(beat)
         if not isinstance(info, dict) or now - float(info.get("alive_at", 0)) > 60:
             continue
@@ -327,7 +294,7 @@ def sessions_html(now: float) -> str:
             f'<li class="run"><code>{esc(text)}</code> in <code>{esc(info.get("cwd", "?"))}</code>, '
             f"{esc(len(info.get('pods', [])))} pods, running {esc(ago(now - started))}</li>"
         )
-    for record in sorted((state_dir() / "ssh-sessions").glob("[0-9]*")):
+    for record in sorted((state_dir() / contract.SSH_SESSIONS_DIR).glob("[0-9]*")):
         if not pid_alive(int(record.name)):
             continue
         with contextlib.suppress(OSError):
@@ -376,7 +343,7 @@ def fabric_html(plots: Any) -> str:
 
 def fragment(col: Collector, now: float | None = None) -> str:
     now = time.time() if now is None else now
-    settings = load_settings()
+    settings = settings_or_defaults()
     plots = svgplot()
     with col.lock:
         parts = [idle_html(col, settings, now), pods_html(col, plots), sessions_html(now), fabric_html(plots)]
@@ -438,7 +405,7 @@ def page(col: Collector) -> str:
         f'<html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>'
         '<link rel="icon" href="data:,"><meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<style>{STYLE}</style></head>"
-        f'<body data-refresh="{refresh}"><header><h1>{esc(title)}</h1>{links_html(load_settings())}</header>'
+        f'<body data-refresh="{refresh}"><header><h1>{esc(title)}</h1>{links_html(settings_or_defaults())}</header>'
         f'<main>{fragment(col)}</main><script src="app.js"></script></body></html>\n'
     )
 
@@ -487,46 +454,23 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
 
-class _Server6(ThreadingHTTPServer):
-    address_family = socket.AF_INET6
-
-
-def listen_addresses(listen: str) -> list[tuple[str, int]]:
-    """`host:port` items (`[v6]:port`) separated by spaces or commas; empty: $POD_IP and 127.0.0.1 on 8090.
-
-    Never a wildcard (0.0.0.0, ::): a wildcard also answers on the SR-IOV interfaces (net1..N), which
-    NetworkPolicy does not cover."""
-    items = listen.replace(",", " ").split()
-    if not items:
-        items = [f"[{ip}]:8090" if ":" in ip else f"{ip}:8090" for ip in (env("POD_IP"), "127.0.0.1") if ip]
-    out = []
-    for item in items:
-        host, _, port = item.rpartition(":")
-        host = host.strip("[]")
-        if not host or host in ("0.0.0.0", "::"):
-            raise ValueError(f"listen address {item!r}: name the address to bind (the pod IP, 127.0.0.1), not a wildcard")
-        out.append((host, int(port)))
-    return out
-
-
-def serve(listen: str) -> int:
+def serve_page(listen: str) -> int:
     try:
-        addresses = listen_addresses(listen)
+        addresses = http.listen_addresses(listen, PORT)
     except ValueError as exc:
         print(f"[home-page] {exc}", file=sys.stderr, flush=True)
         return 2
     collector = Collector()
     handler = type("BoundHandler", (Handler,), {"collector": collector})
-    servers = [(_Server6 if ":" in host else ThreadingHTTPServer)((host, port), handler) for host, port in addresses]
+    servers = http.bind(addresses, handler)
     stop = threading.Event()
     threading.Thread(target=collector.loop, args=(float(env("ML_DEV_HOME_INTERVAL", "30")), stop), daemon=True).start()
-    bound = [(str(s.server_address[0]), int(s.server_address[1])) for s in servers]
-    shown = [f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in bound]
+    shown = http.shown(servers)
     with contextlib.suppress(OSError):
         state_dir().mkdir(parents=True, exist_ok=True)
-        tmp = state_dir() / "home.addr.tmp"
+        tmp = state_dir() / f"{contract.HOME_ADDR}.tmp"
         tmp.write_text("".join(f"{a}\n" for a in shown))
-        tmp.replace(state_dir() / "home.addr")
+        tmp.replace(state_dir() / contract.HOME_ADDR)
     print(f"[home-page] serving on {' '.join(shown)}", flush=True)
     for server in servers[1:]:
         threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -551,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
         collector.sample()
         sys.stdout.write(page(collector))
         return 0
-    return serve(args.listen)
+    return serve_page(args.listen)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # aliases only for the checker: the pods' Pythons may be 3.8 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
 
 
-def esc(text: object) -> str:
+def xml_text(text: object) -> str:
     return escape(str(text), {'"': "&quot;", "'": "&#39;"})
 
 
@@ -80,17 +80,17 @@ def line_chart(
     out: list[str] = [
         f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
         f'role="img" font-family="sans-serif" font-size="11">',
-        f"<title>{esc(title or y_label)}</title>",
+        f"<title>{xml_text(title or y_label)}</title>",
         f'<rect x="0" y="0" width="{width}" height="{height}" fill="#ffffff"/>',
     ]
     if title:
-        out.append(f'<text x="{left}" y="15" font-weight="bold">{esc(title)}</text>')
+        out.append(f'<text x="{left}" y="15" font-weight="bold">{xml_text(title)}</text>')
     # y grid and labels (5 steps)
     for i in range(6):
         value = top_y * i / 5
         y = py(value)
         out.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e5e5e5"/>')
-        out.append(f'<text x="{left - 4}" y="{y + 4:.1f}" text-anchor="end" fill="#555">{esc(fmt(value))}</text>')
+        out.append(f'<text x="{left - 4}" y="{y + 4:.1f}" text-anchor="end" fill="#555">{xml_text(fmt(value))}</text>')
     # x ticks: every point of the first series on a log scale (thinned), else 5 steps
     every_x = sorted(set(xs))
     ticks = sorted({float(p[0]) for p in _points(series[0])}) if (series and x_log2) else []
@@ -100,19 +100,19 @@ def line_chart(
         ticks = [x_lo + (x_hi - x_lo) * i / 4 for i in range(5)]
     stride = max(1, math.ceil(len(ticks) / 8))
     for x in ticks[::stride]:
-        out.append(f'<text x="{px(x):.1f}" y="{top + plot_h + 14}" text-anchor="middle" fill="#555">{esc(x_format(x))}</text>')
+        out.append(f'<text x="{px(x):.1f}" y="{top + plot_h + 14}" text-anchor="middle" fill="#555">{xml_text(x_format(x))}</text>')
     out.append(f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#999"/>')
     if x_label:
-        out.append(f'<text x="{left + plot_w / 2:.1f}" y="{height - 4}" text-anchor="middle" fill="#333">{esc(x_label)}</text>')
+        out.append(f'<text x="{left + plot_w / 2:.1f}" y="{height - 4}" text-anchor="middle" fill="#333">{xml_text(x_label)}</text>')
     if y_label:
         out.append(
             f'<text x="12" y="{top + plot_h / 2:.1f}" text-anchor="middle" fill="#333" '
-            f'transform="rotate(-90 12 {top + plot_h / 2:.1f})">{esc(y_label)}</text>'
+            f'transform="rotate(-90 12 {top + plot_h / 2:.1f})">{xml_text(y_label)}</text>'
         )
     for value, label, color in hlines:
         y = py(value)
-        out.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{y:.1f}" y2="{y:.1f}" stroke="{esc(color)}" stroke-dasharray="6 4"/>')
-        out.append(f'<text x="{left + plot_w - 4}" y="{y - 4:.1f}" text-anchor="end" fill="{esc(color)}">{esc(label)}</text>')
+        out.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{y:.1f}" y2="{y:.1f}" stroke="{xml_text(color)}" stroke-dasharray="6 4"/>')
+        out.append(f'<text x="{left + plot_w - 4}" y="{y - 4:.1f}" text-anchor="end" fill="{xml_text(color)}">{xml_text(label)}</text>')
     for i, s in enumerate(series):
         color = str(s.get("color") or PALETTE[i % len(PALETTE)])
         pts = sorted(_points(s))
@@ -120,12 +120,12 @@ def line_chart(
             continue
         path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in pts)
         dash = ' stroke-dasharray="3 3"' if s.get("dash") else ""
-        out.append(f'<polyline points="{path}" fill="none" stroke="{esc(color)}" stroke-width="2"{dash}/>')
+        out.append(f'<polyline points="{path}" fill="none" stroke="{xml_text(color)}" stroke-width="2"{dash}/>')
         if len(pts) <= 40:
             for x, y in pts:
-                out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="2.5" fill="{esc(color)}"/>')
+                out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="2.5" fill="{xml_text(color)}"/>')
         if legend and s.get("label"):
-            out.append(f'<text x="{left + 6}" y="{top + 14 + 13 * i}" fill="{esc(color)}">{esc(s["label"])}</text>')
+            out.append(f'<text x="{left + 6}" y="{top + 14 + 13 * i}" fill="{xml_text(color)}">{xml_text(s["label"])}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
 

@@ -41,9 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import sys
-import threading
 import time
 import urllib.error
 import urllib.parse
@@ -51,8 +49,11 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from .decider import Decider, fetch_json, overridden, show_warning, tick
-from .probes import DEFAULTS, env, is_rank0, load_settings, local_activity, log, read_rank_env, state_dir
+from .. import contract
+from ..lib import http
+from ..lib.http import fetch_json
+from .decider import Decider, overridden, show_warning, tick
+from .probes import env, is_rank0, load_settings, local_activity, log, read_rank_env, state_dir
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -77,39 +78,12 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
 
-class _Server6(ThreadingHTTPServer):
-    address_family = socket.AF_INET6
-
-
-def listen_addresses(listen: str | None, port: int) -> list[tuple[str, int]]:
-    """Where /activity and /decision answer: `host:port` items (`[v6]:port`), separated by spaces or commas.
-
-    Default: the pod IP (pod 0 and the workers reach each other there; the NetworkPolicy admits only the stack's
-    pods) plus 127.0.0.1 (local clients, `oc port-forward`); never a wildcard, so nothing answers on the SR-IOV
-    interfaces (net1..N), which NetworkPolicy does not cover.
-    """
-    items = (listen or "").replace(",", " ").split()
-    if not items:
-        items = [f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}" for ip in (env("POD_IP"), "127.0.0.1") if ip]
-    out = []
-    for item in items:
-        host, _, number = item.rpartition(":")
-        host = host.strip("[]")
-        if not host or host in ("0.0.0.0", "::"):
-            raise ValueError(f"listen address {item!r}: name the address to bind (the pod IP, 127.0.0.1), not a wildcard")
-        out.append((host, int(number)))
-    return out
-
-
-def serve(listen: str | None, decider: Decider | None, port: int = 0) -> list[ThreadingHTTPServer]:
+def serve_activity(listen: str | None, decider: Decider | None, port: int = 0) -> list[ThreadingHTTPServer]:
+    """/activity (every pod) and /decision (pod 0) on the pod IP and 127.0.0.1, never a wildcard (lib/http.py)."""
     handler = type("BoundHandler", (Handler,), {"decider": decider})
-    servers: list[ThreadingHTTPServer] = []
-    for host, number in listen_addresses(listen, port):
-        server = (_Server6 if ":" in host else ThreadingHTTPServer)((host, number), handler)
-        servers.append(server)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-    bound = [(str(s.server_address[0]), s.server_address[1]) for s in servers]
-    (state_dir() / "activity.addr").write_text("".join(f"[{h}]:{p}\n" if ":" in h else f"{h}:{p}\n" for h, p in bound))
+    servers = http.bind(http.listen_addresses(listen, port), handler)
+    http.serve_in_background(servers)
+    (state_dir() / "activity.addr").write_text("".join(f"{a}\n" for a in http.shown(servers)))
     return servers
 
 
@@ -125,11 +99,11 @@ def follow_master(settings: dict[str, Any]) -> None:
     show_warning(warning["text"] if warning else None)
 
 
-def run(listen: str | None, rounds: int | None = None) -> int:
+def run_agent(listen: str | None, rounds: int | None = None) -> int:
     settings = load_settings()
     state_dir().mkdir(parents=True, exist_ok=True)
-    decider = Decider(unreachable_seconds=float(settings.get("unreachableSeconds", DEFAULTS["unreachableSeconds"])))
-    servers = serve(listen or env("ML_DEV_ACTIVITY_LISTEN"), decider, int(settings["activityPort"]))
+    decider = Decider(unreachable_seconds=float(settings.get("unreachableSeconds", contract.IDLE_DEFAULTS["unreachableSeconds"])))
+    servers = serve_activity(listen or env("ML_DEV_ACTIVITY_LISTEN"), decider, int(settings["activityPort"]))
     where = ", ".join(str(s.server_address[:2]) for s in servers)
     log(f"serving /activity on {where}; idle stop {'on' if settings['enabled'] else 'off'}")
     done, next_round = 0, time.monotonic()
@@ -161,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "status":
         # pod 0's view: idle seconds, last activity, pods written off as unreachable
-        path = state_dir() / "idle-status.json"
+        path = state_dir() / contract.IDLE_STATUS_FILE
         try:
             print(path.read_text().strip())
         except OSError:
@@ -172,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(local_activity(load_settings()), sys.stdout, indent=2)
         print()
         return 0
-    return run(args.listen, args.rounds)
+    return run_agent(args.listen, args.rounds)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import ssl
 import time
 import urllib.error
 import urllib.parse
@@ -15,7 +14,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from .probes import AGENT, DEFAULTS, SA_DIR, env, local_activity, log, read_rank_env, signal, state_dir
+from .. import contract
+from ..lib.http import fetch_json
+from ..lib.kube import Client
+from .probes import AGENT, env, local_activity, log, read_rank_env, signal, state_dir
 
 
 def overridden(name: str) -> str:
@@ -37,11 +39,6 @@ def peers(settings: dict[str, Any]) -> list[tuple[str, str]]:
     return [(pod, f"http://{host}:{settings['activityPort']}") for pod, host in zip(pods, hosts) if pod != me]  # same length: checked above
 
 
-def fetch_json(url: str, timeout: float = 15) -> Any:
-    with urllib.request.urlopen(url, timeout=timeout) as response:
-        return json.loads(response.read())
-
-
 def gather(settings: dict[str, Any]) -> list[dict[str, Any]]:
     """Every pod's activity; an unreachable pod or an unreadable rank.env is one failed signal."""
     reports = [local_activity(settings)]
@@ -51,7 +48,7 @@ def gather(settings: dict[str, Any]) -> list[dict[str, Any]]:
         return [*reports, {"pod": "?", "time": time.time(), "signals": [signal("peers", False, error=str(exc))]}]
     for pod, base in others:
         try:
-            reports.append(fetch_json(f"{base}/activity"))
+            reports.append(fetch_json(f"{base}/activity", timeout=15))
         except (OSError, ValueError, urllib.error.URLError) as exc:
             reports.append({"pod": pod, "time": time.time(), "signals": [signal("reachable", False, error=str(exc))]})
     return reports
@@ -60,7 +57,7 @@ def gather(settings: dict[str, Any]) -> list[dict[str, Any]]:
 class Decider:
     """The whole environment's idle clock (pod 0)."""
 
-    def __init__(self, now: float | None = None, unreachable_seconds: float = DEFAULTS["unreachableSeconds"]) -> None:
+    def __init__(self, now: float | None = None, unreachable_seconds: float = contract.IDLE_DEFAULTS["unreachableSeconds"]) -> None:
         self.last_active = time.time() if now is None else now  # a fresh start is activity
         self.reason = "agent started"
         self.warning: dict[str, Any] | None = None
@@ -154,8 +151,8 @@ def warning_text(stop_at: float, idle: float) -> str:
     return (
         f"ml-dev-env: this environment has been idle for {int(idle // 60)} min and will be SUSPENDED at {when} "
         "(GPUs released, data kept). Any activity cancels it: a command, a running job, GPU work. "
-        f"Each rank of `ml-dev run` then gets {env('ML_DEV_CHECKPOINT_SIGNAL', 'SIGTERM')} and "
-        f"{env('ML_DEV_CHECKPOINT_GRACE_SECONDS', '30')} s to save a checkpoint: handle that signal in your job "
+        f"Each rank of `ml-dev run` then gets {env(contract.CHECKPOINT_SIGNAL_ENV, contract.SIGNAL_DEFAULT)} and "
+        f"{env(contract.CHECKPOINT_GRACE_ENV, str(contract.GRACE_DEFAULT))} s to save a checkpoint: handle that signal in your job "
         "(docs: Use, 'Suspend, resume and idle stop', 'Checkpoint before a stop'). "
         "Resume later with `pulumi up --refresh`."
     )
@@ -184,31 +181,6 @@ def show_warning(text: str | None) -> None:
 # --------------------------------------------------------------------------------- API server
 
 
-class Kube:
-    """Minimal in-cluster REST client (service-account token, standard library)."""
-
-    def __init__(self, namespace: str) -> None:
-        host, port = env("KUBERNETES_SERVICE_HOST"), env("KUBERNETES_SERVICE_PORT", "443")
-        self.base = env("ML_DEV_KUBE_API") or f"https://{host}:{port}"
-        sa = Path(env("ML_DEV_SA_DIR", str(SA_DIR)))
-        self.token_file = sa / "token"
-        self.namespace = namespace
-        self.context = None
-        if self.base.startswith("https://"):
-            self.context = ssl.create_default_context(cafile=str(sa / "ca.crt"))
-
-    def call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.base + path, data=data, method=method)
-        request.add_header("Authorization", f"Bearer {self.token_file.read_text().strip()}")  # re-read: tokens rotate
-        request.add_header("Accept", "application/json")
-        request.add_header("User-Agent", AGENT)
-        if data is not None:
-            request.add_header("Content-Type", content_type)
-        with urllib.request.urlopen(request, timeout=30, context=self.context) as response:
-            return json.loads(response.read())
-
-
 def rfc3339(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
@@ -226,8 +198,7 @@ def scale_body(name: str, namespace: str, resource_version: str, replicas: int) 
 def stop(settings: dict[str, Any], decider: Decider, idle: float, now: float) -> bool:
     """Scale to 0, then record why (ConfigMap + Event). True when the environment is (now) stopped."""
     name, ns = settings["statefulset"], settings["namespace"]
-    kube = Kube(ns)
-    manager = urllib.parse.urlencode({"fieldManager": AGENT})
+    kube = Client(AGENT)  # the agent's field manager on every write (lib/kube.py)
     scale_path = f"/apis/apps/v1/namespaces/{ns}/statefulsets/{name}/scale"
     current = kube.call("GET", scale_path)
     before = int(current.get("spec", {}).get("replicas", 0))
@@ -235,7 +206,7 @@ def stop(settings: dict[str, Any], decider: Decider, idle: float, now: float) ->
         log("already scaled to 0")
         return True
     meta = current["metadata"]
-    kube.call("PUT", f"{scale_path}?{manager}", scale_body(name, ns, meta["resourceVersion"], 0))
+    kube.call("PUT", scale_path, scale_body(name, ns, meta["resourceVersion"], 0))
     signals = summary(decider.last_reports)
     message = (
         f"Suspended by the idle agent after {int(idle)}s without activity (idleTimeout "
@@ -254,11 +225,11 @@ def stop(settings: dict[str, Any], decider: Decider, idle: float, now: float) ->
         "unreachablePods": " ".join(sorted(decider.written_off)),
     }
     with contextlib.suppress(OSError):
-        (state_dir() / "idle-stop.json").write_text(json.dumps(record, indent=2))
+        (state_dir() / contract.IDLE_STOP_FILE).write_text(json.dumps(record, indent=2))
     try:
         kube.call(
             "PATCH",
-            f"/api/v1/namespaces/{ns}/configmaps/{settings['recordConfigMap']}?{manager}",
+            f"/api/v1/namespaces/{ns}/configmaps/{settings['recordConfigMap']}",
             {"data": record},
             "application/merge-patch+json",
         )
@@ -295,7 +266,7 @@ def event(settings: dict[str, Any], reason: str, message: str, now: float, uid: 
         "lastTimestamp": rfc3339(now),
         "count": 1,
     }
-    Kube(ns).call("POST", f"/api/v1/namespaces/{ns}/events", body)
+    Client(AGENT).call("POST", f"/api/v1/namespaces/{ns}/events", body)
 
 
 def report_unreachable(settings: dict[str, Any], decider: Decider, now: float) -> None:
@@ -322,9 +293,9 @@ def report_unreachable(settings: dict[str, Any], decider: Decider, now: float) -
 def write_status(decider: Decider, now: float) -> None:
     """$ML_DEV_STATE_DIR/idle-status.json: pod 0's view each round (`idle_agent.py status`, `ml-dev status`)."""
     with contextlib.suppress(OSError):
-        tmp = state_dir() / "idle-status.json.tmp"
+        tmp = state_dir() / f"{contract.IDLE_STATUS_FILE}.tmp"
         tmp.write_text(json.dumps(decider.status(now), indent=2))
-        tmp.replace(state_dir() / "idle-status.json")
+        tmp.replace(state_dir() / contract.IDLE_STATUS_FILE)
 
 
 # ------------------------------------------------------------------------------------ the loop
@@ -342,7 +313,7 @@ def tick(settings: dict[str, Any], decider: Decider, now: float | None = None) -
         return "off"
     reports = gather(settings)
     now = time.time() if now is None else now
-    decider.unreachable_seconds = float(settings.get("unreachableSeconds", DEFAULTS["unreachableSeconds"]))
+    decider.unreachable_seconds = float(settings.get("unreachableSeconds", contract.IDLE_DEFAULTS["unreachableSeconds"]))
     idle = decider.observe(reports, now)
     report_unreachable(settings, decider, now)
     timeout, lead = settings["idleTimeoutSeconds"], settings["warningLeadSeconds"]

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import calendar
 import contextlib
+import functools
 import json
-import os
 import re
-import shlex
 import subprocess
 import time
 import urllib.error
@@ -19,68 +18,26 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
+from .. import contract
+from ..lib import pod
+from ..lib.pod import env, pid_alive, read_rank_env, state_dir
+
 AGENT = "ml-dev-env-idle-agent"
 GPU_QUERY = "index,uuid,utilization.gpu,utilization.memory,memory.used"
 APPS_QUERY = "gpu_uuid,pid,process_name,used_memory"
 LAUNCHER_FRESH_SECONDS = 60  # the launcher touches its heartbeat at least every 15 s
-SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-DEFAULTS: dict[str, Any] = {
-    "enabled": False,
-    "idleTimeoutSeconds": 3600,
-    "intervalSeconds": 60,
-    "warningLeadSeconds": 600,
-    "gpuUtilThreshold": 5,
-    "gpuMemoryUtilThreshold": 5,
-    "gpuMemoryFloorMiB": 1024,
-    "unreachableSeconds": 600,
-    "activityPort": 9099,
-    "servers": [],
-}
+DEFAULTS = contract.IDLE_DEFAULTS  # the one table (inpod/contract.py)
 
-
-def log(message: str) -> None:
-    print(f"[idle-agent] {time.strftime('%H:%M:%S')} {message}", flush=True)
-
-
-def env(name: str, default: str = "") -> str:
-    return os.environ.get(name, default)
-
-
-def state_dir() -> Path:
-    return Path(env("ML_DEV_STATE_DIR", "/tmp/ml-dev-env"))
+log = functools.partial(pod.log, "idle-agent", stamp=True)
 
 
 def load_settings() -> dict[str, Any]:
-    path = Path(env("ML_DEV_IDLE_SETTINGS", "/etc/ml-dev-env/lifecycle/idle.json"))
+    """idle.json over the contract's defaults; unreadable: the defaults (idle stop off), said in the log."""
     try:
-        return {**DEFAULTS, **json.loads(path.read_text())}
+        return pod.idle_settings()
     except (OSError, ValueError) as exc:
-        log(f"settings {path} unreadable ({exc}); idle stop off")
+        log(f"settings {env(contract.IDLE_SETTINGS_ENV, contract.IDLE_SETTINGS)} unreadable ({exc}); idle stop off")
         return dict(DEFAULTS)
-
-
-def read_rank_env() -> dict[str, str]:
-    """rank.env (the rank contract: `export KEY=value ...` lines written by startup.sh)."""
-    values: dict[str, str] = {}
-    for line in (state_dir() / "rank.env").read_text().splitlines():
-        words = shlex.split(line, comments=True)
-        if words and words[0] == "export":
-            words = words[1:]
-        for word in words:
-            key, sep, value = word.partition("=")
-            if sep:
-                values[key] = value
-    return values
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def parse_time(text: str) -> float:
@@ -244,7 +201,7 @@ def session_alive(record: Path) -> bool:
 def probe_ssh() -> dict[str, Any]:
     # activity/ssh/<pid> (the activity-records contract) and ssh-sessions/<pid> (the SSH fabric's ForceCommand)
     live = []
-    for records in (state_dir() / "activity" / "ssh", state_dir() / "ssh-sessions"):
+    for records in (state_dir() / contract.ACTIVITY_DIR / "ssh", state_dir() / contract.SSH_SESSIONS_DIR):
         with contextlib.suppress(OSError):
             live += [int(p.name) for p in records.iterdir() if session_alive(p)]
     sessions = []
@@ -259,7 +216,7 @@ def probe_ssh() -> dict[str, Any]:
 
 def probe_launcher(now: float) -> dict[str, Any]:
     # activity/launcher.heartbeat (the contract) and heartbeat/{run,rank}-<pid>.json (the launcher, every 10 s)
-    beats = [state_dir() / "activity" / "launcher.heartbeat", *sorted((state_dir() / "heartbeat").glob("*.json"))]
+    beats = [state_dir() / contract.ACTIVITY_DIR / "launcher.heartbeat", *sorted((state_dir() / contract.HEARTBEAT_DIR).glob("*.json"))]
     active, ages, runs = False, [], []
     for beat in beats:
         try:

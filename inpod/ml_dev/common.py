@@ -16,71 +16,38 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from .. import contract
+from ..lib import ssh
+from ..lib.pod import mount_dir, state_dir
 
-def _program_dir() -> str:
-    """The directory of the `ml-dev` program as called (os.path.abspath, never resolve(): behind the mount's
-    symlinks lies the kubelet's `..<timestamp>` directory, which differs on every pod). This module is imported
-    through sys.path[0], which Python sets to the script's directory with symlinks resolved (docs: sys.path),
-    so its own __file__ would name that `..<timestamp>` directory: the running program's path is used instead."""
-    main = sys.modules.get("__main__")
-    program = getattr(main, "__file__", None)
-    if program and os.path.basename(program) in ("ml-dev", "ml_dev.py"):
-        return os.path.dirname(os.path.abspath(program))
-    return os.path.dirname(os.path.abspath(__file__))
+# The mount path of the startup ConfigMap ($ML_DEV_DIR, contract.STARTUP_MOUNT), else the launcher's directory as
+# called. Other pods are handed this path.
+HERE = mount_dir("ml-dev")
 
-
-# The mount path of the startup ConfigMap (container env ML_DEV_DIR, core.naming.STARTUP_MOUNT), else the
-# program's directory as called. Other pods are handed this path.
-HERE = Path(os.environ.get("ML_DEV_DIR") or _program_dir())
-
-STATE_DIR = Path(os.environ.get("ML_DEV_STATE_DIR", "/tmp/ml-dev-env"))
+STATE_DIR = state_dir()
 IGNORE_FILE = ".ml-devignore"
 SYNC_MANIFEST = ".ml-dev-synced"
 HEARTBEAT_SECONDS = 10
-STOP_GRACE_DEFAULT = 30  # lifecycle.checkpointGraceSeconds' default; the pod's value comes with rank.env
+STOP_GRACE_DEFAULT = contract.GRACE_DEFAULT  # lifecycle.checkpointGraceSeconds' default; the pod's comes with its env
 
 
 def stop_grace(values: dict[str, str] | None = None) -> int:
     """Seconds a stopped rank gets to save a checkpoint before its process group is killed."""
-    text = (values or {}).get("ML_DEV_CHECKPOINT_GRACE_SECONDS") or os.environ.get("ML_DEV_CHECKPOINT_GRACE_SECONDS", "")
+    text = (values or {}).get(contract.CHECKPOINT_GRACE_ENV) or os.environ.get(contract.CHECKPOINT_GRACE_ENV, "")
     return int(text) if text.isdigit() else STOP_GRACE_DEFAULT
 
 
 def stop_signal(values: dict[str, str] | None = None) -> signal.Signals:
     """The signal a stopped rank gets first (lifecycle.checkpointSignal; SIGTERM unless set)."""
-    name = (values or {}).get("ML_DEV_CHECKPOINT_SIGNAL") or os.environ.get("ML_DEV_CHECKPOINT_SIGNAL", "SIGTERM")
+    name = (values or {}).get(contract.CHECKPOINT_SIGNAL_ENV) or os.environ.get(contract.CHECKPOINT_SIGNAL_ENV, contract.SIGNAL_DEFAULT)
     return getattr(signal.Signals, name, signal.SIGTERM) if name.startswith("SIG") else signal.SIGTERM
 
 
 DEBUG_PORT = 5678
 PY = "python3"
-PER_POD_ENV = (
-    "HOSTNAME",
-    "HOME",
-    "PWD",
-    "OLDPWD",
-    "SHLVL",
-    "_",
-    "USER",
-    "LOGNAME",
-    "SHELL",
-    "MAIL",
-    "TERM",
-    "POD_*",
-    "NODE_NAME",
-    "ML_DEV_POD",
-    "ML_DEV_HOME",
-    "NODE_RANK",
-    "PET_NODE_RANK",
-    "RANK",
-    "LOCAL_RANK",
-    "SSH_*",
-    "LD_PRELOAD",
-    "NSS_WRAPPER_*",
-    "KUBERNETES_*",
-)
-"""Never carried from the launching pod to the others (glob patterns): what differs per pod by nature.
-core/pod_contract.py holds the same tuple (tests/test_contract.py); `ml-dev run --help` prints it."""
+PER_POD_ENV = contract.PER_POD_ENV
+"""Never carried from the launching pod to the others (glob patterns): what differs per pod by nature
+(inpod/contract.py); `ml-dev run --help` prints it."""
 
 
 def die(message: str, code: int = 1) -> None:
@@ -160,7 +127,7 @@ def read_line(fd: int, limit: float) -> bytes:
 class Cluster:
     def __init__(self) -> None:
         self.devloop = read_env_file(Path(os.environ.get("ML_DEV_DEVLOOP_ENV", HERE / "devloop.env")))
-        rank_file = STATE_DIR / "rank.env"
+        rank_file = STATE_DIR / contract.RANK_ENV_FILE
         self.rank_env = read_env_file(rank_file)
         if not self.rank_env.get("ML_DEV_HOSTS"):
             die(f"{rank_file} has no ML_DEV_HOSTS: is this an ml-dev-env pod, and has its startup script run?")
@@ -197,7 +164,7 @@ class Cluster:
         ]
         if batch:
             opts += ["-o", "BatchMode=yes"]
-        return ["ssh", *opts, self.hosts[rank], shlex.join(remote)]
+        return ssh.command(self.hosts[rank], remote, ["ssh", *opts])
 
     def rsh(self) -> str:
         """The ssh command line rsync uses (-e)."""

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import IO, TextIO
 
+from .. import contract
 from .common import (
     DEBUG_PORT,
     HEARTBEAT_SECONDS,
@@ -36,7 +37,7 @@ from .sync import sync, tree_root
 
 class Heartbeat:
     def __init__(self, name: str, info: dict[str, object]) -> None:
-        self.path = STATE_DIR / "heartbeat" / f"{name}-{os.getpid()}.json"
+        self.path = STATE_DIR / contract.HEARTBEAT_DIR / f"{name}-{os.getpid()}.json"
         self.info = {**info, "pid": os.getpid(), "started": time.time()}
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
@@ -98,7 +99,7 @@ TORCHRUN_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 def cmd_rank(args: argparse.Namespace) -> int:
     """(on every pod) run one rank: the pod's rank.env, own process group, stopped when stdin closes."""
     env = dict(os.environ)
-    env.update(read_env_file(STATE_DIR / "rank.env"))
+    env.update(read_env_file(STATE_DIR / contract.RANK_ENV_FILE))
     if args.env_stdin:
         # the launcher's variables (launch_env) come first on stdin, never in argv (ps, logs, length limits)
         try:
@@ -293,7 +294,7 @@ def stop_all(procs: dict[int, subprocess.Popen]) -> None:
                 p.stdin.close()
         except OSError:
             pass
-    deadline = time.monotonic() + stop_grace(read_env_file(STATE_DIR / "rank.env")) + 5
+    deadline = time.monotonic() + stop_grace(read_env_file(STATE_DIR / contract.RANK_ENV_FILE)) + 5
     for p in procs.values():
         try:
             p.wait(max(0.1, deadline - time.monotonic()))

@@ -19,51 +19,55 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from .. import contract
+from ..lib.pod import idle_settings
 from .common import HERE, PY, STATE_DIR, Cluster, parallel
 
-STATUS_SCRIPT = r"""
-. "${ML_DEV_STATE_DIR:-/tmp/ml-dev-env}/rank.env" 2>/dev/null
+STATUS_SCRIPT = (
+    r"""
+STATE_DIR="${@STATE_ENV@:-@STATE@}"
+. "$STATE_DIR/rank.env" 2>/dev/null
 gpus="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | sort | uniq -c | sed 's/^ *//' | paste -sd, -)"
 rdma="$(ls /sys/class/infiniband 2>/dev/null | paste -sd, -)"
 n=0
-for f in "${ML_DEV_STATE_DIR:-/tmp/ml-dev-env}"/ssh-sessions/*; do
+for f in "$STATE_DIR"/@SESSIONS@/*; do
   [ -f "$f" ] || continue
   pid="${f##*/}"; start="$(head -n1 "$f")"
   if [ -r "/proc/$pid/stat" ] && [ "$(cut -d' ' -f22 "/proc/$pid/stat")" = "$start" ]; then n=$((n + 1)); else rm -f "$f"; fi
 done
 stopping=""  # checkpoint_stop.sh's marker: the pod got its stop (preStop or SIGTERM), its ranks are saving
-if [ -r "${ML_DEV_STATE_DIR:-/tmp/ml-dev-env}/stopping" ]; then
-  at="$(cat "${ML_DEV_STATE_DIR:-/tmp/ml-dev-env}/stopping")"
+if [ -r "$STATE_DIR/stopping" ]; then
+  at="$(cat "$STATE_DIR/stopping")"
   stopping=" STOPPING since $(date -u -d "@$at" '+%Y-%m-%d %H:%M:%S UTC' 2>/dev/null || printf '%s' "$at")"
 fi
 printf 'rank=%s/%s gpus=%s rdma=%s ssh_sessions=%s%s\n' "${NODE_RANK:-?}" "${NNODES:-?}" "${gpus:-none}" "${rdma:-none}" "$n" "$stopping"
-"""
+""".replace("@STATE_ENV@", contract.STATE_DIR_ENV)
+    .replace("@STATE@", contract.STATE_DIR)
+    .replace("@SESSIONS@", contract.SSH_SESSIONS_DIR)
+)
 
 
-IDLE_SETTINGS = "/etc/ml-dev-env/lifecycle/idle.json"  # components/lifecycle.py SETTINGS_MOUNT/SETTINGS_KEY
-
-
-def idle_settings() -> dict[str, Any]:
+def settings_or_empty() -> dict[str, Any]:
+    """idle.json (over the contract's defaults), or nothing when it is not mounted (no idle lines)."""
     try:
-        value = json.loads(Path(os.environ.get("ML_DEV_IDLE_SETTINGS") or IDLE_SETTINGS).read_text())
+        return idle_settings()
     except (OSError, ValueError):
         return {}
-    return value if isinstance(value, dict) else {}
 
 
 def idle_view(cluster: Cluster, settings: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
     """Pod 0's idle decision (None and why not when it cannot be read)."""
     try:
         if cluster.me == 0:
-            return json.loads((STATE_DIR / "idle-status.json").read_text()), ""
-        port = settings.get("activityPort", 9099)
+            return json.loads((STATE_DIR / contract.IDLE_STATUS_FILE).read_text()), ""
+        port = settings.get("activityPort", contract.ACTIVITY_PORT)
         with urllib.request.urlopen(f"http://{cluster.hosts[0]}:{port}/decision", timeout=5) as response:
             return json.loads(response.read()), ""
     except (OSError, ValueError, urllib.error.URLError) as exc:
         return None, f"{type(exc).__name__}: {exc}"
 
 
-def clock(ts: float) -> str:
+def when(ts: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
 
 
@@ -89,7 +93,7 @@ def idle_lines(view: dict[str, Any] | None, why: str, settings: dict[str, Any], 
             else f"counts as active until {bound} s, then the idle stop no longer waits for it"
         )
         error = f"; {entry['error']}" if entry.get("error") else ""
-        notes[pod] = f"UNREACHABLE for the idle agent since {clock(since)} ({int(now - since)} s{error}): {held}"
+        notes[pod] = f"UNREACHABLE for the idle agent since {when(since)} ({int(now - since)} s{error}): {held}"
     return lines, notes
 
 
@@ -97,7 +101,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if getattr(args, "all", False):
         # Every environment of this namespace (owner, size, state, GPU-hours this week) from the live objects,
         # read with the pod's ServiceAccount (its usage Role may list them): usage.py, shipped next to ml-dev.
-        namespace = os.environ.get("POD_NAMESPACE") or Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace").read_text().strip()
+        namespace = os.environ.get("POD_NAMESPACE") or (Path(contract.SA_DIR) / "namespace").read_text().strip()
         return subprocess.run([PY, str(HERE / "usage.py"), "status", "--namespace", namespace], check=False).returncode
     cluster = Cluster()
 
@@ -108,7 +112,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             return "UNREACHABLE " + ((res.stderr.strip().splitlines() or [""])[-1])
         return res.stdout.strip()
 
-    settings = idle_settings()
+    settings = settings_or_empty()
     results = parallel(one, list(range(len(cluster.hosts))))
     view, why = idle_view(cluster, settings)
     lines, notes = idle_lines(view, why, settings, time.time())

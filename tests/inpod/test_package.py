@@ -53,7 +53,8 @@ def imports(path: Path) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
     for n in tree.body:
         if isinstance(n, ast.Try):
             top |= {id(s) for s in n.body}
-    now, later = [], []
+    now: list[tuple[int, str]] = []
+    later: list[tuple[int, str]] = []
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             for name in ours(path, node):

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from inpod.home import page as home_page
+from inpod.lib import http
 from tests.inpod import mount
 
 PROGRAM = mount.shipped() / "home_page.py"
@@ -36,12 +37,12 @@ def test_a_wildcard_is_refused(tmp_path: Path, listen: str) -> None:
 
 def test_the_default_is_the_pod_ip_and_loopback(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("POD_IP", "10.128.0.10")
-    assert home_page.listen_addresses("") == [("10.128.0.10", 8090), ("127.0.0.1", 8090)]
+    assert http.listen_addresses("", home_page.PORT) == [("10.128.0.10", 8090), ("127.0.0.1", 8090)]
     monkeypatch.setenv("POD_IP", "fd01::a")
-    assert home_page.listen_addresses("") == [("fd01::a", 8090), ("127.0.0.1", 8090)]
-    assert home_page.listen_addresses("[fd01::a]:1 127.0.0.1:2") == [("fd01::a", 1), ("127.0.0.1", 2)]
+    assert http.listen_addresses("", home_page.PORT) == [("fd01::a", 8090), ("127.0.0.1", 8090)]
+    assert http.listen_addresses("[fd01::a]:1 127.0.0.1:2", home_page.PORT) == [("fd01::a", 1), ("127.0.0.1", 2)]
     monkeypatch.delenv("POD_IP")
-    assert home_page.listen_addresses("") == [("127.0.0.1", 8090)]
+    assert http.listen_addresses("", home_page.PORT) == [("127.0.0.1", 8090)]
 
 
 def test_it_serves_on_every_address_it_is_given(tmp_path: Path) -> None:

@@ -1,0 +1,198 @@
+"""What the pods read: the one contract between the render and the in-pod programs.
+
+Defined here once, on the ground floor: the components render from it (components/pod.py: the container env and
+`cluster.env`; components/devloop.py: `devloop.env`; components/lifecycle.py: `idle.json`, the stop env) and the
+programs read it (`from ..contract import …`). tests/test_contract.py holds both sides: every name a program reads is
+rendered or written by another program, every rendered name is listed here, and the shell files' copies of these
+facts (`${NAME:-default}`) equal them; a literal of this module spelled again in Python elsewhere fails the test.
+Standard library only, Python 3.8+: it ships with the programs (inpod.SHIPPED, group package).
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+# ------------------------------------------------------------------------------------------ mount paths
+
+STARTUP_MOUNT = "/opt/ml-dev-env"
+"""Where the startup ConfigMap (the programs, their launchers and shell files) is mounted in every pod."""
+CLUSTER_MOUNT = "/etc/ml-dev-env/cluster"
+"""The `<app>-cluster` ConfigMap (`cluster.env`): the count-dependent facts."""
+SETTINGS_MOUNT = "/etc/ml-dev-env/lifecycle"
+SETTINGS_KEY = "idle.json"
+IDLE_SETTINGS = f"{SETTINGS_MOUNT}/{SETTINGS_KEY}"
+"""The idle agent's settings (the `<app>-lifecycle` ConfigMap), re-read every interval."""
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+"""The pod's service-account token, CA and namespace (the kubelet's projected kube-api-access volume)."""
+
+# ------------------------------------------------------------------------------------------ the state directory
+
+STATE_DIR = "/tmp/ml-dev-env"
+"""$ML_DEV_STATE_DIR: per pod, never synced."""
+RANK_ENV_FILE = "rank.env"
+"""`export KEY=value` lines (RANK_ENV), written by startup.sh only."""
+HEARTBEAT_DIR = "heartbeat"
+"""`<name>-<pid>.json` per live `ml-dev run`/`exec` (the launcher's activity)."""
+SSH_SESSIONS_DIR = "ssh-sessions"
+"""`<pid>` per live SSH session (ssh-session.sh)."""
+ACTIVITY_DIR = "activity"
+"""Activity records the idle agent reads (`ssh/<pid>`, `launcher.heartbeat`)."""
+IDLE_STOP_FILE = "idle-stop.json"
+"""The last idle stop pod 0 made."""
+IDLE_STATUS_FILE = "idle-status.json"
+"""Pod 0's idle decision each round."""
+FABRIC_LATEST = "fabric/latest.json"
+"""The fabric gate's latest result."""
+HOME_ADDR = "home.addr"
+"""The addresses the home page listens on, one a line."""
+
+# ------------------------------------------------------------------------------------------ env names
+
+STARTUP_DIR_ENV = "ML_DEV_DIR"
+"""Container env: the startup ConfigMap's mount path (STARTUP_MOUNT). Programs that hand their own path to another pod
+use it, never a resolved path: the kubelet's `..<timestamp>` directory behind the mount's symlinks differs per pod."""
+STATE_DIR_ENV = "ML_DEV_STATE_DIR"
+CLUSTER_DIR_ENV = "ML_DEV_CLUSTER_DIR"
+IDLE_SETTINGS_ENV = "ML_DEV_IDLE_SETTINGS"
+"""Overrides IDLE_SETTINGS (tests, a copy of the settings)."""
+SA_DIR_ENV = "ML_DEV_SA_DIR"
+"""Overrides SA_DIR (tests)."""
+
+CONTAINER_ENV = (
+    "POD_NAME",
+    "POD_NAMESPACE",
+    "POD_IP",
+    "NODE_NAME",
+    "ML_DEV_WORKSPACE",
+    STATE_DIR_ENV,
+    CLUSTER_DIR_ENV,
+    "ML_DEV_HOME",
+    "HOME",
+    "ENV",
+    STARTUP_DIR_ENV,
+)
+"""Identity and paths in every main container (components/pod.py pod_env), in this order."""
+
+SERVER_ENV = ("ML_DEV_SERVERS", "ML_DEV_AUTH", "TENSORBOARD_LOGDIR", "ML_DEV_MEMLOCK", "ML_DEV_HCA_MODE")
+"""The dev servers and the pod's network mode (components/pod.py server_env), after the NCCL env."""
+
+CHECKPOINT_GRACE_ENV = "ML_DEV_CHECKPOINT_GRACE_SECONDS"
+CHECKPOINT_SIGNAL_ENV = "ML_DEV_CHECKPOINT_SIGNAL"
+STOP_ENV = (CHECKPOINT_GRACE_ENV, CHECKPOINT_SIGNAL_ENV)
+"""What PID 1, the preStop hook and `ml-dev rank` read about a stop (components/lifecycle.py stop_env), last."""
+GRACE_DEFAULT = 30
+"""lifecycle.checkpointGraceSeconds' default: seconds a stopped rank gets to save a checkpoint."""
+SIGNAL_DEFAULT = "SIGTERM"
+"""lifecycle.checkpointSignal's default."""
+
+CLUSTER_ENV = ("NNODES", "GPUS_PER_NODE", "APP_NAME", "HEADLESS_SERVICE", "POD_NAMESPACE", "MASTER_PORT")
+"""Keys of `cluster.env` (at $ML_DEV_CLUSTER_DIR): the count-dependent facts. startup.sh and sshd.sh read them from
+the file; they are not in the container env."""
+
+DEVLOOP_ENV = ("ML_DEV_SSH_PORT", "ML_DEV_SSH_USER", "ML_DEV_SHARED_PATHS", "ML_DEV_PER_POD_PATHS")
+"""Keys of `devloop.env` next to the programs in the startup ConfigMap (sshd.sh, ml-dev)."""
+
+RANK_ENV = (
+    "ML_DEV_POD",
+    "NODE_RANK",
+    "NNODES",
+    "GPUS_PER_NODE",
+    "WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "PET_NNODES",
+    "PET_NODE_RANK",
+    "PET_NPROC_PER_NODE",
+    "PET_MASTER_ADDR",
+    "PET_MASTER_PORT",
+    "DEEPSPEED_HOSTFILE",
+    "ML_DEV_HOSTS",
+    "ML_DEV_PODS",
+)
+"""`$ML_DEV_STATE_DIR/rank.env`, written by startup.sh only (+ NCCL_IB_HCA when auto-detected)."""
+
+PER_POD_ENV = (
+    "HOSTNAME",
+    "HOME",
+    "PWD",
+    "OLDPWD",
+    "SHLVL",
+    "_",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "MAIL",
+    "TERM",
+    "POD_*",
+    "NODE_NAME",
+    "ML_DEV_POD",
+    "ML_DEV_HOME",
+    "NODE_RANK",
+    "PET_NODE_RANK",
+    "RANK",
+    "LOCAL_RANK",
+    "SSH_*",
+    "LD_PRELOAD",
+    "NSS_WRAPPER_*",
+    "KUBERNETES_*",
+)
+"""Names `ml-dev run` never carries from the launching pod to the others (glob patterns): what differs per pod by
+nature (`ml-dev run --help` prints them)."""
+
+SHELL_DEFAULTS = {
+    STATE_DIR_ENV: STATE_DIR,
+    CLUSTER_DIR_ENV: CLUSTER_MOUNT,
+    IDLE_SETTINGS_ENV: IDLE_SETTINGS,
+    CHECKPOINT_GRACE_ENV: str(GRACE_DEFAULT),
+    CHECKPOINT_SIGNAL_ENV: SIGNAL_DEFAULT,
+}
+"""The defaults the shell files spell as `${NAME:-default}` (a shell file cannot import this module):
+tests/test_contract.py holds every such copy equal to this table."""
+
+# ------------------------------------------------------------------------------------------ ports and labels
+
+ACTIVITY_PORT = 9099
+"""The idle agent's HTTP port on every pod (`/activity`, `/decision` on pod 0)."""
+STACK_LABEL = "ml-dev-env/stack"
+"""Every object a stack owns."""
+CLUSTER_LABEL = "ml-dev-env/cluster"
+"""Every environment's objects of one cluster (`make status`, `usage.py status`)."""
+USAGE_LABEL = "ml-dev-env/usage"
+"""The GPU-hours record ConfigMap."""
+PART_OF_LABEL = "app.kubernetes.io/part-of"
+PART_OF = "ml-dev-env"
+
+# ------------------------------------------------------------------------------------------ idle.json
+
+
+class IdleSettings(TypedDict, total=False):
+    """`idle.json` as components/lifecycle.py writes it and the agent, the home page and `ml-dev status` read it."""
+
+    enabled: bool
+    idleTimeoutSeconds: int
+    intervalSeconds: int
+    warningLeadSeconds: int
+    gpuUtilThreshold: int
+    gpuMemoryUtilThreshold: int
+    gpuMemoryFloorMiB: int
+    unreachableSeconds: int
+    activityPort: int
+    servers: list[str]
+    statefulset: str
+    namespace: str
+    recordConfigMap: str
+
+
+IDLE_DEFAULTS: dict[str, Any] = {
+    "enabled": False,
+    "idleTimeoutSeconds": 3600,
+    "intervalSeconds": 60,
+    "warningLeadSeconds": 600,
+    "gpuUtilThreshold": 5,
+    "gpuMemoryUtilThreshold": 5,
+    "gpuMemoryFloorMiB": 1024,
+    "unreachableSeconds": 600,
+    "activityPort": ACTIVITY_PORT,
+    "servers": [],
+}
+"""The one table of idle.json's defaults: the schema's (stacks/config.py IdleStopConfig) and every reader's."""

@@ -1,0 +1,58 @@
+"""HTTP of the programs: where a server listens (never a wildcard), binding it, and reading another pod's JSON.
+
+Standard library only, Python 3.8+.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+class Server6(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
+def listen_addresses(listen: str | None, port: int) -> list[tuple[str, int]]:
+    """`host:port` items (`[v6]:port`), separated by spaces or commas; empty: the pod IP and 127.0.0.1 on `port`.
+
+    Never a wildcard (0.0.0.0, ::): a wildcard also answers on the SR-IOV interfaces (net1..N), which NetworkPolicy
+    does not cover; the pod IP is where the stack's pods reach each other (the NetworkPolicy admits only them), and
+    127.0.0.1 serves local clients and `oc port-forward`."""
+    items = (listen or "").replace(",", " ").split()
+    if not items:
+        items = [f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}" for ip in (os.environ.get("POD_IP", ""), "127.0.0.1") if ip]
+    out = []
+    for item in items:
+        host, _, number = item.rpartition(":")
+        host = host.strip("[]")
+        if not host or host in ("0.0.0.0", "::"):
+            raise ValueError(f"listen address {item!r}: name the address to bind (the pod IP, 127.0.0.1), not a wildcard")
+        out.append((host, int(number)))
+    return out
+
+
+def bind(addresses: list[tuple[str, int]], handler: type[BaseHTTPRequestHandler]) -> list[ThreadingHTTPServer]:
+    """One server per address (IPv6 ones on an AF_INET6 socket)."""
+    return [(Server6 if ":" in host else ThreadingHTTPServer)((host, port), handler) for host, port in addresses]
+
+
+def shown(servers: list[ThreadingHTTPServer]) -> list[str]:
+    """`host:port` (`[v6]:port`) of each bound server, as the `*.addr` files list them."""
+    bound = [(str(s.server_address[0]), int(s.server_address[1])) for s in servers]
+    return [f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in bound]
+
+
+def serve_in_background(servers: list[ThreadingHTTPServer]) -> None:
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+
+
+def fetch_json(url: str, timeout: float = 5) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return json.loads(response.read())

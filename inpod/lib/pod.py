@@ -1,0 +1,118 @@
+"""The pod a program runs in: its env, its state directory, its log, running a tool, the one `rank.env` reader, the
+one `idle.json` reader, where the program was started from.
+
+Standard library only, Python 3.8+.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .. import contract
+
+
+def env(name: str, default: str = "") -> str:
+    return os.environ.get(name, default)
+
+
+def state_dir() -> Path:
+    """$ML_DEV_STATE_DIR: this pod's own, never synced."""
+    return Path(env(contract.STATE_DIR_ENV, contract.STATE_DIR))
+
+
+def mount_dir(*launchers: str) -> Path:
+    """The startup ConfigMap's mount path, to hand other pods: $ML_DEV_DIR, else the directory of the running launcher
+    (one of `launchers`) as called. Never resolve()d: behind the mount's symlinks lies the kubelet's `..<timestamp>`
+    directory, which differs on every pod (and sys.path[0], hence every module's __file__, names it: CPython resolves
+    the script's symlinks, Python/pathconfig.c _PyPathConfig_ComputeSysPath0). Last resort: the directory that holds
+    the package."""
+    if env(contract.STARTUP_DIR_ENV):
+        return Path(env(contract.STARTUP_DIR_ENV))
+    program = getattr(sys.modules.get("__main__"), "__file__", None)
+    if program and os.path.basename(program) in launchers:
+        return Path(os.path.dirname(os.path.abspath(program)))
+    return Path(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def log(tag: str, message: str, stamp: bool = False) -> None:
+    """One line on stdout: `[tag] message` (with the time of day when `stamp`)."""
+    when = time.strftime("%H:%M:%S ") if stamp else ""
+    print(f"[{tag}] {when}{message}", flush=True)
+
+
+def utc_now() -> str:
+    # timezone.utc, not datetime.UTC: the pods' python3 may be older than 3.11 (CUDA devel images)
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def clock(ts: float) -> str:
+    """A time of day as the pages and `ml-dev status` show it."""
+    return time.strftime("%H:%M:%S UTC", time.gmtime(ts))
+
+
+def run(cmd: list[str], timeout: float | None = None, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run a tool; a missing tool is exit 127 and a timeout exit 124, never an exception."""
+    full_env = dict(os.environ, **(env_extra or {}))
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
+    except FileNotFoundError:
+        return subprocess.CompletedProcess(cmd, 127, "", f"{cmd[0]}: command not found")
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        return subprocess.CompletedProcess(cmd, 124, out, f"{cmd[0]}: timed out after {timeout} s")
+
+
+def read_text(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def read_rank_env(path: Path | None = None) -> dict[str, str]:
+    """`$ML_DEV_STATE_DIR/rank.env` (contract.RANK_ENV): `export KEY=value` lines written by startup.sh; values may be
+    shell-quoted. Raises OSError when the file is missing (the startup script has not run)."""
+    path = path or state_dir() / contract.RANK_ENV_FILE
+    values: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        words = shlex.split(line, comments=True)
+        for word in words[1:] if words[:1] == ["export"] else words:
+            key, sep, value = word.partition("=")
+            if sep:
+                values[key] = value
+    return values
+
+
+def idle_settings() -> dict[str, Any]:
+    """`idle.json` (contract.IdleSettings) over the contract's one table of defaults. Raises OSError or ValueError when
+    it cannot be read: each reader says what that means for it."""
+    path = Path(env(contract.IDLE_SETTINGS_ENV, contract.IDLE_SETTINGS))
+    value = json.loads(path.read_text())
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return {**contract.IDLE_DEFAULTS, **value}
