@@ -20,10 +20,11 @@ from components.gpu_cluster import scc_role_name
 from components.image_build import runtime_tag
 from components.storage import claim_name
 from core import naming
+from inpod import contract
 from stacks.config import StackConfig
 from stacks.environment import FACTS_VERSION, ClusterFacts
 
-STACK_LABEL = "ml-dev-env/stack"
+STACK_LABEL = contract.STACK_LABEL
 ENVIRONMENT_LABEL = "ml-dev-env/environment"
 
 

@@ -462,8 +462,9 @@ class GpuCluster(pulumi.ComponentResource):
         ]
         pod_annotations = {
             "ml-dev-env/startup-sha256": pod.content_hash(script),
-            "ml-dev-env/idle-agent-sha256": pod.content_hash("".join(lifecycle.scripts().values())),
-            "ml-dev-env/home-page-sha256": pod.content_hash("".join(inpod.group("home").values())),
+            # the long-running programs read their package at start: a change of it (or of the shared package) rolls the pods
+            "ml-dev-env/idle-agent-sha256": pod.content_hash("".join({**inpod.group("package"), **lifecycle.scripts()}.values())),
+            "ml-dev-env/home-page-sha256": pod.content_hash("".join({**inpod.group("package"), **inpod.group("home")}.values())),
             devloop.ANNOTATION_SSH_PORT: str(devloop.SSH_PORT),
             devloop.ANNOTATION_HASH: devloop.restart_hash(cfg),
         }

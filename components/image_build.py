@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict
 from components import crds
 from core import naming
 from core.presets import base_lock, preset, presets_file
+from inpod import contract
 from stacks.config import BuildNodesConfig, ImageBuildConfig
 
 IMAGES = Path(__file__).resolve().parent.parent / "images"
@@ -292,7 +293,7 @@ class ImageBuildArgs(BaseModel):
     """Python image for the wait Job (`runtime_ready`); None: no Job, `runtime_ready` is the plain reference."""
 
 
-SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # token + service-ca.crt (the internal registry's CA)
+SA_DIR = contract.SA_DIR  # token + service-ca.crt (the internal registry's CA)
 WAIT_MARGIN_SECONDS = 600  # queueing of the two build pods before their deadlines start
 
 

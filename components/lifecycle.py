@@ -38,14 +38,15 @@ import pulumi_kubernetes as k8s
 
 import inpod
 from core import naming
-from stacks.config import StackConfig
+from inpod import contract
+from stacks.config import StackConfig, duration_seconds
 
 AGENT_SCRIPT = inpod.path("idle_agent.py")
 WARNING_SNIPPET = inpod.path("idle-warning.sh")
-SETTINGS_MOUNT = "/etc/ml-dev-env/lifecycle"
-SETTINGS_KEY = "idle.json"
+SETTINGS_MOUNT = contract.SETTINGS_MOUNT
+SETTINGS_KEY = contract.SETTINGS_KEY
 SETTINGS_VOLUME = "lifecycle"
-ACTIVITY_PORT = 9099
+ACTIVITY_PORT = contract.ACTIVITY_PORT
 AGENT_NAME = "ml-dev-env-idle-agent"
 PATCH_FORCE = "pulumi.com/patchForce"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -61,8 +62,8 @@ def termination_grace_seconds(config: StackConfig) -> int:
 def stop_env(config: StackConfig) -> dict[str, str]:
     """What PID 1, the preStop hook and `ml-dev rank` read about a stop."""
     return {
-        "ML_DEV_CHECKPOINT_GRACE_SECONDS": str(config.lifecycle.checkpoint_grace_seconds),
-        "ML_DEV_CHECKPOINT_SIGNAL": config.lifecycle.checkpoint_signal,
+        contract.CHECKPOINT_GRACE_ENV: str(config.lifecycle.checkpoint_grace_seconds),
+        contract.CHECKPOINT_SIGNAL_ENV: config.lifecycle.checkpoint_signal,
     }
 
 
@@ -93,11 +94,19 @@ def statefulset_labels(config: StackConfig) -> dict[str, str]:
     return {KUEUE_QUEUE_LABEL: queue} if queue else {}
 
 
-def agent_settings(config: StackConfig) -> dict[str, object]:
-    """The JSON the agent reads each interval (`idle.json`): settings plus the names it acts on."""
-    app = config.cluster.app_name
+def agent_settings(config: StackConfig) -> contract.IdleSettings:
+    """The JSON the agent reads each interval (`idle.json`, inpod/contract.py IdleSettings): settings (seconds and
+    percents) plus the names it acts on."""
+    app, idle = config.cluster.app_name, config.lifecycle.idle_stop
     return {
-        **config.lifecycle.idle_stop.agent_settings(),
+        "enabled": idle.enabled,
+        "idleTimeoutSeconds": duration_seconds(idle.idle_timeout),
+        "intervalSeconds": duration_seconds(idle.interval),
+        "warningLeadSeconds": duration_seconds(idle.warning_lead),
+        "gpuUtilThreshold": idle.gpu_util_threshold,
+        "gpuMemoryUtilThreshold": idle.gpu_memory_util_threshold,
+        "gpuMemoryFloorMiB": idle.gpu_memory_floor_mib,
+        "unreachableSeconds": duration_seconds(idle.unreachable_after),
         "statefulset": app,
         "namespace": config.cluster.namespace,
         "recordConfigMap": naming.idle_record_configmap(app),
@@ -131,7 +140,7 @@ def agent_rules(app: str) -> list[k8s.rbac.v1.PolicyRuleArgs]:
     ]
 
 
-USAGE_LABEL = "ml-dev-env/usage"
+USAGE_LABEL = contract.USAGE_LABEL
 USAGE_PERIOD = 600
 """Seconds between two GPU-hours records (the usage CronJob's schedule: every 10 minutes)."""
 

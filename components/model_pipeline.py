@@ -20,6 +20,7 @@ from components.image_build import ToolsImage, ToolsImageArgs
 from core import model_sizing, naming
 from core.model_sizing import STEP, PipelineStep
 from core.quantity import parse_quantity
+from inpod import contract
 from stacks.config import PIPELINE_CREDENTIALS, BuildNodesConfig, ModelConfig, ModelPipelineConfig
 from steps.embed import EMBEDDED, step_command, step_script
 
@@ -27,7 +28,7 @@ PIPELINE = "modelcar"
 # Bump when the pipeline's output changes meaning (e.g. the modelcar layout): every model re-runs.
 PIPELINE_VERSION = 1
 STREAM_PIPELINE = "modelcar-stream"
-SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # holds service-ca.crt for the internal registry
+SA_DIR = contract.SA_DIR  # holds service-ca.crt for the internal registry
 SA_TOKEN = f"{SA_DIR}/token"
 # download, package and upload share the digest cache that lives next to this directory (their default)
 WEIGHTS = "$(workspaces.model.path)/weights"

@@ -11,13 +11,13 @@ import pulumi_kubernetes as k8s
 import inpod
 from components import lifecycle, storage
 from core import naming, nccl
-from core import pod_contract as contract
+from inpod import contract
 from stacks.config import StackConfig
 
 STARTUP_SCRIPT = inpod.path("startup.sh")
 STARTUP_MOUNT = naming.STARTUP_MOUNT
-STATE_DIR = "/tmp/ml-dev-env"
-CLUSTER_MOUNT = "/etc/ml-dev-env/cluster"
+STATE_DIR = contract.STATE_DIR
+CLUSTER_MOUNT = contract.CLUSTER_MOUNT
 CLUSTER_VOLUME = "cluster"
 HOME_DIRNAME = ".home"
 COOKIE_MOUNT = "/etc/oauth-proxy"
@@ -98,15 +98,15 @@ def pod_env(config: StackConfig) -> list[k8s.core.v1.EnvVarArgs]:
         _field_env("POD_IP", "status.podIP"),
         _field_env("NODE_NAME", "spec.nodeName"),  # fabric check: rack-aware ranks and failure lines name the node
         _plain("ML_DEV_WORKSPACE", workspace),
-        _plain("ML_DEV_STATE_DIR", STATE_DIR),
-        _plain("ML_DEV_CLUSTER_DIR", CLUSTER_MOUNT),
+        _plain(contract.STATE_DIR_ENV, STATE_DIR),
+        _plain(contract.CLUSTER_DIR_ENV, CLUSTER_MOUNT),
         # `$(VAR)` refers to a variable defined earlier in this list (the kubelet expands it).
         _plain("ML_DEV_HOME", home_dir(config)),
         _plain("HOME", "$(ML_DEV_HOME)"),
         # `oc rsh` starts `/bin/sh`, which as an interactive shell reads the file named by $ENV
         # (POSIX sh; bash reads ~/.bashrc and ~/.profile, where the startup script adds the same line).
         _plain("ENV", f"{STATE_DIR}/env.sh"),
-        # programs hand other pods this path, never their resolved one (core/pod_contract.py)
+        # programs hand other pods this path, never their resolved one (inpod/contract.py)
         _plain(contract.STARTUP_DIR_ENV, STARTUP_MOUNT),
     ]
 

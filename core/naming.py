@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import re
 
+from inpod import contract
+
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
@@ -14,12 +16,12 @@ DEBUG_PORT = 5678
 INTERNAL_REGISTRY = "image-registry.openshift-image-registry.svc:5000"
 MAIN_CONTAINER = "ml-dev"
 """The main container of every GPU pod (dev servers, training); `oc rsh -c ml-dev`."""
-PART_OF = {"app.kubernetes.io/part-of": "ml-dev-env"}
+PART_OF = {contract.PART_OF_LABEL: contract.PART_OF}
 
 
 def owner_labels(cluster: str) -> dict[str, str]:
     """Labels that say this stack (cluster name `cluster`) owns an object."""
-    return {"app.kubernetes.io/managed-by": "pulumi", "ml-dev-env/cluster": cluster}
+    return {"app.kubernetes.io/managed-by": "pulumi", contract.CLUSTER_LABEL: cluster}
 
 
 def stack_labels(cluster: str) -> dict[str, str]:
@@ -32,7 +34,7 @@ def selector_labels(app: str) -> dict[str, str]:
     return {"app.kubernetes.io/name": "ml-dev-env", "app.kubernetes.io/instance": app}
 
 
-STARTUP_MOUNT = "/opt/ml-dev-env"
+STARTUP_MOUNT = contract.STARTUP_MOUNT
 """Where the startup ConfigMap (startup.sh, the dev-loop, fabric and idle-agent programs) is mounted."""
 
 

@@ -10,7 +10,7 @@ Standard library only, Python 3.8+: it ships with the programs (inpod.SHIPPED, g
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any, Final, TypedDict
 
 # ------------------------------------------------------------------------------------------ mount paths
 
@@ -82,7 +82,7 @@ STOP_ENV = (CHECKPOINT_GRACE_ENV, CHECKPOINT_SIGNAL_ENV)
 """What PID 1, the preStop hook and `ml-dev rank` read about a stop (components/lifecycle.py stop_env), last."""
 GRACE_DEFAULT = 30
 """lifecycle.checkpointGraceSeconds' default: seconds a stopped rank gets to save a checkpoint."""
-SIGNAL_DEFAULT = "SIGTERM"
+SIGNAL_DEFAULT: Final = "SIGTERM"
 """lifecycle.checkpointSignal's default."""
 
 CLUSTER_ENV = ("NNODES", "GPUS_PER_NODE", "APP_NAME", "HEADLESS_SERVICE", "POD_NAMESPACE", "MASTER_PORT")

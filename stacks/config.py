@@ -24,6 +24,7 @@ from core.model_sizing import preflight
 from core.presets import presets_file
 from core.quantity import parse_quantity
 from core.servers import DEV_SERVERS, DevServer, longest_routed_name, routed_servers
+from inpod import contract
 from stacks.base import (
     AbsPath,
     Cidr,
@@ -411,7 +412,7 @@ class AccessConfig(_ServerToggles):
 
 # --------------------------------------------------------------------------------------- storage
 
-RESERVED_MOUNTS = ("/dev/shm", "/opt/ml-dev-env", "/tmp")
+RESERVED_MOUNTS = ("/dev/shm", contract.STARTUP_MOUNT, "/tmp")
 
 
 class VolumeConfig(Model):
@@ -750,7 +751,7 @@ class ModelPipelineConfig(Model):
         "http://model-registry.rhoai-model-registries.svc.cluster.local:8080", description="Model registry REST endpoint."
     )
     registry_ca_file: str = Field(
-        "/var/run/secrets/kubernetes.io/serviceaccount/service-ca.crt",
+        f"{contract.SA_DIR}/service-ca.crt",
         description="CA bundle (path in the step) for an https registryUrl; the default, the service CA, verifies an "
         "in-cluster secured registry's serving certificate. Empty: the image's system trust store.",
     )
@@ -791,6 +792,14 @@ def duration_seconds(value: str) -> int:
     return int(match[1]) * _UNIT_SECONDS[match[2]]
 
 
+def idle_default(key: str) -> str:
+    """An idle.json default of the contract (inpod/contract.py IDLE_DEFAULTS, seconds) as the schema's duration."""
+    seconds = int(contract.IDLE_DEFAULTS[key])
+    if seconds % 3600 == 0:
+        return f"{seconds // 3600}h"
+    return f"{seconds // 60}m" if seconds % 60 == 0 and seconds > 60 else f"{seconds}s"
+
+
 def _check_duration(value: str) -> str:
     if not isinstance(value, str):
         raise ValueError(f"{value!r} is not a duration such as '90s', '45m' or '2h' (a quoted string with a unit)")
@@ -817,27 +826,41 @@ IDLE_UNREACHABLE_BOUNDS = (120, 3600)
 class IdleStopConfig(Model):
     """GPU-aware idle auto-stop: the whole environment is suspended (scaled to 0) after `idleTimeout` without activity."""
 
-    enabled: bool = Field(False, description="Run the idle agent's stop decision (opt-in); the agent on pod 0 scales the StatefulSet to 0.")
-    idle_timeout: Duration = Field("1h", description="Inactivity after which the environment is stopped (admin bounds: 15m to 24h).")
-    interval: Duration = Field("60s", description="How often every pod's signals are sampled (admin bounds: 15s to 5m).")
+    enabled: bool = Field(
+        contract.IDLE_DEFAULTS["enabled"],
+        description="Run the idle agent's stop decision (opt-in); the agent on pod 0 scales the StatefulSet to 0.",
+    )
+    idle_timeout: Duration = Field(
+        idle_default("idleTimeoutSeconds"), description="Inactivity after which the environment is stopped (admin bounds: 15m to 24h)."
+    )
+    interval: Duration = Field(
+        idle_default("intervalSeconds"), description="How often every pod's signals are sampled (admin bounds: 15s to 5m)."
+    )
     warning_lead: Duration = Field(
-        "10m", description="How long before the stop the warning file and terminal banner appear (1m to 1h, less than idleTimeout)."
+        idle_default("warningLeadSeconds"),
+        description="How long before the stop the warning file and terminal banner appear (1m to 1h, less than idleTimeout).",
     )
     gpu_util_threshold: int = Field(
-        5, ge=1, le=50, description="A GPU whose utilization.gpu (percent, nvidia-smi) is at or above this counts as busy."
+        contract.IDLE_DEFAULTS["gpuUtilThreshold"],
+        ge=1,
+        le=50,
+        description="A GPU whose utilization.gpu (percent, nvidia-smi) is at or above this counts as busy.",
     )
     gpu_memory_util_threshold: int = Field(
-        5, ge=1, le=50, description="A GPU whose utilization.memory (memory-controller activity, %) at or above this counts as busy."
+        contract.IDLE_DEFAULTS["gpuMemoryUtilThreshold"],
+        ge=1,
+        le=50,
+        description="A GPU whose utilization.memory (memory-controller activity, %) at or above this counts as busy.",
     )
     gpu_memory_floor_mib: int = Field(
-        1024,
+        contract.IDLE_DEFAULTS["gpuMemoryFloorMiB"],
         ge=64,
         le=65536,
         description="A GPU with at least this much memory.used (MiB) counts as busy, whatever its utilisation (a job in a "
         "CPU phase keeps its memory); a GPU with a compute process always does.",
     )
     unreachable_after: Duration = Field(
-        "10m",
+        idle_default("unreachableSeconds"),
         description="A worker pod unreachable this long (Pending, no network) is reported (an Event) and no longer holds "
         "the stop (2m to 1h; until then it counts as active).",
     )
@@ -857,19 +880,6 @@ class IdleStopConfig(Model):
         if duration_seconds(self.interval) * 2 > duration_seconds(self.warning_lead):
             raise ConfigProblem("interval", self.interval, f"at most half of warningLead ({self.warning_lead}) so the warning is seen")
         return self
-
-    def agent_settings(self) -> dict[str, int | bool]:
-        """What the idle agent reads (seconds and percents)."""
-        return {
-            "enabled": self.enabled,
-            "idleTimeoutSeconds": duration_seconds(self.idle_timeout),
-            "intervalSeconds": duration_seconds(self.interval),
-            "warningLeadSeconds": duration_seconds(self.warning_lead),
-            "gpuUtilThreshold": self.gpu_util_threshold,
-            "gpuMemoryUtilThreshold": self.gpu_memory_util_threshold,
-            "gpuMemoryFloorMiB": self.gpu_memory_floor_mib,
-            "unreachableSeconds": duration_seconds(self.unreachable_after),
-        }
 
 
 # Kueue's own default of waitForPodsReady.timeout (kubernetes-sigs/kueue apis/config/v1beta1/defaults.go,
@@ -900,14 +910,14 @@ class LifecycleConfig(Model):
     idle_stop: IdleStopConfig = Field(default_factory=IdleStopConfig)
     kueue: KueueConfig = Field(default_factory=KueueConfig)
     checkpoint_grace_seconds: int = Field(
-        30,
+        contract.GRACE_DEFAULT,
         ge=5,
         le=3600,
         description="On every stop (idle stop, suspend, destroy, pod deletion) each rank of a running `ml-dev run` gets "
         "checkpointSignal and this long to save and exit before it is killed; the pods' termination grace follows it.",
     )
     checkpoint_signal: Literal["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"] = Field(
-        "SIGTERM", description="The signal the ranks get on a stop (the job's handler saves a checkpoint and exits)."
+        contract.SIGNAL_DEFAULT, description="The signal the ranks get on a stop (the job's handler saves a checkpoint and exits)."
     )
 
 

@@ -1,16 +1,20 @@
-"""The pod contract (core/pod_contract.py) holds from both sides: what the render gives the pods, and what
+"""The pod contract (inpod/contract.py) holds from both sides: what the render gives the pods, and what
 the shipped programs read and write."""
 
 from __future__ import annotations
 
+import ast
 import re
+from pathlib import Path
 
 import pytest
 
 import inpod
-from core import pod_contract as contract
-from inpod.ml_dev import common as ml_dev
-from tests.conftest import run_objects, stack_objects
+from components import lifecycle
+from core.servers import DEV_SERVERS
+from inpod import contract
+from stacks.config import StackConfig
+from tests.conftest import ROOT, run_objects, stack_objects
 from tools.mock_engine import RunResult
 
 
@@ -64,5 +68,138 @@ def test_programs_hand_other_pods_the_mount_path(key: str) -> None:
         assert not re.search(r"Path\(__file__\)\.resolve\(\)", inpod.text(other)), other
 
 
-def test_the_launcher_carries_the_contract_per_pod_set() -> None:
-    assert ml_dev.PER_POD_ENV == contract.PER_POD_ENV
+# ------------------------------------------------------------------------------------------ one contract, no copies
+
+# Facts of inpod/contract.py that Python elsewhere must take from it, never spell again: exact strings (env names,
+# file names of the state directory, labels), paths (also inside longer strings: `<SA_DIR>/service-ca.crt`) and
+# the activity port. Docstrings may name them.
+EXACT = {
+    contract.STATE_DIR_ENV,
+    contract.CLUSTER_DIR_ENV,
+    contract.IDLE_SETTINGS_ENV,
+    contract.SA_DIR_ENV,
+    contract.STARTUP_DIR_ENV,
+    contract.CHECKPOINT_GRACE_ENV,
+    contract.CHECKPOINT_SIGNAL_ENV,
+    contract.SETTINGS_KEY,
+    contract.RANK_ENV_FILE,
+    contract.IDLE_STOP_FILE,
+    contract.IDLE_STATUS_FILE,
+    contract.HOME_ADDR,
+    contract.SSH_SESSIONS_DIR,
+    contract.FABRIC_LATEST,
+    contract.STACK_LABEL,
+    contract.CLUSTER_LABEL,
+    contract.USAGE_LABEL,
+    contract.PART_OF_LABEL,
+}
+PATHS = {contract.STARTUP_MOUNT, contract.CLUSTER_MOUNT, contract.SETTINGS_MOUNT, contract.SA_DIR, contract.STATE_DIR}
+CHECKED = ("inpod", "components", "core", "stacks", "tools", "policy")
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """ids of the string statements (module, class, function and attribute docstrings)."""
+    found: set[int] = set()
+    for node in ast.walk(tree):
+        for body in (getattr(node, "body", None), getattr(node, "orelse", None)):
+            if isinstance(body, list):
+                found |= {
+                    id(s.value)
+                    for s in body
+                    if isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant) and isinstance(s.value.value, str)
+                }
+    return found
+
+
+def spelled_again(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    docs = _docstrings(tree)
+    hits = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Constant) or id(node) in docs:
+            continue
+        value = node.value
+        if isinstance(value, str) and (value in EXACT or any(p in value for p in PATHS)):
+            hits.append(f"{path.relative_to(ROOT)}:{node.lineno}: {value[:80]!r}")
+        elif type(value) is int and value == contract.ACTIVITY_PORT:
+            hits.append(f"{path.relative_to(ROOT)}:{node.lineno}: {value}")
+    return hits
+
+
+def test_the_detector_sees_a_copy(tmp_path: Path) -> None:
+    probe = ROOT / "tests" / "__probe_contract_copy.py"
+    probe.write_text(f'"""{contract.STATE_DIR} in a docstring is fine."""\nX = "{contract.SA_DIR}/token"\nY = {contract.ACTIVITY_PORT}\n')
+    try:
+        assert [h.split(": ", 1)[0] for h in spelled_again(probe)] == [
+            "tests/__probe_contract_copy.py:2",
+            "tests/__probe_contract_copy.py:3",
+        ]
+    finally:
+        probe.unlink()
+
+
+def test_no_python_spells_the_contract_again() -> None:
+    found = [
+        hit
+        for top in CHECKED
+        for path in sorted((ROOT / top).rglob("*.py"))
+        if path != ROOT / "inpod" / "contract.py" and "__pycache__" not in path.parts
+        for hit in spelled_again(path)
+    ]
+    assert not found, "take these from inpod/contract.py:\n" + "\n".join(found)
+
+
+# `${NAME:-default}`, and the same in the Python that startup.sh writes for the kernels: `environ.get("NAME", "default")`
+DEFAULTED = re.compile(r"\$\{([A-Z_]+):-([^}$]*)\}|environ\.get\(\"([A-Z_]+)\", \"([^\"]*)\"\)")
+
+
+def test_the_shell_copies_equal_the_contract() -> None:
+    """A shell file cannot import the contract: each `${NAME:-default}` of a contract name holds its value, and no
+    contract path appears in a shell file otherwise (outside comments); checkpoint_stop.sh's fallback is the grace."""
+    seen: set[str] = set()
+    for s in inpod.SHIPPED:
+        if not s.source.startswith("sh/"):
+            continue
+        for number, line in enumerate(inpod.text(s.key).splitlines(), 1):
+            code = line.split(" #", 1)[0] if not line.lstrip().startswith("#") else ""
+            for found in DEFAULTED.finditer(code):
+                name, value = found.group(1) or found.group(3), found.group(2) if found.group(1) else found.group(4)
+                if name in contract.SHELL_DEFAULTS:
+                    seen.add(name)
+                    assert value == contract.SHELL_DEFAULTS[name], f"{s.source}:{number}: {name} defaults to {value!r}"
+            rest = DEFAULTED.sub("", code)
+            assert not [p for p in PATHS if p in rest], f"{s.source}:{number}: a contract path outside ${{NAME:-…}}: {line.strip()}"
+            fallback = re.search(r"\bGRACE=(\d+)", rest)
+            assert not fallback or int(fallback.group(1)) == contract.GRACE_DEFAULT, f"{s.source}:{number}: {line.strip()}"
+    assert seen == set(contract.SHELL_DEFAULTS), f"never checked: {set(contract.SHELL_DEFAULTS) - seen}"
+
+
+def test_the_whole_container_env(result: RunResult) -> None:
+    """In order: identity and paths, the stack's NCCL/UCX env, the servers and network mode, the servers' credentials
+    (token auth), the stop facts; nothing else."""
+    sts = next(r for r in result.resources if r.kind == "StatefulSet")
+    main = next(c for c in sts.inputs["spec"]["template"]["spec"]["containers"] if c["name"] == "ml-dev")
+    names = [e["name"] for e in main["env"]]
+    head, tail = len(contract.CONTAINER_ENV), len(contract.STOP_ENV)
+    assert names[:head] == list(contract.CONTAINER_ENV) and names[-tail:] == list(contract.STOP_ENV)
+    middle = names[head:-tail]
+    nccl = [n for n in middle if re.match(r"(NCCL|UCX)_", n)]
+    assert middle[: len(nccl)] == nccl, "the NCCL env is one block after the paths"
+    rest = middle[len(nccl) :]
+    assert rest[: len(contract.SERVER_ENV)] == list(contract.SERVER_ENV)
+    assert set(rest[len(contract.SERVER_ENV) :]) <= {s.credential_env for s in DEV_SERVERS if s.credential_env}
+    values = {e["name"]: e.get("value") for e in main["env"]}
+    assert values[contract.STATE_DIR_ENV] == contract.STATE_DIR and values[contract.CLUSTER_DIR_ENV] == contract.CLUSTER_MOUNT
+
+
+def test_idle_json_has_the_contract_shape_and_defaults() -> None:
+    """The schema's defaults are the contract's table; idle.json carries exactly the typed shape's keys."""
+    objects = stack_objects("barcelona")
+    objects.setdefault("lifecycle", {}).pop("idleStop", None)
+    config = StackConfig.model_validate(objects)
+    settings = lifecycle.agent_settings(config)
+    assert set(settings) == set(contract.IdleSettings.__annotations__)
+    defaults = {k: v for k, v in settings.items() if k in contract.IDLE_DEFAULTS and k != "servers"}
+    assert defaults == {k: v for k, v in contract.IDLE_DEFAULTS.items() if k != "servers"}
+    assert config.lifecycle.checkpoint_grace_seconds == contract.GRACE_DEFAULT
+    assert config.lifecycle.checkpoint_signal == contract.SIGNAL_DEFAULT

@@ -13,18 +13,19 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# A package may import itself and packages of a LOWER rank only. `steps` holds the programs the pipeline
-# pods run (standalone scripts): like `core` they import nothing of ours.
+# A package may import itself and packages of a LOWER rank only. `inpod` (the programs the environment's pods
+# run, with the pod contract the render reads) and `steps` (the programs the pipeline pods run) are the ground
+# floor: they import nothing of ours; `core` may read the contract.
 RANK = {
-    "core": 0,
-    "steps": 0,
     "inpod": 0,
-    "stacks": 1,
-    "components": 2,
-    "__main__": 3,
-    "policy": 3,
-    "tools": 4,
-    "bench": 4,
+    "steps": 0,
+    "core": 1,
+    "stacks": 2,
+    "components": 3,
+    "__main__": 4,
+    "policy": 4,
+    "tools": 5,
+    "bench": 5,
 }
 SKIP_DIRS = {".git", ".venv", "rendered", "tests", "__pycache__", "images"}
 
@@ -122,12 +123,10 @@ def test_no_module_edits_sys_path(tmp_path: Path) -> None:
 
 
 def test_inpod_imports_only_the_standard_library() -> None:
-    """The in-pod programs run on whatever python3 the image has: no Pulumi, nothing of ours (`components`,
-    `stacks`, …), no third-party package; a program may import a sibling that ships next to it."""
-    import inpod
-
-    siblings = {Path(s.source).stem for s in inpod.SHIPPED if s.source.endswith(".py")} | {"inpod"}
-    allowed = set(sys.stdlib_module_names) | siblings
+    """The in-pod programs run on whatever python3 the image has: no Pulumi, nothing of ours outside the package
+    (`components`, `stacks`, …), no third-party package; inside it modules import each other relatively (the
+    launchers import `inpod` by its name)."""
+    allowed = set(sys.stdlib_module_names) | {"inpod"}
     found = [
         f"{path.relative_to(ROOT)}:{line}: {name}"
         for path in modules()

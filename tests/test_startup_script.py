@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from components.pod import STARTUP_SCRIPT
-from core import naming, pod_contract
+from core import naming
+from inpod import contract as pod_contract
 
 SERVERS = ("code-server", "jupyter", "tensorboard")
 STUBS = {
@@ -42,7 +43,7 @@ CLUSTER = {
     "POD_NAMESPACE": NAMESPACE,
     "MASTER_PORT": "29500",
 }
-RANK_KEYS = pod_contract.RANK_ENV  # what rank.env holds: the one contract (core/pod_contract.py)
+RANK_KEYS = pod_contract.RANK_ENV  # what rank.env holds: the one contract (inpod/contract.py)
 
 
 def make_stubs(tmp_path: Path) -> tuple[Path, Path]:

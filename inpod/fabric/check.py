@@ -38,6 +38,7 @@ import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
+from .. import contract
 from ..lib import kube
 from .gate import gate
 from .parse import parse_ip_addr
@@ -112,7 +113,7 @@ def cmd_release(args: argparse.Namespace) -> int:
 def passed_or_released(since: float) -> bool:
     if release_marker().exists():
         return True
-    path = state_dir() / "fabric" / "latest.json"
+    path = state_dir() / contract.FABRIC_LATEST
     if path.exists() and path.stat().st_mtime >= since:
         try:
             return json.loads(path.read_text()).get("status") in ("pass", "no-expectation", "skipped")

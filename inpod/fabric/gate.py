@@ -9,6 +9,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from .. import contract
 from .allreduce import all_reduce, corruption, plateau
 from .localise import localise_pods
 from .util import GIB, NO_RANK_ENV, ensure, read_rank_env, state_dir, utc_now
@@ -34,7 +35,7 @@ def gate(cfg: dict, localise: bool = True) -> dict:
             "gpusPerNode": cfg.get("gpusPerPod"),
             "expectation": cfg.get("expectation"),
             "plateauMinBytes": cfg.get("plateauMinBytes"),
-            "diagnosis": [NO_RANK_ENV.format(path=state_dir() / "rank.env")],
+            "diagnosis": [NO_RANK_ENV.format(path=state_dir() / contract.RANK_ENV_FILE)],
         }
     hosts = rank.get("ML_DEV_HOSTS", "").split()
     pods = rank.get("ML_DEV_PODS", "").split() or hosts

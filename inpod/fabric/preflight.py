@@ -10,7 +10,9 @@ import concurrent.futures
 import re
 import subprocess
 from pathlib import Path
+from typing import Callable
 
+from .. import contract
 from .parse import parse_ibstat, parse_ibv_devinfo_list, parse_ip_addr, parse_nvidia_smi_list, parse_proc_limits
 from .util import NO_RANK_ENV, PROGRAM, env, read_rank_env, read_text, remote, run, state_dir, sys_root, this_node, this_pod
 
@@ -26,6 +28,14 @@ class Findings:
 
     def ok(self, device: str, what: str) -> None:
         self.passes.append(f"ok   {self.pod} (node {self.node}) {device}: {what}")
+
+    def listed(self, device: str, cmd: list[str], timeout: float, parse: Callable[[str], list[str]], fix: str) -> list[str] | None:
+        """What a listing tool lists (parsed), or None after one failed check naming the tool's own message."""
+        out = run(cmd, timeout=timeout)
+        if out.returncode != 0:
+            self.fail(device, f"`{' '.join(cmd)}` failed ({out.stderr.strip() or out.returncode})", fix)
+            return None
+        return parse(out.stdout)
 
 
 def sriov_env_name(resource: str) -> str:
@@ -83,14 +93,15 @@ def preflight(cfg: dict) -> Findings:
         # NCCL_IB_HCA entries may name a port (`mlx5_6:1`); devices are checked by name, links on that port
         ports = {h.split(":")[0]: int(h.split(":")[1]) if ":" in h and h.split(":")[1].isdigit() else 1 for h in hcas}
         hcas = list(ports)
-        listing = run(["ibv_devinfo", "-l"], timeout=30)
-        present = parse_ibv_devinfo_list(listing.stdout) if listing.returncode == 0 else []
-        if listing.returncode != 0:
-            f.fail(
-                "ibv_devinfo",
-                f"`ibv_devinfo -l` failed ({listing.stderr.strip() or listing.returncode})",
-                "the image needs rdma-core/ibverbs-utils with the mlx5 provider (ibverbs-providers)",
-            )
+        present = f.listed(
+            "ibv_devinfo",
+            ["ibv_devinfo", "-l"],
+            30,
+            parse_ibv_devinfo_list,
+            "the image needs rdma-core/ibverbs-utils with the mlx5 provider (ibverbs-providers)",
+        )
+        if present is None:
+            pass
         elif not present:
             f.fail(
                 "RDMA devices",
@@ -99,7 +110,7 @@ def preflight(cfg: dict) -> Findings:
                 "(pod annotation k8s.v1.cni.cncf.io/networks and the resource requests)",
             )
         if cfg.get("hcaMode") == "auto" and not hcas:
-            hcas = present
+            hcas = present or []
         for hca in hcas:
             if present and hca not in present:
                 f.fail(
@@ -261,14 +272,15 @@ def preflight(cfg: dict) -> Findings:
         f.ok("memlock", f"max locked memory {soft} (PID 1)" + (", CAP_IPC_LOCK" if ipc_lock else ""))
     # GPUs
     want = int(cfg.get("gpusPerPod") or 0)
-    out = run(["nvidia-smi", "-L"], timeout=60)
-    gpus = parse_nvidia_smi_list(out.stdout) if out.returncode == 0 else []
-    if out.returncode != 0:
-        f.fail(
-            "GPUs",
-            f"`nvidia-smi -L` failed ({out.stderr.strip() or out.returncode})",
-            "node prerequisite: NVIDIA GPU operator (driver, container toolkit) on this node",
-        )
+    gpus = f.listed(
+        "GPUs",
+        ["nvidia-smi", "-L"],
+        60,
+        parse_nvidia_smi_list,
+        "node prerequisite: NVIDIA GPU operator (driver, container toolkit) on this node",
+    )
+    if gpus is None:
+        pass
     elif len(gpus) != want:
         f.fail(
             "GPUs",
@@ -284,7 +296,7 @@ def preflight_all() -> tuple[bool, list[str]]:
     try:
         rank = read_rank_env()
     except OSError:
-        return False, ["FAIL " + NO_RANK_ENV.format(path=state_dir() / "rank.env")]
+        return False, ["FAIL " + NO_RANK_ENV.format(path=state_dir() / contract.RANK_ENV_FILE)]
     hosts = rank.get("ML_DEV_HOSTS", "").split()
     cmd = [env("ML_DEV_PYTHON", "python3"), str(PROGRAM), "preflight"]
 

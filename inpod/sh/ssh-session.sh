@@ -6,7 +6,7 @@
 #    and whose first line equals field 22 of /proc/<pid>/stat (its start time; a reused PID differs).
 # 2. The container's environment (the pod env, like `oc exec`) and the rank environment (rank.env).
 # 3. Runs the requested command (ssh host cmd, rsync, pdsh, sftp) or a login shell.
-STATE_DIR=/tmp/ml-dev-env
+STATE_DIR="${ML_DEV_STATE_DIR:-/tmp/ml-dev-env}"
 if [ -r "$STATE_DIR/ssh/session.env" ]; then
   # shellcheck disable=SC1091
   . "$STATE_DIR/ssh/session.env"

@@ -8,7 +8,7 @@
 #   host_ed25519_key[.pub]  the stack's host key (one per stack, stable across restarts)
 #   id_ed25519[.pub]        the stack's client key (pod-to-pod: launcher, pdsh, DeepSpeed, MPI)
 #   authorized_keys         the stack key + the users' keys from `ml-dev-env:ssh.authorizedKeys`
-# Inputs (the contract of core/pod_contract.py): the rendered container env (ML_DEV_STATE_DIR, ML_DEV_CLUSTER_DIR);
+# Inputs (the contract of inpod/contract.py): the rendered container env (ML_DEV_STATE_DIR, ML_DEV_CLUSTER_DIR);
 #   APP_NAME HEADLESS_SERVICE POD_NAMESPACE from $ML_DEV_CLUSTER_DIR/cluster.env; ML_DEV_SSH_PORT (2222) and
 #   ML_DEV_SSH_USER (login name of a UID without a passwd entry; ml-dev) from devloop.env next to this script.
 #   A variable of the same name in the environment is the fallback where a file lacks the key.

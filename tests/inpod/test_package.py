@@ -119,3 +119,26 @@ def test_no_import_cycle() -> None:
     assert {"inpod.fabric.allreduce", "inpod.fabric.localise"} <= graph["inpod.fabric.gate"]
     assert "inpod.fabric.allreduce" in graph["inpod.fabric.localise"] and not graph["inpod.fabric.allreduce"] & {"inpod.fabric.gate"}
     assert not cycles(graph), cycles(graph)
+
+
+def test_the_twice_detector_sees_a_copy(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("def env():\n    pass\n\n\ndef main():\n    pass\n")
+    (tmp_path / "b.py").write_text("def env():\n    pass\n\n\ndef main():\n    pass\n")
+    found = {n: len(f) for n, f in defined_twice_in(tmp_path).items()}
+    assert found == {"env": 2}
+
+
+def defined_twice_in(root: Path) -> dict[str, list[str]]:
+    """Module-level function names defined in more than one module under `root` (`main`, each program's entry, excepted)."""
+    where: dict[str, list[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.parse(path.read_text(), str(path)).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name != "main":
+                where.setdefault(node.name, []).append(path.name)
+    return {name: files for name, files in where.items() if len(files) > 1}
+
+
+def test_each_helper_once() -> None:
+    """A helper every family needs lives in inpod/lib once (`env`, `state_dir`, `read_rank_env`, the kube client,
+    `listen_addresses`, …); two functions of one name in the package are two copies of one helper or a confusion."""
+    assert not defined_twice_in(inpod.HERE), defined_twice_in(inpod.HERE)

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from core import naming, pod_contract
+from core import naming
+from inpod import contract as pod_contract
 from tests.podsim.nodetools import Node
 from tests.podsim.pods import PREFIX, PodSim, leftovers, missing_requirements, pids_in_namespace_of, render_stack
 
@@ -44,7 +45,7 @@ if grep -qxF "[ml-dev-env] ready" /proc/1/fd/1 2>/dev/null; then echo logged > {
 exec /usr/bin/touch "$@"
 """
 IMAGE_PROGRAMS = {**dict.fromkeys(SERVERS.values(), SERVER_STUB), "/usr/local/bin/touch": TOUCH}
-RANK_KEYS = pod_contract.RANK_ENV  # what rank.env holds: the one contract (core/pod_contract.py)
+RANK_KEYS = pod_contract.RANK_ENV  # what rank.env holds: the one contract (inpod/contract.py)
 
 
 # ----------------------------------------------------------------------------------------------- helpers
