@@ -50,19 +50,37 @@ def nvidia_smi(n: dict, args: list[str]) -> int:
         for i in range(gpus):
             sys.stdout.write("GPU %d: NVIDIA H100 80GB HBM3 (UUID: GPU-%08x-4d87-49d1-2eb9-39ec2baddf9b)\n" % (i, i))
         return 0
+    fmt = " ".join(a for a in args if a.startswith("--format="))
+    units, header = "nounits" not in fmt, "noheader" not in fmt
+    apps = next((a.split("=", 1)[1] for a in args if a.startswith("--query-compute-apps=")), None)
+    if apps is not None:  # no compute process on the node (the header alone, as the real tool prints it)
+        if header:
+            sys.stdout.write(", ".join(HEADER.get(k, k) for k in apps.split(",")) + "\n")
+        return 0
     query = next((a.split("=", 1)[1] for a in args if a.startswith("--query-gpu=")), "index,name,memory.total")
-    units = "nounits" not in " ".join(args)
-    values = {
-        "name": "NVIDIA H100 80GB HBM3",
-        "memory.total": "81559 MiB" if units else "81559",
-        "memory.used": "0 MiB" if units else "0",
-        "utilization.gpu": "0 %" if units else "0",
-        "utilization.memory": "0 %" if units else "0",
-    }
+    if header:  # `--format=csv`: the names with their units (tests/data/tool_output/nvidia-smi-query-gpu-*.csv)
+        sys.stdout.write(", ".join(HEADER.get(k, k) for k in query.split(",")) + "\n")
     for i in range(gpus):
+        util = int((n.get("gpu_util") or {}).get(str(i), 0))  # the node's state: Node.gpu_util
+        values = {
+            "name": "NVIDIA H100 80GB HBM3",
+            "memory.total": "81559 MiB" if units else "81559",
+            "memory.used": "0 MiB" if units else "0",
+            "utilization.gpu": f"{util} %" if units else str(util),
+            "utilization.memory": "0 %" if units else "0",
+        }
         row = {"index": str(i), "uuid": "GPU-%08x-4d87-49d1-2eb9-39ec2baddf9b" % i, **values}
         sys.stdout.write(", ".join(row.get(k, "[N/A]") for k in query.split(",")) + "\n")
     return 0
+
+
+HEADER = {
+    "utilization.gpu": "utilization.gpu [%]",
+    "utilization.memory": "utilization.memory [%]",
+    "memory.used": "memory.used [MiB]",
+    "memory.total": "memory.total [MiB]",
+    "used_memory": "used_gpu_memory [MiB]",
+}
 
 
 def ibv_devinfo(n: dict, args: list[str]) -> int:

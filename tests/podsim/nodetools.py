@@ -104,6 +104,11 @@ class Node:
             "iommu": "identity",
         }
 
+    def gpu_util(self, sim: Any, index: int, util: int, gpu: int = 0) -> None:
+        """GPU `gpu` of pod `index` at `util` % (nvidia-smi's utilization.gpu), live."""
+        self.state(sim, index).setdefault("gpu_util", {})[str(gpu)] = util
+        self.apply(sim, index)
+
     def state(self, sim: Any, index: int) -> dict[str, Any]:
         if index not in self.states:
             self.states[index] = {**self.default(sim, index), **self.overrides.get(index, {})}

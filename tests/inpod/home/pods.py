@@ -6,9 +6,8 @@
 * the node behind the pods (tests/podsim/nodetools.py `Node`, bus bandwidth SLOW_BUSBW): the gate's REAL
   `mpirun` starts the all_reduce_perf stubs on both pods over the pods' sshd, they print nccl-tests' report at a
   slow plateau, and the real `fabric_check.py gate` judges it, localises, and writes its JSON and curve (SVG);
-* `nvidia-smi` printing the idle agent's queries in the real `--format=csv` layout (header with units,
-  tests/data/tool_output/nvidia-smi-query-gpu-*.csv) with GPU 0's utilisation from /run/podsim/gpu-util,
-  placed before the node's stub on PATH;
+* the node's `nvidia-smi` (the same `Node`) answers the idle agent's queries in the real `--format=csv` layout
+  (header with units), GPU 0's utilisation set per pod (`gpu`);
 * test speed: the idle settings' ConfigMap is edited before the pods start (a round a second, the warning
   after 1 s idle; the admin bounds of stacks/config.py keep a stack's own values at 15 s and more; no IDE
   probes, the IDEs are not in the simulated image) and the
@@ -35,24 +34,6 @@ HOME_PORT = next(s.port for s in DEV_SERVERS if s.name == "home")  # where it li
 SLOW_BUSBW = 60.0  # GB/s at the plateau, far below barcelona's pass line (175.1 GB/s): the gate fails
 STATE = "/tmp/ml-dev-env"
 PROJECT = "/workspace/proj"
-
-NVIDIA_SMI = r"""#!/bin/sh
-# nvidia-smi (the NVIDIA container toolkit injects it): the idle agent's two queries in the real --format=csv
-# layout, @GPUS@ GPUs; GPU 0's utilisation.gpu from /run/podsim/gpu-util
-util=$(cat /run/podsim/gpu-util 2>/dev/null || echo 0)
-case "$*" in
-  *--query-gpu=index,uuid,utilization.gpu,utilization.memory,memory.used*--format=csv*)
-    echo "index, uuid, utilization.gpu [%], utilization.memory [%], memory.used [MiB]"
-    i=0
-    while [ "$i" -lt @GPUS@ ]; do
-      u=0; [ "$i" -eq 0 ] && u=$util
-      printf '%d, GPU-%08x-4d87-49d1-2eb9-39ec2baddf9b, %d %%, 0 %%, 0 MiB\n' "$i" "$i" "$u"
-      i=$((i + 1))
-    done ;;
-  *--query-compute-apps=*--format=csv*) echo "gpu_uuid, pid, process_name, used_gpu_memory [MiB]" ;;
-  *) exec /usr/bin/nvidia-smi "$@" ;;
-esac
-"""
 
 # mpirun for the plain-process environment of tests/inpod/home/conftest.py (no pods, no sshd there)
 MPIRUN = r"""#!/usr/bin/python3
@@ -94,8 +75,6 @@ class HomePods(PodSim):
     def start(self, timeout: float = 90, wait: bool = True) -> HomePods:
         super().start(timeout, wait)
         try:
-            for pod in self.pods:  # /usr/local/bin comes before /usr/bin on the image's PATH
-                self.write(pod.index, "/usr/local/bin/nvidia-smi", NVIDIA_SMI.replace("@GPUS@", str(self.gpus)), mode=0o755)
             self.write(0, f"{PROJECT}/train.py", "import time\ntime.sleep(300)\n")
             self.wait_for(0, f"{STATE}/home.addr")
         except BaseException:
@@ -125,7 +104,8 @@ class HomePods(PodSim):
         return json.loads(self.pods[0].path("/workspace/.ml-dev-env/fabric/latest.json").read_text())
 
     def gpu(self, index: int, util: int) -> None:
-        self.write(index, "/run/podsim/gpu-util", f"{util}\n")
+        """GPU 0 of pod `index` at `util` % (the node's nvidia-smi, tests/podsim/nodetools.py)."""
+        self.node.gpu_util(self, index, util)
 
     def run(self, *argv: str) -> Any:
         """`ml-dev run -- argv...` started from pod 0's project directory (a terminal's `oc exec`)."""
