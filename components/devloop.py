@@ -6,7 +6,7 @@
   All pods of a stack share the host key: they are one trust domain (same Secret, same image, same
   service account), and one key keeps known_hosts valid whatever the pod count.
 * `authorized_keys` = the stack key + `ml-dev-env:ssh.authorizedKeys`.
-* sshd in every pod (inpod/sshd.sh, started by the startup script), unprivileged, port 2222.
+* sshd in every pod (inpod/sh/sshd.sh, started by the startup script), unprivileged, port 2222.
 * The stack's NetworkPolicy: every port from the stack's own pods, the routed proxies' ports from the router, nothing else.
 * The launcher `ml-dev` and its helpers ride in the startup ConfigMap (works with any image).
 * Laptop access: an ssh_config block whose ProxyCommand runs `sshd -i` in the pod through `oc exec`

@@ -1,6 +1,6 @@
 """Fabric check: expected NCCL bus bandwidth and the settings the in-pod program reads (pure, no Pulumi).
 
-The pods run `inpod/fabric_check.py` (delivered in the startup ConfigMap next to
+The pods run `inpod/fabric/` (`fabric_check.py` in the pod) (delivered in the startup ConfigMap next to
 `startup.sh`, mounted at /opt/ml-dev-env). It reads `fabric.json`, written here from the stack
 config, so the preflight and the gate judge exactly what the stack configured.
 

@@ -13,14 +13,14 @@ Pure builders used by `GpuCluster` (kept apart so the pod-template code stays re
   `pulumi preview --refresh` / `pulumi up --refresh` read the live 0 and bring N back (the provider diffs
   new inputs against the checkpoint's live object: provider/pkg/provider/provider.go `kubeProvider.Diff`,
   `pruneLiveState`).
-* **Idle agent** (inpod/idle_agent.py) runs inside the main container of every pod
+* **Idle agent** (inpod/idle/, `idle_agent.py` in the pod) runs inside the main container of every pod
   (it needs that container's GPUs, processes and terminals); pod 0 decides for the whole environment.
   Its settings live in the `<app>-lifecycle` ConfigMap, mounted as a directory so that a settings
   change reaches running pods without a restart. Its RBAC is `get`/`update` of `statefulsets/scale`
   for this one StatefulSet, `create` events, and `get`/`update`/`patch` of one ConfigMap that holds the
   stop record — never `patch statefulsets` (that could change the pod template).
 * **Checkpoint before every stop**: the main container's preStop hook and PID 1's SIGTERM trap run
-  inpod/checkpoint_stop.sh, which gives every rank of a running `ml-dev run` `checkpointSignal` and
+  inpod/sh/checkpoint_stop.sh, which gives every rank of a running `ml-dev run` `checkpointSignal` and
   `checkpointGraceSeconds` to save; the pod's terminationGracePeriodSeconds is that grace plus
   STOP_MARGIN_SECONDS for the dev servers to stop (the kubelet counts the preStop hook's time against
   the same period: kubernetes pkg/kubelet/kuberuntime/kuberuntime_container.go, killContainer).

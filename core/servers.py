@@ -3,7 +3,7 @@
 Config (`access.<name>` toggles, the token-mode rules), the pod (ports, credential env, OAuth proxy
 sidecars), the cluster objects (pod-0 Service ports, Routes, OAuth redirect annotations), the stack
 secrets and the route-host length check all read this table; adding a server is one row here plus its
-start command in `inpod/startup.sh` (a `case` branch per server; tests/test_servers.py checks
+start command in `inpod/sh/startup.sh` (a `case` branch per server; tests/test_servers.py checks
 that every row has one that listens on the row's port). CONTRIBUTING.md walks through it.
 
 `routed` leaves room for processes that are not reached through a Route (an sshd, a fabric gate, the idle
@@ -82,7 +82,7 @@ DEV_SERVERS: tuple[DevServer, ...] = (
         program="jupyter",
     ),
     DevServer("tensorboard", "TensorBoard", 6006, 16006, program="tensorboard"),
-    # inpod/home_page.py: the environment's home page (idle state, pods and GPUs, runs, fabric curve). Its own
+    # inpod/home/page.py: the environment's home page (idle state, pods and GPUs, runs, fabric curve). Its own
     # Route + OAuth proxy rather than a path on another server's proxy: it works whichever IDEs are enabled,
     # and code-server/Jupyter own their whole URL space (a path prefix would have to be stripped for them).
     DevServer("home", "home page", 8090, 18090, on_under_token_auth=False),

@@ -104,7 +104,7 @@ def startup_branches() -> dict[str, str]:
 def test_every_row_has_a_start_command_on_its_port() -> None:
     branches = startup_branches()
     for server in DEV_SERVERS:
-        assert server.name in branches, f"inpod/startup.sh starts no {server.name}"
+        assert server.name in branches, f"inpod/sh/startup.sh starts no {server.name}"
         assert re.search(rf"(:|--port[= ]){server.port}\b", branches[server.name]), (server.name, server.port)
         if server.credential_env:
             assert f"${{{server.credential_env}" in branches[server.name], f"{server.name} ignores {server.credential_env}"

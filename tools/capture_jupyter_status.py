@@ -4,7 +4,7 @@
 
 Starts JupyterLab (the venv's jupyterlab / jupyter_server, what the presets' images run) on 127.0.0.1 with
 token auth, in a temporary root/config/data/runtime directory, and records the exact bytes of each endpoint
-`inpod/idle_probes.py` `probe_jupyter` reads (`/api/status`, `/api/kernels?no_track_activity=1`,
+`inpod/idle/probes.py` `probe_jupyter` reads (`/api/status`, `/api/kernels?no_track_activity=1`,
 `/api/terminals?no_track_activity=1`; `/api/sessions?no_track_activity=1` too, what a notebook tab opens)
 in four states:
 
@@ -41,7 +41,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "capture-token-0c7d"
-# the query strings the probe sends (inpod/idle_probes.py probe_jupyter): its polling is not activity
+# the query strings the probe sends (inpod/idle/probes.py probe_jupyter): its polling is not activity
 ENDPOINTS = {
     "status": "/api/status",
     "kernels": "/api/kernels?no_track_activity=1",

@@ -22,8 +22,8 @@ ML_DEV_WORKSPACE (/workspace), ML_DEV_FABRIC_ROOT (prefix for /sys and /proc, te
 NODE_NAME. Runs on Python 3.8 and later (the images' own interpreters).
 
 The program is split at its seams, modules shipped next to it in the same ConfigMap (inpod.SHIPPED):
-fabric_util (environment, rank contract, running tools), fabric_parse (every tool's output format),
-fabric_preflight, fabric_gate, fabric_localise and fabric_report; this file holds the command line, the
+util (the fabric's paths and config over inpod/lib), parse (every tool's output format),
+allreduce, preflight, gate, localise and report; this file holds the command line, the
 on-deploy hold and the rack-aware rank order.
 """
 

@@ -33,7 +33,7 @@ Usage: idle_agent.py run | probe | status   (settings: $ML_DEV_IDLE_SETTINGS, de
 /etc/ml-dev-env/lifecycle/idle.json; re-read every interval so a change needs no restart).
 
 The program is split at its seams, modules shipped next to it in the same ConfigMap (inpod.SHIPPED):
-idle_probes (settings, environment, the local signals) and idle_decider (gathering, the idle clock, the
+probes (settings, environment, the local signals) and decider (gathering, the idle clock, the
 warning, the scale to 0 and its record); this file holds the HTTP server and the command line.
 """
 

@@ -23,8 +23,8 @@ Activity records: while a run is alive, $ML_DEV_STATE_DIR/heartbeat/run-<pid>.js
 and rank-<pid>.json (on every pod running a rank) are rewritten every 10 s and removed at the end.
 
 The program is split at its seams, modules shipped next to it in the same ConfigMap (inpod.SHIPPED):
-ml_dev_lib (paths, rank contract, environment rule, the pods), ml_dev_sync (the synced tree and the sync),
-ml_dev_launch (run, exec and the per-pod `_rank`) and ml_dev_status; this file holds the command line.
+common (paths, rank contract, environment rule, the pods), sync (the synced tree and the sync),
+launch (run, exec and the per-pod `_rank`) and status; this file holds the command line.
 """
 
 from __future__ import annotations

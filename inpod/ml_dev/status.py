@@ -1,6 +1,6 @@
 """ml-dev status: pods, reachability, ranks, GPUs, RDMA devices, SSH sessions, the idle agent's view (`--all`: usage.py).
 
-The idle agent's view is pod 0's decision (idle_decider.Decider.status): its `$ML_DEV_STATE_DIR/idle-status.json`
+The idle agent's view is pod 0's decision (inpod/idle/decider.py Decider.status): its `$ML_DEV_STATE_DIR/idle-status.json`
 on pod 0, `GET /decision` on pod 0's activity port from the other pods. A worker the agent cannot reach is shown
 with the time it was first unreachable and whether it still holds the idle stop (lifecycle.idleStop.unreachableAfter).
 

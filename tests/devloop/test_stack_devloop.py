@@ -191,7 +191,7 @@ def test_shared_paths_tell_the_launcher_when_not_to_sync() -> None:
 
 
 def launcher() -> Any:
-    """The launcher's tree rules: ml_dev_sync, shipped next to `ml-dev` (inpod.SHIPPED), imported as a module."""
+    """The launcher's tree rules: inpod/ml_dev/sync.py, shipped behind `ml-dev` (inpod.SHIPPED), imported as a module."""
     return importlib.import_module("inpod.ml_dev.sync")
 
 

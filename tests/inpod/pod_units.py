@@ -226,7 +226,7 @@ class Usage(unittest.TestCase):
 
 
 class StatusIdleView(unittest.TestCase):
-    """inpod/ml_dev_status.py: the idle agent's view as `ml-dev status` prints it, on every interpreter."""
+    """inpod/ml_dev/status.py: the idle agent's view as `ml-dev status` prints it, on every interpreter."""
 
     NOW = 1_780_000_000.0
 

@@ -203,7 +203,7 @@ def test_mpirun_failure_is_an_error(fabric) -> None:
     res = f.run("gate", "--no-localise")
     assert res.returncode == 1
     result = f.result()
-    # the diagnosis keeps the last 400 characters of stderr (fabric_gate.gate); the real mpirun's whole message (Debian
+    # the diagnosis keeps the last 400 characters of stderr (inpod/fabric/gate.py gate); the real mpirun's whole message (Debian
     # openmpi-bin 4.1.4: "bash: orted: command not found", then the ORTE help text) is in the run's log by the hostfile
     assert result["status"] == "error" and "all_reduce_perf across 2 pods failed (exit" in result["diagnosis"][0], result["diagnosis"]
     args = mpirun_args(f)

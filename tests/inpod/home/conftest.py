@@ -5,7 +5,7 @@
 * the fabric gate's result and curve come from the real `fabric_check.py gate` (barcelona's fabric.json from
   components/fabric.py), its `mpirun` a stub printing nccl-tests' report at a slow plateau (tests/inpod/home/pods.py
   MPIRUN), written where the gate writes them (the workspace's `.ml-dev-env/fabric/`);
-* an `ml-dev run` record is written by ml-dev's own `Heartbeat` (ml_dev_launch.py), an SSH session record by the real
+* an `ml-dev run` record is written by ml-dev's own `Heartbeat` (inpod/ml_dev/launch.py), an SSH session record by the real
   `ssh-session.sh` (its ForceCommand), so the files have exactly the launcher's and the fabric's shape;
 * the home page runs as a plain process (`home_page.py serve --listen 127.0.0.1:0`) with pod 0's state
   directory, `ML_DEV_HOME_AGENTS` naming the agents' loopback addresses (no cluster DNS here).
@@ -145,7 +145,7 @@ class Environment:
     def busy(self) -> None:
         """GPU work on pod 0, a live `ml-dev run` whose command line carries a script, an SSH session."""
         self.pods[0].gpu(87)
-        # Heartbeat lives in ml_dev_launch (shipped next to ml-dev); loaded inside the inpod package so that its
+        # Heartbeat lives in inpod/ml_dev/launch.py; loaded inside the inpod package so that its
         # sibling imports resolve, with the pod's state directory in place of the one read at import
         # (Any: a module loaded from its file, one of its globals set here)
         ml_dev: Any = load("inpod.ml_dev.launch_under_test", ROOT / "inpod" / "ml_dev" / "launch.py")

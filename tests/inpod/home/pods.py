@@ -65,7 +65,7 @@ class HomePods(PodSim):
         settings = naming.lifecycle_configmap(self.app)
         idle = json.loads(self.configmaps[settings]["idle.json"])
         # the IDE servers are not in the simulated image (this machine's root): their probes would fail, which counts
-        # as activity (idle_probes.guarded), so the agent leaves them out here
+        # as activity (inpod/idle/probes.py guarded), so the agent leaves them out here
         idle.update(intervalSeconds=1, warningLeadSeconds=idle["idleTimeoutSeconds"] - 1, servers=[])
         self.configmaps[settings]["idle.json"] = json.dumps(idle)
 

@@ -1,4 +1,4 @@
-"""The startup script (inpod/startup.sh) as PID 1 of pods started from the render (tests/podsim).
+"""The startup script (inpod/sh/startup.sh) as PID 1 of pods started from the render (tests/podsim).
 
 What each pod gets is the render's (env, ConfigMaps, identity); the dev servers the image has (code-server,
 jupyter, tensorboard: images/base.Containerfile) are stubs at the image's paths that record argv, env and PID
