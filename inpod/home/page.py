@@ -77,20 +77,12 @@ def settings_or_defaults() -> dict[str, Any]:
         return dict(contract.IDLE_DEFAULTS)
 
 
-def rank_or_empty() -> dict[str, str]:
-    """rank.env, or nothing yet (the startup script has not written it): the page shows what it has."""
-    try:
-        return read_rank_env()
-    except (OSError, ValueError):
-        return {}
-
-
 def agents(settings: dict[str, Any]) -> list[tuple[str, str]]:
     """(pod, agent base URL) of every pod in rank order."""
     override = env("ML_DEV_HOME_AGENTS")
     if override:
         return [(p.split("=", 1)[0], "http://" + p.split("=", 1)[1]) for p in override.split()]
-    rank = rank_or_empty()
+    rank = read_rank_env(missing_ok=True)  # nothing yet: the page shows what it has
     pods, hosts = rank.get("ML_DEV_PODS", "").split(), rank.get("ML_DEV_HOSTS", "").split()
     count = len(pods) if len(pods) == len(hosts) else 0  # a half-written rank.env names no pod
     return [(pods[i], f"http://{hosts[i]}:{settings['activityPort']}") for i in range(count)]

@@ -94,12 +94,23 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def read_rank_env(path: Path | None = None) -> dict[str, str]:
-    """`$ML_DEV_STATE_DIR/rank.env` (contract.RANK_ENV): `export KEY=value` lines written by startup.sh; values may be
-    shell-quoted. Raises OSError when the file is missing (the startup script has not run)."""
+def read_rank_env(path: Path | None = None, missing_ok: bool = False) -> dict[str, str]:
+    """`$ML_DEV_STATE_DIR/rank.env` (contract.RANK_ENV): `export KEY=value` lines written by startup.sh, each value
+    single-quoted for sh (its `q`), which shlex reads as sh does. Raises OSError when the file is missing (the startup
+    script has not run) and ValueError on a line sh could not read either; `missing_ok`: nothing (`{}`) then."""
     path = path or state_dir() / contract.RANK_ENV_FILE
+    try:
+        lines = path.read_text().splitlines()
+        return _exports(lines)
+    except (OSError, ValueError):
+        if missing_ok:
+            return {}
+        raise
+
+
+def _exports(lines: list[str]) -> dict[str, str]:
     values: dict[str, str] = {}
-    for line in path.read_text().splitlines():
+    for line in lines:
         words = shlex.split(line, comments=True)
         for word in words[1:] if words[:1] == ["export"] else words:
             key, sep, value = word.partition("=")

@@ -18,7 +18,7 @@ from typing import Callable
 
 from .. import contract
 from ..lib import ssh
-from ..lib.pod import mount_dir, state_dir
+from ..lib.pod import mount_dir, read_rank_env, state_dir
 
 # The mount path of the startup ConfigMap ($ML_DEV_DIR, contract.STARTUP_MOUNT), else the launcher's directory as
 # called. Other pods are handed this path.
@@ -59,7 +59,8 @@ def die(message: str, code: int = 1) -> None:
 
 
 def read_env_file(path: Path) -> dict[str, str]:
-    """Values of a shell-sourceable file, as the shell sees them (the file is the contract, not its syntax)."""
+    """Values of a shell-sourceable file, as the shell sees them (devloop.env, nss.env: the file is the contract, not
+    its syntax); rank.env has the one reader of inpod/lib/pod.py."""
     if not path.is_file():
         return {}
     out = subprocess.run(
@@ -128,7 +129,7 @@ class Cluster:
     def __init__(self) -> None:
         self.devloop = read_env_file(Path(os.environ.get("ML_DEV_DEVLOOP_ENV", HERE / "devloop.env")))
         rank_file = STATE_DIR / contract.RANK_ENV_FILE
-        self.rank_env = read_env_file(rank_file)
+        self.rank_env = read_rank_env(rank_file, missing_ok=True)
         if not self.rank_env.get("ML_DEV_HOSTS"):
             die(f"{rank_file} has no ML_DEV_HOSTS: is this an ml-dev-env pod, and has its startup script run?")
         self.hosts = self.rank_env["ML_DEV_HOSTS"].split()

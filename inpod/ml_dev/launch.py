@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO, TextIO
 
 from .. import contract
+from ..lib.pod import read_rank_env
 from .common import (
     DEBUG_PORT,
     HEARTBEAT_SECONDS,
@@ -26,7 +27,6 @@ from .common import (
     Cluster,
     die,
     launch_env,
-    read_env_file,
     read_line,
     stop_grace,
     stop_signal,
@@ -99,7 +99,7 @@ TORCHRUN_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 def cmd_rank(args: argparse.Namespace) -> int:
     """(on every pod) run one rank: the pod's rank.env, own process group, stopped when stdin closes."""
     env = dict(os.environ)
-    env.update(read_env_file(STATE_DIR / contract.RANK_ENV_FILE))
+    env.update(read_rank_env(missing_ok=True))
     if args.env_stdin:
         # the launcher's variables (launch_env) come first on stdin, never in argv (ps, logs, length limits)
         try:
@@ -294,7 +294,7 @@ def stop_all(procs: dict[int, subprocess.Popen]) -> None:
                 p.stdin.close()
         except OSError:
             pass
-    deadline = time.monotonic() + stop_grace(read_env_file(STATE_DIR / contract.RANK_ENV_FILE)) + 5
+    deadline = time.monotonic() + stop_grace(read_rank_env(missing_ok=True)) + 5
     for p in procs.values():
         try:
             p.wait(max(0.1, deadline - time.monotonic()))
