@@ -19,6 +19,7 @@ from typing import IO, TYPE_CHECKING, TextIO
 if TYPE_CHECKING or __package__:  # in the repository: the inpod package
     from .ml_dev_lib import (
         DEBUG_PORT,
+        FROM_RANK_FILE,
         HEARTBEAT_SECONDS,
         HERE,
         PY,
@@ -36,6 +37,7 @@ if TYPE_CHECKING or __package__:  # in the repository: the inpod package
 else:  # in the pod: the modules ship next to the program (/opt/ml-dev-env), whose directory is sys.path[0]
     from ml_dev_lib import (
         DEBUG_PORT,
+        FROM_RANK_FILE,
         HEARTBEAT_SECONDS,
         HERE,
         PY,
@@ -115,7 +117,9 @@ TORCHRUN_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 
 def cmd_rank(args: argparse.Namespace) -> int:
     """(on every pod) run one rank: the pod's rank.env, own process group, stopped when stdin closes."""
-    env = dict(os.environ)
+    # the rank keys come from this pod's current rank.env only: on the launching pod this process inherits the
+    # launching shell's env, whose rank values are those of when the shell started (stale after a count change)
+    env = {k: v for k, v in os.environ.items() if k not in FROM_RANK_FILE}
     env.update(read_env_file(STATE_DIR / "rank.env"))
     if args.env_stdin:
         # the launcher's variables (launch_env) come first on stdin, never in argv (ps, logs, length limits)
