@@ -105,6 +105,25 @@ def _ml_dev_debug():
     sys.stderr.flush()
     if os.environ.get("ML_DEV_DEBUG_WAIT", "1") == "1":
         debugpy.wait_for_client()
+def _ml_dev_adapter_on_pod_interface():
+    # debugpy's adapter (started by debugpy.listen with this env: debugpy/server/api.py, `--for-server`) owns the
+    # listener. On the pod IP it is bound to the pod network's interface (SO_BINDTODEVICE), as sshd and the agents
+    # are: a peer on net1..N routing the pod IP via its secondary network is refused.
+    host = os.environ.get("ML_DEV_DEBUG_HOST", "")
+    argv = getattr(sys, "orig_argv", sys.argv)
+    if "--for-server" not in argv or not host or host.startswith("127.") or not os.path.exists("/sys/class/net/eth0"):
+        return
+    import socket
+    plain = socket.socket.bind
+    def bind(self, address):
+        if isinstance(address, tuple) and address and address[0] == host:
+            try:
+                self.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_BINDTODEVICE", 25), b"eth0")
+            except OSError as exc:
+                sys.stderr.write("ml-dev: the debugger is not bound to eth0 (%s): net1..N peers reach it\\n" % exc)
+        return plain(self, address)
+    socket.socket.bind = bind
+_ml_dev_adapter_on_pod_interface()
 port = os.environ.get("ML_DEV_DEBUG_PORT")
 if port:
     _ml_dev_debug()

@@ -25,6 +25,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,6 +94,7 @@ class Listener:
     cmdline: str
     name: str
     ours: bool
+    device: str = ""  # SO_BINDTODEVICE (`ss` shows `address%device`)
 
 
 def go_split_host_port(hostport: str) -> tuple[str, int]:
@@ -112,7 +114,7 @@ def listeners(sim: PodSim, index: int) -> list[Listener]:
     for line in out.stdout.splitlines():
         fields = line.split()
         host, _, port = fields[4].rpartition(":")
-        host = host.strip("[]").split("%")[0]
+        host, _, device = host.strip("[]").partition("%")
         pids = re.findall(r"pid=(\d+)", line)
         cmdline = ""
         for pid in pids[:1]:
@@ -121,7 +123,7 @@ def listeners(sim: PodSim, index: int) -> list[Listener]:
             except OSError:
                 cmdline = "?"
         name, ours = next(((n, o) for n, pattern, o in KNOWN if re.search(pattern, cmdline)), ("UNKNOWN", False))
-        found.append(Listener(fields[0], host, int(port), cmdline, name, ours))
+        found.append(Listener(fields[0], host, int(port), cmdline, name, ours, device))
     return found
 
 
@@ -255,6 +257,53 @@ def test_nothing_of_ours_answers_on_a_secondary_interface_from_anywhere(env: Env
     # the test can fail: the TCPStore stand-in (every interface, as torch binds it) does answer there
     tcpstore = [(a, naming.MASTER_PORT) for a in env.secondary(0)]
     assert all(env.net.reaches(env.foreign.argv(), tcpstore).values())
+
+
+@contextmanager
+def routed_via_secondary(env: Env, index: int) -> Iterator[str]:
+    """The VLAN peer (NET_ADMIN in its own namespace) routes pod `index`'s pod IP via the pod's net1 address: its
+    packets to the pod IP arrive on net1, where NetworkPolicy does not apply (ip route add <pod IP>/32 via ...)."""
+    pod = env.sim.pods[index]
+    via = pod.interfaces["net1"].split("/")[0]
+    route = ["ip", "route", "add", f"{pod.ip}/32", "via", via, "dev", "net1"]
+    subprocess.run(env.foreign.argv(*route), check=True, timeout=30)
+    try:
+        yield pod.ip
+    finally:
+        subprocess.run(env.foreign.argv("ip", "route", "del", f"{pod.ip}/32"), check=True, timeout=30)
+
+
+def test_a_vlan_peer_routing_the_pod_ip_via_net1_reaches_nothing_of_ours(env: Env) -> None:
+    """sshd, the idle agent, the home page and the debugger (`--debug-host pod`) bind the pod IP on eth0 only
+    (SO_BINDTODEVICE): a SYN for the pod IP arriving on net1 finds no listener. The OAuth proxies (Go sidecars,
+    stand-ins here) and TCPStore bind without a device: the same route reaches them (what only a MultiNetworkPolicy
+    stops), which also shows the route works and the device binding is what refuses the others. Without the
+    binding (checked by hand on the previous programs) the route reaches 2222, 9099, 8090 and 5678."""
+    sim, pod = env.sim, env.sim.pods[0]
+    rank = f"ml-dev _rank --cwd /tmp --debug-port {naming.DEBUG_PORT} --debug-host pod --no-stdin-watch -- python3 -c 'print(1)'"
+    proc = sim.popen(0, rank)
+    try:
+        wait_listening(sim, 0, naming.DEBUG_PORT, 1)
+        ours = [x for x in listeners(sim, 0) if x.ours and x.host == pod.ip and x.proto == "tcp" and STANDIN not in x.cmdline]
+        assert {2222, 9099, 8090, naming.DEBUG_PORT} <= {x.port for x in ours}, ours
+        assert all(x.device == "eth0" for x in ours), [(x.name, x.port, x.device) for x in ours]
+        unbound = sorted({p for _, p in env.proxies.values()} | {naming.MASTER_PORT})
+        targets = [(pod.ip, x.port) for x in ours] + [(pod.ip, p) for p in unbound]
+        before = env.net.reaches(env.foreign.argv(), targets)
+        assert not any(before.values()), f"the NetworkPolicy stops the foreign pod on eth0: {before}"
+        with routed_via_secondary(env, 0):
+            reached = env.net.reaches(env.foreign.argv(), targets)
+        assert not [t for t, ok in reached.items() if ok and t[1] not in unbound], reached
+        assert all(reached[(pod.ip, p)] for p in unbound), f"the route via net1 reaches a listener without a device: {reached}"
+        # the stack's own pods still reach them on eth0
+        assert all(env.net.reaches(env.ns(1), [(pod.ip, x.port) for x in ours]).values())
+    finally:
+        sim.interrupt(proc, signal.SIGKILL)
+        proc.wait(timeout=30)
+        kill_in_pod(sim, 0, r"debugpy|_rank|print\(1\)")
+        deadline = time.monotonic() + 20
+        while any(x.port == naming.DEBUG_PORT for x in listeners(sim, 0)) and time.monotonic() < deadline:
+            time.sleep(0.1)
 
 
 @pytest.mark.parametrize("host", ["localhost", "pod"])
