@@ -138,9 +138,11 @@ class RegistryClient:
     def absolute(self, url: str) -> str:
         return urllib.parse.urljoin(self.base + "/", url)
 
-    def upload_location(self, reply: Reply, current: str, trust: bool = True) -> str:
-        """The upload URL from a POST/PATCH answer of the registry; its host may get the Bearer token.
-        With `trust=False` (other answers) a URL on a host not yet named that way is ignored."""
+    def upload_location(self, reply: Reply, current: str, trust: bool = False) -> str:
+        """The upload URL from an answer of the registry. Only the answer that opens a session (a POST to the
+        registry's own origin, `trust=True`) may name a new upload host, which may then get the Bearer token;
+        in every other answer (PATCH, status GET) a URL on a host not yet named that way keeps only its path and
+        query, on the session's host: an answer cannot hand another host the token or the model's bytes."""
         location = reply.header("Location")
         if not location:
             return current
@@ -149,9 +151,41 @@ class RegistryClient:
         if trust:
             if origin != self._origin_self:
                 self._locations.add(origin)
-        elif origin != self._origin_self and origin not in self._locations:
-            return current
+            return url
+        if origin != self._origin_self and origin not in self._locations:
+            # Its path and query (distribution signs the session's offset into `_state` there) on the host the
+            # session is on: the host named nowhere else gets nothing, the session goes on.
+            parts = urllib.parse.urlsplit(url)
+            return (
+                urllib.parse.urljoin(self.absolute(current), parts.path + (f"?{parts.query}" if parts.query else ""))
+                if current
+                else current
+            )
         return url
+
+    def session_url(self, location: str, repo: str) -> str | None:
+        """`location` (a recorded upload URL) as an absolute URL when it is an upload session of `repo` on the
+        registry or on an upload host the registry named in this run; None otherwise (it then gets nothing)."""
+        url = self.absolute(location)
+        parts = urllib.parse.urlsplit(url)
+        origin = self._origin(url)
+        if origin != self._origin_self and origin not in self._locations:
+            return None
+        if not parts.path.startswith(f"/v2/{repo}/blobs/uploads/") or parts.path.rstrip("/") == f"/v2/{repo}/blobs/uploads":
+            return None
+        return url
+
+    def cancel_upload(self, location: str, what: str) -> None:
+        """DELETE an upload session nobody will resume (OCI distribution spec, "Deleting an upload"; distribution's
+        CancelBlobUpload, Quay's cancel_upload), by the rules of any upload URL (credentials as `_may_send` allows).
+        Best effort: a failure is logged, never fatal (the registry purges the session later)."""
+        try:
+            status = self.request("DELETE", location).status
+        except (TransientError, StepError) as exc:
+            log(f"{what}: could not cancel the upload session ({exc}); the registry purges it later")
+            return
+        if status not in (202, 204, 404):
+            log(f"{what}: cancelling the upload session answered HTTP {status}; the registry purges it later")
 
     def _may_send(self, url: str, auth: str | None) -> bool:
         """Whether `auth` may go to `url` (see __init__: the registry gets it; a named upload host gets a
@@ -422,7 +456,9 @@ class RegistryClient:
         reply = self.request("POST", f"/v2/{repo}/blobs/uploads/?{query}", body=b"")
         self.check(reply, f"mount {digest}", (201, 202))
         if reply.status == 202 and reply.header("Location"):
-            self.request("DELETE", reply.header("Location"))  # mount refused: drop the upload it opened
+            # Mount refused: the registry opened an upload session instead (a POST answer, like any other), so
+            # its URL follows the rules of any upload URL; dropping it is best effort.
+            self.cancel_upload(self.upload_location(reply, "", trust=True), f"mount of {digest[:19]}")
         return reply.status == 201
 
     def put_blob(self, repo: str, data: bytes) -> str:
@@ -430,7 +466,7 @@ class RegistryClient:
         digest = sha256_digest(data)
         if not self.blob_exists(repo, digest):
             reply = self.check(self.request("POST", f"/v2/{repo}/blobs/uploads/", body=b""), f"start upload to {repo}", (202,))
-            location = self.upload_location(reply, "")
+            location = self.upload_location(reply, "", trust=True)
             sep = "&" if "?" in location else "?"
             put = self.request("PUT", f"{location}{sep}digest={digest}", {"Content-Type": "application/octet-stream"}, data)
             self.check(put, f"upload {digest}", (201, 204))
