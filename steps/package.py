@@ -149,6 +149,7 @@ class BlobPusher:
     def __init__(self, client: RegistryClient, repo: str, settings: UploadSettings, progress: Progress) -> None:
         self.client, self.repo, self.settings, self.progress = client, repo, settings, progress
         self.uploaded = 0
+        self.cut_short = False  # streamed sources: PATCH bodies chunked, so a failing source ends a body cleanly
         self.reread = 0  # bytes read again from the source to rebuild hash states (resumes)
         self.verified = 0  # bytes of layers named by a record or the tag, read from the source to check them
         self._count_lock = threading.Lock()
@@ -211,9 +212,12 @@ class BlobPusher:
                     chunk = max(chunk, up.min_chunk)
                 while up.acked < size:
                     end = min(up.acked + chunk, size)
-                    up.location = self._patch(up, end, reader)
+                    up.location, cut = self._patch(up, end, reader)
                     if on_state is not None and size > chunk:
                         kept = bool(on_state({"location": up.location, "acked": up.acked}))
+                    if cut is not None:  # the source failed part-way; the registry keeps what it got
+                        log(f"{name}: the source failed at byte {up.acked} of the blob; the registry holds every byte before it")
+                        raise cut
                 self._verify(up, size)
                 self._finish(up, "sha256:" + up.marks[size].hexdigest(), size)
                 return self._finished(up, on_state)
@@ -322,7 +326,9 @@ class BlobPusher:
         min_chunk = reply.header("OCI-Chunk-Min-Length")
         return _Upload(self.client.upload_location(reply, "", trust=True), int(min_chunk) if min_chunk.isdigit() else 0, new_hasher, check)
 
-    def _patch(self, up: _Upload, end: int, reader: Reader) -> str:
+    def _patch(self, up: _Upload, end: int, reader: Reader) -> tuple[str, Exception | None]:
+        """Send [acked, end); return the session's next URL, and the source's error when a streamed body (chunked, see
+        `cut_short`) ended early: the registry then holds what was sent and the session goes on from there."""
         start, sent = up.acked, 0
         hasher = up.marks[start].copy()
 
@@ -341,7 +347,7 @@ class BlobPusher:
             # partly written chunk (distribution cannot then resume nor cancel the session: its `_state` is stale).
             first = next(body, None)
             chunks = body if first is None else itertools.chain([first], body)
-            reply = self.client.stream("PATCH", up.location, headers, end - start, chunks, count)
+            reply = self.client.stream("PATCH", up.location, headers, end - start, chunks, count, chunked=self.cut_short)
         except (TransientError, ChunkRefused):
             self.progress.advance(-sent)
             if sent == end - start:
@@ -350,10 +356,20 @@ class BlobPusher:
         if reply.status == 416:
             self.progress.advance(-sent)
             raise TransientError(f"PATCH {start}-{end - 1}: HTTP 416 (registry holds {reply.header('Range') or 'another range'})")
-        self.client.check(reply, f"PATCH blob upload ({start}-{end - 1})", (202,))
+        if reply.status == 404:  # distribution's BLOB_UPLOAD_INVALID/UNKNOWN: the session is gone (a restart with a new secret)
+            self.progress.advance(-sent)
+            raise TransientError(f"PATCH {start}-{end - 1}: HTTP 404 {reply.error_text()} (the registry no longer accepts the session)")
+        if reply.cut is not None:
+            held = parse_range(reply.header("Range")) if reply.status == 202 else None
+            if sent == 0 or held is None or start + sent not in held:
+                self.progress.advance(-sent)
+                raise reply.cut  # what the registry holds is unclear: the recovery asks it
+            end = start + sent
+        else:
+            self.client.check(reply, f"PATCH blob upload ({start}-{end - 1})", (202,))
         up.acked = end
         up.marks[end] = hasher
-        return self.client.upload_location(reply, up.location)  # a PATCH answer names no new host
+        return self.client.upload_location(reply, up.location), reply.cut  # a PATCH answer names no new host
 
     def _finish(self, up: _Upload, digest: str, size: int) -> None:
         sep = "&" if "?" in up.location else "?"
@@ -364,6 +380,8 @@ class BlobPusher:
         if reply.status == 404 and self.client.blob_exists(self.repo, digest):
             log(f"{digest[:19]}: the final request had completed (its answer was lost)")
             return
+        if reply.status == 404:  # the session is gone (a registry restart with a new secret): the recovery starts again
+            raise TransientError(f"complete upload {digest}: HTTP 404 {reply.error_text()} (the registry no longer accepts the session)")
         if reply.status == 400 and "DIGEST_INVALID" in reply.error_text():
             raise DigestRefused(f"registry computed a different digest than {digest} (data changed in transit?)")
         self.client.check(reply, f"complete upload {digest}", (201, 204))
@@ -1255,6 +1273,7 @@ def package(
     progress = Progress("upload", total, args.progress_interval)
     settings = UploadSettings(args.chunk_threshold, args.chunk_size, args.retries, args.retry_delay)
     pusher = BlobPusher(client, dest.repository, settings, progress)
+    pusher.cut_short = s3 is not None
 
     def base_layer_reader(url: str) -> Reader:
         return lambda off, _end: source.open_stream(url, off)

@@ -51,6 +51,7 @@ class Reply:
     status: int
     headers: http.client.HTTPMessage
     body: bytes
+    cut: Exception | None = None  # a chunked body ended early because its source failed (`RegistryClient.stream`)
 
     def header(self, name: str) -> str:
         return self.headers.get(name) or ""
@@ -255,26 +256,53 @@ class RegistryClient:
         length: int,
         chunks: Iterable[memoryview],
         on_sent: Callable[[memoryview], None],
+        chunked: bool = False,
     ) -> Reply:
-        """Send a request whose body of `length` bytes comes from `chunks`; connection errors are transient."""
+        """Send a request whose body of `length` bytes comes from `chunks`; connection errors are transient.
+
+        `chunked`: the body goes out in chunked transfer encoding, so a source that fails part-way (a TransientError
+        or StepError from `chunks`) ends the body cleanly where it stopped instead of leaving a half-sent request: the
+        registry stores what arrived and answers as for any PATCH (the answer carries the source's error in `cut`).
+        distribution reads a PATCH body to its end whatever Content-Range says (v2.8.2 registry/handlers/blobupload.go
+        PatchBlobData; v3 compares the range only when Content-Length is given), Quay reads a chunked body from
+        wsgi.input (endpoints/v2/__init__.py get_input_stream) and counts the bytes it stored (blobuploader.py
+        upload_chunk); docker's own push streams its PATCH bodies chunked."""
         conn, path = self._open(url)
-        sent, sent_auth = 0, self._auth
+        sent, sent_auth, cut = 0, self._auth, None
+        framing = {"Transfer-Encoding": "chunked"} if chunked else {"Content-Length": str(length)}
         try:
             conn.putrequest(method, path, skip_accept_encoding=True)
-            for key, value in {**self._headers(url, headers), "Content-Length": str(length)}.items():
+            for key, value in {**self._headers(url, headers), **framing}.items():
                 conn.putheader(key, value)
             conn.endheaders()
-            for chunk in chunks:
-                # A slice of a FileWindow (lib/model.py) goes out by sendfile() on a plain socket: no copy here.
-                win: Any = chunk.obj
-                if isinstance(getattr(win, "pos", None), int) and conn.sock and not isinstance(conn.sock, ssl.SSLSocket):
-                    conn.sock.sendfile(win.file, win.pos, len(chunk))
-                else:
+            pieces = iter(chunks)
+            while True:
+                try:
+                    chunk = next(pieces)
+                except StopIteration:
+                    break
+                except (TransientError, StepError) as exc:
+                    if not chunked:
+                        raise
+                    cut = exc
+                    break
+                if chunked:
+                    conn.send(b"%x\r\n" % len(chunk))
                     conn.send(chunk)
+                    conn.send(b"\r\n")
+                else:
+                    # A slice of a FileWindow (lib/model.py) goes out by sendfile() on a plain socket: no copy here.
+                    win: Any = chunk.obj
+                    if isinstance(getattr(win, "pos", None), int) and conn.sock and not isinstance(conn.sock, ssl.SSLSocket):
+                        conn.sock.sendfile(win.file, win.pos, len(chunk))
+                    else:
+                        conn.send(chunk)
                 sent += len(chunk)
                 on_sent(chunk)
+            if chunked:
+                conn.send(b"0\r\n\r\n")
             resp = conn.getresponse()
-            reply = Reply(resp.status, resp.headers, resp.read())
+            reply = Reply(resp.status, resp.headers, resp.read(), cut)
         except (OSError, http.client.HTTPException) as exc:
             # Registries authenticate (and check sizes) before reading the body, so an expired token
             # or a too-large request is answered early and the connection then closed while we send.
