@@ -183,6 +183,8 @@ class BlobPusher:
         resume_at = 0  # an earlier run's acknowledged offset, until the hash up to it is rebuilt
         if resume:
             up, continued = self._resumable(name, size, resume, blob)
+            if up is not None and not continued:  # a session opened here instead
+                chunk = max(chunk, up.min_chunk)
             if continued:
                 kept = recover = True
                 resume_at = int(resume["acked"])
