@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import ssl
+import sys
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -219,3 +220,74 @@ def test_a_recorded_or_answered_upload_host_the_registry_did_not_name_receives_n
     assert step.returncode == 0, step.stderr
     assert seen == [], seen
     setup.assert_source_image("v2")
+
+
+def test_a_forged_tag_of_a_hugging_face_model_is_not_reused(
+    tmp_path: Path, run_step: StepRunner, deployed: Deployed, quay: Registry, quay_proxy: HttpProxy, base_image: str, repo_name: str
+) -> None:
+    """The other streaming source: the tag names, for `model.safetensors`, a layer of other bytes annotated with the
+    Hub's own key (`hf:<commit>:<lfs sha256>`, public in every image). The re-run reads the file from the Hub, finds
+    another digest and uploads the real bytes."""
+    import hashlib
+
+    from tests.fixtures.hf_hub import COMMIT, FakeHub, run_hub
+
+    package = deployed("package")
+    files = {REL: os.urandom(SIZE), "config.json": b'{"a": 1}'}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env["HF_HOME"] = str(tmp_path / "hf-home")
+    with run_hub(FakeHub("org/trusted", files)) as hub:
+        args = ["--source", "hf://org/trusted", "--hf-endpoint", hub.endpoint, "--image", f"{quay_proxy.host}/{repo_name}:v1",
+                "--base-image", via(quay_proxy, quay, base_image), "--authfile", quay.authfile(tmp_path / "a.json", host=quay_proxy.host),
+                "--plain-http", "--retry-delay", "0.05"]  # fmt: skip
+        assert run_step("package", *args, env=env).returncode == 0
+        client = package.RegistryClient(
+            quay.host, (quay.username, quay.password), [f"repository:{repo_name}:pull,push"],
+            plain_http=True, tls_context=ssl.create_default_context(), timeout=30,
+        )  # fmt: skip
+        body, _ = client.get_manifest(repo_name, "v1")
+        manifest = json.loads(body)
+        layout = package.LayerLayout.for_file(REL, SIZE)
+        forged = client.put_blob(repo_name, layout.head + os.urandom(SIZE) + layout.tail)
+        hf_tag = f"hf:{COMMIT}:{hashlib.sha256(files[REL]).hexdigest()}"
+        for layer in manifest["layers"]:
+            if (layer.get("annotations") or {}).get("org.opencontainers.image.title") == REL:
+                assert layer["annotations"][package.SOURCE_ANNOTATION] == hf_tag
+                layer["digest"] = forged
+        client.put_manifest(repo_name, "v1", json.dumps(manifest).encode(), package.OCI_MANIFEST)
+        step = run_step("package", *args, env=env)
+    assert step.returncode == 0, step.stderr
+    assert f"the tag names {forged[:19]}" in step.stdout, step.stdout
+    assert_image_holds(quay, f"{quay.host}/{repo_name}:v1", files, tmp_path / "pulled")
+
+
+def test_only_a_session_opening_answer_names_an_upload_host(deployed: Deployed) -> None:
+    """RegistryClient's URL rules, unit by unit: a POST answer may name a new upload host; a PATCH or status answer
+    naming a host not named that way keeps its path and query on the session's host; a recorded session URL is used
+    only on the registry or a named host, and only as an upload session of the repository."""
+    import http.client as hc
+
+    package = deployed("package")
+    client = package.RegistryClient(
+        "registry.example", ("u", "p"), [], plain_http=False, tls_context=ssl.create_default_context(), timeout=5
+    )
+
+    def answer(location: str) -> Any:
+        headers = hc.HTTPMessage()
+        headers["Location"] = location
+        return sys.modules[package.RegistryClient.__module__].Reply(202, headers, b"")  # lib/registry.py's
+
+    current = "https://registry.example/v2/m/blobs/uploads/1?_state=a"
+    moved = client.upload_location(answer("https://elsewhere.example/v2/m/blobs/uploads/1?_state=b"), current)
+    assert moved == "https://registry.example/v2/m/blobs/uploads/1?_state=b"
+    assert client.session_url("https://elsewhere.example/v2/m/blobs/uploads/1?_state=b", "m") is None
+    opened = client.upload_location(answer("https://upload.example/v2/m/blobs/uploads/2?_state=c"), "", trust=True)
+    assert opened == "https://upload.example/v2/m/blobs/uploads/2?_state=c"
+    assert (
+        client.session_url("https://upload.example/v2/m/blobs/uploads/9?_state=d", "m")
+        == "https://upload.example/v2/m/blobs/uploads/9?_state=d"
+    )
+    assert client.session_url("/v2/m/blobs/uploads/3?_state=e", "m") == "https://registry.example/v2/m/blobs/uploads/3?_state=e"
+    assert client.session_url("/v2/other/blobs/uploads/3", "m") is None  # another repository
+    assert client.session_url("/v2/m/manifests/latest", "m") is None  # not an upload session
+    assert client.session_url("/v2/m/blobs/uploads/", "m") is None  # the endpoint that opens one
