@@ -13,6 +13,7 @@ import inpod
 from components import lifecycle
 from core.servers import DEV_SERVERS
 from inpod import contract
+from inpod.ml_dev import common as ml_dev_common
 from stacks.config import StackConfig
 from tests.conftest import ROOT, run_objects, stack_objects
 from tools.mock_engine import RunResult
@@ -203,3 +204,9 @@ def test_idle_json_has_the_contract_shape_and_defaults() -> None:
     assert defaults == {k: v for k, v in contract.IDLE_DEFAULTS.items() if k != "servers"}
     assert config.lifecycle.checkpoint_grace_seconds == contract.GRACE_DEFAULT
     assert config.lifecycle.checkpoint_signal == contract.SIGNAL_DEFAULT
+
+
+def test_the_launcher_takes_every_rank_key_from_the_pod_only() -> None:
+    """No rank.env key travels from the launching shell (its copy is stale after a count change)."""
+    assert ml_dev_common.FROM_RANK_FILE[: len(contract.RANK_ENV)] == contract.RANK_ENV
+    assert {"NCCL_IB_HCA", "RANK", "LOCAL_RANK"} <= set(ml_dev_common.FROM_RANK_FILE)

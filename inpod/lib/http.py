@@ -5,16 +5,42 @@ Standard library only, Python 3.8+.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import socket
+import sys
 import threading
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+POD_INTERFACE = "eth0"
+"""The pod network's interface: the name the runtime gives it (cri-o/ocicni pkg/ocicni/types.go DefaultInterfaceName)."""
 
-class Server6(ThreadingHTTPServer):
+
+class Server(ThreadingHTTPServer):
+    """Bound to the pod network's interface when the address is not loopback (SO_BINDTODEVICE, which an unprivileged
+    process may set since Linux 5.7: net/core/sock.c sock_bindtoindex_locked). Linux accepts a packet for any local
+    address on any interface (net/ipv4/route.c ip_route_input_slow, RTN_LOCAL): without it a pod on net1..N that
+    routes this pod's IP via its secondary network would reach the pod-IP listener; bound, it is refused."""
+
+    def server_bind(self) -> None:
+        host = str(self.server_address[0])
+        try:
+            loopback = ipaddress.ip_address(host.split("%")[0]).is_loopback
+        except ValueError:
+            loopback = True  # a name: left as given
+        if not loopback and os.path.exists(f"/sys/class/net/{POD_INTERFACE}"):
+            try:
+                self.socket.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_BINDTODEVICE", 25), POD_INTERFACE.encode())
+            except OSError as exc:
+                warning = f"WARNING: {host}: not bound to {POD_INTERFACE} ({exc}); net1..N peers routing this IP reach it"
+                print(warning, file=sys.stderr, flush=True)
+        super().server_bind()
+
+
+class Server6(Server):
     address_family = socket.AF_INET6
 
 
@@ -38,8 +64,8 @@ def listen_addresses(listen: str | None, port: int) -> list[tuple[str, int]]:
 
 
 def bind(addresses: list[tuple[str, int]], handler: type[BaseHTTPRequestHandler]) -> list[ThreadingHTTPServer]:
-    """One server per address (IPv6 ones on an AF_INET6 socket)."""
-    return [(Server6 if ":" in host else ThreadingHTTPServer)((host, port), handler) for host, port in addresses]
+    """One server per address (IPv6 ones on an AF_INET6 socket), each bound to the pod network's interface."""
+    return [(Server6 if ":" in host else Server)((host, port), handler) for host, port in addresses]
 
 
 def shown(servers: list[ThreadingHTTPServer]) -> list[str]:
