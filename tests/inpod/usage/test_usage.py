@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -20,6 +21,8 @@ import pytest
 from core import naming
 from inpod import usage
 from tests.conftest import ROOT, run_objects, stack_objects
+from tests.inpod.mount import remove
+from tests.podsim.layout import AtomicVolume
 
 DAY = 86400.0
 NOW = 1_780_000_000.0  # a fixed instant (UTC 2026-05-28)
@@ -163,6 +166,29 @@ def test_the_recorder_writes_its_record_with_the_rendered_role(api: tuple[dict[s
         "--period",
         "600",
     ]
+
+
+def test_the_recorder_runs_the_program_its_volume_mounts(api: tuple[dict[str, Any], str, Path], alice: Any, tmp_path: Path) -> None:
+    """The rendered recorder, its mount built from its volume's items alone (as the kubelet does): one round of its
+    command (`record` for `loop`) writes the record, so the items hold every module the program imports."""
+    state, url, sa = api
+    state["replicas"] = 1
+    spec = next(r.inputs for r in alice.resources if r.kind == "Deployment")["spec"]["template"]["spec"]
+    (volume,) = spec["volumes"]
+    data = next(
+        r.inputs["data"] for r in alice.resources if r.kind == "ConfigMap" and r.inputs["metadata"]["name"] == volume["configMap"]["name"]
+    )
+    mount = tmp_path / "opt-ml-dev-env"
+    AtomicVolume(mount, mode=volume["configMap"]["defaultMode"]).write_volume(volume["configMap"], data)
+    command = [c.replace(naming.STARTUP_MOUNT, str(mount)) for c in spec["containers"][0]["command"]]
+    assert command[2] == "loop"
+    env = {"PATH": "/usr/bin:/bin", "ML_DEV_KUBE_API": url, "ML_DEV_SA_DIR": str(sa)}
+    try:
+        done = subprocess.run([sys.executable, command[1], "record", *command[3:]], env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        remove(mount)
+    assert done.returncode == 0, done.stderr
+    assert state["data"][usage.BUCKET + usage.day(time.time())] and not state["denied"]
 
 
 def test_status_in_a_pod_lists_the_namespace_with_the_pods_token(api: tuple[dict[str, Any], str, Path]) -> None:
