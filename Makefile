@@ -4,10 +4,12 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STACK ?= barcelona
-# Debian packages the tests and benchmarks use for real (Open MPI for the fabric check, registry, skopeo, buildah,
-# htpasswd, shellcheck, headless chromium),
-# and Graphviz, which draws the docs' architecture diagrams (`make docs-generate`).
-APT_PACKAGES := openmpi-bin docker-registry skopeo buildah apache2-utils openssh-server openssh-client rsync pdsh libnss-wrapper shellcheck chromium chromium-driver iptables iputils-ping graphviz
+# Debian packages the tests and benchmarks use for real: what the venv needs (python3-venv: Debian keeps ensurepip
+# there), what a fresh machine is given (python3, make, git) and what minbase lacks (mount, iproute2: not Essential),
+# Open MPI for the fabric check, registry, skopeo, buildah, htpasswd, shellcheck, headless chromium, and Graphviz,
+# which draws the docs' architecture diagrams (`make docs-generate`). Which program comes from which package:
+# tests/fixtures/programs.py (tests/repo/test_programs.py holds this list to it).
+APT_PACKAGES := python3-venv python3 make git mount iproute2 openmpi-bin docker-registry skopeo buildah apache2-utils openssh-server openssh-client rsync pdsh libnss-wrapper shellcheck chromium chromium-driver iptables iputils-ping graphviz
 # Hash-locked sets compiled from the *.in files by `make lock` (tools/lock.sh, uv); .venv gets the dev lock.
 
 .PHONY: lock lock-check verify-base-lock typecheck help venv system-deps render render-all runs status racks test lint docs docs-generate screenshots diagram policy-preview bench-package bench-launch clean
@@ -29,6 +31,8 @@ help:
 	@echo "make bench-launch          ml-dev run on 4 simulated pods: time to all ranks running (SIZE=200MB, root)"
 
 MIN_PYTHON := 3.11
+# Sets SUDO: "" as root, "sudo -n" with password-less sudo, "none" otherwise (then nothing is installed).
+AS_ROOT = if [ "$$(id -u)" = 0 ]; then SUDO=""; elif command -v sudo >/dev/null 2>&1 && sudo -n true >/dev/null 2>&1; then SUDO="sudo -n"; else SUDO=none; fi
 
 # The interpreter (the venv's once it exists) must be Python >= $(MIN_PYTHON); a failed `venv` leaves no .venv.
 $(VENV)/.installed: requirements-dev.txt
@@ -41,6 +45,14 @@ $(VENV)/.installed: requirements-dev.txt
 	  else echo "  run: make $(or $(GOAL),$(MAKECMDGOALS),venv) PYTHON=python3.11 (or newer)" >&2; fi; \
 	  exit 1; \
 	fi
+	@test -x $(PY) || $(PYTHON) -c 'import ensurepip' >/dev/null 2>&1 || { \
+	  $(AS_ROOT); \
+	  if [ "$$SUDO" = none ]; then \
+	    echo "error: $(PYTHON) -m venv needs Debian's python3-venv (ensurepip), not installed; as root: apt-get install python3-venv" >&2; exit 1; \
+	  fi; \
+	  echo "installing Debian's python3-venv ($(PYTHON) -m venv needs its ensurepip)"; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends python3-venv >/dev/null; \
+	}
 	test -x $(PY) || $(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); echo "error: $(PYTHON) -m venv failed; no $(VENV) left behind" >&2; exit 1; }
 	$(PY) -m pip install --quiet --require-hashes --no-deps -r requirements-dev.txt
 	touch $@
@@ -59,9 +71,8 @@ venv:
 system-deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" = 0 ]; then SUDO=""; \
-	  elif command -v sudo >/dev/null 2>&1 && sudo -n true >/dev/null 2>&1; then SUDO="sudo -n"; \
-	  else \
+	  $(AS_ROOT); \
+	  if [ "$$SUDO" = none ]; then \
 	    echo "note: not root and no password-less sudo: not installing the Debian packages$$missing;"; \
 	    echo "      the tests that need them are skipped (reasons in pytest's summary); as root: make system-deps"; \
 	    exit 0; \

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from tests.fixtures import programs
 from tests.podsim.admission import Identity, admit
 from tests.podsim.layout import AtomicVolume
 from tests.podsim.render import PodFacts, container_env, main_container
@@ -48,6 +49,8 @@ POD_PREFIX = 14  # 10.128.0.0/14, OpenShift's default clusterNetwork
 MEMLOCK_BYTES = 8 << 20  # the kernel's default RLIMIT_MEMLOCK (8 MiB since Linux 5.16), what CRI-O's containers inherit
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # the base image's PATH (Debian/Ubuntu default)
 TOOLS = ("unshare", "nsenter", "ip", "setpriv", "prlimit", "sshd", "ssh", "ssh-keygen", "rsync", "pdsh", "python3", "git")
+MACHINE_TOOLS = ("mpirun", "orted")
+"""Open MPI of this machine: the fabric check's launcher and daemon on the pods (tests/podsim/nodetools.py)."""
 SERVICE_ACCOUNT = "/run/secrets/kubernetes.io/serviceaccount"  # /var/run -> /run in the image
 
 
@@ -73,11 +76,11 @@ def render_stack(stack: str, mutate: Any = None) -> Any:
 
 def missing_requirements() -> str | None:
     """Why the simulation cannot run here (None when it can)."""
+    absent = programs.missing(*TOOLS, *MACHINE_TOOLS, path=BASE_PATH)
+    if absent:
+        return absent
     if os.geteuid() != 0:
         return "needs root (network, PID, mount and UTS namespaces; other UIDs)"
-    for tool in TOOLS:
-        if not shutil.which(tool, path=BASE_PATH):
-            return f"needs {tool} on {BASE_PATH} (Debian: iproute2 util-linux openssh-server openssh-client rsync pdsh git python3)"
     probe = subprocess.run(["unshare", "--net", "--pid", "--fork", "--mount", "--uts", "true"], capture_output=True, timeout=30)
     if probe.returncode:
         return f"unshare of net/pid/mount/uts namespaces is not permitted here: {probe.stderr.decode().strip()}"
