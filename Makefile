@@ -152,8 +152,10 @@ policy-preview: venv
 	pulumi preview --stack $(STACK) --policy-pack policy --diff
 
 # pyproject's `addopts = -ra` makes pytest end with a summary of every skipped test and its reason.
+# PYTEST_ARGS: more pytest arguments (CI's user pass: -m "not root"; its sudo pass runs the `root` tests).
+PYTEST_ARGS ?=
 test: venv system-deps lint typecheck docs
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench-package: venv system-deps
 	$(PY) -m bench.bench_package --size $(or $(SIZE),2GiB)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import os
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -12,11 +14,11 @@ import pytest
 from stacks.loader import SECRET_KEYS
 
 # the suite leaves nothing behind: subreaper, per-module notes, the session-end check (tests/fixtures/leftovers.py)
+from tests.fixtures import leftovers
 from tests.fixtures.leftovers import (  # noqa: F401  (hooks and an autouse fixture, found by name)
     _nothing_left_behind_by_module,
     pytest_configure,
     pytest_sessionfinish,
-    pytest_terminal_summary,
 )
 from tools.mock_engine import RunResult, run_program, stack_config
 
@@ -74,3 +76,53 @@ def tcp_shared_variant(objects: dict[str, Any]) -> None:
             {"name": "datasets", "mountPath": "/datasets", "size": "500Gi", "storageClass": "nfs-csi"},
         ],
     }
+
+
+# ------------------------------------------------------------------------------------------- root tests
+
+ROOT_FIXTURES = frozenset({"fabric", "fabrics", "image_rig", "full_disk"})
+"""Fixtures that need root (simulated pods, buildah's vfs storage, a tmpfs mount): a test using one is a `root` test."""
+NEEDS_ROOT = re.compile(r"\bneeds? root\b")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if ROOT_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.root)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("root") and os.geteuid() != 0:
+        pytest.skip("needs root (marker `root`: CI's sudo pass runs it; as root: make test)")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A test that skips because it needs root must carry the `root` marker (or CI's passes would run it in neither)."""
+    report = yield
+    if report.skipped and not item.get_closest_marker("root") and isinstance(report.longrepr, tuple):
+        reason = str(report.longrepr[2]).removeprefix("Skipped: ")
+        if NEEDS_ROOT.search(reason):
+            report.outcome = "failed"
+            report.longrepr = f"{item.nodeid} skips for root ({reason}) but has no `root` marker: add @pytest.mark.root"
+    return report
+
+
+# --------------------------------------------------------------------------------------- the run's summary
+
+MISSING_PYTHON = re.compile(r"no CPython (3\.\d+) here")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The leftover report, then one line naming the CPythons of the in-pod matrix this machine lacks."""
+    leftovers.pytest_terminal_summary(terminalreporter)
+    missing: set[str] = set()
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = getattr(report, "longrepr", None)
+        if isinstance(longrepr, tuple) and (found := MISSING_PYTHON.search(str(longrepr[2]))):
+            missing.add(found.group(1))
+    if missing:
+        versions = ", ".join(sorted(missing, key=lambda v: tuple(map(int, v.split(".")))))
+        terminalreporter.write_line(
+            f"CPython missing here of the in-pod matrix (neither Debian's packages nor PyPI provide it): {versions}", yellow=True
+        )

@@ -24,7 +24,13 @@ from tests.podsim.pods import PodSim, missing_requirements, render_stack
 
 PROGRAM = fabric_component.PROGRAM
 REASON = missing_requirements()
-needs_pods = pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}")
+
+
+def needs_pods(test: Callable[..., None]) -> Callable[..., None]:
+    """A test on simulated pods: marked `root` (CI's sudo pass runs it) and skipped when the simulation cannot run."""
+    return pytest.mark.root(pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}")(test))
+
+
 OPT = "/opt/ml-dev-env"
 WORKSPACE = "/workspace"
 STATE = "/tmp/ml-dev-env"

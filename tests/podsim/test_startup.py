@@ -24,7 +24,7 @@ from tests.podsim.nodetools import Node
 from tests.podsim.pods import PREFIX, PodSim, leftovers, missing_requirements, pids_in_namespace_of, render_stack
 
 REASON = missing_requirements()
-pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}"), pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}"), pytest.mark.timeout(300)]
 
 STATE = "/tmp/ml-dev-env"
 WORKSPACE = "/workspace"

@@ -37,7 +37,7 @@ from tests.lifecycle.conftest import ROLE, TOKEN, FakeApiServer
 from tests.podsim.pods import PREFIX, PodSim, leftovers, missing_requirements, render_stack
 
 REASON = missing_requirements()
-pytestmark = pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}")
+pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}")]
 
 STATE = "/tmp/ml-dev-env"
 PROJECT = "/workspace/job"
