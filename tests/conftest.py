@@ -20,6 +20,7 @@ from tests.fixtures.leftovers import (  # noqa: F401  (hooks and an autouse fixt
     pytest_configure,
     pytest_sessionfinish,
 )
+from tools import mock_engine
 from tools.mock_engine import RunResult, run_program, stack_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,7 +92,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.root)
 
 
+@pytest.hookimpl(tryfirst=True)  # before the test's fixtures (module-scoped renders included) are set up
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    # One render per stack, variant and secrets per process (tools/mock_engine.py: each caller gets a deep copy); a
+    # test that patches the program's modules (monkeypatch) renders afresh, and its renders are not kept.
+    mock_engine.cache_renders("monkeypatch" not in getattr(item, "fixturenames", ()))
     if item.get_closest_marker("root") and os.geteuid() != 0:
         pytest.skip("needs root (marker `root`: CI's sudo pass runs it; as root: make test)")
 
