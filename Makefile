@@ -12,7 +12,7 @@ STACK ?= barcelona
 APT_PACKAGES := python3-venv python3 make git mount iproute2 openmpi-bin docker-registry skopeo buildah apache2-utils openssh-server openssh-client rsync pdsh libnss-wrapper shellcheck chromium chromium-driver iptables iputils-ping graphviz
 # Hash-locked sets compiled from the *.in files by `make lock` (tools/lock.sh, uv); .venv gets the dev lock.
 
-.PHONY: lock lock-check verify-base-lock typecheck help venv system-deps render render-all runs status racks test lint docs docs-generate screenshots diagram policy-preview bench-package bench-launch clean
+.PHONY: lock lock-check verify-base-lock typecheck help venv system-deps render render-all runs status racks test test-fast lint docs docs-generate screenshots diagram policy-preview bench-package bench-launch clean
 
 help:
 	@echo "make render STACK=<name>   render one stack offline into rendered/<name>/ (+ schema check)"
@@ -21,6 +21,7 @@ help:
 	@echo "make status CLUSTER=<name> every environment of a cluster: owner, size, state, GPU-hours (needs oc)"
 	@echo "make racks STACK=<name> LABEL=<node label>  fabricCheck.nodeRacks from a node topology label (needs oc)"
 	@echo "make test                  ruff check + format check, mypy, the whole test suite (installs what it needs)"
+	@echo "make test-fast             the inner loop: ruff, format, mypy, gates, units and renders (no root, no pods)"
 	@echo "make lock                  re-lock requirements*.txt (hashes) after editing requirements*.in"
 	@echo "make verify-base-lock      install the base image's locks for real (PyPI) and pip check them"
 	@echo "make docs                  build the documentation site (docs/ -> site/, MkDocs --strict)"
@@ -157,9 +158,18 @@ policy-preview: venv
 
 # pyproject's `addopts = -ra` makes pytest end with a summary of every skipped test and its reason.
 # PYTEST_ARGS: more pytest arguments (CI's user pass: -m "not root"; its sudo pass runs the `root` tests).
+# PYTEST_WORKERS: pytest-xdist workers (auto: one per CPU; 0 runs in this process); a test module stays on one
+# worker (--dist loadfile: its module-scoped fixtures are made once), each worker checks what it left behind.
 PYTEST_ARGS ?=
+PYTEST_WORKERS ?= auto
+XDIST = -n $(PYTEST_WORKERS) --dist loadfile
 test: venv system-deps lint typecheck docs
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
+
+# The inner loop: ruff, the format check, the mypy passes, then the repository gates, the units and the renders
+# (tests/conftest.py FAST_LANE: no simulated pod, no root, no real service, no Debian package beyond the venv's).
+test-fast: venv lint typecheck
+	$(PY) -m pytest -q $(XDIST) -m fast $(PYTEST_ARGS)
 
 bench-package: venv system-deps
 	$(PY) -m bench.bench_package --size $(or $(SIZE),2GiB)

@@ -19,6 +19,7 @@ from tests.fixtures.leftovers import (  # noqa: F401  (hooks and an autouse fixt
     _nothing_left_behind_by_module,
     pytest_configure,
     pytest_sessionfinish,
+    pytest_testnodedown,
 )
 from tools import mock_engine
 from tools.mock_engine import RunResult, run_program, stack_config
@@ -86,10 +87,50 @@ ROOT_FIXTURES = frozenset({"fabric", "fabrics", "image_rig", "full_disk"})
 NEEDS_ROOT = re.compile(r"\bneeds? root\b")
 
 
+# ------------------------------------------------------------------------------------------ the fast lane
+
+FAST_LANE = (
+    "tests/repo/",
+    "tests/policy/",
+    "tests/test_*.py",
+    "tests/devloop/test_stack_devloop.py",
+    "tests/lifecycle/test_suspend.py",
+    "tests/lifecycle/test_kueue_prerequisites.py",
+    "tests/home/test_rendered.py",
+    "tests/fabric/test_delivery.py",
+    "tests/inpod/test_delivery.py",
+    "tests/images/test_presets.py",
+    "tests/images/test_containerfiles.py",
+    "tests/images/test_base_matrix_logic.py",
+    "tests/steps/test_embed.py",
+    "tests/steps/test_step_units.py",
+)
+"""`make test-fast` (-m fast): the repository gates, the units and the renders. No simulated pod, no root, no real
+service and no program of a Debian package a fresh machine lacks (tests/repo/test_fast_lane.py holds it to that)."""
+SLOW = (
+    "tests/repo/test_shellcheck.py",  # shellcheck
+    "tests/test_shellcheck.py",
+    "tests/repo/test_docs_site.py",  # chromium
+    "tests/test_docs_site.py",
+    "tests/test_diagram.py",  # Graphviz's dot
+)
+"""Modules of the lane's folders that run a program of a Debian package: `make test` runs them."""
+
+
+def in_fast_lane(path: str) -> bool:
+    """Whether a test module (its path from the repository root) belongs to `make test-fast`."""
+    from fnmatch import fnmatch
+
+    return not any(fnmatch(path, s) for s in SLOW) and any(path.startswith(p) if p.endswith("/") else fnmatch(path, p) for p in FAST_LANE)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if ROOT_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.root)
+        path = Path(str(item.path)).resolve()
+        if path.is_relative_to(ROOT) and in_fast_lane(path.relative_to(ROOT).as_posix()) and not item.get_closest_marker("root"):
+            item.add_marker(pytest.mark.fast)
 
 
 @pytest.hookimpl(tryfirst=True)  # before the test's fixtures (module-scoped renders included) are set up
