@@ -12,7 +12,7 @@ STACK ?= barcelona
 APT_PACKAGES := python3-venv python3 make git mount iproute2 openmpi-bin docker-registry skopeo buildah apache2-utils openssh-server openssh-client rsync pdsh libnss-wrapper shellcheck chromium chromium-driver iptables iputils-ping graphviz
 # Hash-locked sets compiled from the *.in files by `make lock` (tools/lock.sh, uv); .venv gets the dev lock.
 
-.PHONY: lock lock-check verify-base-lock typecheck help venv system-deps render render-all runs status racks test test-fast lint docs docs-generate screenshots diagram policy-preview bench-package bench-launch clean
+.PHONY: lock lock-check verify-base-lock typecheck help venv system-deps render render-all runs status racks test test-fast lint docs docs-generate screenshots diagram policy-preview bench-tests bench-package bench-launch clean
 
 help:
 	@echo "make render STACK=<name>   render one stack offline into rendered/<name>/ (+ schema check)"
@@ -28,6 +28,7 @@ help:
 	@echo "make docs-generate         regenerate the site's generated pages (config reference, outputs, exit codes, diagram)"
 	@echo "make screenshots           retake the home-page screenshot the docs use (headless chromium on simulated pods, root)"
 	@echo "make policy-preview        pulumi preview with the policy pack (needs the Pulumi CLI and a cluster)"
+	@echo "make bench-tests           make test-fast and make test, 3 runs each: median, spread, slowest tests"
 	@echo "make bench-package         modelcar packaging benchmark (SIZE=2GiB)"
 	@echo "make bench-launch          ml-dev run on 4 simulated pods: time to all ranks running (SIZE=200MB, root)"
 
@@ -170,6 +171,10 @@ test: venv system-deps lint typecheck docs
 # (tests/conftest.py FAST_LANE: no simulated pod, no root, no real service, no Debian package beyond the venv's).
 test-fast: venv lint typecheck
 	$(PY) -m pytest -q $(XDIST) -m fast $(PYTEST_ARGS)
+
+# How long the suite takes: make test-fast and make test, RUNS times each (median, spread, 20 slowest tests).
+bench-tests: venv
+	$(PY) -m bench.bench_tests --runs $(or $(RUNS),3)
 
 bench-package: venv system-deps
 	$(PY) -m bench.bench_package --size $(or $(SIZE),2GiB)

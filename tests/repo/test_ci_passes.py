@@ -35,20 +35,30 @@ def sudo_pass_args() -> list[str]:
     return words[words.index("pytest") + 1 :]
 
 
-def collect(args: list[str]) -> set[str]:
-    """The test ids a pytest command line runs (its own -q dropped: -qq would list files, not ids)."""
-    args = [a for a in args if a != "-q"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "--co", "-q", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
-    assert proc.returncode in (0, 5), proc.stdout[-3000:] + proc.stderr[-3000:]
-    return {line for line in proc.stdout.splitlines() if "::" in line and not line.startswith(" ")}
+def collect(*commands: list[str]) -> list[set[str]]:
+    """The test ids each pytest command line runs (collected side by side; its own -q dropped: -qq lists files)."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "pytest", "--co", "-q", *(a for a in args if a != "-q")],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for args in commands
+    ]
+    found = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode in (0, 5), out[-3000:] + err[-3000:]
+        found.append({line for line in out.splitlines() if "::" in line and not line.startswith(" ")})
+    return found
 
 
 @pytest.fixture(scope="module")
 def passes() -> tuple[set[str], set[str], set[str]]:
-    return collect(["-p", "no:cacheprovider"]), collect(user_pass_args()), collect(sudo_pass_args())
+    every, user, sudo = collect(["-p", "no:cacheprovider"], user_pass_args(), sudo_pass_args())
+    return every, user, sudo
 
 
 def test_the_commands_are_read_from_ci() -> None:
