@@ -1,7 +1,7 @@
 """What the pods read: the one contract between the render and the in-pod programs.
 
 Defined here once. The components render from it (components/pod.py: the container env and `cluster.env`;
-components/devloop.py: `devloop.env`) and the programs read only these names (tests/test_contract.py
+components/devloop.py: `devloop.env`) and the programs read only these names (tests/core/test_pod_contract.py
 asserts both sides: every name a program reads is rendered or written by another program, and every
 rendered name is listed here). Not in inpod/ (everything there ships): the programs cannot import it, so
 what a program must know itself (ml-dev's PER_POD_ENV) is asserted equal to this module by the tests.
@@ -81,4 +81,4 @@ PER_POD_ENV = (
     "KUBERNETES_*",
 )
 """Names `ml-dev run` never carries from the launching pod to the others (glob patterns): what differs per
-pod by nature. The shipped launcher holds the same tuple (inpod/ml_dev.py PER_POD_ENV; tests/test_contract.py)."""
+pod by nature. The shipped launcher holds the same tuple (inpod/ml_dev.py PER_POD_ENV; tests/core/test_pod_contract.py)."""

@@ -91,14 +91,14 @@ NEEDS_ROOT = re.compile(r"\bneeds? root\b")
 
 FAST_LANE = (
     "tests/repo/",
+    "tests/core/",
+    "tests/stacks/",
+    "tests/components/",
     "tests/policy/",
-    "tests/test_*.py",
-    "tests/devloop/test_stack_devloop.py",
-    "tests/lifecycle/test_suspend.py",
-    "tests/lifecycle/test_kueue_prerequisites.py",
-    "tests/home/test_rendered.py",
-    "tests/fabric/test_delivery.py",
+    "tests/tools/",
+    "tests/bench/",
     "tests/inpod/test_delivery.py",
+    "tests/inpod/test_startup_script.py",
     "tests/images/test_presets.py",
     "tests/images/test_containerfiles.py",
     "tests/images/test_base_matrix_logic.py",
@@ -109,10 +109,8 @@ FAST_LANE = (
 service and no program of a Debian package a fresh machine lacks (tests/repo/test_fast_lane.py holds it to that)."""
 SLOW = (
     "tests/repo/test_shellcheck.py",  # shellcheck
-    "tests/test_shellcheck.py",
     "tests/repo/test_docs_site.py",  # chromium
-    "tests/test_docs_site.py",
-    "tests/test_diagram.py",  # Graphviz's dot
+    "tests/tools/test_diagram.py",  # Graphviz's dot
 )
 """Modules of the lane's folders that run a program of a Debian package: `make test` runs them."""
 

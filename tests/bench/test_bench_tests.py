@@ -10,7 +10,7 @@ OUTPUT = """\
 ........                                                                 [100%]
 ============================= slowest 20 durations =============================
 12.01s call     tests/podsim/test_pods.py::test_pods_start
-3.50s setup    tests/test_gpu_cluster.py::test_render
+3.50s setup    tests/components/test_gpu_cluster.py::test_render
 (18 durations < 0.005s hidden.  Use -vv to show these durations.)
 =========================== short test summary info ============================
 8 passed in 20.00s

@@ -27,8 +27,8 @@ import pytest
 import inpod
 from components import lifecycle
 from tests.conftest import run_objects, stack_objects
+from tests.inpod.test_startup_script import base_env, make_stubs, wait_ready, wait_until
 from tests.podsim.render import PodFacts, container_env, main_container
-from tests.test_startup_script import base_env, make_stubs, wait_ready, wait_until
 
 ML_DEV = inpod.path("ml-dev")
 SAVE_SECONDS = 1.0  # how long the job takes to write its checkpoint

@@ -5,7 +5,7 @@ token auth, hcaMode auto, refused memlock, restricted-v2 on a read-only workspac
 cannot be expressed by any render: a pod name without an ordinal (a StatefulSet always names pods <app>-<n>), an
 unwritable /tmp and $TMPDIR (no stack renders readOnlyRootFilesystem; the image's /tmp is writable) and a pod
 without the idle settings (every render mounts the lifecycle ConfigMap's idle.json). The helpers are shared with
-tests/lifecycle/test_checkpoint_stop.py and tests/test_gpu_cluster.py.
+tests/lifecycle/test_checkpoint_stop.py and tests/components/test_gpu_cluster.py.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ COMPONENT = re.compile(r'^  (\w+) \[label="(\S+) (\S+)", style="rounded,filled"'
 EDGE = re.compile(r"^  (\w+) -> (\w+)$")
 SVG = "{http://www.w3.org/2000/svg}"
 DOT = shutil.which("dot")
-ARCHITECTURE = Path(__file__).resolve().parent.parent / "docs" / "ref" / "architecture.md"
+ARCHITECTURE = Path(__file__).resolve().parents[2] / "docs" / "ref" / "architecture.md"
 
 
 def parents(text: str) -> dict[str, str]:
