@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
+from tests.fixtures import programs
 
 MAKE = shutil.which("make")
-pytestmark = pytest.mark.skipif(MAKE is None, reason="needs GNU make (apt: make)")
+pytestmark = pytest.mark.skipif(MAKE is None, reason=programs.missing("make") or "")
 
 
 def script(path: Path, body: str) -> Path:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import STACKS
+from tests.fixtures import programs
 from tools import diagram, mock_engine
 from tools.mock_engine import RunResult
 
@@ -106,7 +107,7 @@ def test_urn_key(urn: str, key: tuple[str, str] | None) -> None:
     assert diagram.urn_key(urn) == key
 
 
-@pytest.mark.skipif(DOT is None, reason="needs Graphviz's dot (Debian: graphviz; make system-deps installs it as root)")
+@pytest.mark.skipif(DOT is None, reason=programs.missing("dot") or "")
 def test_write_replaces_only_the_marked_block_and_check_detects_staleness(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     page = tmp_path / "docs" / "ref" / "page.md"
     images = tmp_path / "docs" / "img" / "architecture"
