@@ -7,10 +7,13 @@
 #   tools/fresh_machine.sh DIR root    `make test` there as root (proc, sys and dev mounted)
 #   tools/fresh_machine.sh DIR user    `make test` as a user without sudo, from a mode-700 clone in their home
 #   tools/fresh_machine.sh DIR all     the three in order (default)
+#   tools/fresh_machine.sh DIR venv    only `make venv` as root (a quick check that the machine gets going)
 # Each run's output goes to DIR/make-test-<who>.log; its last pytest lines are printed (the summaries to report).
-# MIRROR (default http://deb.debian.org/debian) and SHARED (a shared/ tree to put beside the clone) are optional.
+# MIRROR (default http://deb.debian.org/debian) and SHARED (a shared/ tree to put beside the clone) are optional;
+# CA_BUNDLE (a PEM file) is for a network whose proxy re-signs TLS: pip and git inside then trust it (PIP_CERT,
+# SSL_CERT_FILE), nothing else of the machine changes.
 set -euo pipefail
-usage() { echo "usage: $0 DIR [build|root|user|all]" >&2; exit 2; }
+usage() { echo "usage: $0 DIR [build|root|user|all|venv]" >&2; exit 2; }
 [ $# -ge 1 ] || usage
 DIR="$(realpath -m "$1")"
 PHASE="${2:-all}"
@@ -37,7 +40,14 @@ unmount_all() {
   for m in "${MOUNTED[@]}"; do umount -l "$m" || true; done
 }
 trap unmount_all EXIT
-in_root() { chroot "$DIR" /usr/bin/env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 "$@"; }
+CA_ENV=()
+if [ -n "${CA_BUNDLE:-}" ]; then
+  CA_ENV=(PIP_CERT=/etc/ml-dev-fresh-ca.pem SSL_CERT_FILE=/etc/ml-dev-fresh-ca.pem GIT_SSL_CAINFO=/etc/ml-dev-fresh-ca.pem)
+fi
+in_root() {
+  [ -z "${CA_BUNDLE:-}" ] || [ ! -d "$DIR/etc" ] || cp "$CA_BUNDLE" "$DIR/etc/ml-dev-fresh-ca.pem"
+  chroot "$DIR" /usr/bin/env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 "${CA_ENV[@]}" "$@"
+}
 
 build() {
   command -v debootstrap >/dev/null || { echo "error: needs debootstrap (apt-get install debootstrap)" >&2; exit 1; }
@@ -87,5 +97,6 @@ case "$PHASE" in
   root) as_root ;;
   user) as_user ;;
   all) build; as_root; as_user ;;
+  venv) mount_all; in_root bash -c 'cd /work/ml-dev-env && make venv' ;;
   *) usage ;;
 esac
