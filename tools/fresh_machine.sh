@@ -23,6 +23,9 @@ SRC="$(cd "$(dirname "$0")/.." && pwd)"
 
 MOUNTED=()
 mount_all() {
+  # The root must be a mount point, as on a real machine: unshare --mount (the simulated pods) makes / private,
+  # which a plain directory refuses ("cannot change root filesystem propagation").
+  if ! mountpoint -q "$DIR"; then mount --bind "$DIR" "$DIR"; mount --make-private "$DIR"; MOUNTED=("$DIR"); fi
   for m in proc sys dev dev/pts; do
     mkdir -p "$DIR/$m"
     mountpoint -q "$DIR/$m" && continue
