@@ -193,3 +193,65 @@ except SignalException as e:
     close(e.sig)
     sys.exit(1)
 """
+
+DEEPSPEED_LAUNCH = r"""# deepspeed/launcher/launch.py where DeepSpeed is not installed, doing what upstream does at a stop
+# (deepspeedai/DeepSpeed deepspeed/launcher/launch.py main): one process per slot of this node in --world_info
+# (base64 JSON {host: [slots]}), RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, in launch.py's process group
+# (plain subprocess.Popen); SIGINT/SIGTERM -> sigkill_handler -> terminate_process_tree (SIGTERM to each child and
+# its descendants upstream, to each child here; psutil.wait_procs(timeout=30), then kill), exit 1; a child that fails
+# stops the others the same way.
+import argparse, base64, json, os, signal, subprocess, sys, time
+p = argparse.ArgumentParser()
+p.add_argument("--world_info"); p.add_argument("--node_rank", type=int, default=0)
+p.add_argument("--master_addr", default="127.0.0.1"); p.add_argument("--master_port", default="29500")
+p.add_argument("script"); p.add_argument("script_args", nargs=argparse.REMAINDER)
+a = p.parse_args()
+world = json.loads(base64.urlsafe_b64decode(a.world_info))
+hosts = list(world)
+start = sum(len(world[h]) for h in hosts[:a.node_rank])
+size = sum(len(v) for v in world.values())
+procs = []
+for local in range(len(world[hosts[a.node_rank]])):
+    env = dict(os.environ, RANK=str(start + local), LOCAL_RANK=str(local), WORLD_SIZE=str(size),
+               MASTER_ADDR=a.master_addr, MASTER_PORT=str(a.master_port))
+    procs.append(subprocess.Popen([sys.executable, "-u", a.script, *a.script_args], env=env))
+def terminate_all():
+    for q in procs:
+        if q.poll() is None:
+            q.terminate()
+    end = time.monotonic() + 30
+    for q in procs:
+        try:
+            q.wait(max(0, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            q.kill()
+def sigkill_handler(signum, frame):
+    terminate_all()
+    sys.exit(1)
+signal.signal(signal.SIGINT, sigkill_handler)
+signal.signal(signal.SIGTERM, sigkill_handler)
+while procs:
+    for q in list(procs):
+        code = q.poll()
+        if code is None:
+            continue
+        if code != 0:
+            terminate_all()
+            sys.exit(code)
+        procs.remove(q)
+    time.sleep(1)
+"""
+
+STUBBORN = r"""
+import os, signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a job that never handles the checkpoint signal
+os.makedirs("ckpt", exist_ok=True)
+open("ckpt/rank%s.started" % os.environ["NODE_RANK"], "w").close()
+while True:
+    time.sleep(0.05)
+"""
+
+RUN_SH = """#!/bin/bash
+cd "$(dirname "$0")"
+python3 stubborn.py "$@"
+"""

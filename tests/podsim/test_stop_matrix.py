@@ -21,7 +21,9 @@ test_deepspeed_hostfile_ranks_get_no_signal, which pins that they get nothing (d
 
 from __future__ import annotations
 
+import base64
 import json
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -30,6 +32,7 @@ from typing import Any
 
 import pytest
 
+from tests.podsim import stopjob
 from tests.podsim.pods import PREFIX, PodSim, leftovers, missing_requirements, render_stack
 from tests.podsim.stopjob import JOB, TORCHRUN, TRAIN_SH
 
@@ -199,3 +202,125 @@ def test_every_stop_every_launcher(render: Any, launcher: str, stop: str) -> Non
             assert f"ml-dev: FAILED: rank {FAIL_RANK} (ml-dev-env-{FAIL_RANK})" in cell.out, cell.out
         else:  # pod 0 went with the launcher (its output came back until then)
             assert "ml-dev: STOP: pod ml-dev-env-" in cell.out, cell.out
+
+
+# ------------------------------------------------------------------------------ the kubelet's other kills
+
+
+@pytest.mark.timeout(300)
+def test_a_hard_eviction_gives_the_evicted_rank_2_s_and_every_other_rank_the_grace(render: Any) -> None:
+    """Pod 2 hard-evicted (`sim.evict_hard`: SIGTERM, SIGKILL 2 s later) during a 3 s save: its rank is killed with
+    only a `.tmp` (never renamed, so a resume never reads it: the last complete renamed checkpoint is what survives),
+    every other rank saves the agreed step within the grace, and `ml-dev run` names the pod."""
+    with Cell(render, "python", "3.0") as cell:
+        since = time.time()
+        cell.terminate((2,), how=cell.sim.evict_hard)
+        code = cell.finish()
+        assert cell.stopped == {2: "killed"}
+        check_saved(cell, since, [0, 1])
+        evicted = ckpt_dir(cell.sim, 2)
+        assert records(cell.sim)[2]["exit"] == "running"  # killed mid-save
+        assert not list(evicted.glob("step*-rank2.txt")) and list(evicted.glob("step*-rank2.txt.tmp")), list(evicted.iterdir())
+        for i in (0, 1):
+            assert job_processes(cell.sim, i) == [], i
+        assert code == 143 and "ml-dev: STOPPED: pod ml-dev-env-2 is stopping" in cell.out, cell.out
+
+
+@pytest.mark.timeout(300)
+def test_a_rolling_update_stops_the_job_at_its_first_pod(render: Any) -> None:
+    """A template change replaces pod 2 first: every rank saves the same step within the grace of that first
+    termination (not when its own pod's turn comes), `ml-dev run` exits 143 naming pod 2, every pod ends in time."""
+    with Cell(render, "python", f"{SAVE_SECONDS}") as cell:
+        since = time.time()
+        outcomes: list[str] = []
+        update = threading.Thread(target=lambda: outcomes.extend(cell.sim.rolling_update()))
+        update.start()
+        code = cell.finish()
+        update.join(timeout=300)
+        assert outcomes == ["exited", "exited", "exited"], outcomes
+        check_saved(cell, since, [0, 1, 2])
+        assert code == 143 and "ml-dev: STOPPED: pod ml-dev-env-2 is stopping" in cell.out, cell.out
+        for i in range(PODS):  # the replaced pods run nothing of the job
+            assert job_processes(cell.sim, i) == [], i
+
+
+# ------------------------------------------------------------------------------ a rank is its process tree
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_leaves_nothing_behind_a_wrapper_script(render: Any) -> None:
+    """`ml-dev run -- ./run.sh`, the job behind bash ignoring SIGTERM: bash dies at the signal, the agent keeps its
+    record while python lives, SIGKILLs it at the grace; exit 130 and nothing left on any pod."""
+    sim = PodSim(render, count=PODS)
+    with sim.start():
+        sim.write(0, f"{PROJECT}/stubborn.py", stopjob.STUBBORN)
+        sim.write(0, f"{PROJECT}/run.sh", stopjob.RUN_SH, mode=0o755)
+        launcher = sim.popen(0, "ml-dev run --per-pod -- ./run.sh", cwd=PROJECT)
+        try:
+            for i in range(PODS):
+                started = sim.pods[i].path(f"{PROJECT}/ckpt/rank{i}.started")
+                wait_for(f"rank {i} started", started.exists, 90, lambda: sim.pods[0].log.read_text())
+            t0 = time.monotonic()
+            sim.interrupt(launcher)
+            time.sleep(2)
+            for i in range(PODS):
+                left = sim.exec(i, "pgrep -af '[s]tubborn|[r]un[.]sh' || true", timeout=30).stdout.splitlines()
+                assert not [p for p in left if "bash ./run.sh" in p] and [p for p in left if "python3 stubborn.py" in p], left
+                assert list(sim.pods[i].path("/tmp/ml-dev-env/heartbeat").glob("rank-*.json")), i  # still its rank
+            out, _ = launcher.communicate(timeout=GRACE + 30)
+            elapsed = time.monotonic() - t0
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
+                launcher.communicate(timeout=30)
+        assert launcher.returncode == 130, out
+        assert GRACE - 0.5 <= elapsed <= GRACE + 4, (elapsed, out)
+        for i in range(PODS):
+            assert sim.exec(i, "pgrep -af '[s]tubborn|[r]un[.]sh' || true", timeout=30).stdout == "", i
+    assert not mine(sim), mine(sim)
+
+
+# ------------------------------------------------------------------------------ DeepSpeed's own launcher
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(shutil.which("pdsh") is None, reason="needs pdsh (Debian: pdsh)")
+def test_deepspeed_hostfile_ranks_get_no_signal(render: Any) -> None:
+    """The documented `deepspeed --hostfile` launch (runner.py -> PDSHRunner: pdsh over the fabric's ssh, then
+    deepspeed.launcher.launch on each pod) never goes through `ml-dev run`'s rank agent: checkpoint_stop.sh finds
+    no rank, so when every pod is terminated no rank gets checkpointSignal and nothing is saved. The docs say so
+    (docs/use/suspend-and-idle.md, "Every stop, every launcher") and point to `ml-dev run -- torchrun`."""
+    sim = PodSim(render, count=PODS)
+    with sim.start():
+        sim.write(0, f"{PROJECT}/job.py", JOB)
+        sim.write(0, f"{PROJECT}/deepspeed/__init__.py", "")
+        sim.write(0, f"{PROJECT}/deepspeed/launcher/__init__.py", "")
+        sim.write(0, f"{PROJECT}/deepspeed/launcher/launch.py", stopjob.DEEPSPEED_LAUNCH)
+        assert sim.exec(0, "ml-dev sync", cwd=PROJECT, timeout=120).returncode == 0
+        world = base64.urlsafe_b64encode(json.dumps({f"ml-dev-env-{i}": [0] for i in range(PODS)}).encode()).decode()
+        script = (
+            'hosts=$(cut -d" " -f1 "$DEEPSPEED_HOSTFILE" | paste -sd, -); '
+            'PDSH_RCMD_TYPE=ssh pdsh -S -f 1024 -w "$hosts" '
+            f'"export PYTHONPATH={PROJECT}; cd {PROJECT};" python3 -u -m deepspeed.launcher.launch --world_info={world} '
+            f'--node_rank=%n "--master_addr=$MASTER_ADDR" "--master_port=$MASTER_PORT" job.py {SAVE_SECONDS}'
+        )
+        launcher = sim.popen(0, f". /tmp/ml-dev-env/rank.env; {script}", cwd=PROJECT)
+        try:
+            for i in range(PODS):
+                started = sim.pods[i].path(f"{PROJECT}/ckpt/rank{i}.started")
+                wait_for(f"rank {i} started", started.exists, 90, lambda: sim.pods[0].log.read_text())
+            outcomes: dict[int, str] = {}
+            threads = [threading.Thread(target=lambda i=i: outcomes.update({i: sim.terminate(i)})) for i in range(PODS)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=sim.grace + 60)
+            launcher.communicate(timeout=60)
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
+                launcher.communicate(timeout=30)
+        got = {i: json.loads((ckpt_dir(sim, i) / f"rank{i}.json").read_text()) for i in range(PODS)}
+        assert [got[i]["exit"] for i in range(PODS)] == ["running"] * PODS, got  # no rank heard of the stop
+        assert not [p for i in range(PODS) for p in ckpt_dir(sim, i).glob("step*-rank*.txt")]
+    assert not mine(sim), mine(sim)
