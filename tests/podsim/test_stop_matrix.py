@@ -51,6 +51,22 @@ LAUNCHERS = {
     "wrapper": "ml-dev run --per-pod -- ./train.sh",
     "torchrun": "ml-dev run -- torchrun job.py",
 }
+DOCS_COLUMNS = {
+    "python": "ml-dev run --per-pod -- python train.py",
+    "wrapper": "ml-dev run --per-pod -- ./train.sh",
+    "torchrun": "ml-dev run -- torchrun train.py",
+    "deepspeed": "deepspeed --hostfile $DEEPSPEED_HOSTFILE train.py",
+}
+"""The launchers as docs/use/suspend-and-idle.md's table names them (tests/test_docs_stops.py)."""
+STOP_LABELS = {
+    "idle-stop": "idle stop",
+    "suspend": "suspend",
+    "destroy": "destroy",
+    "drain-pod-0": "drain of pod 0",
+    "drain-worker": "drain of a worker",
+    "ctrl-c": "Ctrl-C of `ml-dev run`",
+    "rank-fails": "one rank failing",
+}
 STOPS = ("idle-stop", "suspend", "destroy", "drain-pod-0", "drain-worker", "ctrl-c", "rank-fails")
 STOPPED_PODS = {"idle-stop": (0, 1, 2), "suspend": (0, 1, 2), "destroy": (0, 1, 2), "drain-pod-0": (0,), "drain-worker": (2,)}
 
@@ -248,14 +264,20 @@ def test_a_rolling_update_stops_the_job_at_its_first_pod(render: Any) -> None:
 
 
 @pytest.mark.timeout(300)
-def test_ctrl_c_leaves_nothing_behind_a_wrapper_script(render: Any) -> None:
-    """`ml-dev run -- ./run.sh`, the job behind bash ignoring SIGTERM: bash dies at the signal, the agent keeps its
-    record while python lives, SIGKILLs it at the grace; exit 130 and nothing left on any pod."""
-    sim = PodSim(render, count=PODS)
+@pytest.mark.parametrize(
+    "command, parent",
+    [("ml-dev run --per-pod -- ./run.sh", "bash ./run.sh"), ("ml-dev run -- torchrun stubborn.py", "torchrun stubborn.py")],
+    ids=["wrapper", "torchrun"],
+)
+def test_ctrl_c_leaves_nothing_behind_a_wrapper_or_torchrun(render: Any, command: str, parent: str) -> None:
+    """The job ignoring SIGTERM behind bash (`./run.sh`) or torchrun (its workers in sessions of their own): Ctrl-C;
+    bash dies at the signal (torchrun waits its 30 s), the agent keeps its record while python lives and at the
+    grace SIGKILLs every process of the rank, in its group or not; exit 130, nothing left on any pod."""
+    sim = PodSim(render, count=PODS, image_programs={"/usr/local/bin/torchrun": TORCHRUN})
     with sim.start():
         sim.write(0, f"{PROJECT}/stubborn.py", stopjob.STUBBORN)
         sim.write(0, f"{PROJECT}/run.sh", stopjob.RUN_SH, mode=0o755)
-        launcher = sim.popen(0, "ml-dev run --per-pod -- ./run.sh", cwd=PROJECT)
+        launcher = sim.popen(0, command, cwd=PROJECT)
         try:
             for i in range(PODS):
                 started = sim.pods[i].path(f"{PROJECT}/ckpt/rank{i}.started")
@@ -265,7 +287,8 @@ def test_ctrl_c_leaves_nothing_behind_a_wrapper_script(render: Any) -> None:
             time.sleep(2)
             for i in range(PODS):
                 left = sim.exec(i, "pgrep -af '[s]tubborn|[r]un[.]sh' || true", timeout=30).stdout.splitlines()
-                assert not [p for p in left if "bash ./run.sh" in p] and [p for p in left if "python3 stubborn.py" in p], left
+                assert [p for p in left if "stubborn.py" in p and parent not in p], left
+                assert parent != "bash ./run.sh" or not [p for p in left if parent in p], left
                 assert list(sim.pods[i].path("/tmp/ml-dev-env/heartbeat").glob("rank-*.json")), i  # still its rank
             out, _ = launcher.communicate(timeout=GRACE + 30)
             elapsed = time.monotonic() - t0
@@ -276,7 +299,7 @@ def test_ctrl_c_leaves_nothing_behind_a_wrapper_script(render: Any) -> None:
         assert launcher.returncode == 130, out
         assert GRACE - 0.5 <= elapsed <= GRACE + 4, (elapsed, out)
         for i in range(PODS):
-            assert sim.exec(i, "pgrep -af '[s]tubborn|[r]un[.]sh' || true", timeout=30).stdout == "", i
+            assert sim.exec(i, "pgrep -af '[s]tubborn|[r]un[.]sh|[t]orchrun' || true", timeout=30).stdout == "", i
     assert not mine(sim), mine(sim)
 
 
