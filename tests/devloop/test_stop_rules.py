@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from core import pod_contract
 from inpod import ml_dev_launch
 from tests.podsim import stopjob
 from tests.podsim.test_stop_matrix import DOCS_COLUMNS, LAUNCHERS, STOP_LABELS, STOPS
@@ -81,6 +82,13 @@ def test_the_30_s_cap_is_one_number() -> None:
     text = re.sub(r"\s+", " ", DOC.read_text())
     assert f"`PContext.close(death_sig, timeout={cap})`" in text
     assert f"warns at launch: `ml-dev: warning: torchrun gives its workers {cap} s" in text
+
+
+def test_the_stop_facts_are_the_contracts() -> None:
+    assert ml_dev_launch.STOPPED_STATUS == pod_contract.RUN_STOPPED_STATUS
+    marker = pod_contract.STOPPING_MARKER
+    assert f'date +%s >"$STATE_DIR/{marker}"' in (REPO / "inpod" / "checkpoint_stop.sh").read_text()
+    assert f'(STATE_DIR / "{marker}").exists()' in (REPO / "inpod" / "ml_dev_launch.py").read_text()
 
 
 def test_a_stopped_job_exits_143_as_the_docs_say() -> None:
