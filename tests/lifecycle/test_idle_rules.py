@@ -195,3 +195,78 @@ def test_the_contract_holds_the_idle_numbers() -> None:
     assert agent.ACTIVITY_FETCH_SECONDS == pod_contract.ACTIVITY_FETCH_SECONDS
     assert pod_contract.GPU_PROBE_SECONDS + 5 <= pod_contract.ACTIVITY_FETCH_SECONDS
     assert agent.GPU_DEVICE_PREFIX == pod_contract.GPU_DEVICE_PREFIX
+    docs = " ".join((Path(__file__).resolve().parents[2] / "docs" / "use" / "suspend-and-idle.md").read_text().split())
+    assert f"A **hung** `nvidia-smi` gets {pod_contract.GPU_PROBE_SECONDS} s" in docs
+    assert f"well within pod 0's {pod_contract.ACTIVITY_FETCH_SECONDS} s" in docs
+
+
+# ------------------------------------------------------------------------------ Jupyter culling
+
+
+def startup_jupyter_args(tmp_path: Path, settings: dict[str, Any]) -> list[str]:
+    """The `jupyter lab` argv the real startup.sh passes (a stub jupyter records it), with these idle settings."""
+    from tests.test_startup_script import base_env, make_stubs, start, stop, wait_for_calls, wait_ready
+
+    bin_dir, calls = make_stubs(tmp_path)
+    path = tmp_path / "idle.json"
+    path.write_text(json.dumps(settings))
+    env = base_env(
+        tmp_path, bin_dir, f"{APP}-0", ML_DEV_SERVERS="jupyter", ML_DEV_IDLE_SETTINGS=str(path), ML_DEV_ACTIVITY_LISTEN="127.0.0.1:0"
+    )
+    proc = start(env)
+    try:
+        wait_ready(proc, tmp_path / "state")
+        line = next(c for c in wait_for_calls(calls, 3) if c.startswith("jupyter "))
+    finally:
+        stop(proc)
+    return line.split()[1:]
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_startup_culls_idle_kernels_only_with_the_idle_stop(tmp_path: Path, enabled: bool) -> None:
+    args = startup_jupyter_args(tmp_path, {**agent.DEFAULTS, "enabled": enabled, "idleTimeoutSeconds": 1800})
+    culling = [a for a in args if a.startswith("--MappingKernelManager.")]
+    if enabled:
+        assert culling == [
+            "--MappingKernelManager.cull_idle_timeout=1800",
+            "--MappingKernelManager.cull_connected=True",
+            "--MappingKernelManager.cull_interval=60",
+        ]
+    else:
+        assert culling == []
+
+
+@pytest.mark.timeout(300)
+def test_the_real_jupyterlab_culls_a_forgotten_notebook_with_those_flags(tmp_path: Path) -> None:
+    """startup.sh's flags (a 3 s idle timeout, checked every second) on a real JupyterLab: a kernel with a tab
+    connected and nothing run culls itself; its process (and what it held) is gone."""
+    args = startup_jupyter_args(tmp_path, {**agent.DEFAULTS, "enabled": True, "idleTimeoutSeconds": 3})
+    culling = [a.replace("cull_interval=60", "cull_interval=1") for a in args if a.startswith("--MappingKernelManager.")]
+    (tmp_path / "lab").mkdir()
+    lab = Jupyter(tmp_path / "lab", extra=culling)
+    try:
+        notebook = {"path": "forgotten.ipynb", "name": "forgotten.ipynb", "type": "notebook", "kernel": {"name": "python3"}}
+        kernel = lab.json("POST", "/api/sessions", notebook)["kernel"]["id"]
+
+        async def forgotten_tab() -> None:  # the tab stays open (its websocket connected) while the kernel idles
+            from tornado.httpclient import HTTPRequest
+            from tornado.websocket import websocket_connect
+
+            session = uuid.uuid4().hex
+            url = lab.url.replace("http://", "ws://") + f"/api/kernels/{kernel}/channels?session_id={session}"
+            ws = await websocket_connect(HTTPRequest(url, headers={"Authorization": f"token {lab.token}"}, connect_timeout=30))
+            try:
+                await ws.write_message(message(session, "execute_request", {"code": "model = 'loaded'", "silent": False}))
+                deadline = time.monotonic() + 60
+                while any(k["id"] == kernel for k in await asyncio.to_thread(lab.json, "GET", "/api/kernels?no_track_activity=1")):
+                    assert time.monotonic() < deadline, lab.log_path.read_text()[-2000:]
+                    await asyncio.sleep(0.5)
+            finally:
+                ws.close()
+
+        asyncio.run(forgotten_tab())
+        log = lab.log_path.read_text()
+        # jupyter_server kernelmanager.py cull_kernel_if_idle's line: culled with the tab connected (cull_connected)
+        assert f"Culling 'idle' kernel 'python3' ({kernel}) with 1 connections due to" in log, log[-2000:]
+    finally:
+        lab.close()
