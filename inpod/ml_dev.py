@@ -97,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     rank.add_argument("--debug-host", choices=("localhost", "pod"), default="localhost")
     rank.add_argument("--no-stdin-watch", action="store_true")
     rank.add_argument("--env-stdin", action="store_true")
+    # ml-dev exec: what the command leaves running when it ends on its own (a daemon it started) is left alone
+    rank.add_argument("--leave-rest", action="store_true")
     rank.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if getattr(args, "command", None) and args.command[:1] == ["--"]:

@@ -156,7 +156,7 @@ def cmd_rank(args: argparse.Namespace) -> int:
     proc = subprocess.Popen(
         ["bash", "-c", 'exec "$@"', "_", *args.command], cwd=cwd, env=env, start_new_session=True, stdin=subprocess.DEVNULL
     )
-    group = RankGroup(proc, first, grace)
+    group = RankGroup(proc, first, grace, leave_rest=getattr(args, "leave_rest", False))
 
     def watch_stdin() -> None:
         try:  # raw reads: a buffered reader would hold its lock at interpreter shutdown
@@ -225,8 +225,8 @@ class RankGroup:
     every member at the end of the grace. When the first child ends on its own, what it left behind gets the same
     signal, grace and kill: a rank is over when its command is."""
 
-    def __init__(self, proc: subprocess.Popen, first: signal.Signals, grace: float) -> None:
-        self.proc, self.first, self.grace = proc, first, grace
+    def __init__(self, proc: subprocess.Popen, first: signal.Signals, grace: float, leave_rest: bool = False) -> None:
+        self.proc, self.first, self.grace, self.leave_rest = proc, first, grace, leave_rest
         self.stopping = threading.Lock()
         self.deadline: float | None = None
 
@@ -283,7 +283,7 @@ class RankGroup:
             if code is not None:
                 self.reap()
             left = self.members()
-            if code is not None and not left:
+            if code is not None and (not left or (self.leave_rest and self.deadline is None)):
                 return code
             if code is not None and self.deadline is None:
                 self.stop()  # the command ended on its own: what it left behind is stopped too
@@ -499,7 +499,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
     streams = []
     hello = (json.dumps({"env": launch_env(args.env)}) + "\n").encode()
     for rank in range(len(cluster.hosts)):
-        agent = [PY, str(HERE / "ml-dev"), "_rank", "--env-stdin", "--cwd", os.getcwd(), "--", *args.command]
+        agent = [PY, str(HERE / "ml-dev"), "_rank", "--env-stdin", "--leave-rest", "--cwd", os.getcwd(), "--", *args.command]
         argv = agent if rank == cluster.me else cluster.ssh(rank, agent)
         procs[rank] = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:

@@ -813,6 +813,15 @@ class PodSim:
             hook.wait(timeout=30)
         return how
 
+    def oom_kill(self, index: int) -> None:
+        """The container's OOM kill on cgroup v2 with kubelet >= 1.28: the kubelet sets memory.oom.group, so the
+        kernel kills every process of the container at once (kubernetes/kubernetes#117793): no preStop, no
+        SIGTERM, no grace. SIGKILL to PID 1 ends its PID namespace, every process in it."""
+        pod = self.pods[index]
+        os.kill(pod.pid, signal.SIGKILL)
+        assert pod.proc is not None
+        pod.proc.wait(timeout=30)
+
     def rolling_update(self, timeout: float = 90) -> list[str]:
         """A StatefulSet rolling update (a template change): each pod terminated and replaced from the highest ordinal
         down, one at a time, the next only once the replacement is Ready (kubernetes

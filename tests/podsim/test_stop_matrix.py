@@ -243,6 +243,40 @@ def test_a_hard_eviction_gives_the_evicted_rank_2_s_and_every_other_rank_the_gra
 
 
 @pytest.mark.timeout(300)
+def test_a_soft_eviction_gives_the_evicted_rank_the_capped_grace(render: Any) -> None:
+    """A soft eviction's grace is min(evictionMaxPodGracePeriod, terminationGracePeriodSeconds) (eviction_manager.go
+    synchronize): with a 3 s cap the kubelet kills pod 2 at 3 s whatever checkpointGraceSeconds says; a 1 s save
+    fits, every rank saves the agreed step."""
+    cap = 3
+    with Cell(render, "python", f"{SAVE_SECONDS}") as cell:
+        since = time.time()
+        cell.terminate((2,), how=lambda i: cell.sim.terminate(i, grace=min(cap, cell.sim.grace)))
+        code = cell.finish()
+        assert cell.stopped == {2: "exited"}
+        check_saved(cell, since, [0, 1, 2])
+        assert max(r["at"] for r in records(cell.sim).values()) - since <= cap
+        assert code == 143 and "ml-dev: STOPPED: pod ml-dev-env-2 is stopping" in cell.out, cell.out
+
+
+@pytest.mark.timeout(300)
+def test_an_oom_kill_loses_only_that_pods_rank_and_nothing_hangs(render: Any) -> None:
+    """Pod 2's container OOM-killed (memory.oom.group: every process at once, no signal): its rank writes nothing;
+    the collective fails on the others instead of blocking (the peer's connection closed), they save the last
+    step every rank completed, and `ml-dev run` stops every rank and names rank 2 (its SSH session died)."""
+    with Cell(render, "python", f"{SAVE_SECONDS}") as cell:
+        since = time.time()
+        cell.sim.oom_kill(2)
+        code = cell.finish()
+        got = records(cell.sim)
+        assert got[2]["exit"] == "running" and not list(ckpt_dir(cell.sim, 2).glob("step*")), got[2]
+        check_saved(cell, since, [0, 1])
+        assert {got[0]["exit"], got[1]["exit"]} == {"saved-after-peer-lost"}, got
+        for i in (0, 1):
+            assert job_processes(cell.sim, i) == [], i
+        assert code != 0 and "ml-dev: FAILED: rank 2 (ml-dev-env-2)" in cell.out, cell.out
+
+
+@pytest.mark.timeout(300)
 def test_a_rolling_update_stops_the_job_at_its_first_pod(render: Any) -> None:
     """A template change replaces pod 2 first: every rank saves the same step within the grace of that first
     termination (not when its own pod's turn comes), `ml-dev run` exits 143 naming pod 2, every pod ends in time."""
