@@ -213,12 +213,11 @@ def nvidia_smi(query: str, deadline: float | None = None) -> str:
         proc.kill()
         _ABANDONED.append(proc)
         raise ValueError(f"`{' '.join(cmd[:2])}` did not answer within {GPU_PROBE_SECONDS} s (killed; a hung driver?)") from None
-    proc = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
     if proc.returncode != 0:
         # e.g. "Failed to initialize NVML: Driver/library version mismatch" (a driver upgrade under a running
         # container): nothing can be judged, the probe fails and counts as active
-        raise ValueError(f"`{' '.join(cmd[:2])}` exit {proc.returncode}: {' '.join((proc.stderr or proc.stdout).split())[:200]}")
-    return proc.stdout
+        raise ValueError(f"`{' '.join(cmd[:2])}` exit {proc.returncode}: {' '.join((err or out).split())[:200]}")
+    return str(out)
 
 
 GPU_DEVICE_PREFIX = "/dev/nvidia"  # /dev/nvidia<N>, one per GPU the container was given (core/pod_contract.py)

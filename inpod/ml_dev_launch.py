@@ -279,6 +279,11 @@ class RankGroup:
 
     def wait(self) -> int:
         while True:
+            if self.deadline is None:  # running: block on the command (no /proc scans) until it ends or a stop starts
+                try:
+                    self.proc.wait(0.5)
+                except subprocess.TimeoutExpired:
+                    continue
             code = self.proc.poll()
             if code is not None:
                 self.reap()
