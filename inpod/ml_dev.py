@@ -53,6 +53,12 @@ ENV_RULE = (
     "then each --env K=V. Never carried (they differ per pod): " + " ".join(PER_POD_ENV) + "."
 )
 
+EXIT_RULE = (
+    "Exit status: 0 when every rank exited 0; a failed rank's status (every other rank stopped); 130 after Ctrl-C;\n"
+    "143 when a pod's stop (drain, eviction, rolling update, scale to 0) reached a rank: every rank got the\n"
+    "checkpoint signal and the grace at once, and the last line names the pod."
+)
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ml-dev", description=__doc__.split("\n\n")[0])
@@ -60,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser(
         "run",
         help="sync, then run a command on every pod with its rank environment",
-        epilog=ENV_RULE,
+        epilog=ENV_RULE + "\n\n" + EXIT_RULE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     run.add_argument("--no-sync", action="store_true", help="do not sync the working tree first")

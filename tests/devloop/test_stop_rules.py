@@ -95,3 +95,11 @@ def test_a_stopped_job_exits_143_as_the_docs_say() -> None:
     assert ml_dev_launch.STOPPED_STATUS == 143
     text = re.sub(r"\s+", " ", DOC.read_text())
     assert "exits **143** with `ml-dev: STOPPED: pod <pod> is stopping (SIGTERM from its stop hook); …`" in text
+
+
+def test_ml_dev_run_help_names_every_exit_status() -> None:
+    from inpod import ml_dev
+
+    with pytest.raises(SystemExit):
+        ml_dev.main(["run", "--help"])
+    assert f"\n{ml_dev_launch.STOPPED_STATUS} when a pod's stop" in ml_dev.EXIT_RULE and "130 after Ctrl-C" in ml_dev.EXIT_RULE
