@@ -104,3 +104,66 @@ def test_ml_dev_run_help_names_every_exit_status(capsys: pytest.CaptureFixture[s
         ml_dev.main(["run", "--help"])
     shown = " ".join(capsys.readouterr().out.split())
     assert "130 after Ctrl-C;" in shown and f"{ml_dev_launch.STOPPED_STATUS} when a pod's stop" in shown, shown
+
+
+def run_rank(tmp_path: Path, script: str, *flags: str) -> tuple[int, float, int, str]:
+    """`ml-dev _rank` (the real agent, this machine) running `bash -c script`, which prints a PID it leaves behind;
+    returns the agent's status, its seconds, that PID and the agent's stderr."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import inpod
+
+    env = {**os.environ, "ML_DEV_STATE_DIR": str(tmp_path), "ML_DEV_CHECKPOINT_GRACE_SECONDS": "2"}
+    argv = [sys.executable, str(inpod.path("ml-dev")), "_rank", "--no-stdin-watch", *flags, "--cwd", str(tmp_path), "--"]
+    t0 = time.monotonic()
+    # files, not pipes: a pipe would stay open in what the script leaves running
+    with (tmp_path / "out").open("w") as out, (tmp_path / "err").open("w") as err:
+        run = subprocess.run(
+            [*argv, "bash", "-c", script], env=env, stdout=out, stderr=err, timeout=60, stdin=subprocess.DEVNULL, check=False
+        )
+    seconds = time.monotonic() - t0
+    return run.returncode, seconds, int((tmp_path / "out").read_text().split()[-1]), (tmp_path / "err").read_text()
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        "sleep 30 & echo $!",  # a background process of the rank's group
+        "setsid bash -c 'echo $$; exec sleep 30' & sleep 0.5",  # one in a session of its own (torchrun's workers)
+        "trap '' TERM; (trap '' TERM; exec sleep 30) & echo $!",  # one that ignores the checkpoint signal
+    ],
+    ids=["group", "own-session", "ignores-sigterm"],
+)
+def test_what_a_ranks_command_leaves_behind_is_stopped(tmp_path: Path, script: str) -> None:
+    code, seconds, pid, err = run_rank(tmp_path, script)
+    try:
+        assert code == 0 and not alive(pid), (code, pid, err)
+        assert seconds < 30, seconds  # stopped, not waited out
+        # the checkpoint signal first; SIGKILL only for what ignores it, at the grace
+        assert ("still running after 2 s: killed" in err) == ("trap ''" in script), err
+    finally:
+        if alive(pid):
+            import os
+
+            os.kill(pid, 9)
+
+
+def test_ml_dev_exec_leaves_a_background_process_alone(tmp_path: Path) -> None:
+    code, _, pid, _ = run_rank(tmp_path, "setsid bash -c 'echo $$; exec sleep 30' & sleep 0.5", "--leave-rest")
+    try:
+        assert code == 0 and alive(pid)
+    finally:
+        import os
+
+        os.kill(pid, 9)
