@@ -169,7 +169,7 @@ def cmd_rank(args: argparse.Namespace) -> int:
     def on_signal(signum: int, _frame: object) -> None:
         # SIGTERM from checkpoint_stop.sh (the pod's preStop hook or PID 1's trap, after it wrote the `stopping`
         # marker): this pod is stopping. The line tells the launcher, which stops every other rank at once
-        # (PARSE_POD_STOP); never wait inside the handler (it interrupts the waits below)
+        # (run_everywhere reads POD_STOP_MARK); never wait inside the handler (it interrupts the waits below)
         name = signal.Signals(signum).name
         if (STATE_DIR / "stopping").exists():
             why = f"pod {os.environ.get('POD_NAME') or os.environ.get('HOSTNAME', '?')} is stopping ({name} from its stop hook)"
