@@ -36,12 +36,12 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING or __package__:  # in the repository: the inpod package
     from .ml_dev_launch import cmd_exec, cmd_rank, cmd_run
-    from .ml_dev_lib import DEBUG_PORT, PER_POD_ENV
+    from .ml_dev_lib import DEBUG_PORT, FROM_RANK_FILE, PER_POD_ENV
     from .ml_dev_status import cmd_status
     from .ml_dev_sync import cmd_apply, cmd_sync
 else:  # in the pod: the modules ship next to the program (/opt/ml-dev-env), whose directory is sys.path[0]
     from ml_dev_launch import cmd_exec, cmd_rank, cmd_run
-    from ml_dev_lib import DEBUG_PORT, PER_POD_ENV
+    from ml_dev_lib import DEBUG_PORT, FROM_RANK_FILE, PER_POD_ENV
     from ml_dev_status import cmd_status
     from ml_dev_sync import cmd_apply, cmd_sync
 
@@ -50,7 +50,15 @@ ENV_RULE = (
     "Environment of every rank: the pod's container env, its rank.env (NODE_RANK, NNODES, MASTER_ADDR, ...),\n"
     "then every variable of this shell that differs from the container env (an activated venv's PATH,\n"
     "NCCL_DEBUG=..., HF_*, CUDA_VISIBLE_DEVICES, ...), sent over the SSH session's stdin, never argv;\n"
-    "then each --env K=V. Never carried (they differ per pod): " + " ".join(PER_POD_ENV) + "."
+    "then each --env K=V (any key). Never carried (they differ per pod): " + " ".join(PER_POD_ENV) + ";\n"
+    "nor the rank keys, which every rank reads from its own pod's current rank.env (a shell's copy is\n"
+    "stale after a count change): " + " ".join(FROM_RANK_FILE) + "."
+)
+
+EXIT_RULE = (
+    "Exit status: 0 when every rank exited 0; a failed rank's status (every other rank stopped); 130 after Ctrl-C;\n"
+    "143 when a pod's stop (drain, eviction, rolling update, scale to 0) reached a rank: every rank got the\n"
+    "checkpoint signal and the grace at once, and the last line names the pod."
 )
 
 
@@ -60,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser(
         "run",
         help="sync, then run a command on every pod with its rank environment",
-        epilog=ENV_RULE,
+        epilog=ENV_RULE + "\n\n" + EXIT_RULE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     run.add_argument("--no-sync", action="store_true", help="do not sync the working tree first")
@@ -97,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     rank.add_argument("--debug-host", choices=("localhost", "pod"), default="localhost")
     rank.add_argument("--no-stdin-watch", action="store_true")
     rank.add_argument("--env-stdin", action="store_true")
+    # ml-dev exec: what the command leaves running when it ends on its own (a daemon it started) is left alone
+    rank.add_argument("--leave-rest", action="store_true")
     rank.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if getattr(args, "command", None) and args.command[:1] == ["--"]:

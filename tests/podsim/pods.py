@@ -27,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -36,7 +37,7 @@ from typing import Any
 from tests.fixtures import programs
 from tests.podsim.admission import Identity, admit
 from tests.podsim.layout import AtomicVolume
-from tests.podsim.render import PodFacts, container_env, main_container
+from tests.podsim.render import PodFacts, container_env, main_container, service_links
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -52,6 +53,10 @@ TOOLS = ("unshare", "nsenter", "ip", "setpriv", "prlimit", "sshd", "ssh", "ssh-k
 MACHINE_TOOLS = ("mpirun", "orted")
 """Open MPI of this machine: the fabric check's launcher and daemon on the pods (tests/podsim/nodetools.py)."""
 SERVICE_ACCOUNT = "/run/secrets/kubernetes.io/serviceaccount"  # /var/run -> /run in the image
+BASHRC_HOOK = "if [ -r /etc/profile.d/ml-dev-env.sh ]; then . /etc/profile.d/ml-dev-env.sh; fi"
+"""The line images/base.Containerfile appends to /etc/bash.bashrc (tests/podsim/test_pods.py checks it is there)."""
+MEMLOCK_LIMITS = ("* soft memlock unlimited", "* hard memlock unlimited")
+"""images/base.Containerfile's /etc/security/limits.d/99-ml-dev-env-memlock.conf."""
 
 
 RUN_IDS: list[str] = []
@@ -224,6 +229,11 @@ class PodSim:
         # a capability this machine's own bounding set lacks cannot be given to a pod (e.g. SYS_RESOURCE in a container)
         self.missing_capabilities = tuple(c for c in self.identity.capabilities if not machine_has_capability(c))
         if self.missing_capabilities:
+            warnings.warn(
+                f"simulated pods lack {', '.join(self.missing_capabilities)} (not in this machine's bounding set): what needs "
+                "them is skipped (PodSim.require_capabilities)",
+                stacklevel=2,
+            )
             self.identity = replace(
                 self.identity, capabilities=tuple(c for c in self.identity.capabilities if c not in self.missing_capabilities)
             )
@@ -257,6 +267,14 @@ class PodSim:
         # two stubs above only
         self.node = node
         self.image_programs = dict(image_programs or {})
+
+    def require_capabilities(self, *names: str, what: str) -> None:
+        """Skip the calling test, saying why, when the pods lack one of `names` (`missing_capabilities`)."""
+        lacking = [n for n in names if n in self.missing_capabilities]
+        if lacking:
+            import pytest
+
+            pytest.skip(f"{what} needs {', '.join(lacking)}, which this machine's bounding set lacks (a pod's SCC gives it)")
 
     # ---------------------------------------------------------------------------------- inputs
 
@@ -313,7 +331,8 @@ class PodSim:
     def container_env(self, pod: Pod) -> dict[str, str]:
         """The main container's process env: the image's ENV, the rendered env as the kubelet makes it, then what
         the device plugins of the requested extended resources hand the kubelet (`device_plugin_env`)."""
-        return {**image_env(), **container_env(self.main, self.facts(pod), self.secrets), **self.device_plugin_env(pod)}
+        links = service_links(self.resources, self.pod_spec)
+        return {**image_env(), **container_env(self.main, self.facts(pod), self.secrets, links), **self.device_plugin_env(pod)}
 
     def device_plugin_env(self, pod: Pod) -> dict[str, str]:
         """Env the device plugins' Allocate answers add (the kubelet merges it into the container's env):
@@ -524,6 +543,12 @@ class PodSim:
             f"chmod 0755 {root}/usr/local/bin/ml-dev",
             f"printf '%s\\n' 'if [ -r \"${{ML_DEV_ENV_FILE:-/tmp/ml-dev-env/env.sh}}\" ]; then' "
             f"'    . \"${{ML_DEV_ENV_FILE:-/tmp/ml-dev-env/env.sh}}\"' 'fi' > {root}/etc/profile.d/ml-dev-env.sh",
+            # the hook for interactive non-login bash (code-server and Jupyter terminals), the memlock limits of PAM
+            # sessions, and HOME's ~/.local/bin (first on PATH), group 0 g=u
+            f"printf '%s\\n' '' {q(BASHRC_HOOK)} >> {root}/etc/bash.bashrc",
+            f"mkdir -p {root}/etc/security/limits.d && printf '%s\\n' {' '.join(q(x) for x in MEMLOCK_LIMITS)}"
+            f" > {root}/etc/security/limits.d/99-ml-dev-env-memlock.conf",
+            f"mkdir -p {root}/home/ml-dev/.local/bin && chgrp -R 0 {root}/home/ml-dev && chmod -R g=u {root}/home/ml-dev",
             # node tools (stubs): the NVIDIA toolkit's nvidia-smi, rdma-core's ibv_devinfo
             f"install -m 0755 {tools}/nvidia-smi {root}/usr/bin/nvidia-smi",
             f"install -m 0755 {tools}/ibv_devinfo {root}/usr/bin/ibv_devinfo",
@@ -786,6 +811,56 @@ class PodSim:
             os.kill(pod.pid, signal.SIGKILL)
             pod.proc.wait(timeout=30)
             return "killed"
+
+    def evict_hard(self, index: int) -> str:
+        """The kubelet's hard eviction (a node under memory, disk or PID pressure): the grace is overridden with
+        1 s (kubernetes pkg/kubelet/eviction/eviction_manager.go synchronize -> evictPod with
+        immediateEvictionGracePeriodSeconds = 1); current kuberuntime_container.go killContainer applies the
+        override before the preStop hook, which gets at most that 1 s (executePreStopHook abandons it, it runs on),
+        then StopContainer with the budget floored at minimumGracePeriodInSeconds = 2: SIGTERM to PID 1, SIGKILL
+        2 s later. Returns "exited" or "killed"."""
+        pod = self.pods[index]
+        pre_stop = ((self.main.get("lifecycle") or {}).get("preStop") or {}).get("exec")
+        hook = None
+        if pre_stop:
+            hook = subprocess.Popen(self.command(index, pre_stop["command"]), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                hook.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                pass  # abandoned, not killed: it ends with the container
+        os.kill(pod.pid, signal.SIGTERM)
+        assert pod.proc is not None
+        try:
+            pod.proc.wait(timeout=2)
+            how = "exited"
+        except subprocess.TimeoutExpired:
+            os.kill(pod.pid, signal.SIGKILL)
+            pod.proc.wait(timeout=30)
+            how = "killed"
+        if hook is not None:
+            hook.wait(timeout=30)
+        return how
+
+    def oom_kill(self, index: int) -> None:
+        """The container's OOM kill on cgroup v2 with kubelet >= 1.28: the kubelet sets memory.oom.group, so the
+        kernel kills every process of the container at once (kubernetes/kubernetes#117793): no preStop, no
+        SIGTERM, no grace. SIGKILL to PID 1 ends its PID namespace, every process in it."""
+        pod = self.pods[index]
+        os.kill(pod.pid, signal.SIGKILL)
+        assert pod.proc is not None
+        pod.proc.wait(timeout=30)
+
+    def rolling_update(self, timeout: float = 90) -> list[str]:
+        """A StatefulSet rolling update (a template change): each pod terminated and replaced from the highest ordinal
+        down, one at a time, the next only once the replacement is Ready (kubernetes
+        pkg/controller/statefulset/stateful_set_control.go updateStatefulSet: "we terminate the Pod with the
+        largest ordinal that does not match the update revision", maxUnavailable 1). Returns each termination's
+        outcome, highest ordinal first."""
+        outcomes = []
+        for index in reversed(range(self.count)):
+            outcomes.append(self.terminate(index))
+            self.restart(index, timeout)
+        return outcomes
 
     def volume_dir(self, index: int, mount_path: str) -> Path:
         """The directory on this machine behind pod `index`'s volume mounted at `mount_path` (a PVC or emptyDir):

@@ -5,6 +5,7 @@ are strict, and the run ends with one line naming the CPythons of the in-pod mat
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -78,3 +79,14 @@ def test_the_run_ends_with_one_line_naming_the_missing_interpreters(tmp_path: Pa
 def test_an_unknown_marker_is_an_error(tmp_path: Path) -> None:
     proc = pytest_run(tmp_path, "import pytest\n\n\n@pytest.mark.roto\ndef test_typo():\n    pass\n", as_user=False)
     assert proc.returncode != 0 and "'roto' not found in `markers` configuration option" in proc.stdout + proc.stderr
+
+
+def test_every_module_guarded_by_the_simulation_is_marked_root() -> None:
+    """A module that skips unless simulated pods can run (podsim's `missing_requirements()`) needs root: it carries the
+    marker (or fabric's `needs_pods`), so CI's sudo pass runs it and the user pass leaves it out."""
+    unmarked = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        source = path.read_text()
+        if re.search(r"\bmissing_requirements\(\)", source) and "mark.root" not in source and "needs_pods" not in source:
+            unmarked.append(str(path.relative_to(ROOT)))
+    assert unmarked == [], "add pytest.mark.root to their pytestmark"
