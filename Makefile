@@ -4,13 +4,15 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STACK ?= barcelona
-# Debian packages the tests and benchmarks use for real (Open MPI for the fabric check, registry, skopeo, buildah,
-# htpasswd, shellcheck, headless chromium),
-# and Graphviz, which draws the docs' architecture diagrams (`make docs-generate`).
-APT_PACKAGES := openmpi-bin docker-registry skopeo buildah apache2-utils openssh-server openssh-client rsync pdsh libnss-wrapper shellcheck chromium chromium-driver iptables iputils-ping graphviz
+# Debian packages the tests and benchmarks use for real: what the venv needs (python3-venv: Debian keeps ensurepip
+# there), what a fresh machine is given (python3, make, git) and what minbase lacks (mount, iproute2: not Essential),
+# Open MPI for the fabric check, registry, skopeo, buildah, htpasswd, shellcheck, headless chromium, and Graphviz,
+# which draws the docs' architecture diagrams (`make docs-generate`). Which program comes from which package:
+# tests/fixtures/programs.py (tests/repo/test_programs.py holds this list to it).
+APT_PACKAGES := python3-venv python3 make git mount iproute2 openmpi-bin docker-registry skopeo buildah apache2-utils openssh-server openssh-client rsync pdsh libnss-wrapper shellcheck chromium chromium-driver iptables iputils-ping graphviz
 # Hash-locked sets compiled from the *.in files by `make lock` (tools/lock.sh, uv); .venv gets the dev lock.
 
-.PHONY: lock lock-check verify-base-lock typecheck help venv system-deps render render-all runs status racks test lint docs docs-generate screenshots diagram policy-preview bench-package bench-launch clean
+.PHONY: lock lock-check verify-base-lock typecheck help venv system-deps render render-all runs status racks test test-fast lint docs docs-generate screenshots diagram policy-preview bench-tests bench-package bench-launch clean
 
 help:
 	@echo "make render STACK=<name>   render one stack offline into rendered/<name>/ (+ schema check)"
@@ -19,16 +21,20 @@ help:
 	@echo "make status CLUSTER=<name> every environment of a cluster: owner, size, state, GPU-hours (needs oc)"
 	@echo "make racks STACK=<name> LABEL=<node label>  fabricCheck.nodeRacks from a node topology label (needs oc)"
 	@echo "make test                  ruff check + format check, mypy, the whole test suite (installs what it needs)"
+	@echo "make test-fast             the inner loop: ruff, format, mypy, gates, units and renders (no root, no pods)"
 	@echo "make lock                  re-lock requirements*.txt (hashes) after editing requirements*.in"
 	@echo "make verify-base-lock      install the base image's locks for real (PyPI) and pip check them"
 	@echo "make docs                  build the documentation site (docs/ -> site/, MkDocs --strict)"
 	@echo "make docs-generate         regenerate the site's generated pages (config reference, outputs, exit codes, diagram)"
 	@echo "make screenshots           retake the home-page screenshot the docs use (headless chromium on simulated pods, root)"
 	@echo "make policy-preview        pulumi preview with the policy pack (needs the Pulumi CLI and a cluster)"
+	@echo "make bench-tests           make test-fast and make test, 3 runs each: median, spread, slowest tests"
 	@echo "make bench-package         modelcar packaging benchmark (SIZE=2GiB)"
 	@echo "make bench-launch          ml-dev run on 4 simulated pods: time to all ranks running (SIZE=200MB, root)"
 
 MIN_PYTHON := 3.11
+# Sets SUDO: "" as root, "sudo -n" with password-less sudo, "none" otherwise (then nothing is installed).
+AS_ROOT = if [ "$$(id -u)" = 0 ]; then SUDO=""; elif command -v sudo >/dev/null 2>&1 && sudo -n true >/dev/null 2>&1; then SUDO="sudo -n"; else SUDO=none; fi
 
 # The interpreter (the venv's once it exists) must be Python >= $(MIN_PYTHON); a failed `venv` leaves no .venv.
 $(VENV)/.installed: requirements-dev.txt
@@ -41,6 +47,14 @@ $(VENV)/.installed: requirements-dev.txt
 	  else echo "  run: make $(or $(GOAL),$(MAKECMDGOALS),venv) PYTHON=python3.11 (or newer)" >&2; fi; \
 	  exit 1; \
 	fi
+	@test -x $(PY) || $(PYTHON) -c 'import ensurepip' >/dev/null 2>&1 || { \
+	  $(AS_ROOT); \
+	  if [ "$$SUDO" = none ]; then \
+	    echo "error: $(PYTHON) -m venv needs Debian's python3-venv (ensurepip), not installed; as root: apt-get install python3-venv" >&2; exit 1; \
+	  fi; \
+	  echo "installing Debian's python3-venv ($(PYTHON) -m venv needs its ensurepip)"; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends python3-venv >/dev/null; \
+	}
 	test -x $(PY) || $(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); echo "error: $(PYTHON) -m venv failed; no $(VENV) left behind" >&2; exit 1; }
 	$(PY) -m pip install --quiet --require-hashes --no-deps -r requirements-dev.txt
 	touch $@
@@ -59,9 +73,8 @@ venv:
 system-deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" = 0 ]; then SUDO=""; \
-	  elif command -v sudo >/dev/null 2>&1 && sudo -n true >/dev/null 2>&1; then SUDO="sudo -n"; \
-	  else \
+	  $(AS_ROOT); \
+	  if [ "$$SUDO" = none ]; then \
 	    echo "note: not root and no password-less sudo: not installing the Debian packages$$missing;"; \
 	    echo "      the tests that need them are skipped (reasons in pytest's summary); as root: make system-deps"; \
 	    exit 0; \
@@ -99,10 +112,14 @@ lint: venv
 	$(PY) -m ruff format --check .
 
 # The in-pod programs again against Python 3.10's standard library (the oldest mypy 2 targets; their
-# minimum, inpod.MIN_PYTHON, is held by tests/inpod running them on each interpreter).
+# minimum, inpod.MIN_PYTHON, is held by tests/inpod running them on each interpreter). The step programs again
+# as they run, from steps/ with `lib` importable (in the repository's pass `from lib.registry import …` is
+# unresolved, so Any under ignore_missing_imports); tests/repo/test_typecheck.py holds the list to steps.embed.STEPS.
+STEP_PROGRAMS := download.py package.py mirror.py register.py upload_s3.py wait_image.py
 typecheck: venv
 	$(PY) -m mypy
 	$(PY) -m mypy --python-version 3.10 inpod
+	cd steps && MYPYPATH=. ../$(PY) -m mypy --config-file ../pyproject.toml $(STEP_PROGRAMS)
 
 # Re-lock after editing a *.in file (or steps/requirements*.txt): every transitive pin, with hashes.
 lock: venv
@@ -141,8 +158,23 @@ policy-preview: venv
 	pulumi preview --stack $(STACK) --policy-pack policy --diff
 
 # pyproject's `addopts = -ra` makes pytest end with a summary of every skipped test and its reason.
+# PYTEST_ARGS: more pytest arguments (CI's user pass: -m "not root"; its sudo pass runs the `root` tests).
+# PYTEST_WORKERS: pytest-xdist workers (auto: one per CPU; 0 runs in this process); a test module stays on one
+# worker (--dist loadfile: its module-scoped fixtures are made once), each worker checks what it left behind.
+PYTEST_ARGS ?=
+PYTEST_WORKERS ?= auto
+XDIST = -n $(PYTEST_WORKERS) --dist loadfile
 test: venv system-deps lint typecheck docs
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
+
+# The inner loop: ruff, the format check, the mypy passes, then the repository gates, the units and the renders
+# (tests/conftest.py FAST_LANE: no simulated pod, no root, no real service, no Debian package beyond the venv's).
+test-fast: venv lint typecheck
+	$(PY) -m pytest -q $(XDIST) -m fast $(PYTEST_ARGS)
+
+# How long the suite takes: make test-fast and make test, RUNS times each (median, spread, 20 slowest tests).
+bench-tests: venv
+	$(PY) -m bench.bench_tests --runs $(or $(RUNS),3)
 
 bench-package: venv system-deps
 	$(PY) -m bench.bench_package --size $(or $(SIZE),2GiB)

@@ -63,7 +63,7 @@ def rollout_timeout(config: StackConfig) -> int:
       the pods are gone: up to one termination grace, as the garbage collector deletes them together.
 
     A stack that builds switches the pods to a new tag only once it exists (ImageBuild's wait Job, awaited
-    before the StatefulSet changes), so the builds are not part of this wait (tests/test_waits.py).
+    before the StatefulSet changes), so the builds are not part of this wait (tests/components/test_waits.py).
     """
     fabric = config.fabric_check.on_deploy_timeout_seconds if config.fabric_check.on_deploy else 0
     stops = config.nodes.count * lifecycle.termination_grace_seconds(config)
@@ -398,7 +398,7 @@ class GpuCluster(pulumi.ComponentResource):
         )
         k8s.apps.v1.Deployment(
             f"{name}-usage-recorder",
-            # Not awaited: a pull of a small Python image must not lengthen `pulumi up` (tests/test_waits.py).
+            # Not awaited: a pull of a small Python image must not lengthen `pulumi up` (tests/components/test_waits.py).
             metadata=self._meta(role_name, annotations={"pulumi.com/skipAwait": "true"}),
             spec=lifecycle.usage_recorder_spec(cfg),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[binding, self._startup_configmap]),

@@ -3,7 +3,7 @@
 Config (`access.<name>` toggles, the token-mode rules), the pod (ports, credential env, OAuth proxy
 sidecars), the cluster objects (pod-0 Service ports, Routes, OAuth redirect annotations), the stack
 secrets and the route-host length check all read this table; adding a server is one row here plus its
-start command in `inpod/sh/startup.sh` (a `case` branch per server; tests/test_servers.py checks
+start command in `inpod/sh/startup.sh` (a `case` branch per server; tests/core/test_servers.py checks
 that every row has one that listens on the row's port). CONTRIBUTING.md walks through it.
 
 `routed` leaves room for processes that are not reached through a Route (an sshd, a fabric gate, the idle

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import os
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -12,12 +14,14 @@ import pytest
 from stacks.loader import SECRET_KEYS
 
 # the suite leaves nothing behind: subreaper, per-module notes, the session-end check (tests/fixtures/leftovers.py)
+from tests.fixtures import leftovers
 from tests.fixtures.leftovers import (  # noqa: F401  (hooks and an autouse fixture, found by name)
     _nothing_left_behind_by_module,
     pytest_configure,
     pytest_sessionfinish,
-    pytest_terminal_summary,
+    pytest_testnodedown,
 )
+from tools import mock_engine
 from tools.mock_engine import RunResult, run_program, stack_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,3 +78,95 @@ def tcp_shared_variant(objects: dict[str, Any]) -> None:
             {"name": "datasets", "mountPath": "/datasets", "size": "500Gi", "storageClass": "nfs-csi"},
         ],
     }
+
+
+# ------------------------------------------------------------------------------------------- root tests
+
+ROOT_FIXTURES = frozenset({"fabric", "fabrics", "image_rig", "full_disk"})
+"""Fixtures that need root (simulated pods, buildah's vfs storage, a tmpfs mount): a test using one is a `root` test."""
+NEEDS_ROOT = re.compile(r"\bneeds? root\b")
+
+
+# ------------------------------------------------------------------------------------------ the fast lane
+
+FAST_LANE = (
+    "tests/repo/",
+    "tests/core/",
+    "tests/stacks/",
+    "tests/components/",
+    "tests/policy/",
+    "tests/tools/",
+    "tests/bench/",
+    "tests/inpod/test_delivery.py",
+    "tests/inpod/test_startup_script.py",
+    "tests/images/test_presets.py",
+    "tests/images/test_containerfiles.py",
+    "tests/images/test_base_matrix_logic.py",
+    "tests/steps/test_embed.py",
+    "tests/steps/test_step_units.py",
+)
+"""`make test-fast` (-m fast): the repository gates, the units and the renders. No simulated pod, no root, no real
+service and no program of a Debian package a fresh machine lacks (tests/repo/test_fast_lane.py holds it to that)."""
+SLOW = (
+    "tests/repo/test_shellcheck.py",  # shellcheck
+    "tests/repo/test_docs_site.py",  # chromium
+    "tests/tools/test_diagram.py",  # Graphviz's dot
+)
+"""Modules of the lane's folders that run a program of a Debian package: `make test` runs them."""
+
+
+def in_fast_lane(path: str) -> bool:
+    """Whether a test module (its path from the repository root) belongs to `make test-fast`."""
+    from fnmatch import fnmatch
+
+    return not any(fnmatch(path, s) for s in SLOW) and any(path.startswith(p) if p.endswith("/") else fnmatch(path, p) for p in FAST_LANE)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if ROOT_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.root)
+        path = Path(str(item.path)).resolve()
+        if path.is_relative_to(ROOT) and in_fast_lane(path.relative_to(ROOT).as_posix()) and not item.get_closest_marker("root"):
+            item.add_marker(pytest.mark.fast)
+
+
+@pytest.hookimpl(tryfirst=True)  # before the test's fixtures (module-scoped renders included) are set up
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # One render per stack, variant and secrets per process (tools/mock_engine.py: each caller gets a deep copy); a
+    # test that patches the program's modules (monkeypatch) renders afresh, and its renders are not kept.
+    mock_engine.cache_renders("monkeypatch" not in getattr(item, "fixturenames", ()))
+    if item.get_closest_marker("root") and os.geteuid() != 0:
+        pytest.skip("needs root (marker `root`: CI's sudo pass runs it; as root: make test)")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A test that skips because it needs root must carry the `root` marker (or CI's passes would run it in neither)."""
+    report = yield
+    if report.skipped and not item.get_closest_marker("root") and isinstance(report.longrepr, tuple):
+        reason = str(report.longrepr[2]).removeprefix("Skipped: ")
+        if NEEDS_ROOT.search(reason):
+            report.outcome = "failed"
+            report.longrepr = f"{item.nodeid} skips for root ({reason}) but has no `root` marker: add @pytest.mark.root"
+    return report
+
+
+# --------------------------------------------------------------------------------------- the run's summary
+
+MISSING_PYTHON = re.compile(r"no CPython (3\.\d+) here")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The leftover report, then one line naming the CPythons of the in-pod matrix this machine lacks."""
+    leftovers.pytest_terminal_summary(terminalreporter)
+    missing: set[str] = set()
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = getattr(report, "longrepr", None)
+        if isinstance(longrepr, tuple) and (found := MISSING_PYTHON.search(str(longrepr[2]))):
+            missing.add(found.group(1))
+    if missing:
+        versions = ", ".join(sorted(missing, key=lambda v: tuple(map(int, v.split(".")))))
+        terminalreporter.write_line(
+            f"CPython missing here of the in-pod matrix (neither Debian's packages nor PyPI provide it): {versions}", yellow=True
+        )

@@ -7,10 +7,13 @@ root stack, so runs never leak into each other.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import copy
 import gc
 import json
 import logging
 import runpy
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -208,6 +211,38 @@ def flatten(config: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
     return flat, secret_keys
 
 
+_renders: dict[str, RunResult] = {}
+"""Renders of this process by their inputs (stack, config, secrets, the cluster stack's outputs)."""
+_cache: dict[str, RunResult] | None = None
+"""`_renders` while the cache is on (`cache_renders`), else None: off by default (`make render`, tools)."""
+
+
+def cache_renders(on: bool) -> None:
+    """Reuse a render of the same inputs (the program is deterministic in them; the test suite turns this on): each
+    caller gets a deep copy. Renders made so far are kept while it is off. The suite turns it off for a test that
+    patches the program's modules (monkeypatch); `uncached()` for a test of determinism itself."""
+    global _cache
+    _cache = _renders if on else None
+
+
+@contextlib.contextmanager
+def uncached() -> Iterator[None]:
+    """Every render inside runs the program (a test that the program itself is deterministic)."""
+    global _cache
+    saved = _cache
+    _cache = None
+    try:
+        yield
+    finally:
+        _cache = saved
+
+
+def _cache_key(stack: str, config: dict[str, Any], secrets: dict[str, str] | None, outputs: Any, main: Path) -> str | None:
+    if _cache is None or main != ROOT / "__main__.py":
+        return None
+    return json.dumps([stack, config, secrets or {}, outputs], sort_keys=True, default=repr)
+
+
 def run_program(
     stack: str,
     config: dict[str, Any],
@@ -221,6 +256,17 @@ def run_program(
     `stack_outputs` gives them, the cluster stack's file next to `main` is run first (with the same secrets)
     and its outputs are what the StackReference reads, as after a `pulumi up` of the cluster stack.
     """
+    key = _cache_key(stack, config, secrets, stack_outputs, main)
+    if key is not None and _cache is not None:
+        if key not in _cache:
+            _cache[key] = _run_program(stack, config, secrets, main, stack_outputs)
+        return copy.deepcopy(_cache[key])
+    return _run_program(stack, config, secrets, main, stack_outputs)
+
+
+def _run_program(
+    stack: str, config: dict[str, Any], secrets: dict[str, str] | None, main: Path, stack_outputs: dict[str, dict[str, Any]] | None
+) -> RunResult:
     if stack_outputs is None:
         stack_outputs = cluster_outputs(config, secrets, main)
     flat, secret_keys = flatten(config)

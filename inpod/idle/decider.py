@@ -39,6 +39,11 @@ def peers(settings: dict[str, Any]) -> list[tuple[str, str]]:
     return [(pod, f"http://{host}:{settings['activityPort']}") for pod, host in zip(pods, hosts) if pod != me]  # same length: checked above
 
 
+ACTIVITY_FETCH_SECONDS = contract.ACTIVITY_FETCH_SECONDS
+"""How long pod 0 waits for a worker's /activity; probes.GPU_PROBE_SECONDS stays well below it (the worker's answer
+runs its probes inline). Both are the contract's (inpod/contract.py)."""
+
+
 def gather(settings: dict[str, Any]) -> list[dict[str, Any]]:
     """Every pod's activity; an unreachable pod or an unreadable rank.env is one failed signal."""
     reports = [local_activity(settings)]
@@ -48,7 +53,7 @@ def gather(settings: dict[str, Any]) -> list[dict[str, Any]]:
         return [*reports, {"pod": "?", "time": time.time(), "signals": [signal("peers", False, error=str(exc))]}]
     for pod, base in others:
         try:
-            reports.append(fetch_json(f"{base}/activity", timeout=15))
+            reports.append(fetch_json(f"{base}/activity", timeout=ACTIVITY_FETCH_SECONDS))
         except (OSError, ValueError, urllib.error.URLError) as exc:
             reports.append({"pod": pod, "time": time.time(), "signals": [signal("reachable", False, error=str(exc))]})
     return reports

@@ -46,6 +46,7 @@ import yaml
 from dockerfile_parse import DockerfileParser
 from dockerfile_parse.util import get_key_val_dictionary
 
+from tests.fixtures import programs
 from tests.fixtures.net import start_on_free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,7 +57,11 @@ PRESETS_FILE = IMAGES / "presets.yaml"
 
 STANDIN_TORCH_VERSION = "2.9.0a0+standin"
 REQUIRED_TOOLS = ("buildah", "docker-registry", "ldd")
-INSTALL_HINT = "apt-get install -y buildah docker-registry; `make system-deps`"
+
+
+def missing_tools() -> str | None:
+    """Why the image rig cannot build here for want of a program (its reason names the Debian packages)."""
+    return programs.missing(*REQUIRED_TOOLS)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -353,9 +358,9 @@ class ImageRig:
 
 @pytest.fixture(scope="module")
 def image_rig(tmp_path_factory: pytest.TempPathFactory):
-    missing = [t for t in REQUIRED_TOOLS if shutil.which(t) is None]
+    missing = missing_tools()
     if missing:
-        message = f"image build tests need {', '.join(missing)} ({INSTALL_HINT})"
+        message = f"image build tests: {missing}"
         if os.environ.get("CI"):  # in CI a missing tool is a broken setup, not a reason to skip
             pytest.fail(message)
         pytest.skip(message)

@@ -22,7 +22,7 @@ from core import naming
 from tests.podsim.pods import PodSim, missing_requirements, render_stack
 
 REASON = missing_requirements()
-pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}"), pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}"), pytest.mark.timeout(300)]
 
 MOUNT = naming.STARTUP_MOUNT
 LAUNCHERS = ("ml-dev", "fabric_check.py", "idle_agent.py", "home_page.py", "usage.py")

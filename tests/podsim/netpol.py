@@ -41,13 +41,13 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tests.fixtures import programs
 from tests.podsim.pods import GATEWAY, POD_PREFIX, PREFIX, PodSim, run
 
 ROUTER_LABEL = "policy-group.network.openshift.io/ingress"  # OpenShift's router namespace (openshift-ingress) label
@@ -59,9 +59,9 @@ gives that node 10.128.2.0/23), inside the pod network's /14 (on-link here) and 
 
 
 def missing_requirements() -> str | None:
-    for tool in ("iptables-restore", "ping"):
-        if shutil.which(tool) is None:
-            return f"needs {tool} (Debian: iptables, iputils-ping; `make system-deps`)"
+    absent = programs.missing("iptables-restore", "ping")
+    if absent:
+        return absent
     probe = subprocess.run(["unshare", "--net", "iptables", "-A", "INPUT", "-m", "conntrack", "--ctstate", "ESTABLISHED", "-j", "ACCEPT"],
                            capture_output=True, text=True, timeout=30)  # fmt: skip
     if probe.returncode:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from tests.fixtures import programs
 from tests.podsim.admission import Identity, admit
 from tests.podsim.layout import AtomicVolume
 from tests.podsim.render import PodFacts, container_env, main_container, service_links
@@ -49,6 +50,8 @@ POD_PREFIX = 14  # 10.128.0.0/14, OpenShift's default clusterNetwork
 MEMLOCK_BYTES = 8 << 20  # the kernel's default RLIMIT_MEMLOCK (8 MiB since Linux 5.16), what CRI-O's containers inherit
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # the base image's PATH (Debian/Ubuntu default)
 TOOLS = ("unshare", "nsenter", "ip", "setpriv", "prlimit", "sshd", "ssh", "ssh-keygen", "rsync", "pdsh", "python3", "git")
+MACHINE_TOOLS = ("mpirun", "orted")
+"""Open MPI of this machine: the fabric check's launcher and daemon on the pods (tests/podsim/nodetools.py)."""
 SERVICE_ACCOUNT = "/run/secrets/kubernetes.io/serviceaccount"  # /var/run -> /run in the image
 BASHRC_HOOK = "if [ -r /etc/profile.d/ml-dev-env.sh ]; then . /etc/profile.d/ml-dev-env.sh; fi"
 """The line images/base.Containerfile appends to /etc/bash.bashrc (tests/podsim/test_pods.py checks it is there)."""
@@ -78,11 +81,11 @@ def render_stack(stack: str, mutate: Any = None) -> Any:
 
 def missing_requirements() -> str | None:
     """Why the simulation cannot run here (None when it can)."""
+    absent = programs.missing(*TOOLS, *MACHINE_TOOLS, path=BASE_PATH)
+    if absent:
+        return absent
     if os.geteuid() != 0:
         return "needs root (network, PID, mount and UTS namespaces; other UIDs)"
-    for tool in TOOLS:
-        if not shutil.which(tool, path=BASE_PATH):
-            return f"needs {tool} on {BASE_PATH} (Debian: iproute2 util-linux openssh-server openssh-client rsync pdsh git python3)"
     probe = subprocess.run(["unshare", "--net", "--pid", "--fork", "--mount", "--uts", "true"], capture_output=True, timeout=30)
     if probe.returncode:
         return f"unshare of net/pid/mount/uts namespaces is not permitted here: {probe.stderr.decode().strip()}"
@@ -808,6 +811,56 @@ class PodSim:
             os.kill(pod.pid, signal.SIGKILL)
             pod.proc.wait(timeout=30)
             return "killed"
+
+    def evict_hard(self, index: int) -> str:
+        """The kubelet's hard eviction (a node under memory, disk or PID pressure): the grace is overridden with
+        1 s (kubernetes pkg/kubelet/eviction/eviction_manager.go synchronize -> evictPod with
+        immediateEvictionGracePeriodSeconds = 1); current kuberuntime_container.go killContainer applies the
+        override before the preStop hook, which gets at most that 1 s (executePreStopHook abandons it, it runs on),
+        then StopContainer with the budget floored at minimumGracePeriodInSeconds = 2: SIGTERM to PID 1, SIGKILL
+        2 s later. Returns "exited" or "killed"."""
+        pod = self.pods[index]
+        pre_stop = ((self.main.get("lifecycle") or {}).get("preStop") or {}).get("exec")
+        hook = None
+        if pre_stop:
+            hook = subprocess.Popen(self.command(index, pre_stop["command"]), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                hook.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                pass  # abandoned, not killed: it ends with the container
+        os.kill(pod.pid, signal.SIGTERM)
+        assert pod.proc is not None
+        try:
+            pod.proc.wait(timeout=2)
+            how = "exited"
+        except subprocess.TimeoutExpired:
+            os.kill(pod.pid, signal.SIGKILL)
+            pod.proc.wait(timeout=30)
+            how = "killed"
+        if hook is not None:
+            hook.wait(timeout=30)
+        return how
+
+    def oom_kill(self, index: int) -> None:
+        """The container's OOM kill on cgroup v2 with kubelet >= 1.28: the kubelet sets memory.oom.group, so the
+        kernel kills every process of the container at once (kubernetes/kubernetes#117793): no preStop, no
+        SIGTERM, no grace. SIGKILL to PID 1 ends its PID namespace, every process in it."""
+        pod = self.pods[index]
+        os.kill(pod.pid, signal.SIGKILL)
+        assert pod.proc is not None
+        pod.proc.wait(timeout=30)
+
+    def rolling_update(self, timeout: float = 90) -> list[str]:
+        """A StatefulSet rolling update (a template change): each pod terminated and replaced from the highest ordinal
+        down, one at a time, the next only once the replacement is Ready (kubernetes
+        pkg/controller/statefulset/stateful_set_control.go updateStatefulSet: "we terminate the Pod with the
+        largest ordinal that does not match the update revision", maxUnavailable 1). Returns each termination's
+        outcome, highest ordinal first."""
+        outcomes = []
+        for index in reversed(range(self.count)):
+            outcomes.append(self.terminate(index))
+            self.restart(index, timeout)
+        return outcomes
 
     def volume_dir(self, index: int, mount_path: str) -> Path:
         """The directory on this machine behind pod `index`'s volume mounted at `mount_path` (a PVC or emptyDir):

@@ -27,7 +27,7 @@ from inpod import contract as pod_contract
 from tests.podsim.pods import PREFIX, PodSim, leftovers, missing_requirements, render_stack
 
 REASON = missing_requirements()
-pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}"), pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}"), pytest.mark.timeout(600)]
 
 STATE = "/tmp/ml-dev-env"
 GO = "/tmp/podsim-launch-go"

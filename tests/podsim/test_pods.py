@@ -35,7 +35,7 @@ from tests.podsim.pods import (
 from tests.podsim.render import service_links
 
 REASON = missing_requirements()
-pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}"), pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}"), pytest.mark.timeout(300)]
 
 # What a running container has beyond its rendered env: the runtime's HOSTNAME, the kubelet's service links of
 # the default `kubernetes` Service (envvars.go FromServices), the image's ENV (images/base.Containerfile) and the

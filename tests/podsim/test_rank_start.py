@@ -30,7 +30,7 @@ from core import naming
 from tests.podsim.pods import PREFIX, PodSim, leftovers, missing_requirements, render_stack
 
 REASON = missing_requirements()
-pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}"), pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}"), pytest.mark.timeout(300)]
 
 STATE = "/tmp/ml-dev-env"
 D = f"{STATE}/ssh"

@@ -37,7 +37,11 @@ from tests.podsim.pods import PodSim, leftovers, missing_requirements, render_st
 from tests.podsim.render import PodFacts, container_env, expand
 
 REASON = missing_requirements() or netpol.missing_requirements()
-pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"simulated pods with NetworkPolicy: {REASON}"), pytest.mark.timeout(300)]
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.skipif(REASON is not None, reason=f"simulated pods with NetworkPolicy: {REASON}"),
+    pytest.mark.timeout(300),
+]
 
 STACKS = ("barcelona", "nerc-production")
 WILDCARDS = {"0.0.0.0", "::", "*"}

@@ -14,7 +14,6 @@ import importlib.util
 import os
 import random
 import re
-import shutil
 import subprocess
 import sys
 import types
@@ -25,15 +24,16 @@ from pathlib import Path
 import pytest
 
 from steps.embed import EMBEDDED, STEPS, step_script, write_tree
-from tests.fixtures.images import push_base, skopeo_available
+from tests.fixtures import programs
+from tests.fixtures.images import push_base, skopeo_available, skopeo_missing
 from tests.fixtures.model_registry import ModelRegistryStandIn, run_model_registry
 from tests.fixtures.proxy import HttpProxy, run_proxy
-from tests.fixtures.registry import Registry, registry_available, run_registry
+from tests.fixtures.registry import Registry, registry_available, registry_missing, run_registry
 from tests.fixtures.s3 import S3Server, run_s3
 
-REGISTRY_MISSING = "needs /usr/bin/docker-registry and htpasswd (apt: docker-registry apache2-utils)"
+REGISTRY_MISSING = registry_missing() or ""
 needs_registry = pytest.mark.skipif(not registry_available(), reason=REGISTRY_MISSING)
-needs_skopeo = pytest.mark.skipif(not skopeo_available(), reason="needs skopeo (apt: skopeo)")
+needs_skopeo = pytest.mark.skipif(not skopeo_available(), reason=skopeo_missing() or "")
 
 
 @dataclass
@@ -118,8 +118,9 @@ def services_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def quay(services_dir: Path) -> Iterator[Registry]:
     """Stands in for Quay: bearer-token challenge, token service with user/password."""
-    if not registry_available():
-        pytest.skip(REGISTRY_MISSING)
+    missing = registry_missing()
+    if missing:
+        pytest.skip(missing)
     with run_registry(services_dir, "quay", auth="token") as registry:
         yield registry
 
@@ -127,8 +128,9 @@ def quay(services_dir: Path) -> Iterator[Registry]:
 @pytest.fixture(scope="session")
 def internal(services_dir: Path) -> Iterator[Registry]:
     """Stands in for the OpenShift internal registry: Basic auth, user `serviceaccount`, password = token."""
-    if not registry_available():
-        pytest.skip(REGISTRY_MISSING)
+    missing = registry_missing()
+    if missing:
+        pytest.skip(missing)
     with run_registry(services_dir, "internal", auth="htpasswd", username="serviceaccount", password="sa-token-1") as registry:
         yield registry
 
@@ -136,8 +138,9 @@ def internal(services_dir: Path) -> Iterator[Registry]:
 @pytest.fixture(scope="session")
 def base_image(quay: Registry, services_dir: Path) -> str:
     """A runnable base (shell, ln, sleep, ...) pushed to `quay` as a multi-arch index."""
-    if not skopeo_available():
-        pytest.skip("needs skopeo (apt: skopeo)")
+    missing = skopeo_missing()
+    if missing:
+        pytest.skip(missing)
     return push_base(services_dir, quay, "base/shell:1")
 
 
@@ -198,4 +201,9 @@ def model_dir(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
 
 @pytest.fixture(scope="session")
 def has_chroot() -> bool:
-    return os.geteuid() == 0 and shutil.which("chroot") is not None
+    return os.geteuid() == 0 and chroot_missing() is None
+
+
+def chroot_missing() -> str | None:
+    """Why the end-to-end pipeline cannot run its steps in a chroot here for want of a program."""
+    return programs.missing("chroot")

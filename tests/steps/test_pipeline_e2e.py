@@ -36,6 +36,7 @@ def blob_uploads(proxy: HttpProxy) -> int:
     return proxy.count("PATCH") + proxy.count("PUT", "/blobs/") + sum(1 for m, p in proxy.requests if m == "POST" and "mount=" not in p)
 
 
+@pytest.mark.root  # its last step runs the image in a chroot
 def test_s3_to_registered_modelcar(
     tmp_path: Path,
     run_step: StepRunner,

@@ -17,8 +17,8 @@ import pytest
 
 from core.quantity import parse_quantity
 from stacks.config import ModelPipelineConfig
+from tests.components.test_model_pipeline import SECRETS, pvc_objects, tasks
 from tests.conftest import run_objects, stack_objects
-from tests.test_model_pipeline import SECRETS, pvc_objects, tasks
 
 Deployed = Callable[[str], types.ModuleType]
 ROOT = Path(__file__).resolve().parents[2]

@@ -25,7 +25,13 @@ from tests.podsim.pods import PodSim, missing_requirements, render_stack
 
 PROGRAM = mount.shipped() / fabric_component.PROGRAM_KEY  # the launcher, in the pod's layout
 REASON = missing_requirements()
-needs_pods = pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}")
+
+
+def needs_pods(test: Callable[..., None]) -> Callable[..., None]:
+    """A test on simulated pods: marked `root` (CI's sudo pass runs it) and skipped when the simulation cannot run."""
+    return pytest.mark.root(pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}")(test))
+
+
 OPT = "/opt/ml-dev-env"
 WORKSPACE = "/workspace"
 STATE = "/tmp/ml-dev-env"

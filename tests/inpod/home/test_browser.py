@@ -34,6 +34,7 @@ SCREENSHOT = ROOT / "docs" / "img" / "home-page.png"
 REASON = missing_requirements()
 
 pytestmark = [
+    pytest.mark.root,
     pytest.mark.skipif(not (CHROMIUM and DRIVER), reason=NO_BROWSER),
     pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}"),
     pytest.mark.timeout(300),

@@ -17,7 +17,7 @@ from tests.inpod.home.pods import HOME_PORT, STATE, HomePods
 from tests.podsim.pods import leftovers, missing_requirements
 
 REASON = missing_requirements()
-pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}"), pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}"), pytest.mark.timeout(300)]
 FETCH = "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())"
 
 

@@ -27,8 +27,8 @@ import pytest
 from components import lifecycle
 from tests.conftest import run_objects, stack_objects
 from tests.inpod import mount as shipped_mount
+from tests.inpod.test_startup_script import base_env, make_stubs, wait_ready, wait_until
 from tests.podsim.render import PodFacts, container_env, main_container
-from tests.test_startup_script import base_env, make_stubs, wait_ready, wait_until
 
 MOUNT = shipped_mount.shipped()  # the startup ConfigMap as the pod has it
 ML_DEV = MOUNT / "ml-dev"

@@ -29,7 +29,7 @@ from tests.podsim.pods import PREFIX, PodSim, leftovers, missing_requirements
 from tests.podsim.pods import render_stack as render
 
 REASON = missing_requirements()
-pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}"), pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}"), pytest.mark.timeout(300)]
 
 APP = "ml-dev-env"
 WORKSPACE = "/workspace"

@@ -5,7 +5,7 @@ jupyter, tensorboard: images/base.Containerfile) are stubs at the image's paths 
 under /run/podsim-image and then stay up like a server. Variants: token auth, hcaMode auto, an SCC without
 SYS_RESOURCE, a scale-up pod outside the count, restricted-v2 (nerc-production) on a workspace it cannot write.
 The cases the render cannot express (a pod name without an ordinal, no writable /tmp, no idle settings mounted)
-stay plain-process unit tests in tests/test_startup_script.py.
+stay plain-process unit tests in tests/inpod/test_startup_script.py.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from tests.podsim.nodetools import Node
 from tests.podsim.pods import PREFIX, PodSim, leftovers, missing_requirements, pids_in_namespace_of, render_stack
 
 REASON = missing_requirements()
-pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}"), pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}"), pytest.mark.timeout(300)]
 
 STATE = "/tmp/ml-dev-env"
 WORKSPACE = "/workspace"

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import run_objects, stack_objects
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 STUB = """#!{python}
 import json, os, sys
 answers = json.load(open(os.environ["STUB_OC_ANSWERS"]))

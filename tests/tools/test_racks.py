@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, run_objects, stack_objects
+from tests.fixtures import programs
 from tools import racks
 
 LABEL = "topology.kubernetes.io/rack"
@@ -93,7 +93,7 @@ def test_without_pinned_nodes_the_gpu_selector_picks_them(tmp_path: Path, capsys
     assert capsys.readouterr().out.count("pulumi config set -s nerc-production --path") == 2
 
 
-@pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make")
+@pytest.mark.skipif(programs.missing("make") is not None, reason=programs.missing("make") or "")
 def test_make_racks_runs_the_tool_with_oc_on_path(tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

@@ -5,17 +5,18 @@ installed by `make system-deps`), all severities. A finding is fixed, or disable
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.fixtures import programs
+
+ROOT = Path(__file__).resolve().parents[2]
 SKIP = {".git", ".venv", "rendered", "__pycache__", "node_modules"}
 SHEBANGS = ("#!/bin/sh", "#!/bin/bash", "#!/usr/bin/env bash", "#!/usr/bin/env sh")
 
-pytestmark = pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed (Debian package; make system-deps)")
+pytestmark = pytest.mark.skipif(programs.missing("shellcheck") is not None, reason=programs.missing("shellcheck") or "")
 
 
 def shell_files() -> list[Path]:

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 CONFTEST = """from tests.fixtures.leftovers import (  # noqa: F401
     _nothing_left_behind_by_module, pytest_configure, pytest_sessionfinish, pytest_terminal_summary)

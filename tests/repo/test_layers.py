@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # A package may import itself and packages of a LOWER rank only. `inpod` (the programs the environment's pods
 # run, with the pod contract the render reads) and `steps` (the programs the pipeline pods run) are the ground

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.test_render_report import find, rendered
+from tests.tools.test_render import find, rendered
 from tools.prerequisites import prerequisites
 
 

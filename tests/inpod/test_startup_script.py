@@ -5,7 +5,7 @@ token auth, hcaMode auto, refused memlock, restricted-v2 on a read-only workspac
 cannot be expressed by any render: a pod name without an ordinal (a StatefulSet always names pods <app>-<n>), an
 unwritable /tmp and $TMPDIR (no stack renders readOnlyRootFilesystem; the image's /tmp is writable) and a pod
 without the idle settings (every render mounts the lifecycle ConfigMap's idle.json). The helpers are shared with
-tests/inpod/ml_dev/test_checkpoint_stop.py and tests/test_gpu_cluster.py.
+tests/inpod/ml_dev/test_checkpoint_stop.py and tests/components/test_gpu_cluster.py.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from components.pod import STARTUP_SCRIPT
 from core import naming
 from inpod import contract as pod_contract
+from tests.inpod import mount
 
 SERVERS = ("code-server", "jupyter", "tensorboard")
 STUBS = {
@@ -43,6 +43,7 @@ CLUSTER = {
     "POD_NAMESPACE": NAMESPACE,
     "MASTER_PORT": "29500",
 }
+STARTUP_SCRIPT = mount.shipped() / "startup.sh"  # the startup ConfigMap as the pod has it (its siblings beside it)
 RANK_KEYS = pod_contract.RANK_ENV  # what rank.env holds: the one contract (inpod/contract.py)
 
 

@@ -22,7 +22,7 @@ from core import servers
 from core.servers import DEV_SERVERS, DevServer
 from policy.rules.routes_authenticated import SERVICE_PORT_AUTH, SERVICE_PORT_NUMBERS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 STARTUP = ROOT / "inpod" / "sh" / "startup.sh"
 
 PROGRAM = textwrap.dedent(

@@ -21,7 +21,7 @@ import yaml
 from tests.conftest import STACKS, run_objects, stack_objects, tcp_shared_variant
 from tools.mock_engine import RunResult
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TIMEOUT = 600  # DefaultStatefulSetTimeoutMins, DefaultServiceTimeoutMins, … = 10
 POD_KINDS = {"StatefulSet", "Deployment", "DaemonSet", "Job", "Pod", "ReplicaSet"}
 AWAITED_KINDS = POD_KINDS | {"Service", "PersistentVolumeClaim", "PersistentVolume", "ServiceAccount", "Ingress", "Namespace"}

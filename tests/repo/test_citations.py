@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SKIP_DIRS = {".git", ".venv", "rendered", "site", "bench-out", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
 
 SECTION = "\u00a7"  # spelled as an escape so that this file does not match itself

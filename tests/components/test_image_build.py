@@ -13,7 +13,7 @@ import pytest
 
 from components import image_build
 from tests.conftest import VALIDATOR, run_objects, stack_objects, tcp_shared_variant
-from tests.test_locks import locked
+from tests.repo.test_locks import locked
 from tools import render
 from tools.mock_engine import RunResult
 

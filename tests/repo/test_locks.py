@@ -12,7 +12,7 @@ import pytest
 
 from core.presets import base_lock_pythons
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LOCKS = {
     "requirements.in": "requirements.txt",
     "requirements-dev.in": "requirements-dev.txt",

@@ -408,7 +408,7 @@ def test_data_survives_destroy_replace_and_scale(barcelona: RunResult, run) -> N
     assert sts.inputs["spec"]["persistentVolumeClaimRetentionPolicy"] == {"whenDeleted": "Retain", "whenScaled": "Retain"}
     assert sts.options["delete_before_replace"] is True
     # pulls and start, and one termination grace per pod (a rolling update stops them one at a time); the builds
-    # are awaited before the StatefulSet changes (tests/test_waits.py)
+    # are awaited before the StatefulSet changes (tests/components/test_waits.py)
     grace = sts.inputs["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     stops = sts.inputs["spec"]["replicas"] * grace
     assert sts.inputs["metadata"]["annotations"]["pulumi.com/timeoutSeconds"] == str(1800 + stops)

@@ -22,7 +22,7 @@ import yaml
 
 from tests.conftest import STACKS, VALIDATOR, run_objects, stack_objects
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 KINDS = ("NetworkPolicy", "MultiNetworkPolicy")
 
 

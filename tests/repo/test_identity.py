@@ -9,7 +9,7 @@ This test compares the URNs of both committed stacks (without the stack/project 
 suffixes shown as `{hash}`) with the snapshot in tests/identity/<stack>.txt. When a change is deliberate
 (a new object, or a rename that carries an alias), regenerate the snapshot and commit it:
 
-    .venv/bin/python tests/test_identity.py --write
+    .venv/bin/python tests/repo/test_identity.py --write
 """
 
 from __future__ import annotations
@@ -22,21 +22,21 @@ from pathlib import Path
 import pytest
 
 if __name__ == "__main__" and not __package__:
-    # Run as a file (`python tests/test_identity.py --write`): re-run as the module of the repository package.
+    # Run as a file (`python tests/repo/test_identity.py --write`): re-run as the module of the repository package.
     os.execve(
         sys.executable,
-        [sys.executable, "-m", "tests.test_identity", *sys.argv[1:]],
+        [sys.executable, "-m", "tests.repo.test_identity", *sys.argv[1:]],
         {
             **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")])),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")])),
         },
     )
 
 from tests.conftest import STACKS, run_objects, stack_objects
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
-SNAPSHOTS = Path(__file__).resolve().parent / "identity"
+SNAPSHOTS = Path(__file__).resolve().parents[1] / "identity"
 HASH = re.compile(r"-[0-9a-f]{10}$")
 
 
@@ -60,7 +60,7 @@ def snapshot(stack: str) -> Path:
 @pytest.mark.parametrize("stack", STACKS)
 def test_resource_identities_match_the_committed_snapshot(stack: str) -> None:
     path = snapshot(stack)
-    assert path.exists(), f"no identity snapshot for stack {stack}: run `.venv/bin/python tests/test_identity.py --write`"
+    assert path.exists(), f"no identity snapshot for stack {stack}: run `.venv/bin/python tests/repo/test_identity.py --write`"
     expected = [line for line in path.read_text().splitlines() if line and not line.startswith("#")]
     current = urns(stack)
     gone = sorted(set(expected) - set(current))
@@ -70,7 +70,7 @@ def test_resource_identities_match_the_committed_snapshot(stack: str) -> None:
         + "".join(f"  - gone (a live object would be DELETED, or orphaned if retained): {u}\n" for u in gone)
         + "".join(f"  + new: {u}\n" for u in new)
         + "A rename needs `aliases=[pulumi.Alias(name=<old name>, parent=<old parent>)]` on the resource. "
-        "If the change is deliberate, regenerate with `.venv/bin/python tests/test_identity.py --write` and commit "
+        "If the change is deliberate, regenerate with `.venv/bin/python tests/repo/test_identity.py --write` and commit "
         "tests/identity/."
     )
 
@@ -89,12 +89,12 @@ def test_the_snapshot_covers_the_stateful_objects() -> None:
 def write() -> None:
     SNAPSHOTS.mkdir(exist_ok=True)
     for stack in STACKS:
-        header = f"# Pulumi resource identities of stack {stack}; regenerate: .venv/bin/python tests/test_identity.py --write\n"
+        header = f"# Pulumi resource identities of stack {stack}; regenerate: .venv/bin/python tests/repo/test_identity.py --write\n"
         snapshot(stack).write_text(header + "\n".join(urns(stack)) + "\n")
         print(f"wrote {snapshot(stack).relative_to(ROOT)}")
 
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["--write"]:
-        sys.exit("usage: tests/test_identity.py --write")
+        sys.exit("usage: tests/repo/test_identity.py --write")
     write()

@@ -1,0 +1,1 @@
+"""Tests of components/ (one test module per source module)."""

@@ -1,0 +1,1 @@
+"""Repository gates: layout, layers, locks, docs, workflows, the Makefile, what the suite runs."""

@@ -1,0 +1,1 @@
+"""Tests of stacks/ (one test module per source module)."""

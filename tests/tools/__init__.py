@@ -1,0 +1,1 @@
+"""Tests of tools/ (render, docs generators, mock engine, oc runner, status, racks)."""
