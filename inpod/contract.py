@@ -2,7 +2,7 @@
 
 Defined here once, on the ground floor: the components render from it (components/pod.py: the container env and
 `cluster.env`; components/devloop.py: `devloop.env`; components/lifecycle.py: `idle.json`, the stop env) and the
-programs read it (`from ..contract import …`). tests/test_contract.py holds both sides: every name a program reads is
+programs read it (`from ..contract import …`). tests/core/test_pod_contract.py holds both sides: every name a program reads is
 rendered or written by another program, every rendered name is listed here, and the shell files' copies of these
 facts (`${NAME:-default}`) equal them; a literal of this module spelled again in Python elsewhere fails the test.
 Standard library only, Python 3.8+: it ships with the programs (inpod.SHIPPED, group package).
@@ -147,7 +147,7 @@ SHELL_DEFAULTS = {
     CHECKPOINT_SIGNAL_ENV: SIGNAL_DEFAULT,
 }
 """The defaults the shell files spell as `${NAME:-default}` (a shell file cannot import this module):
-tests/test_contract.py holds every such copy equal to this table."""
+tests/core/test_pod_contract.py holds every such copy equal to this table."""
 
 # ------------------------------------------------------------------------------------------ ports and labels
 
