@@ -139,25 +139,28 @@ check_scc()
 labels = naming.stack_labels(cfg.cluster.name)
 image: pulumi.Input[str] | None
 cluster_facts = None
+deployed_facts = None
 if environment is not None:
     # The environment layer only: the pods run the image the cluster stack deployed, read from its versioned
     # `environment_facts` output through a StackReference (pulumi/pulumi sdk/python/lib/pulumi/stack_reference.py,
     # StackReference.get_output: the referenced stack's outputs, read when the program runs in preview and up).
-    # The cluster's settings come from its stack file (they shape the objects before any output is known); the
-    # deployed facts must match them, else the run stops with one line (components/environment.py facts_problem).
+    # The cluster's file gives the shape of the environment's objects (namespace, names, SCC or none, shared claims)
+    # before any output is known; what is deployed gives what they refer to (runtime image, SCC, Role, claim names).
+    # Only a shape difference stops the run, with one line (components/environment.py checked_facts).
     assert stack.cluster is not None  # the loader read the cluster stack file of every environment stack
     cluster_facts = layers.cluster_facts(stack.cluster)
     reference = environment.stack_reference or f"{pulumi.get_organization()}/{pulumi.get_project()}/{environment.cluster}"
     cluster_stack = pulumi.StackReference(f"cluster-{environment.cluster}", stack_name=reference)
     expected = cluster_facts
 
-    def deployed_image(deployed: Any) -> str:
-        problem = layers.facts_problem(deployed, expected, reference)
-        if problem:
-            raise pulumi.RunError(problem)
-        return str(deployed["runtimeImage"])
+    def checked(deployed: Any) -> Any:
+        facts, problem = layers.checked_facts(deployed, expected, reference)
+        if facts is None:
+            raise pulumi.RunError(problem or "")
+        return facts
 
-    image = cluster_stack.get_output(FACTS_OUTPUT).apply(deployed_image)
+    deployed_facts = cluster_stack.get_output(FACTS_OUTPUT).apply(checked)
+    image = deployed_facts.apply(lambda facts: facts.runtime_image)
     layers.image_puller_binding("env", cfg, cluster_facts, labels, opts)
     pulumi.export("environment", {"cluster": environment.cluster, "name": environment.name, "namespace": ns})
 elif cfg.image.build is not None:
@@ -183,7 +186,11 @@ else:
     image = cfg.image.reference
 if environment is None:
     pulumi.export(FACTS_OUTPUT, layers.cluster_facts(cfg).model_dump(by_alias=True))
-cluster = GpuCluster("gpu", GpuClusterArgs(config=cfg, image=image, secrets=stack.secrets, cluster=cluster_facts), opts=opts)
+cluster = GpuCluster(
+    "gpu",
+    GpuClusterArgs(config=cfg, image=image, secrets=stack.secrets, cluster=cluster_facts, deployed=deployed_facts),
+    opts=opts,
+)
 
 if cfg.models and environment is None:
     models = ModelPipeline(

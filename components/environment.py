@@ -21,7 +21,7 @@ from components.image_build import runtime_tag
 from components.storage import claim_name
 from core import naming
 from stacks.config import StackConfig
-from stacks.environment import FACTS_VERSION, ClusterFacts
+from stacks.environment import ENVIRONMENT_KEY, FACTS_VERSION, ClusterFacts, read_facts
 
 STACK_LABEL = "ml-dev-env/stack"
 ENVIRONMENT_LABEL = "ml-dev-env/environment"
@@ -57,29 +57,41 @@ def cluster_facts(cfg: StackConfig) -> ClusterFacts:
     )
 
 
-def facts_problem(deployed: Any, expected: ClusterFacts, stack_ref: str) -> str | None:
-    """One line when the cluster stack's deployed `environment_facts` cannot serve this environment, else None."""
-    if not deployed:
-        return (
-            f"ml-dev-env:environment.cluster: the cluster stack {stack_ref} has no environment_facts output: it was never "
-            f"deployed (or by a program older than environment stacks); run `pulumi up -s {expected.cluster}` first"
-        )
-    if not isinstance(deployed, dict) or deployed.get("version") != FACTS_VERSION:
-        got = deployed.get("version") if isinstance(deployed, dict) else deployed
-        return (
-            f"ml-dev-env:environment.cluster: the cluster stack {stack_ref} exports environment_facts version {got!r}, this program "
-            f"reads version {FACTS_VERSION}; run `pulumi up -s {expected.cluster}` with this program first"
-        )
-    facts = ClusterFacts.model_validate(deployed)
-    differ = [
-        key for key in ("namespace", "app_name", "runtime_image", "scc", "shared_claims") if getattr(facts, key) != getattr(expected, key)
-    ]
+def shape_differences(deployed: ClusterFacts, expected: ClusterFacts) -> list[str]:
+    """What of the environment's own objects' shape the deployed cluster and this checkout disagree on.
+
+    The shape is what names or places the environment's objects: its namespace and appName, whether its pods use an
+    SCC (and a Role the cluster grants) or none, which shared claims they mount. Everything else the cluster deployed
+    (its runtime image, the SCC's, Role's and claims' names) is used as deployed and never compared.
+    """
+    out = []
+    for key, label in (("namespace", "namespace"), ("app_name", "appName")):
+        if getattr(deployed, key) != getattr(expected, key):
+            out.append(f"{label}: deployed {getattr(deployed, key)!r}, checkout {getattr(expected, key)!r}")
+    for key, label in (("scc", "scc"), ("scc_role", "sccRole")):
+        if (getattr(deployed, key) is None) != (getattr(expected, key) is None):
+            out.append(f"{label}: deployed {getattr(deployed, key) or 'none'}, checkout {getattr(expected, key) or 'none'}")
+    if set(deployed.shared_claims) != set(expected.shared_claims):
+        out.append(f"sharedClaims: deployed {sorted(deployed.shared_claims)}, checkout {sorted(expected.shared_claims)}")
+    return out
+
+
+def checked_facts(deployed: Any, expected: ClusterFacts, stack_ref: str) -> tuple[ClusterFacts | None, str | None]:
+    """The cluster stack's deployed `environment_facts`, or one line when they cannot serve this environment.
+
+    A runtime image (a requirements bump, a stale checkout) or an SCC/claim name that differs from what the checkout
+    computes never stops the environment: it runs what is deployed. Only a difference in its own objects' shape does.
+    """
+    facts, problem = read_facts(deployed, expected.cluster, stack_ref)
+    if facts is None:
+        return None, problem
+    differ = shape_differences(facts, expected)
     if differ:
-        return (
-            f"ml-dev-env:environment.cluster: the cluster stack {stack_ref} is deployed with other {', '.join(differ)} than "
-            f"Pulumi.{expected.cluster}.yaml says; run `pulumi up -s {expected.cluster}` first"
+        return None, (
+            f"{ENVIRONMENT_KEY}: your checkout differs from what is deployed on {expected.cluster} ({'; '.join(differ)}): "
+            "git pull, or ask the cluster owner"
         )
-    return None
+    return facts, None
 
 
 # ------------------------------------------------------------------------------------------ ownership

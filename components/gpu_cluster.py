@@ -31,7 +31,11 @@ class GpuClusterArgs(BaseModel):
     statefulset_annotations: dict[str, str] = {}
     """Extra StatefulSet annotations (e.g. OpenShift's image-change trigger)."""
     cluster: ClusterFacts | None = None
-    """An environment stack: its cluster's facts (the SCC and shared claims it uses but does not own)."""
+    """An environment stack: its cluster's facts as its checkout computes them (the shape of its objects: SCC or none,
+    which shared claims)."""
+    deployed: Any = None
+    """An environment stack: `pulumi.Output[ClusterFacts]`, what the cluster stack deployed (checked against `cluster`'s
+    shape): the names of the SCC, Role and shared claims the environment's objects refer to."""
 
 
 def labels(config: StackConfig) -> dict[str, str]:
@@ -168,18 +172,23 @@ class GpuCluster(pulumi.ComponentResource):
         if facts is not None and facts.scc_role is not None and facts.scc == configured_scc:
             # An environment using the SCC its cluster stack created: the cluster's Role grants its use in the cluster
             # namespace; in its own namespace the environment needs a Role of its own (named after it, granting the same).
-            role_kind, role_name = "Role", facts.scc_role
+            # Both refer to the SCC and Role as deployed (a checkout computing other names still runs what is there).
+            deployed = self._args.deployed
+            deployed_scc: pulumi.Input[str] = deployed.apply(lambda f: f.scc) if deployed is not None else configured_scc
+            role_kind = "Role"
+            role_name: pulumi.Input[str] = deployed.apply(lambda f: f.scc_role) if deployed is not None else facts.scc_role
             if ns != facts.namespace:
-                role_name = naming.scc_binding(app, configured_scc)
+                own_role = naming.scc_binding(app, configured_scc)
+                role_name = own_role
                 self._depends.append(
                     k8s.rbac.v1.Role(
                         f"{name}-scc-role",
-                        metadata=self._meta(role_name),
+                        metadata=self._meta(own_role),
                         rules=[
                             k8s.rbac.v1.PolicyRuleArgs(
                                 api_groups=["security.openshift.io"],
                                 resources=["securitycontextconstraints"],
-                                resource_names=[configured_scc],
+                                resource_names=[deployed_scc],
                                 verbs=["use"],
                             )
                         ],
@@ -266,8 +275,16 @@ class GpuCluster(pulumi.ComponentResource):
                 )
             )
 
+    def _existing_claims(self) -> dict[str, Any]:
+        """An environment in its cluster's namespace mounts the cluster's shared claims, by their deployed names."""
+        facts, deployed = self._args.cluster, self._args.deployed
+        if facts is None or facts.namespace != self._ns:
+            return {}
+        if deployed is None:
+            return dict(facts.shared_claims)
+        return {volume: deployed.apply(lambda f, v=volume: f.shared_claims[v]) for volume in facts.shared_claims}
+
     def _storage(self) -> WorkspaceStorage:
-        facts = self._args.cluster
         return WorkspaceStorage(
             f"{self._name}-storage",
             WorkspaceStorageArgs(
@@ -276,7 +293,7 @@ class GpuCluster(pulumi.ComponentResource):
                 labels=self._labels,
                 storage=self._cfg.storage,
                 # An environment in its cluster's namespace mounts the cluster's shared claims (claims cannot cross namespaces).
-                existing_claims=dict(facts.shared_claims) if facts is not None and facts.namespace == self._ns else {},
+                existing_claims=self._existing_claims(),
             ),
             opts=self._child,
         )

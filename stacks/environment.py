@@ -14,7 +14,8 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import Field
+from pydantic import ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
 
 from core import naming
 from stacks.base import Model
@@ -28,16 +29,86 @@ FACTS_OUTPUT = "environment_facts"
 
 
 class ClusterFacts(Model):
-    """What every environment needs from its deployed cluster stack: the `environment_facts` output (versioned)."""
+    """What every environment needs from its deployed cluster stack: the `environment_facts` output (versioned).
+
+    Read leniently (facts evolve): a field this program does not know is ignored, so a cluster deployed by a newer
+    program of the same version still serves older checkouts.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="ignore", alias_generator=to_camel, populate_by_name=True)
 
     version: int = Field(description="FACTS_VERSION of the program that deployed the cluster stack.")
     cluster: str
     namespace: str
     app_name: str
     runtime_image: str = Field(description="The image the cluster's pods run (its built runtime tag, or the configured reference).")
+    # None is absent once read back: the SDK drops a field that deserializes to None (pulumi/pulumi
+    # sdk/python/lib/pulumi/runtime/rpc.py deserialize_properties), so a cluster without an SCC exports neither key.
     scc: str | None = Field(None, description="The SCC the RDMA pods use (None: no memlock SCC).")
     scc_role: str | None = Field(None, description="The Role in the cluster namespace granting `use` of a created SCC.")
-    shared_claims: dict[str, str] = Field(default_factory=dict, description="Shared volume name → claim in the cluster namespace.")
+    shared_claims: dict[str, str] = Field(description="Shared volume name → claim in the cluster namespace.")
+
+
+ENVIRONMENT_KEY = "ml-dev-env:environment.cluster"
+
+
+def _version(value: Any) -> int | None:
+    """The facts version as an integer; None when it is none. Outputs read through a StackReference carry numbers as
+    floats (pulumi/pulumi sdk/python/lib/pulumi/runtime/rpc.py: numbers travel as protobuf `number_value`, a double;
+    `StackReference.outputs` is `dict[str, Any]`, so nothing casts them back), so 1.0 is version 1."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def read_facts(deployed: Any, cluster: str, stack_ref: str) -> tuple[ClusterFacts | None, str | None]:
+    """The deployed `environment_facts` of `cluster` (read from `stack_ref`), or one line saying why they cannot serve.
+
+    Never a traceback: an older or missing version asks the cluster owner to redeploy; a newer one asks this checkout
+    to update (it cannot know what the newer facts mean); a missing or mistyped field is named.
+    """
+    where = f"{ENVIRONMENT_KEY}: the cluster stack {stack_ref}"
+    if not deployed:
+        return None, (
+            f"{where} has no {FACTS_OUTPUT} output: {cluster} was never deployed, or by a program older than environment "
+            "stacks; ask the cluster owner to deploy it"
+        )
+    if not isinstance(deployed, dict):
+        return None, f"{where} exports {FACTS_OUTPUT} {deployed!r}, not an object; ask the cluster owner to redeploy {cluster}"
+    raw = deployed.get("version")
+    version = _version(raw)
+    if version is None:
+        got = "without a version" if raw is None else f"with version {raw!r} (not an integer)"
+        return None, (
+            f"{where} exports {FACTS_OUTPUT} {got}; this checkout reads version {FACTS_VERSION}: "
+            f"the cluster owner redeploys {cluster} with a current checkout"
+        )
+    if version > FACTS_VERSION:
+        return None, (
+            f"{where} was deployed by a newer program ({FACTS_OUTPUT} version {version}, this checkout reads "
+            f"{FACTS_VERSION}): update your checkout (git pull)"
+        )
+    if version < FACTS_VERSION:
+        return None, (
+            f"{where} was deployed by an older program ({FACTS_OUTPUT} version {version}, this checkout reads "
+            f"{FACTS_VERSION}): the cluster owner redeploys {cluster} with a current checkout"
+        )
+    try:
+        facts = ClusterFacts.model_validate({**deployed, "version": version})
+    except ValidationError as exc:
+        fields = []
+        for error in exc.errors(include_url=False):
+            key = ".".join(str(p) for p in error.get("loc", ()))
+            fields.append(f"{key} missing" if error.get("type") == "missing" else f"{key} {error.get('input')!r} ({error.get('msg')})")
+        return None, (
+            f"{where} exports {FACTS_OUTPUT} version {version} without what this checkout needs ({'; '.join(fields)}); "
+            f"the cluster owner redeploys {cluster} with a current checkout"
+        )
+    return facts, None
 
 
 def is_environment(raw: Mapping[str, Any]) -> bool:

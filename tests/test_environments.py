@@ -7,15 +7,20 @@ namespace, barcelona-bob in its own) through the real program.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pulumi
 import pytest
 
+from components import environment as layers
 from components.environment import STACK_LABEL, api_path, ownership_conflict, stack_label_transformation
+from stacks.config import StackConfig
 from stacks.environment import FACTS_OUTPUT, FACTS_VERSION
-from tests.conftest import ROOT, STACKS, run_objects, stack_objects
-from tools.mock_engine import ORGANIZATION, RunResult, run_program, stack_config
+from stacks.loader import stack_raw, validate_all
+from tests.conftest import PLACEHOLDER_SECRETS, ROOT, STACKS, run_objects, stack_objects
+from tools.mock_engine import ORGANIZATION, RunResult, flatten, run_program, stack_config
 
 ENVIRONMENTS = [s for s in STACKS if "environment" in stack_objects(s)]
 SHARED_KINDS = {"BuildConfig", "ImageStream", "Task", "Pipeline", "PipelineRun", "SecurityContextConstraints", "Job", "Namespace"}
@@ -133,18 +138,184 @@ def env_config(stack: str, **changes: Any) -> dict[str, Any]:
     return config
 
 
+CLUSTER_REF = f"{ORGANIZATION}/ml-dev-env/barcelona"
+
+
 def test_an_environment_whose_cluster_was_never_deployed_stops_with_one_line() -> None:
     result = run_program("barcelona-alice", env_config("barcelona-alice"), stack_outputs={})
     assert result.error is not None and len(result.error.strip().splitlines()) == 1
-    assert f"cluster stack {ORGANIZATION}/ml-dev-env/barcelona has no environment_facts output" in result.error
-    assert "pulumi up -s barcelona" in result.error
+    assert f"cluster stack {CLUSTER_REF} has no environment_facts output" in result.error
+    assert "ask the cluster owner to deploy it" in result.error and "pulumi up" not in result.error
 
 
-def test_a_cluster_deployed_with_other_settings_stops_it() -> None:
-    outputs = render("barcelona").outputs
-    stale = {**outputs, FACTS_OUTPUT: {**outputs[FACTS_OUTPUT], "runtimeImage": "elsewhere/old:tag"}}
-    result = run_program("barcelona-alice", env_config("barcelona-alice"), stack_outputs={f"{ORGANIZATION}/ml-dev-env/barcelona": stale})
-    assert result.error is not None and "is deployed with other runtime_image than Pulumi.barcelona.yaml says" in result.error
+def facts_of(outputs: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    """The cluster's outputs with its facts changed (a value of `DROP` removes the field)."""
+    facts = {k: v for k, v in {**outputs[FACTS_OUTPUT], **changes}.items() if v is not DROP}
+    return {**outputs, FACTS_OUTPUT: facts}
+
+
+DROP = object()
+
+
+@pytest.fixture(scope="module")
+def deployed(renders: dict[str, RunResult]) -> dict[str, Any]:
+    return renders["barcelona"].outputs
+
+
+def run_env(stack: str, outputs: dict[str, Any], config: dict[str, Any] | None = None, main: Path | None = None) -> RunResult:
+    kwargs: dict[str, Any] = {"main": main} if main is not None else {}
+    return run_program(stack, config or env_config(stack), dict(PLACEHOLDER_SECRETS), stack_outputs={CLUSTER_REF: outputs}, **kwargs)
+
+
+def main_of(result: RunResult) -> dict[str, Any]:
+    (sts,) = [o for o in objects(result) if o["kind"] == "StatefulSet"]
+    (main,) = [c for c in sts["spec"]["template"]["spec"]["containers"] if c["name"] == "ml-dev"]
+    return main
+
+
+def checkout_with(tmp_path: Path, edit: Callable[[str], str]) -> Path:
+    """A checkout whose Pulumi.barcelona.yaml is edited (the program and the environment files as committed)."""
+    for path in ROOT.glob("Pulumi.barcelona*.yaml"):
+        text = path.read_text()
+        (tmp_path / path.name).write_text(edit(text) if path.name == "Pulumi.barcelona.yaml" else text)
+    (tmp_path / "__main__.py").write_text((ROOT / "__main__.py").read_text())
+    return tmp_path / "__main__.py"
+
+
+@pytest.mark.parametrize("stack", ENVIRONMENTS)
+@pytest.mark.parametrize("suspended", [False, True])
+def test_a_requirements_bump_in_the_checkout_runs_the_deployed_tag(
+    tmp_path: Path, deployed: dict[str, Any], stack: str, suspended: bool
+) -> None:
+    """The checkout bumps a runtime requirement the cluster has not built yet: the environment runs what is deployed."""
+    main = checkout_with(tmp_path, lambda text: text.replace("peft==0.17.1", "peft==0.17.2"))
+    bumped = run_program(
+        "barcelona", stack_config(tmp_path / "Pulumi.barcelona.yaml"), dict(PLACEHOLDER_SECRETS), main=main, stack_outputs={}
+    )
+    assert bumped.error is None and bumped.outputs["runtime_image"] != deployed["runtime_image"]  # the bump changes the tag
+    config = env_config(stack)
+    if suspended:
+        config["ml-dev-env:lifecycle"] = {**config.get("ml-dev-env:lifecycle", {}), "suspended": True}
+    result = run_env(stack, deployed, config, main)
+    assert result.error is None, result.error
+    assert main_of(result)["image"] == deployed["runtime_image"] == result.outputs["image"]
+
+
+@pytest.mark.parametrize("stack", ENVIRONMENTS)
+def test_its_objects_refer_to_the_deployed_scc_role_and_claims(deployed: dict[str, Any], stack: str) -> None:
+    facts = deployed[FACTS_OUTPUT]
+    moved = {"scc": "renamed-scc", "sccRole": "system:openshift:scc:renamed-scc", "sharedClaims": {"datasets": "renamed-datasets"}}
+    assert set(facts["sharedClaims"]) == {"datasets"} and facts["scc"] and facts["sccRole"]  # the fixture's premise
+    result = run_env(stack, facts_of(deployed, **moved))
+    assert result.error is None, result.error
+    objs = objects(result)
+    roles = [o for o in objs if o["kind"] == "Role" and o["rules"][0]["resources"] == ["securitycontextconstraints"]]
+    scc_roles = {"system:openshift:scc:renamed-scc", *(r["metadata"]["name"] for r in roles)}
+    (binding,) = [o for o in objs if o["kind"] == "RoleBinding" and o["roleRef"]["name"] in scc_roles]
+    (sts,) = [o for o in objs if o["kind"] == "StatefulSet"]
+    claims = {v["persistentVolumeClaim"]["claimName"] for v in sts["spec"]["template"]["spec"]["volumes"] if "persistentVolumeClaim" in v}
+    if stack_objects(stack)["environment"].get("namespace"):  # its own Role grants the deployed SCC; its own claims
+        (role,) = roles
+        assert role["rules"][0]["resourceNames"] == ["renamed-scc"] and binding["roleRef"]["name"] == role["metadata"]["name"]
+        assert "renamed-datasets" not in claims
+    else:  # the cluster's Role and claims, by their deployed names
+        assert not roles and binding["roleRef"]["name"] == "system:openshift:scc:renamed-scc"
+        assert claims == {"renamed-datasets"}
+
+
+def test_a_cluster_deployed_with_another_image_serves_its_environments(deployed: dict[str, Any]) -> None:
+    result = run_env("barcelona-alice", facts_of(deployed, runtimeImage="elsewhere/old:tag"))
+    assert result.error is None and main_of(result)["image"] == "elsewhere/old:tag"
+
+
+SHAPES: list[tuple[str, dict[str, Any], str]] = [
+    ("namespace", {"namespace": "other-ns"}, "namespace: deployed 'other-ns', checkout 'nccl-test'"),
+    ("appName", {"appName": "other-app"}, "appName: deployed 'other-app', checkout 'ml-dev-env'"),
+    ("no SCC", {"scc": None, "sccRole": None}, "scc: deployed none, checkout "),
+    (
+        "a claim more",
+        {"sharedClaims": {"datasets": "x", "models": "y"}},
+        "sharedClaims: deployed ['datasets', 'models'], checkout ['datasets']",
+    ),
+]
+
+
+@pytest.mark.parametrize(("what", "changes", "shown"), SHAPES, ids=[s[0] for s in SHAPES])
+def test_only_a_shape_difference_stops_it_with_one_line(deployed: dict[str, Any], what: str, changes: dict[str, Any], shown: str) -> None:
+    result = run_env("barcelona-alice", facts_of(deployed, **changes))
+    assert result.error is not None and "\n" not in result.error.strip(), result.error
+    assert result.error.startswith("ml-dev-env:environment.cluster: your checkout differs from what is deployed on barcelona (")
+    assert shown in result.error and result.error.rstrip().endswith("): git pull, or ask the cluster owner")
+    assert "pulumi up" not in result.error
+
+
+FIELDS = ["version", "cluster", "namespace", "appName", "runtimeImage", "scc", "sccRole", "sharedClaims"]
+MISTYPED: dict[str, Any] = {
+    "cluster": 3,
+    "namespace": ["a"],
+    "appName": {"a": 1},
+    "runtimeImage": 5,
+    "scc": 7,
+    "sccRole": [],
+    "sharedClaims": "x",
+}
+VERSIONS: list[tuple[str, Any, str | None]] = [
+    ("absent", DROP, "without a version; this checkout reads version 1: the cluster owner redeploys barcelona"),
+    ("0", 0, "deployed by an older program (environment_facts version 0, this checkout reads 1): the cluster owner redeploys"),
+    ("1", 1, None),
+    ("1.0 (a number read back)", 1.0, None),
+    ("2", 2, "deployed by a newer program (environment_facts version 2, this checkout reads 1): update your checkout (git pull)"),
+    ("'1'", "1", "with version '1' (not an integer)"),
+    ("1.5", 1.5, "with version 1.5 (not an integer)"),
+    ("true", True, "with version True (not an integer)"),
+]
+SHAPE_EDITS: list[tuple[str, dict[str, Any]]] = [
+    ("as deployed", {}),
+    ("one extra field", {"addedByANewerProgram": {"any": "thing"}}),
+    *[(f"{field} missing", {field: DROP}) for field in FIELDS if field != "version"],
+    *[(f"{field} mistyped", {field: value}) for field, value in MISTYPED.items()],
+]
+
+
+@pytest.mark.parametrize(("version_id", "version", "version_line"), VERSIONS, ids=[v[0] for v in VERSIONS])
+@pytest.mark.parametrize(("shape_id", "edit"), SHAPE_EDITS, ids=[s[0] for s in SHAPE_EDITS])
+def test_every_facts_version_and_shape_runs_or_says_one_line(
+    deployed: dict[str, Any], version_id: str, version: Any, version_line: str | None, shape_id: str, edit: dict[str, Any]
+) -> None:
+    facts = {k: v for k, v in {**deployed[FACTS_OUTPUT], **edit, "version": version}.items() if v is not DROP}
+    problem = layers.checked_facts(facts, layers.cluster_facts(barcelona_config()), CLUSTER_REF)[1]
+    if version_line is not None:  # the version speaks first, whatever the fields
+        assert problem is not None and version_line in problem
+    elif shape_id in ("as deployed", "one extra field"):
+        assert problem is None
+    else:
+        field = shape_id.split()[0]
+        assert problem is not None and field in problem, problem
+        if shape_id in ("scc missing", "sccRole missing"):  # none, as the SDK reads a None back: barcelona has an SCC
+            assert f"your checkout differs from what is deployed on barcelona ({field}: deployed none, checkout " in problem
+        else:
+            assert f"environment_facts version 1 without what this checkout needs ({field}" in problem, problem
+    if problem is not None:
+        assert "\n" not in problem and problem.startswith("ml-dev-env:environment.cluster: ") and "pulumi up" not in problem
+
+
+@pytest.mark.parametrize("case", ["absent", "2", "runtimeImage missing", "sharedClaims mistyped"])
+def test_facts_problems_stop_the_program_with_that_one_line(deployed: dict[str, Any], case: str) -> None:
+    edits: dict[str, dict[str, Any]] = {
+        "absent": {"version": DROP},
+        "2": {"version": 2},
+        "runtimeImage missing": {"runtimeImage": DROP},
+        "sharedClaims mistyped": {"sharedClaims": "x"},
+    }
+    result = run_env("barcelona-bob", facts_of(deployed, **edits[case]))
+    assert result.error is not None and len(result.error.strip().splitlines()) == 1, result.error
+    assert result.error.startswith("ml-dev-env:environment.cluster: the cluster stack") and "Traceback" not in result.error
+
+
+def barcelona_config() -> StackConfig:
+    config = validate_all(stack_raw(flatten(stack_config(ROOT / "Pulumi.barcelona.yaml"))[0], ROOT)[0])[0]
+    assert config is not None
+    return config
 
 
 def test_cluster_keys_and_foreign_nodes_in_an_environment_are_one_line_each() -> None:
