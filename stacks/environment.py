@@ -18,6 +18,7 @@ from pydantic import ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from core import naming
+from core.servers import DEV_SERVERS, longest_routed_name
 from stacks.base import Model
 
 ENVIRONMENT_KEYS = ("environment", "nodes", "access", "ssh", "lifecycle")
@@ -128,6 +129,62 @@ def _merge(base: Any, over: Any) -> Any:
     return copy.deepcopy(over)
 
 
+PREFIX = "ml-dev-env:"
+STAND_IN = "environment"
+"""The name the merged config carries while `environment.name` is refused (its one line says why; no derived key repeats it)."""
+
+
+def reserved_words(cluster_raw: Mapping[str, Any]) -> set[str]:
+    """Words an environment name may not contain on this cluster: what follows `<appName>-` in the cluster's names."""
+    volumes = ((cluster_raw.get("storage") or {}).get("volumes")) or []
+    return (
+        set(naming.APP_SUFFIX_WORDS)
+        | {s.name for s in DEV_SERVERS}
+        | {str(v.get("name")).split("-")[0] for v in volumes if isinstance(v, dict) and v.get("name")}
+    )
+
+
+def max_name_length(cluster_app: str, namespace: str) -> int:
+    """The longest environment name whose `<cluster appName>-<name>` passes cluster.appName's limits (stacks/config.py
+    ClusterConfig: at most 40 characters; `<appName>-<longest server>-<namespace>` a 63-character DNS label)."""
+    return min(40, 63 - len(longest_routed_name()) - 1 - len(namespace) - 1) - len(cluster_app) - 1
+
+
+def name_problems(env: Mapping[str, Any], cluster_app: str, cluster_ns: str, reserved: set[str]) -> dict[str, str]:
+    """One line per refused `environment.name`/`environment.namespace`, keyed by the key (the loader stands in valid
+    values for them, so keys the user never wrote, such as cluster.appName, report nothing)."""
+    out: dict[str, str] = {}
+    name, namespace = env.get("name"), env.get("namespace")
+    ns_ok = namespace is None or (isinstance(namespace, str) and bool(naming.DNS_LABEL.match(namespace)))
+    if namespace is not None and not ns_ok:
+        out["namespace"] = ""  # not a DNS label: the field's own check names it
+    own_ns = namespace if isinstance(namespace, str) and ns_ok else cluster_ns
+    if not isinstance(name, str) or not naming.DNS_LABEL.match(name):
+        out["name"] = ""  # the field's own check names it
+        return out
+    limit = max_name_length(cluster_app, own_ns)
+    words = [w for w in name.split("-") if w in reserved or w.isdigit()]
+    if len(name) > limit and own_ns != cluster_ns and len(name) <= max_name_length(cluster_app, cluster_ns):
+        longest = len(own_ns) - (len(name) - limit)
+        out["namespace"] = (
+            f"{PREFIX}environment.namespace: got {own_ns!r}; at most {longest} characters with environment.name {name!r} "
+            f"on this cluster (route hosts '{cluster_app}-{name}-<server>-<namespace>' must fit a 63-character DNS label)"
+        )
+    elif len(name) > limit:
+        out["name"] = (
+            f"{PREFIX}environment.name: got {name!r}; at most {limit} characters on this cluster (appName "
+            f"'{cluster_app}-<name>' at most 40, route hosts '<appName>-<server>-{own_ns}' a 63-character DNS label)"
+        )
+    elif words:
+        out["name"] = (
+            f"{PREFIX}environment.name: got {name!r}; {words[0]!r} is {'a number' if words[0].isdigit() else 'a word'} the "
+            f"cluster's own names use after "
+            f"'{cluster_app}-' (its objects would collide): choose a name without the words "
+            f"{', '.join(sorted(reserved))} or a number"
+        )
+    return out
+
+
 def environment_config(cluster_raw: Mapping[str, Any], env_raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """The raw config of an environment stack (cluster file + personal keys, renamed), and its problems.
 
@@ -151,9 +208,11 @@ def environment_config(cluster_raw: Mapping[str, Any], env_raw: Mapping[str, Any
     cluster = dict(raw.get("cluster") or {})
     cluster_app = str(cluster.get("appName") or "ml-dev-env")
     cluster_ns = cluster.get("namespace")
-    name = str(env.get("name", ""))
+    refused = name_problems(env, cluster_app, str(cluster_ns or ""), reserved_words(cluster_raw))
+    problems += [line for line in refused.values() if line]
+    name = STAND_IN if "name" in refused else str(env.get("name", ""))
     cluster["appName"] = app_name(cluster_app, name)
-    cluster["namespace"] = env.get("namespace") or cluster_ns
+    cluster["namespace"] = (None if "namespace" in refused else env.get("namespace")) or cluster_ns
     cluster["createNamespace"] = False
     raw["cluster"] = cluster
     # Its own ServiceAccount (its OAuth redirects name only its own Routes).

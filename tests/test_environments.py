@@ -16,9 +16,10 @@ import pytest
 
 from components import environment as layers
 from components.environment import STACK_LABEL, api_path, ownership_conflict, stack_label_transformation
+from core import naming
 from stacks.config import StackConfig
-from stacks.environment import FACTS_OUTPUT, FACTS_VERSION
-from stacks.loader import stack_raw, validate_all
+from stacks.environment import FACTS_OUTPUT, FACTS_VERSION, reserved_words
+from stacks.loader import SECRET_KEYS, check, stack_raw, validate_all
 from tests.conftest import PLACEHOLDER_SECRETS, ROOT, STACKS, run_objects, stack_objects
 from tools.mock_engine import ORGANIZATION, RunResult, flatten, run_program, stack_config
 
@@ -299,6 +300,15 @@ def test_every_facts_version_and_shape_runs_or_says_one_line(
         assert "\n" not in problem and problem.startswith("ml-dev-env:environment.cluster: ") and "pulumi up" not in problem
 
 
+@pytest.mark.parametrize("name", ["wait", "alice-headless", "Carol"])
+def test_a_refused_name_stops_the_program_with_one_line_on_environment_name(deployed: dict[str, Any], name: str) -> None:
+    config = env_config("barcelona-alice", environment={"cluster": "barcelona", "name": name})
+    result = run_env("barcelona-alice", deployed, config)
+    assert result.error is not None
+    (line,) = result.error.strip().splitlines()[1:]
+    assert line.startswith(f"  - ml-dev-env:environment.name: got {name!r}; ") and "Pulumi.barcelona-alice.yaml" in result.error
+
+
 @pytest.mark.parametrize("case", ["absent", "2", "runtimeImage missing", "sharedClaims mistyped"])
 def test_facts_problems_stop_the_program_with_that_one_line(deployed: dict[str, Any], case: str) -> None:
     edits: dict[str, dict[str, Any]] = {
@@ -331,6 +341,76 @@ def test_cluster_keys_and_foreign_nodes_in_an_environment_are_one_line_each() ->
         for line in lines
     ), result.error
     assert any("ml-dev-env:nodes.gpuNodes: got ['not-a-cluster-node']" in line for line in lines), result.error
+
+
+# ------------------------------------------------------------------------------------------ names
+
+
+def names_of(result: RunResult) -> set[tuple[str, str, str]]:
+    """Every (kind, namespace, name) a run creates, the per-pod claims of its StatefulSet's templates included
+    (`<template>-<statefulset>-<ordinal>`: kubernetes pkg/controller/statefulset/stateful_set_utils.go getPersistentVolumeClaimName)."""
+    out = {key(obj) for obj in objects(result) if not obj["kind"].endswith("Patch")}
+    for sts in (o for o in objects(result) if o["kind"] == "StatefulSet"):
+        for template in sts["spec"].get("volumeClaimTemplates") or []:
+            for ordinal in range(8):
+                name = f"{template['metadata']['name']}-{sts['metadata']['name']}-{ordinal}"
+                out.add(("PersistentVolumeClaim", sts["metadata"]["namespace"], name))
+    return out
+
+
+def candidate_names(renders: dict[str, RunResult], app: str) -> set[str]:
+    """Environment names made from every suffix the cluster and the examples render: what follows `<appName>-` in
+    each name, and each of its `-`-separated beginnings (`wait-2b0d…` gives `wait` and `wait-2b0d…`)."""
+    out: set[str] = set()
+    for result in renders.values():
+        for _, _, name in names_of(result):
+            rest = name.split(f"{app}-", 1)[1] if f"{app}-" in name else ""
+            words = rest.split("-")
+            out |= {"-".join(words[:i]) for i in range(1, len(words) + 1) if naming.DNS_LABEL.match("-".join(words[:i]))}
+    return {n for n in out if n} | {f"alice-{n}" for n in out if n and len(n) < 20}
+
+
+def test_every_name_the_cluster_renders_follows_appname_with_a_reserved_word(renders: dict[str, RunResult]) -> None:
+    for stack in ["barcelona", "nerc-production", *ENVIRONMENTS]:
+        result = renders.get(stack) or render(stack)
+        app = stack_objects(stack)["cluster"]["appName"] if "cluster" in stack_objects(stack) else None
+        cluster_raw = stack_objects(stack if app else stack_objects(stack)["environment"]["cluster"])
+        app = app or f"{cluster_raw['cluster']['appName']}-{stack_objects(stack)['environment']['name']}"
+        reserved = reserved_words(cluster_raw)
+        for kind, _, name in names_of(result):
+            if name.startswith(f"{app}-") and not name.startswith(tuple(f"{app}-{e}-" for e in ("alice", "bob"))):
+                word = name[len(app) + 1 :].split("-")[0]
+                assert word in reserved or word.isdigit(), f"{kind} {name}: {word!r} is no reserved word (core/naming.py APP_SUFFIX_WORDS)"
+
+
+def test_no_environment_name_collides_with_another_stack_or_it_is_refused_in_one_line(renders: dict[str, RunResult]) -> None:
+    app = stack_objects("barcelona")["cluster"]["appName"]
+    taken: dict[tuple[str, str, str], str] = {}
+    for stack, result in renders.items():
+        for name in names_of(result):
+            taken[name] = stack
+    candidates = sorted(candidate_names(renders, app) - {"alice", "bob"})
+    assert {"wait", "headless", "alice-headless", "0", "datasets", "usage", "vscode"} <= set(candidates)
+    accepted = []
+    for candidate in candidates:
+        for namespace in (None, "carol-dev"):
+            objects_ = stack_objects("barcelona-alice")
+            objects_["environment"] = {"cluster": "barcelona", "name": candidate, **({"namespace": namespace} if namespace else {})}
+            config = {f"ml-dev-env:{k}": v for k, v in objects_.items()}
+            # what the program checks first (stacks/loader.py check); only an accepted name is rendered
+            _, problems = check(flatten(config)[0], set(SECRET_KEYS), ROOT)
+            if problems:
+                assert problems == [line for line in problems if line.startswith(f"ml-dev-env:environment.name: got {candidate!r}; ")]
+                assert len(problems) == 1, problems
+                continue
+            result = run_program(
+                f"barcelona-{candidate}", config, dict(PLACEHOLDER_SECRETS), stack_outputs={CLUSTER_REF: renders["barcelona"].outputs}
+            )
+            assert result.error is None, result.error
+            accepted.append(candidate)
+            clash = names_of(result) & set(taken)
+            assert not clash, f"environment {candidate!r} renders {sorted(clash)[0]} of {taken[sorted(clash)[0]]}"
+    assert accepted  # some names made from the suffixes are fine (e.g. the hash of a build: `2b0db34724` is no word)
 
 
 # ------------------------------------------------------------------------------------------ ownership guard
