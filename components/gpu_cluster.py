@@ -221,7 +221,10 @@ class GpuCluster(pulumi.ComponentResource):
                     annotations={"kubernetes.io/description": "ml-dev-env: unlimited memlock for NCCL/RDMA (IPC_LOCK, SYS_RESOURCE)"},
                 ),
                 fields=crds.SccFields(allowed_capabilities=list(memlock.capabilities)).dump(),
-                opts=self._child,
+                # Kept on destroy, with its Role: every environment's new pod (a resume, a reschedule) is admitted
+                # through them (openshift/apiserver-library-go pkg/securitycontextconstraints/sccadmission/admission.go
+                # Admit: no SCC the pod's ServiceAccount may use admits it, the pod is refused). docs/use/teams.md.
+                opts=pulumi.ResourceOptions(parent=self, retain_on_delete=True),
             )
             # A namespaced Role named like OpenShift's per-SCC ClusterRoles grants `use` of our SCC.
             role_kind = "Role"
@@ -237,7 +240,7 @@ class GpuCluster(pulumi.ComponentResource):
                             verbs=["use"],
                         )
                     ],
-                    opts=pulumi.ResourceOptions(parent=self, depends_on=[scc_obj]),
+                    opts=pulumi.ResourceOptions(parent=self, depends_on=[scc_obj], retain_on_delete=True),
                 )
             )
         # The binding's name stays the configured one; a changed roleRef (immutable) makes

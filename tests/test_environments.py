@@ -343,6 +343,19 @@ def test_cluster_keys_and_foreign_nodes_in_an_environment_are_one_line_each() ->
     assert any("ml-dev-env:nodes.gpuNodes: got ['not-a-cluster-node']" in line for line in lines), result.error
 
 
+def test_a_cluster_destroy_keeps_what_its_environments_use(renders: dict[str, RunResult]) -> None:
+    """`pulumi destroy` of the cluster stack keeps the runtime ImageStream, the SCC and its Role (retainOnDelete), and
+    every deployed fact an environment refers to names a kept object."""
+    result = renders["barcelona"]
+    facts = result.outputs[FACTS_OUTPUT]
+    kept = {key(r.inputs): r for r in result.resources if r.options.get("retain_on_delete") and "kind" in r.inputs}
+    stream = facts["runtimeImage"].rsplit("/", 1)[1].split(":")[0]
+    assert ("ImageStream", facts["namespace"], stream) in kept
+    assert ("SecurityContextConstraints", "", facts["scc"]) in kept
+    assert ("Role", facts["namespace"], facts["sccRole"]) in kept
+    assert {("PersistentVolumeClaim", facts["namespace"], c) for c in facts["sharedClaims"].values()} <= set(kept)
+
+
 # ------------------------------------------------------------------------------------------ names
 
 
