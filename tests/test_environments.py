@@ -356,6 +356,36 @@ def test_a_cluster_destroy_keeps_what_its_environments_use(renders: dict[str, Ru
     assert {("PersistentVolumeClaim", facts["namespace"], c) for c in facts["sharedClaims"].values()} <= set(kept)
 
 
+CLUSTER_FILE_MISTAKES: list[tuple[str, str, str, str]] = [
+    ("a size", "size: 500Gi", "size: 100GB", "Pulumi.barcelona.yaml: ml-dev-env:storage.volumes[2].size: got '100GB'"),
+    ("a key twice", "    count: 2\n", "    count: 2\n    count: 3\n", "Pulumi.barcelona.yaml:"),
+    ("an unknown key", "  ml-dev-env:nodes:", "  ml-dev-env:nodez: {}\n  ml-dev-env:nodes:", "Pulumi.barcelona.yaml: ml-dev-env:nodez:"),
+    ("broken YAML", "    count: 2\n", "    count: [2\n", "Pulumi.barcelona.yaml:"),
+]
+
+
+@pytest.mark.parametrize(("what", "old", "new", "shown"), CLUSTER_FILE_MISTAKES, ids=[m[0] for m in CLUSTER_FILE_MISTAKES])
+@pytest.mark.parametrize("stack", ENVIRONMENTS)
+def test_a_cluster_file_mistake_names_the_cluster_file(tmp_path: Path, stack: str, what: str, old: str, new: str, shown: str) -> None:
+    """Rendered through an environment (what `make render` runs: the cluster stack first, then the environment): the
+    one line names Pulumi.barcelona.yaml, never a traceback; the environment's file is only the message's head."""
+    main = checkout_with(tmp_path, lambda text: text.replace(old, new, 1))
+    assert (tmp_path / "Pulumi.barcelona.yaml").read_text() != (ROOT / "Pulumi.barcelona.yaml").read_text()
+    result = run_program(stack, stack_config(tmp_path / f"Pulumi.{stack}.yaml"), dict(PLACEHOLDER_SECRETS), main=main)
+    assert result.error is not None
+    head, *lines = result.error.strip().splitlines()
+    assert head == f"invalid stack configuration in Pulumi.{stack}.yaml:", result.error
+    assert len(lines) == 1 and lines[0].startswith(f"  - {shown}"), result.error
+
+
+def test_an_unknown_cluster_is_one_line(tmp_path: Path) -> None:
+    config = env_config("barcelona-bob", environment={"cluster": "nerc", "name": "bob", "namespace": "bob-dev"})
+    result = run_program("barcelona-bob", config, dict(PLACEHOLDER_SECRETS))
+    assert result.error is not None
+    (line,) = result.error.strip().splitlines()[1:]
+    assert line.startswith("  - ml-dev-env:environment.cluster: got 'nerc'; no cluster stack file Pulumi.nerc.yaml in this project")
+
+
 # ------------------------------------------------------------------------------------------ names
 
 
