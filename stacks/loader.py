@@ -359,6 +359,15 @@ def warnings_for(config: StackConfig) -> list[str]:
             "RDMA pods of an SCC run as root, and root's sshd (the dev loop's SSH fabric) needs SYS_CHROOT, which CRI-O "
             "does not grant by default: add it to security.memlock.capabilities (the SCC must allow it), else no SSH between pods"
         )
+    product = config.nodes.gpu_product
+    if product and "-" not in product:
+        # NVIDIA/k8s-device-plugin internal/lm/resource.go productLabel: the label is NVML's device name with every
+        # space made '-' (e.g. NVIDIA-H100-80GB-HBM3), so a single word is no product a node carries.
+        out.append(
+            f"nodes.gpuProduct {product!r} does not look like a value of the node label nvidia.com/gpu.product (NVML's "
+            "device name, spaces as '-', e.g. NVIDIA-H100-80GB-HBM3): no node may match and the pods stay Pending; "
+            "check with `oc get nodes -L nvidia.com/gpu.product`"
+        )
     if config.nodes.gpus_per_node is None:
         out.append(
             f"nodes.gpusPerNode is not declared: nodes.gpusPerPod ({config.nodes.gpus_per_pod}) is not checked against the "
