@@ -371,9 +371,10 @@ class GpuCluster(pulumi.ComponentResource):
     def _usage(self) -> None:
         """Who holds the GPUs: the GPU-hours record (its own ConfigMap), the recorder that writes it, and their Role.
 
-        The recorder runs inpod/usage.py every USAGE_PERIOD seconds as the pods' ServiceAccount: pods running ×
-        GPUs per pod × time, per UTC day; a suspended or idle-stopped environment has no pods and adds nothing. The
-        Role also lets `ml-dev status --all` (in a pod) list the environments of the namespace.
+        The recorder runs inpod/usage.py every USAGE_PERIOD seconds as its own ServiceAccount (the only one its Role
+        is bound to: nobody in a pod can write the record): GPUs held by bound pods × time, per UTC day; a suspended
+        or idle-stopped environment has no pods and adds nothing. A reader Role lets `ml-dev status --all` (in a pod,
+        the pods' ServiceAccount) list the environments, records and pods of the namespace.
         """
         cfg, name, app, child = self._cfg, self._name, self._app, self._child
         record = naming.usage_configmap(app)
@@ -385,13 +386,28 @@ class GpuCluster(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["data"]),
         )
         role_name = naming.usage_recorder(app)
+        # Not awaited (like the Deployment): the recorder must not lengthen `pulumi up` (tests/test_waits.py).
+        account = k8s.core.v1.ServiceAccount(
+            f"{name}-usage-sa", metadata=self._meta(role_name, annotations={"pulumi.com/skipAwait": "true"}), opts=child
+        )
         role = k8s.rbac.v1.Role(f"{name}-usage-role", metadata=self._meta(role_name), rules=lifecycle.usage_rules(app), opts=child)
         binding = k8s.rbac.v1.RoleBinding(
             f"{name}-usage-binding",
             metadata=self._meta(role_name),
             role_ref=k8s.rbac.v1.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind="Role", name=role_name),
+            subjects=[k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=role_name, namespace=self._ns)],
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[role, account]),
+        )
+        reader = f"{role_name}-reader"
+        reader_role = k8s.rbac.v1.Role(
+            f"{name}-usage-reader", metadata=self._meta(reader), rules=lifecycle.usage_reader_rules(), opts=child
+        )
+        k8s.rbac.v1.RoleBinding(
+            f"{name}-usage-reader",
+            metadata=self._meta(reader),
+            role_ref=k8s.rbac.v1.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind="Role", name=reader),
             subjects=[k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=cfg.security.service_account, namespace=self._ns)],
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[role]),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[reader_role]),
         )
         k8s.apps.v1.Deployment(
             f"{name}-usage-recorder",
