@@ -54,25 +54,11 @@ opts = pulumi.ResourceOptions(providers=[provider])
 
 
 def live_reader() -> Any:
-    """GET one object (None: absent or unreadable) with one client; None when there is no cluster to read."""
+    """GET one object (None: absent or unreadable) with one client; None when there is no cluster to read, or when it
+    does not answer its first check (one warning, no more reads: components/environment.py guarded_reader)."""
     if not preflight.live_reads_enabled(cfg.cluster.render_yaml_to_directory):
         return None
-    client: list[Any] = []
-    warned: list[str] = []
-
-    def read(path: str) -> dict[str, Any] | None:
-        try:
-            if not client:
-                client.append(preflight.KubeClient(cfg.cluster.kube_context))
-            result: dict[str, Any] | None = client[0].get(path)
-            return result
-        except preflight.LiveReadError as exc:
-            if not warned:
-                warned.append(str(exc))
-                pulumi.log.warn(f"could not check who owns the objects of this stack ({exc}); continuing")
-            return None
-
-    return read
+    return layers.guarded_reader(lambda: preflight.KubeClient(cfg.cluster.kube_context), pulumi.log.warn)
 
 
 # Every object this stack creates carries `ml-dev-env/stack: <stack>` in its own metadata (pod templates unchanged);

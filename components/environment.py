@@ -18,6 +18,7 @@ import pulumi_kubernetes as k8s
 
 from components.gpu_cluster import scc_role_name
 from components.image_build import runtime_tag
+from components.preflight import LiveReadError
 from components.storage import claim_name
 from core import naming
 from stacks.config import StackConfig
@@ -135,6 +136,42 @@ def ownership_conflict(live: dict[str, Any] | None, stack: str, kind: str, names
 
 
 LiveReader = Callable[[str], "dict[str, Any] | None"]
+
+PROBE_PATH = "/version"
+"""The guard's first read: any authenticated user may GET it (the API server's system:public-info-viewer role)."""
+READ_TIMEOUT = 10.0
+"""Seconds one guard read waits: the probe and at most one failed read bound a run against a silent API to 20 s."""
+
+
+def guarded_reader(connect: Callable[[], Any], warn: Callable[[str], None], timeout: float = READ_TIMEOUT) -> LiveReader | None:
+    """The ownership guard's reader, failing fast: one check first (`PROBE_PATH`); no answer → one warning, no reads.
+
+    `connect()` gives a client with `get(path, timeout=)` (components/preflight.py KubeClient); a read that fails later
+    warns once and turns every further read into None (absent), so an API that stops answering costs one timeout, not
+    one per object.
+    """
+    try:
+        client = connect()
+        client.get(PROBE_PATH, timeout=timeout)
+    except LiveReadError as exc:
+        warn(
+            f"could not reach the cluster's API ({exc}); the ownership guard reads nothing this run (another stack's objects go unnoticed)"
+        )
+        return None
+    failed: list[str] = []
+
+    def read(path: str) -> dict[str, Any] | None:
+        if failed:
+            return None
+        try:
+            result: dict[str, Any] | None = client.get(path, timeout=timeout)
+            return result
+        except LiveReadError as exc:
+            failed.append(str(exc))
+            warn(f"could not check who owns the objects of this stack ({exc}); the guard reads nothing more this run")
+            return None
+
+    return read
 
 
 def _metadata_of(props: Mapping[str, Any]) -> tuple[str, Any] | None:

@@ -7,7 +7,8 @@ namespace, barcelona-bob in its own) through the real program.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import socket
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,16 @@ import pulumi
 import pytest
 
 from components import environment as layers
-from components.environment import STACK_LABEL, api_path, ownership_conflict, stack_label_transformation
+from components.environment import (
+    PROBE_PATH,
+    READ_TIMEOUT,
+    STACK_LABEL,
+    api_path,
+    guarded_reader,
+    ownership_conflict,
+    stack_label_transformation,
+)
+from components.preflight import KubeClient, LiveReadError
 from core import naming
 from stacks.config import StackConfig
 from stacks.environment import FACTS_OUTPUT, FACTS_VERSION, reserved_words
@@ -507,3 +517,62 @@ def test_api_paths_of_the_kinds_the_program_creates() -> None:
     )
     assert api_path("ml-dev-env:cluster:GpuCluster", "ns", "x") is None
     assert ownership_conflict({"metadata": {}}, "a", "ConfigMap", "ns", "x") is None
+
+
+# ------------------------------------------------------------------------------------------ the guard fails fast
+
+
+@pytest.fixture
+def silent_api() -> Iterator[str]:
+    """An API server that accepts connections and never answers (a black-holed API behind a load balancer)."""
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        server.close()
+
+
+def kubeconfig(server: str) -> dict[str, Any]:
+    return {
+        "current-context": "c",
+        "contexts": {"c": {"cluster": "k", "user": "u"}},
+        "clusters": {"k": {"server": server}},
+        "users": {"u": {"token": "t"}},
+    }
+
+
+def test_a_silent_api_costs_one_check_and_one_warning(silent_api: str) -> None:
+    calls: list[tuple[str, float]] = []
+    warnings: list[str] = []
+
+    class Counting(KubeClient):
+        def get(self, path: str, timeout: float = 20) -> dict[str, Any] | None:
+            calls.append((path, timeout))
+            return super().get(path, timeout=0.3)  # the real client, against the silent server (0.3 s: the test's own bound)
+
+    reader = guarded_reader(lambda: Counting(config=kubeconfig(silent_api)), warnings.append)
+    assert reader is None  # no reads at all: every object of the run goes unchecked, not 48 timeouts
+    assert calls == [(PROBE_PATH, READ_TIMEOUT)] and READ_TIMEOUT * 2 <= 30
+    (warning,) = warnings
+    assert "could not reach the cluster's API" in warning and "timed out" in warning
+
+
+def test_an_api_that_stops_answering_costs_one_failed_read() -> None:
+    answers: list[Any] = [{"major": "1"}, LiveReadError("GET /x: timed out")]
+    calls: list[str] = []
+    warnings: list[str] = []
+
+    class Scripted:
+        def get(self, path: str, timeout: float = 20) -> dict[str, Any] | None:
+            calls.append(path)
+            answer = answers.pop(0) if answers else {"metadata": {}}
+            if isinstance(answer, Exception):
+                raise answer
+            return dict(answer)
+
+    reader = guarded_reader(Scripted, warnings.append)
+    assert reader is not None
+    assert [reader(f"/api/v1/namespaces/ns/configmaps/c{i}") for i in range(48)] == [None] * 48
+    assert calls == [PROBE_PATH, "/api/v1/namespaces/ns/configmaps/c0"] and len(warnings) == 1
