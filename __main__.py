@@ -9,7 +9,7 @@ import pulumi_kubernetes as k8s
 from components import devloop, preflight
 from components import environment as layers
 from components.crds import SSHD_NEEDS
-from components.gpu_cluster import GpuCluster, GpuClusterArgs, selector_labels
+from components.gpu_cluster import GpuCluster, GpuClusterArgs, rollout_timeout, selector_labels
 from components.image_build import ImageBuild, ImageBuildArgs
 from components.model_pipeline import ModelPipeline, ModelPipelineArgs
 from components.storage import claim_template_names
@@ -121,6 +121,48 @@ def check_scc() -> None:
 
 
 check_scc()
+
+
+def check_attachments() -> None:
+    """An RDMA environment in its own namespace: the attachments its pods name must exist there (components/environment.py)."""
+    rdma = cfg.network.rdma
+    if environment is None or not environment.namespace or cfg.network.effective_mode != "rdma" or rdma.create_attachments:
+        return
+    if not preflight.live_reads_enabled(cfg.cluster.render_yaml_to_directory):
+        return
+    namespace = rdma.attachment_namespace or ns
+    try:
+        client = preflight.KubeClient(cfg.cluster.kube_context)
+        problem = layers.attachments_problem(
+            lambda path: client.get(path, timeout=layers.READ_TIMEOUT), namespace, list(rdma.attachments), rollout_timeout(cfg)
+        )
+    except preflight.LiveReadError as exc:
+        pulumi.log.warn(f"could not check the NetworkAttachmentDefinitions of {namespace} ({exc}); continuing")
+        return
+    if problem:
+        raise pulumi.RunError(problem)
+
+
+check_attachments()
+
+
+def check_gpu_capacity() -> None:
+    """Listed GPU nodes must have at least gpusPerPod allocatable GPUs (components/preflight.py gpu_capacity_problem)."""
+    if not cfg.nodes.gpu_nodes or not preflight.live_reads_enabled(cfg.cluster.render_yaml_to_directory):
+        return
+    try:
+        client = preflight.KubeClient(cfg.cluster.kube_context)
+        problem = preflight.gpu_capacity_problem(
+            lambda path: client.get(path, timeout=layers.READ_TIMEOUT), list(cfg.nodes.gpu_nodes), cfg.nodes.gpus_per_pod
+        )
+    except preflight.LiveReadError as exc:
+        pulumi.log.warn(f"could not read the GPU nodes' allocatable nvidia.com/gpu ({exc}); nodes.gpusPerPod not checked against them")
+        return
+    if problem:
+        raise pulumi.RunError(problem)
+
+
+check_gpu_capacity()
 
 labels = naming.stack_labels(cfg.cluster.name)
 image: pulumi.Input[str] | None

@@ -226,6 +226,28 @@ def stack_label_transformation(stack: str, reader: LiveReader | None) -> Callabl
 # ------------------------------------------------------------------------------------- environment
 
 
+def nad_path(namespace: str, name: str) -> str:
+    return f"/apis/k8s.cni.cncf.io/v1/namespaces/{namespace}/network-attachment-definitions/{name}"
+
+
+def attachments_problem(get: Callable[[str], Any], namespace: str, names: list[str], wait_seconds: int) -> str | None:
+    """One line when an environment's own namespace lacks attachments its pods name (None: all there).
+
+    `get` returns the live object or None when it does not exist (a read that fails raises; the caller warns). Multus
+    refuses a pod whose `k8s.v1.cni.cncf.io/networks` names an attachment it cannot find, so its pods would never start:
+    the run stops before the StatefulSet's wait instead of after it.
+    """
+    missing = [name for name in names if get(nad_path(namespace, name)) is None]
+    if not missing:
+        return None
+    return (
+        f"ml-dev-env:environment.namespace: {namespace} has no NetworkAttachmentDefinition {', '.join(missing)}: the pods "
+        f"could not start (the up would wait {wait_seconds}s and fail); an admin creates one SriovNetwork per attachment in "
+        f"openshift-sriov-network-operator with spec.networkNamespace: {namespace} (`make render` lists them with their "
+        "resourceName), then run again"
+    )
+
+
 def image_puller_binding(
     name: str, cfg: StackConfig, facts: ClusterFacts, labels: dict[str, str], opts: pulumi.ResourceOptions
 ) -> k8s.rbac.v1.RoleBinding | None:

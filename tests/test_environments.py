@@ -21,11 +21,13 @@ from components.environment import (
     READ_TIMEOUT,
     STACK_LABEL,
     api_path,
+    attachments_problem,
     guarded_reader,
+    nad_path,
     ownership_conflict,
     stack_label_transformation,
 )
-from components.preflight import KubeClient, LiveReadError
+from components.preflight import KubeClient, LiveReadError, gpu_capacity_problem
 from core import naming
 from stacks.config import StackConfig
 from stacks.environment import FACTS_OUTPUT, FACTS_VERSION, reserved_words
@@ -576,3 +578,39 @@ def test_an_api_that_stops_answering_costs_one_failed_read() -> None:
     assert reader is not None
     assert [reader(f"/api/v1/namespaces/ns/configmaps/c{i}") for i in range(48)] == [None] * 48
     assert calls == [PROBE_PATH, "/api/v1/namespaces/ns/configmaps/c0"] and len(warnings) == 1
+
+
+def test_an_own_namespace_without_its_attachments_stops_with_one_line() -> None:
+    """carol-dev lacks two of the four SR-IOV attachments: one line naming them and the SriovNetwork recipe."""
+    names = ["eno5np0-network", "eno6np0-network", "eno7np0-network", "eno8np0-network"]
+    present = {nad_path("carol-dev", n) for n in names[:2]}
+    reads: list[str] = []
+
+    def get(path: str) -> dict[str, Any] | None:
+        reads.append(path)
+        return {"metadata": {}} if path in present else None
+
+    problem = attachments_problem(get, "carol-dev", names, 1800)
+    assert problem is not None and "\n" not in problem and len(reads) == 4
+    assert problem.startswith(
+        "ml-dev-env:environment.namespace: carol-dev has no NetworkAttachmentDefinition eno7np0-network, eno8np0-network"
+    )
+    assert "SriovNetwork per attachment in openshift-sriov-network-operator with spec.networkNamespace: carol-dev" in problem
+    assert attachments_problem(lambda path: {"metadata": {}}, "carol-dev", names, 1800) is None
+
+
+def test_preview_compares_gpus_per_pod_with_the_nodes_allocatable() -> None:
+    nodes: dict[str, dict[str, Any]] = {
+        "/api/v1/nodes/a": {"status": {"allocatable": {"nvidia.com/gpu": "4"}}},
+        "/api/v1/nodes/b": {"status": {"allocatable": {}}},
+    }
+
+    def get(path: str) -> dict[str, Any] | None:
+        return nodes.get(path)
+
+    assert gpu_capacity_problem(get, ["a"], 4) is None
+    problem = gpu_capacity_problem(get, ["a", "b", "gone"], 8)
+    assert problem == (
+        "ml-dev-env:nodes.gpusPerPod: got 8; the nodes' allocatable nvidia.com/gpu is lower on a (4), b (0): such a pod stays "
+        "Pending; ask for at most that many, or choose other nodes.gpuNodes"
+    )
