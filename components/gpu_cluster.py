@@ -46,15 +46,32 @@ def selector_labels(config: StackConfig) -> dict[str, str]:
     return naming.selector_labels(config.cluster.app_name)
 
 
+ROLLOUT_BASE_SECONDS = 1800
+"""Image pulls and container start of the pods (a multi-GB image on every node)."""
+
+
 def rollout_timeout(config: StackConfig) -> int:
-    """Seconds `pulumi up` waits for the pods: image pulls and start, plus pod 0's fabric check hold
-    (fabricCheck.onDeploy keeps it un-Ready for up to onDeployTimeoutSeconds).
+    """Seconds `pulumi up` waits for the pods, and `pulumi destroy` for them to go (`pulumi.com/timeoutSeconds`).
+
+    * Image pulls and start (ROLLOUT_BASE_SECONDS), plus pod 0's fabric check hold (fabricCheck.onDeploy keeps
+      it un-Ready for up to onDeployTimeoutSeconds).
+    * The stops of a rolling update: a template change deletes the pods one at a time, from the largest
+      ordinal, and waits for each replacement to be healthy before the next (kubernetes
+      pkg/controller/statefulset/stateful_set_control.go, updateStatefulSet: "we terminate the Pod with the
+      largest ordinal that does not match the update revision"; `podManagementPolicy: Parallel` changes
+      scaling only). Each stop may take the pod's whole terminationGracePeriodSeconds (checkpoint grace +
+      STOP_MARGIN_SECONDS), so nodes.count x that.
+    * `pulumi destroy` reads the same annotation: pulumi-kubernetes provider/pkg/await/await.go `Deletion`
+      waits `metadata.TimeoutDuration` (this annotation, else 10 minutes) for a foreground deletion
+      (provider/pkg/metadata/overrides.go `DeletionPropagation`, Foreground by default), which lasts until
+      the pods are gone: up to one termination grace, as the garbage collector deletes them together.
 
     A stack that builds switches the pods to a new tag only once it exists (ImageBuild's wait Job, awaited
     before the StatefulSet changes), so the builds are not part of this wait (tests/test_waits.py).
     """
     fabric = config.fabric_check.on_deploy_timeout_seconds if config.fabric_check.on_deploy else 0
-    return 1800 + fabric
+    stops = config.nodes.count * lifecycle.termination_grace_seconds(config)
+    return ROLLOUT_BASE_SECONDS + fabric + stops
 
 
 def scc_role_name(scc: str) -> str:

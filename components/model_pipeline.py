@@ -80,9 +80,12 @@ def task_specs(
     chunk_threshold: str,
     max_layer_size: str = "20G",
     registry_ca_file: str = f"{SA_DIR}/service-ca.crt",
+    chunk_size: str = "1Gi",
 ) -> dict[str, tekton.TaskSpec]:
-    """The six Tasks; `secrets` says which optional Secrets exist (hf, s3)."""
-    layer_limit = str(int(parse_quantity(max_layer_size)))  # bytes: the steps' size parser has no Kubernetes suffixes
+    """The six Tasks; `secrets` says which optional Secrets exist (hf, s3). Sizes are Kubernetes quantities
+    (`modelPipeline.*`), rendered as whole bytes: the steps' size parser has no Kubernetes suffixes."""
+    layer_limit = str(int(parse_quantity(max_layer_size)))
+    chunks = ["--chunk-threshold", str(int(parse_quantity(chunk_threshold))), "--chunk-size", str(int(parse_quantity(chunk_size)))]
     model_ws = tekton.WorkspaceDeclaration(name="model", description="PVC holding the downloaded weights")
     quay_ws = tekton.WorkspaceDeclaration(name="quay-auth", description="Quay dockerconfigjson", read_only=True)
 
@@ -179,8 +182,7 @@ def task_specs(
                         "$(params.base-image)",
                         "--authfile",
                         "$(workspaces.quay-auth.path)/.dockerconfigjson",
-                        "--chunk-threshold",
-                        chunk_threshold,
+                        *chunks,
                         "--max-layer-size",
                         layer_limit,
                         "--result-digest",
@@ -292,8 +294,7 @@ def task_specs(
                         "$(params.base-image)",
                         "--authfile",
                         "$(workspaces.quay-auth.path)/.dockerconfigjson",
-                        "--chunk-threshold",
-                        chunk_threshold,
+                        *chunks,
                         "--max-layer-size",
                         layer_limit,
                         "--annotation",
@@ -677,7 +678,9 @@ class ModelPipeline(pulumi.ComponentResource):
                 )
             )
 
-        specs = task_specs(tools.image, cfg.tools_base_image, present, cfg.chunk_threshold, cfg.max_layer_size, cfg.registry_ca_file)
+        specs = task_specs(
+            tools.image, cfg.tools_base_image, present, cfg.chunk_threshold, cfg.max_layer_size, cfg.registry_ca_file, cfg.chunk_size
+        )
         # Each Task and Pipeline exists only when a model runs it: streaming (the default) needs neither the
         # download Task nor the PVC Pipeline; a model with `stream: false` or `uploadToS3` brings them back.
         modes = {model_sizing.STREAM if m.stream else model_sizing.PVC for m in args.models}

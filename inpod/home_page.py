@@ -34,6 +34,7 @@ import concurrent.futures
 import contextlib
 import html
 import importlib
+import ipaddress
 import json
 import os
 import shlex
@@ -496,7 +497,32 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
 
-class _Server6(ThreadingHTTPServer):
+POD_INTERFACE = "eth0"
+"""The pod network's interface: the name the runtime gives it (cri-o/ocicni pkg/ocicni/types.go DefaultInterfaceName)."""
+
+
+class _Server(ThreadingHTTPServer):
+    """Bound to the pod network's interface when the address is not loopback (SO_BINDTODEVICE, which an unprivileged
+    process may set since Linux 5.7: net/core/sock.c sock_bindtoindex_locked). Linux accepts a packet for any local
+    address on any interface (net/ipv4/route.c ip_route_input_slow, RTN_LOCAL): without it a pod on net1..N that
+    routes this pod's IP via its secondary network would reach the pod-IP listener; bound, it is refused."""
+
+    def server_bind(self) -> None:
+        host = str(self.server_address[0])
+        try:
+            loopback = ipaddress.ip_address(host.split("%")[0]).is_loopback
+        except ValueError:
+            loopback = True  # a name: left as given
+        if not loopback and os.path.exists(f"/sys/class/net/{POD_INTERFACE}"):
+            try:
+                self.socket.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_BINDTODEVICE", 25), POD_INTERFACE.encode())
+            except OSError as exc:
+                warning = f"WARNING: {host}: not bound to {POD_INTERFACE} ({exc}); net1..N peers routing this IP reach it"
+                print(warning, file=sys.stderr, flush=True)
+        super().server_bind()
+
+
+class _Server6(_Server):
     address_family = socket.AF_INET6
 
 
@@ -526,7 +552,7 @@ def serve(listen: str) -> int:
         return 2
     collector = Collector()
     handler = type("BoundHandler", (Handler,), {"collector": collector})
-    servers = [(_Server6 if ":" in host else ThreadingHTTPServer)((host, port), handler) for host, port in addresses]
+    servers = [(_Server6 if ":" in host else _Server)((host, port), handler) for host, port in addresses]
     stop = threading.Event()
     threading.Thread(target=collector.loop, args=(float(env("ML_DEV_HOME_INTERVAL", "30")), stop), daemon=True).start()
     bound = [(str(s.server_address[0]), int(s.server_address[1])) for s in servers]

@@ -41,7 +41,9 @@ warning, the scale to 0 and its record); this file holds the HTTP server and the
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
+import os
 import socket
 import sys
 import threading
@@ -82,7 +84,32 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
 
-class _Server6(ThreadingHTTPServer):
+POD_INTERFACE = "eth0"
+"""The pod network's interface: the name the runtime gives it (cri-o/ocicni pkg/ocicni/types.go DefaultInterfaceName)."""
+
+
+class _Server(ThreadingHTTPServer):
+    """Bound to the pod network's interface when the address is not loopback (SO_BINDTODEVICE, which an unprivileged
+    process may set since Linux 5.7: net/core/sock.c sock_bindtoindex_locked). Linux accepts a packet for any local
+    address on any interface (net/ipv4/route.c ip_route_input_slow, RTN_LOCAL): without it a pod on net1..N that
+    routes this pod's IP via its secondary network would reach the pod-IP listener; bound, it is refused."""
+
+    def server_bind(self) -> None:
+        host = str(self.server_address[0])
+        try:
+            loopback = ipaddress.ip_address(host.split("%")[0]).is_loopback
+        except ValueError:
+            loopback = True  # a name: left as given
+        if not loopback and os.path.exists(f"/sys/class/net/{POD_INTERFACE}"):
+            try:
+                self.socket.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_BINDTODEVICE", 25), POD_INTERFACE.encode())
+            except OSError as exc:
+                warning = f"WARNING: {host}: not bound to {POD_INTERFACE} ({exc}); net1..N peers routing this IP reach it"
+                print(warning, file=sys.stderr, flush=True)
+        super().server_bind()
+
+
+class _Server6(_Server):
     address_family = socket.AF_INET6
 
 
@@ -110,7 +137,7 @@ def serve(listen: str | None, decider: Decider | None, port: int = 0) -> list[Th
     handler = type("BoundHandler", (Handler,), {"decider": decider})
     servers: list[ThreadingHTTPServer] = []
     for host, number in listen_addresses(listen, port):
-        server = (_Server6 if ":" in host else ThreadingHTTPServer)((host, number), handler)
+        server = (_Server6 if ":" in host else _Server)((host, number), handler)
         servers.append(server)
         threading.Thread(target=server.serve_forever, daemon=True).start()
     bound = [(str(s.server_address[0]), s.server_address[1]) for s in servers]

@@ -36,12 +36,12 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING or __package__:  # in the repository: the inpod package
     from .ml_dev_launch import cmd_exec, cmd_rank, cmd_run
-    from .ml_dev_lib import DEBUG_PORT, PER_POD_ENV
+    from .ml_dev_lib import DEBUG_PORT, FROM_RANK_FILE, PER_POD_ENV
     from .ml_dev_status import cmd_status
     from .ml_dev_sync import cmd_apply, cmd_sync
 else:  # in the pod: the modules ship next to the program (/opt/ml-dev-env), whose directory is sys.path[0]
     from ml_dev_launch import cmd_exec, cmd_rank, cmd_run
-    from ml_dev_lib import DEBUG_PORT, PER_POD_ENV
+    from ml_dev_lib import DEBUG_PORT, FROM_RANK_FILE, PER_POD_ENV
     from ml_dev_status import cmd_status
     from ml_dev_sync import cmd_apply, cmd_sync
 
@@ -50,7 +50,9 @@ ENV_RULE = (
     "Environment of every rank: the pod's container env, its rank.env (NODE_RANK, NNODES, MASTER_ADDR, ...),\n"
     "then every variable of this shell that differs from the container env (an activated venv's PATH,\n"
     "NCCL_DEBUG=..., HF_*, CUDA_VISIBLE_DEVICES, ...), sent over the SSH session's stdin, never argv;\n"
-    "then each --env K=V. Never carried (they differ per pod): " + " ".join(PER_POD_ENV) + "."
+    "then each --env K=V (any key). Never carried (they differ per pod): " + " ".join(PER_POD_ENV) + ";\n"
+    "nor the rank keys, which every rank reads from its own pod's current rank.env (a shell's copy is\n"
+    "stale after a count change): " + " ".join(FROM_RANK_FILE) + "."
 )
 
 

@@ -19,6 +19,7 @@ from typing import IO, TYPE_CHECKING, TextIO
 if TYPE_CHECKING or __package__:  # in the repository: the inpod package
     from .ml_dev_lib import (
         DEBUG_PORT,
+        FROM_RANK_FILE,
         HEARTBEAT_SECONDS,
         HERE,
         PY,
@@ -36,6 +37,7 @@ if TYPE_CHECKING or __package__:  # in the repository: the inpod package
 else:  # in the pod: the modules ship next to the program (/opt/ml-dev-env), whose directory is sys.path[0]
     from ml_dev_lib import (
         DEBUG_PORT,
+        FROM_RANK_FILE,
         HEARTBEAT_SECONDS,
         HERE,
         PY,
@@ -103,6 +105,25 @@ def _ml_dev_debug():
     sys.stderr.flush()
     if os.environ.get("ML_DEV_DEBUG_WAIT", "1") == "1":
         debugpy.wait_for_client()
+def _ml_dev_adapter_on_pod_interface():
+    # debugpy's adapter (started by debugpy.listen with this env: debugpy/server/api.py, `--for-server`) owns the
+    # listener. On the pod IP it is bound to the pod network's interface (SO_BINDTODEVICE), as sshd and the agents
+    # are: a peer on net1..N routing the pod IP via its secondary network is refused.
+    host = os.environ.get("ML_DEV_DEBUG_HOST", "")
+    argv = getattr(sys, "orig_argv", sys.argv)
+    if "--for-server" not in argv or not host or host.startswith("127.") or not os.path.exists("/sys/class/net/eth0"):
+        return
+    import socket
+    plain = socket.socket.bind
+    def bind(self, address):
+        if isinstance(address, tuple) and address and address[0] == host:
+            try:
+                self.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_BINDTODEVICE", 25), b"eth0")
+            except OSError as exc:
+                sys.stderr.write("ml-dev: the debugger is not bound to eth0 (%s): net1..N peers reach it\\n" % exc)
+        return plain(self, address)
+    socket.socket.bind = bind
+_ml_dev_adapter_on_pod_interface()
 port = os.environ.get("ML_DEV_DEBUG_PORT")
 if port:
     _ml_dev_debug()
@@ -115,7 +136,9 @@ TORCHRUN_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 
 def cmd_rank(args: argparse.Namespace) -> int:
     """(on every pod) run one rank: the pod's rank.env, own process group, stopped when stdin closes."""
-    env = dict(os.environ)
+    # the rank keys come from this pod's current rank.env only: on the launching pod this process inherits the
+    # launching shell's env, whose rank values are those of when the shell started (stale after a count change)
+    env = {k: v for k, v in os.environ.items() if k not in FROM_RANK_FILE}
     env.update(read_env_file(STATE_DIR / "rank.env"))
     if args.env_stdin:
         # the launcher's variables (launch_env) come first on stdin, never in argv (ps, logs, length limits)

@@ -82,6 +82,31 @@ PER_POD_ENV = (
 """Never carried from the launching pod to the others (glob patterns): what differs per pod by nature.
 core/pod_contract.py holds the same tuple (tests/test_contract.py); `ml-dev run --help` prints it."""
 
+RANK_ENV = (
+    "ML_DEV_POD",
+    "NODE_RANK",
+    "NNODES",
+    "GPUS_PER_NODE",
+    "WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "PET_NNODES",
+    "PET_NODE_RANK",
+    "PET_NPROC_PER_NODE",
+    "PET_MASTER_ADDR",
+    "PET_MASTER_PORT",
+    "DEEPSPEED_HOSTFILE",
+    "ML_DEV_HOSTS",
+    "ML_DEV_PODS",
+)
+"""The keys of rank.env (core/pod_contract.py RANK_ENV, asserted equal by tests/test_contract.py). Interactive and
+login shells source rank.env when they start (env.sh from ~/.bashrc, ~/.profile, $ENV, /etc/profile.d), so a
+shell's values are the pod's as they were then: a count change since leaves them stale. They never travel from
+the launching shell; each rank reads its own pod's current rank.env (`--env K=V` still sets one everywhere)."""
+FROM_RANK_FILE = (*RANK_ENV, "NCCL_IB_HCA", "RANK", "LOCAL_RANK")
+"""What a rank takes from its own pod only: rank.env's keys, NCCL_IB_HCA (written there when auto-detected, the
+pod's own devices) and what `--per-pod` sets (RANK, LOCAL_RANK)."""
+
 
 def die(message: str, code: int = 1) -> None:
     print(f"ml-dev: {message}", file=sys.stderr, flush=True)
@@ -129,9 +154,9 @@ def per_pod(name: str) -> bool:
 
 def launch_env(extra: list[str]) -> dict[str, str]:
     """What travels to every rank: this shell's variables that differ from the container env (except the
-    per-pod set), then `--env K=V`."""
+    per-pod set and the rank keys, FROM_RANK_FILE), then `--env K=V` (any key, rank keys included)."""
     base = container_env()
-    carried = {k: v for k, v in os.environ.items() if base.get(k) != v and not per_pod(k)}
+    carried = {k: v for k, v in os.environ.items() if base.get(k) != v and not per_pod(k) and k not in FROM_RANK_FILE}
     for item in extra:
         if "=" not in item or not item.split("=", 1)[0]:
             die(f"--env {item!r}: expected NAME=value")

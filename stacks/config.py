@@ -824,8 +824,13 @@ class ModelPipelineConfig(Model):
     )
     chunk_threshold: Quantity = Field(
         "2G",
-        description="Blobs above this are uploaded as 1 GiB PATCH requests, so a failure costs one chunk, not the blob "
-        "(chunking does not get past maxLayerSize).",
+        description="Blobs above this are uploaded as several PATCH requests of chunkSize, so a failure costs one chunk, "
+        "not the blob (chunking does not get past maxLayerSize). At least chunkSize.",
+    )
+    chunk_size: Quantity = Field(
+        "1Gi",
+        description="Size of each PATCH request of a chunked upload (package --chunk-size): lower it when a proxy in front "
+        "of the registry limits request bodies (HTTP 413/416). At least 1 byte, at most chunkThreshold.",
     )
     max_layer_size: Quantity = Field(
         "20G",
@@ -834,6 +839,20 @@ class ModelPipelineConfig(Model):
         "larger file before transferring anything.",
     )
     max_model_size_gi: float = Field(64, gt=0, le=4096, description="Largest model the Pipeline's per-task timeouts are sized for (GiB).")
+
+    @rule
+    def _chunks_the_package_step_accepts(self) -> Iterator[ConfigProblem]:
+        # What `steps/package.py` (parse_args) refuses, refused here by key: the steps take whole bytes
+        # (components/model_pipeline.py renders each size as its integer byte count).
+        chunk, threshold = int(parse_quantity(self.chunk_size)), int(parse_quantity(self.chunk_threshold))
+        if chunk < 1:
+            yield ConfigProblem("chunkSize", self.chunk_size, "at least 1 byte (a size such as 256Mi or 1Gi)")
+        elif chunk > threshold:
+            yield ConfigProblem(
+                "chunkSize", self.chunk_size, f"at most chunkThreshold ({self.chunk_threshold}): only blobs above it are chunked"
+            )
+        if int(parse_quantity(self.max_layer_size)) < 1:  # 0 bytes would reach the steps as "no limit"
+            yield ConfigProblem("maxLayerSize", self.max_layer_size, "at least 1 byte (Quay's default is 20G)")
 
 
 # ------------------------------------------------------------------------------------- lifecycle

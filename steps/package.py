@@ -22,6 +22,7 @@ import json
 import os
 import re
 import ssl
+import stat
 import threading
 import time
 import urllib.parse
@@ -40,6 +41,7 @@ from lib.model import (
     Expected,
     LayerLayout,
     check_layer_sizes,
+    check_listed,
     default_digest_cache,
     model_files,
     path_rule,
@@ -114,6 +116,10 @@ def parse_range(value: str) -> tuple[int, int] | None:
     return last + 1, last
 
 
+class DigestRefused(TransientError):
+    """The registry computed another digest for the session's bytes than the one hashed here."""
+
+
 class _Upload:
     """State of one blob upload session: URL, acknowledged offset, hash states at known offsets."""
 
@@ -143,7 +149,9 @@ class BlobPusher:
     def __init__(self, client: RegistryClient, repo: str, settings: UploadSettings, progress: Progress) -> None:
         self.client, self.repo, self.settings, self.progress = client, repo, settings, progress
         self.uploaded = 0
+        self.cut_short = False  # streamed sources: PATCH bodies chunked, so a failing source ends a body cleanly
         self.reread = 0  # bytes read again from the source to rebuild hash states (resumes)
+        self.verified = 0  # bytes of layers named by a record or the tag, read from the source to check them
         self._count_lock = threading.Lock()
 
     def push(
@@ -173,11 +181,14 @@ class BlobPusher:
         failures, auth_failures, progress_mark, refused = 0, 0, -1, 0
         recover, kept = False, False  # kept: the session's state is durably recorded (a later run resumes it)
         resume_at = 0  # an earlier run's acknowledged offset, until the hash up to it is rebuilt
-        if resume and resume.get("location"):
-            up = _Upload(str(resume["location"]), 0, *blob)
-            kept = recover = True
-            resume_at = int(resume.get("acked", 0)) if 0 < int(resume.get("acked", 0)) <= size else 0
-            log(f"{name}: continuing the upload an earlier run left at byte {resume_at}")
+        if resume:
+            up, continued = self._resumable(name, size, resume, blob)
+            if up is not None and not continued:  # a session opened here instead
+                chunk = max(chunk, up.min_chunk)
+            if continued:
+                kept = recover = True
+                resume_at = int(resume["acked"])
+                log(f"{name}: continuing the upload an earlier run left at byte {resume_at}")
         while True:
             try:
                 if resume_at and up is not None:
@@ -203,9 +214,12 @@ class BlobPusher:
                     chunk = max(chunk, up.min_chunk)
                 while up.acked < size:
                     end = min(up.acked + chunk, size)
-                    up.location = self._patch(up, end, reader)
+                    up.location, cut = self._patch(up, end, reader)
                     if on_state is not None and size > chunk:
                         kept = bool(on_state({"location": up.location, "acked": up.acked}))
+                    if cut is not None:  # the source failed part-way; the registry keeps what it got
+                        log(f"{name}: the source failed at byte {up.acked} of the blob; the registry holds every byte before it")
+                        raise cut
                 self._verify(up, size)
                 self._finish(up, "sha256:" + up.marks[size].hexdigest(), size)
                 return self._finished(up, on_state)
@@ -253,7 +267,39 @@ class BlobPusher:
                 delay = 0.0 if isinstance(exc, AuthExpired) and auth_failures == 1 else backoff(failures, self.settings.retry_delay)
                 log(f"{name}: {exc}; retry {failures}/{self.settings.retries} in {delay:.1f}s")
                 time.sleep(delay)
+                if isinstance(exc, DigestRefused) and up is not None:
+                    # The session holds other bytes than the ones hashed here (a session someone else wrote into,
+                    # named by a forged record): it can never commit this blob. Drop it and start again.
+                    self._cancel(up.location, name)
+                    if kept and on_state is not None:
+                        on_state(None)
+                    self.progress.advance(-up.acked)
+                    up, kept = None, False
                 recover = up is not None
+
+    def _resumable(self, name: str, size: int, resume: dict[str, Any], blob: tuple[Any, Any]) -> tuple[_Upload | None, bool]:
+        """The recorded session to continue, or None. A record is data anyone with push rights can write: its
+        offset must lie in the blob, and its URL must be an upload session of this repository on the registry or
+        on an upload host the registry names in this run (a POST here asks; that fresh session is returned, with
+        False, when the recorded host is not one of them). Nothing is ever sent to another host."""
+        acked = resume.get("acked")
+        if not isinstance(acked, int) or isinstance(acked, bool) or not 0 <= acked <= size:
+            log(f"WARNING: {name}: the resume record's offset {acked!r} is not in the blob (0 to {size} bytes); starting a new upload")
+            return None, False
+        location = str(resume.get("location") or "")
+        url = self.client.session_url(location, self.repo)
+        if url is None and location:
+            fresh = self._start(*blob)  # the registry's answer names the upload hosts of this run
+            url = self.client.session_url(location, self.repo)
+            if url is None:
+                host = urllib.parse.urlsplit(self.client.absolute(location)).netloc
+                log(
+                    f"WARNING: {name}: the resume record names an upload session on {host}, not an upload session of "
+                    f"{self.repo} on {self.client.registry} or a host it named; nothing is sent there, starting a new upload"
+                )
+                return fresh, False
+            self._cancel(fresh.location, name)
+        return (_Upload(url, 0, *blob), True) if url else (None, False)
 
     def _give_up(self, up: _Upload | None, name: str, kept: bool) -> None:
         """The step fails on this blob: a recorded session stays for the next run, any other is cancelled."""
@@ -280,9 +326,11 @@ class BlobPusher:
         reply = self.client.request("POST", f"/v2/{self.repo}/blobs/uploads/", body=b"")
         self.client.check(reply, f"start upload to {self.client.registry}/{self.repo}", (202,))
         min_chunk = reply.header("OCI-Chunk-Min-Length")
-        return _Upload(self.client.upload_location(reply, ""), int(min_chunk) if min_chunk.isdigit() else 0, new_hasher, check)
+        return _Upload(self.client.upload_location(reply, "", trust=True), int(min_chunk) if min_chunk.isdigit() else 0, new_hasher, check)
 
-    def _patch(self, up: _Upload, end: int, reader: Reader) -> str:
+    def _patch(self, up: _Upload, end: int, reader: Reader) -> tuple[str, Exception | None]:
+        """Send [acked, end); return the session's next URL, and the source's error when a streamed body (chunked, see
+        `cut_short`) ended early: the registry then holds what was sent and the session goes on from there."""
         start, sent = up.acked, 0
         hasher = up.marks[start].copy()
 
@@ -301,7 +349,7 @@ class BlobPusher:
             # partly written chunk (distribution cannot then resume nor cancel the session: its `_state` is stale).
             first = next(body, None)
             chunks = body if first is None else itertools.chain([first], body)
-            reply = self.client.stream("PATCH", up.location, headers, end - start, chunks, count)
+            reply = self.client.stream("PATCH", up.location, headers, end - start, chunks, count, chunked=self.cut_short)
         except (TransientError, ChunkRefused):
             self.progress.advance(-sent)
             if sent == end - start:
@@ -310,10 +358,20 @@ class BlobPusher:
         if reply.status == 416:
             self.progress.advance(-sent)
             raise TransientError(f"PATCH {start}-{end - 1}: HTTP 416 (registry holds {reply.header('Range') or 'another range'})")
-        self.client.check(reply, f"PATCH blob upload ({start}-{end - 1})", (202,))
+        if reply.status == 404:  # distribution's BLOB_UPLOAD_INVALID/UNKNOWN: the session is gone (a restart with a new secret)
+            self.progress.advance(-sent)
+            raise TransientError(f"PATCH {start}-{end - 1}: HTTP 404 {reply.error_text()} (the registry no longer accepts the session)")
+        if reply.cut is not None:
+            held = parse_range(reply.header("Range")) if reply.status == 202 else None
+            if sent == 0 or held is None or start + sent not in held:
+                self.progress.advance(-sent)
+                raise reply.cut  # what the registry holds is unclear: the recovery asks it
+            end = start + sent
+        else:
+            self.client.check(reply, f"PATCH blob upload ({start}-{end - 1})", (202,))
         up.acked = end
         up.marks[end] = hasher
-        return self.client.upload_location(reply, up.location)
+        return self.client.upload_location(reply, up.location), reply.cut  # a PATCH answer names no new host
 
     def _finish(self, up: _Upload, digest: str, size: int) -> None:
         sep = "&" if "?" in up.location else "?"
@@ -324,20 +382,15 @@ class BlobPusher:
         if reply.status == 404 and self.client.blob_exists(self.repo, digest):
             log(f"{digest[:19]}: the final request had completed (its answer was lost)")
             return
+        if reply.status == 404:  # the session is gone (a registry restart with a new secret): the recovery starts again
+            raise TransientError(f"complete upload {digest}: HTTP 404 {reply.error_text()} (the registry no longer accepts the session)")
         if reply.status == 400 and "DIGEST_INVALID" in reply.error_text():
-            raise TransientError(f"registry computed a different digest than {digest} (data changed in transit?)")
+            raise DigestRefused(f"registry computed a different digest than {digest} (data changed in transit?)")
         self.client.check(reply, f"complete upload {digest}", (201, 204))
 
     def _cancel(self, location: str, name: str) -> None:
-        """DELETE an upload session nobody will resume (OCI distribution spec, "Deleting an upload";
-        distribution's CancelBlobUpload, Quay's cancel_upload). Best effort: a failure is logged."""
-        try:
-            status = self.client.request("DELETE", location).status
-        except (TransientError, StepError) as exc:
-            log(f"{name}: could not cancel the upload session ({exc}); the registry purges it later")
-            return
-        if status not in (202, 204, 404):
-            log(f"{name}: cancelling the upload session answered HTTP {status}; the registry purges it later")
+        """DELETE an upload session nobody will resume; best effort (RegistryClient.cancel_upload)."""
+        self.client.cancel_upload(location, name)
 
     def _hash_at(self, up: _Upload, offset: int, reader: Reader) -> None:
         """Make sure the hash state at `offset` is known: continue from the nearest known one by
@@ -391,7 +444,7 @@ class BlobPusher:
             fresh = self._start(up.new_hasher, up.check)
             log(f"{name}: upload session lost at byte {lost} (HTTP {reply.status}); new session from byte 0")
             return fresh
-        up.location = self.client.upload_location(reply, up.location, trust=False)  # a GET answer
+        up.location = self.client.upload_location(reply, up.location)  # a GET answer names no new host
         if sent is not None:
             up.marks.setdefault(sent[0], sent[1])
         known = [c for c in candidates if c in up.marks]
@@ -864,15 +917,15 @@ def previous_layers(client: RegistryClient, dest: ImageRef) -> dict[str, tuple[s
     re-run streaming from the same source objects skips their blobs without reading them again."""
     try:
         body, media_type = client.get_manifest(dest.repository, dest.tag or "")
-    except StepError:
-        return {}
-    if media_type != OCI_MANIFEST:
+        layers = json.loads(body).get("layers") if media_type == OCI_MANIFEST else []
+    except (StepError, ValueError, AttributeError):
         return {}
     found = {}
-    for layer in json.loads(body).get("layers", []):
-        notes = layer.get("annotations") or {}
-        if "org.opencontainers.image.title" in notes:
-            found[notes["org.opencontainers.image.title"]] = (layer["digest"], notes.get(SOURCE_ANNOTATION, ""))
+    for layer in layers if isinstance(layers, list) else []:
+        notes = (layer.get("annotations") if isinstance(layer, dict) else None) or {}
+        digest = layer.get("digest") if isinstance(layer, dict) else None
+        if isinstance(notes, dict) and "org.opencontainers.image.title" in notes and isinstance(digest, str) and _DIGEST_RE.match(digest):
+            found[str(notes["org.opencontainers.image.title"])] = (digest, str(notes.get(SOURCE_ANNOTATION, "")))
     return found
 
 
@@ -919,26 +972,29 @@ class ResumeRecord:
         self._lock = threading.Lock()
 
     def load(self) -> None:
+        """Read the record. It is data anyone with push rights can write: what it says is only ever a hint
+        (package checks every recorded layer against the source, see `push_streamed`), and a record it cannot
+        read is ignored with one WARNING line (and rewritten by this run)."""
         try:
             body, media_type = self.client.get_manifest(self.dest.repository, self.tag)
-        except StepError:
+        except (StepError, ValueError):
             return  # none (404), or not readable: start without one
-        manifest = json.loads(body)
-        notes = manifest.get("annotations") or {}
-        if media_type != OCI_MANIFEST or notes.get(RECORD_ANNOTATION) != self.dest.tag:
+        try:
+            manifest = json.loads(body)
+            notes = manifest.get("annotations") if isinstance(manifest, dict) else None
+        except ValueError:
+            notes = None
+        if media_type != OCI_MANIFEST or not isinstance(notes, dict) or notes.get(RECORD_ANNOTATION) != self.dest.tag:
             self.usable = False  # a tag of that name that is not our record: never overwrite it
             log(f"WARNING: {self.dest.repository}:{self.tag} exists and is not a resume record; this run keeps none")
             return
         self.digest = sha256_digest(body)
-        for layer in manifest.get("layers", []):
-            ann = layer.get("annotations") or {}
-            if "org.opencontainers.image.title" in ann:
-                self.layers[ann["org.opencontainers.image.title"]] = (layer["digest"], int(layer["size"]), ann.get(SOURCE_ANNOTATION, ""))
         try:
-            uploads = json.loads(notes.get(UPLOADS_ANNOTATION, "{}"))
-            self.uploads = {str(k): v for k, v in uploads.items() if isinstance(v, dict)}
-        except ValueError:
-            self.uploads = {}
+            layers, uploads = _record_entries(manifest, notes)
+        except ValueError as exc:
+            log(f"WARNING: resume record {self.tag} ignored: {exc}; this run starts without it")
+            return
+        self.layers, self.uploads = layers, uploads
         log(f"resume record {self.tag}: {len(self.layers)} finished layers, {len(self.uploads)} unfinished uploads")
 
     def layer_done(self, rel: str, digest: str, size: int, source: str) -> None:
@@ -998,6 +1054,46 @@ class ResumeRecord:
                 f"WARNING: could not delete the resume record {self.dest.repository}:{self.tag} ({detail}); "
                 f"it names a partial image: delete the tag (Quay expires it after {RECORD_EXPIRY})"
             )
+
+
+_DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+def _record_entries(manifest: dict[str, Any], notes: dict[str, Any]) -> tuple[dict[str, tuple[str, int, str]], dict[str, dict[str, Any]]]:
+    """The finished layers and unfinished uploads a record names; ValueError (naming the first problem) for one
+    that is not well formed: a digest that is not sha256, a size or offset that is not a non-negative integer,
+    a field missing, uploads that are not a JSON object."""
+
+    def count(value: Any, what: str) -> int:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"{what} is {value!r}, not a non-negative integer")
+        return value
+
+    layers: dict[str, tuple[str, int, str]] = {}
+    listed = manifest.get("layers")
+    if not isinstance(listed, list):
+        raise ValueError("it has no list of layers")
+    for layer in listed:
+        ann = (layer.get("annotations") if isinstance(layer, dict) else None) or {}
+        title = ann.get("org.opencontainers.image.title") if isinstance(ann, dict) else None
+        if title is None:
+            continue
+        digest = layer.get("digest")
+        if not isinstance(digest, str) or not _DIGEST_RE.match(digest):
+            raise ValueError(f"layer {title!r} has digest {digest!r}")
+        layers[str(title)] = (digest, count(layer.get("size"), f"the size of layer {title!r}"), str(ann.get(SOURCE_ANNOTATION, "")))
+    try:
+        raw = json.loads(notes.get(UPLOADS_ANNOTATION, "{}"))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"its uploads are not JSON ({exc})") from exc
+    if not isinstance(raw, dict):
+        raise ValueError("its uploads are not a JSON object")
+    uploads: dict[str, dict[str, Any]] = {}
+    for rel, entry in raw.items():
+        if not isinstance(entry, dict) or not all(isinstance(entry.get(k), str) and entry.get(k) for k in ("location", "source")):
+            raise ValueError(f"the upload of {rel!r} lacks a location or source")
+        uploads[str(rel)] = {**entry, "acked": count(entry.get("acked"), f"the offset of the upload of {rel!r}")}
+    return layers, uploads
 
 
 def manifest_annotations(pairs: Sequence[str]) -> dict[str, str]:
@@ -1179,6 +1275,7 @@ def package(
     progress = Progress("upload", total, args.progress_interval)
     settings = UploadSettings(args.chunk_threshold, args.chunk_size, args.retries, args.retry_delay)
     pusher = BlobPusher(client, dest.repository, settings, progress)
+    pusher.cut_short = s3 is not None
 
     def base_layer_reader(url: str) -> Reader:
         return lambda off, _end: source.open_stream(url, off)
@@ -1211,10 +1308,13 @@ def package(
         if s3 is not None:
             return push_streamed(rel, layout)
         assert path is not None
-        if path.is_symlink():  # a symlink entry: a few KiB of headers, hashed here, no cache
+        was = listed[rel]
+        check_listed(path, was)  # swapped or gone since the listing: one line, at once, before any byte
+        recheck = lambda _state: check_listed(path, was)  # noqa: E731  (again before the blob is committed)
+        if stat.S_ISLNK(was.st_mode):  # a symlink entry: a few KiB of headers, hashed here, no cache
             link = sha256_digest(layout.head + layout.tail)
             if not client.blob_exists(dest.repository, link):
-                pusher.push(rel, layout.size, lambda off, _end: iter([memoryview(layout.head + layout.tail)[off:]]))
+                pusher.push(rel, layout.size, lambda off, _end: iter([memoryview(layout.head + layout.tail)[off:]]), check=recheck)
             else:
                 progress.advance(layout.size)
             log(f"{rel}: symbolic link to {os.readlink(path)} as {link[:19]}")
@@ -1236,7 +1336,7 @@ def package(
             return cache.path is not None  # on the workspace claim: a retry of the Task finds it
 
         reader = lambda off, _end: layout.read(path, off, listed=listed[rel])  # noqa: E731
-        digest = pusher.push(rel, layout.size, reader, digest=known, resume=resume, on_state=remember)
+        digest = pusher.push(rel, layout.size, reader, digest=known, resume=resume, on_state=remember, check=recheck)
         if known and known != digest:
             log(f"WARNING: {rel}: cached digest {known[:19]} was stale")
         cache.put(rel, path, layer_digest=digest, layer_size=layout.size)
@@ -1244,20 +1344,51 @@ def package(
         log(f"{rel}: uploaded {human(layout.size)} as {digest[:19]} in {secs:.1f}s ({layout.size / max(secs, 1e-6) / 1e6:.0f} MB/s)")
         return rel, digest, layout.size
 
+    def verify_source(rel: str, layout: LayerLayout, expected: Expected) -> str:
+        """The layer digest the source's bytes make, read once and checked against the source's checksum
+        (exit 3 on a mismatch); nothing is sent. Counted apart (`verified`)."""
+        assert s3 is not None
+        reader, state = s3.reader(rel, layout), SourceHasher(len(layout.head), expected)
+        try:
+            for piece in _limit(reader(0, layout.size), layout.size):
+                state.update(piece)
+        finally:
+            reader.close()
+        state.verify(rel)
+        with pusher._count_lock:
+            pusher.verified += layout.size
+        return "sha256:" + state.hexdigest()
+
     def push_streamed(rel: str, layout: LayerLayout) -> tuple[str, str, int]:
         """Source → registry with no local copy: the layer digest and the source checksum are computed
         on the way; a mismatch cancels the upload before its final PUT (no manifest is written)."""
         assert s3 is not None and record is not None
         tag = s3.tag(rel)
-        done = record.layers.get(rel)
-        for known, where in ((previous.get(rel, ("", "")), "the tag"), ((done[0], done[2]) if done else ("", ""), "the resume record")):
-            if known[0] and known[1] == tag and client.blob_exists(dest.repository, known[0]):
-                progress.advance(layout.size)
-                log(f"{rel}: {known[0][:19]} already in {dest.registry} from the same source object, skipped (found via {where})")
-                return rel, known[0], layout.size
         earlier = record.uploads.get(rel)
         resume = earlier if earlier and earlier.get("source") == tag else None
         expected = s3.objects[rel].expected
+        done = record.layers.get(rel)
+        # The tag and the record are written by whoever may push: a layer they name is a hint, reused only once
+        # the source's bytes, read and checked here, make that very digest (and the registry holds it).
+        hints = {
+            d: where
+            for (d, src), where in (
+                (previous.get(rel, ("", "")), "the tag"),
+                ((done[0], done[2]) if done else ("", ""), "the resume record"),
+            )
+            if d and src == tag
+        }
+        if hints and resume is None and any(client.blob_exists(dest.repository, d) for d in hints):
+            digest = verify_source(rel, layout, expected)
+            for d, where in hints.items():
+                if d != digest:
+                    log(f"WARNING: {rel}: {where} names {d[:19]} for this source object; the source's bytes make {digest[:19]}")
+            if client.blob_exists(dest.repository, digest):
+                progress.advance(layout.size)
+                record.layer_done(rel, digest, layout.size, tag)
+                via = hints.get(digest, "its digest")
+                log(f"{rel}: {digest[:19]} already in {dest.registry}, verified to be the source's bytes: nothing sent (found via {via})")
+                return rel, digest, layout.size
         begun = time.monotonic()
         reader = s3.reader(rel, layout)
         try:
@@ -1301,6 +1432,8 @@ def package(
         record.delete()
     if pusher.reread:
         log(f"source bytes re-read to rebuild hash states after resumes: {pusher.reread} ({human(pusher.reread)})")
+    if pusher.verified:
+        log(f"source bytes read to check the layers a record or the tag named: {pusher.verified} ({human(pusher.verified)})")
     return digest
 
 

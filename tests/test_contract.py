@@ -66,3 +66,9 @@ def test_programs_hand_other_pods_the_mount_path(key: str) -> None:
 
 def test_the_launcher_carries_the_contract_per_pod_set() -> None:
     assert ml_dev.PER_POD_ENV == contract.PER_POD_ENV
+
+
+def test_the_launcher_takes_every_rank_key_from_the_pod_only() -> None:
+    """No rank.env key travels from the launching shell (its copy is stale after a count change)."""
+    assert ml_dev.FROM_RANK_FILE[: len(contract.RANK_ENV)] == contract.RANK_ENV
+    assert {"NCCL_IB_HCA", "RANK", "LOCAL_RANK"} <= set(ml_dev.FROM_RANK_FILE)

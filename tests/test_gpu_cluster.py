@@ -409,8 +409,11 @@ def test_data_survives_destroy_replace_and_scale(barcelona: RunResult, run) -> N
     sts = barcelona.one(STS)
     assert sts.inputs["spec"]["persistentVolumeClaimRetentionPolicy"] == {"whenDeleted": "Retain", "whenScaled": "Retain"}
     assert sts.options["delete_before_replace"] is True
-    # pulls and start only: the builds are awaited before the StatefulSet changes (tests/test_waits.py)
-    assert sts.inputs["metadata"]["annotations"]["pulumi.com/timeoutSeconds"] == "1800"
+    # pulls and start, and one termination grace per pod (a rolling update stops them one at a time); the builds
+    # are awaited before the StatefulSet changes (tests/test_waits.py)
+    grace = sts.inputs["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    stops = sts.inputs["spec"]["replicas"] * grace
+    assert sts.inputs["metadata"]["annotations"]["pulumi.com/timeoutSeconds"] == str(1800 + stops)
     assert all(c.options["retain_on_delete"] for c in barcelona.of_type(PVC))
     created_ns = run("barcelona", lambda o: o["cluster"].update(createNamespace=True))
     namespace = created_ns.one("kubernetes:core/v1:Namespace")

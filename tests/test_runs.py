@@ -114,3 +114,12 @@ def test_retry_counter_changes_only_that_run_name(runs: dict[str, dict[str, str]
     after = result.outputs["model_runs"]
     assert after["mistral-small-24b-fp16"]["run"] != runs["mistral-small-24b-fp16"]["run"]
     assert after["mistral-small-24b-w4a16"]["run"] == runs["mistral-small-24b-w4a16"]["run"]
+
+
+def test_without_oc_one_line(tmp_path: Path) -> None:
+    """No `oc` on PATH (a fresh laptop): one line naming what is missing, no traceback (tools/oc.py's outcome)."""
+    env = {**os.environ, "PATH": str(tmp_path)}  # nothing in it: no oc
+    proc = subprocess.run([sys.executable, "-m", "tools.runs", "barcelona"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "oc is not installed" in proc.stderr, proc.stderr

@@ -86,7 +86,17 @@ def pods_ready_bound(result: RunResult, workload: Any) -> int:
     """
     ready = {waited_image(d) for d in dependencies(result, workload) if d.kind == "Job" and d in awaited(result)}
     images = [c["image"] for c in pod_template(workload).get("containers", [])]
-    return max(0 if image in ready else build_chain_seconds(result, image) for image in images) + MIN_PULL_SECONDS
+    return max(0 if image in ready else build_chain_seconds(result, image) for image in images) + MIN_PULL_SECONDS + rolling_stops(workload)
+
+
+def rolling_stops(workload: Any) -> int:
+    """A StatefulSet's template change stops its pods one at a time, largest ordinal first, each replacement healthy
+    before the next (kubernetes pkg/controller/statefulset/stateful_set_control.go, updateStatefulSet); each stop may
+    last the pod's whole terminationGracePeriodSeconds (the checkpoint grace + the servers' margin)."""
+    if workload.kind != "StatefulSet":
+        return 0
+    grace = int(pod_template(workload).get("terminationGracePeriodSeconds", 30))  # the API's default
+    return int(workload.inputs["spec"].get("replicas", 1)) * grace
 
 
 def selects(selector: dict[str, str], workload: Any) -> bool:
@@ -124,6 +134,7 @@ VARIANTS: dict[str, tuple[str, Any]] = {
     "barcelona tcp/shared": ("barcelona", tcp_shared_variant),
     "barcelona 6 h build deadline": ("barcelona", lambda o: o["image"]["build"].update(completionDeadlineSeconds=6 * 3600)),
     "barcelona token auth": ("barcelona", lambda o: o["access"].update(auth="token", tensorboard=False)),
+    "barcelona 3600 s grace": ("barcelona", lambda o: o.setdefault("lifecycle", {}).update(checkpointGraceSeconds=3600)),
 }
 SECRETS = {"vscodePassword": "p" * 16, "jupyterToken": "t" * 32}
 
@@ -214,11 +225,12 @@ ENVIRONMENT_STACKS = [s for s in STACKS if "environment" in stack_objects(s)]
 
 @pytest.mark.parametrize("stack", ENVIRONMENT_STACKS)
 def test_an_environment_up_is_bounded_by_pull_and_start_only(stack: str) -> None:
-    """A second environment never waits on a build: no Job, no BuildConfig in its graph; its pods' bound is pull + start."""
+    """A second environment never waits on a build: no Job, no BuildConfig in its graph; its pods' bound is pull + start
+    (and, for the StatefulSet, the stops of a rolling update)."""
     result = render(stack)
     assert not [r for r in result.resources if r.kind in ("Job", "BuildConfig")]
     for r in awaited(result):
-        assert needed_seconds(result, r) <= MIN_PULL_SECONDS, (r.kind, r.name)
+        assert needed_seconds(result, r) <= MIN_PULL_SECONDS + rolling_stops(r), (r.kind, r.name)
     sts = result.one("kubernetes:apps/v1:StatefulSet")
     assert longest_await_chain(result) == timeout(sts) + max((path_timeout(result, d) for d in dependencies(result, sts)), default=0)
     assert not [d for d in dependencies(result, sts) if d.kind == "Job"]
@@ -241,3 +253,33 @@ def test_a_failed_wait_job_is_replaced_by_the_next_up() -> None:
     assert role.inputs["rules"] == [{"apiGroups": ["build.openshift.io"], "resources": ["builds"], "verbs": ["get", "list", "watch"]}]
     binding = render("barcelona").one("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding", "image-wait-binding")
     assert binding.inputs["subjects"][0]["name"] == sa and binding.inputs["roleRef"]["name"] == role.inputs["metadata"]["name"]
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_destroy_waits_for_the_pods_to_stop(variant: str) -> None:
+    """`pulumi destroy` deletes the StatefulSet in the foreground and waits `pulumi.com/timeoutSeconds` (else 10
+    minutes) for it to be gone (pulumi-kubernetes provider/pkg/await/await.go `Deletion`, `metadata.TimeoutDuration`;
+    provider/pkg/metadata/overrides.go `DeletionPropagation`: Foreground unless annotated). The garbage collector
+    deletes the pods together, so the wait must cover one termination grace: the checkpoint grace + 15 s."""
+    result = render(variant)
+    sts = result.one("kubernetes:apps/v1:StatefulSet")
+    assert "pulumi.com/deletionPropagationPolicy" not in annotations_of(sts), "the analysis assumes a foreground deletion"
+    stack, mutate = VARIANTS[variant]
+    objects = stack_objects(stack)
+    mutate(objects)
+    checkpoint_grace = int((objects.get("lifecycle") or {}).get("checkpointGraceSeconds", 30))  # the schema's default
+    grace = int(pod_template(sts)["terminationGracePeriodSeconds"])
+    assert grace == checkpoint_grace + 15
+    assert timeout(sts) >= grace + MIN_PULL_SECONDS
+
+
+def test_a_3600_s_grace_lengthens_both_waits_by_the_rolling_stops() -> None:
+    """At the largest grace the StatefulSet's await grows by replicas x (3600 + 15) s against the default grace."""
+    before, after = render("barcelona"), render("barcelona 3600 s grace")
+    sts, sts2 = before.one("kubernetes:apps/v1:StatefulSet"), after.one("kubernetes:apps/v1:StatefulSet")
+    assert pod_template(sts2)["terminationGracePeriodSeconds"] == 3615
+    replicas = int(sts.inputs["spec"]["replicas"])
+    assert replicas >= 1
+    grown = replicas * (3615 - int(pod_template(sts)["terminationGracePeriodSeconds"]))
+    assert timeout(sts2) - timeout(sts) == grown
+    assert timeout(sts2) >= needed_seconds(after, sts2) and timeout(sts2) >= 3615

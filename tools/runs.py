@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ if __name__ == "__main__" and not __package__:
 
 from stacks.loader import SECRET_KEYS
 from tools.mock_engine import ROOT, run_program, stack_config
+from tools.oc import run_oc
 
 
 def stack_runs(stack: str, config_dir: Path) -> dict[str, dict[str, str]]:
@@ -47,12 +47,14 @@ def stack_runs(stack: str, config_dir: Path) -> dict[str, dict[str, str]]:
 
 
 def oc_json(*args: str) -> dict[str, Any] | None:
-    """`oc get … -o json`, or None when the object does not exist."""
-    proc = subprocess.run(["oc", "get", *args, "-o", "json"], capture_output=True, text=True)
+    """`oc get … -o json`, or None when the object does not exist; a missing or silent `oc` (tools/oc.py) ends the
+    tool with one line, like any other refusal."""
+    proc = run_oc(["get", *args, "-o", "json"])
     if proc.returncode != 0:
-        if "NotFound" in proc.stderr or "not found" in proc.stderr:
+        if proc.returncode not in (124, 127) and ("NotFound" in proc.stderr or "not found" in proc.stderr):
             return None
-        raise SystemExit(f"error: oc get {' '.join(args)}: {proc.stderr.strip() or proc.returncode}")
+        last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        raise SystemExit(f"error: oc get {' '.join(args)}: {last}")
     return dict(json.loads(proc.stdout))
 
 
@@ -76,8 +78,7 @@ def failed_tasks(run: str, namespace: str, tail: int) -> list[str]:
         lines.append(f"    failed task: {task} ({reason}{f', after {retries} retries' if retries else ''}): {message}")
         pod = taskrun.get("status", {}).get("podName")
         if pod:
-            logs = ["oc", "logs", pod, "-n", namespace, "--all-containers", f"--tail={tail}"]
-            proc = subprocess.run(logs, capture_output=True, text=True)
+            proc = run_oc(["logs", pod, "-n", namespace, "--all-containers", f"--tail={tail}"])
             log = (proc.stdout if proc.returncode == 0 else proc.stderr).rstrip().splitlines()
             lines += [f"      | {line}" for line in log[-tail:]]
     return lines

@@ -240,6 +240,8 @@ class LayerLayout:
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise StepError(f"{path} became a symbolic link after it was listed; refusing to follow it", EXIT_INTEGRITY) from exc
+            if exc.errno == errno.ENOENT:
+                raise StepError(f"{path} no longer exists (removed after it was listed)", EXIT_NOT_FOUND) from exc
             raise
         st = os.fstat(fd)
         same = listed is None or (st.st_dev, st.st_ino) == (listed.st_dev, listed.st_ino)
@@ -273,6 +275,20 @@ class LayerLayout:
                         yield view[pos : pos + buf_size]
                     offset = head_len + start + size
         yield memoryview(self.tail)[offset - file_end :]
+
+
+def check_listed(path: Path, listed: os.stat_result) -> None:
+    """Refuse a model file that is no longer the entry that was listed: gone (exit 5), or swapped for a symbolic link or
+    another file (exit 3). Checked before a file's first byte is read and again before its blob is committed, so a swap
+    at any point ends the run at once, naming the file (reads themselves open with O_NOFOLLOW: `LayerLayout.open`)."""
+    try:
+        now = os.lstat(path)
+    except FileNotFoundError:
+        raise StepError(f"{path} no longer exists (removed after it was listed)", EXIT_NOT_FOUND) from None
+    if stat.S_ISLNK(now.st_mode) and not stat.S_ISLNK(listed.st_mode):
+        raise StepError(f"{path} became a symbolic link after it was listed; refusing to follow it", EXIT_INTEGRITY)
+    if (now.st_dev, now.st_ino, stat.S_IFMT(now.st_mode)) != (listed.st_dev, listed.st_ino, stat.S_IFMT(listed.st_mode)):
+        raise StepError(f"{path} was replaced after it was listed; refusing to package it", EXIT_INTEGRITY)
 
 
 class FileWindow(mmap.mmap):
@@ -335,14 +351,21 @@ class DigestCache:
 
     def get(self, relpath: str, path: Path) -> dict[str, Any] | None:
         entry = self.entries.get(relpath)
-        if entry and all(entry.get(k) == v for k, v in self._stamp(path).items()):
-            return entry
+        try:
+            if entry and all(entry.get(k) == v for k, v in self._stamp(path).items()):
+                return entry
+        except FileNotFoundError:  # gone: the caller's own check names it
+            pass
         return None
 
     def put(self, relpath: str, path: Path, **values: Any) -> None:
         """Record `values` for the file, keeping earlier values while the file is unchanged."""
         with self._lock:
-            self.entries[relpath] = {**(self.get(relpath, path) or {}), **self._stamp(path), **values}
+            try:
+                stamp = self._stamp(path)
+            except FileNotFoundError:  # gone since: nothing to remember about it
+                return
+            self.entries[relpath] = {**(self.get(relpath, path) or {}), **stamp, **values}
             if self.path:
                 tmp = self.path.with_name(f".{self.path.name}.tmp")
                 with writing(self.path, "digest cache"):

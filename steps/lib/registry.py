@@ -51,6 +51,7 @@ class Reply:
     status: int
     headers: http.client.HTTPMessage
     body: bytes
+    cut: Exception | None = None  # a chunked body ended early because its source failed (`RegistryClient.stream`)
 
     def header(self, name: str) -> str:
         return self.headers.get(name) or ""
@@ -138,9 +139,11 @@ class RegistryClient:
     def absolute(self, url: str) -> str:
         return urllib.parse.urljoin(self.base + "/", url)
 
-    def upload_location(self, reply: Reply, current: str, trust: bool = True) -> str:
-        """The upload URL from a POST/PATCH answer of the registry; its host may get the Bearer token.
-        With `trust=False` (other answers) a URL on a host not yet named that way is ignored."""
+    def upload_location(self, reply: Reply, current: str, trust: bool = False) -> str:
+        """The upload URL from an answer of the registry. Only the answer that opens a session (a POST to the
+        registry's own origin, `trust=True`) may name a new upload host, which may then get the Bearer token;
+        in every other answer (PATCH, status GET) a URL on a host not yet named that way keeps only its path and
+        query, on the session's host: an answer cannot hand another host the token or the model's bytes."""
         location = reply.header("Location")
         if not location:
             return current
@@ -149,9 +152,41 @@ class RegistryClient:
         if trust:
             if origin != self._origin_self:
                 self._locations.add(origin)
-        elif origin != self._origin_self and origin not in self._locations:
-            return current
+            return url
+        if origin != self._origin_self and origin not in self._locations:
+            # Its path and query (distribution signs the session's offset into `_state` there) on the host the
+            # session is on: the host named nowhere else gets nothing, the session goes on.
+            parts = urllib.parse.urlsplit(url)
+            return (
+                urllib.parse.urljoin(self.absolute(current), parts.path + (f"?{parts.query}" if parts.query else ""))
+                if current
+                else current
+            )
         return url
+
+    def session_url(self, location: str, repo: str) -> str | None:
+        """`location` (a recorded upload URL) as an absolute URL when it is an upload session of `repo` on the
+        registry or on an upload host the registry named in this run; None otherwise (it then gets nothing)."""
+        url = self.absolute(location)
+        parts = urllib.parse.urlsplit(url)
+        origin = self._origin(url)
+        if origin != self._origin_self and origin not in self._locations:
+            return None
+        if not parts.path.startswith(f"/v2/{repo}/blobs/uploads/") or parts.path.rstrip("/") == f"/v2/{repo}/blobs/uploads":
+            return None
+        return url
+
+    def cancel_upload(self, location: str, what: str) -> None:
+        """DELETE an upload session nobody will resume (OCI distribution spec, "Deleting an upload"; distribution's
+        CancelBlobUpload, Quay's cancel_upload), by the rules of any upload URL (credentials as `_may_send` allows).
+        Best effort: a failure is logged, never fatal (the registry purges the session later)."""
+        try:
+            status = self.request("DELETE", location).status
+        except (TransientError, StepError) as exc:
+            log(f"{what}: could not cancel the upload session ({exc}); the registry purges it later")
+            return
+        if status not in (202, 204, 404):
+            log(f"{what}: cancelling the upload session answered HTTP {status}; the registry purges it later")
 
     def _may_send(self, url: str, auth: str | None) -> bool:
         """Whether `auth` may go to `url` (see __init__: the registry gets it; a named upload host gets a
@@ -221,26 +256,53 @@ class RegistryClient:
         length: int,
         chunks: Iterable[memoryview],
         on_sent: Callable[[memoryview], None],
+        chunked: bool = False,
     ) -> Reply:
-        """Send a request whose body of `length` bytes comes from `chunks`; connection errors are transient."""
+        """Send a request whose body of `length` bytes comes from `chunks`; connection errors are transient.
+
+        `chunked`: the body goes out in chunked transfer encoding, so a source that fails part-way (a TransientError
+        or StepError from `chunks`) ends the body cleanly where it stopped instead of leaving a half-sent request: the
+        registry stores what arrived and answers as for any PATCH (the answer carries the source's error in `cut`).
+        distribution reads a PATCH body to its end whatever Content-Range says (v2.8.2 registry/handlers/blobupload.go
+        PatchBlobData; v3 compares the range only when Content-Length is given), Quay reads a chunked body from
+        wsgi.input (endpoints/v2/__init__.py get_input_stream) and counts the bytes it stored (blobuploader.py
+        upload_chunk); docker's own push streams its PATCH bodies chunked."""
         conn, path = self._open(url)
-        sent, sent_auth = 0, self._auth
+        sent, sent_auth, cut = 0, self._auth, None
+        framing = {"Transfer-Encoding": "chunked"} if chunked else {"Content-Length": str(length)}
         try:
             conn.putrequest(method, path, skip_accept_encoding=True)
-            for key, value in {**self._headers(url, headers), "Content-Length": str(length)}.items():
+            for key, value in {**self._headers(url, headers), **framing}.items():
                 conn.putheader(key, value)
             conn.endheaders()
-            for chunk in chunks:
-                # A slice of a FileWindow (lib/model.py) goes out by sendfile() on a plain socket: no copy here.
-                win: Any = chunk.obj
-                if isinstance(getattr(win, "pos", None), int) and conn.sock and not isinstance(conn.sock, ssl.SSLSocket):
-                    conn.sock.sendfile(win.file, win.pos, len(chunk))
-                else:
+            pieces = iter(chunks)
+            while True:
+                try:
+                    chunk = next(pieces)
+                except StopIteration:
+                    break
+                except (TransientError, StepError) as exc:
+                    if not chunked:
+                        raise
+                    cut = exc
+                    break
+                if chunked:
+                    conn.send(b"%x\r\n" % len(chunk))
                     conn.send(chunk)
+                    conn.send(b"\r\n")
+                else:
+                    # A slice of a FileWindow (lib/model.py) goes out by sendfile() on a plain socket: no copy here.
+                    win: Any = chunk.obj
+                    if isinstance(getattr(win, "pos", None), int) and conn.sock and not isinstance(conn.sock, ssl.SSLSocket):
+                        conn.sock.sendfile(win.file, win.pos, len(chunk))
+                    else:
+                        conn.send(chunk)
                 sent += len(chunk)
                 on_sent(chunk)
+            if chunked:
+                conn.send(b"0\r\n\r\n")
             resp = conn.getresponse()
-            reply = Reply(resp.status, resp.headers, resp.read())
+            reply = Reply(resp.status, resp.headers, resp.read(), cut)
         except (OSError, http.client.HTTPException) as exc:
             # Registries authenticate (and check sizes) before reading the body, so an expired token
             # or a too-large request is answered early and the connection then closed while we send.
@@ -422,7 +484,9 @@ class RegistryClient:
         reply = self.request("POST", f"/v2/{repo}/blobs/uploads/?{query}", body=b"")
         self.check(reply, f"mount {digest}", (201, 202))
         if reply.status == 202 and reply.header("Location"):
-            self.request("DELETE", reply.header("Location"))  # mount refused: drop the upload it opened
+            # Mount refused: the registry opened an upload session instead (a POST answer, like any other), so
+            # its URL follows the rules of any upload URL; dropping it is best effort.
+            self.cancel_upload(self.upload_location(reply, "", trust=True), f"mount of {digest[:19]}")
         return reply.status == 201
 
     def put_blob(self, repo: str, data: bytes) -> str:
@@ -430,7 +494,7 @@ class RegistryClient:
         digest = sha256_digest(data)
         if not self.blob_exists(repo, digest):
             reply = self.check(self.request("POST", f"/v2/{repo}/blobs/uploads/", body=b""), f"start upload to {repo}", (202,))
-            location = self.upload_location(reply, "")
+            location = self.upload_location(reply, "", trust=True)
             sep = "&" if "?" in location else "?"
             put = self.request("PUT", f"{location}{sep}digest={digest}", {"Content-Type": "application/octet-stream"}, data)
             self.check(put, f"upload {digest}", (201, 204))

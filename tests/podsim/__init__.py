@@ -24,8 +24,10 @@ Platform rules (everything a pod gets is a rendered field or one of these), with
   the Debian default), then the rendered env in order: fieldRefs (metadata.name/namespace, status.podIP,
   spec.nodeName), secretKeyRefs from the test's values, `$(VAR)` from EARLIER variables, `$$` a literal `$`,
   an undefined `$(VAR)` kept (kubernetes third_party/forked/golang/expansion/expand.go Expand;
-  pkg/kubelet/kubelet_pods.go makeEnvironmentVariables); HOSTNAME = pod name (the runtime) and the
-  `kubernetes` Service's KUBERNETES_* links (pkg/kubelet/envvars/envvars.go FromServices); the device plugins'
+  pkg/kubelet/kubelet_pods.go makeEnvironmentVariables); HOSTNAME = pod name (the runtime), the
+  `kubernetes` Service's KUBERNETES_* links and, with `enableServiceLinks` unset or true, those of every Service of
+  the render with a ClusterIP (`render.service_links`: pkg/kubelet/envvars/envvars.go FromServices,
+  pkg/kubelet/kubelet_pods.go getServiceEnvVarMap; a rendered name wins); the device plugins'
   env for the requested extended resources: PCIDEVICE_OPENSHIFT_IO_<NAME> = a VF's PCI address per SR-IOV
   resource (k8snetworkplumbingwg/sriov-network-device-plugin pkg/resources/server.go getEnvs) and
   NVIDIA_VISIBLE_DEVICES = the GPUs' UUIDs for nvidia.com/gpu (NVIDIA/k8s-device-plugin, envvar strategy).
@@ -45,7 +47,8 @@ Platform rules (everything a pod gets is a rendered field or one of these), with
   supplemental group (group/mustrunas.go) as supplementary group, drop ALL, no_new_privs. For UID 0 the
   capabilities are bounding = permitted = effective (execve of root); inheritable and ambient are empty
   (CRI-O since CVE-2022-27652). A capability this machine's own bounding set lacks cannot be given
-  (`sim.missing_capabilities`; in a container that is often SYS_RESOURCE). RLIMIT_MEMLOCK = 8 MiB, the kernel's
+  (`sim.missing_capabilities`, warned about; in a container that is often SYS_RESOURCE): a test of what needs one
+  calls `sim.require_capabilities(...)`, which skips it, saying so. RLIMIT_MEMLOCK = 8 MiB, the kernel's
   default since Linux 5.16 (mm: MLOCK_LIMIT), for PID 1 and `oc exec` alike.
 * Namespaces: own PID namespace with the rendered command (+args) as PID 1 (signals, reaping, /proc/1/limits),
   own UTS (hostname = pod name), mount and IPC namespaces; root = an overlay of this machine's root (the
@@ -68,7 +71,9 @@ Platform rules (everything a pod gets is a rendered field or one of these), with
   outside PID 1's tree. Termination: preStop exec, SIGTERM, SIGKILL after terminationGracePeriodSeconds
   (pkg/kubelet/kuberuntime/kuberuntime_container.go killContainer).
 * Image assumptions (images/base.Containerfile): /etc/passwd GID 0 and g=u, no image SSH host keys,
-  /workspace GID 0 g=u, `/usr/local/bin/ml-dev` (the same two-line wrapper), /etc/profile.d/ml-dev-env.sh;
+  /workspace GID 0 g=u, `/usr/local/bin/ml-dev` (the same two-line wrapper), /etc/profile.d/ml-dev-env.sh,
+  its hook line at the end of /etc/bash.bashrc, /etc/security/limits.d/99-ml-dev-env-memlock.conf,
+  /home/ml-dev/.local/bin (GID 0 g=u);
   sshd, its privsep user `sshd`, ssh, rsync, pdsh, git and python3 as this machine (Debian) has them.
   Node tools as stubs: nvidia-smi (the NVIDIA container toolkit's; GPUs = the nvidia.com/gpu limit) and
   ibv_devinfo (the HCAs of NCCL_IB_HCA).

@@ -14,7 +14,17 @@ labels and namespaces -> per selected pod, the sources (IPs) and ports it admits
   from) is always admitted (same file, addAllowACLFromNode: `ip4.src==<mgmtPortIP>`, allow-related); ACLs are
   allow-related (stateful), so replies to the pod's own connections pass (conntrack ESTABLISHED,RELATED);
 * only the pod network: NetworkPolicy does not cover the Multus interfaces net1..N (that is MultiNetworkPolicy),
-  so rules match `-i eth0` only; loopback is not pod-network traffic.
+  so rules match `-i eth0` only; loopback is not pod-network traffic;
+* a nil and an empty (`{}`) `podSelector` differ next to a `namespaceSelector`, as OVN-Kubernetes keeps on purpose
+  (go-controller/pkg/ovn/base_network_controller_policy.go, useNamespaceAddrSet: "nil and empty PodSelectors
+  behave differently"; kept in PR #4086). Nil: the peer is the selected namespaces' address sets, which hold
+  their pods' IPs and, for the host-network namespace, every node's management-port IP (go-controller/pkg/ovn/
+  master.go, addIPToHostNetworkNamespaceAddrSet). `{}` (or any podSelector, or a podSelector alone): the peer is
+  a pod-selector address set, which holds pod-network pods' IPs only. Host-network traffic to a pod on another
+  node arrives SNATed to the sending node's management-port IP (go-controller/pkg/node/management-port_linux.go),
+  so a host-network router on another node is a source that is no pod's (`Endpoint.host_network`): only a
+  namespaceSelector-only peer matching its namespace (`openshift-host-network`, labelled with the ingress policy
+  group by openshift/cluster-network-operator when the router is HostNetwork) admits it.
 
 Non-stack "pods" (`Enforcement.add_peer`): a network namespace with eth0 on the same bridge (and optionally on the
 net1..N bridges), a namespace and labels of its own; they exist only to be sources.
@@ -22,6 +32,7 @@ net1..N bridges), a namespace and labels of its own; they exist only to be sourc
     with Enforcement(sim) as net:                       # after sim.start(); iptables in every selected pod
         foreign = net.add_peer("other-team", {})        # a pod in a namespace without labels
         router = net.add_peer("openshift-ingress", {ROUTER_LABEL: ""})
+        node = net.add_host_network_source(HOST_NETWORK_NAMESPACE, {ROUTER_LABEL: ""})  # a host-network router
         net.apply()                                     # (again after adding peers: sources are IPs)
         net.reaches(foreign, [(ip, 2222), ...])         # {(ip, port): bool}, in parallel
 """
@@ -41,6 +52,10 @@ from tests.podsim.pods import GATEWAY, POD_PREFIX, PREFIX, PodSim, run
 
 ROUTER_LABEL = "policy-group.network.openshift.io/ingress"  # OpenShift's router namespace (openshift-ingress) label
 NAME_LABEL = "kubernetes.io/metadata.name"  # set on every namespace by the API server (NamespaceDefaultLabelName)
+HOST_NETWORK_NAMESPACE = "openshift-host-network"  # OVN-Kubernetes' config.Kubernetes.HostNetworkNamespace on OpenShift
+OTHER_NODE_MANAGEMENT_IP = "10.128.2.2"
+"""Another node's management-port IP: the second address of its subnet (OVN-Kubernetes; OpenShift's hostPrefix 23
+gives that node 10.128.2.0/23), inside the pod network's /14 (on-link here) and no pod's address."""
 
 
 def missing_requirements() -> str | None:
@@ -63,6 +78,8 @@ class Endpoint:
     namespace_labels: Mapping[str, str]
     labels: Mapping[str, str]
     ip: str
+    host_network: bool = False
+    """An address in its namespace's address set that no pod selector ever holds (a node's management-port IP)."""
 
 
 @dataclass(frozen=True)
@@ -109,7 +126,10 @@ def _peer_sources(peer: Mapping[str, Any], policy_ns: str, endpoints: Sequence[E
         spaces = [e for e in endpoints if selects(peer["namespaceSelector"], e.namespace_labels)]
     else:
         spaces = [e for e in endpoints if e.namespace == policy_ns]
-    return [e.ip for e in spaces if pods is None or selects(pods, e.labels)]
+    if "namespaceSelector" in peer and pods is None:  # useNamespaceAddrSet: the namespaces' address sets
+        return [e.ip for e in spaces]
+    # a pod-selector address set (`{}` included): pod-network pods only, never a management-port IP
+    return [e.ip for e in spaces if not e.host_network and selects(pods, e.labels)]
 
 
 def _ports(rule: Mapping[str, Any], named: Mapping[str, int]) -> list[tuple[str, int | None, int | None]] | None:
@@ -253,11 +273,15 @@ class Enforcement:
         k = len(self.peers)
         ip = f"10.128.0.{200 + k}"
         netns = f"{PREFIX}{self.sim.run_id}-x{k}"
-        c = self.sim.cluster_ns
-        run(["ip", "netns", "add", netns])
         peer = Peer(
             Endpoint(f"{namespace}-peer-{k}", namespace, {NAME_LABEL: namespace, **namespace_labels}, dict(labels or {}), ip), netns
         )
+        return self._attach(peer, networks)
+
+    def _attach(self, peer: Peer, networks: Sequence[str]) -> Peer:
+        k, netns, ip = len(self.peers), peer.netns, peer.ip
+        c = self.sim.cluster_ns
+        run(["ip", "netns", "add", netns])
         self.peers.append(peer)
         run(["ip", "-n", netns, "link", "set", "lo", "up"])
         run(["ip", "-n", c, "link", "add", f"x{k}", "type", "veth", "peer", "name", "eth0", "netns", netns])
@@ -275,11 +299,21 @@ class Enforcement:
             peer.interfaces[name] = address
         return peer
 
-    def apply(self) -> dict[str, str]:
-        """(Re)write every stack pod's INPUT rules from the rendered policies; returns pod name -> rules."""
+    def add_host_network_source(self, namespace: str, namespace_labels: Mapping[str, str], ip: str = OTHER_NODE_MANAGEMENT_IP) -> Peer:
+        """Host-network traffic from another node (e.g. a host-network router there): a netns on the pod bridge with
+        that node's management-port IP, which is no pod's; in `namespace`'s address set only (`Endpoint.host_network`)."""
+        k = len(self.peers)
+        netns = f"{PREFIX}{self.sim.run_id}-x{k}"
+        endpoint = Endpoint(f"{namespace}-node-{k}", namespace, {NAME_LABEL: namespace, **namespace_labels}, {}, ip, host_network=True)
+        return self._attach(Peer(endpoint, netns), ())
+
+    def apply(self, policies: Sequence[Mapping[str, Any]] | None = None) -> dict[str, str]:
+        """(Re)write every stack pod's INPUT rules from the rendered policies (or `policies` in their place, to show
+        what another shape would do); returns pod name -> rules."""
         everyone = self.endpoints()
+        chosen = self.policies if policies is None else list(policies)
         for pod, target in zip(self.sim.pods, self.stack, strict=True):
-            text = iptables_rules(allowed(target, self.policies, everyone, self.named_ports))
+            text = iptables_rules(allowed(target, chosen, everyone, self.named_ports))
             res = subprocess.run(
                 ["ip", "netns", "exec", pod.netns, "iptables-restore"], input=text, capture_output=True, text=True, timeout=30
             )

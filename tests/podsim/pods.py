@@ -27,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -35,7 +36,7 @@ from typing import Any
 
 from tests.podsim.admission import Identity, admit
 from tests.podsim.layout import AtomicVolume
-from tests.podsim.render import PodFacts, container_env, main_container
+from tests.podsim.render import PodFacts, container_env, main_container, service_links
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -49,6 +50,10 @@ MEMLOCK_BYTES = 8 << 20  # the kernel's default RLIMIT_MEMLOCK (8 MiB since Linu
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # the base image's PATH (Debian/Ubuntu default)
 TOOLS = ("unshare", "nsenter", "ip", "setpriv", "prlimit", "sshd", "ssh", "ssh-keygen", "rsync", "pdsh", "python3", "git")
 SERVICE_ACCOUNT = "/run/secrets/kubernetes.io/serviceaccount"  # /var/run -> /run in the image
+BASHRC_HOOK = "if [ -r /etc/profile.d/ml-dev-env.sh ]; then . /etc/profile.d/ml-dev-env.sh; fi"
+"""The line images/base.Containerfile appends to /etc/bash.bashrc (tests/podsim/test_pods.py checks it is there)."""
+MEMLOCK_LIMITS = ("* soft memlock unlimited", "* hard memlock unlimited")
+"""images/base.Containerfile's /etc/security/limits.d/99-ml-dev-env-memlock.conf."""
 
 
 RUN_IDS: list[str] = []
@@ -221,6 +226,11 @@ class PodSim:
         # a capability this machine's own bounding set lacks cannot be given to a pod (e.g. SYS_RESOURCE in a container)
         self.missing_capabilities = tuple(c for c in self.identity.capabilities if not machine_has_capability(c))
         if self.missing_capabilities:
+            warnings.warn(
+                f"simulated pods lack {', '.join(self.missing_capabilities)} (not in this machine's bounding set): what needs "
+                "them is skipped (PodSim.require_capabilities)",
+                stacklevel=2,
+            )
             self.identity = replace(
                 self.identity, capabilities=tuple(c for c in self.identity.capabilities if c not in self.missing_capabilities)
             )
@@ -254,6 +264,14 @@ class PodSim:
         # two stubs above only
         self.node = node
         self.image_programs = dict(image_programs or {})
+
+    def require_capabilities(self, *names: str, what: str) -> None:
+        """Skip the calling test, saying why, when the pods lack one of `names` (`missing_capabilities`)."""
+        lacking = [n for n in names if n in self.missing_capabilities]
+        if lacking:
+            import pytest
+
+            pytest.skip(f"{what} needs {', '.join(lacking)}, which this machine's bounding set lacks (a pod's SCC gives it)")
 
     # ---------------------------------------------------------------------------------- inputs
 
@@ -310,7 +328,8 @@ class PodSim:
     def container_env(self, pod: Pod) -> dict[str, str]:
         """The main container's process env: the image's ENV, the rendered env as the kubelet makes it, then what
         the device plugins of the requested extended resources hand the kubelet (`device_plugin_env`)."""
-        return {**image_env(), **container_env(self.main, self.facts(pod), self.secrets), **self.device_plugin_env(pod)}
+        links = service_links(self.resources, self.pod_spec)
+        return {**image_env(), **container_env(self.main, self.facts(pod), self.secrets, links), **self.device_plugin_env(pod)}
 
     def device_plugin_env(self, pod: Pod) -> dict[str, str]:
         """Env the device plugins' Allocate answers add (the kubelet merges it into the container's env):
@@ -521,6 +540,12 @@ class PodSim:
             f"chmod 0755 {root}/usr/local/bin/ml-dev",
             f"printf '%s\\n' 'if [ -r \"${{ML_DEV_ENV_FILE:-/tmp/ml-dev-env/env.sh}}\" ]; then' "
             f"'    . \"${{ML_DEV_ENV_FILE:-/tmp/ml-dev-env/env.sh}}\"' 'fi' > {root}/etc/profile.d/ml-dev-env.sh",
+            # the hook for interactive non-login bash (code-server and Jupyter terminals), the memlock limits of PAM
+            # sessions, and HOME's ~/.local/bin (first on PATH), group 0 g=u
+            f"printf '%s\\n' '' {q(BASHRC_HOOK)} >> {root}/etc/bash.bashrc",
+            f"mkdir -p {root}/etc/security/limits.d && printf '%s\\n' {' '.join(q(x) for x in MEMLOCK_LIMITS)}"
+            f" > {root}/etc/security/limits.d/99-ml-dev-env-memlock.conf",
+            f"mkdir -p {root}/home/ml-dev/.local/bin && chgrp -R 0 {root}/home/ml-dev && chmod -R g=u {root}/home/ml-dev",
             # node tools (stubs): the NVIDIA toolkit's nvidia-smi, rdma-core's ibv_devinfo
             f"install -m 0755 {tools}/nvidia-smi {root}/usr/bin/nvidia-smi",
             f"install -m 0755 {tools}/ibv_devinfo {root}/usr/bin/ibv_devinfo",

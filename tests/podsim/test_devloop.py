@@ -371,7 +371,7 @@ def test_nss_wrapper_pod_gives_every_ssh_process_a_passwd_entry(cluster: Cluster
     assert not cluster.pods[0].path(f"{STATE}/ssh/nss.env").exists()  # pod 0's image layout: g=u /etc/passwd
 
 
-def test_a_dead_sshd_is_restarted_and_a_refused_pod_is_named(cluster: Cluster) -> None:
+def test_a_dead_sshd_is_restarted(cluster: Cluster) -> None:
     pod = cluster.pods[2]
 
     def kill_sshd() -> None:  # with every connection it served (pod 0 keeps shared connections open)
@@ -383,13 +383,8 @@ def test_a_dead_sshd_is_restarted_and_a_refused_pod_is_named(cluster: Cluster) -
                 pass
 
     kill_sshd()
-    res = launch(cluster, "run --timeout 1 -- true", timeout=60)
-    if res.returncode == 1:  # raced the restart: the refused connection is named, with the log to read
-        fqdn = re.escape(naming.pod_dns(APP, NS, 2))
-        assert re.search(rf"pod ml-dev-env-2 \({fqdn}\) is not reachable over SSH after 1 s: connection refused", res.stderr), res.stderr
-        assert f"oc exec -n {NS} ml-dev-env-2 -c ml-dev -- cat /tmp/ml-dev-env/logs/sshd.log" in res.stderr
-        assert "ml-dev-env-1" not in res.stderr and "ml-dev-env-3" not in res.stderr
-    # the startup script restarts sshd: the pod is reachable again without a container restart
+    # the startup script restarts sshd: the pod is reachable again without a container restart (what a launch
+    # says while nothing listens: tests/podsim/test_rank_start.py, with the restart held)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and cluster.exec(0, "ssh -o BatchMode=yes ml-dev-env-2 true").returncode != 0:
         time.sleep(0.2)

@@ -8,7 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.podsim.netpol import ROUTER_LABEL, Allow, Endpoint, allowed, iptables_rules, selects
+from tests.podsim.netpol import (
+    HOST_NETWORK_NAMESPACE,
+    OTHER_NODE_MANAGEMENT_IP,
+    ROUTER_LABEL,
+    Allow,
+    Endpoint,
+    allowed,
+    iptables_rules,
+    selects,
+)
 
 NS = "team"
 APP = {"app": "a"}
@@ -17,7 +26,10 @@ MATE = Endpoint("a-1", NS, {"kubernetes.io/metadata.name": NS}, APP, "10.128.0.1
 NEIGHBOUR = Endpoint("b-0", NS, {"kubernetes.io/metadata.name": NS}, {"app": "b"}, "10.128.0.12")
 FOREIGN = Endpoint("x-0", "other", {"kubernetes.io/metadata.name": "other"}, APP, "10.128.0.200")
 ROUTER = Endpoint("r-0", "openshift-ingress", {"kubernetes.io/metadata.name": "openshift-ingress", ROUTER_LABEL: ""}, {}, "10.128.0.201")
-EVERYONE = [ME, MATE, NEIGHBOUR, FOREIGN, ROUTER]
+HOST_NS = {"kubernetes.io/metadata.name": HOST_NETWORK_NAMESPACE, ROUTER_LABEL: ""}
+# a host-network router on another node: its source, that node's management-port IP
+NODE = Endpoint("node-1", HOST_NETWORK_NAMESPACE, HOST_NS, {}, OTHER_NODE_MANAGEMENT_IP, host_network=True)
+EVERYONE = [ME, MATE, NEIGHBOUR, FOREIGN, ROUTER, NODE]
 
 
 def policy(ingress: list[dict[str, Any]], selector: dict[str, Any] | None = None, types: list[str] | None = None) -> dict[str, Any]:
@@ -94,3 +106,34 @@ def test_the_range_policy_the_stack_rendered_before_admits_a_foreign_pod() -> No
     foreign = [a for a in allows if a.source is None]
     assert any(a.low is not None and a.high is not None and a.low <= 9099 <= a.high for a in foreign)
     assert not any(a.low is not None and a.high is not None and a.low <= 2222 <= a.high for a in foreign)
+
+
+def test_a_nil_pod_selector_is_the_namespaces_address_set_and_an_empty_one_is_not() -> None:
+    """OVN-Kubernetes base_network_controller_policy.go useNamespaceAddrSet: namespaceSelector + nil podSelector uses
+    the namespace address sets (the host-network namespace's holds every node's management-port IP, master.go
+    addIPToHostNetworkNamespaceAddrSet); any podSelector, `{}` included, holds pod-network pods only."""
+    router_ns = {"matchLabels": {ROUTER_LABEL: ""}}
+    nil = policy([{"from": [{"namespaceSelector": router_ns}]}])
+    empty = policy([{"from": [{"namespaceSelector": router_ns, "podSelector": {}}]}])
+    assert sources(allowed(ME, [nil], EVERYONE, {})) == {ROUTER.ip, NODE.ip}
+    assert sources(allowed(ME, [empty], EVERYONE, {})) == {ROUTER.ip}  # the host-network router's source is not in it
+    labelled = policy([{"from": [{"namespaceSelector": router_ns, "podSelector": {"matchLabels": {}}}]}])
+    assert sources(allowed(ME, [labelled], EVERYONE, {})) == {ROUTER.ip}
+    # an empty namespaceSelector with a nil podSelector: every namespace's set, the host-network one included
+    every_namespace = policy([{"from": [{"namespaceSelector": {}}]}])
+    assert sources(allowed(ME, [every_namespace], EVERYONE, {})) == {e.ip for e in EVERYONE}
+    every_pod = policy([{"from": [{"namespaceSelector": {}, "podSelector": {}}]}])
+    assert sources(allowed(ME, [every_pod], EVERYONE, {})) == {e.ip for e in EVERYONE} - {NODE.ip}
+    # a podSelector alone never holds a host-network address, even one in the policy's own namespace
+    host_here = Endpoint("node-2", NS, ME.namespace_labels, APP, "10.128.4.2", host_network=True)
+    own = policy([{"from": [{"podSelector": {"matchLabels": APP}}]}])
+    assert sources(allowed(ME, [own], [*EVERYONE, host_here], {})) == {ME.ip, MATE.ip}
+    # an ipBlock matches addresses, whoever holds them
+    block = policy([{"from": [{"ipBlock": {"cidr": "10.128.2.0/23"}}]}])
+    assert sources(allowed(ME, [block], EVERYONE, {})) == {NODE.ip}
+    ports = [{"protocol": "TCP", "port": 8443}]
+    text = iptables_rules(allowed(ME, [policy([{"from": [{"namespaceSelector": router_ns}], "ports": ports}])], EVERYONE, {}))
+    assert f"-A INPUT -i eth0 -s {NODE.ip}/32 -p tcp -m tcp --dport 8443 -j ACCEPT" in text
+    empty_with_ports = policy([{"from": [{"namespaceSelector": router_ns, "podSelector": {}}], "ports": ports}])
+    text = iptables_rules(allowed(ME, [empty_with_ports], EVERYONE, {}))
+    assert f"-s {NODE.ip}/32" not in text and f"-s {ROUTER.ip}/32 -p tcp -m tcp --dport 8443 -j ACCEPT" in text

@@ -18,8 +18,11 @@ from typing import Any
 import pytest
 
 from tests.podsim.pods import (
+    BASHRC_HOOK,
     CAPABILITY_BITS,
+    MEMLOCK_LIMITS,
     PREFIX,
+    REPO,
     SERVICE_ACCOUNT,
     PodSim,
     capability_mask,
@@ -29,6 +32,7 @@ from tests.podsim.pods import (
     pids_in_namespace_of,
     render_stack,
 )
+from tests.podsim.render import service_links
 
 REASON = missing_requirements()
 pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}"), pytest.mark.timeout(300)]
@@ -102,7 +106,9 @@ def test_environ_and_mounts_are_the_rendered_ones(sim: PodSim) -> None:
     limits = main["resources"]["limits"]
     device_plugins = {f"PCIDEVICE_OPENSHIFT_IO_{r.split('/')[1].upper()}" for r in limits if r.startswith("openshift.io/")}
     device_plugins |= {"NVIDIA_VISIBLE_DEVICES"} if "nvidia.com/gpu" in limits else set()
-    allowed = set(rendered_env) | PLATFORM_ENV | set(image_env()) | device_plugins
+    links = service_links(sim.resources, sim.pod_spec)  # the kubelet's service links (enableServiceLinks)
+    assert links or sim.pod_spec.get("enableServiceLinks") is False
+    allowed = set(rendered_env) | PLATFORM_ENV | set(image_env()) | device_plugins | set(links)
     for pod in sim.pods:
         raw = Path(f"/proc/{pod.pid}/environ").read_bytes().split(b"\0")
         environ = dict(item.decode().split("=", 1) for item in raw if item)
@@ -305,6 +311,22 @@ def test_termination_stops_every_process_of_the_pod() -> None:
         assert not pids_in_namespace_of(pid_ns)
     finally:
         s.stop()
+
+
+def test_the_image_layout_is_the_containerfiles(sim: PodSim) -> None:
+    """images/base.Containerfile's bash.bashrc hook, memlock limits.d file and ~/.local/bin are in every pod, and the
+    hook gives an interactive bash without ~/.bashrc the rank values."""
+    containerfile = (REPO / "images" / "base.Containerfile").read_text()
+    assert f"'{BASHRC_HOOK}'" in containerfile and ">> /etc/bash.bashrc" in containerfile
+    assert all(f"'{line}'" in containerfile for line in MEMLOCK_LIMITS) and "limits.d/99-ml-dev-env-memlock.conf" in containerfile
+    assert "/home/ml-dev/.local/bin" in image_env()["PATH"].split(":")
+    for pod in sim.pods:
+        assert pod.path("/etc/bash.bashrc").read_text().splitlines()[-1] == BASHRC_HOOK
+        assert pod.path("/etc/security/limits.d/99-ml-dev-env-memlock.conf").read_text().splitlines() == list(MEMLOCK_LIMITS)
+        local_bin = pod.path("/home/ml-dev/.local/bin").stat()
+        assert local_bin.st_gid == 0 and (local_bin.st_mode >> 3) & 7 == (local_bin.st_mode >> 6) & 7  # g=u
+    res = sim.exec(1, "mkdir -p /tmp/no-dotfiles && HOME=/tmp/no-dotfiles bash -ic 'echo NODE_RANK=$NODE_RANK'", timeout=30)
+    assert "NODE_RANK=1" in res.stdout.splitlines(), res.stdout + res.stderr
 
 
 def test_oc_exec_runs_outside_pid_1s_tree_with_the_containers_env_limits_and_capabilities(sim: PodSim) -> None:

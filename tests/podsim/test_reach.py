@@ -4,7 +4,10 @@ barcelona: RDMA pods (root + SCC) with the SR-IOV attachments as net1..net4; ner
 (restricted-v2), given one secondary interface net1 here so that "nothing answers on a secondary interface"
 means the same on both. The rendered NetworkPolicy is enforced inside each pod's network namespace (iptables
 from an evaluator of its own); two non-stack pods sit on the same bridge: one in a foreign namespace (attached
-to every net1..N bridge as well, as another tenant on the same VLAN would be) and one in the router's namespace.
+to every net1..N bridge as well, as another tenant on the same VLAN would be) and one in the router's namespace
+(a router on the pod network). A third source is a host-network router on another node: that node's
+management-port IP, no pod's address, which OVN-Kubernetes admits only through the address set of the labelled
+`openshift-host-network` namespace, i.e. for a peer with a nil podSelector (tests/podsim/netpol.py).
 
 Stand-ins (what the simulation does not run): the OAuth proxies are sidecars (not simulated); each is a plain
 listener on the address its rendered `--http-address` expands to with that container's env (the kubelet's
@@ -14,6 +17,7 @@ is a listener on every interface, as torch binds it.
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import select
@@ -21,6 +25,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,6 +94,7 @@ class Listener:
     cmdline: str
     name: str
     ours: bool
+    device: str = ""  # SO_BINDTODEVICE (`ss` shows `address%device`)
 
 
 def go_split_host_port(hostport: str) -> tuple[str, int]:
@@ -108,7 +114,7 @@ def listeners(sim: PodSim, index: int) -> list[Listener]:
     for line in out.stdout.splitlines():
         fields = line.split()
         host, _, port = fields[4].rpartition(":")
-        host = host.strip("[]").split("%")[0]
+        host, _, device = host.strip("[]").partition("%")
         pids = re.findall(r"pid=(\d+)", line)
         cmdline = ""
         for pid in pids[:1]:
@@ -117,7 +123,7 @@ def listeners(sim: PodSim, index: int) -> list[Listener]:
             except OSError:
                 cmdline = "?"
         name, ours = next(((n, o) for n, pattern, o in KNOWN if re.search(pattern, cmdline)), ("UNKNOWN", False))
-        found.append(Listener(fields[0], host, int(port), cmdline, name, ours))
+        found.append(Listener(fields[0], host, int(port), cmdline, name, ours, device))
     return found
 
 
@@ -139,6 +145,7 @@ class Env:
     net: netpol.Enforcement
     foreign: netpol.Peer
     router: netpol.Peer
+    node_router: netpol.Peer  # a host-network router on another node (its SNATed source)
     proxies: dict[str, tuple[str, int]]  # proxy container -> its expanded (host, port) on pod 0
 
     def ns(self, index: int) -> list[str]:
@@ -185,6 +192,7 @@ def env(request: pytest.FixtureRequest) -> Iterator[Env]:
         networks = sorted(sim.pods[0].interfaces)
         foreign = net.add_peer("other-team", {}, networks=networks)
         router = net.add_peer("openshift-ingress", {netpol.ROUTER_LABEL: ""})
+        node_router = net.add_host_network_source(netpol.HOST_NETWORK_NAMESPACE, {netpol.ROUTER_LABEL: ""})
         net.apply()
         proxies = proxy_addresses(sim)
         items = [f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in proxies.values()]
@@ -194,7 +202,7 @@ def env(request: pytest.FixtureRequest) -> Iterator[Env]:
             assert proc.stdout is not None and select.select([proc.stdout], [], [], 30)[0], f"{role} stand-in did not start"
             assert proc.stdout.readline().strip() == "listening", role
         wait_listening(sim, 0, 8090, 2)  # the home page (pod 0) starts after Ready
-        yield Env(request.param, sim, net, foreign, router, proxies)
+        yield Env(request.param, sim, net, foreign, router, node_router, proxies)
     finally:
         net.close()
         for proc in stand_ins:
@@ -249,6 +257,53 @@ def test_nothing_of_ours_answers_on_a_secondary_interface_from_anywhere(env: Env
     # the test can fail: the TCPStore stand-in (every interface, as torch binds it) does answer there
     tcpstore = [(a, naming.MASTER_PORT) for a in env.secondary(0)]
     assert all(env.net.reaches(env.foreign.argv(), tcpstore).values())
+
+
+@contextmanager
+def routed_via_secondary(env: Env, index: int) -> Iterator[str]:
+    """The VLAN peer (NET_ADMIN in its own namespace) routes pod `index`'s pod IP via the pod's net1 address: its
+    packets to the pod IP arrive on net1, where NetworkPolicy does not apply (ip route add <pod IP>/32 via ...)."""
+    pod = env.sim.pods[index]
+    via = pod.interfaces["net1"].split("/")[0]
+    route = ["ip", "route", "add", f"{pod.ip}/32", "via", via, "dev", "net1"]
+    subprocess.run(env.foreign.argv(*route), check=True, timeout=30)
+    try:
+        yield pod.ip
+    finally:
+        subprocess.run(env.foreign.argv("ip", "route", "del", f"{pod.ip}/32"), check=True, timeout=30)
+
+
+def test_a_vlan_peer_routing_the_pod_ip_via_net1_reaches_nothing_of_ours(env: Env) -> None:
+    """sshd, the idle agent, the home page and the debugger (`--debug-host pod`) bind the pod IP on eth0 only
+    (SO_BINDTODEVICE): a SYN for the pod IP arriving on net1 finds no listener. The OAuth proxies (Go sidecars,
+    stand-ins here) and TCPStore bind without a device: the same route reaches them (what only a MultiNetworkPolicy
+    stops), which also shows the route works and the device binding is what refuses the others. Without the
+    binding (checked by hand on the previous programs) the route reaches 2222, 9099, 8090 and 5678."""
+    sim, pod = env.sim, env.sim.pods[0]
+    rank = f"ml-dev _rank --cwd /tmp --debug-port {naming.DEBUG_PORT} --debug-host pod --no-stdin-watch -- python3 -c 'print(1)'"
+    proc = sim.popen(0, rank)
+    try:
+        wait_listening(sim, 0, naming.DEBUG_PORT, 1)
+        ours = [x for x in listeners(sim, 0) if x.ours and x.host == pod.ip and x.proto == "tcp" and STANDIN not in x.cmdline]
+        assert {2222, 9099, 8090, naming.DEBUG_PORT} <= {x.port for x in ours}, ours
+        assert all(x.device == "eth0" for x in ours), [(x.name, x.port, x.device) for x in ours]
+        unbound = sorted({p for _, p in env.proxies.values()} | {naming.MASTER_PORT})
+        targets = [(pod.ip, x.port) for x in ours] + [(pod.ip, p) for p in unbound]
+        before = env.net.reaches(env.foreign.argv(), targets)
+        assert not any(before.values()), f"the NetworkPolicy stops the foreign pod on eth0: {before}"
+        with routed_via_secondary(env, 0):
+            reached = env.net.reaches(env.foreign.argv(), targets)
+        assert not [t for t, ok in reached.items() if ok and t[1] not in unbound], reached
+        assert all(reached[(pod.ip, p)] for p in unbound), f"the route via net1 reaches a listener without a device: {reached}"
+        # the stack's own pods still reach them on eth0
+        assert all(env.net.reaches(env.ns(1), [(pod.ip, x.port) for x in ours]).values())
+    finally:
+        sim.interrupt(proc, signal.SIGKILL)
+        proc.wait(timeout=30)
+        kill_in_pod(sim, 0, r"debugpy|_rank|print\(1\)")
+        deadline = time.monotonic() + 20
+        while any(x.port == naming.DEBUG_PORT for x in listeners(sim, 0)) and time.monotonic() < deadline:
+            time.sleep(0.1)
 
 
 @pytest.mark.parametrize("host", ["localhost", "pod"])
@@ -330,6 +385,42 @@ def test_the_router_reaches_only_the_routed_proxy_ports(env: Env) -> None:
     assert not any(env.net.reaches(env.router.argv(), _pod_ip_targets(env, 1)).values())
 
 
+def with_empty_router_pod_selector(policies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The router peer as issue 25 rendered it: the same namespaceSelector plus `podSelector: {}`."""
+    out = copy.deepcopy(policies)
+    changed = 0
+    for policy in out:
+        for rule in policy["spec"].get("ingress") or []:
+            for peer in rule.get("from") or []:
+                if netpol.ROUTER_LABEL in ((peer.get("namespaceSelector") or {}).get("matchLabels") or {}):
+                    assert "podSelector" not in peer, f"the rendered router peer has a podSelector: {peer}"
+                    peer["podSelector"] = {}
+                    changed += 1
+    assert changed, "the render has a router peer"
+    return out
+
+
+def test_a_host_network_router_on_another_node_reaches_the_routed_ports(env: Env) -> None:
+    """The default router on bare metal is HostNetwork and rarely on pod 0's node: its traffic arrives from that
+    node's management-port IP. The rendered peer (namespaceSelector only) admits it on the routed ports; the
+    `podSelector: {}` shape issue 25 rendered admits it nowhere (every Route 503), the pod-network router either way."""
+    proxy_ports = {port for _, port in env.proxies.values()}
+    targets = _pod_ip_targets(env, 0)
+
+    def reached(source: netpol.Peer) -> set[int]:
+        return {p for (_, p), ok in env.net.reaches(source.argv(), targets).items() if ok}
+
+    assert reached(env.node_router) == proxy_ports
+    assert not any(env.net.reaches(env.node_router.argv(), _pod_ip_targets(env, 1)).values())
+    env.net.apply(with_empty_router_pod_selector(env.net.policies))
+    try:
+        assert reached(env.node_router) == set(), "with podSelector: {} the host-network router gets nowhere"
+        assert reached(env.router) == proxy_ports, "the pod-network router gets in with either shape"
+    finally:
+        env.net.apply()
+    assert reached(env.node_router) == proxy_ports
+
+
 def test_the_enforced_rules_come_from_the_rendered_policy(env: Env) -> None:
     """What iptables holds: the stack's pods on everything, the router on its ports only, the rest dropped."""
     rules: dict[str, Any] = env.net.rules
@@ -340,4 +431,6 @@ def test_the_enforced_rules_come_from_the_rendered_policy(env: Env) -> None:
         assert f"-s {env.foreign.ip}/32" not in text
         router = re.findall(rf"-s {re.escape(env.router.ip)}/32 -p tcp -m tcp --dport (\d+) -j ACCEPT", text)
         assert {int(p) for p in router} == {port for _, port in env.proxies.values()}
+        node = re.findall(rf"-s {re.escape(env.node_router.ip)}/32 -p tcp -m tcp --dport (\d+) -j ACCEPT", text)
+        assert {int(p) for p in node} == {port for _, port in env.proxies.values()}
         assert text.rstrip().endswith("-A INPUT -i eth0 -j DROP\nCOMMIT")

@@ -6,13 +6,14 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import inpod
 from tests.conftest import run_objects, stack_objects
 from tests.podsim.layout import DATA, AtomicVolume
-from tests.podsim.render import KUBERNETES_ADDED, PodFacts, container_env, expand, main_container
+from tests.podsim.render import KUBERNETES_ADDED, PodFacts, container_env, expand, main_container, service_links
 
 
 def test_expansion_follows_the_kubelet() -> None:
@@ -30,14 +31,51 @@ def test_env_of_a_rendered_pod(stack: str) -> None:
     secrets = {
         r.inputs["metadata"]["name"]: dict.fromkeys(r.inputs.get("stringData") or {}, "test") for r in res.resources if r.kind == "Secret"
     }
-    env = container_env(main, pod, secrets)
+    links = service_links(res.resources, sts["spec"]["template"]["spec"])
+    env = container_env(main, pod, secrets, links)
     rendered = [e["name"] for e in main["env"]]
-    assert set(env) - set(rendered) == {"HOSTNAME", *KUBERNETES_ADDED}
+    assert set(env) - set(rendered) == {"HOSTNAME", *KUBERNETES_ADDED, *links}
+    # the dev Service (ClusterIP) links in, the headless one (clusterIP None) does not
+    prefix = sts["metadata"]["name"].upper().replace("-", "_")
+    assert f"{prefix}_SERVICE_HOST" in env and not [k for k in env if k.startswith(f"{prefix}_HEADLESS_")]
     assert env["POD_NAME"] == env["HOSTNAME"] == pod.name and env["POD_IP"] == pod.ip
     assert env["HOME"] == env["ML_DEV_HOME"] and env["HOME"].endswith(f"/.home/{pod.name}")
     assert "$(" not in "".join(env.values())
     # the render never gives the pods what the programs read from files (cluster.env, devloop.env)
     assert not {"APP_NAME", "HEADLESS_SERVICE", "ML_DEV_SSH_PORT"} & set(env)
+
+
+class _Resource:
+    def __init__(self, kind: str, inputs: dict[str, Any]) -> None:
+        self.kind, self.inputs = kind, inputs
+
+
+def test_service_links_follow_the_kubelet() -> None:
+    """pkg/kubelet/envvars/envvars.go FromServices: first port, named ports, protocols; headless Services skipped;
+    `enableServiceLinks: false` adds none (the `kubernetes` Service's variables come regardless)."""
+    web = {"metadata": {"name": "my-app"}, "spec": {"ports": [{"port": 80, "name": "http"}, {"port": 53, "protocol": "UDP"}]}}
+    headless = {"metadata": {"name": "my-app-headless"}, "spec": {"clusterIP": "None", "ports": [{"port": 29500}]}}
+    links = service_links([_Resource("Service", headless), _Resource("Service", web)], {})
+    ip = links["MY_APP_SERVICE_HOST"]
+    assert links == {
+        "MY_APP_SERVICE_HOST": ip,
+        "MY_APP_SERVICE_PORT": "80",
+        "MY_APP_SERVICE_PORT_HTTP": "80",
+        "MY_APP_PORT": f"tcp://{ip}:80",
+        "MY_APP_PORT_80_TCP": f"tcp://{ip}:80",
+        "MY_APP_PORT_80_TCP_PROTO": "tcp",
+        "MY_APP_PORT_80_TCP_PORT": "80",
+        "MY_APP_PORT_80_TCP_ADDR": ip,
+        "MY_APP_PORT_53_UDP": f"udp://{ip}:53",
+        "MY_APP_PORT_53_UDP_PROTO": "udp",
+        "MY_APP_PORT_53_UDP_PORT": "53",
+        "MY_APP_PORT_53_UDP_ADDR": ip,
+    }
+    assert service_links([_Resource("Service", web)], {"enableServiceLinks": False}) == {}
+    pod = PodFacts("p-0", "ns", "10.128.0.10", "node-a")
+    container = {"env": [{"name": "MY_APP_SERVICE_PORT", "value": "own"}, {"name": "U", "value": "$(MY_APP_SERVICE_HOST)"}]}
+    env = container_env(container, pod, {}, links)
+    assert env["MY_APP_SERVICE_PORT"] == "own" and env["U"] == ip  # a rendered name wins; $(VAR) may name a link
 
 
 def test_programs_see_the_mount_path_through_the_kubelet_layout(tmp_path: Path) -> None:

@@ -101,7 +101,8 @@ def test_retry_after_a_failure_resends_at_most_one_chunk(
     quay_proxy.reset()
     second = run_step("package", *args, env=env)  # a fresh process; stream mode has no workspace at all
     assert second.returncode == 0, second.stderr
-    assert "a.safetensors: sha256:" in second.stdout and "skipped" in second.stdout, second.stdout
+    skipped = "nothing sent (found via the resume record)" if mode == "stream" else "skipped"
+    assert "a.safetensors: sha256:" in second.stdout and skipped in second.stdout, second.stdout
     assert "b.safetensors: continuing the upload an earlier run left at byte 4194304" in second.stdout
     remaining = layers["b.safetensors"] - 2 * CHUNK + layers["c.safetensors"] + layers["config.json"]
     config_blob = quay_proxy.sent("PATCH") - remaining
@@ -405,3 +406,78 @@ def test_path_rule_serves_every_source(
         )
     assert step.returncode == 0, step.stderr
     assert titles(f"{quay.host}/{repo_name}:hf") == {"model.safetensors", "config.json"}
+
+
+@pytest.mark.parametrize(
+    "when, change, code",
+    [
+        ("before-its-upload", "symlink", 3),
+        ("during-its-only-request", "symlink", 3),
+        ("before-its-upload", "delete", 5),
+        ("during-its-only-request", "delete", 5),
+    ],
+)
+def test_a_file_swapped_or_gone_ends_at_once_naming_it(
+    tmp_path: Path,
+    scripts: dict[str, Path],
+    quay: Registry,
+    quay_proxy: HttpProxy,
+    base_image: str,
+    repo_name: str,
+    when: str,
+    change: str,
+    code: int,
+) -> None:
+    """`config.json` swapped for a symbolic link or deleted while another file uploads (`--jobs 1`: before its own
+    upload), or while its one request is answered late (between its last byte read and the commit): exit 3 / 5 at once,
+    one line naming it, no retry, no tag, no session left."""
+    model = tmp_path / "ws" / "models"
+    write_model(model, {"big.safetensors": 3 * MiB, "config.json": 300})
+    outside = tmp_path / "secret"
+    outside.write_bytes(b"s" * 300)
+    target = "/blobs/uploads/"
+    skip = 0 if when == "before-its-upload" else 1  # the big file goes first (largest first); config.json's PATCH is the 2nd
+    quay_proxy.add_fault("delay_response", "PATCH", target, at=1500, skip=skip)
+    args = package_args(tmp_path, quay, quay_proxy.host, via(quay_proxy, quay, base_image), repo_name, model, "--jobs", 1)
+
+    def swap() -> None:
+        if change == "delete":
+            (model / "config.json").unlink()
+            return
+        link = model / "swap.tmp"
+        link.symlink_to(outside)
+        link.replace(model / "config.json")
+
+    started = time.monotonic()
+    step = _run_while(scripts["package"], args, dict(os.environ), lambda: quay_proxy.count("PATCH") >= skip + 1, swap)
+    assert step.returncode == code, step.stdout + step.stderr
+    assert "config.json" in step.error and ("became a symbolic link" if change == "symlink" else "no longer exists") in step.error
+    assert "Traceback" not in step.stderr and "retry" not in step.stdout, step.stdout + step.stderr
+    assert time.monotonic() - started < 30, "at once, not after the retries"
+    assert not tag_exists(quay, f"{quay.host}/{repo_name}:v1")
+    assert open_uploads(quay, repo_name) == [], step.stdout
+
+
+def test_a_refused_mount_is_dropped_like_any_upload_url(
+    tmp_path: Path,
+    run_step: StepRunner,
+    quay: Registry,
+    quay_proxy: HttpProxy,
+    base_image: str,
+    model_dir: tuple[Path, dict[str, bytes]],
+    repo_name: str,
+) -> None:
+    """A refused cross-repository mount (202) whose upload URL spells the registry's host another way (Quay builds it
+    from SERVER_HOSTNAME): the DELETE that drops it goes there with the Bearer token (an answer to our POST named it),
+    its failure is logged, not fatal, and the base layer is then uploaded."""
+    model, files = model_dir
+    location = f"http://localhost:{quay_proxy.port}/v2/{repo_name}/blobs/uploads/0a0a0a0a-0000-4000-8000-000000000000?_state=refused"
+    refused = reply_with(202, "Accepted", f"Location: {location}", "Docker-Upload-UUID: 0a0a0a0a-0000-4000-8000-000000000000")
+    quay_proxy.add_fault("reject_request", "POST", "mount=", times=10, reply=refused)
+    step = run_step("package", *package_args(tmp_path, quay, quay_proxy.host, via(quay_proxy, quay, base_image), repo_name, model))
+    assert step.returncode == 0, step.stdout + step.stderr
+    assert quay_proxy.fired, "the mount was refused"
+    assert quay_proxy.count("DELETE", "/blobs/uploads/0a0a0a0a") >= 1, quay_proxy.requests
+    assert "cancelling the upload session answered HTTP" in step.stdout or "could not cancel" in step.stdout, step.stdout
+    assert step.stderr == "", step.stderr
+    assert_image_holds(quay, f"{quay.host}/{repo_name}:v1", files, tmp_path / "pulled")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import os
+import types
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,7 @@ from tests.fixtures.proxy import HttpProxy, run_proxy
 from tests.fixtures.registry import Registry
 from tests.fixtures.s3 import S3Server
 from tests.steps.conftest import StepRunner, needs_registry, needs_skopeo
-from tests.steps.test_package import assert_image_holds, tag_exists, via
+from tests.steps.test_package import assert_image_holds, layer_sizes, tag_exists, via
 
 pytestmark = [needs_registry, needs_skopeo]
 MiB = 1 << 20
@@ -42,7 +44,14 @@ def stream_args(tmp_path: Path, quay: Registry, host: str, base: str, repo: str,
 
 
 def test_streams_from_s3_verifies_and_reruns_skip(
-    tmp_path: Path, run_step: StepRunner, s3: S3Server, quay: Registry, quay_proxy: HttpProxy, base_image: str, repo_name: str
+    tmp_path: Path,
+    run_step: StepRunner,
+    deployed: Callable[[str], types.ModuleType],
+    s3: S3Server,
+    quay: Registry,
+    quay_proxy: HttpProxy,
+    base_image: str,
+    repo_name: str,
 ) -> None:
     files = {"model-00001-of-00002.safetensors": os.urandom(11 * MiB + 7), "model-00002-of-00002.safetensors": os.urandom(3 * MiB),
              "config.json": b'{"architectures": ["X"]}', "notes.md": b"not part of the model"}  # fmt: skip
@@ -62,7 +71,11 @@ def test_streams_from_s3_verifies_and_reruns_skip(
     quay_proxy.reset()
     step = run_step("package", *args, env=s3.env())
     assert step.returncode == 0, step.stderr
-    assert step.stdout.count("from the same source object, skipped") == len(packaged)
+    # The tag names every layer; each is reused only once the source's bytes, read again, make its digest.
+    assert step.stdout.count("verified to be the source's bytes: nothing sent (found via the tag)") == len(packaged), step.stdout
+    assert (
+        f"source bytes read to check the layers a record or the tag named: {sum(layer_sizes(deployed, packaged).values())}" in step.stdout
+    )
     assert quay_proxy.count("PATCH") == 0
 
 
