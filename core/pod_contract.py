@@ -82,3 +82,23 @@ PER_POD_ENV = (
 )
 """Names `ml-dev run` never carries from the launching pod to the others (glob patterns): what differs per
 pod by nature. The shipped launcher holds the same tuple (inpod/ml_dev.py PER_POD_ENV; tests/test_contract.py)."""
+
+# ------------------------------------------------------------------------------ stops and idle rules
+
+GPU_PROBE_SECONDS = 8
+"""The idle agent's GPU probe budget (both nvidia-smi queries; inpod/idle_probes.py GPU_PROBE_SECONDS): a worker's
+/activity runs it inline, so a hung nvidia-smi is that pod's failed GPU check (active), never an unreachable pod."""
+
+ACTIVITY_FETCH_SECONDS = 15
+"""How long pod 0 waits for a worker's /activity (inpod/idle_decider.py fetch_json); above the GPU probe's budget."""
+
+GPU_DEVICE_PREFIX = "/dev/nvidia"
+"""The GPU device files (`/dev/nvidia<N>`) whose holders the idle rule reads: a GPU held only by Jupyter kernels
+that /api/kernels reports idle does not veto (inpod/idle_probes.py held_by_idle_kernels)."""
+
+STOPPING_MARKER = "stopping"
+"""`$ML_DEV_STATE_DIR/stopping`: written by checkpoint_stop.sh when its pod stops; the rank agent then tells
+`ml-dev run` its pod is stopping (every other rank is stopped at once), `ml-dev status` shows STOPPING."""
+
+RUN_STOPPED_STATUS = 143
+"""`ml-dev run`'s exit status when a pod's stop ended the job (inpod/ml_dev_launch.py STOPPED_STATUS)."""

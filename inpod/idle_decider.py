@@ -40,7 +40,12 @@ def peers(settings: dict[str, Any]) -> list[tuple[str, str]]:
     return [(pod, f"http://{host}:{settings['activityPort']}") for pod, host in zip(pods, hosts) if pod != me]  # same length: checked above
 
 
-def fetch_json(url: str, timeout: float = 15) -> Any:
+ACTIVITY_FETCH_SECONDS = 15
+"""How long pod 0 waits for a worker's /activity; idle_probes.GPU_PROBE_SECONDS stays well below it (the worker's
+answer runs its probes inline). core/pod_contract.py holds the same numbers (tests/test_contract.py)."""
+
+
+def fetch_json(url: str, timeout: float = ACTIVITY_FETCH_SECONDS) -> Any:
     with urllib.request.urlopen(url, timeout=timeout) as response:
         return json.loads(response.read())
 

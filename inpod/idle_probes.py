@@ -189,24 +189,89 @@ def busy_gpus(gpus: list[dict[str, Any]], apps: list[dict[str, Any]], settings: 
     return why
 
 
-def nvidia_smi(query: str) -> str:
+GPU_PROBE_SECONDS = 8
+"""The GPU probe's whole budget (both nvidia-smi queries): a worker's /activity must answer well within pod 0's
+fetch timeout (idle_decider.fetch_json, 15 s), so a hung nvidia-smi is that pod's failed GPU check (active), never
+an unreachable pod. core/pod_contract.py holds the same numbers (tests/test_contract.py)."""
+
+_ABANDONED: list[subprocess.Popen] = []
+"""nvidia-smi runs killed at the deadline and not waited for (one stuck in the driver, state D, ignores SIGKILL
+until the driver lets go; waiting would hang the agent): collected when they finally exit."""
+
+
+def nvidia_smi(query: str, deadline: float | None = None) -> str:
+    """One nvidia-smi query; raises ValueError at `deadline` (time.monotonic) without waiting for the process."""
+    for old in list(_ABANDONED):
+        if old.poll() is not None:
+            _ABANDONED.remove(old)
     cmd = [env("ML_DEV_NVIDIA_SMI", "nvidia-smi"), query, "--format=csv"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=False)
+    left = (time.monotonic() + GPU_PROBE_SECONDS if deadline is None else deadline) - time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    try:
+        out, err = proc.communicate(timeout=max(0.1, left))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _ABANDONED.append(proc)
+        raise ValueError(f"`{' '.join(cmd[:2])}` did not answer within {GPU_PROBE_SECONDS} s (killed; a hung driver?)") from None
     if proc.returncode != 0:
         # e.g. "Failed to initialize NVML: Driver/library version mismatch" (a driver upgrade under a running
         # container): nothing can be judged, the probe fails and counts as active
-        raise ValueError(f"`{' '.join(cmd[:2])}` exit {proc.returncode}: {' '.join((proc.stderr or proc.stdout).split())[:200]}")
-    return proc.stdout
+        raise ValueError(f"`{' '.join(cmd[:2])}` exit {proc.returncode}: {' '.join((err or out).split())[:200]}")
+    return str(out)
 
 
-def probe_gpu(settings: dict[str, Any]) -> dict[str, Any]:
+GPU_DEVICE_PREFIX = "/dev/nvidia"  # /dev/nvidia<N>, one per GPU the container was given (core/pod_contract.py)
+KERNEL_FILE = re.compile(r"kernel-([0-9A-Za-z-]+)\.json")
+"""The connection file in a Jupyter kernel's command line (`python -m ipykernel_launcher -f .../kernel-<id>.json`;
+jupyter_client provisioning/local_provisioner.py LocalProvisioner.launch_kernel, connect.py): its id in /api/kernels."""
+
+
+def gpu_holders() -> dict[int, str]:
+    """This pod's processes holding a GPU device open (an fd on /dev/nvidia<N>) and their command lines: the pod's
+    own PIDs. NVML's process list cannot name them: inside a container it reports host PIDs
+    (NVIDIA/nvidia-docker#1483)."""
+    device = re.compile("^" + re.escape(env("ML_DEV_GPU_DEVICE_PREFIX", GPU_DEVICE_PREFIX)) + r"[0-9]+$")
+    holders = {}
+    for proc in Path(env("ML_DEV_PROC_DIR", "/proc")).glob("[0-9]*"):
+        try:
+            fds = list((proc / "fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                if device.match(os.readlink(fd)):
+                    with contextlib.suppress(OSError):
+                        holders[int(proc.name)] = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                    break
+    return holders
+
+
+def held_by_idle_kernels(idle_kernels: set[str]) -> list[str] | None:
+    """The kernel ids holding the GPUs when every process of this pod that holds one is a kernel Jupyter reports
+    idle; None when any other process (or none this pod can see) holds one."""
+    holders = gpu_holders()
+    ids = [m.group(1) if m else None for m in (KERNEL_FILE.search(cmd) for cmd in holders.values())]
+    if not ids or any(i not in idle_kernels for i in ids):
+        return None
+    return sorted({i for i in ids if i})
+
+
+def probe_gpu(settings: dict[str, Any], idle_kernels: set[str] | None = None) -> dict[str, Any]:
+    """The gpu signal. `idle_kernels` (pod 0 with Jupyter: the kernels /api/kernels reports idle): a GPU held only
+    by those kernels does not veto by its processes or memory (a notebook with a model loaded at 0 % for days is
+    judged by Jupyter's activity, warned and stopped at idleTimeout); utilisation still counts."""
     try:
-        gpus = parse_gpu_csv(nvidia_smi(f"--query-gpu={GPU_QUERY}"))
-        apps = parse_compute_apps(nvidia_smi(f"--query-compute-apps={APPS_QUERY}"))
+        deadline = time.monotonic() + GPU_PROBE_SECONDS
+        gpus = parse_gpu_csv(nvidia_smi(f"--query-gpu={GPU_QUERY}", deadline))
+        apps = parse_compute_apps(nvidia_smi(f"--query-compute-apps={APPS_QUERY}", deadline))
     except (OSError, ValueError, KeyError, subprocess.SubprocessError) as exc:
         return signal("gpu", False, error=str(exc))
     why = busy_gpus(gpus, apps, settings)
-    return signal("gpu", True, active=bool(why), busy=sorted(why), why=why, gpus=gpus, processes=len(apps))
+    kernels = held_by_idle_kernels(idle_kernels) if why and idle_kernels is not None else None
+    if kernels is not None:
+        held = ("compute process ", " MiB in use (floor ")
+        why = {k: rest for k, v in why.items() if (rest := [w for w in v if not any(h in w for h in held)])}
+    return signal("gpu", True, active=bool(why), busy=sorted(why), why=why, gpus=gpus, processes=len(apps), heldByIdleKernels=kernels or [])
 
 
 def probe_terminals(now: float) -> dict[str, Any]:
@@ -313,12 +378,14 @@ def judge_jupyter(status: Any, kernels: Any, terminals: Any, now: float) -> dict
     stamps += [parse_time(k["last_activity"]) for k in kernels if k.get("last_activity")]
     stamps += [parse_time(t["last_activity"]) for t in terminals if t.get("last_activity")]
     busy = [k.get("id") for k in kernels if k.get("execution_state") == "busy"]
+    idle = [k.get("id") for k in kernels if k.get("execution_state") == "idle"]
     return signal(
         "jupyter",
         True,
         active=bool(busy),
         age=now - max(stamps),
         busyKernels=busy,
+        idleKernels=idle,
         kernels=len(kernels),
         terminals=len(terminals),
         connections=status.get("connections"),
@@ -347,18 +414,20 @@ def guarded(name: str, probe: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 
 def local_activity(settings: dict[str, Any]) -> dict[str, Any]:
     now = time.time()
+    # the IDE servers run on pod 0 only (startup.sh); workers report only their own signals
+    servers = settings.get("servers", []) if is_rank0() else []
+    jupyter = guarded("jupyter", lambda: probe_jupyter(now)) if "jupyter" in servers else None
+    idle_kernels = set(jupyter["detail"].get("idleKernels") or []) if jupyter is not None and jupyter["ok"] else None
     signals = [
-        guarded("gpu", lambda: probe_gpu(settings)),
+        guarded("gpu", lambda: probe_gpu(settings, idle_kernels)),
         guarded("terminals", lambda: probe_terminals(now)),
         guarded("ssh", probe_ssh),
         guarded("launcher", lambda: probe_launcher(now)),
     ]
-    # the IDE servers run on pod 0 only (startup.sh); workers report only their own signals
-    if is_rank0():
-        if "vscode" in settings.get("servers", []):
-            signals.append(guarded("vscode", lambda: probe_vscode(now)))
-        if "jupyter" in settings.get("servers", []):
-            signals.append(guarded("jupyter", lambda: probe_jupyter(now)))
+    if "vscode" in servers:
+        signals.append(guarded("vscode", lambda: probe_vscode(now)))
+    if jupyter is not None:
+        signals.append(jupyter)
     return {"pod": env("POD_NAME") or env("HOSTNAME"), "node": env("NODE_NAME") or None, "time": now, "signals": signals}
 
 

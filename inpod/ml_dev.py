@@ -55,6 +55,12 @@ ENV_RULE = (
     "stale after a count change): " + " ".join(FROM_RANK_FILE) + "."
 )
 
+EXIT_RULE = (
+    "Exit status: 0 when every rank exited 0; a failed rank's status (every other rank stopped); 130 after Ctrl-C;\n"
+    "143 when a pod's stop (drain, eviction, rolling update, scale to 0) reached a rank: every rank got the\n"
+    "checkpoint signal and the grace at once, and the last line names the pod."
+)
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ml-dev", description=__doc__.split("\n\n")[0])
@@ -62,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser(
         "run",
         help="sync, then run a command on every pod with its rank environment",
-        epilog=ENV_RULE,
+        epilog=ENV_RULE + "\n\n" + EXIT_RULE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     run.add_argument("--no-sync", action="store_true", help="do not sync the working tree first")
@@ -99,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     rank.add_argument("--debug-host", choices=("localhost", "pod"), default="localhost")
     rank.add_argument("--no-stdin-watch", action="store_true")
     rank.add_argument("--env-stdin", action="store_true")
+    # ml-dev exec: what the command leaves running when it ends on its own (a daemon it started) is left alone
+    rank.add_argument("--leave-rest", action="store_true")
     rank.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if getattr(args, "command", None) and args.command[:1] == ["--"]:

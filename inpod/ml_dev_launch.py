@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, TextIO
+from typing import IO, TYPE_CHECKING, Callable, TextIO
 
 if TYPE_CHECKING or __package__:  # in the repository: the inpod package
     from .ml_dev_lib import (
@@ -171,29 +171,15 @@ def cmd_rank(args: argparse.Namespace) -> int:
     cwd = args.cwd if os.path.isdir(args.cwd) else None
     if cwd is None:
         print(f"ml-dev: {args.cwd} does not exist on this pod; running in {os.getcwd()}", file=sys.stderr, flush=True)
+    # the rank is its whole process tree: a member whose parent exits (bash after SIGTERM, torchrun's workers in
+    # sessions of their own when torchrun dies) is re-parented to this agent, which waits for it and kills it
+    # (prctl(2) PR_SET_CHILD_SUBREAPER)
+    subreaper()
     # stdin is the launcher's channel (its EOF stops the rank), never the program's
     proc = subprocess.Popen(
         ["bash", "-c", 'exec "$@"', "_", *args.command], cwd=cwd, env=env, start_new_session=True, stdin=subprocess.DEVNULL
     )
-
-    stopping = threading.Lock()
-
-    def stop_group() -> None:
-        # once: a pod stop (SIGTERM from checkpoint_stop.sh) and the launcher's EOF may both arrive; the
-        # rank gets the checkpoint signal once and `grace` seconds before its group is killed
-        if proc.poll() is not None or not stopping.acquire(blocking=False):
-            return
-        try:
-            os.killpg(proc.pid, first)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    group = RankGroup(proc, first, grace, leave_rest=getattr(args, "leave_rest", False))
 
     def watch_stdin() -> None:
         try:  # raw reads: a buffered reader would hold its lock at interpreter shutdown
@@ -201,18 +187,141 @@ def cmd_rank(args: argparse.Namespace) -> int:
                 pass
         except OSError:
             pass
-        stop_group()
+        group.stop()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        # SIGTERM from checkpoint_stop.sh (the pod's preStop hook or PID 1's trap, after it wrote the `stopping`
+        # marker): this pod is stopping. The line tells the launcher, which stops every other rank at once
+        # (run_everywhere reads POD_STOP_MARK); never wait inside the handler (it interrupts the waits below)
+        name = signal.Signals(signum).name
+        if (STATE_DIR / "stopping").exists():
+            why = f"pod {os.environ.get('POD_NAME') or os.environ.get('HOSTNAME', '?')} is stopping ({name} from its stop hook)"
+        else:
+            why = f"rank agent on {os.environ.get('POD_NAME') or os.environ.get('HOSTNAME', '?')} got {name}"
+        os.write(2, f"{POD_STOP_MARK}{why}; its rank gets {first.name} and {grace} s to save\n".encode())
+        threading.Thread(target=group.stop, daemon=True).start()
 
     if not args.no_stdin_watch:
         threading.Thread(target=watch_stdin, daemon=True).start()
-    # never wait inside the handler: it interrupts proc.wait() below, whose lock a nested wait cannot take
-    # (it would sleep out the whole grace after the rank has already exited)
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-        signal.signal(sig, lambda *_: threading.Thread(target=stop_group, daemon=True).start())
+        signal.signal(sig, on_signal)
     with Heartbeat("rank", {"command": args.command, "cwd": args.cwd, "pgid": proc.pid}):
-        code = proc.wait()
+        code = group.wait()
     # a rank killed by a signal reports 128+N like a shell
     return code if code >= 0 else 128 - code
+
+
+POD_STOP_MARK = "ml-dev: STOP: "
+"""A rank agent's line (stderr) when its pod stops it; `ml-dev run` reads it and stops every other rank at once."""
+
+
+def subreaper() -> bool:
+    """Make this process the child subreaper of its descendants (Linux prctl PR_SET_CHILD_SUBREAPER = 36)."""
+    try:
+        import ctypes
+
+        return int(ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def process_table() -> dict[int, tuple[int, int, str]]:
+    """{pid: (parent pid, process group, state)} of every process this pod's /proc shows."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().decode(errors="replace").rsplit(")", 1)[1].split()
+            table[int(entry)] = (int(fields[1]), int(fields[2]), fields[0])
+        except (OSError, IndexError, ValueError):
+            continue
+    return table
+
+
+class RankGroup:
+    """One rank: its process group and every descendant of this agent (the subreaper keeps orphans here).
+
+    `stop()` sends the checkpoint signal to the group (and to re-parented members outside it, whose own launcher
+    is gone) and starts the grace; `wait()` returns the first child's status once no member is left, SIGKILLing
+    every member at the end of the grace. When the first child ends on its own, what it left behind gets the same
+    signal, grace and kill: a rank is over when its command is."""
+
+    def __init__(self, proc: subprocess.Popen, first: signal.Signals, grace: float, leave_rest: bool = False) -> None:
+        self.proc, self.first, self.grace, self.leave_rest = proc, first, grace, leave_rest
+        self.stopping = threading.Lock()
+        self.deadline: float | None = None
+
+    def members(self) -> dict[int, tuple[int, int, str]]:
+        """Live members {pid: (parent, group, state)}: the group's processes and this agent's descendants."""
+        table = process_table()
+        children: dict[int, list[int]] = {}
+        for pid, (ppid, _, _) in table.items():
+            children.setdefault(ppid, []).append(pid)
+        found: set[int] = set()
+        todo = list(children.get(os.getpid(), []))
+        while todo:
+            pid = todo.pop()
+            if pid not in found:
+                found.add(pid)
+                todo += children.get(pid, [])
+        found |= {pid for pid, (_, pgid, _) in table.items() if pgid == self.proc.pid}
+        return {pid: table[pid] for pid in found if table[pid][2] != "Z"}
+
+    def send(self, sig: signal.Signals) -> None:
+        """`sig` to the group; SIGKILL to every member, another signal to the orphans outside the group."""
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for pid, (ppid, pgid, _) in self.members().items():
+            if pgid != self.proc.pid and (sig == signal.SIGKILL or ppid == os.getpid()):
+                try:
+                    os.kill(pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    continue
+
+    def stop(self) -> None:
+        # once: a pod stop (SIGTERM from checkpoint_stop.sh) and the launcher's EOF may both arrive; the rank gets
+        # the checkpoint signal once and `grace` seconds before every member is killed
+        if not self.stopping.acquire(blocking=False):
+            return
+        self.deadline = time.monotonic() + self.grace
+        self.send(self.first)
+
+    def reap(self) -> None:
+        """Collect re-parented members that have exited (the first child is Popen's to collect)."""
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+
+    def wait(self) -> int:
+        while True:
+            if self.deadline is None:  # running: block on the command (no /proc scans) until it ends or a stop starts
+                try:
+                    self.proc.wait(0.5)
+                except subprocess.TimeoutExpired:
+                    continue
+            code = self.proc.poll()
+            if code is not None:
+                self.reap()
+            left = self.members()
+            if code is not None and (not left or (self.leave_rest and self.deadline is None)):
+                return code
+            if code is not None and self.deadline is None:
+                self.stop()  # the command ended on its own: what it left behind is stopped too
+            if self.deadline is not None and time.monotonic() >= self.deadline:
+                print(
+                    f"ml-dev: {len(left)} process(es) of the rank still running after {self.grace} s: killed", file=sys.stderr, flush=True
+                )
+                self.send(signal.SIGKILL)
+                self.deadline = time.monotonic() + 1  # again until they are gone
+            time.sleep(0.05)
 
 
 # --------------------------------------------------------------------------------- the launcher
@@ -221,15 +330,19 @@ def cmd_rank(args: argparse.Namespace) -> int:
 class Stream(threading.Thread):
     lock = threading.Lock()
 
-    def __init__(self, pipe: IO[bytes] | None, prefix: str, out: TextIO) -> None:  # Popen(stdout=PIPE).stdout
+    def __init__(
+        self, pipe: IO[bytes] | None, prefix: str, out: TextIO, on_line: Callable[[str], None] | None = None
+    ) -> None:  # Popen(stdout=PIPE).stdout
         super().__init__(daemon=True)
-        self.pipe, self.prefix, self.out = pipe, prefix, out
+        self.pipe, self.prefix, self.out, self.on_line = pipe, prefix, out, on_line
 
     def run(self) -> None:
         if self.pipe is None:
             return
         for raw in iter(self.pipe.readline, b""):
             line = raw.decode(errors="replace").rstrip("\n")
+            if self.on_line is not None:
+                self.on_line(line)
             with Stream.lock:
                 self.out.write(f"{self.prefix}{line}\n")
                 self.out.flush()
@@ -262,6 +375,14 @@ def run_everywhere(
     procs: dict[int, subprocess.Popen] = {}
     streams: list[Stream] = []
     hello = (json.dumps({"env": carried or {}, "per_pod": per_pod_ranks}) + "\n").encode()
+    stopped: list[str] = []  # why a pod stopped its rank (the agent's POD_STOP_MARK line), the first one
+    pod_stop = threading.Event()
+
+    def on_line(line: str) -> None:
+        if POD_STOP_MARK in line and not pod_stop.is_set():
+            stopped.append(line.split(POD_STOP_MARK, 1)[1])
+            pod_stop.set()
+
     for rank in range(len(cluster.hosts)):
         agent = [PY, str(HERE / "ml-dev"), "_rank", "--env-stdin", "--cwd", str(cwd)]
         if debug_rank == rank:
@@ -284,7 +405,7 @@ def run_everywhere(
             pass  # the rank failed at once: its exit status says why
         width = len(str(len(cluster.hosts) - 1))
         prefix = f"[{rank:>{width}}] "
-        streams += [Stream(proc.stdout, prefix, sys.stdout), Stream(proc.stderr, prefix, sys.stderr)]
+        streams += [Stream(proc.stdout, prefix, sys.stdout), Stream(proc.stderr, prefix, sys.stderr, on_line)]
     for s in streams:
         s.start()
     if debug_rank is not None:
@@ -299,7 +420,7 @@ def run_everywhere(
     failed: tuple[int, int] | None = None
     try:
         while True:
-            if interrupted.is_set():
+            if interrupted.is_set() or pod_stop.is_set():
                 break
             running = [r for r, p in procs.items() if p.poll() is None]
             for rank, p in sorted(procs.items()):
@@ -309,7 +430,13 @@ def run_everywhere(
                 break
             time.sleep(0.1)
     finally:
-        if failed or interrupted.is_set():
+        if pod_stop.is_set():
+            # one pod's stop is the job's stop: every other rank gets the checkpoint signal and the grace now,
+            # not when its own pod stops (a rolling update replaces one pod at a time; a rank left running would
+            # block in its next collective)
+            print(f"ml-dev: {stopped[0]}; stopping every rank", file=sys.stderr, flush=True)
+            stop_all(procs)
+        elif failed or interrupted.is_set():
             why = f"{cluster.label(failed[0])} exited with status {failed[1]}" if failed else "interrupted"
             print(f"ml-dev: {why}; stopping every rank", file=sys.stderr, flush=True)
             stop_all(procs)
@@ -317,6 +444,9 @@ def run_everywhere(
             s.join(timeout=2)
         for sig, handler in old.items():
             signal.signal(sig, handler)
+    if stopped:  # a stopped job never reads as success, even when every rank saved and exited 0
+        print(f"ml-dev: STOPPED: {stopped[0]}", file=sys.stderr, flush=True)
+        return STOPPED_STATUS
     if failed:
         rank, code = failed
         print(f"ml-dev: FAILED: {cluster.label(rank)} on {cluster.hosts[rank]} exited with status {code}", file=sys.stderr, flush=True)
@@ -324,6 +454,10 @@ def run_everywhere(
     if interrupted.is_set():
         return 130
     return 0
+
+
+STOPPED_STATUS = 128 + signal.SIGTERM
+"""`ml-dev run`'s status when a pod's stop ended the job: 143, as a shell reports a SIGTERM (checkpoint_stop.sh's)."""
 
 
 def stop_all(procs: dict[int, subprocess.Popen]) -> None:
@@ -342,10 +476,39 @@ def stop_all(procs: dict[int, subprocess.Popen]) -> None:
             p.kill()
 
 
+LAUNCHER_CAPS = (
+    (("torchrun", "torch.distributed.run", "torch.distributed.launch"), "torchrun"),
+    (("deepspeed.launcher.launch", "deepspeed.launcher.runner", "deepspeed"), "DeepSpeed's launcher"),
+)
+LAUNCHER_CAP_SECONDS = 30
+"""What torchrun and DeepSpeed's per-node launcher give their workers after the stop signal before SIGKILL: pytorch
+torch/distributed/elastic/multiprocessing/api.py PContext.close(death_sig, timeout=30), called by
+LocalElasticAgent._shutdown; deepspeedai/DeepSpeed deepspeed/launcher/launch.py sigkill_handler ->
+terminate_process_tree (psutil.wait_procs(timeout=30), then kill)."""
+
+
+def launcher_cap_warning(command: list[str], grace: int) -> str | None:
+    """The launch-time warning when the command runs a launcher that caps the grace below checkpointGraceSeconds."""
+    if grace <= LAUNCHER_CAP_SECONDS:
+        return None
+    words = [os.path.basename(w) for w in " ".join(command).split()]  # `bash -c 'torchrun …'` too
+    for names, label in LAUNCHER_CAPS:
+        if any(w in names for w in words):
+            return (
+                f"ml-dev: warning: {label} gives its workers {LAUNCHER_CAP_SECONDS} s after the stop signal, then SIGKILL: "
+                f"checkpointGraceSeconds is {grace} s, so a save must finish within {LAUNCHER_CAP_SECONDS} s "
+                "(or run one process per pod: ml-dev run --per-pod -- python train.py)"
+            )
+    return None
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     cluster = Cluster()
     if not args.command:
         die("nothing to run: ml-dev run -- <command>")
+    warning = launcher_cap_warning(args.command, stop_grace(cluster.rank_env))
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     wait_reachable(cluster, args.timeout)
     cwd = Path.cwd()
     if not args.no_sync:
@@ -364,7 +527,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
     streams = []
     hello = (json.dumps({"env": launch_env(args.env)}) + "\n").encode()
     for rank in range(len(cluster.hosts)):
-        agent = [PY, str(HERE / "ml-dev"), "_rank", "--env-stdin", "--cwd", os.getcwd(), "--", *args.command]
+        agent = [PY, str(HERE / "ml-dev"), "_rank", "--env-stdin", "--leave-rest", "--cwd", os.getcwd(), "--", *args.command]
         argv = agent if rank == cluster.me else cluster.ssh(rank, agent)
         procs[rank] = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:

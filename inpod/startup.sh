@@ -415,14 +415,23 @@ if [ "$ORDINAL" -eq 0 ]; then
         fi
         ;;
       jupyter)
+        # With the idle stop on, a kernel idle for lifecycle.idleTimeout is culled, an open tab's too: a forgotten
+        # notebook frees its GPU memory while others keep the environment up (jupyter_server
+        # services/kernels/kernelmanager.py MappingKernelManager: cull_idle_timeout, default 0 = never;
+        # cull_connected, default False; a busy kernel is never culled, cull_busy False)
+        cull=()
+        if [ -f "$ML_DEV_IDLE_SETTINGS" ] && idle_timeout="$(python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); print(int(s["idleTimeoutSeconds"]) if s.get("enabled") else "")' "$ML_DEV_IDLE_SETTINGS" 2>/dev/null)" && [ -n "$idle_timeout" ]; then
+          cull=(--MappingKernelManager.cull_idle_timeout="$idle_timeout" --MappingKernelManager.cull_connected=True
+            --MappingKernelManager.cull_interval="${ML_DEV_JUPYTER_CULL_INTERVAL:-60}")
+        fi
         if [ "$AUTH" = "token" ]; then
           : "${JUPYTER_TOKEN:?token mode needs JUPYTER_TOKEN}"
           start jupyter jupyter lab --no-browser --allow-root --ip="$BIND" --port=8888 --ServerApp.root_dir="$WORKSPACE" \
-            --IdentityProvider.token="$JUPYTER_TOKEN"
+            --IdentityProvider.token="$JUPYTER_TOKEN" ${cull[@]+"${cull[@]}"}
         else
           # --allow-root: RDMA pods run as UID 0 (SCC capabilities only apply to root)
           start jupyter jupyter lab --no-browser --allow-root --ip="$BIND" --port=8888 --ServerApp.root_dir="$WORKSPACE" \
-            --IdentityProvider.token= --ServerApp.allow_remote_access=True --ServerApp.trust_xheaders=True
+            --IdentityProvider.token= --ServerApp.allow_remote_access=True --ServerApp.trust_xheaders=True ${cull[@]+"${cull[@]}"}
         fi
         ;;
       tensorboard)

@@ -57,7 +57,8 @@ class Server:
 
     token = TOKEN
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, extra: list[str] | None = None) -> None:
+        """`extra`: more `jupyter lab` options (e.g. the culling flags inpod/startup.sh passes)."""
         self.runtime = root / "runtime"
         env = {
             **os.environ,
@@ -83,6 +84,7 @@ class Server:
             f"--ServerApp.root_dir={work}",
             "--LabApp.news_url=",
             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+            *(extra or []),
         ]
         self.log_path = root / "jupyter.log"
         self.log = open(self.log_path, "w")  # closed in close()

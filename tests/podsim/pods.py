@@ -809,6 +809,56 @@ class PodSim:
             pod.proc.wait(timeout=30)
             return "killed"
 
+    def evict_hard(self, index: int) -> str:
+        """The kubelet's hard eviction (a node under memory, disk or PID pressure): the grace is overridden with
+        1 s (kubernetes pkg/kubelet/eviction/eviction_manager.go synchronize -> evictPod with
+        immediateEvictionGracePeriodSeconds = 1); current kuberuntime_container.go killContainer applies the
+        override before the preStop hook, which gets at most that 1 s (executePreStopHook abandons it, it runs on),
+        then StopContainer with the budget floored at minimumGracePeriodInSeconds = 2: SIGTERM to PID 1, SIGKILL
+        2 s later. Returns "exited" or "killed"."""
+        pod = self.pods[index]
+        pre_stop = ((self.main.get("lifecycle") or {}).get("preStop") or {}).get("exec")
+        hook = None
+        if pre_stop:
+            hook = subprocess.Popen(self.command(index, pre_stop["command"]), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                hook.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                pass  # abandoned, not killed: it ends with the container
+        os.kill(pod.pid, signal.SIGTERM)
+        assert pod.proc is not None
+        try:
+            pod.proc.wait(timeout=2)
+            how = "exited"
+        except subprocess.TimeoutExpired:
+            os.kill(pod.pid, signal.SIGKILL)
+            pod.proc.wait(timeout=30)
+            how = "killed"
+        if hook is not None:
+            hook.wait(timeout=30)
+        return how
+
+    def oom_kill(self, index: int) -> None:
+        """The container's OOM kill on cgroup v2 with kubelet >= 1.28: the kubelet sets memory.oom.group, so the
+        kernel kills every process of the container at once (kubernetes/kubernetes#117793): no preStop, no
+        SIGTERM, no grace. SIGKILL to PID 1 ends its PID namespace, every process in it."""
+        pod = self.pods[index]
+        os.kill(pod.pid, signal.SIGKILL)
+        assert pod.proc is not None
+        pod.proc.wait(timeout=30)
+
+    def rolling_update(self, timeout: float = 90) -> list[str]:
+        """A StatefulSet rolling update (a template change): each pod terminated and replaced from the highest ordinal
+        down, one at a time, the next only once the replacement is Ready (kubernetes
+        pkg/controller/statefulset/stateful_set_control.go updateStatefulSet: "we terminate the Pod with the
+        largest ordinal that does not match the update revision", maxUnavailable 1). Returns each termination's
+        outcome, highest ordinal first."""
+        outcomes = []
+        for index in reversed(range(self.count)):
+            outcomes.append(self.terminate(index))
+            self.restart(index, timeout)
+        return outcomes
+
     def volume_dir(self, index: int, mount_path: str) -> Path:
         """The directory on this machine behind pod `index`'s volume mounted at `mount_path` (a PVC or emptyDir):
         it outlives the pod's processes (read a terminated pod's files here), until `stop()`."""

@@ -1,7 +1,8 @@
 """Stops that keep the work, on pods started from the render (tests/podsim): issue 24 items 1 and 2 end to end.
 
 * A checkpoint before every stop, through the launcher: `ml-dev run` from pod 0 starts one rank on each of 2 pods
-  (the docs' training loop, its standard-library twin: save on the signal, write a temporary file, rename); then
+  (tests/podsim/stopjob.py: the docs' loop with a collective each step, the stop agreed by an all-reduce MAX, save
+  to a temporary file, rename); then
   both pods get the kubelet's termination at once, as a StatefulSet scale to 0 or delete does (`sim.terminate`:
   preStop exec, SIGTERM to PID 1, SIGKILL at terminationGracePeriodSeconds). 10 trials: a complete checkpoint
   on every rank, every pod gone within checkpointGraceSeconds + 10 s.
@@ -34,6 +35,7 @@ import pytest
 from components import lifecycle
 from core import naming
 from tests.lifecycle.conftest import ROLE, TOKEN, FakeApiServer
+from tests.podsim import stopjob
 from tests.podsim.pods import PREFIX, PodSim, leftovers, missing_requirements, render_stack
 
 REASON = missing_requirements()
@@ -45,35 +47,9 @@ GRACE = 5  # lifecycle.checkpointGraceSeconds of the variant (short: 10 trials)
 SAVE_SECONDS = 1.0  # how long the job takes to write its checkpoint
 TRIALS = 10
 
-# The docs' PyTorch loop ("Checkpoint before a stop"), standard library only: the handler sets a flag, the loop
-# saves at the next step boundary (temporary name, fsync, rename) and exits; each rank writes its own file.
-JOB = """
-import os, signal, sys, time
-stop = False
-def on_signal(signum, frame):
-    global stop
-    stop = True
-signal.signal(getattr(signal, os.environ.get("ML_DEV_CHECKPOINT_SIGNAL", "SIGTERM")), on_signal)
-rank = os.environ["NODE_RANK"]
-os.makedirs("ckpt", exist_ok=True)
-open("ckpt/rank%s.started" % rank, "w").close()
-step = 0
-while not stop:
-    step += 1
-    time.sleep(0.02)
-path = "ckpt/step%d-rank%s.txt" % (step, rank)
-with open(path + ".tmp", "w") as f:
-    f.write("step=%d\\n" % step)
-    for _ in range(10):
-        f.write("x" * 1000 + "\\n")
-        f.flush()
-        time.sleep(float(sys.argv[1]) / 10)
-    f.write("END\\n")
-    f.flush()
-    os.fsync(f.fileno())
-os.replace(path + ".tmp", path)
-print("rank", rank, "saved", path, flush=True)
-"""
+# The docs' loop, standard library only, with a collective every step and the stop agreed by an all-reduce MAX
+# (tests/podsim/stopjob.py): each rank saves at the same step (temporary name, fsync, rename).
+JOB = stopjob.JOB
 
 
 def quiet(objects: dict[str, Any]) -> None:
@@ -131,7 +107,7 @@ def one_trial(result: Any, trial: int, sims: list[PodSim], stop: tuple[int, ...]
     with PodSim(result, count=2) as sim:
         sims.append(sim)
         sim.write(0, f"{PROJECT}/job.py", JOB)
-        launcher = sim.popen(0, f"ml-dev run -- python3 job.py {SAVE_SECONDS}", cwd=PROJECT)
+        launcher = sim.popen(0, f"ml-dev run --per-pod -- python3 job.py {SAVE_SECONDS}", cwd=PROJECT)
         try:
             for i in range(2):
                 started = sim.pods[i].path(f"{PROJECT}/ckpt/rank{i}.started")
