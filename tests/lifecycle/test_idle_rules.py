@@ -205,7 +205,7 @@ def test_the_contract_holds_the_idle_numbers() -> None:
 
 def startup_jupyter_args(tmp_path: Path, settings: dict[str, Any]) -> list[str]:
     """The `jupyter lab` argv the real startup.sh passes (a stub jupyter records it), with these idle settings."""
-    from tests.test_startup_script import base_env, make_stubs, start, stop, wait_for_calls, wait_ready
+    from tests.inpod.test_startup_script import base_env, make_stubs, start, stop, wait_for_calls, wait_ready
 
     bin_dir, calls = make_stubs(tmp_path)
     path = tmp_path / "idle.json"
