@@ -9,7 +9,7 @@ import pulumi_kubernetes as k8s
 from components import devloop, preflight
 from components import environment as layers
 from components.crds import SSHD_NEEDS
-from components.gpu_cluster import GpuCluster, GpuClusterArgs, selector_labels
+from components.gpu_cluster import GpuCluster, GpuClusterArgs, rollout_timeout, selector_labels
 from components.image_build import ImageBuild, ImageBuildArgs
 from components.model_pipeline import ModelPipeline, ModelPipelineArgs
 from components.storage import claim_template_names
@@ -54,25 +54,11 @@ opts = pulumi.ResourceOptions(providers=[provider])
 
 
 def live_reader() -> Any:
-    """GET one object (None: absent or unreadable) with one client; None when there is no cluster to read."""
+    """GET one object (None: absent or unreadable) with one client; None when there is no cluster to read, or when it
+    does not answer its first check (one warning, no more reads: components/environment.py guarded_reader)."""
     if not preflight.live_reads_enabled(cfg.cluster.render_yaml_to_directory):
         return None
-    client: list[Any] = []
-    warned: list[str] = []
-
-    def read(path: str) -> dict[str, Any] | None:
-        try:
-            if not client:
-                client.append(preflight.KubeClient(cfg.cluster.kube_context))
-            result: dict[str, Any] | None = client[0].get(path)
-            return result
-        except preflight.LiveReadError as exc:
-            if not warned:
-                warned.append(str(exc))
-                pulumi.log.warn(f"could not check who owns the objects of this stack ({exc}); continuing")
-            return None
-
-    return read
+    return layers.guarded_reader(lambda: preflight.KubeClient(cfg.cluster.kube_context), pulumi.log.warn)
 
 
 # Every object this stack creates carries `ml-dev-env/stack: <stack>` in its own metadata (pod templates unchanged);
@@ -136,28 +122,73 @@ def check_scc() -> None:
 
 check_scc()
 
+
+def check_attachments() -> None:
+    """An RDMA environment in its own namespace: the attachments its pods name must exist there (components/environment.py)."""
+    rdma = cfg.network.rdma
+    if environment is None or not environment.namespace or cfg.network.effective_mode != "rdma" or rdma.create_attachments:
+        return
+    if not preflight.live_reads_enabled(cfg.cluster.render_yaml_to_directory):
+        return
+    namespace = rdma.attachment_namespace or ns
+    try:
+        client = preflight.KubeClient(cfg.cluster.kube_context)
+        problem = layers.attachments_problem(
+            lambda path: client.get(path, timeout=layers.READ_TIMEOUT), namespace, list(rdma.attachments), rollout_timeout(cfg)
+        )
+    except preflight.LiveReadError as exc:
+        pulumi.log.warn(f"could not check the NetworkAttachmentDefinitions of {namespace} ({exc}); continuing")
+        return
+    if problem:
+        raise pulumi.RunError(problem)
+
+
+check_attachments()
+
+
+def check_gpu_capacity() -> None:
+    """Listed GPU nodes must have at least gpusPerPod allocatable GPUs (components/preflight.py gpu_capacity_problem)."""
+    if not cfg.nodes.gpu_nodes or not preflight.live_reads_enabled(cfg.cluster.render_yaml_to_directory):
+        return
+    try:
+        client = preflight.KubeClient(cfg.cluster.kube_context)
+        problem = preflight.gpu_capacity_problem(
+            lambda path: client.get(path, timeout=layers.READ_TIMEOUT), list(cfg.nodes.gpu_nodes), cfg.nodes.gpus_per_pod
+        )
+    except preflight.LiveReadError as exc:
+        pulumi.log.warn(f"could not read the GPU nodes' allocatable nvidia.com/gpu ({exc}); nodes.gpusPerPod not checked against them")
+        return
+    if problem:
+        raise pulumi.RunError(problem)
+
+
+check_gpu_capacity()
+
 labels = naming.stack_labels(cfg.cluster.name)
 image: pulumi.Input[str] | None
 cluster_facts = None
+deployed_facts = None
 if environment is not None:
     # The environment layer only: the pods run the image the cluster stack deployed, read from its versioned
     # `environment_facts` output through a StackReference (pulumi/pulumi sdk/python/lib/pulumi/stack_reference.py,
     # StackReference.get_output: the referenced stack's outputs, read when the program runs in preview and up).
-    # The cluster's settings come from its stack file (they shape the objects before any output is known); the
-    # deployed facts must match them, else the run stops with one line (components/environment.py facts_problem).
+    # The cluster's file gives the shape of the environment's objects (namespace, names, SCC or none, shared claims)
+    # before any output is known; what is deployed gives what they refer to (runtime image, SCC, Role, claim names).
+    # Only a shape difference stops the run, with one line (components/environment.py checked_facts).
     assert stack.cluster is not None  # the loader read the cluster stack file of every environment stack
     cluster_facts = layers.cluster_facts(stack.cluster)
     reference = environment.stack_reference or f"{pulumi.get_organization()}/{pulumi.get_project()}/{environment.cluster}"
     cluster_stack = pulumi.StackReference(f"cluster-{environment.cluster}", stack_name=reference)
     expected = cluster_facts
 
-    def deployed_image(deployed: Any) -> str:
-        problem = layers.facts_problem(deployed, expected, reference)
-        if problem:
-            raise pulumi.RunError(problem)
-        return str(deployed["runtimeImage"])
+    def checked(deployed: Any) -> Any:
+        facts, problem = layers.checked_facts(deployed, expected, reference)
+        if facts is None:
+            raise pulumi.RunError(problem or "")
+        return facts
 
-    image = cluster_stack.get_output(FACTS_OUTPUT).apply(deployed_image)
+    deployed_facts = cluster_stack.get_output(FACTS_OUTPUT).apply(checked)
+    image = deployed_facts.apply(lambda facts: facts.runtime_image)
     layers.image_puller_binding("env", cfg, cluster_facts, labels, opts)
     pulumi.export("environment", {"cluster": environment.cluster, "name": environment.name, "namespace": ns})
 elif cfg.image.build is not None:
@@ -183,7 +214,11 @@ else:
     image = cfg.image.reference
 if environment is None:
     pulumi.export(FACTS_OUTPUT, layers.cluster_facts(cfg).model_dump(by_alias=True))
-cluster = GpuCluster("gpu", GpuClusterArgs(config=cfg, image=image, secrets=stack.secrets, cluster=cluster_facts), opts=opts)
+cluster = GpuCluster(
+    "gpu",
+    GpuClusterArgs(config=cfg, image=image, secrets=stack.secrets, cluster=cluster_facts, deployed=deployed_facts),
+    opts=opts,
+)
 
 if cfg.models and environment is None:
     models = ModelPipeline(

@@ -18,11 +18,12 @@ import pulumi_kubernetes as k8s
 
 from components.gpu_cluster import scc_role_name
 from components.image_build import runtime_tag
+from components.preflight import LiveReadError
 from components.storage import claim_name
 from core import naming
 from inpod import contract
 from stacks.config import StackConfig
-from stacks.environment import FACTS_VERSION, ClusterFacts
+from stacks.environment import ENVIRONMENT_KEY, FACTS_VERSION, ClusterFacts, read_facts
 
 STACK_LABEL = contract.STACK_LABEL
 ENVIRONMENT_LABEL = "ml-dev-env/environment"
@@ -58,29 +59,41 @@ def cluster_facts(cfg: StackConfig) -> ClusterFacts:
     )
 
 
-def facts_problem(deployed: Any, expected: ClusterFacts, stack_ref: str) -> str | None:
-    """One line when the cluster stack's deployed `environment_facts` cannot serve this environment, else None."""
-    if not deployed:
-        return (
-            f"ml-dev-env:environment.cluster: the cluster stack {stack_ref} has no environment_facts output: it was never "
-            f"deployed (or by a program older than environment stacks); run `pulumi up -s {expected.cluster}` first"
-        )
-    if not isinstance(deployed, dict) or deployed.get("version") != FACTS_VERSION:
-        got = deployed.get("version") if isinstance(deployed, dict) else deployed
-        return (
-            f"ml-dev-env:environment.cluster: the cluster stack {stack_ref} exports environment_facts version {got!r}, this program "
-            f"reads version {FACTS_VERSION}; run `pulumi up -s {expected.cluster}` with this program first"
-        )
-    facts = ClusterFacts.model_validate(deployed)
-    differ = [
-        key for key in ("namespace", "app_name", "runtime_image", "scc", "shared_claims") if getattr(facts, key) != getattr(expected, key)
-    ]
+def shape_differences(deployed: ClusterFacts, expected: ClusterFacts) -> list[str]:
+    """What of the environment's own objects' shape the deployed cluster and this checkout disagree on.
+
+    The shape is what names or places the environment's objects: its namespace and appName, whether its pods use an
+    SCC (and a Role the cluster grants) or none, which shared claims they mount. Everything else the cluster deployed
+    (its runtime image, the SCC's, Role's and claims' names) is used as deployed and never compared.
+    """
+    out = []
+    for key, label in (("namespace", "namespace"), ("app_name", "appName")):
+        if getattr(deployed, key) != getattr(expected, key):
+            out.append(f"{label}: deployed {getattr(deployed, key)!r}, checkout {getattr(expected, key)!r}")
+    for key, label in (("scc", "scc"), ("scc_role", "sccRole")):
+        if (getattr(deployed, key) is None) != (getattr(expected, key) is None):
+            out.append(f"{label}: deployed {getattr(deployed, key) or 'none'}, checkout {getattr(expected, key) or 'none'}")
+    if set(deployed.shared_claims) != set(expected.shared_claims):
+        out.append(f"sharedClaims: deployed {sorted(deployed.shared_claims)}, checkout {sorted(expected.shared_claims)}")
+    return out
+
+
+def checked_facts(deployed: Any, expected: ClusterFacts, stack_ref: str) -> tuple[ClusterFacts | None, str | None]:
+    """The cluster stack's deployed `environment_facts`, or one line when they cannot serve this environment.
+
+    A runtime image (a requirements bump, a stale checkout) or an SCC/claim name that differs from what the checkout
+    computes never stops the environment: it runs what is deployed. Only a difference in its own objects' shape does.
+    """
+    facts, problem = read_facts(deployed, expected.cluster, stack_ref)
+    if facts is None:
+        return None, problem
+    differ = shape_differences(facts, expected)
     if differ:
-        return (
-            f"ml-dev-env:environment.cluster: the cluster stack {stack_ref} is deployed with other {', '.join(differ)} than "
-            f"Pulumi.{expected.cluster}.yaml says; run `pulumi up -s {expected.cluster}` first"
+        return None, (
+            f"{ENVIRONMENT_KEY}: your checkout differs from what is deployed on {expected.cluster} ({'; '.join(differ)}): "
+            "git pull, or ask the cluster owner"
         )
-    return None
+    return facts, None
 
 
 # ------------------------------------------------------------------------------------------ ownership
@@ -124,6 +137,42 @@ def ownership_conflict(live: dict[str, Any] | None, stack: str, kind: str, names
 
 
 LiveReader = Callable[[str], "dict[str, Any] | None"]
+
+PROBE_PATH = "/version"
+"""The guard's first read: any authenticated user may GET it (the API server's system:public-info-viewer role)."""
+READ_TIMEOUT = 10.0
+"""Seconds one guard read waits: the probe and at most one failed read bound a run against a silent API to 20 s."""
+
+
+def guarded_reader(connect: Callable[[], Any], warn: Callable[[str], None], timeout: float = READ_TIMEOUT) -> LiveReader | None:
+    """The ownership guard's reader, failing fast: one check first (`PROBE_PATH`); no answer → one warning, no reads.
+
+    `connect()` gives a client with `get(path, timeout=)` (components/preflight.py KubeClient); a read that fails later
+    warns once and turns every further read into None (absent), so an API that stops answering costs one timeout, not
+    one per object.
+    """
+    try:
+        client = connect()
+        client.get(PROBE_PATH, timeout=timeout)
+    except LiveReadError as exc:
+        warn(
+            f"could not reach the cluster's API ({exc}); the ownership guard reads nothing this run (another stack's objects go unnoticed)"
+        )
+        return None
+    failed: list[str] = []
+
+    def read(path: str) -> dict[str, Any] | None:
+        if failed:
+            return None
+        try:
+            result: dict[str, Any] | None = client.get(path, timeout=timeout)
+            return result
+        except LiveReadError as exc:
+            failed.append(str(exc))
+            warn(f"could not check who owns the objects of this stack ({exc}); the guard reads nothing more this run")
+            return None
+
+    return read
 
 
 def _metadata_of(props: Mapping[str, Any]) -> tuple[str, Any] | None:
@@ -176,6 +225,28 @@ def stack_label_transformation(stack: str, reader: LiveReader | None) -> Callabl
 
 
 # ------------------------------------------------------------------------------------- environment
+
+
+def nad_path(namespace: str, name: str) -> str:
+    return f"/apis/k8s.cni.cncf.io/v1/namespaces/{namespace}/network-attachment-definitions/{name}"
+
+
+def attachments_problem(get: Callable[[str], Any], namespace: str, names: list[str], wait_seconds: int) -> str | None:
+    """One line when an environment's own namespace lacks attachments its pods name (None: all there).
+
+    `get` returns the live object or None when it does not exist (a read that fails raises; the caller warns). Multus
+    refuses a pod whose `k8s.v1.cni.cncf.io/networks` names an attachment it cannot find, so its pods would never start:
+    the run stops before the StatefulSet's wait instead of after it.
+    """
+    missing = [name for name in names if get(nad_path(namespace, name)) is None]
+    if not missing:
+        return None
+    return (
+        f"ml-dev-env:environment.namespace: {namespace} has no NetworkAttachmentDefinition {', '.join(missing)}: the pods "
+        f"could not start (the up would wait {wait_seconds}s and fail); an admin creates one SriovNetwork per attachment in "
+        f"openshift-sriov-network-operator with spec.networkNamespace: {namespace} (`make render` lists them with their "
+        "resourceName), then run again"
+    )
 
 
 def image_puller_binding(

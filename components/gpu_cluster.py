@@ -31,7 +31,11 @@ class GpuClusterArgs(BaseModel):
     statefulset_annotations: dict[str, str] = {}
     """Extra StatefulSet annotations (e.g. OpenShift's image-change trigger)."""
     cluster: ClusterFacts | None = None
-    """An environment stack: its cluster's facts (the SCC and shared claims it uses but does not own)."""
+    """An environment stack: its cluster's facts as its checkout computes them (the shape of its objects: SCC or none,
+    which shared claims)."""
+    deployed: Any = None
+    """An environment stack: `pulumi.Output[ClusterFacts]`, what the cluster stack deployed (checked against `cluster`'s
+    shape): the names of the SCC, Role and shared claims the environment's objects refer to."""
 
 
 def labels(config: StackConfig) -> dict[str, str]:
@@ -185,18 +189,23 @@ class GpuCluster(pulumi.ComponentResource):
         if facts is not None and facts.scc_role is not None and facts.scc == configured_scc:
             # An environment using the SCC its cluster stack created: the cluster's Role grants its use in the cluster
             # namespace; in its own namespace the environment needs a Role of its own (named after it, granting the same).
-            role_kind, role_name = "Role", facts.scc_role
+            # Both refer to the SCC and Role as deployed (a checkout computing other names still runs what is there).
+            deployed = self._args.deployed
+            deployed_scc: pulumi.Input[str] = deployed.apply(lambda f: f.scc) if deployed is not None else configured_scc
+            role_kind = "Role"
+            role_name: pulumi.Input[str] = deployed.apply(lambda f: f.scc_role) if deployed is not None else facts.scc_role
             if ns != facts.namespace:
-                role_name = naming.scc_binding(app, configured_scc)
+                own_role = naming.scc_binding(app, configured_scc)
+                role_name = own_role
                 self._depends.append(
                     k8s.rbac.v1.Role(
                         f"{name}-scc-role",
-                        metadata=self._meta(role_name),
+                        metadata=self._meta(own_role),
                         rules=[
                             k8s.rbac.v1.PolicyRuleArgs(
                                 api_groups=["security.openshift.io"],
                                 resources=["securitycontextconstraints"],
-                                resource_names=[configured_scc],
+                                resource_names=[deployed_scc],
                                 verbs=["use"],
                             )
                         ],
@@ -229,7 +238,10 @@ class GpuCluster(pulumi.ComponentResource):
                     annotations={"kubernetes.io/description": "ml-dev-env: unlimited memlock for NCCL/RDMA (IPC_LOCK, SYS_RESOURCE)"},
                 ),
                 fields=crds.SccFields(allowed_capabilities=list(memlock.capabilities)).dump(),
-                opts=self._child,
+                # Kept on destroy, with its Role: every environment's new pod (a resume, a reschedule) is admitted
+                # through them (openshift/apiserver-library-go pkg/securitycontextconstraints/sccadmission/admission.go
+                # Admit: no SCC the pod's ServiceAccount may use admits it, the pod is refused). docs/use/teams.md.
+                opts=pulumi.ResourceOptions(parent=self, retain_on_delete=True),
             )
             # A namespaced Role named like OpenShift's per-SCC ClusterRoles grants `use` of our SCC.
             role_kind = "Role"
@@ -245,7 +257,7 @@ class GpuCluster(pulumi.ComponentResource):
                             verbs=["use"],
                         )
                     ],
-                    opts=pulumi.ResourceOptions(parent=self, depends_on=[scc_obj]),
+                    opts=pulumi.ResourceOptions(parent=self, depends_on=[scc_obj], retain_on_delete=True),
                 )
             )
         # The binding's name stays the configured one; a changed roleRef (immutable) makes
@@ -283,8 +295,16 @@ class GpuCluster(pulumi.ComponentResource):
                 )
             )
 
+    def _existing_claims(self) -> dict[str, Any]:
+        """An environment in its cluster's namespace mounts the cluster's shared claims, by their deployed names."""
+        facts, deployed = self._args.cluster, self._args.deployed
+        if facts is None or facts.namespace != self._ns:
+            return {}
+        if deployed is None:
+            return dict(facts.shared_claims)
+        return {volume: deployed.apply(lambda f, v=volume: f.shared_claims[v]) for volume in facts.shared_claims}
+
     def _storage(self) -> WorkspaceStorage:
-        facts = self._args.cluster
         return WorkspaceStorage(
             f"{self._name}-storage",
             WorkspaceStorageArgs(
@@ -293,7 +313,7 @@ class GpuCluster(pulumi.ComponentResource):
                 labels=self._labels,
                 storage=self._cfg.storage,
                 # An environment in its cluster's namespace mounts the cluster's shared claims (claims cannot cross namespaces).
-                existing_claims=dict(facts.shared_claims) if facts is not None and facts.namespace == self._ns else {},
+                existing_claims=self._existing_claims(),
             ),
             opts=self._child,
         )
@@ -374,9 +394,10 @@ class GpuCluster(pulumi.ComponentResource):
     def _usage(self) -> None:
         """Who holds the GPUs: the GPU-hours record (its own ConfigMap), the recorder that writes it, and their Role.
 
-        The recorder runs inpod/usage.py every USAGE_PERIOD seconds as the pods' ServiceAccount: pods running ×
-        GPUs per pod × time, per UTC day; a suspended or idle-stopped environment has no pods and adds nothing. The
-        Role also lets `ml-dev status --all` (in a pod) list the environments of the namespace.
+        The recorder runs inpod/usage.py every USAGE_PERIOD seconds as its own ServiceAccount (the only one its Role
+        is bound to: nobody in a pod can write the record): GPUs held by bound pods × time, per UTC day; a suspended
+        or idle-stopped environment has no pods and adds nothing. A reader Role lets `ml-dev status --all` (in a pod,
+        the pods' ServiceAccount) list the environments, records and pods of the namespace.
         """
         cfg, name, app, child = self._cfg, self._name, self._app, self._child
         record = naming.usage_configmap(app)
@@ -388,13 +409,28 @@ class GpuCluster(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["data"]),
         )
         role_name = naming.usage_recorder(app)
+        # Not awaited (like the Deployment): the recorder must not lengthen `pulumi up` (tests/test_waits.py).
+        account = k8s.core.v1.ServiceAccount(
+            f"{name}-usage-sa", metadata=self._meta(role_name, annotations={"pulumi.com/skipAwait": "true"}), opts=child
+        )
         role = k8s.rbac.v1.Role(f"{name}-usage-role", metadata=self._meta(role_name), rules=lifecycle.usage_rules(app), opts=child)
         binding = k8s.rbac.v1.RoleBinding(
             f"{name}-usage-binding",
             metadata=self._meta(role_name),
             role_ref=k8s.rbac.v1.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind="Role", name=role_name),
+            subjects=[k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=role_name, namespace=self._ns)],
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[role, account]),
+        )
+        reader = f"{role_name}-reader"
+        reader_role = k8s.rbac.v1.Role(
+            f"{name}-usage-reader", metadata=self._meta(reader), rules=lifecycle.usage_reader_rules(), opts=child
+        )
+        k8s.rbac.v1.RoleBinding(
+            f"{name}-usage-reader",
+            metadata=self._meta(reader),
+            role_ref=k8s.rbac.v1.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind="Role", name=reader),
             subjects=[k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=cfg.security.service_account, namespace=self._ns)],
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[role]),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[reader_role]),
         )
         k8s.apps.v1.Deployment(
             f"{name}-usage-recorder",

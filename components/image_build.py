@@ -384,8 +384,15 @@ class ImageBuild(pulumi.ComponentResource):
                 labels["ml-dev-env/stage"] = stage
             return k8s.meta.v1.ObjectMetaArgs(name=obj, namespace=ns, labels=labels)
 
+        # Kept on destroy (retainOnDelete): environment stacks' pods pull their image from it (a pod that restarts or
+        # resumes after the cluster stack's destroy pulls again); docs/use/teams.md says how to remove it afterwards.
         image_stream = crds.custom_resource(
-            f"{name}-imagestream", "image.openshift.io/v1", "ImageStream", meta(stream), {"lookupPolicy": {"local": True}}, child
+            f"{name}-imagestream",
+            "image.openshift.io/v1",
+            "ImageStream",
+            meta(stream),
+            {"lookupPolicy": {"local": True}},
+            pulumi.ResourceOptions(parent=self, retain_on_delete=True),
         )
         after_stream = pulumi.ResourceOptions(parent=self, depends_on=[image_stream])
         self.base_build_config = base_build_config(build)

@@ -146,14 +146,20 @@ USAGE_PERIOD = 600
 
 
 def usage_rules(app: str) -> list[k8s.rbac.v1.PolicyRuleArgs]:
-    """The usage CronJob: read its StatefulSet's scale, write its record; `ml-dev status --all`: list the namespace's."""
+    """The usage recorder (its own ServiceAccount, which no environment pod has): list the pods it counts, write its record."""
     return [
-        k8s.rbac.v1.PolicyRuleArgs(api_groups=["apps"], resources=["statefulsets/scale"], resource_names=[app], verbs=["get"]),
+        k8s.rbac.v1.PolicyRuleArgs(api_groups=[""], resources=["pods"], verbs=["list"]),
         k8s.rbac.v1.PolicyRuleArgs(
             api_groups=[""], resources=["configmaps"], resource_names=[naming.usage_configmap(app)], verbs=["get", "patch"]
         ),
+    ]
+
+
+def usage_reader_rules() -> list[k8s.rbac.v1.PolicyRuleArgs]:
+    """`ml-dev status --all` in a pod (the pods' ServiceAccount): list the namespace's environments, records and pods."""
+    return [
         k8s.rbac.v1.PolicyRuleArgs(api_groups=["apps"], resources=["statefulsets"], verbs=["list"]),
-        k8s.rbac.v1.PolicyRuleArgs(api_groups=[""], resources=["configmaps"], verbs=["list"]),
+        k8s.rbac.v1.PolicyRuleArgs(api_groups=[""], resources=["configmaps", "pods"], verbs=["list"]),
     ]
 
 
@@ -182,13 +188,15 @@ def usage_recorder_spec(config: StackConfig) -> k8s.apps.v1.DeploymentSpecArgs:
     app, ns = config.cluster.app_name, config.cluster.namespace
     command = ["python3", f"{naming.STARTUP_MOUNT}/usage.py", "loop", "--namespace", ns, "--statefulset", app]
     command += ["--configmap", naming.usage_configmap(app), "--gpus-per-pod", str(config.nodes.gpus_per_pod), "--period", str(USAGE_PERIOD)]
+    command += ["--selector", ",".join(f"{k}={v}" for k, v in naming.selector_labels(app).items())]
     return k8s.apps.v1.DeploymentSpecArgs(
         replicas=1,
         selector=k8s.meta.v1.LabelSelectorArgs(match_labels=usage_selector(app)),
         template=k8s.core.v1.PodTemplateSpecArgs(
             metadata=k8s.meta.v1.ObjectMetaArgs(labels=usage_selector(app)),
             spec=k8s.core.v1.PodSpecArgs(
-                service_account_name=config.security.service_account,
+                # Its own identity: the pods' ServiceAccount cannot write the record (anyone in a pod could zero it).
+                service_account_name=naming.usage_recorder(app),
                 termination_grace_period_seconds=5,
                 security_context=k8s.core.v1.PodSecurityContextArgs(
                     run_as_non_root=True, seccomp_profile=k8s.core.v1.SeccompProfileArgs(type="RuntimeDefault")

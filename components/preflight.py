@@ -26,6 +26,7 @@ import subprocess
 import tempfile
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -226,4 +227,34 @@ def scc_drops_needed(live: dict[str, Any] | None, name: str, needed: tuple[str, 
         f"needs (every SSH connection would fail with `setgroups: Operation not permitted`); ask its admin to remove "
         f"{', '.join(bad)} from its requiredDropCapabilities (check: oc get scc {name} -o jsonpath='{{.requiredDropCapabilities}}'), "
         f"or set ml-dev-env:security.memlock.createScc true"
+    )
+
+
+# ------------------------------------------------------------------------------------- GPU capacity
+
+
+def gpu_capacity_problem(get: Callable[[str], dict[str, Any] | None], nodes: list[str], gpus_per_pod: int) -> str | None:
+    """One line when a listed GPU node's allocatable `nvidia.com/gpu` is below nodes.gpusPerPod (None: all fit, or unknown).
+
+    The scheduler's NodeResourcesFit filter compares a pod's requests with the node's `status.allocatable` (kubernetes
+    pkg/scheduler/framework/plugins/noderesources/fit.go fitsRequest): a pod asking for more stays Pending. `get` reads a
+    node (None: absent); a failed read raises LiveReadError, which the caller turns into a warning.
+    """
+    short = []
+    for node in nodes:
+        live = get(f"/api/v1/nodes/{node}")
+        if live is None:
+            continue  # a missing node is the scheduler's to report
+        have = ((live.get("status") or {}).get("allocatable") or {}).get("nvidia.com/gpu")
+        try:
+            count = int(str(have))
+        except ValueError:
+            count = 0
+        if count < gpus_per_pod:
+            short.append(f"{node} ({count})")
+    if not short:
+        return None
+    return (
+        f"ml-dev-env:nodes.gpusPerPod: got {gpus_per_pod}; the nodes' allocatable nvidia.com/gpu is lower on "
+        f"{', '.join(short)}: such a pod stays Pending; ask for at most that many, or choose other nodes.gpuNodes"
     )

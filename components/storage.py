@@ -7,6 +7,8 @@ retention policy on deletion and scale-down, so a replaced StatefulSet re-binds 
 
 from __future__ import annotations
 
+from typing import Any
+
 import pulumi
 import pulumi_kubernetes as k8s
 from pydantic import BaseModel, ConfigDict
@@ -23,8 +25,9 @@ class WorkspaceStorageArgs(BaseModel):
     namespace: str
     labels: dict[str, str]
     storage: StorageConfig
-    existing_claims: dict[str, str] = {}
-    """Shared volume → a claim another stack owns in this namespace (an environment's cluster stack): mounted, not created."""
+    existing_claims: dict[str, Any] = {}
+    """Shared volume → a claim (`pulumi.Input[str]`) another stack owns in this namespace (an environment's cluster
+    stack, as deployed): mounted, not created."""
 
 
 def claim_name(app: str, volume: str) -> str:
@@ -61,7 +64,7 @@ def home_volume(storage: StorageConfig) -> VolumeConfig:
     return next((v for v in pool if v.name == "workspace"), pool[0])
 
 
-def pod_volumes(app: str, storage: StorageConfig, existing: dict[str, str] | None = None) -> list[k8s.core.v1.VolumeArgs]:
+def pod_volumes(app: str, storage: StorageConfig, existing: dict[str, Any] | None = None) -> list[k8s.core.v1.VolumeArgs]:
     """Pod-level volumes for the shared claims (per-pod claims come from volumeClaimTemplates)."""
     return [
         k8s.core.v1.VolumeArgs(

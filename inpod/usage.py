@@ -1,8 +1,12 @@
 """Who holds the GPUs: each environment's GPU-hours, and one table of every environment of a cluster.
 
-`loop` (the environment's usage recorder, a record every `--period` seconds; `record` does one): adds pods running × GPUs per pod × the
-time since the last record to today's bucket (`gpu-seconds.<UTC date>`) of the environment's usage ConfigMap.
-A suspended or idle-stopped environment has no pods: nothing is added. A missed run counts at most two periods.
+`loop` (the environment's usage recorder, a record every `--period` seconds; `record` does one): adds, for each pod that
+holds its GPUs, GPUs per pod × the time it held them since the last record, to today's bucket (`gpu-seconds.<UTC date>`) of
+the environment's usage ConfigMap. A pod holds its GPUs once bound to a node and until it finishes: the kubelet's device
+manager allocates them when it admits the pod on its node (kubernetes pkg/kubelet/cm/devicemanager/manager.go Allocate),
+so a Pending, Kueue-gated or unschedulable pod holds none, and a crash-looping one still does. A suspended or idle-stopped
+environment has no pods: nothing is added. A missed run is counted from each pod's binding time (its PodScheduled
+condition), so a gap of the recorder loses only pods that came and went inside it.
 
 `status` (`ml-dev status --all` in a pod, `make status CLUSTER=<cluster>` from a laptop (tools/status.py)): reads the live
 StatefulSets and ConfigMaps labelled `ml-dev-env/cluster=<cluster>` (a List as `oc get -o json` prints it, or
@@ -14,6 +18,7 @@ Standard library only, nothing of ours imported (it runs on any Python image).
 from __future__ import annotations
 
 import argparse
+import calendar
 import functools
 import json
 import sys
@@ -43,16 +48,26 @@ def day(ts: float) -> str:
     return time.strftime("%Y-%m-%d", time.gmtime(ts))
 
 
-def add_usage(data: dict[str, str], pods: int, gpus_per_pod: int, now: float, period: float) -> dict[str, str]:
-    """The usage ConfigMap's new data: pods × GPUs × seconds since the last record (≤ 2 periods) added to today's bucket."""
+def add_usage(
+    data: dict[str, str], pods: int, gpus_per_pod: int, now: float, period: float, bound_at: list[float] | None = None
+) -> dict[str, str]:
+    """The usage ConfigMap's new data: GPU-seconds since the last record added to today's bucket.
+
+    `bound_at` (the recorder): when each pod holding GPUs was bound; each adds GPUs × (now − the later of its binding and
+    the last record), a gap of the recorder included. Without it: `pods` × GPUs × the time since the last record, at most
+    two periods.
+    """
     out = dict(data)
     try:
         last = float(out.get(LAST, ""))
     except ValueError:
         last = now - period
-    elapsed = min(max(now - last, 0.0), 2 * period)
     key = BUCKET + day(now)
-    out[key] = str(int(float(out.get(key, "0") or 0) + pods * gpus_per_pod * elapsed))
+    if bound_at is None:
+        seconds = pods * gpus_per_pod * min(max(now - last, 0.0), 2 * period)
+    else:
+        seconds = sum(gpus_per_pod * max(now - max(last, bound), 0.0) for bound in bound_at)
+    out[key] = str(int(float(out.get(key, "0") or 0) + seconds))
     out[LAST] = str(int(now))
     oldest = day(now - KEEP_DAYS * 86400)
     return {k: v for k, v in out.items() if not k.startswith(BUCKET) or k[len(BUCKET) :] >= oldest}
@@ -65,26 +80,77 @@ def week_hours(data: dict[str, str], now: float) -> float:
     return seconds / 3600
 
 
+def rfc3339_seconds(text: Any) -> float | None:
+    """'2026-05-28T10:00:00Z' (the API's timestamps) as seconds since the epoch; None when it is none."""
+    try:
+        return float(calendar.timegm(time.strptime(str(text), "%Y-%m-%dT%H:%M:%SZ")))
+    except ValueError:
+        return None
+
+
+def own_pods(pods: list[dict[str, Any]], statefulset: str) -> list[dict[str, Any]]:
+    """The StatefulSet's pods among `pods` (its ordinals: `<statefulset>-<n>`)."""
+    out = []
+    for pod in pods:
+        name = str((pod.get("metadata") or {}).get("name") or "")
+        if name.startswith(statefulset + "-") and name[len(statefulset) + 1 :].isdigit():
+            out.append(pod)
+    return out
+
+
+def holds_gpus(pod: dict[str, Any]) -> bool:
+    """Bound to a node and not finished (a crash-looping pod keeps its GPUs; a Pending or gated one has none)."""
+    phase = (pod.get("status") or {}).get("phase")
+    return bool((pod.get("spec") or {}).get("nodeName")) and phase not in ("Succeeded", "Failed")
+
+
+def bound_at(pod: dict[str, Any], default: float) -> float:
+    """When the pod was bound: its PodScheduled condition's transition to True (else its start, else `default`)."""
+    status = pod.get("status") or {}
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "True":
+            when = rfc3339_seconds(condition.get("lastTransitionTime"))
+            if when is not None:
+                return when
+    when = rfc3339_seconds(status.get("startTime"))
+    return default if when is None else when
+
+
 def record(
-    api: Client, namespace: str, statefulset: str, configmap: str, gpus_per_pod: int, period: float, now: float | None = None
+    api: Client,
+    namespace: str,
+    statefulset: str,
+    configmap: str,
+    gpus_per_pod: int,
+    period: float,
+    now: float | None = None,
+    selector: str = "",
 ) -> str:
-    scale = api.call("GET", f"/apis/apps/v1/namespaces/{namespace}/statefulsets/{statefulset}/scale")
-    pods = int((scale.get("status") or {}).get("replicas") or 0)
+    query = "?labelSelector=" + urllib.parse.quote(selector) if selector else ""
+    pods = own_pods(api.call("GET", f"/api/v1/namespaces/{namespace}/pods{query}").get("items") or [], statefulset)
+    now = time.time() if now is None else now
+    held = [bound_at(pod, now - period) for pod in pods if holds_gpus(pod)]
     path = f"/api/v1/namespaces/{namespace}/configmaps/{configmap}"
     current = api.call("GET", path).get("data") or {}
-    now = time.time() if now is None else now
-    data = add_usage(current, pods, gpus_per_pod, now, period)
+    data = add_usage(current, len(held), gpus_per_pod, now, period, bound_at=held)
     # A merge patch: keys it drops (older than KEEP_DAYS) are sent as null, which removes them.
     api.call("PATCH", path, {"data": {**{k: None for k in current if k not in data}, **data}}, "application/merge-patch+json")
-    return f"{namespace}/{statefulset}: {pods} pod(s) × {gpus_per_pod} GPU(s); today {int(data[BUCKET + day(now)]) / 3600:.2f} GPU-hours"
+    waiting = len(pods) - len(held)
+    return (
+        f"{namespace}/{statefulset}: {len(held)} pod(s) holding {gpus_per_pod} GPU(s) each"
+        + (f", {waiting} not holding any" if waiting else "")
+        + f"; today {int(data[BUCKET + day(now)]) / 3600:.2f} GPU-hours"
+    )
 
 
-def run_loop(api: Client, namespace: str, statefulset: str, configmap: str, gpus: int, period: float, rounds: int | None = None) -> int:
+def run_loop(
+    api: Client, namespace: str, statefulset: str, configmap: str, gpus: int, period: float, rounds: int | None = None, selector: str = ""
+) -> int:
     """Record every `period` seconds; a failed record is logged and retried next period (never exits on its own)."""
     done = 0
     while rounds is None or done < rounds:
         try:
-            print(record(api, namespace, statefulset, configmap, gpus, period), flush=True)
+            print(record(api, namespace, statefulset, configmap, gpus, period, selector=selector), flush=True)
         except (OSError, ValueError, urllib.error.URLError) as exc:
             print(f"WARNING: no record this period: {exc}", flush=True)
         done += 1
@@ -105,16 +171,83 @@ def _gpus(sts: dict[str, Any]) -> int:
     return sum(int(((c.get("resources") or {}).get("limits") or {}).get(GPU, 0)) for c in containers)
 
 
+IDLE_AGENT = "ml-dev-env-idle-agent"
+"""The idle agent's field manager (inpod/idle/probes.py AGENT): the scale PUT it stops with is recorded under it."""
+NOTE = (
+    "note: each record is the ConfigMap <environment>-usage, written by the recorder's own ServiceAccount; "
+    "whoever may edit ConfigMaps in its namespace (its admins and editors) can change it too"
+)
+
+
+def replicas_set_by_idle_agent(sts: dict[str, Any]) -> bool | None:
+    """Whether the idle agent is the one that last set spec.replicas (None: the object carries no managedFields).
+
+    The API server records who owns each field (k8s.io/apimachinery pkg/apis/meta/v1 ManagedFieldsEntry): the agent's
+    scale PUT makes it the owner of spec.replicas; a later `pulumi up` (suspend or resume) applies replicas and takes it.
+    """
+    entries = (sts.get("metadata") or {}).get("managedFields")
+    if not entries:
+        return None
+    for entry in entries:
+        spec = ((entry.get("fieldsV1") or {}).get("f:spec")) or {}
+        if entry.get("manager") == IDLE_AGENT and "f:replicas" in spec:
+            return True
+    return False
+
+
+def pod_problem(pod: dict[str, Any]) -> str | None:
+    """Why a pod of a running environment does not do its work: pending (with the scheduler's reason) or crash-looping."""
+    name = (pod.get("metadata") or {}).get("name", "?")
+    status = pod.get("status") or {}
+    for container in status.get("containerStatuses") or []:
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") == "CrashLoopBackOff":
+            return f"{name} crash-looping ({container.get('restartCount', 0)} restarts)"
+    if holds_gpus(pod):
+        return None
+    gates = [g.get("name") for g in (pod.get("spec") or {}).get("schedulingGates") or []]
+    if gates:
+        return f"{name} pending: gated by {', '.join(str(g) for g in gates)}"
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            reason = condition.get("reason") or "not scheduled"
+            message = " ".join(str(condition.get("message") or "").split())
+            return f"{name} pending: {reason}" + (f" ({message[:120]})" if message else "")
+    return f"{name} pending: {status.get('phase') or 'not scheduled yet'}"
+
+
 def environments(items: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
-    """One row per environment StatefulSet among live `items`: owner, namespace, size, state, GPU-hours this week."""
+    """One row per environment StatefulSet among live `items`: owner, namespace, size, state, GPU-hours this week.
+
+    With the pods among `items`, a running environment's state says how many pods hold their GPUs and why the others
+    do not (pending with the scheduler's reason, gated, crash-looping).
+    """
     maps = {((o["metadata"].get("namespace")), o["metadata"]["name"]): o for o in items if o.get("kind") == "ConfigMap"}
+    pods_listed = any(o.get("kind") == "Pod" for o in items)
     rows = []
     for sts in (o for o in items if o.get("kind") == "StatefulSet"):
         meta = sts["metadata"]
         ns, name = meta.get("namespace"), meta["name"]
         replicas = int((sts.get("spec") or {}).get("replicas") or 0)
         record = (maps.get((ns, f"{name}-idle-stop")) or {}).get("data") or {}
-        state = "running" if replicas else ("idle-stopped" if record else "suspended")
+        if replicas:
+            state = "running"
+            if pods_listed:
+                own = own_pods([o for o in items if o.get("kind") == "Pod" and o["metadata"].get("namespace") == ns], name)
+                held = sum(1 for p in own if holds_gpus(p))
+                problems = [p for p in (pod_problem(pod) for pod in own) if p]
+                missing = replicas - len(own)
+                if missing > 0:
+                    problems.append(f"{missing} pod(s) not created (oc describe statefulset {name})")
+                if problems:
+                    state = f"{'running' if held else 'pending'} {held}/{replicas}: " + "; ".join(problems)
+        else:
+            by_agent = replicas_set_by_idle_agent(sts)
+            stopped = record.get("stoppedAt")
+            if by_agent is None:
+                state = "idle-stopped" if record else "suspended"
+            else:
+                state = f"idle-stopped {stopped}" if by_agent and stopped else ("idle-stopped" if by_agent else "suspended")
         usage = (maps.get((ns, f"{name}-usage")) or {}).get("data") or {}
         pods = replicas or int((sts.get("status") or {}).get("replicas") or 0)
         rows.append(
@@ -147,6 +280,12 @@ def read_live(api: Client, cluster: str | None, namespaces: list[str]) -> list[d
         ):
             for item in api.call("GET", f"{path}?labelSelector={selector}").get("items") or []:
                 items.append({**item, "kind": kind})
+        try:  # the pods (their templates carry part-of, not the cluster label): why a running environment holds no GPUs
+            part_of = urllib.parse.quote(f"{contract.PART_OF_LABEL}={contract.PART_OF}")
+            pods = api.call("GET", f"/api/v1/namespaces/{ns}/pods?labelSelector={part_of}")
+        except (OSError, ValueError):
+            continue
+        items += [{**item, "kind": "Pod"} for item in pods.get("items") or []]
     return items
 
 
@@ -161,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--configmap", required=True)
         p.add_argument("--gpus-per-pod", type=int, required=True)
         p.add_argument("--period", type=float, required=True, help="seconds between records")
+        p.add_argument("--selector", default="", help="label selector of the StatefulSet's pods (k=v,k=v)")
     st = sub.add_parser("status", help="every environment of a cluster")
     st.add_argument("--from-json", help=f"a List as `oc get statefulsets,configmaps -A -l {CLUSTER_LABEL}=<c> -o json` prints (- = stdin)")
     st.add_argument("--cluster", help="with the API: only this cluster's objects (default: every ml-dev-env object of --namespace)")
@@ -168,10 +308,13 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--json", action="store_true", help="rows as JSON")
     args = parser.parse_args(argv)
     if args.cmd == "loop":
-        return run_loop(Api(), args.namespace, args.statefulset, args.configmap, args.gpus_per_pod, args.period)
+        return run_loop(Api(), args.namespace, args.statefulset, args.configmap, args.gpus_per_pod, args.period, selector=args.selector)
     try:
         if args.cmd == "record":
-            print(record(Api(), args.namespace, args.statefulset, args.configmap, args.gpus_per_pod, args.period), flush=True)
+            print(
+                record(Api(), args.namespace, args.statefulset, args.configmap, args.gpus_per_pod, args.period, selector=args.selector),
+                flush=True,
+            )
             return 0
         if args.from_json:
             text = sys.stdin.read() if args.from_json == "-" else Path(args.from_json).read_text()
@@ -184,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ERROR: {exc}", file=sys.stderr)
         return 1
     rows = environments(items, time.time())
-    sys.stdout.write(json.dumps(rows, indent=2) + "\n" if args.json else table(rows))
+    sys.stdout.write(json.dumps(rows, indent=2) + "\n" if args.json else table(rows) + NOTE + "\n")
     return 0
 
 

@@ -179,8 +179,11 @@ def _check_subdomain(value: str) -> str:
     return value
 
 
+# A registry host may be an IPv6 literal in brackets (distribution/reference, file regexp.go: `ipv6address`
+# `\[(?:[a-fA-F0-9:]+)\]`, one of `host`'s forms, then an optional `:port`).
+IPV6_HOST = r"\[[a-fA-F0-9:]+\](:[0-9]+)?"
 _IMAGE_REF = re.compile(
-    r"^(?P<name>[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*)"
+    rf"^(?P<name>({IPV6_HOST}/[a-z0-9]+([._-][a-z0-9]+)*|[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?)(/[a-z0-9]+([._-][a-z0-9]+)*)*)"
     r"(:(?P<tag>[\w][\w.-]{0,127}))?(@(?P<digest>sha256:[a-f0-9]{64}))?$"
 )
 
@@ -194,6 +197,46 @@ def check_image_ref(value: str) -> str:
         raise ValueError(f"{value!r} is not pinned: add a tag or a digest (never rely on 'latest')")
     if match["tag"] == "latest" and not match["digest"]:
         raise ValueError(f"{value!r} uses the 'latest' tag: pin a version tag or a digest")
+    return value
+
+
+# Label syntax as the API server checks a pod's nodeSelector (kubernetes pkg/apis/core/validation/validation.go
+# ValidatePodSpec → unversionedvalidation.ValidateLabels; k8s.io/apimachinery pkg/util/validation/validation.go
+# IsQualifiedName for keys, IsValidLabelValue for values): a pod with another selector is refused.
+_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+
+
+def label_key_problem(key: str) -> str | None:
+    prefix, slash, name = key.rpartition("/")
+    if slash and (not prefix or len(prefix) > 253 or not DNS_SUBDOMAIN.match(prefix)):
+        return f"label key {key!r}: its prefix must be a DNS subdomain (lower-case letters, digits, '-', '.')"
+    if not name or len(name) > 63 or not _LABEL_NAME.match(name):
+        return (
+            f"label key {key!r}: a name of at most 63 letters, digits, '-', '_' and '.', starting and ending with a letter "
+            "or digit, after an optional DNS-subdomain prefix and '/'"
+        )
+    return None
+
+
+def label_value_problem(value: str) -> str | None:
+    if value and (len(value) > 63 or not _LABEL_NAME.match(value)):
+        return (
+            f"label value {value!r}: at most 63 letters, digits, '-', '_' and '.', starting and ending with a letter or digit (no spaces)"
+        )
+    return None
+
+
+def _check_labels(value: dict[str, str]) -> dict[str, str]:
+    problems = [p for k, v in value.items() for p in (label_key_problem(k), label_value_problem(v)) if p]
+    if problems:
+        raise ValueError("; ".join(problems) + ": the API server refuses such a pod")
+    return value
+
+
+def _check_label_value(value: str) -> str:
+    problem = label_value_problem(value)
+    if problem:
+        raise ValueError(problem)
     return value
 
 
@@ -221,6 +264,9 @@ ImageRef = Annotated[str, AfterValidator(check_image_ref)]
 Cidr = Annotated[str, AfterValidator(_check_cidr)]
 AbsPath = Annotated[str, AfterValidator(_check_abs_path)]
 EnvValue = Annotated[str, BeforeValidator(_stringify)]
+Labels = Annotated[dict[str, str], AfterValidator(_check_labels)]
+"""A node selector: keys and values the API server accepts on a pod."""
+LabelValue = Annotated[str, AfterValidator(_check_label_value)]
 
 
 def duplicates(items: list[str]) -> list[str]:

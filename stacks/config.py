@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator, Field, create_model, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, create_model, model_validator
 
 from core import nccl
 from core.model_sizing import preflight
@@ -26,6 +26,7 @@ from core.quantity import parse_quantity
 from core.servers import DEV_SERVERS, DevServer, longest_routed_name, routed_servers
 from inpod import contract
 from stacks.base import (
+    IPV6_HOST,
     AbsPath,
     Cidr,
     ConfigProblem,
@@ -33,6 +34,8 @@ from stacks.base import (
     DnsSubdomain,
     EnvValue,
     ImageRef,
+    Labels,
+    LabelValue,
     Model,
     Quantity,
     Size,
@@ -138,12 +141,12 @@ class NodesConfig(Model):
         description="GPUs each GPU node has (nvidia.com/gpu capacity). Declared: gpusPerPod above it is refused (the pods "
         "would stay Pending). Unset: a warning, nothing checked.",
     )
-    gpu_product: str | None = Field(
+    gpu_product: LabelValue | None = Field(
         None, description="Value of the node label nvidia.com/gpu.product to require, e.g. NVIDIA-H100-80GB-HBM3."
     )
     resources: Resources = Field(description="CPU/memory requests and limits of the main container.")
     shm_size: Size = Field("32Gi", description="Size of the memory-backed /dev/shm.")
-    node_selector: dict[str, str] = Field(default_factory=lambda: {"nvidia.com/gpu.present": "true"}, description="GPU node selector.")
+    node_selector: Labels = Field(default_factory=lambda: {"nvidia.com/gpu.present": "true"}, description="GPU node selector.")
     tolerations: list[Toleration] = Field(default_factory=lambda: [GPU_TOLERATION])
 
     @rule
@@ -476,7 +479,7 @@ class StorageConfig(Model):
 class BuildNodesConfig(Model):
     """Where builds run (image builds and model packaging)."""
 
-    node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels a build pod requires.")
+    node_selector: Labels = Field(default_factory=dict, description="Node labels a build pod requires.")
     tolerations: list[Toleration] = Field(default_factory=list, description="Taints of the build nodes that build pods tolerate.")
 
 
@@ -560,7 +563,7 @@ class ImageConfig(Model):
 
 # ---------------------------------------------------------------------------------------- models
 
-_REPO = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)+$")
+_REPO = re.compile(rf"^({IPV6_HOST}|[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?)(/[a-z0-9]+([._-][a-z0-9]+)*)+$")
 _TAG = re.compile(r"^[\w][\w.-]{0,127}$")
 
 
@@ -597,23 +600,71 @@ PIPELINE_CREDENTIALS: dict[str, PipelineCredential] = {
 }
 
 
+# A Hub repository id: huggingface/huggingface_hub src/huggingface_hub/utils/_validators.py validate_repo_id
+# (REPO_ID_REGEX: word characters, '-' and '.', name at most 96; no '--' or '..'); here with its owner, which the
+# download URL `/<owner>/<name>/resolve/…` needs.
+_HF_PART = r"[A-Za-z0-9_]([\w.-]*[A-Za-z0-9_])?"
+_HF_REPO = re.compile(rf"^{_HF_PART}/{_HF_PART}$")
+
+
+def _check_hf_repo(value: str) -> str:
+    name = value.rpartition("/")[2]
+    if not _HF_REPO.match(value) or len(name) > 96 or "--" in value or ".." in value:
+        hint = re.sub(r"\s+", "-", value.strip())
+        suggestion = f": did you mean {hint!r}?" if hint != value and _HF_REPO.match(hint) else ""
+        raise ValueError(
+            "a Hugging Face repository '<owner>/<name>' (letters, digits, '-', '_' and '.'; no spaces, '--' or '..')" + suggestion
+        )
+    return value
+
+
 class HuggingFaceSource(Model):
     """Download the weights from Hugging Face (secret hfToken)."""
 
-    repo: str = Field(description="Hugging Face repository, e.g. mistralai/Mistral-Small-24B-Instruct-2501.")
+    repo: Annotated[str, AfterValidator(_check_hf_repo)] = Field(
+        description="Hugging Face repository `<owner>/<name>`, e.g. mistralai/Mistral-Small-24B-Instruct-2501."
+    )
     revision: str = Field("main", description="Branch, tag or commit (pin a commit for reproducible runs).")
     gated: bool = Field(False, description="The repository needs an accepted license / token: the hfToken secret is then required.")
 
 
+_ENDPOINT = re.compile(r"^https?://(\[[0-9a-fA-F:]+\]|[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?)(:[0-9]{1,5})?(/[^\s]*)?$")
+
+
 def _check_endpoint(value: str) -> str:
-    if not re.match(r"^https?://[^/\s]+", value):
+    if not re.match(r"^https?://", value):
         raise ValueError(f"an endpoint URL with its scheme: did you mean 'https://{value}' (or 'http://{value}')?")
+    if not _ENDPOINT.match(value):
+        raise ValueError(
+            "an endpoint URL 'http(s)://<host>[:<port>]': the host is a DNS name or an IP address, without spaces or other characters"
+        )
     return value
+
+
+# S3 bucket names (AWS's rules; MinIO's client applies the same: minio/minio-go pkg/s3utils/utils.go
+# CheckValidBucketNameStrict, validBucketNameStrict): 3 to 63 lower-case letters, digits, '.' and '-'.
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
+def _check_bucket(value: str) -> str:
+    if not _BUCKET.match(value) or ".." in value or re.match(r"^(\d+\.){3}\d+$", value):
+        hint = re.sub(r"[\s_]+", "-", value.strip().lower())
+        suggestion = f": did you mean {hint!r}?" if hint != value and _BUCKET.match(hint) else ""
+        raise ValueError("a bucket name: 3 to 63 lower-case letters, digits, '.' and '-', no spaces" + suggestion)
+    return value
+
+
+Bucket = Annotated[str, AfterValidator(_check_bucket)]
 
 
 def _check_quay_repository(value: str) -> str:
     # a reference's first component is a registry host only with a '.' or ':' or as 'localhost'
     # (distribution/reference normalize.go splitDockerDomain); without one the push goes to docker.io
+    if re.search(r"\s", value):
+        hint = re.sub(r"\s+", "-", value.strip()).lower()
+        raise ValueError(f"a repository without spaces (lower-case letters, digits, '.', '_', '-' and '/'): did you mean {hint!r}?")
+    if value != value.lower() and not value.startswith("["):
+        raise ValueError(f"a repository in lower case (registries refuse upper case in a path): did you mean {value.lower()!r}?")
     first, _, rest = value.partition("/")
     if not rest or not ("." in first or ":" in first or first == "localhost"):
         raise ValueError(f"a repository with its registry host: did you mean 'quay.io/{value}'?")
@@ -628,7 +679,7 @@ class S3Source(Model):
     endpoint: Annotated[str, AfterValidator(_check_endpoint)] = Field(
         description="S3 endpoint URL, e.g. http://minio.model-storage.svc:9000."
     )
-    bucket: str = Field(description="Bucket holding the weight files.")
+    bucket: Bucket = Field(description="Bucket holding the weight files.")
     prefix: str = Field("", description="Key prefix of the weight files in the bucket.")
     region: str = Field("us-east-1", description="Region of the bucket (any value for most S3-compatible stores).")
 
@@ -659,7 +710,7 @@ class S3Upload(Model):
     """Where the weight files are uploaded (secrets s3AccessKeyId, s3SecretAccessKey)."""
 
     endpoint: Annotated[str, AfterValidator(_check_endpoint)] = Field(description="S3 endpoint URL.")
-    bucket: str = Field(description="Destination bucket.")
+    bucket: Bucket = Field(description="Destination bucket.")
     prefix: str = Field(description="Key prefix the weight files are uploaded under.")
     region: str = Field("us-east-1", description="Region of the bucket.")
 
@@ -724,8 +775,16 @@ class ModelConfig(Model):
             raise ConfigProblem("stream", "stream: true", "not with uploadToS3 (the upload reads the downloaded files); set one of them")
         if not _REPO.match(self.quay_repository):
             raise ConfigProblem("quayRepository", self.quay_repository, "must be '<registry>/<org>/<repo>' without tag")
-        if not _TAG.match(self.tag) or self.tag == "latest":
-            raise ConfigProblem("tag", self.tag, "must be a version tag (not 'latest')")
+        if not _TAG.match(self.tag):
+            hint = re.sub(r"[^\w.-]+", "-", self.tag).strip(".-")
+            raise ConfigProblem(
+                "tag",
+                self.tag,
+                "a tag of at most 128 letters, digits, '_', '.' and '-', not starting with '.' or '-' (':' separates a "
+                "repository from its tag: the repository goes in quayRepository)" + (f": did you mean {hint!r}?" if hint else ""),
+            )
+        if self.tag == "latest":
+            raise ConfigProblem("tag", self.tag, "a version tag, not 'latest' (a moving tag: a rerun could package over it)")
         return self
 
 
@@ -826,11 +885,24 @@ def _check_duration(value: str) -> str:
     return value
 
 
-def _bare_duration(value: Any) -> Any:
+def _bare_duration(value: Any, info: ValidationInfo) -> Any:
     if isinstance(value, int | float) and not isinstance(value, bool):
         n = int(value) if float(value).is_integer() else value
-        raise ValueError(f"a duration needs a unit (a quoted string such as '90s', '45m', '2h'): did you mean '{n}m' or '{n}h'?")
+        low, high = DURATION_BOUNDS.get(info.field_name or "", (1, 10**9))
+        fits = [f"'{n}{unit}'" for unit, seconds in _UNIT_SECONDS.items() if low <= n * seconds <= high]
+        if fits:
+            hint = f"did you mean {' or '.join(fits)}?"
+        else:
+            hint = f"between {_shown(low)} and {_shown(high)} here, e.g. '{_shown(max(low, min(high, 3600)))}'"
+        raise ValueError(f"a duration needs a unit (a quoted string such as '90s', '45m', '2h'): {hint}")
     return value
+
+
+def _shown(seconds: int) -> str:
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
 
 
 Duration = Annotated[str, BeforeValidator(_bare_duration), AfterValidator(_check_duration)]
@@ -840,6 +912,13 @@ IDLE_TIMEOUT_BOUNDS = (15 * 60, 24 * 3600)
 IDLE_INTERVAL_BOUNDS = (15, 5 * 60)
 IDLE_WARNING_BOUNDS = (60, 3600)
 IDLE_UNREACHABLE_BOUNDS = (120, 3600)
+DURATION_BOUNDS = {
+    "idle_timeout": IDLE_TIMEOUT_BOUNDS,
+    "interval": IDLE_INTERVAL_BOUNDS,
+    "warning_lead": IDLE_WARNING_BOUNDS,
+    "unreachable_after": IDLE_UNREACHABLE_BOUNDS,
+}
+"""The bounds a bare number's suggestion keeps to, by field (only idleStop's fields carry these names)."""
 
 
 class IdleStopConfig(Model):
@@ -1148,6 +1227,17 @@ class StackConfig(Model):
         names = [m.name for m in self.models]
         if duplicates(names):
             yield ConfigProblem("models[].name", duplicates(names), "model names must be unique")
+        pushed: dict[str, int] = {}
+        for i, model in enumerate(self.models):
+            image = f"{model.quay_repository}:{model.tag}"
+            if image in pushed and model.name not in duplicates(names):  # a model given twice is reported above
+                yield ConfigProblem(
+                    f"models[{i}].tag",
+                    model.tag,
+                    f"models[{pushed[image]}] ({self.models[pushed[image]].name}) pushes {image} too: the later push would "
+                    "replace the other model's image; give each model its own tag or quayRepository",
+                )
+            pushed.setdefault(image, i)
         for i, model in enumerate(self.models):
             problem = preflight(model, self.model_pipeline)
             if problem:

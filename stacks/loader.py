@@ -250,33 +250,51 @@ def _lines(exc: ValidationError, removed: set[str]) -> list[str]:
     return out
 
 
-def cluster_stack_raw(config_dir: Path, cluster: str) -> tuple[dict[str, Any] | None, str | None]:
-    """The `ml-dev-env:` objects of the cluster stack file `Pulumi.<cluster>.yaml` (an environment's base), or a problem line."""
+def cluster_stack_raw(config_dir: Path, cluster: str) -> tuple[dict[str, Any] | None, list[str]]:
+    """The `ml-dev-env:` objects of the cluster stack file `Pulumi.<cluster>.yaml` (an environment's base), or its problems.
+
+    Every mistake of that file (its text: duplicate keys, malformed `secure:`; its keys; its values) is a line that
+    starts with the file's name: the user fixes it there, not in the environment's file.
+    """
     path = config_dir / f"Pulumi.{cluster}.yaml"
     where = f"{PREFIX}environment.cluster"
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        text = path.read_text()
     except FileNotFoundError:
-        found = sorted(p.name for p in config_dir.glob("Pulumi.*.yaml"))
-        return None, f"{where}: got {cluster!r}; no cluster stack file {path.name} in this project (stack files: {', '.join(found)})"
-    except yaml.YAMLError:
-        return None, f"{where}: got {cluster!r}; {path.name} is not valid YAML (render that stack for the details)"
+        found = sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in config_dir.glob("Pulumi.*.yaml"))
+        return None, [f"{where}: got {cluster!r}; no cluster stack file {path.name} in this project (stacks: {', '.join(found)})"]
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f"{path.name}:{mark.line + 1}:{mark.column + 1}" if mark else path.name
+        return None, [f"{at}: invalid YAML: {getattr(exc, 'problem', None) or 'not YAML'} (the cluster stack of environment.cluster)"]
+    text_problems = stackfile.problems(text, path.name)
+    if text_problems:
+        return None, text_problems
     flat = (data.get("config") if isinstance(data, dict) else None) or {}
     raw, problems = parse_raw({k: v for k, v in flat.items() if not (isinstance(v, dict) and set(v) == {"secure"})})
-    if problems or is_environment(raw):
-        return None, f"{where}: got {cluster!r}; {path.name} is no valid cluster stack (render it for the details)"
-    return raw, None
+    if is_environment(raw):
+        return None, [f"{where}: got {cluster!r}; {path.name} is an environment stack, not a cluster stack"]
+    if not problems:
+        problems = validate_all(raw)[1]
+    if problems:
+        return None, [f"{path.name}: {line}" for line in problems]
+    return raw, []
 
 
 def stack_raw(raw_config: Mapping[str, Any], config_dir: Path | None) -> tuple[dict[str, Any], list[str]]:
-    """The raw objects of a stack (an environment stack: merged onto its cluster stack's) and the key problems."""
+    """The raw objects of a stack (an environment stack: merged onto its cluster stack's) and the key problems.
+
+    An environment whose cluster file does not load is returned unmerged (no `cluster` key) with that file's lines.
+    """
     raw, problems = parse_raw(raw_config)
     if not is_environment(raw):
         return raw, problems
     cluster = str(raw["environment"].get("cluster", ""))
-    base, problem = cluster_stack_raw(config_dir or Path.cwd(), cluster)
+    base, base_problems = cluster_stack_raw(config_dir or Path.cwd(), cluster)
     if base is None:
-        return raw, [*problems, problem or ""]
+        return {k: v for k, v in raw.items() if k != "cluster"}, [*problems, *base_problems]
     merged, env_problems = environment_config(base, raw)
     return merged, problems + env_problems
 
@@ -289,12 +307,17 @@ def check(raw_config: Mapping[str, Any], secret_keys: set[str], config_dir: Path
     mistyped prefix) is not reported again as missing.
     """
     raw, problems = stack_raw(raw_config, config_dir)
+    unmerged = is_environment(raw) and "cluster" not in raw  # its cluster file's lines say what is wrong there
     for key in SECRET_KEYS:
         full_key = PREFIX + key
         if raw_config.get(full_key) is not None and key not in secret_keys:
             problems.append(f"{full_key}: is stored in plain text; set it with `pulumi config set --secret {full_key} …`")
     reported = {k.partition(":")[2] for k in raw_config if any(p.startswith(f"{k}: ") for p in problems)}
+    if unmerged:
+        reported |= set(object_keys()) - set(raw)  # not "missing": they come from the cluster file
     config, value_problems = validate_all(raw, reported)
+    if unmerged:  # a key the cluster file would give is not missing from the environment's file
+        value_problems = [line for line in value_problems if not line.endswith(": required key is missing")]
     problems += value_problems
     if config is not None:
         problems += [
@@ -336,6 +359,15 @@ def warnings_for(config: StackConfig) -> list[str]:
             "RDMA pods of an SCC run as root, and root's sshd (the dev loop's SSH fabric) needs SYS_CHROOT, which CRI-O "
             "does not grant by default: add it to security.memlock.capabilities (the SCC must allow it), else no SSH between pods"
         )
+    product = config.nodes.gpu_product
+    if product and "-" not in product:
+        # NVIDIA/k8s-device-plugin internal/lm/resource.go productLabel: the label is NVML's device name with every
+        # space made '-' (e.g. NVIDIA-H100-80GB-HBM3), so a single word is no product a node carries.
+        out.append(
+            f"nodes.gpuProduct {product!r} does not look like a value of the node label nvidia.com/gpu.product (NVML's "
+            "device name, spaces as '-', e.g. NVIDIA-H100-80GB-HBM3): no node may match and the pods stay Pending; "
+            "check with `oc get nodes -L nvidia.com/gpu.product`"
+        )
     if config.nodes.gpus_per_node is None:
         out.append(
             f"nodes.gpusPerNode is not declared: nodes.gpusPerPod ({config.nodes.gpus_per_pod}) is not checked against the "
@@ -363,10 +395,10 @@ def load(source: str, config_dir: Path | None = None) -> LoadedStack:
         raise pulumi.RunError(format_problems(problems, source))
     cluster = None
     if config.environment is not None:
-        base, problem = cluster_stack_raw(config_dir or Path.cwd(), config.environment.cluster)
-        cluster, base_problems = validate_all(base or {})
+        base, base_problems = cluster_stack_raw(config_dir or Path.cwd(), config.environment.cluster)
+        cluster = validate_all(base)[0] if base is not None else None
         if cluster is None:
-            raise pulumi.RunError(format_problems([problem or f"{PREFIX}environment.cluster: {base_problems[0]}"], source))
+            raise pulumi.RunError(format_problems(base_problems or [f"{PREFIX}environment.cluster: its stack file does not load"], source))
     return LoadedStack(config=config, secrets=secrets, warnings=warnings_for(config), cluster=cluster)
 
 

@@ -30,9 +30,20 @@ def _base64(text: str) -> bool:
         return False
 
 
-def secure_problem(value: object) -> str | None:
-    if isinstance(value, str) and (_PASSPHRASE.match(value) or _base64(value)):
+def secure_problem(value: object, passphrase: bool = False) -> str | None:
+    """None for a value the stack's secrets provider could have written; `passphrase`: the file has `encryptionsalt`,
+    the passphrase provider's (pulumi/pulumi sdk/go/common/workspace/project.go ProjectStack.EncryptionSalt), whose
+    values are always `v1:<nonce>:<ciphertext>` (a plaintext token that happens to be base64 is no secret there)."""
+    if isinstance(value, str) and _PASSPHRASE.match(value):
         return None
+    if isinstance(value, str) and _base64(value) and not passphrase:
+        return None
+    if passphrase:
+        shown = repr(value) if not isinstance(value, str) or len(value) <= 24 else repr(value[:21] + "...")
+        return (
+            f"`secure:` holds {shown}, not a value the passphrase provider (this file's encryptionsalt) encrypted "
+            "(v1:<nonce>:<ciphertext>): set it again with `pulumi config set --secret <key> …` (never edit a secure value by hand)"
+        )
     shown = repr(value) if not isinstance(value, str) or len(value) <= 24 else repr(value[:21] + "...")
     return (
         f"`secure:` holds {shown}, not a value Pulumi encrypted (v1:<nonce>:<ciphertext> or base64): set it again with "
@@ -49,6 +60,7 @@ def problems(text: str, name: str) -> list[str]:
     if not isinstance(root, yaml.MappingNode):
         return []
     out: list[str] = []
+    passphrase = any(str(key.value) == "encryptionsalt" for key, _ in root.value)
 
     def at(node: yaml.Node) -> str:
         return f"{name}:{node.start_mark.line + 1}:{node.start_mark.column + 1}"
@@ -66,7 +78,7 @@ def problems(text: str, name: str) -> list[str]:
                     )
                 seen.setdefault(k, key)
                 if k == "secure" and isinstance(value, yaml.ScalarNode | yaml.MappingNode | yaml.SequenceNode):
-                    problem = secure_problem(value.value if isinstance(value, yaml.ScalarNode) else value)
+                    problem = secure_problem(value.value if isinstance(value, yaml.ScalarNode) else value, passphrase)
                     if problem:
                         out.append(f"{at(value)}: {path}: {problem}")
                     continue

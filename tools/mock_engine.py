@@ -354,7 +354,11 @@ def cluster_outputs(config: dict[str, Any], secrets: dict[str, str] | None, main
     path = main.parent / f"Pulumi.{cluster}.yaml"
     if not path.exists():
         return {}  # the program reports the missing cluster stack file
-    result = run_program(cluster, stack_config(path), secrets, main, stack_outputs={})
+    try:
+        cluster_config = stack_config(path)
+    except StackFileError:
+        return {}  # the program names the cluster file's mistakes (stacks/loader.py cluster_stack_raw)
+    result = run_program(cluster, cluster_config, secrets, main, stack_outputs={})
     name = env.get("stackReference") or f"{ORGANIZATION}/{PROJECT}/{cluster}"
     return {} if result.error else {name: result.outputs}
 

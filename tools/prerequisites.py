@@ -93,6 +93,22 @@ class SecretStatus:
         return f"pulumi config set --secret {PREFIX}{self.key} …"
 
 
+SRIOV_OPERATOR_NAMESPACE = "openshift-sriov-network-operator"
+
+
+def sriov_network_recipe(config: StackConfig, namespace: str, names: list[str]) -> str:
+    """How an admin makes the attachments of `namespace`: one SriovNetwork each, in the operator's namespace, whose
+    `spec.networkNamespace` is `namespace` (k8snetworkplumbingwg/sriov-network-operator api/v1/sriovnetwork_types.go
+    SriovNetworkSpec: NetworkNamespace, the namespace the operator renders its NetworkAttachmentDefinition into, under
+    the SriovNetwork's name; ResourceName, the device plugin's resource without its `openshift.io/` prefix)."""
+    rdma = config.network.rdma
+    resources = dict(zip(rdma.attachments, rdma.sriov_resources, strict=False))
+    specs = [f"{name} (resourceName {resources.get(name, '<resource>').split('/')[-1]})" for name in names]
+    return f"an admin creates them as SriovNetworks in {SRIOV_OPERATOR_NAMESPACE} with spec.networkNamespace: {namespace}: " + ", ".join(
+        specs
+    )
+
+
 @dataclass(frozen=True)
 class Need:
     """One thing outside the stack that must hold: `what`, who asks for it (`why`), how to look (`check`)."""
@@ -234,7 +250,9 @@ def prerequisites(config: StackConfig, objects: Sequence[Mapping[str, Any]], pat
             Need(
                 f"NetworkAttachmentDefinitions in namespace {namespace}: {', '.join(names)}",
                 f"{_users(nad_users)} attach them"
-                + ("" if config.network.rdma.create_attachments else " (network.rdma.createAttachments is false)"),
+                + ("" if config.network.rdma.create_attachments else " (network.rdma.createAttachments is false)")
+                + "; "
+                + sriov_network_recipe(config, namespace, names),
                 f"oc get network-attachment-definitions -n {namespace}",
             )
         )

@@ -2,8 +2,9 @@
 
 Who holds the GPUs, from the live objects, with the rights a team member has. `oc` reads, in each
 namespace that a stack of this project deploys to on that cluster (every `Pulumi.<stack>.yaml` whose
-`cluster.name` is the cluster: the cluster stack and its environment stacks), the StatefulSets and
-ConfigMaps labelled `ml-dev-env/cluster=<cluster>`. List rights in those namespaces are enough; a
+`cluster.name` is the cluster: the cluster stack and its environment stacks), the StatefulSets,
+ConfigMaps and pods labelled `ml-dev-env/cluster=<cluster>` (the pods say why a running environment's
+pods hold no GPUs: pending with the scheduler's reason, gated, crash-looping). List rights in those namespaces are enough; a
 namespace `oc` cannot read is named on stderr in one line and the table shows the others.
 `--all-namespaces` (`make status ALL=1`) reads the whole cluster instead (cluster-wide list rights): it
 also finds environments whose stack file is not in this checkout. The table is `inpod/usage.py`'s, the
@@ -27,7 +28,11 @@ from stacks.loader import stack_raw, validate_all
 from tools.mock_engine import ROOT, StackFileError, flatten, stack_config
 from tools.oc import Oc, run_oc
 
-KINDS = "statefulsets,configmaps"
+KINDS = "statefulsets,configmaps,pods"
+# managedFields say whether the idle agent or a `pulumi up` last set a StatefulSet's replicas (inpod/usage.py
+# replicas_set_by_idle_agent); kubectl leaves them out of `get -o json` unless asked (k8s.io/kubectl pkg/cmd/get/get.go,
+# `--show-managed-fields`).
+SHOW_MANAGED = "--show-managed-fields"
 
 
 def cluster_namespaces(cluster: str, config_dir: Path) -> tuple[list[str], list[str]]:
@@ -61,7 +66,7 @@ def read(cluster: str, namespaces: Sequence[str] | None, oc: Oc = run_oc) -> tup
     items: list[dict[str, Any]] = []
     failed: list[str] = []
     for scope in scopes:
-        proc = oc(["get", KINDS, *scope, "-l", selector, "-o", "json"])
+        proc = oc(["get", KINDS, *scope, "-l", selector, "-o", "json", SHOW_MANAGED])
         where = "all namespaces" if namespaces is None else f"namespace {scope[1]}"
         if proc.returncode != 0:
             failed.append(f"{where}: not read: {last_line(proc.stderr)}")
@@ -102,7 +107,7 @@ def main(argv: list[str] | None = None, oc: Oc = run_oc) -> int:
     if len(failed) == scopes:
         return 2
     rows = usage.environments(items, time.time())
-    sys.stdout.write(json.dumps(rows, indent=2) + "\n" if args.json else usage.table(rows))
+    sys.stdout.write(json.dumps(rows, indent=2) + "\n" if args.json else usage.table(rows) + usage.NOTE + "\n")
     return 1 if failed else 0
 
 

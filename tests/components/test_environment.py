@@ -7,15 +7,33 @@ namespace, barcelona-bob in its own) through the real program.
 from __future__ import annotations
 
 import json
+import socket
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pulumi
 import pytest
 
-from components.environment import STACK_LABEL, api_path, ownership_conflict, stack_label_transformation
-from stacks.environment import FACTS_OUTPUT, FACTS_VERSION
-from tests.conftest import ROOT, STACKS, run_objects, stack_objects
-from tools.mock_engine import ORGANIZATION, RunResult, run_program, stack_config
+from components import environment as layers
+from components.environment import (
+    PROBE_PATH,
+    READ_TIMEOUT,
+    STACK_LABEL,
+    api_path,
+    attachments_problem,
+    guarded_reader,
+    nad_path,
+    ownership_conflict,
+    stack_label_transformation,
+)
+from components.preflight import KubeClient, LiveReadError, gpu_capacity_problem
+from core import naming
+from stacks.config import StackConfig
+from stacks.environment import FACTS_OUTPUT, FACTS_VERSION, reserved_words
+from stacks.loader import SECRET_KEYS, check, stack_raw, validate_all
+from tests.conftest import PLACEHOLDER_SECRETS, ROOT, STACKS, run_objects, stack_objects
+from tools.mock_engine import ORGANIZATION, RunResult, flatten, run_program, stack_config
 
 ENVIRONMENTS = [s for s in STACKS if "environment" in stack_objects(s)]
 SHARED_KINDS = {"BuildConfig", "ImageStream", "Task", "Pipeline", "PipelineRun", "SecurityContextConstraints", "Job", "Namespace"}
@@ -80,11 +98,14 @@ def test_every_object_carries_its_stack_label_and_pod_templates_stay(renders: di
 def test_its_service_account_redirects_to_its_own_routes_only(renders: dict[str, RunResult], stack: str) -> None:
     result = renders[stack]
     routes = {o["metadata"]["name"] for o in objects(result) if o["kind"] == "Route"}
-    (sa,) = [o for o in objects(result) if o["kind"] == "ServiceAccount"]
+    (sts,) = [o for o in objects(result) if o["kind"] == "StatefulSet"]
+    (sa,) = [
+        o
+        for o in objects(result)
+        if o["kind"] == "ServiceAccount" and o["metadata"]["name"] == sts["spec"]["template"]["spec"]["serviceAccountName"]
+    ]
     refs = [json.loads(v)["reference"]["name"] for k, v in sa["metadata"]["annotations"].items() if "oauth-redirectreference" in k]
     assert refs and set(refs) == routes
-    (sts,) = [o for o in objects(result) if o["kind"] == "StatefulSet"]
-    assert sts["spec"]["template"]["spec"]["serviceAccountName"] == sa["metadata"]["name"]
 
 
 @pytest.mark.parametrize("stack", ENVIRONMENTS)
@@ -133,18 +154,193 @@ def env_config(stack: str, **changes: Any) -> dict[str, Any]:
     return config
 
 
+CLUSTER_REF = f"{ORGANIZATION}/ml-dev-env/barcelona"
+
+
 def test_an_environment_whose_cluster_was_never_deployed_stops_with_one_line() -> None:
     result = run_program("barcelona-alice", env_config("barcelona-alice"), stack_outputs={})
     assert result.error is not None and len(result.error.strip().splitlines()) == 1
-    assert f"cluster stack {ORGANIZATION}/ml-dev-env/barcelona has no environment_facts output" in result.error
-    assert "pulumi up -s barcelona" in result.error
+    assert f"cluster stack {CLUSTER_REF} has no environment_facts output" in result.error
+    assert "ask the cluster owner to deploy it" in result.error and "pulumi up" not in result.error
 
 
-def test_a_cluster_deployed_with_other_settings_stops_it() -> None:
-    outputs = render("barcelona").outputs
-    stale = {**outputs, FACTS_OUTPUT: {**outputs[FACTS_OUTPUT], "runtimeImage": "elsewhere/old:tag"}}
-    result = run_program("barcelona-alice", env_config("barcelona-alice"), stack_outputs={f"{ORGANIZATION}/ml-dev-env/barcelona": stale})
-    assert result.error is not None and "is deployed with other runtime_image than Pulumi.barcelona.yaml says" in result.error
+def facts_of(outputs: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    """The cluster's outputs with its facts changed (a value of `DROP` removes the field)."""
+    facts = {k: v for k, v in {**outputs[FACTS_OUTPUT], **changes}.items() if v is not DROP}
+    return {**outputs, FACTS_OUTPUT: facts}
+
+
+DROP = object()
+
+
+@pytest.fixture(scope="module")
+def deployed(renders: dict[str, RunResult]) -> dict[str, Any]:
+    return renders["barcelona"].outputs
+
+
+def run_env(stack: str, outputs: dict[str, Any], config: dict[str, Any] | None = None, main: Path | None = None) -> RunResult:
+    kwargs: dict[str, Any] = {"main": main} if main is not None else {}
+    return run_program(stack, config or env_config(stack), dict(PLACEHOLDER_SECRETS), stack_outputs={CLUSTER_REF: outputs}, **kwargs)
+
+
+def main_of(result: RunResult) -> dict[str, Any]:
+    (sts,) = [o for o in objects(result) if o["kind"] == "StatefulSet"]
+    (main,) = [c for c in sts["spec"]["template"]["spec"]["containers"] if c["name"] == "ml-dev"]
+    return main
+
+
+def checkout_with(tmp_path: Path, edit: Callable[[str], str]) -> Path:
+    """A checkout whose Pulumi.barcelona.yaml is edited (the program and the environment files as committed)."""
+    for path in ROOT.glob("Pulumi.barcelona*.yaml"):
+        text = path.read_text()
+        (tmp_path / path.name).write_text(edit(text) if path.name == "Pulumi.barcelona.yaml" else text)
+    (tmp_path / "__main__.py").write_text((ROOT / "__main__.py").read_text())
+    return tmp_path / "__main__.py"
+
+
+@pytest.mark.parametrize("stack", ENVIRONMENTS)
+@pytest.mark.parametrize("suspended", [False, True])
+def test_a_requirements_bump_in_the_checkout_runs_the_deployed_tag(
+    tmp_path: Path, deployed: dict[str, Any], stack: str, suspended: bool
+) -> None:
+    """The checkout bumps a runtime requirement the cluster has not built yet: the environment runs what is deployed."""
+    main = checkout_with(tmp_path, lambda text: text.replace("peft==0.17.1", "peft==0.17.2"))
+    bumped = run_program(
+        "barcelona", stack_config(tmp_path / "Pulumi.barcelona.yaml"), dict(PLACEHOLDER_SECRETS), main=main, stack_outputs={}
+    )
+    assert bumped.error is None and bumped.outputs["runtime_image"] != deployed["runtime_image"]  # the bump changes the tag
+    config = env_config(stack)
+    if suspended:
+        config["ml-dev-env:lifecycle"] = {**config.get("ml-dev-env:lifecycle", {}), "suspended": True}
+    result = run_env(stack, deployed, config, main)
+    assert result.error is None, result.error
+    assert main_of(result)["image"] == deployed["runtime_image"] == result.outputs["image"]
+
+
+@pytest.mark.parametrize("stack", ENVIRONMENTS)
+def test_its_objects_refer_to_the_deployed_scc_role_and_claims(deployed: dict[str, Any], stack: str) -> None:
+    facts = deployed[FACTS_OUTPUT]
+    moved = {"scc": "renamed-scc", "sccRole": "system:openshift:scc:renamed-scc", "sharedClaims": {"datasets": "renamed-datasets"}}
+    assert set(facts["sharedClaims"]) == {"datasets"} and facts["scc"] and facts["sccRole"]  # the fixture's premise
+    result = run_env(stack, facts_of(deployed, **moved))
+    assert result.error is None, result.error
+    objs = objects(result)
+    roles = [o for o in objs if o["kind"] == "Role" and o["rules"][0]["resources"] == ["securitycontextconstraints"]]
+    scc_roles = {"system:openshift:scc:renamed-scc", *(r["metadata"]["name"] for r in roles)}
+    (binding,) = [o for o in objs if o["kind"] == "RoleBinding" and o["roleRef"]["name"] in scc_roles]
+    (sts,) = [o for o in objs if o["kind"] == "StatefulSet"]
+    claims = {v["persistentVolumeClaim"]["claimName"] for v in sts["spec"]["template"]["spec"]["volumes"] if "persistentVolumeClaim" in v}
+    if stack_objects(stack)["environment"].get("namespace"):  # its own Role grants the deployed SCC; its own claims
+        (role,) = roles
+        assert role["rules"][0]["resourceNames"] == ["renamed-scc"] and binding["roleRef"]["name"] == role["metadata"]["name"]
+        assert "renamed-datasets" not in claims
+    else:  # the cluster's Role and claims, by their deployed names
+        assert not roles and binding["roleRef"]["name"] == "system:openshift:scc:renamed-scc"
+        assert claims == {"renamed-datasets"}
+
+
+def test_a_cluster_deployed_with_another_image_serves_its_environments(deployed: dict[str, Any]) -> None:
+    result = run_env("barcelona-alice", facts_of(deployed, runtimeImage="elsewhere/old:tag"))
+    assert result.error is None and main_of(result)["image"] == "elsewhere/old:tag"
+
+
+SHAPES: list[tuple[str, dict[str, Any], str]] = [
+    ("namespace", {"namespace": "other-ns"}, "namespace: deployed 'other-ns', checkout 'nccl-test'"),
+    ("appName", {"appName": "other-app"}, "appName: deployed 'other-app', checkout 'ml-dev-env'"),
+    ("no SCC", {"scc": None, "sccRole": None}, "scc: deployed none, checkout "),
+    (
+        "a claim more",
+        {"sharedClaims": {"datasets": "x", "models": "y"}},
+        "sharedClaims: deployed ['datasets', 'models'], checkout ['datasets']",
+    ),
+]
+
+
+@pytest.mark.parametrize(("what", "changes", "shown"), SHAPES, ids=[s[0] for s in SHAPES])
+def test_only_a_shape_difference_stops_it_with_one_line(deployed: dict[str, Any], what: str, changes: dict[str, Any], shown: str) -> None:
+    result = run_env("barcelona-alice", facts_of(deployed, **changes))
+    assert result.error is not None and "\n" not in result.error.strip(), result.error
+    assert result.error.startswith("ml-dev-env:environment.cluster: your checkout differs from what is deployed on barcelona (")
+    assert shown in result.error and result.error.rstrip().endswith("): git pull, or ask the cluster owner")
+    assert "pulumi up" not in result.error
+
+
+FIELDS = ["version", "cluster", "namespace", "appName", "runtimeImage", "scc", "sccRole", "sharedClaims"]
+MISTYPED: dict[str, Any] = {
+    "cluster": 3,
+    "namespace": ["a"],
+    "appName": {"a": 1},
+    "runtimeImage": 5,
+    "scc": 7,
+    "sccRole": [],
+    "sharedClaims": "x",
+}
+VERSIONS: list[tuple[str, Any, str | None]] = [
+    ("absent", DROP, "without a version; this checkout reads version 1: the cluster owner redeploys barcelona"),
+    ("0", 0, "deployed by an older program (environment_facts version 0, this checkout reads 1): the cluster owner redeploys"),
+    ("1", 1, None),
+    ("1.0 (a number read back)", 1.0, None),
+    ("2", 2, "deployed by a newer program (environment_facts version 2, this checkout reads 1): update your checkout (git pull)"),
+    ("'1'", "1", "with version '1' (not an integer)"),
+    ("1.5", 1.5, "with version 1.5 (not an integer)"),
+    ("true", True, "with version True (not an integer)"),
+]
+SHAPE_EDITS: list[tuple[str, dict[str, Any]]] = [
+    ("as deployed", {}),
+    ("one extra field", {"addedByANewerProgram": {"any": "thing"}}),
+    *[(f"{field} missing", {field: DROP}) for field in FIELDS if field != "version"],
+    *[(f"{field} mistyped", {field: value}) for field, value in MISTYPED.items()],
+]
+
+
+@pytest.mark.parametrize(("version_id", "version", "version_line"), VERSIONS, ids=[v[0] for v in VERSIONS])
+@pytest.mark.parametrize(("shape_id", "edit"), SHAPE_EDITS, ids=[s[0] for s in SHAPE_EDITS])
+def test_every_facts_version_and_shape_runs_or_says_one_line(
+    deployed: dict[str, Any], version_id: str, version: Any, version_line: str | None, shape_id: str, edit: dict[str, Any]
+) -> None:
+    facts = {k: v for k, v in {**deployed[FACTS_OUTPUT], **edit, "version": version}.items() if v is not DROP}
+    problem = layers.checked_facts(facts, layers.cluster_facts(barcelona_config()), CLUSTER_REF)[1]
+    if version_line is not None:  # the version speaks first, whatever the fields
+        assert problem is not None and version_line in problem
+    elif shape_id in ("as deployed", "one extra field"):
+        assert problem is None
+    else:
+        field = shape_id.split()[0]
+        assert problem is not None and field in problem, problem
+        if shape_id in ("scc missing", "sccRole missing"):  # none, as the SDK reads a None back: barcelona has an SCC
+            assert f"your checkout differs from what is deployed on barcelona ({field}: deployed none, checkout " in problem
+        else:
+            assert f"environment_facts version 1 without what this checkout needs ({field}" in problem, problem
+    if problem is not None:
+        assert "\n" not in problem and problem.startswith("ml-dev-env:environment.cluster: ") and "pulumi up" not in problem
+
+
+@pytest.mark.parametrize("name", ["wait", "alice-headless", "Carol"])
+def test_a_refused_name_stops_the_program_with_one_line_on_environment_name(deployed: dict[str, Any], name: str) -> None:
+    config = env_config("barcelona-alice", environment={"cluster": "barcelona", "name": name})
+    result = run_env("barcelona-alice", deployed, config)
+    assert result.error is not None
+    (line,) = result.error.strip().splitlines()[1:]
+    assert line.startswith(f"  - ml-dev-env:environment.name: got {name!r}; ") and "Pulumi.barcelona-alice.yaml" in result.error
+
+
+@pytest.mark.parametrize("case", ["absent", "2", "runtimeImage missing", "sharedClaims mistyped"])
+def test_facts_problems_stop_the_program_with_that_one_line(deployed: dict[str, Any], case: str) -> None:
+    edits: dict[str, dict[str, Any]] = {
+        "absent": {"version": DROP},
+        "2": {"version": 2},
+        "runtimeImage missing": {"runtimeImage": DROP},
+        "sharedClaims mistyped": {"sharedClaims": "x"},
+    }
+    result = run_env("barcelona-bob", facts_of(deployed, **edits[case]))
+    assert result.error is not None and len(result.error.strip().splitlines()) == 1, result.error
+    assert result.error.startswith("ml-dev-env:environment.cluster: the cluster stack") and "Traceback" not in result.error
+
+
+def barcelona_config() -> StackConfig:
+    config = validate_all(stack_raw(flatten(stack_config(ROOT / "Pulumi.barcelona.yaml"))[0], ROOT)[0])[0]
+    assert config is not None
+    return config
 
 
 def test_cluster_keys_and_foreign_nodes_in_an_environment_are_one_line_each() -> None:
@@ -160,6 +356,119 @@ def test_cluster_keys_and_foreign_nodes_in_an_environment_are_one_line_each() ->
         for line in lines
     ), result.error
     assert any("ml-dev-env:nodes.gpuNodes: got ['not-a-cluster-node']" in line for line in lines), result.error
+
+
+def test_a_cluster_destroy_keeps_what_its_environments_use(renders: dict[str, RunResult]) -> None:
+    """`pulumi destroy` of the cluster stack keeps the runtime ImageStream, the SCC and its Role (retainOnDelete), and
+    every deployed fact an environment refers to names a kept object."""
+    result = renders["barcelona"]
+    facts = result.outputs[FACTS_OUTPUT]
+    kept = {key(r.inputs): r for r in result.resources if r.options.get("retain_on_delete") and "kind" in r.inputs}
+    stream = facts["runtimeImage"].rsplit("/", 1)[1].split(":")[0]
+    assert ("ImageStream", facts["namespace"], stream) in kept
+    assert ("SecurityContextConstraints", "", facts["scc"]) in kept
+    assert ("Role", facts["namespace"], facts["sccRole"]) in kept
+    assert {("PersistentVolumeClaim", facts["namespace"], c) for c in facts["sharedClaims"].values()} <= set(kept)
+
+
+CLUSTER_FILE_MISTAKES: list[tuple[str, str, str, str]] = [
+    ("a size", "size: 500Gi", "size: 100GB", "Pulumi.barcelona.yaml: ml-dev-env:storage.volumes[2].size: got '100GB'"),
+    ("a key twice", "    count: 2\n", "    count: 2\n    count: 3\n", "Pulumi.barcelona.yaml:"),
+    ("an unknown key", "  ml-dev-env:nodes:", "  ml-dev-env:nodez: {}\n  ml-dev-env:nodes:", "Pulumi.barcelona.yaml: ml-dev-env:nodez:"),
+    ("broken YAML", "    count: 2\n", "    count: [2\n", "Pulumi.barcelona.yaml:"),
+]
+
+
+@pytest.mark.parametrize(("what", "old", "new", "shown"), CLUSTER_FILE_MISTAKES, ids=[m[0] for m in CLUSTER_FILE_MISTAKES])
+@pytest.mark.parametrize("stack", ENVIRONMENTS)
+def test_a_cluster_file_mistake_names_the_cluster_file(tmp_path: Path, stack: str, what: str, old: str, new: str, shown: str) -> None:
+    """Rendered through an environment (what `make render` runs: the cluster stack first, then the environment): the
+    one line names Pulumi.barcelona.yaml, never a traceback; the environment's file is only the message's head."""
+    main = checkout_with(tmp_path, lambda text: text.replace(old, new, 1))
+    assert (tmp_path / "Pulumi.barcelona.yaml").read_text() != (ROOT / "Pulumi.barcelona.yaml").read_text()
+    result = run_program(stack, stack_config(tmp_path / f"Pulumi.{stack}.yaml"), dict(PLACEHOLDER_SECRETS), main=main)
+    assert result.error is not None
+    head, *lines = result.error.strip().splitlines()
+    assert head == f"invalid stack configuration in Pulumi.{stack}.yaml:", result.error
+    assert len(lines) == 1 and lines[0].startswith(f"  - {shown}"), result.error
+
+
+def test_an_unknown_cluster_is_one_line(tmp_path: Path) -> None:
+    config = env_config("barcelona-bob", environment={"cluster": "nerc", "name": "bob", "namespace": "bob-dev"})
+    result = run_program("barcelona-bob", config, dict(PLACEHOLDER_SECRETS))
+    assert result.error is not None
+    (line,) = result.error.strip().splitlines()[1:]
+    assert line.startswith("  - ml-dev-env:environment.cluster: got 'nerc'; no cluster stack file Pulumi.nerc.yaml in this project")
+
+
+# ------------------------------------------------------------------------------------------ names
+
+
+def names_of(result: RunResult) -> set[tuple[str, str, str]]:
+    """Every (kind, namespace, name) a run creates, the per-pod claims of its StatefulSet's templates included
+    (`<template>-<statefulset>-<ordinal>`: kubernetes pkg/controller/statefulset/stateful_set_utils.go getPersistentVolumeClaimName)."""
+    out = {key(obj) for obj in objects(result) if not obj["kind"].endswith("Patch")}
+    for sts in (o for o in objects(result) if o["kind"] == "StatefulSet"):
+        for template in sts["spec"].get("volumeClaimTemplates") or []:
+            for ordinal in range(8):
+                name = f"{template['metadata']['name']}-{sts['metadata']['name']}-{ordinal}"
+                out.add(("PersistentVolumeClaim", sts["metadata"]["namespace"], name))
+    return out
+
+
+def candidate_names(renders: dict[str, RunResult], app: str) -> set[str]:
+    """Environment names made from every suffix the cluster and the examples render: what follows `<appName>-` in
+    each name, and each of its `-`-separated beginnings (`wait-2b0d…` gives `wait` and `wait-2b0d…`)."""
+    out: set[str] = set()
+    for result in renders.values():
+        for _, _, name in names_of(result):
+            rest = name.split(f"{app}-", 1)[1] if f"{app}-" in name else ""
+            words = rest.split("-")
+            out |= {"-".join(words[:i]) for i in range(1, len(words) + 1) if naming.DNS_LABEL.match("-".join(words[:i]))}
+    return {n for n in out if n} | {f"alice-{n}" for n in out if n and len(n) < 20}
+
+
+def test_every_name_the_cluster_renders_follows_appname_with_a_reserved_word(renders: dict[str, RunResult]) -> None:
+    for stack in ["barcelona", "nerc-production", *ENVIRONMENTS]:
+        result = renders.get(stack) or render(stack)
+        app = stack_objects(stack)["cluster"]["appName"] if "cluster" in stack_objects(stack) else None
+        cluster_raw = stack_objects(stack if app else stack_objects(stack)["environment"]["cluster"])
+        app = app or f"{cluster_raw['cluster']['appName']}-{stack_objects(stack)['environment']['name']}"
+        reserved = reserved_words(cluster_raw)
+        for kind, _, name in names_of(result):
+            if name.startswith(f"{app}-") and not name.startswith(tuple(f"{app}-{e}-" for e in ("alice", "bob"))):
+                word = name[len(app) + 1 :].split("-")[0]
+                assert word in reserved or word.isdigit(), f"{kind} {name}: {word!r} is no reserved word (core/naming.py APP_SUFFIX_WORDS)"
+
+
+def test_no_environment_name_collides_with_another_stack_or_it_is_refused_in_one_line(renders: dict[str, RunResult]) -> None:
+    app = stack_objects("barcelona")["cluster"]["appName"]
+    taken: dict[tuple[str, str, str], str] = {}
+    for stack, result in renders.items():
+        for name in names_of(result):
+            taken[name] = stack
+    candidates = sorted(candidate_names(renders, app) - {"alice", "bob"})
+    assert {"wait", "headless", "alice-headless", "0", "datasets", "usage", "vscode"} <= set(candidates)
+    accepted = []
+    for candidate in candidates:
+        for namespace in (None, "carol-dev"):
+            objects_ = stack_objects("barcelona-alice")
+            objects_["environment"] = {"cluster": "barcelona", "name": candidate, **({"namespace": namespace} if namespace else {})}
+            config = {f"ml-dev-env:{k}": v for k, v in objects_.items()}
+            # what the program checks first (stacks/loader.py check); only an accepted name is rendered
+            _, problems = check(flatten(config)[0], set(SECRET_KEYS), ROOT)
+            if problems:
+                assert problems == [line for line in problems if line.startswith(f"ml-dev-env:environment.name: got {candidate!r}; ")]
+                assert len(problems) == 1, problems
+                continue
+            result = run_program(
+                f"barcelona-{candidate}", config, dict(PLACEHOLDER_SECRETS), stack_outputs={CLUSTER_REF: renders["barcelona"].outputs}
+            )
+            assert result.error is None, result.error
+            accepted.append(candidate)
+            clash = names_of(result) & set(taken)
+            assert not clash, f"environment {candidate!r} renders {sorted(clash)[0]} of {taken[sorted(clash)[0]]}"
+    assert accepted  # some names made from the suffixes are fine (e.g. the hash of a build: `2b0db34724` is no word)
 
 
 # ------------------------------------------------------------------------------------------ ownership guard
@@ -210,3 +519,98 @@ def test_api_paths_of_the_kinds_the_program_creates() -> None:
     )
     assert api_path("ml-dev-env:cluster:GpuCluster", "ns", "x") is None
     assert ownership_conflict({"metadata": {}}, "a", "ConfigMap", "ns", "x") is None
+
+
+# ------------------------------------------------------------------------------------------ the guard fails fast
+
+
+@pytest.fixture
+def silent_api() -> Iterator[str]:
+    """An API server that accepts connections and never answers (a black-holed API behind a load balancer)."""
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        server.close()
+
+
+def kubeconfig(server: str) -> dict[str, Any]:
+    return {
+        "current-context": "c",
+        "contexts": {"c": {"cluster": "k", "user": "u"}},
+        "clusters": {"k": {"server": server}},
+        "users": {"u": {"token": "t"}},
+    }
+
+
+def test_a_silent_api_costs_one_check_and_one_warning(silent_api: str) -> None:
+    calls: list[tuple[str, float]] = []
+    warnings: list[str] = []
+
+    class Counting(KubeClient):
+        def get(self, path: str, timeout: float = 20) -> dict[str, Any] | None:
+            calls.append((path, timeout))
+            return super().get(path, timeout=0.3)  # the real client, against the silent server (0.3 s: the test's own bound)
+
+    reader = guarded_reader(lambda: Counting(config=kubeconfig(silent_api)), warnings.append)
+    assert reader is None  # no reads at all: every object of the run goes unchecked, not 48 timeouts
+    assert calls == [(PROBE_PATH, READ_TIMEOUT)] and READ_TIMEOUT * 2 <= 30
+    (warning,) = warnings
+    assert "could not reach the cluster's API" in warning and "timed out" in warning
+
+
+def test_an_api_that_stops_answering_costs_one_failed_read() -> None:
+    answers: list[Any] = [{"major": "1"}, LiveReadError("GET /x: timed out")]
+    calls: list[str] = []
+    warnings: list[str] = []
+
+    class Scripted:
+        def get(self, path: str, timeout: float = 20) -> dict[str, Any] | None:
+            calls.append(path)
+            answer = answers.pop(0) if answers else {"metadata": {}}
+            if isinstance(answer, Exception):
+                raise answer
+            return dict(answer)
+
+    reader = guarded_reader(Scripted, warnings.append)
+    assert reader is not None
+    assert [reader(f"/api/v1/namespaces/ns/configmaps/c{i}") for i in range(48)] == [None] * 48
+    assert calls == [PROBE_PATH, "/api/v1/namespaces/ns/configmaps/c0"] and len(warnings) == 1
+
+
+def test_an_own_namespace_without_its_attachments_stops_with_one_line() -> None:
+    """carol-dev lacks two of the four SR-IOV attachments: one line naming them and the SriovNetwork recipe."""
+    names = ["eno5np0-network", "eno6np0-network", "eno7np0-network", "eno8np0-network"]
+    present = {nad_path("carol-dev", n) for n in names[:2]}
+    reads: list[str] = []
+
+    def get(path: str) -> dict[str, Any] | None:
+        reads.append(path)
+        return {"metadata": {}} if path in present else None
+
+    problem = attachments_problem(get, "carol-dev", names, 1800)
+    assert problem is not None and "\n" not in problem and len(reads) == 4
+    assert problem.startswith(
+        "ml-dev-env:environment.namespace: carol-dev has no NetworkAttachmentDefinition eno7np0-network, eno8np0-network"
+    )
+    assert "SriovNetwork per attachment in openshift-sriov-network-operator with spec.networkNamespace: carol-dev" in problem
+    assert attachments_problem(lambda path: {"metadata": {}}, "carol-dev", names, 1800) is None
+
+
+def test_preview_compares_gpus_per_pod_with_the_nodes_allocatable() -> None:
+    nodes: dict[str, dict[str, Any]] = {
+        "/api/v1/nodes/a": {"status": {"allocatable": {"nvidia.com/gpu": "4"}}},
+        "/api/v1/nodes/b": {"status": {"allocatable": {}}},
+    }
+
+    def get(path: str) -> dict[str, Any] | None:
+        return nodes.get(path)
+
+    assert gpu_capacity_problem(get, ["a"], 4) is None
+    problem = gpu_capacity_problem(get, ["a", "b", "gone"], 8)
+    assert problem == (
+        "ml-dev-env:nodes.gpusPerPod: got 8; the nodes' allocatable nvidia.com/gpu is lower on a (4), b (0): such a pod stays "
+        "Pending; ask for at most that many, or choose other nodes.gpuNodes"
+    )

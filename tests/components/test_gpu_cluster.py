@@ -340,8 +340,10 @@ def assert_restricted(result: RunResult) -> None:
     for c in pod["containers"]:
         assert c["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}, c["name"]
     assert "hostNetwork" not in pod and "hostIPC" not in pod
-    # No SCC binding (the usage recorder's binding grants only its record and scale reads).
-    assert [r for r in result.of_type(ROLEBINDING) if r.name.startswith("gpu-") and r.name != "gpu-usage-binding"] == []
+    # No SCC binding (the usage bindings grant only the recorder its record and pod list, the pods list reads).
+    assert [
+        r for r in result.of_type(ROLEBINDING) if r.name.startswith("gpu-") and r.name not in ("gpu-usage-binding", "gpu-usage-reader")
+    ] == []
     assert result.of_type(SCC) == []
 
 
@@ -493,7 +495,8 @@ def test_token_mode_uses_pulumi_secrets(run) -> None:
 
 def test_adopted_service_account_gets_oauth_annotations_by_patch(run) -> None:
     result = run("barcelona", lambda o: o["security"].update(createServiceAccount=False))
-    assert [r for r in result.of_type("kubernetes:core/v1:ServiceAccount") if r.name.startswith("gpu-")] == []
+    # the pods' ServiceAccount is adopted, not created (the usage recorder's own one is)
+    assert [r.name for r in result.of_type("kubernetes:core/v1:ServiceAccount") if r.name.startswith("gpu-")] == ["gpu-usage-sa"]
     patch = result.one("kubernetes:core/v1:ServiceAccountPatch").inputs
     assert patch["metadata"]["name"] == "ml-dev-sa"
     assert set(patch["metadata"]["annotations"]) == {

@@ -252,7 +252,7 @@ def test_run_name_is_a_hash_of_its_inputs(barcelona: RunResult) -> None:
 
     def add_model(o: dict[str, Any]) -> None:
         extra = copy.deepcopy(o["models"][0])
-        extra.update(name="another", sizeGi=40)
+        extra.update(name="another", sizeGi=40, tag="another-2501")  # its own image (one image per model)
         o["models"].append(extra)
 
     more = _with_models(add_model).outputs["model_pipeline_runs"]
@@ -419,7 +419,7 @@ def test_pvc_mode_stays_available_and_upload_to_s3_implies_it(pvc: RunResult) ->
     assert {r.inputs["metadata"]["name"] for r in pvc.of_type(PIPELINE)} == {"modelcar"}
     assert "modelcar-package-stream" not in tasks(pvc)
     assert "volumeClaimTemplate" in json.dumps(run_for(pvc, "mistral-small-24b-fp16")["spec"]["workspaces"])
-    upload = {"endpoint": "http://minio:9000", "bucket": "b", "prefix": "p"}
+    upload = {"endpoint": "http://minio:9000", "bucket": "bkt", "prefix": "p"}
     mixed = _with_models(lambda o: o["models"][0].update(uploadToS3=upload), {**SECRETS, "s3AccessKeyId": "A", "s3SecretAccessKey": "B"})
     assert mixed.error is None, mixed.error
     assert {r.inputs["metadata"]["name"] for r in mixed.of_type(PIPELINE)} == {"modelcar", "modelcar-stream"}
@@ -431,7 +431,7 @@ def test_pvc_mode_stays_available_and_upload_to_s3_implies_it(pvc: RunResult) ->
 def test_streaming_model_has_no_download_task_and_no_weights_pvc() -> None:
     def stream(o: dict[str, Any]) -> None:
         model = copy.deepcopy(o["models"][0])
-        model.update(name="streamed", stream=True)
+        model.update(name="streamed", stream=True, tag="streamed-2501")
         model["source"] = {"s3": {"endpoint": "http://minio.model-storage.svc:9000", "bucket": "llm-models", "prefix": "mistral/w4a16"}}
         o["models"].append(model)
 
@@ -462,7 +462,7 @@ def test_hugging_face_model_can_stream_but_not_with_an_s3_upload() -> None:
     step = tasks(result)["modelcar-package-stream"]["steps"][0]
     assert step["args"][step["args"].index("--hf-revision") + 1] == "$(params.revision)"
     assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "model-pipeline-hf", "key": "HF_TOKEN"}}} in step["env"]
-    upload = {"endpoint": "http://minio:9000", "bucket": "b", "prefix": "p"}
+    upload = {"endpoint": "http://minio:9000", "bucket": "bkt", "prefix": "p"}
     result = _with_models(lambda o: o["models"][0].update(stream=True, uploadToS3=upload),
                           {"quayDockerConfigJson": "{}", "s3AccessKeyId": "A", "s3SecretAccessKey": "B"})  # fmt: skip
     assert result.error and "ml-dev-env:models[0].stream: got 'stream: true'; not with uploadToS3" in result.error

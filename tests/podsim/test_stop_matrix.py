@@ -57,7 +57,7 @@ DOCS_COLUMNS = {
     "torchrun": "ml-dev run -- torchrun train.py",
     "deepspeed": "deepspeed --hostfile $DEEPSPEED_HOSTFILE train.py",
 }
-"""The launchers as docs/use/suspend-and-idle.md's table names them (tests/test_docs_stops.py)."""
+"""The launchers as docs/use/suspend-and-idle.md's table names them (tests/inpod/test_stop_rules.py)."""
 STOP_LABELS = {
     "idle-stop": "idle stop",
     "suspend": "suspend",

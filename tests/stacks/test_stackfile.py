@@ -90,6 +90,48 @@ SILENT: list[tuple[str, Callable[[], str], str]] = [
         ": ml-dev-env:hfToken: `secure:` holds 'hf_plaintext-token', not a value Pulumi encrypted (v1:<nonce>:<ciphertext> or base64): "
         "set it again with `pulumi config set --secret <key> …`",
     ),
+    (
+        "a base64 plaintext under the passphrase provider",
+        lambda: (
+            "encryptionsalt: v1:c2FsdHNhbHQ=:v1:abc:def\n"
+            + ORIGINAL.rstrip("\n")
+            + "\n  ml-dev-env:hfToken:\n    secure: aGZfcGxhaW50ZXh0dG9rZW4=\n"
+        ),
+        ": ml-dev-env:hfToken: `secure:` holds 'aGZfcGxhaW50ZXh0dG9rZW4=', not a value the passphrase provider (this file's "
+        "encryptionsalt) encrypted (v1:<nonce>:<ciphertext>)",
+    ),
+    (
+        "two models pushing one image",
+        lambda: edited(lambda o: o["models"][1].update(tag=o["models"][0]["tag"])),
+        "ml-dev-env:models[1].tag: got 'w4a16-2501'; models[0] (mistral-small-24b-w4a16) pushes "
+        "quay.io/nerc-ml-dev-env/mistral-small-24b-instruct:w4a16-2501 too",
+    ),
+    (
+        "a node selector value with a space",
+        lambda: edited(lambda o: o["nodes"].update(nodeSelector={"nvidia.com/gpu.present": "true yes"})),
+        "ml-dev-env:nodes.nodeSelector: got an object; label value 'true yes': at most 63 letters",
+    ),
+    (
+        "a build node selector key with a space",
+        lambda: edited(lambda o: o["buildNodes"].update(nodeSelector={"bad key!": "x"})),
+        "ml-dev-env:buildNodes.nodeSelector: got an object; label key 'bad key!': a name of at most 63 letters",
+    ),
+    (
+        "a Hugging Face repository with spaces",
+        lambda: edited(lambda o: o["models"][0]["source"]["huggingFace"].update(repo="RedHatAI/Mistral Small 24B")),
+        "ml-dev-env:models[0].source.huggingFace.repo: got 'RedHatAI/Mistral Small 24B'; a Hugging Face repository '<owner>/<name>'",
+    ),
+    (
+        "an endpoint with a space",
+        lambda: edited(lambda o: o["models"][0].update(source={"s3": {"endpoint": "https://minio example:9000", "bucket": "weights"}})),
+        "ml-dev-env:models[0].source.s3.endpoint: got 'https://minio example:9000'; an endpoint URL 'http(s)://<host>[:<port>]'",
+    ),
+    (
+        "a bucket with a space",
+        lambda: edited(lambda o: o["models"][0].update(source={"s3": {"endpoint": "https://minio.example:9000", "bucket": "my bucket"}})),
+        "ml-dev-env:models[0].source.s3.bucket: got 'my bucket'; a bucket name: 3 to 63 lower-case letters, digits, '.' and '-', "
+        "no spaces: did you mean 'my-bucket'?",
+    ),
 ]
 
 
@@ -133,7 +175,23 @@ WEAK: list[tuple[str, Callable[[dict], None], str]] = [
         "idleTimeout without unit",
         lambda o: o.setdefault("lifecycle", {}).update(idleStop={"enabled": True, "idleTimeout": 2}),
         "ml-dev-env:lifecycle.idleStop.idleTimeout: got 2; a duration needs a unit (a quoted string such as '90s', '45m', '2h'): "
-        "did you mean '2m' or '2h'?",
+        "did you mean '2h'?",
+    ),
+    (
+        "idleTimeout 0",
+        lambda o: o.setdefault("lifecycle", {}).update(idleStop={"enabled": True, "idleTimeout": 0}),
+        "ml-dev-env:lifecycle.idleStop.idleTimeout: got 0; a duration needs a unit (a quoted string such as '90s', '45m', '2h'): "
+        "between 15m and 24h here, e.g. '1h'",
+    ),
+    (
+        "a tag with a colon",
+        lambda o: o["models"][0].update(tag="w4a16:2501"),
+        "(':' separates a repository from its tag: the repository goes in quayRepository): did you mean 'w4a16-2501'?",
+    ),
+    (
+        "a space in quayRepository",
+        lambda o: o["models"][0].update(quayRepository="quay.io/nerc/mistral small"),
+        "ml-dev-env:models[0].quayRepository: got 'quay.io/nerc/mistral small'; a repository without spaces",
     ),
     (
         "appsDomain as a URL",
@@ -167,8 +225,27 @@ def test_a_weak_message_names_the_fix(tmp_path: Path, label: str, edit: Callable
     assert line in proc.stderr, proc.stderr
 
 
+def test_ipv6_literal_registries_pass(tmp_path: Path) -> None:
+    """distribution/reference, file regexp.go: a host may be a bracketed IPv6 literal, with a port."""
+
+    def edit(o: dict) -> None:
+        o["models"][0]["quayRepository"] = "[fd00::1]:5000/nerc/mistral"
+        o["modelPipeline"]["modelcarBaseImage"] = "[fd00::1]:5000/ubi9/ubi-micro:9.6"
+
+    proc = render(tmp_path, edited(edit))
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_gpu_product_unlike_the_operators_labels_is_a_warning(tmp_path: Path) -> None:
+    proc = render(tmp_path, edited(lambda o: o["nodes"].update(gpuProduct="H100")))
+    assert proc.returncode == 0, proc.stderr
+    assert "warning: nodes.gpuProduct 'H100' does not look like a value of the node label nvidia.com/gpu.product" in proc.stdout
+    assert "does not look like" not in render(tmp_path, ORIGINAL).stdout
+
+
 def test_gpus_per_node_undeclared_is_a_warning(tmp_path: Path) -> None:
-    proc = render(tmp_path, ORIGINAL)
+    assert stack_objects(STACK)["nodes"]["gpusPerNode"] == 4  # declared from the cluster's record
+    proc = render(tmp_path, edited(lambda o: o["nodes"].pop("gpusPerNode")))
     assert proc.returncode == 0, proc.stderr
     assert "warning: nodes.gpusPerNode is not declared" in proc.stdout
     declared = render(tmp_path, edited(lambda o: o["nodes"].update(gpusPerNode=8)))

@@ -158,7 +158,12 @@ def test_a_registry_restart_costs_what_the_docs_say(
     image_bytes = sum(layer["size"] for layer in pull(restartable, image, tmp_path / "manifest").manifest["layers"])  # + the base's
     extra = sent - image_bytes
     print(f"restart {when}, {secret} secret: {sent} bytes sent for {image_bytes} of layers ({extra:+d})")
-    lost = when == "mid-chunk" or secret == "new"
+    # Mid-chunk, whether any of the partial chunk reached the registry's storage before the SIGKILL is a race (the
+    # bytes may still sit in socket buffers): if none did, the stored size equals the signed offset and the session
+    # goes on; the step's log says which, and each case has its bound.
+    lost = secret == "new" or (when == "mid-chunk" and "new session from byte 0" in step.stdout)
+    if when == "mid-chunk" and not lost:
+        assert "resuming at byte" in step.stdout, step.stdout
     if lost:  # the session is gone: the blob again from byte 0
         assert "new session from byte 0" in step.stdout, step.stdout
         assert CHUNK < extra <= layers["big.safetensors"] + CONFIG_BLOB, f"sent {sent} for {image_bytes} ({model_bytes} of the model)"

@@ -72,10 +72,11 @@ def alice() -> Any:
 
 @pytest.fixture
 def api(alice: Any, tmp_path: Path) -> Iterator[tuple[dict[str, Any], str, Path]]:
-    role = alice.one("kubernetes:rbac.authorization.k8s.io/v1:Role", "gpu-usage-role").inputs
+    recorder = alice.one("kubernetes:rbac.authorization.k8s.io/v1:Role", "gpu-usage-role").inputs
+    reader = alice.one("kubernetes:rbac.authorization.k8s.io/v1:Role", "gpu-usage-reader").inputs
     sts = alice.one("kubernetes:apps/v1:StatefulSet").inputs
     ns, app = sts["metadata"]["namespace"], sts["metadata"]["name"]
-    state: dict[str, Any] = {"replicas": 1, "data": {}, "denied": [], "patches": []}
+    state: dict[str, Any] = {"replicas": 1, "data": {}, "denied": [], "patches": [], "pods": [bound_pod(f"{app}-0", namespace=ns)]}
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args: object) -> None:
@@ -90,13 +91,13 @@ def api(alice: Any, tmp_path: Path) -> Iterator[tuple[dict[str, Any], str, Path]
             self.wfile.write(raw)
 
         def handle_any(self) -> None:
-            assert self.headers["Authorization"] == "Bearer sa-token"
+            # the token says who calls: the recorder's ServiceAccount (its Role) or the pods' (the reader Role)
+            role = {"Bearer recorder-token": recorder, "Bearer sa-token": reader}[self.headers["Authorization"]]
             url = urlsplit(self.path)
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"null")
-            if url.path == f"/apis/apps/v1/namespaces/{ns}/statefulsets/{app}/scale" and allowed(
-                role["rules"], "apps", "statefulsets/scale", "get", app
-            ):
-                self.answer(200, {"kind": "Scale", "status": {"replicas": state["replicas"]}})
+            if url.path == f"/api/v1/namespaces/{ns}/pods" and allowed(role["rules"], "", "pods", "list", None):
+                state["pod_selector"] = parse_qs(url.query)["labelSelector"][0]
+                self.answer(200, {"kind": "PodList", "items": state["pods"]})
             elif url.path == f"/api/v1/namespaces/{ns}/configmaps/{app}-usage":
                 verb = {"GET": "get", "PATCH": "patch"}[self.command]
                 if not allowed(role["rules"], "", "configmaps", verb, f"{app}-usage"):
@@ -128,6 +129,9 @@ def api(alice: Any, tmp_path: Path) -> Iterator[tuple[dict[str, Any], str, Path]
     sa = tmp_path / "sa"
     sa.mkdir()
     (sa / "token").write_text("sa-token\n")
+    state["recorder_sa"] = tmp_path / "recorder"
+    state["recorder_sa"].mkdir()
+    (state["recorder_sa"] / "token").write_text("recorder-token\n")
     state.update(ns=ns, app=app, gpus=int(sts["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]))
     try:
         yield state, f"http://127.0.0.1:{server.server_address[1]}", sa
@@ -136,16 +140,47 @@ def api(alice: Any, tmp_path: Path) -> Iterator[tuple[dict[str, Any], str, Path]
         server.server_close()
 
 
+def stamp(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+def bound_pod(
+    name: str, bound: float = NOW - 3 * DAY, phase: str = "Running", waiting: str | None = None, namespace: str = "ns"
+) -> dict[str, Any]:
+    """A pod as the API lists it: bound to a node at `bound` (its PodScheduled condition)."""
+    status: dict[str, Any] = {
+        "phase": phase,
+        "conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": stamp(bound)}],
+    }
+    if waiting:
+        status["containerStatuses"] = [{"name": "ml-dev", "restartCount": 7, "state": {"waiting": {"reason": waiting}}}]
+    return {"metadata": {"name": name, "namespace": namespace}, "spec": {"nodeName": "moc-r4pcc02u25-nairr"}, "status": status}
+
+
+def pending_pod(name: str, reason: str = "Unschedulable", gated: bool = False) -> dict[str, Any]:
+    message = "0/5 nodes are available: 5 Insufficient nvidia.com/gpu."
+    pod: dict[str, Any] = {"metadata": {"name": name}, "spec": {}, "status": {"phase": "Pending"}}
+    if gated:
+        pod["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
+        pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}]
+    else:
+        pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": reason, "message": message}]
+    return pod
+
+
 def test_the_recorder_writes_its_record_with_the_rendered_role(api: tuple[dict[str, Any], str, Path], alice: Any) -> None:
-    state, url, sa = api
-    client = usage.Api(url, sa)
-    line = usage.record(client, state["ns"], state["app"], f"{state['app']}-usage", state["gpus"], 600, now=NOW)
-    assert f"{state['app']}: 1 pod(s) × 4 GPU(s)" in line and not state["denied"]
+    state, url, _ = api
+    client = usage.Api(url, state["recorder_sa"])
+    selector = "app.kubernetes.io/name=ml-dev-env,app.kubernetes.io/instance=" + state["app"]
+    state["data"] = {usage.LAST: str(int(NOW - 600))}
+    line = usage.record(client, state["ns"], state["app"], f"{state['app']}-usage", state["gpus"], 600, now=NOW, selector=selector)
+    assert f"{state['app']}: 1 pod(s) holding 4 GPU(s) each" in line and not state["denied"]
+    assert state["pod_selector"] == selector
     assert state["data"][usage.BUCKET + usage.day(NOW)] == str(4 * 600)
-    state["replicas"] = 0  # suspended: nothing more
-    usage.record(client, state["ns"], state["app"], f"{state['app']}-usage", state["gpus"], 600, now=NOW + 600)
+    state["pods"] = []  # suspended: nothing more
+    usage.record(client, state["ns"], state["app"], f"{state['app']}-usage", state["gpus"], 600, now=NOW + 600, selector=selector)
     assert state["data"][usage.BUCKET + usage.day(NOW)] == str(4 * 600)
-    # the rendered recorder runs exactly this program with these arguments
+    # the rendered recorder runs exactly this program with these arguments, as its own ServiceAccount
     (dep,) = [r.inputs for r in alice.resources if r.kind == "Deployment"]
     command = dep["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command[:2] == ["python3", f"{naming.STARTUP_MOUNT}/usage.py"]
@@ -165,14 +200,106 @@ def test_the_recorder_writes_its_record_with_the_rendered_role(api: tuple[dict[s
         "4",
         "--period",
         "600",
+        "--selector",
+        selector,
     ]
+    assert dep["spec"]["template"]["spec"]["serviceAccountName"] == f"{state['app']}-usage"
+
+
+POD_LISTS: list[tuple[str, list[dict[str, Any]], int]] = [
+    ("bound and running", [bound_pod("x-0"), bound_pod("x-1")], 2),
+    ("both unschedulable", [pending_pod("x-0"), pending_pod("x-1")], 0),
+    ("Kueue-gated", [pending_pod("x-0", gated=True), pending_pod("x-1", gated=True)], 0),
+    ("one bound, one pending", [bound_pod("x-0"), pending_pod("x-1")], 1),
+    ("crash-looping holds its GPUs", [bound_pod("x-0", waiting="CrashLoopBackOff"), bound_pod("x-1")], 2),
+    ("finished holds none", [bound_pod("x-0", phase="Succeeded"), bound_pod("x-1", phase="Failed")], 0),
+    ("another StatefulSet's pod is not counted", [bound_pod("x-0"), bound_pod("x-alice-0"), bound_pod("x-usage-5d8f")], 1),
+]
+
+
+@pytest.mark.parametrize(("what", "pods", "held"), POD_LISTS, ids=[p[0] for p in POD_LISTS])
+def test_only_pods_bound_to_a_node_and_not_finished_hold_gpus(what: str, pods: list[dict[str, Any]], held: int) -> None:
+    """A day of two unschedulable or gated 8-GPU pods is 0 GPU-hours, not 384."""
+    mine = usage.own_pods(pods, "x")
+    bound = [usage.bound_at(p, NOW - 600) for p in mine if usage.holds_gpus(p)]
+    assert len(bound) == held
+    data = usage.add_usage({usage.LAST: str(int(NOW - DAY))}, len(bound), 8, NOW, 600, bound_at=bound)
+    assert int(data[usage.BUCKET + usage.day(NOW)]) == held * 8 * int(DAY)
+
+
+def test_a_gap_of_the_recorder_is_counted_from_each_pods_binding() -> None:
+    """The recorder missed an hour: a pod bound before the last record counts the whole hour, one bound since then
+    counts from its binding (today: 4 GPU-hours and 1 GPU-hour on 4 GPUs, not 1.33)."""
+    last = NOW - 3600
+    bound = [usage.bound_at(bound_pod("x-0", bound=NOW - 2 * 3600), 0), usage.bound_at(bound_pod("x-1", bound=NOW - 900), 0)]
+    data = usage.add_usage({usage.LAST: str(int(last))}, 2, 4, NOW, 600, bound_at=bound)
+    assert int(data[usage.BUCKET + usage.day(NOW)]) == 4 * 3600 + 4 * 900
+
+
+def test_no_environment_pod_can_write_the_record(alice: Any) -> None:
+    """Every Role bound to the pods' ServiceAccount (in any RoleBinding of the render) lacks write verbs on the record."""
+    (sts,) = [r.inputs for r in alice.resources if r.kind == "StatefulSet"]
+    pods_sa = sts["spec"]["template"]["spec"]["serviceAccountName"]
+    record = f"{sts['metadata']['name']}-usage"
+    roles = {r.inputs["metadata"]["name"]: r.inputs for r in alice.resources if r.kind == "Role"}
+    bound = [
+        b.inputs["roleRef"]["name"]
+        for b in alice.resources
+        if b.kind == "RoleBinding" and any(s.get("name") == pods_sa for s in b.inputs.get("subjects") or [])
+    ]
+    assert "ml-dev-env-alice-usage-reader" in bound
+    for name in bound:
+        for verb in ("patch", "update", "delete"):
+            assert not allowed(roles.get(name, {}).get("rules", []), "", "configmaps", verb, record), (name, verb)
+    usage_binding = alice.one("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding", "gpu-usage-binding").inputs
+    assert usage_binding["subjects"] == [{"kind": "ServiceAccount", "name": record, "namespace": sts["metadata"]["namespace"]}]
+
+
+def test_status_says_why_a_running_environment_holds_no_gpus() -> None:
+    sts = {
+        "kind": "StatefulSet",
+        "metadata": {"name": "x", "namespace": "ns", "labels": {usage.STACK_LABEL: "c-x"}},
+        "spec": {"replicas": 2, "template": {"spec": {"containers": [{"resources": {"limits": {usage.GPU: "8"}}}]}}},
+    }
+
+    def state(*pods: dict[str, Any]) -> str:
+        items = [sts, *({**p, "kind": "Pod", "metadata": {**p["metadata"], "namespace": "ns"}} for p in pods)]
+        (row,) = usage.environments(items, NOW)
+        return str(row["state"])
+
+    assert state(bound_pod("x-0"), bound_pod("x-1")) == "running"
+    assert state(pending_pod("x-0"), pending_pod("x-1")).startswith(
+        "pending 0/2: x-0 pending: Unschedulable (0/5 nodes are available: 5 Insufficient nvidia.com/gpu.)"
+    )
+    assert state(pending_pod("x-0", gated=True), bound_pod("x-1")) == "running 1/2: x-0 pending: gated by kueue.x-k8s.io/admission"
+    assert state(bound_pod("x-0", waiting="CrashLoopBackOff"), bound_pod("x-1")) == "running 2/2: x-0 crash-looping (7 restarts)"
+    assert state(bound_pod("x-0")) == "running 1/2: 1 pod(s) not created (oc describe statefulset x)"
+
+
+def test_state_shows_the_latest_stop() -> None:
+    """The idle agent stopped it, then its owner suspended it with `pulumi up`: suspended, not idle-stopped for ever."""
+    record = {"kind": "ConfigMap", "metadata": {"name": "x-idle-stop", "namespace": "ns"}, "data": {"stoppedAt": "2026-05-27T10:00:00Z"}}
+
+    def state(manager: str) -> str:
+        managed = [{"manager": manager, "operation": "Update", "subresource": "scale", "fieldsV1": {"f:spec": {"f:replicas": {}}}}]
+        sts = {"kind": "StatefulSet", "metadata": {"name": "x", "namespace": "ns", "managedFields": managed}, "spec": {"replicas": 0}}
+        (row,) = usage.environments([sts, record], NOW)
+        return str(row["state"])
+
+    assert state(usage.IDLE_AGENT) == "idle-stopped 2026-05-27T10:00:00Z"
+    assert state("pulumi-kubernetes-1a2b3c") == "suspended"
+
+
+def test_the_recorder_field_manager_is_the_idle_agents() -> None:
+    from inpod.idle import probes as idle_probes
+
+    assert usage.IDLE_AGENT == idle_probes.AGENT
 
 
 def test_the_recorder_runs_the_program_its_volume_mounts(api: tuple[dict[str, Any], str, Path], alice: Any, tmp_path: Path) -> None:
     """The rendered recorder, its mount built from its volume's items alone (as the kubelet does): one round of its
     command (`record` for `loop`) writes the record, so the items hold every module the program imports."""
-    state, url, sa = api
-    state["replicas"] = 1
+    state, url, _ = api
     spec = next(r.inputs for r in alice.resources if r.kind == "Deployment")["spec"]["template"]["spec"]
     (volume,) = spec["volumes"]
     data = next(
@@ -182,13 +309,13 @@ def test_the_recorder_runs_the_program_its_volume_mounts(api: tuple[dict[str, An
     AtomicVolume(mount, mode=volume["configMap"]["defaultMode"]).write_volume(volume["configMap"], data)
     command = [c.replace(naming.STARTUP_MOUNT, str(mount)) for c in spec["containers"][0]["command"]]
     assert command[2] == "loop"
-    env = {"PATH": "/usr/bin:/bin", "ML_DEV_KUBE_API": url, "ML_DEV_SA_DIR": str(sa)}
+    env = {"PATH": "/usr/bin:/bin", "ML_DEV_KUBE_API": url, "ML_DEV_SA_DIR": str(state["recorder_sa"])}  # its own ServiceAccount
     try:
         done = subprocess.run([sys.executable, command[1], "record", *command[3:]], env=env, capture_output=True, text=True, timeout=60)
     finally:
         remove(mount)
     assert done.returncode == 0, done.stderr
-    assert state["data"][usage.BUCKET + usage.day(time.time())] and not state["denied"]
+    assert usage.BUCKET + usage.day(time.time()) in state["data"] and not state["denied"], done.stdout
 
 
 def test_status_in_a_pod_lists_the_namespace_with_the_pods_token(api: tuple[dict[str, Any], str, Path]) -> None:
@@ -274,7 +401,7 @@ def make_status(tmp_path: Path, *variables: str, forbidden: str = "") -> tuple[s
 
 
 def rows_of(table: str) -> dict[str, list[str]]:
-    lines = table.splitlines()
+    lines = [line for line in table.splitlines() if not line.startswith("note: ")]
     assert lines and lines[0].split()[:2] == ["OWNER", "(STACK)"], table
     return {line.split()[2]: line.split() for line in lines[1:]}
 
@@ -288,7 +415,11 @@ def test_make_status_reads_only_the_namespaces_of_the_clusters_stacks(tmp_path: 
     assert proc.returncode == 0, proc.stderr
     selector = "-l ml-dev-env/cluster=barcelona -o json"
     # barcelona and alice deploy to nccl-test, bob to bob-dev; nerc-production is another cluster
-    assert calls == [f"get statefulsets,configmaps -n bob-dev {selector}", f"get statefulsets,configmaps -n nccl-test {selector}"]
+    assert calls == [
+        f"get statefulsets,configmaps,pods -n bob-dev {selector} --show-managed-fields",
+        f"get statefulsets,configmaps,pods -n nccl-test {selector} --show-managed-fields",
+    ]
+    assert proc.stdout.splitlines()[-1] == usage.NOTE
     rows = rows_of(proc.stdout)
     assert set(rows) == {"ml-dev-env", "ml-dev-env-alice", "ml-dev-env-bob"}
     assert rows["ml-dev-env-bob"][:2] == ["barcelona-bob", "bob-dev"] and "suspended" in rows["ml-dev-env-bob"]
@@ -313,7 +444,7 @@ def test_make_status_shows_what_it_can_read_and_names_what_it_cannot(tmp_path: P
 def test_make_status_all_namespaces_or_named_ones(tmp_path: Path) -> None:
     proc, calls = make_status(tmp_path, "CLUSTER=barcelona", "ALL=1")
     assert proc.returncode == 0, proc.stderr
-    assert calls == ["get statefulsets,configmaps --all-namespaces -l ml-dev-env/cluster=barcelona -o json"]
+    assert calls == ["get statefulsets,configmaps,pods --all-namespaces -l ml-dev-env/cluster=barcelona -o json --show-managed-fields"]
     assert len(rows_of(proc.stdout)) == 3
     proc, calls = make_status(tmp_path, "CLUSTER=barcelona", "NAMESPACES=bob-dev")
     assert proc.returncode == 0, proc.stderr
