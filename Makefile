@@ -146,9 +146,9 @@ docs-generate: venv system-deps
 	$(PY) -m tools.diagram --write docs/ref/architecture.md
 
 # The home page screenshot the docs show (docs/img/home-page.png), taken by the browser test on pods started from
-# the render (tests/home/test_browser.py: root, like every podsim test).
+# the render (tests/inpod/home/test_browser.py: root, like every podsim test).
 screenshots: venv system-deps
-	ML_DEV_WRITE_SCREENSHOTS=1 $(PY) -m pytest -q tests/home/test_browser.py
+	ML_DEV_WRITE_SCREENSHOTS=1 $(PY) -m pytest -q tests/inpod/home/test_browser.py
 
 # One stack's architecture as a Graphviz DOT source (pipe it to `dot -Tsvg`); the docs' pictures: make docs-generate.
 diagram: venv

@@ -409,7 +409,7 @@ class GpuCluster(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["data"]),
         )
         role_name = naming.usage_recorder(app)
-        # Not awaited (like the Deployment): the recorder must not lengthen `pulumi up` (tests/test_waits.py).
+        # Not awaited (like the Deployment): the recorder must not lengthen `pulumi up` (tests/components/test_waits.py).
         account = k8s.core.v1.ServiceAccount(
             f"{name}-usage-sa", metadata=self._meta(role_name, annotations={"pulumi.com/skipAwait": "true"}), opts=child
         )

@@ -161,7 +161,7 @@ def internal_image(namespace: str, name: str, tag: str) -> str:
 # `<imageStream>-base|runtime|tools…` and the wait Job, the image-puller binding, the routed servers of core/servers.py,
 # and `<appName>-<shared volume>` claims, which the caller adds). An environment's appName is `<cluster appName>-<env>`:
 # an environment name none of whose `-`-separated words is one of these (or a number: pod ordinals) yields names that
-# no other stack of the cluster can yield (tests/test_environments.py renders every one against every other stack).
+# no other stack of the cluster can yield (tests/components/test_environment.py renders every one against every other stack).
 APP_SUFFIX_WORDS = frozenset(
     {"base", "runtime", "tools", "wait", "cluster", "startup", "lifecycle", "idle", "usage", "ssh", "headless", "scc"}
     | {"oauth", "dev", "image"}

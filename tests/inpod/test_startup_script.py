@@ -195,8 +195,8 @@ def test_no_writable_state_dir_nor_tmpdir_still_runs(tmp_path: Path, stubs: tupl
 
 
 def test_no_settings_no_agent(tmp_path: Path, stubs: tuple[Path, Path]) -> None:
-    """Without idle settings at ML_DEV_IDLE_SETTINGS the script starts no idle agent (moved from
-    tests/lifecycle/test_startup_hook.py; with the rendered settings: tests/inpod/sh/test_startup.py)."""
+    """Without idle settings at ML_DEV_IDLE_SETTINGS the script starts no idle agent (with the rendered
+    settings: tests/inpod/sh/test_startup.py)."""
     bin_dir, _ = stubs
     env = base_env(tmp_path, bin_dir, "ml-dev-env-1", ML_DEV_IDLE_SETTINGS=str(tmp_path / "absent.json"))
     proc = start(env)

@@ -1,4 +1,4 @@
-"""The stop trials' job and launchers (tests/podsim/test_stops.py, test_stop_matrix.py): programs run inside the pods.
+"""The stop trials' job and launchers (tests/inpod/idle/test_stops.py, test_stop_matrix.py): programs run inside the pods.
 
 * JOB: the docs' training loop ("Checkpoint before a stop", docs/use/suspend-and-idle.md), standard library only.
   Each step runs a real collective: an all-reduce MAX of the local stop flag over TCP (rank 0 serves it on
