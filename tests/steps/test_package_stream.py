@@ -98,6 +98,7 @@ def test_one_get_per_file_goes_on_from_chunk_to_chunk(
         assert ranges == [f"bytes=0-{size - 1}"], ranges
         assert quay_proxy.count("PATCH") >= 5 + 1, "the 9 MiB layer went in 2 MiB chunks (+ config.json)"
         sessions = quay_proxy.count("POST", "/blobs/uploads/")
+        first = step.stdout
 
         s3_proxy.reset()
         quay_proxy.reset()
@@ -110,7 +111,9 @@ def test_one_get_per_file_goes_on_from_chunk_to_chunk(
     assert ranges == [f"bytes=0-{size - 1}", f"bytes={broken}-{size - 1}"], ranges
     assert f"model.safetensors: the source's GET broke at byte {broken} (" in step.stdout
     assert "retry" not in step.stdout and "new session" not in step.stdout and "2 GETs" in step.stdout
-    assert quay_proxy.count("POST", "/blobs/uploads/") == sessions, "no upload session more than without the fault"
+    # The property is "no session more": the fault-free run is the bound (seen once under CI load: 7 there, 6 here).
+    faulted = quay_proxy.count("POST", "/blobs/uploads/")
+    assert faulted <= sessions, f"no upload session more than without the fault: {faulted} > {sessions}\n{first}\n{step.stdout}"
     assert_image_holds(quay, f"{quay.host}/{repo_name}-again:v1", {"model.safetensors": model, "config.json": b"{}"}, tmp_path / "p")
 
 
