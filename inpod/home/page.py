@@ -47,6 +47,7 @@ from .. import contract
 from ..lib import http
 from ..lib.http import fetch_json
 from ..lib.pod import clock, env, idle_settings, pid_alive, read_json, read_rank_env, state_dir
+from .why_view import why_html
 
 HISTORY_SECONDS = 3600
 PORT = 8090
@@ -338,7 +339,7 @@ def fragment(col: Collector, now: float | None = None) -> str:
     settings = settings_or_defaults()
     plots = svgplot()
     with col.lock:
-        parts = [idle_html(col, settings, now), pods_html(col, plots), sessions_html(now), fabric_html(plots)]
+        parts = [idle_html(col, settings, now), pods_html(col, plots), sessions_html(now), why_html(now), fabric_html(plots)]
     return f'<div id="live" data-updated="{esc(clock(now))}">{"".join(parts)}<p class="small">updated {esc(clock(now))}</p></div>'
 
 

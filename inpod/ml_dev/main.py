@@ -7,6 +7,7 @@
     ml-dev exec -- nvidia-smi              run on every pod, output prefixed by rank
     ml-dev status                          pods, reachability, ranks, GPUs, RDMA devices, SSH sessions, idle agent's view
     ml-dev status --all                    every environment of the namespace: owner, size, state, GPU-hours 7 days
+    ml-dev why                             which rank of the running job is stuck, and where (every rank's stack)
 
 Delivered by the stack in the <app>-startup ConfigMap (mounted at /opt/ml-dev-env), so it works in any
 image with Python 3.8+, OpenSSH and rsync. Reads the rank contract only: $ML_DEV_STATE_DIR/rank.env
@@ -24,7 +25,7 @@ and rank-<pid>.json (on every pod running a rank) are rewritten every 10 s and r
 
 The program is split at its seams, modules shipped next to it in the same ConfigMap (inpod.SHIPPED):
 common (paths, rank contract, environment rule, the pods), sync (the synced tree and the sync),
-launch (run, exec and the per-pod `_rank`) and status; this file holds the command line.
+launch (run, exec and the per-pod `_rank`), status and why (sampler, collectives, watchdog); this file holds the command line.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from .common import DEBUG_PORT, FROM_RANK_FILE, PER_POD_ENV
 from .launch import cmd_exec, cmd_rank, cmd_run
 from .status import cmd_status
 from .sync import cmd_apply, cmd_sync
+from .why import add_parsers as why_parsers
 
 ENV_RULE = (
     "Environment of every rank: the pod's container env, its rank.env (NODE_RANK, NNODES, MASTER_ADDR, ...),\n"
@@ -99,11 +101,12 @@ def main(argv: list[str] | None = None) -> int:
     # ml-dev exec: what the command leaves running when it ends on its own (a daemon it started) is left alone
     rank.add_argument("--leave-rest", action="store_true")
     rank.add_argument("command", nargs=argparse.REMAINDER)
+    more = why_parsers(sub)
     args = parser.parse_args(argv)
     if getattr(args, "command", None) and args.command[:1] == ["--"]:
         args.command = args.command[1:]
     handlers = {"run": cmd_run, "sync": cmd_sync, "exec": cmd_exec, "status": cmd_status, "_apply": cmd_apply, "_rank": cmd_rank}
-    return handlers[args.cmd](args)
+    return {**handlers, **more}[args.cmd](args)
 
 
 if __name__ == "__main__":
