@@ -165,14 +165,9 @@ def merge(reports: list[dict[str, Any]], interval: float = INTERVAL) -> dict[str
     by_label = {w["label"]: w for w in sampled}
     last = {w["label"]: _main_frames(w["proc"]["samples"][-1]) or [] for w in sampled}
     unsampled = sorted((w["label"] for w in ws if w not in sampled), key=_key)
-    if None in majority or len(set(majority)) != 1 or samples < 2:
-        verdict.update(
-            kind="undecided",
-            text="undecided: the ranks do not agree on one place in every sample"
-            + ("" if samples >= 2 else " (one sample only: a straggler needs two)"),
-            straggler=None,
-        )
-    elif odd:
+    # a straggler holds in every sample: one agreed place (a strict majority), the same ranks elsewhere each time
+    holds = samples >= 2 and None not in majority and len(set(majority)) == 1 and bool(odd)
+    if holds and odd:
         names = sorted(odd, key=_key)
         waiting = sorted((label for label in by_label if label not in odd), key=_key)
         first = by_label[names[0]]
@@ -188,15 +183,21 @@ def merge(reports: list[dict[str, Any]], interval: float = INTERVAL) -> dict[str
             text=text,
             straggler={"ranks": names, "pod": first["pod"], "node": first["node"], "frame": where, "waiting_in": wait_frame},
         )
+    elif samples < 2:
+        verdict.update(kind="undecided", text="undecided: one sample only (a straggler must hold in two)", straggler=None)
+    elif unsampled:
+        verdict.update(kind="undecided", text="undecided: no straggler among the ranks sampled, and not every rank was", straggler=None)
     else:
-        place = majority[0]
-        moved = any(
-            len({tuple((f["name"], f["line"]) for f in (_main_frames(s) or [])) for s in w["proc"]["samples"]}) > 1 for w in sampled
+        everyone = ranks_text(sorted(by_label, key=_key))
+        still = all(
+            len({tuple((f["name"], f["line"]) for f in (_main_frames(s) or [])) for s in w["proc"]["samples"]}) == 1 for w in sampled
         )
-        where = next((_where(last[label]) for label in by_label if last[label]), "?")
-        text = f"no straggler: {ranks_text(sorted(by_label, key=_key))} are in {place[0] if place else '?'}" + (
-            " and moving" if moved else f", all waiting in {where} in every sample (a hang with no rank behind)"
-        )
+        agreed = None not in majority and len(set(majority)) == 1 and not odd
+        if agreed and still:
+            where = Counter(_where(last[label]) for label in by_label if last[label]).most_common(1)[0][0]
+            text = f"no straggler: {everyone} are all in {where} in every sample (stuck together, or idle there)"
+        else:
+            text = f"no straggler: no rank is apart from the others in every sample ({everyone} sampled {samples} times)"
         verdict.update(kind="no-straggler", text=text, straggler=None)
     if unsampled:
         verdict["text"] += f"; not sampled: {ranks_text(unsampled)}"
