@@ -387,6 +387,8 @@ def print_verdict(record: dict[str, Any], out: Any = sys.stdout) -> None:
 def cmd_why(args: argparse.Namespace) -> int:
     if args.interval < MIN_INTERVAL or args.samples < 2:
         die(f"--samples {args.samples} --interval {args.interval:g}: a straggler needs 2+ samples, {MIN_INTERVAL:g} s or more apart", 2)
+    if args.run and not RUN_ID.match(args.run):
+        die(f"--run {args.run!r}: a run id is letters, digits, '.', '_' and '-' (as `ml-dev run` makes them)", 2)
     cluster = Cluster()
     record = verdict_for(cluster, args.run, args.samples, args.interval, args.timeout)
     if args.json:

@@ -146,6 +146,13 @@ def test_names_the_stalled_rank_from_another_pod_and_keeps_it(sim: PodSim) -> No
         ]
         assert "stall_here" in stacks and "barrier" in stacks
         assert "locals" not in latest.read_text() and "MASTER_ADDR" not in latest.read_text()  # stacks only, no env
+        # --run names the run; another run's id finds none of its ranks, a path is no run id
+        again = sim.exec(3, f"ml-dev why --run {run.group(1)}", timeout=120)
+        assert again.returncode == why.EXIT_STRAGGLER and again.stdout.startswith(first.split("; ")[0]), again.stdout
+        other = sim.exec(3, "ml-dev why --run 20000101T000000Z-000000", timeout=120)
+        assert other.returncode == why.EXIT_NOTHING and "no rank process found" in other.stdout, other.stdout
+        bad = sim.exec(3, "ml-dev why --run ../../etc", timeout=60)
+        assert bad.returncode == 2 and "--run '../../etc': a run id is" in bad.stderr, bad.stderr
         # the home page (pod 0) shows the live run's last verdict
         page = sim.exec(0, "python3 /opt/ml-dev-env/home_page.py render", timeout=60)
         assert page.returncode == 0, page.stderr
