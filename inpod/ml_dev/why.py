@@ -108,24 +108,42 @@ def ranks_text(labels: list[str]) -> str:
 
 
 def workers(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every rank process worth comparing: Python processes with no Python child of the same rank (torchrun itself, a
-    shell, ssh are launchers, not ranks), labelled by RANK (else the pod's rank), with pod and node."""
+    """Every rank process worth comparing, labelled by its RANK (else its pod's rank), with pod and node.
+
+    Left out: a launcher (a Python process whose Python children are other ranks: torchrun, DeepSpeed's launcher), and
+    within one rank the helpers it started (DataLoader workers share its RANK): the topmost Python process of a rank
+    stands for it. Processes the kernel refused to show stand for their rank too (their leaves: a shell is not it)."""
     out = []
     for index, report in enumerate(reports):
         for agent in report.get("agents", []):
             procs = agent["processes"]
             python = {p["pid"] for p in procs if any("threads" in s for s in p["samples"])}
             refused = {p["pid"] for p in procs if any(s.get("error") == "refused" for s in p["samples"])}
-            parents = {p["ppid"] for p in procs if p["pid"] in python}
-            for p in procs:
-                if p["pid"] in python and p["pid"] in parents:
-                    continue  # a launcher of other Python processes of this rank
-                if p["pid"] not in python and p["pid"] not in refused:
-                    continue
-                if p["pid"] in refused and any(c["ppid"] == p["pid"] for c in procs):
-                    continue  # under refusal the leaves stand for the rank
-                label = p.get("rank") if p.get("rank") not in (None, "") else str(report.get("node_rank", index))
-                out.append({"label": str(label), "pod": report.get("pod", "?"), "node": report.get("node", ""), "proc": p})
+            node_label = str(report.get("node_rank", index))
+            label = {p["pid"]: str(p["rank"]) if p.get("rank") not in (None, "") else node_label for p in procs}
+            candidates = [p for p in procs if p["pid"] in python | refused]
+            launchers = {
+                p["pid"]
+                for p in candidates
+                if p["pid"] in python
+                and any(
+                    c["ppid"] == p["pid"] and (label[c["pid"]] != label[p["pid"]] or (p.get("rank") in (None, "") and c.get("rank")))
+                    for c in candidates
+                )
+            }
+            groups: dict[str, list[dict[str, Any]]] = {}
+            for p in candidates:
+                if p["pid"] not in launchers:
+                    groups.setdefault(label[p["pid"]], []).append(p)
+            for name, group in groups.items():
+                py = [p for p in group if p["pid"] in python]
+                pids = {p["pid"] for p in (py or group)}
+                if py:
+                    keep = [p for p in py if p["ppid"] not in pids]
+                else:
+                    keep = [p for p in group if not any(c["ppid"] == p["pid"] for c in group)]
+                for p in keep:
+                    out.append({"label": name, "pod": report.get("pod", "?"), "node": report.get("node", ""), "proc": p})
     return out
 
 
@@ -312,7 +330,7 @@ def current_run(reports: list[dict[str, Any]]) -> str | None:
 
 
 def only_run(reports: list[dict[str, Any]], run: str) -> list[dict[str, Any]]:
-    return [dict(r, agents=[a for a in r.get("agents", []) if a.get("run") == run]) for r in reports]
+    return [dict(r, agents=[a for a in r.get("agents", []) if run and a.get("run") == run]) for r in reports]
 
 
 RUN_ID = re.compile(r"^[0-9A-Za-z][0-9A-Za-z._-]{0,63}$")
@@ -359,8 +377,7 @@ def verdict_for(
     """Sample every pod, merge, keep: {"run", "verdict", "reports", "kept"}."""
     reports = sample_everywhere(cluster, run, samples, interval, timeout)
     run = run or current_run(reports)
-    if run:
-        reports = only_run(reports, run)
+    reports = only_run(reports, run or "")  # no run: an `ml-dev exec`'s processes are no run's ranks
     verdict = merge(reports, interval)
     failed = [f"{r['pod']}: {r['failed']}" for r in reports if r.get("failed")]
     if failed:

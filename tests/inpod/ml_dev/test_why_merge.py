@@ -103,8 +103,23 @@ def test_torchrun_launcher_processes_are_not_ranks() -> None:
     launcher["samples"] = [{"threads": [{"name": "MainThread", "main": True, "frames": [frame("_poll", 1, lib=True)]}]}] * 2
     r["agents"][0]["processes"][0]["ppid"] = 50
     r["agents"][0]["processes"].insert(0, launcher)
-    labels = [w["label"] for w in why.workers([r])]
-    assert labels == ["0"]
+    kept = [(w["label"], w["proc"]["pid"]) for w in why.workers([r])]
+    assert kept == [("0", 100)]
+
+
+def test_a_ranks_own_python_children_and_a_refused_shell_do_not_stand_for_it() -> None:
+    """DataLoader workers share their rank's RANK: the rank's main process stands for it. Refused, a shell's child does."""
+    r = report(1, [WAIT, WAIT], rank="1")
+    main = r["agents"][0]["processes"][0]
+    helper = dict(json.loads(json.dumps(main)), pid=300, ppid=main["pid"])
+    helper["samples"] = [{"threads": [{"name": "MainThread", "main": True, "frames": [frame("_worker_loop", 3, lib=True)]}]}] * 2
+    r["agents"][0]["processes"].append(helper)
+    assert [w["proc"]["pid"] for w in why.workers([r])] == [main["pid"]]
+    refused = report(2, ["refused", "refused"])
+    shell = refused["agents"][0]["processes"][0]
+    leaf = dict(json.loads(json.dumps(shell)), pid=400, ppid=shell["pid"])
+    refused["agents"][0]["processes"].append(leaf)
+    assert [w["proc"]["pid"] for w in why.workers([refused])] == [400]
 
 
 @pytest.mark.parametrize("pickled", [False, True])
