@@ -140,9 +140,11 @@ class _Ids:
         return ident
 
 
-# DejaVu Sans: the font Debian's chromium draws with here (fonts-dejavu-core, pulled in by chromium's font
-# dependencies; fontconfig's fallback for Helvetica and sans-serif), and the one Graphviz's pango layout measures
-# with, so a label's box fits its text in the browser (tests/repo/test_docs_site.py measures it there).
+# DejaVu Sans: the font Debian's chromium draws with (fonts-dejavu-core, the first font alternative of
+# fontconfig-config, which both chromium and Graphviz pull in; fontconfig's fallback for Helvetica and sans-serif),
+# and the one Graphviz's pango layout measures with, so a label's box fits its text in the browser
+# (tests/repo/test_docs_site.py measures it there). Named, not left to a fallback: a machine with other fonts
+# (Liberation, Arial) lays out and draws the same font as long as DejaVu Sans is installed.
 FONT = "DejaVu Sans"
 COMPONENT_STYLE = 'style="rounded,filled", fillcolor="#e8eefc", color="#3b5bdb"'
 
