@@ -349,7 +349,15 @@ def fabric_flow(result: RunResult) -> Flow | None:
         lines.append(f'  {secret} -> {zero} [style=dashed, arrowhead=none, label="{_label("in every pod")}"]')
     for policy in _objects(result, "NetworkPolicy"):
         pid = ids("policy", _name(policy))
-        label = _label(f"NetworkPolicy {_name(policy)}", f"admits pods of {app}", f"({namespace}, {headless})")
+        # who may connect: the ingress rules' pod selectors (any port), as the policy spells them
+        peers = [
+            ", ".join(f"{key.rsplit('/', 1)[-1]}={value}" for key, value in sorted(peer["podSelector"].get("matchLabels", {}).items()))
+            for rule in policy.get("spec", {}).get("ingress", [])
+            if not rule.get("ports")
+            for peer in rule.get("from", [])
+            if "podSelector" in peer and "namespaceSelector" not in peer
+        ]
+        label = _label(f"NetworkPolicy {_name(policy)}", f"admits pods of {namespace} with", *(peers or ["(no pod rule)"]))
         lines.append(f'  {pid} [label="{label}", {OBJECT}]')
         lines.append(f"  {pid} -> {zero} [style=dashed, arrowhead=none]")
     lines.append("}")

@@ -253,7 +253,10 @@ def test_fabric_flow_from_pod_0_to_every_pod_with_port_secret_and_policy(stack: 
     secret = next(v["secret"]["secretName"] for v in sts["spec"]["template"]["spec"]["volumes"] if v["name"] == "ssh-keys")
     assert (node_with(nodes, f"Secret {secret}"), zero) in edges
     for policy in objects(result, "NetworkPolicy"):
-        assert (node_with(nodes, f"NetworkPolicy {policy['metadata']['name']}"), zero) in edges
+        node = node_with(nodes, f"NetworkPolicy {policy['metadata']['name']}")
+        assert (node, zero) in edges
+        selected = [p["podSelector"]["matchLabels"] for rule in policy["spec"]["ingress"] if not rule.get("ports") for p in rule["from"]]
+        assert selected and all(f"={value}" in " ".join(nodes[node]) for labels in selected for value in labels.values())
 
 
 def test_fabric_flow_summarises_many_pods(runs: dict[str, RunResult]) -> None:
