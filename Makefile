@@ -12,7 +12,7 @@ STACK ?= barcelona
 APT_PACKAGES := python3-venv python3 make git mount iproute2 openmpi-bin docker-registry skopeo buildah apache2-utils openssh-server openssh-client rsync pdsh libnss-wrapper shellcheck chromium chromium-driver iptables iputils-ping graphviz
 # Hash-locked sets compiled from the *.in files by `make lock` (tools/lock.sh, uv); .venv gets the dev lock.
 
-.PHONY: lock lock-check verify-base-lock typecheck help venv system-deps render render-all runs status racks test test-fast lint docs docs-generate screenshots diagram policy-preview bench-tests bench-package bench-launch bench-why clean
+.PHONY: lock lock-check verify-base-lock typecheck help venv system-deps render render-all runs status racks test test-fast lint docs docs-generate screenshots diagram policy-preview bench-tests bench-package bench-launch bench-why bench-why-idle clean
 
 help:
 	@echo "make render STACK=<name>   render one stack offline into rendered/<name>/ (+ schema check)"
@@ -32,6 +32,7 @@ help:
 	@echo "make bench-package         modelcar packaging benchmark (SIZE=2GiB)"
 	@echo "make bench-launch          ml-dev run on 4 simulated pods: time to all ranks running (SIZE=200MB, root)"
 	@echo "make bench-why             ml-dev why on 4 simulated pods: right rank and pod, time to verdict (TRIALS=10, root)"
+	@echo "make bench-why-idle        ml-dev run's launch, main vs this tree interleaved on 4 simulated pods (PAIRS=7, root)"
 
 MIN_PYTHON := 3.11
 # Sets SUDO: "" as root, "sudo -n" with password-less sudo, "none" otherwise (then nothing is installed).
@@ -185,6 +186,9 @@ bench-launch: venv system-deps
 
 bench-why: venv system-deps
 	$(PY) -m bench.bench_why --trials $(or $(TRIALS),10)
+
+bench-why-idle: venv system-deps
+	$(PY) -m bench.bench_why_idle --pairs $(or $(PAIRS),7)
 
 clean:
 	rm -rf rendered .pytest_cache .ruff_cache

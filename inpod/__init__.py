@@ -57,6 +57,7 @@ SHIPPED: tuple[Shipped, ...] = (
     Shipped("sshd.sh", "sh/sshd.sh", "devloop"),
     Shipped("ssh-session.sh", "sh/ssh-session.sh", "devloop"),
     Shipped("ml-dev", "bin/ml-dev", "devloop"),
+    Shipped("ml-dev-why", "bin/ml-dev-why", "devloop"),
     *_package(
         "devloop", "ml_dev/__init__.py", "ml_dev/main.py", "ml_dev/common.py", "ml_dev/sync.py", "ml_dev/launch.py", "ml_dev/status.py"
     ),

@@ -34,8 +34,7 @@ from .common import (
     wait_reachable,
 )
 from .sync import sync, tree_root
-from .watchdog import PROGRESS_MARK, ProgressRelay, Watchdog, stall_seconds
-from .why import new_run_id, print_verdict, rank_env, verdict_for
+from .watchdog import PROGRESS_MARK, ProgressRelay, Watchdog, new_run_id, rank_env, stall_seconds, verdict_now
 
 
 class Heartbeat:
@@ -371,7 +370,7 @@ def run_everywhere(
     pod_stop = threading.Event()
     # no output and no progress mark for lifecycle.stallVerdictSeconds: `ml-dev why`, once per stall (watchdog.py)
     seconds = stall_seconds() if run_id else 0
-    dog = Watchdog(seconds, lambda: print_verdict(verdict_for(cluster, run_id), sys.stderr)) if seconds else None
+    dog = Watchdog(seconds, lambda: verdict_now(run_id, sys.stderr)) if seconds else None
 
     def on_line(line: str) -> bool:
         if dog is not None:

@@ -31,13 +31,14 @@ launch (run, exec and the per-pod `_rank`), status and why (sampler, collectives
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-from .common import DEBUG_PORT, FROM_RANK_FILE, PER_POD_ENV
+from .common import DEBUG_PORT, FROM_RANK_FILE, HERE, PER_POD_ENV
 from .launch import cmd_exec, cmd_rank, cmd_run
 from .status import cmd_status
 from .sync import cmd_apply, cmd_sync
-from .why import add_parsers as why_parsers
+from .watchdog import WHY_LAUNCHER
 
 ENV_RULE = (
     "Environment of every rank: the pod's container env, its rank.env (NODE_RANK, NNODES, MASTER_ADDR, ...),\n"
@@ -101,12 +102,15 @@ def main(argv: list[str] | None = None) -> int:
     # ml-dev exec: what the command leaves running when it ends on its own (a daemon it started) is left alone
     rank.add_argument("--leave-rest", action="store_true")
     rank.add_argument("command", nargs=argparse.REMAINDER)
-    more = why_parsers(sub)
+    sub.add_parser("why", help="which rank is stuck, and where: every rank's stack from every pod, one verdict (ml-dev why -h)")
+    given = sys.argv[1:] if argv is None else argv
+    if given[:1] == ["why"]:  # its own program (why.py): run and the rank agents never load the sampler and the merge
+        os.execv(sys.executable, [sys.executable, str(HERE / WHY_LAUNCHER), *given])
     args = parser.parse_args(argv)
     if getattr(args, "command", None) and args.command[:1] == ["--"]:
         args.command = args.command[1:]
     handlers = {"run": cmd_run, "sync": cmd_sync, "exec": cmd_exec, "status": cmd_status, "_apply": cmd_apply, "_rank": cmd_rank}
-    return {**handlers, **more}[args.cmd](args)
+    return handlers[args.cmd](args)
 
 
 if __name__ == "__main__":

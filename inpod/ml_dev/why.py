@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
-import secrets
 import subprocess
 import sys
 import time
@@ -25,8 +23,9 @@ from typing import Any
 from .. import contract
 from ..lib.pod import env
 from .collectives import merge_fr, ras_words
-from .common import HERE, PY, STATE_DIR, Cluster, die, parallel
+from .common import HERE, PY, Cluster, die, parallel
 from .sampler import sample_pod
+from .watchdog import INTERVAL, MIN_INTERVAL, RUN_ID, SAMPLES
 
 EXIT_NO_STRAGGLER = 0
 EXIT_STRAGGLER = 3
@@ -39,31 +38,6 @@ EXIT_CODES = {
     "nothing-sampled": EXIT_NOTHING,
 }
 """`ml-dev why`'s exit status by verdict (1: it could not run, 2: a usage mistake, as everywhere in ml-dev)."""
-SAMPLES = 3
-INTERVAL = 1.0
-MIN_INTERVAL = 1.0
-"""Decided with the issue: a straggler holds in two samples at least 1 s apart, never one."""
-
-
-def new_run_id() -> str:
-    """A run's id: its UTC start and 6 random hex digits (sorts by time, unique across pods)."""
-    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
-
-
-def rank_env(run: str, launcher: str, values: dict[str, str]) -> dict[str, str]:
-    """What `ml-dev run` adds to a rank's environment: the run id, the progress file, and where Flight Recorder's pipe and
-    dumps go (only when the job has not chosen: PyTorch reads them, ProcessGroupNCCL.cpp DumpPipe)."""
-    base = STATE_DIR / contract.RUN_STATE_DIR / run
-    try:
-        base.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        pass
-    out = {contract.RUN_ID_ENV: run, contract.PROGRESS_FILE_ENV: str(base / "progress")}
-    if "TORCH_NCCL_DEBUG_INFO_PIPE_FILE" not in values:
-        out["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] = str(base / "fr-pipe-")
-    if "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in values and "TORCH_FR_DUMP_TEMP_FILE" not in values:
-        out["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = str(base / "fr-dump-")
-    return out
 
 
 # ------------------------------------------------------------------------------------------------ merge
@@ -301,7 +275,7 @@ def sample_everywhere(cluster: Cluster, run: str | None, samples: int, interval:
         if rank == cluster.me:
             report = sample_pod(run, samples, interval)
         else:
-            argv = [PY, str(HERE / "ml-dev"), "_why-sample", "--samples", str(samples), "--interval", str(interval)]
+            argv = [PY, str(HERE / WHY_LAUNCHER), "_why-sample", "--samples", str(samples), "--interval", str(interval)]
             if run:
                 argv += ["--run", run]
             try:
@@ -333,9 +307,6 @@ def only_run(reports: list[dict[str, Any]], run: str) -> list[dict[str, Any]]:
     return [dict(r, agents=[a for a in r.get("agents", []) if run and a.get("run") == run]) for r in reports]
 
 
-RUN_ID = re.compile(r"^[0-9A-Za-z][0-9A-Za-z._-]{0,63}$")
-
-
 def run_dir(run: str) -> Path:
     if not RUN_ID.match(run):
         die(f"--run {run!r}: a run id is letters, digits, '.', '_' and '-' (as `ml-dev run` makes them)", 2)
@@ -362,7 +333,7 @@ def keep(cluster: Cluster, run: str, launcher: str | None, record: dict[str, Any
     try:
         if where == cluster.me:
             return str(keep_local(run, record))
-        argv = cluster.ssh(where, [PY, str(HERE / "ml-dev"), "_why-keep", "--run", run])
+        argv = cluster.ssh(where, [PY, str(HERE / WHY_LAUNCHER), "_why-keep", "--run", run])
         res = subprocess.run(argv, input=json.dumps(record), capture_output=True, text=True, timeout=60)
         if res.returncode:
             return f"not kept on {cluster.pods[where]}: {res.stderr.strip()[-300:]}"
@@ -425,8 +396,14 @@ def cmd_why_keep(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parsers(sub: Any) -> dict[str, Any]:
-    """`why`, `_why-sample` and `_why-keep` on main.py's subparsers; their handlers."""
+WHY_LAUNCHER = "ml-dev-why"
+"""This module's launcher beside ml-dev (inpod.SHIPPED): `ml-dev why` execs it, so `ml-dev run` and every rank agent
+never load (nor compile: a ConfigMap mount keeps no bytecode) the sampler and the merge."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ml-dev")
+    sub = parser.add_subparsers(dest="cmd", required=True)
     why = sub.add_parser(
         "why",
         help="which rank is stuck, and where: every rank's stack from every pod, one verdict",
@@ -443,4 +420,6 @@ def add_parsers(sub: Any) -> dict[str, Any]:
     sample.add_argument("--interval", type=float, default=INTERVAL)
     keep_p = sub.add_parser("_why-keep")
     keep_p.add_argument("--run", required=True)
-    return {"why": cmd_why, "_why-sample": cmd_why_sample, "_why-keep": cmd_why_keep}
+    args = parser.parse_args(argv)
+    handlers = {"why": cmd_why, "_why-sample": cmd_why_sample, "_why-keep": cmd_why_keep}
+    return handlers[args.cmd](args)

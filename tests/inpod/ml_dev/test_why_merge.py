@@ -19,7 +19,7 @@ import pytest
 
 from inpod import contract
 from inpod.home import why_view
-from inpod.ml_dev import collectives, why
+from inpod.ml_dev import collectives, watchdog, why
 from stacks.config import StackConfig
 from tests.conftest import stack_objects
 
@@ -232,9 +232,9 @@ def test_stall_setting_renders_and_rejects_what_cannot_work() -> None:
 
 
 def test_rank_env_keeps_the_jobs_own_flight_recorder_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(why, "STATE_DIR", tmp_path)
-    mine = why.rank_env("r1", "env-0", {})
+    monkeypatch.setattr(watchdog, "STATE_DIR", tmp_path)
+    mine = watchdog.rank_env("r1", "env-0", {})
     assert mine[contract.RUN_ID_ENV] == "r1" and mine[contract.PROGRESS_FILE_ENV] == str(tmp_path / "runs" / "r1" / "progress")
     assert mine["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"].startswith(str(tmp_path / "runs" / "r1"))
-    theirs = why.rank_env("r1", "env-0", {"TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/x/p", "TORCH_FR_DUMP_TEMP_FILE": "/x/d"})
+    theirs = watchdog.rank_env("r1", "env-0", {"TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/x/p", "TORCH_FR_DUMP_TEMP_FILE": "/x/d"})
     assert "TORCH_NCCL_DEBUG_INFO_PIPE_FILE" not in theirs and "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in theirs
