@@ -7,6 +7,7 @@ here the reports are built the way sampler.sample_pod writes them, from frames o
 
 from __future__ import annotations
 
+import io
 import json
 import pickle
 import socket
@@ -238,3 +239,46 @@ def test_rank_env_keeps_the_jobs_own_flight_recorder_paths(tmp_path: Path, monke
     assert mine["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"].startswith(str(tmp_path / "runs" / "r1"))
     theirs = watchdog.rank_env("r1", "env-0", {"TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/x/p", "TORCH_FR_DUMP_TEMP_FILE": "/x/d"})
     assert "TORCH_NCCL_DEBUG_INFO_PIPE_FILE" not in theirs and "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in theirs
+
+
+def test_progress_relay_marks_each_touch_of_the_progress_file(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """The rank agent's relay: a touch of $ML_DEV_PROGRESS_FILE becomes one mark on its stderr (the launcher swallows it)."""
+    path = tmp_path / "progress"
+    relay = watchdog.ProgressRelay(str(path))
+    relay.start()
+    try:
+        time.sleep(watchdog.POLL_SECONDS * 1.5)
+        assert watchdog.PROGRESS_MARK not in capfd.readouterr().err  # nothing touched yet
+        path.write_text("")
+        deadline = time.monotonic() + 30
+        seen = ""
+        while watchdog.PROGRESS_MARK not in seen:
+            assert time.monotonic() < deadline, "no mark after the touch"
+            time.sleep(0.2)
+            seen += capfd.readouterr().err
+        assert seen.count(watchdog.PROGRESS_MARK) == 1
+    finally:
+        relay.stop.set()
+        relay.join(10)
+
+
+def test_watchdog_fires_once_per_stall_and_progress_rearms_it() -> None:
+    fired: list[float] = []
+    out = io.StringIO()
+    dog = watchdog.Watchdog(1, lambda: fired.append(time.monotonic()), out)
+    dog.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not fired:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        time.sleep(watchdog.POLL_SECONDS * 3)
+        assert len(fired) == 1, "one verdict per stall"
+        dog.progress()  # an output line or a progress mark: a later stall gets its own verdict
+        while len(fired) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    finally:
+        dog.stop.set()
+        dog.join(10)
+    assert out.getvalue().count("no progress for") == 2
