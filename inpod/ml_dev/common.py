@@ -171,6 +171,11 @@ class Cluster:
             "ControlPersist=30",
             "-o",
             "LogLevel=ERROR",
+            # marks the session as this launcher's (ssh-session.sh records it; sshd.sh's AcceptEnv takes it): the home
+            # page shows a person's SSH connections, not ml-dev's own (rank start, rsync, tree hash). openssh mux.c
+            # mux_client_request_session passes SetEnv over a shared ControlMaster connection too.
+            "-o",
+            f"SetEnv=ML_DEV_RUN={os.getpid()}",
         ]
         if batch:
             opts += ["-o", "BatchMode=yes"]

@@ -6,6 +6,10 @@
 #    and whose first line equals field 22 of /proc/<pid>/stat (its start time; a reused PID differs).
 # 2. The container's environment (the pod env, like `oc exec`) and the rank environment (rank.env).
 # 3. Runs the requested command (ssh host cmd, rsync, pdsh, sftp) or a login shell.
+# The record's lines: start time, user, $SSH_CLIENT (address, port: one TCP connection), and $ML_DEV_RUN, the
+# pid of the `ml-dev` launcher that opened the session (ml-dev sends it, `SetEnv`, and sshd.sh's `AcceptEnv` takes
+# it; empty: a person's session). The home page counts a person's connections, not ml-dev's own.
+OPENED_BY="${ML_DEV_RUN:-}"
 STATE_DIR="${ML_DEV_STATE_DIR:-/tmp/ml-dev-env}"
 if [ -r "$STATE_DIR/ssh/session.env" ]; then
   # shellcheck disable=SC1091
@@ -18,7 +22,7 @@ case ":$PATH:" in *":$HERE:"*) ;; *) export PATH="$PATH:$HERE" ;; esac
 sessions="$STATE_DIR/ssh-sessions"
 if [ -d "$sessions" ]; then
   read -r -a stat < "/proc/$$/stat" || stat=()
-  printf '%s\n%s\n%s\n' "${stat[21]:-}" "${USER:-}" "${SSH_CLIENT:-}" > "$sessions/$$" 2>/dev/null || true
+  printf '%s\n%s\n%s\n%s\n' "${stat[21]:-}" "${USER:-}" "${SSH_CLIENT:-}" "$OPENED_BY" > "$sessions/$$" 2>/dev/null || true
 fi
 if [ -r "$STATE_DIR/rank.env" ]; then
   # shellcheck disable=SC1091
