@@ -159,6 +159,13 @@ CLUSTER_LABEL = "ml-dev-env/cluster"
 """Every environment's objects of one cluster (`make status`, `usage.py status`)."""
 USAGE_LABEL = "ml-dev-env/usage"
 """The GPU-hours record ConfigMap."""
+
+
+def usage_configmap(app: str) -> str:
+    """The environment's GPU-hours record (core/naming.py names it for the render, the home page reads it)."""
+    return f"{app}-usage"
+
+
 PART_OF_LABEL = "app.kubernetes.io/part-of"
 PART_OF = "ml-dev-env"
 

@@ -110,14 +110,29 @@ class Environment:
             "ML_DEV_HOME_INTERVAL": "1",
             "ML_DEV_HOME_REFRESH": "1",
         }
+        self.page_program, self.page_env = program, env
+        return self.start_page()
+
+    def start_page(self) -> str:
+        """The page's server (again: a restart keeps nothing but what it saved)."""
         self.log = self.root / "home.log"
-        with open(self.log, "w") as out:
+        addr = self.pods[0].state / "home.addr"
+        addr.unlink(missing_ok=True)
+        with open(self.log, "a") as out:
             proc = subprocess.Popen(
-                [sys.executable, str(program), "serve", "--listen", "127.0.0.1:0"], env=env, stdout=out, stderr=subprocess.STDOUT
+                [sys.executable, str(self.page_program), "serve", "--listen", "127.0.0.1:0"],
+                env=self.page_env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
             )
         self.procs.append(proc)
-        self.url = "http://" + wait_for(pod0.state / "home.addr", proc, self.log) + "/"
+        self.page = proc
+        self.url = "http://" + wait_for(addr, proc, self.log) + "/"
         return self.url
+
+    def restart_page(self) -> str:
+        stop(self.page)
+        return self.start_page()
 
     def gate(self) -> subprocess.CompletedProcess[str]:
         """The real `fabric_check.py gate` on pod 0's rank.env: every all-reduce slow, so it fails (fabric-wide)."""
@@ -152,15 +167,21 @@ class Environment:
         ml_dev.STATE_DIR = self.pods[0].state
         self.heartbeat = ml_dev.Heartbeat("run", {"command": ["python", "train.py", INJECTED], "cwd": "/workspace/x", "pods": ["a", "b"]})
         self.heartbeat.__enter__()
-        sessions = self.pods[0].state / "ssh-sessions"
+        self.ssh_session(0, "<b>alice</b>", "10.128.2.7 50122 2222")
+
+    def ssh_session(self, index: int, user: str, client: str, run: str = "") -> subprocess.Popen[Any]:
+        """A live SSH session on pod `index` as sshd starts it: the real ForceCommand (ssh-session.sh) with the
+        session's env (`run`: the ML_DEV_RUN an `ml-dev` launcher sends, AcceptEnv)."""
+        sessions = self.pods[index].state / "ssh-sessions"
         sessions.mkdir(exist_ok=True)
         env = {
             "PATH": "/usr/bin:/bin",
             "HOME": str(self.root),
-            "ML_DEV_STATE_DIR": str(self.pods[0].state),
+            "ML_DEV_STATE_DIR": str(self.pods[index].state),
             "SSH_ORIGINAL_COMMAND": "exec sleep 120",
-            "USER": "<b>alice</b>",
-            "SSH_CLIENT": "10.128.2.7 50122 2222",
+            "USER": user,
+            "SSH_CLIENT": client,
+            **({"ML_DEV_RUN": run} if run else {}),
         }
         ssh = subprocess.Popen(["bash", str(mount.shipped() / "ssh-session.sh")], env=env)
         self.procs.append(ssh)
@@ -168,6 +189,7 @@ class Environment:
         while not (sessions / str(ssh.pid)).exists():
             assert time.monotonic() < deadline, "ssh-session.sh wrote no session record"
             time.sleep(0.05)
+        return ssh
 
     def close(self) -> None:
         if getattr(self, "heartbeat", None) is not None:

@@ -16,7 +16,9 @@ the screenshot goes under the test's temporary directory.
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,11 +26,18 @@ from typing import Any
 
 import pytest
 
+from core import naming
+from inpod.home.page import ago
+from inpod.lib.pod import clock
 from tests.conftest import ROOT
 from tests.inpod.home.browser import APPS, CHROMIUM, DRIVER, NO_BROWSER, js, open_browser
-from tests.inpod.home.pods import HOME_PORT, INJECTED, HomePods
+from tests.inpod.home.numbers import USAGE, check, idle_truth, shown, status_hours
+from tests.inpod.home.pods import HOME_PORT, INJECTED, STATE, HomePods
+from tests.inpod.idle.conftest import TOKEN, FakeApiServer
+from tests.podsim.kubeapi import serve_api
 from tests.podsim.netns import in_netns
 from tests.podsim.pods import leftovers, missing_requirements
+from tests.podsim.render import pod_rules
 
 SCREENSHOT = ROOT / "docs" / "img" / "home-page.png"
 REASON = missing_requirements()
@@ -73,22 +82,139 @@ def style_of(driver: Any, selector: str, prop: str) -> str:
     )
 
 
+FETCH = "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())"
+LAYOUT = """
+var out = {overflow: [], small: [], boxes: {}, viewport: [window.innerWidth, window.innerHeight]};
+document.querySelectorAll('body *').forEach(function (e) {
+  if (e.closest('svg') && e.tagName.toLowerCase() !== 'text') { return; }
+  if (['script', 'style', 'title'].indexOf(e.tagName.toLowerCase()) >= 0) { return; }
+  var name = e.tagName.toLowerCase() + (e.id ? '#' + e.id : '');
+  if (e.scrollWidth !== undefined && e.scrollWidth > e.clientWidth && getComputedStyle(e).display !== 'inline') {
+    out.overflow.push(name + ' ' + e.scrollWidth + '>' + e.clientWidth);
+  }
+  var text = Array.from(e.childNodes).some(function (n) { return n.nodeType === 3 && n.textContent.trim(); });
+  if (text && parseFloat(getComputedStyle(e).fontSize) < 12) { out.small.push(name + ' ' + getComputedStyle(e).fontSize); }
+});
+['card-idle', 'pods', 'fabric-curve'].forEach(function (id) {
+  var r = document.getElementById(id).getBoundingClientRect();
+  out.boxes[id] = [r.left, r.top, r.right, r.bottom];
+});
+return out;
+"""
+
+
+def viewport(browser: Any, width: int, height: int, mobile: bool = False) -> None:
+    """The page's viewport exactly (Chrome DevTools Protocol Emulation.setDeviceMetricsOverride), not the window's."""
+    metrics = {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": mobile}
+    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
+
+
+def layout_problems(browser: Any, first_screen: bool) -> list[str]:
+    """Elements wider than their box, text under 12 px, and (first screen) the idle card, the pods table and the
+    whole fabric curve outside the viewport."""
+    found = js(browser, LAYOUT)
+    problems = [f"wider than its box: {found['overflow']}"] if found["overflow"] else []
+    problems += [f"text under 12 px: {found['small']}"] if found["small"] else []
+    width, height = found["viewport"]
+    for name, (left, top, right, bottom) in found["boxes"].items() if first_screen else ():
+        if left < 0 or top < 0 or right > width or bottom > height:
+            problems.append(f"{name} at {left:.0f},{top:.0f}-{right:.0f},{bottom:.0f} is not in the first {width}x{height} screen")
+    return problems
+
+
 def test_home_page_in_chromium_on_the_rendered_pods(pods: HomePods, tmp_path: Path) -> None:
     result = pods.gate()  # the real gate on pod 0: slow everywhere, so it fails and localises
     assert result["status"] == "fail" and result["plateauBusbw"] < result["expectation"]["pass_busbw_gbs"], result
     latest_svg = pods.pods[0].path("/workspace/.ml-dev-env/fabric/latest.svg").read_text()
     assert latest_svg.lstrip().startswith("<svg") and result["sizes"], "the gate wrote its curve next to its JSON"
+    # the API where the pods reach it, under the render's RBAC of the pods' ServiceAccount, with a usage record
+    api = FakeApiServer(pod_rules(pods.result))
+    api.usage = dict(USAGE)
+    server, ca = serve_api(pods, api, tmp_path)
+    for pod in pods.pods:
+        pod.volumes["kube-api-access"].write({"token": TOKEN, "ca.crt": ca, "namespace": pods.namespace})
     url = f"http://{pods.app}-home-{pods.namespace}.{APPS}:{HOME_PORT}/"
     procs: list[Any] = []
+    settings = json.loads(pods.configmaps[naming.lifecycle_configmap(pods.app)]["idle.json"])
 
     def browse() -> None:
         browser = open_browser(tmp_path / "profile", tmp_path / "driver.log")
         try:
-            check(browser)
+            look(browser)
         finally:
             browser.quit()
 
-    def check(browser: Any) -> None:
+    def settle(browser: Any, make: Callable[[], dict[str, Any]], what: str, timeout: float = 60) -> None:
+        """Until every number on the page is the truth (`make()`, read again each round; the idle card against one of
+        pod 0's agent's recent decisions: the page shows the one it sampled), else the last differences."""
+        deadline = time.monotonic() + timeout
+        problems = ["never read"]
+        seen: list[dict[str, Any]] = []
+        while time.monotonic() < deadline:
+            seen = [*seen[-8:], decision()]
+            page = str(js(browser, "return document.documentElement.outerHTML;"))
+            values, stray = shown(page)
+            now = float(js(browser, "return parseFloat(document.getElementById('live').getAttribute('data-now'));"))
+            base = {**make(), "updated": clock(now)}
+            options = [check(values, stray, {**base, **idle_truth(d, settings, now)}) for d in seen if d.get("lastActive")]
+            problems = sorted(options, key=len)[0] if options else ["pod 0's agent has decided nothing yet"]
+            if not problems:
+                return
+            time.sleep(0.2)
+        live = text_of(browser, "live")
+        why = "\n".join(problems)
+        raise AssertionError(f"{what}: the page's numbers are not the test's:\n{why}\n{live}\n{pods.log_of(0, 'home')}")
+
+    def decision() -> dict[str, Any]:
+        res = pods.exec(0, ["python3", "-c", FETCH, f"http://127.0.0.1:{settings['activityPort']}/decision"], timeout=30)
+        return json.loads(res.stdout) if res.returncode == 0 else {}
+
+    def truth(ssh: dict[int, list[str]], ranks: dict[int, int], utils: dict[int, int]) -> dict[str, Any]:
+        """What the page must show for what the test made: `ssh` the client addresses of people's connections into
+        each pod, `ranks` the ranks on each, `utils` GPU 0's utilisation on each (the others idle at 0 %)."""
+        out: dict[str, Any] = {
+            "title": f"{pods.app} in {pods.namespace} · home",
+            "gpu-hours-7d": status_hours(USAGE, pods.app, pods.namespace),
+            "usage-days": "7",
+            "fabric-time": result["time"],
+            "plateau": str(result["plateauBusbw"]),
+            "pass": str(result["expectation"]["pass_busbw_gbs"]),
+            "diagnosis": list(result["diagnosis"]),
+            "conn-pod": [p.name for i, p in enumerate(pods.pods) for _ in ssh[i]],
+        }
+        users = {s["user"] for i in range(len(pods.pods)) for s in pods.sessions(i)}
+        for i, pod in enumerate(pods.pods):
+            out.update({f"rank:{pod.name}": str(i), f"pod:{i}": pod.name, f"node:{pod.name}": f"node-{i}"})
+            for g in range(pods.gpus):
+                util = utils[i] if g == 0 else 0
+                out[f"gpu:{pod.name}:{g}"] = f"GPU {g}: {util}% {'busy' if util >= settings['gpuUtilThreshold'] else 'idle'}"
+            out.update({f"ssh:{pod.name}": str(len(ssh[i])), f"ranks:{pod.name}": str(ranks[i])})
+            out[f"conn:{pod.name}"] = [f"{user} from {address}" for address in ssh[i] for user in users]
+            busiest = 0  # GPU 0 is the only one ever above 0 %
+            out.update({f"busiest:{pod.name}": f"GPU {busiest}", f"gpus:{pod.name}": str(pods.gpus), f"since:{pod.name}": since(pod.name)})
+        beats = sorted(pods.pods[0].path(f"{STATE}/heartbeat").glob("run-*.json"))
+        for n, beat in enumerate(beats):
+            info = json.loads(beat.read_text())
+            out.update(
+                {
+                    f"run:{n}:command": shlex.join(info["command"]),
+                    f"run:{n}:cwd": info["cwd"],
+                    f"run:{n}:on": pods.pods[0].name,
+                    f"run:{n}:pods": str(len(info["pods"])),
+                    f"run:{n}:age": lambda v, started=info["started"]: len(v) == 1 and v[0] in ages(started),
+                }
+            )
+        return out
+
+    def since(pod: str) -> Callable[[list[str]], bool]:
+        def ok(shown: list[str]) -> bool:
+            history = json.loads(pods.pods[0].path("/workspace/.ml-dev-env/home/history.json").read_text())["samples"][pod]
+            return shown == [clock(history[0][0])]
+
+        return ok
+
+    def look(browser: Any) -> None:
+        viewport(browser, 1280, 800)
         browser.get(url)
         wait(
             browser,
@@ -103,54 +229,89 @@ def test_home_page_in_chromium_on_the_rendered_pods(pods: HomePods, tmp_path: Pa
         wait(browser, lambda: bool(js(browser, curve)), "the curve", pods)
         # the curve shown is the one the gate drew beside its JSON (state dir and workspace hold the same)
         fetch = "var done = arguments[0]; fetch('fabric.svg').then(function (r) { return r.text(); }).then(done);"
-        shown = browser.execute_async_script(fetch)
-        assert shown == latest_svg, "the page shows another curve than the gate's latest.svg"
+        shown_svg = browser.execute_async_script(fetch)
+        assert shown_svg == latest_svg, "the page shows another curve than the gate's latest.svg"
 
-        # busy: GPU 0 of pod 0 at 87 %, a real `ml-dev run` on both pods whose command line carries a script,
-        # an SSH session into pod 0 (from pod 1, over the SSH fabric: its ForceCommand records it)
+        # busy: GPU 0 of pod 0 at 87 %, of pod 1 at 40 %; a real `ml-dev run` on both pods whose command line carries
+        # a script; two people's SSH connections into pod 0 (from pod 1) and one into pod 1 (from pod 0), over the
+        # SSH fabric (its ForceCommand records them)
         pods.gpu(0, 87)
+        pods.gpu(1, 40)
         procs.append(pods.run("python3", "train.py", INJECTED))
-        procs.append(pods.popen(1, f"exec ssh {pods.app}-0 'sleep 120'"))
-        wait(
-            browser,
-            lambda: (
-                "GPU 0: 87% busy" in text_of(browser, "pods")
-                and "train.py" in text_of(browser, "live")
-                and "in use" in text_of(browser, "idle-state")
-                and js(browser, "return document.querySelectorAll('li.ssh').length;") == 1
-            ),
-            "busy",
-            pods,
-        )
+        # (`cat` of the channel's stdin, held open here: it ends with the connection; a command that reads nothing
+        # outlives it, sshd ends no process of a session without a terminal)
+        people = [pods.popen(1 - (k == 2), f"exec ssh {pods.app}-{int(k == 2)} cat < <(exec sleep 300)") for k in range(3)]
+        procs.extend(people)
+        ip = [p.ip for p in pods.pods]
+        busy = {0: [ip[1], ip[1]], 1: [ip[0]]}
+        settle(browser, lambda: truth(busy, {0: 1, 1: 1}, {0: 87, 1: 40}), "two connections into pod 0, one into pod 1, one run")
         assert browser.execute_script("return window.__notReloaded === true;"), "the page refreshed by a full reload"
         assert style_of(browser, "#pods .gpu.busy", "backgroundColor") == "rgb(30, 142, 62)", "a busy GPU shows busy (green)"
         runs = js(browser, "return Array.from(document.querySelectorAll('li.run code')).map(function (c) { return c.textContent; });")
         assert any(INJECTED in r for r in runs), runs
         assert browser.execute_script("return window.__xss;") is None, "the injected script ran"
         assert not browser.find_elements("xpath", "//script[contains(., '__xss')]"), "the injected script became an element"
-        plots = "return document.querySelectorAll('#pods svg polyline').length;"
-        wait(browser, lambda: js(browser, plots) >= 2, "the utilisation plots", pods)
+        assert api.denied == [], f"the render's RBAC refused the pods' reads: {api.denied}"
         # links to the IDEs: their Routes, siblings of this page's own
         hrefs = js(browser, "return Array.from(document.querySelectorAll('a.ide')).map(function (a) { return a.getAttribute('href'); });")
         expected = [f"http://{pods.app}-{server}-{pods.namespace}.{APPS}/" for server in ("vscode", "jupyter", "tensorboard")]
         assert hrefs == expected, hrefs
-
-        errors = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
-        assert not errors, errors
+        # the first screen at 1280x800: idle state, pods, the whole fabric curve; nothing overflows, no text under 12 px
+        assert not (problems := layout_problems(browser, first_screen=True)), problems
         write = os.environ.get("ML_DEV_WRITE_SCREENSHOTS") == "1"
         shot = SCREENSHOT if write else tmp_path / "home-page.png"
         shot.parent.mkdir(parents=True, exist_ok=True)
         assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
         if write:  # the docs' fabric-check page shows the curve this failed gate drew
             (SCREENSHOT.parent / "fabric-gate.svg").write_text(latest_svg)
+        viewport(browser, 390, 844, mobile=True)
+        assert not (problems := layout_problems(browser, first_screen=False)), problems
+        viewport(browser, 1280, 800)
+
+        errors = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
+        assert not errors, errors
+
+        # the page's server restarts mid-run: the plots keep the samples it held (the same "since")
+        before = {p.name: shown(str(js(browser, "return document.documentElement.outerHTML;")))[0][f"since:{p.name}"] for p in pods.pods}
+        restart_page()
+        wait(browser, lambda: "idle-state" in str(js(browser, "return document.body.innerHTML;")), "the restarted page", pods)
+        kept = {f"since:{name}": value for name, value in before.items()}
+        settle(browser, lambda: {**truth(busy, {0: 1, 1: 1}, {0: 87, 1: 40}), **kept}, "the restarted page")
+
+        # one connection closes, the run ends: the page follows
+        pods.interrupt(people[0])
+        people[0].communicate(timeout=30)
+        pods.interrupt(procs[0])
+        procs[0].communicate(timeout=60)
+        settle(browser, lambda: truth({0: [ip[1]], 1: [ip[0]]}, {0: 0, 1: 0}, {0: 87, 1: 40}), "one connection closed, the run ended")
+        # while the server restarted, the page's refresh was refused (and said so): nothing else
+        errors = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
+        assert all(e["message"].endswith("/fragment - Failed to load resource: net::ERR_CONNECTION_REFUSED") for e in errors), errors
+
+    def restart_page() -> None:
+        ps = pods.exec(0, "ps -o pid=,args= -e").stdout
+        (pid,) = [line.split()[0] for line in ps.splitlines() if "home_page.py serve" in line]
+        assert pods.exec(0, f"kill {pid}").returncode == 0
+        pods.pods[0].path(f"{STATE}/home.addr").unlink()
+        procs.append(pods.popen(0, f"exec python3 /opt/ml-dev-env/home_page.py serve --listen 127.0.0.1:{HOME_PORT}"))
+        pods.wait_for(0, f"{STATE}/home.addr")
 
     try:
-        in_netns(f"/run/netns/{pods.pods[0].netns}", browse, timeout=240)
+        in_netns(f"/run/netns/{pods.pods[0].netns}", browse, timeout=280)
     finally:
+        server.shutdown()
+        server.server_close()
+        api.close()
         for proc in procs:
-            pods.interrupt(proc)
+            if proc.poll() is None:
+                pods.interrupt(proc)
             try:
                 proc.communicate(timeout=30)
             except Exception:
                 proc.kill()
                 proc.communicate(timeout=30)
+
+
+def ages(started: float) -> set[str]:
+    """A run's age as the page may show it between two reads (the page's time is checked on its own)."""
+    return {ago(time.time() - started - d) for d in range(0, 5)}

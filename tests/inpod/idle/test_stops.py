@@ -18,15 +18,12 @@
 
 from __future__ import annotations
 
-import ctypes
 import json
-import ssl
 import statistics
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +33,9 @@ from components import lifecycle
 from core import naming
 from tests.inpod.idle.conftest import ROLE, TOKEN, FakeApiServer
 from tests.podsim import stopjob
+from tests.podsim.kubeapi import serve_api
 from tests.podsim.pods import PREFIX, PodSim, leftovers, missing_requirements, render_stack
+from tests.podsim.render import pod_rules
 
 REASON = missing_requirements()
 pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}")]
@@ -341,73 +340,14 @@ def test_an_unreachable_worker_is_shown_by_ml_dev_status_and_stops_holding_the_i
 
 # ------------------------------------------------------------------------------------ idle stop
 
-API_IP = "172.30.0.1"  # the `kubernetes` Service (KUBERNETES_SERVICE_HOST in every pod: tests/podsim/render.py)
-
-
-def write_self_signed(key: Path, cert: Path, ip: str) -> None:
-    """A one-day self-signed CA certificate for `ip` (its subjectAltName): the API server's cert and the pods' ca.crt."""
-    import datetime
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    private = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kubernetes")])
-    now = datetime.datetime.now(datetime.UTC)
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(private.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(ip))]), critical=False)
-        .sign(private, hashes.SHA256())
-    )
-    key.write_bytes(private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
-    cert.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-
-
-def serve_api(sim: PodSim, api: FakeApiServer, tmp: Path) -> tuple[ThreadingHTTPServer, str]:
-    """The API stand-in's handler over HTTPS on API_IP:443 in the pod network; returns the server and its CA."""
-    subprocess.run(["ip", "-n", sim.cluster_ns, "addr", "add", f"{API_IP}/32", "dev", "br0"], check=True, timeout=30)
-    key, cert = tmp / "api.key", tmp / "api.crt"
-    write_self_signed(key, cert, API_IP)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(cert, key)
-    made: list[Any] = []
-
-    def work() -> None:
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            with open(f"/run/netns/{sim.cluster_ns}") as f:
-                if libc.setns(f.fileno(), 0x40000000):  # CLONE_NEWNET, this thread only
-                    raise OSError(ctypes.get_errno(), "setns")
-            httpd = ThreadingHTTPServer((API_IP, 443), api.httpd.RequestHandlerClass)
-            httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
-        except BaseException as exc:  # handed to the test
-            made.append(exc)
-            return
-        made.append(httpd)
-        httpd.serve_forever()
-
-    threading.Thread(target=work, daemon=True).start()
-    server = wait_for("the API stand-in listens", lambda: made and made[0], 30)
-    if isinstance(server, BaseException):
-        raise server
-    return server, cert.read_text()
-
 
 @pytest.mark.timeout(300)
 def test_the_idle_stop_scales_to_zero_from_the_pod_and_the_pods_end_in_time(idle_render: Any, tmp_path: Path) -> None:
     """Pod 1 off the network: after the bound an IdleAgentPodUnreachable Event, and it no longer holds the stop:
     pod 0's agent scales to 0 (its record names pod 1); then both pods end through the kubelet's termination."""
-    rules = idle_render.one(ROLE, "gpu-idle-agent").inputs["rules"]
+    # every Role bound to the pods' ServiceAccount: the agent's, and the reader's (the home page on pod 0 reads the usage record)
+    rules = pod_rules(idle_render)
+    assert idle_render.one(ROLE, "gpu-idle-agent").inputs["rules"][0] in rules
     api = FakeApiServer(rules, replicas=2)
     with PodSim(idle_render, count=2) as sim:
         idle_gpus(sim)
