@@ -7,9 +7,10 @@
 # 2. The container's environment (the pod env, like `oc exec`) and the rank environment (rank.env).
 # 3. Runs the requested command (ssh host cmd, rsync, pdsh, sftp) or a login shell.
 # The record's lines: start time, user, $SSH_CLIENT (address, port: one TCP connection), and $ML_DEV_RUN, the
-# pid of the `ml-dev` launcher that opened the session (ml-dev sends it, `SetEnv`, and sshd.sh's `AcceptEnv` takes
-# it; empty: a person's session). The home page counts a person's connections, not ml-dev's own.
+# pid of the `ml-dev` launcher that opened the session (ml-dev's ssh sends it, `SendEnv`, and sshd.sh's `AcceptEnv` takes
+# it; empty: a person's session; inpod/contract.py RUN_ENV). The home page counts people's connections, not ml-dev's.
 OPENED_BY="${ML_DEV_RUN:-}"
+unset ML_DEV_RUN
 STATE_DIR="${ML_DEV_STATE_DIR:-/tmp/ml-dev-env}"
 if [ -r "$STATE_DIR/ssh/session.env" ]; then
   # shellcheck disable=SC1091

@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from components import fabric
+from inpod import contract
 from stacks.config import StackConfig
 from tests.conftest import ROOT, stack_objects
 from tests.inpod import mount
@@ -181,7 +182,7 @@ class Environment:
             "SSH_ORIGINAL_COMMAND": "exec sleep 120",
             "USER": user,
             "SSH_CLIENT": client,
-            **({"ML_DEV_RUN": run} if run else {}),
+            **({contract.RUN_ENV: run} if run else {}),
         }
         ssh = subprocess.Popen(["bash", str(mount.shipped() / "ssh-session.sh")], env=env)
         self.procs.append(ssh)
