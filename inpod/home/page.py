@@ -338,7 +338,7 @@ def utilisation_plot(pod: str, v: View) -> str:
         {"label": f"GPU {busiest} (busiest)", "points": [((t - t_last) / 60, u[busiest]) for t, u in history if busiest < len(u)]},
         {"label": f"mean of {count} GPUs", "points": [((t - t_last) / 60, sum(u) / len(u)) for t, u in history if u], "dash": True},
     ]
-    svg = v.plots.line_chart(series, width=300, height=96, y_max=100, x_range=(span, 0), legend=False, x_label="minutes before now")
+    svg = v.plots.line_chart(series, width=320, height=124, y_max=100, x_range=(span, 0), legend=False, x_label="minutes before now")
     caption = (
         f'<div class="cap">{num(f"busiest:{pod}", f"GPU {busiest}")} (solid; mean of all {num(f"gpus:{pod}", count)} dashed), '
         f"since {num(f'since:{pod}', clock(history[0][0]))}</div>"
