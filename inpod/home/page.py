@@ -323,7 +323,8 @@ def idle_html(v: View) -> tuple[str, str]:
 
 def utilisation_plot(pod: str, v: View) -> str:
     """One pod's GPU utilisation over the samples the page holds: its busiest GPU (highest mean) and the mean of all
-    its GPUs, the x axis from the first sample held to now, in minutes; the caption names both and since when."""
+    its GPUs, the x axis from the first sample held to now, in minutes; the legend (below the plot) and the caption
+    name the busiest GPU, the caption since when."""
     history = list(v.col.history.get(pod, []))
     if v.plots is None or len(history) < 2:
         return ""
@@ -338,10 +339,10 @@ def utilisation_plot(pod: str, v: View) -> str:
         {"label": f"GPU {busiest} (busiest)", "points": [((t - t_last) / 60, u[busiest]) for t, u in history if busiest < len(u)]},
         {"label": f"mean of {count} GPUs", "points": [((t - t_last) / 60, sum(u) / len(u)) for t, u in history if u], "dash": True},
     ]
-    svg = v.plots.line_chart(series, width=320, height=124, y_max=100, x_range=(span, 0), legend=False, x_label="minutes before now")
+    svg = v.plots.line_chart(series, width=320, height=124, y_max=100, x_range=(span, 0), x_label="minutes before now")  # legend below
     caption = (
-        f'<div class="cap">{num(f"busiest:{pod}", f"GPU {busiest}")} (solid; mean of all {num(f"gpus:{pod}", count)} dashed), '
-        f"since {num(f'since:{pod}', clock(history[0][0]))}</div>"
+        f'<div class="cap">busiest: {num(f"busiest:{pod}", f"GPU {busiest}")} of {num(f"gpus:{pod}", count)}, '
+        f"samples since {num(f'since:{pod}', clock(history[0][0]))}</div>"
     )
     return f'<div class="plot">{svg}{caption}</div>'
 
