@@ -203,6 +203,10 @@ def main_container(
     )
 
 
+USER_SECRETS_ANNOTATION = "ml-dev-env/user-secrets"
+"""Pod-template annotation: the env.secrets names (comma-separated), which the policy rule
+user-secrets-stay-the-users holds the stack to (never created, read or put in a container env)."""
+
 USER_SECRET_MODE = 0o440
 """The files of env.secrets' volumes: owner and group read, never world. A Secret volume is read-only
 (kubernetes pkg/volume/secret/secret.go secretVolumeMounter.GetAttributes: ReadOnly true); after AtomicWriter.Write

@@ -96,7 +96,14 @@ EXACT = {
     contract.USAGE_LABEL,
     contract.PART_OF_LABEL,
 }
-PATHS = {contract.STARTUP_MOUNT, contract.CLUSTER_MOUNT, contract.SETTINGS_MOUNT, contract.SA_DIR, contract.STATE_DIR, contract.SECRETS_MOUNT}
+PATHS = {
+    contract.STARTUP_MOUNT,
+    contract.CLUSTER_MOUNT,
+    contract.SETTINGS_MOUNT,
+    contract.SA_DIR,
+    contract.STATE_DIR,
+    contract.SECRETS_MOUNT,
+}
 CHECKED = ("inpod", "components", "core", "stacks", "tools", "policy")
 
 

@@ -10,6 +10,8 @@ API (root; tests skip with `pods.missing_requirements()` as the reason otherwise
     sim.pods[i].ip / .netns / .pid / .name     # pod IP, network namespace (`ip -n`, `nsenter --net=/run/netns/...`),
     sim.pods[i].path("/tmp/ml-dev-env")        #   PID 1 as this machine numbers it, a pod path seen from here
     sim.swap_configmap(name, data=None)        # a ConfigMap/Secret update: new ..<timestamp> dir, ..data swapped
+    sim.delete_secret(name)                    # `oc delete secret`: an optional volume empties (PodSim(namespace_secrets=
+                                               #   {name: {key: value}}): Secrets that exist without the stack rendering them)
     sim.add_interfaces(i, {"net5": "10.0.9.1/24"})  # extra interfaces (netK of every pod share one bridge)
     sim.terminate(i, grace=None)               # preStop exec, SIGTERM to PID 1, SIGKILL after the grace
     sim.restart(i)                             # the kubelet's container restart (volumes and sandbox kept)
