@@ -101,6 +101,13 @@ DEEPSPEED = (  # docs/use: `ml-dev sync && deepspeed --hostfile $DEEPSPEED_HOSTF
     "python3 ds_runner.py worker.py deepspeed"
 )
 
+MPIRUN = (  # Open MPI 4.1 (inpod/fabric/allreduce.py's flags): one rank a pod, the remote daemons started over ssh
+    f'. {STATE}/rank.env && ssh -o BatchMode=yes "${{ML_DEV_HOSTS%% *}}" '
+    f"\"cd {PROJECT} && mpirun --allow-run-as-root --host \\$(echo \\$ML_DEV_HOSTS | tr ' ' ,) -np 4 -npernode 1 "
+    "--bind-to none --mca btl tcp,self --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0 "
+    'python3 worker.py mpi"'
+)
+
 
 def with_secret(objects: dict[str, Any]) -> None:
     objects["nodes"] = {**objects["nodes"], "count": 4, "gpusPerPod": 2}
@@ -187,6 +194,7 @@ def test_every_rank_has_it_and_it_is_found_nowhere_else(sim: PodSim, result: Any
         launch(sim, f"{ML_DEV} run --no-sync -- python3 torchrun.py --nproc-per-node 2 worker.py torchrun", scan)
         launch(sim, f"{ML_DEV} exec -- python3 {PROJECT}/worker.py exec", scan)
         launch(sim, DEEPSPEED, scan)
+        launch(sim, MPIRUN, scan)  # from an SSH session on pod 0 (`ssh <pod> cmd`): mpirun's daemons over the fabric
         status = sim.exec(0, f"{ML_DEV} status", timeout=120)
         scan.text("ml-dev status", status.stdout + status.stderr)
         page = fragment = ""
@@ -203,6 +211,8 @@ def test_every_rank_has_it_and_it_is_found_nowhere_else(sim: PodSim, result: Any
     # every rank, equal
     want = sha(value)
     torchrun, execd, deepspeed = records(sim, "torchrun"), records(sim, "exec"), records(sim, "deepspeed")
+    mpi = records(sim, "mpi")
+    assert sorted(mpi) == [(i, None) for i in range(4)] and all(r["sha"] == want for r in mpi.values()), mpi
     assert sorted(torchrun) == [(i, str(local)) for i in range(4) for local in (0, 1)], torchrun
     assert sorted(execd) == [(i, None) for i in range(4)] and sorted(deepspeed) == [(i, "0") for i in range(4)], (execd, deepspeed)
     for tag, recs in (("torchrun", torchrun), ("exec", execd), ("deepspeed", deepspeed)):
@@ -215,6 +225,7 @@ def test_every_rank_has_it_and_it_is_found_nowhere_else(sim: PodSim, result: Any
     assert scan.hits == [], "\n".join(scan.hits)
     assert scan.samples >= 20 and len(scan.processes_seen) > 40 and files > 4, (scan.samples, len(scan.processes_seen), files)
     commands = scan.ssh_commands()
+    print(f"leak scan: {scan.samples} samples, {len(scan.processes_seen)} processes, {files} files, {len(commands)} SSH commands")
     assert any("deepspeed.launcher.launch" in c for c in commands) and any("_rank" in c for c in commands), commands[:5]
 
 
