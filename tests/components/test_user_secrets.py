@@ -195,3 +195,18 @@ def test_the_guard_rail_refuses_a_created_or_read_secret_and_a_world_readable_or
     assert any("envFrom.secretRef takes the user's Secret hf.user" in m for m in messages)
     assert any("world-readable" in m for m in messages)
     assert any("uses subPath" in m for m in messages) and any("is not readOnly" in m for m in messages)
+
+
+def test_an_environment_stack_never_inherits_the_clusters_secrets() -> None:
+    """Like `ssh`: the cluster owner's Secrets never reach another person's pods; the environment names its own."""
+    from stacks.environment import environment_config
+    from tests.conftest import stack_objects as objects_of
+
+    cluster = objects_of("barcelona")
+    cluster["env"] = {"secrets": [{"secret": "owners-wandb", "keys": ["WANDB_API_KEY"]}]}
+    alice = objects_of("barcelona-alice")
+    raw, problems = environment_config(cluster, alice)
+    assert problems == [] and raw["env"] == {}
+    alice["env"] = {"secrets": [{"secret": "alice-wandb", "keys": ["WANDB_API_KEY"]}]}
+    raw, problems = environment_config(cluster, alice)
+    assert problems == [] and raw["env"]["secrets"][0]["secret"] == "alice-wandb"
