@@ -65,14 +65,14 @@ def check_user_secrets(resources: Sequence[Resource]) -> Iterator[tuple[Resource
             for v in _seq(spec.get("volumes"))
             if _str(_m(_m(v).get("secret")).get("secretName")) in names
         }
-        for name, source in volumes.items():
+        for volume, source in volumes.items():
             mode = source.get("defaultMode", 0o644)
             if not isinstance(mode, int) or mode & 0o007:
-                yield owner, f"volume {name} (Secret {source.get('secretName')}): defaultMode {mode!r} is world-readable. Fix: 0440."
+                yield owner, f"volume {volume} (Secret {source.get('secretName')}): defaultMode {mode!r} is world-readable. Fix: 0440."
             for item in _seq(source.get("items")):
                 item_mode = _m(item).get("mode")
                 if isinstance(item_mode, int) and item_mode & 0o007:
-                    yield owner, f"volume {name}: item {_m(item).get('key')} mode {oct(item_mode)} is world-readable. Fix: no item mode."
+                    yield owner, f"volume {volume}: item {_m(item).get('key')} mode {oct(item_mode)} is world-readable. Fix: no item mode."
         for container in pod_containers(spec):
             for mount in _seq(container.get("volumeMounts")):
                 m = _m(mount)

@@ -168,13 +168,13 @@ def test_the_annotation_is_the_rules() -> None:
 def test_the_guard_rail_refuses_a_created_or_read_secret_and_a_world_readable_or_subpath_mount() -> None:
     items = _items(with_secrets("nerc-production"))
     ns = next(i[1] for i in items if i[1].get("kind") == "StatefulSet" or i[0].endswith("StatefulSet"))["metadata"]["namespace"]
-    created = (
+    created: tuple[str, dict[str, Any], dict[str, Any]] = (
         "kubernetes:core/v1:Secret",
         {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "wandb", "namespace": ns}, "stringData": {"WANDB_API_KEY": "x"}},
         {},
     )
     assert any("Secret wandb is one of the user's" in m for m in rule_messages([*items, created]))
-    other = (
+    other: tuple[str, dict[str, Any], dict[str, Any]] = (
         "kubernetes:core/v1:Secret",
         {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "wandb", "namespace": "elsewhere"}},
         {},

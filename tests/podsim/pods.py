@@ -492,7 +492,7 @@ class PodSim:
         kind, key, objects = ("configMap", "name", self.configmaps) if "configMap" in volume else ("secret", "secretName", self.secrets)
         src = volume[kind]
         if src[key] in objects:
-            return dict(objects[src[key]])  # type: ignore[arg-type]
+            return dict(objects[src[key]])
         if src.get("optional"):
             return {}
         raise KeyError(f"volume {volume['name']}: {kind} {src[key]} not found: the pod would stay in ContainerCreating")
