@@ -108,6 +108,8 @@ MPIRUN = (  # Open MPI 4.1 (inpod/fabric/allreduce.py's flags): one rank a pod, 
     'python3 worker.py mpi"'
 )
 
+DIGEST = f"import hashlib, os\nprint(hashlib.sha256(os.environ[{KEY!r}].encode()).hexdigest())\n"
+
 
 def with_secret(objects: dict[str, Any]) -> None:
     objects["nodes"] = {**objects["nodes"], "count": 4, "gpusPerPod": 2}
@@ -284,3 +286,29 @@ def test_a_missing_key_stops_the_launch_before_a_rank_starts(sim: PodSim, value:
         sim.secrets[SECRET] = {KEY: value}
         sim.swap_configmap(SECRET, {KEY: value})
     assert sim.exec(0, f"{ML_DEV} exec -- true", cwd=PROJECT, timeout=120).returncode == 0
+
+
+def test_a_uid_0_pod_without_fs_group_reads_it_as_owner(value: str) -> None:
+    """barcelona (RDMA, the stack's SCC: UID 0, no fsGroup): SetVolumeOwnership does nothing without an fsGroup
+    (pkg/volume/volume_linux.go), so the files stay root:root 0440; root reads them as owner, an SSH session gets the
+    key (ssh-session.sh) and `oc exec` shells do not (no container env)."""
+    from tests.podsim.nodetools import Node
+
+    def secret_two_pods(objects: dict[str, Any]) -> None:
+        objects["nodes"] = {**objects["nodes"], "count": 2}
+        objects["env"] = {"secrets": [{"secret": SECRET, "keys": [KEY]}]}
+
+    before = set(leftovers())
+    s = PodSim(render_stack("barcelona", secret_two_pods), node=Node(), namespace_secrets={SECRET: {KEY: value}})
+    try:
+        assert s.identity.uid == 0 and s.identity.fs_group is None
+        s.start()
+        f = s.pods[1].path(f"{contract.SECRETS_MOUNT}/{SECRET}/{KEY}")
+        st = f.stat()
+        assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (0o440, 0, 0)
+        s.write(1, "/tmp/digest.py", DIGEST)
+        res = s.exec(0, f"ssh -o BatchMode=yes {s.pods[1].name} python3 /tmp/digest.py; env | grep -c {KEY} || true")
+        assert res.stdout.split() == [sha(value), "0"], res.stdout + res.stderr
+    finally:
+        s.stop()
+    assert not [x for x in set(leftovers()) - before if f"{PREFIX}{s.run_id}-" in x]
