@@ -142,7 +142,7 @@ def missing_lines(per_pod: Mapping[str, Presence | None]) -> list[str]:
             lines.append(
                 f"Secret {secret} key {key} is missing on pod {pod} (env.secrets lists it): create or fix it with "
                 f"`oc create secret generic {secret} --from-literal={key}=...` (or `oc edit secret {secret}`); the "
-                "pods see it within a minute, no restart"
+                "pods see it within a minute or two, no restart"
             )
     return lines
 
