@@ -86,7 +86,7 @@ def test_no_secrets_renders_no_volume_and_an_empty_list() -> None:
 
 
 @pytest.mark.skipif(not VALIDATOR.exists(), reason="../shared/tools/validate_manifests.py is not beside the repository")
-@pytest.mark.parametrize("stack", ["barcelona", "nerc-production"])
+@pytest.mark.parametrize("stack", STACKS)
 def test_rendered_objects_pass_the_schema_check(stack: str, tmp_path: Path) -> None:
     from tools import render as render_tool
 

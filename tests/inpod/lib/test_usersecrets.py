@@ -76,3 +76,24 @@ def test_listed_keys_never_travel_from_the_shell_and_never_go_in_argv(tmp_path: 
     assert "WANDB_API_KEY" not in carried and carried["MY_FLAG"] == "travels" and carried["OTHER"] == "x"
     with pytest.raises(SystemExit):
         common.launch_env(["WANDB_API_KEY=typed"])
+
+
+def test_the_home_page_fragment_has_the_card_from_the_agents_reports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The page (inpod/home/page.py fragment) shows each pod's names and present/missing from its /activity report."""
+    from inpod.home import page
+
+    monkeypatch.setenv(contract.STATE_DIR_ENV, str(tmp_path))
+    col = page.Collector()
+    col.pods = ["ml-dev-env-0", "ml-dev-env-1", "ml-dev-env-2"]
+    col.reports = {
+        "ml-dev-env-0": {"signals": [], "secrets": {"wandb": {"WANDB_API_KEY": True}}},
+        "ml-dev-env-1": {"signals": [], "secrets": {"wandb": {"WANDB_API_KEY": False}}},
+    }
+    html = page.fragment(col, now=0.0)
+    card = html[html.index('<section id="secrets"') :]
+    assert 'class="card bad"' in card, "a missing key or an unreachable pod marks the card"
+    assert 'ml-dev-env-0</td><td>wandb/WANDB_API_KEY <span class="ok">present' in card
+    assert 'ml-dev-env-1</td><td>wandb/WANDB_API_KEY <span class="bad">MISSING' in card
+    assert 'ml-dev-env-2</td><td class="neutral">unknown' in card
+    col.reports = {p: {"signals": [], "secrets": {}} for p in col.pods}
+    assert 'id="secrets"' not in page.fragment(col, now=0.0), "none listed: no card"
