@@ -79,9 +79,13 @@ def check_user_secrets(resources: Sequence[Resource]) -> Iterator[tuple[Resource
                 if _str(m.get("name")) not in volumes:
                     continue
                 if m.get("subPath") or m.get("subPathExpr"):
-                    yield owner, f"mount {m.get('mountPath')} of {m.get('name')} uses subPath: a rotated Secret never reaches it."
+                    yield (
+                        owner,
+                        f"mount {m.get('mountPath')} of {m.get('name')} uses subPath: a rotated Secret never reaches it. "
+                        "Fix: mount the volume as a directory.",
+                    )
                 if m.get("readOnly") is not True:
-                    yield owner, f"mount {m.get('mountPath')} of {m.get('name')} is not readOnly."
+                    yield owner, f"mount {m.get('mountPath')} of {m.get('name')} is not readOnly. Fix: readOnly: true."
 
 
 POLICY = PolicySpec(
