@@ -210,3 +210,23 @@ def test_an_environment_stack_never_inherits_the_clusters_secrets() -> None:
     alice["env"] = {"secrets": [{"secret": "alice-wandb", "keys": ["WANDB_API_KEY"]}]}
     raw, problems = environment_config(cluster, alice)
     assert problems == [] and raw["env"]["secrets"][0]["secret"] == "alice-wandb"
+
+
+def test_the_program_has_no_way_to_read_a_secret() -> None:
+    """`k8s.core.v1.Secret.get(...)` would read a Secret (its data) into the stack's state: the program never calls it,
+    so no Secret of env.secrets can be read (the policy rule holds the objects; this holds the code)."""
+    import ast
+
+    from tests.conftest import ROOT
+
+    found = []
+    for path in [ROOT / "__main__.py", *sorted((ROOT / "components").rglob("*.py")), *sorted((ROOT / "stacks").rglob("*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr == "get"
+                and isinstance(node.value, ast.Attribute)
+                and node.value.attr == "Secret"
+            ):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert found == []
