@@ -150,7 +150,7 @@ docs-generate: venv system-deps
 screenshots: venv system-deps
 	ML_DEV_WRITE_SCREENSHOTS=1 $(PY) -m pytest -q tests/inpod/home/test_browser.py
 
-# One stack's architecture as a Graphviz DOT source (pipe it to `dot -Tsvg`); the docs' pictures: make docs-generate.
+# One stack's pictures (flows, components) as Graphviz DOT sources, one digraph each; the docs' SVGs: make docs-generate.
 diagram: venv
 	$(PY) -m tools.diagram $(STACK)
 

@@ -670,16 +670,21 @@ def report(results: list[Result], model_bytes: int, size_label: str, floor: floa
 
 
 def plot(results: list[Result], size_label: str) -> str:
-    """Every run's wall time per approach against its round (the spread the table summarises), as SVG."""
+    """Every run's wall time per approach against its round (the spread the table summarises), as SVG. Approaches
+    whose median is over 2.5 x the median of all runs (the original, buildah, at about 7 x) get a panel of their
+    own, so the others are read on a scale that fits them rather than squeezed under the slowest."""
     by: dict[str, list[Result]] = {}
     for r in results:
         by.setdefault(r.name, []).append(r)
-    series: list[dict[str, object]] = [
-        {"label": APPROACHES[k][0], "points": [(i + 1, r.seconds) for i, r in enumerate(v)]} for k, v in by.items()
-    ]
-    return svgplot.line_chart(
-        series, title=f"modelcar packaging, {size_label} model: wall time of every run", x_label="round", y_label="seconds"
-    )
+    typical = median([r.seconds for r in results])
+    slow = {k for k, v in by.items() if median([r.seconds for r in v]) > 2.5 * typical}
+    groups: list[tuple[str, list[dict[str, object]]]] = [("", []), ("slower approaches, on their own scale", [])]
+    for k, v in by.items():
+        groups[k in slow][1].append({"label": APPROACHES[k][0], "points": [(i + 1, r.seconds) for i, r in enumerate(v)]})
+    title = f"modelcar packaging, {size_label} model: wall time of every run"
+    if not (slow and len(slow) < len(by)):
+        return svgplot.line_chart(groups[0][1] + groups[1][1], title=title, x_label="round", y_label="seconds")
+    return svgplot.panel_chart([g for g in groups if g[1]], title=title, x_label="round", y_label="seconds")
 
 
 def write_report(out: Path, size_label: str, model_bytes: int, floors: list[float], rounds: int, results: list[Result], setup: str) -> Path:
