@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import contract, usage
-from ..lib import http, kube
+from ..lib import http, kube, usersecrets
 from ..lib.http import fetch_json
 from ..lib.pod import clock, env, idle_settings, read_json, read_rank_env, state_dir
 
@@ -450,11 +450,18 @@ def fabric_html(v: View) -> tuple[str, str]:
     return f'<p id="fabric-status" class="{cls}">{text}</p>{plot}<ul class="diagnosis">{diagnosis}</ul>', cls
 
 
-class Section:
-    """One card of the page: `place` "main" (left of the first screen), "side" (right of it) or "wide" (below)."""
+def secrets_html(v: View) -> tuple[str, str]:
+    """The Secrets card (inpod/lib/usersecrets.py: names and present/missing per pod, from the agents' reports); its
+    own `<section>`, none when no secret is listed."""
+    return usersecrets.reports_section(list(getattr(v.col, "pods", [])), v.col.reports), ""
 
-    def __init__(self, name: str, title: str, build: Any, place: str) -> None:
-        self.name, self.title, self.build, self.place = name, title, build, place
+
+class Section:
+    """One card of the page: `place` "main" (left of the first screen), "side" (right of it) or "wide" (below);
+    `card` False: the builder's body is the whole card (or nothing)."""
+
+    def __init__(self, name: str, title: str, build: Any, place: str, card: bool = True) -> None:
+        self.name, self.title, self.build, self.place, self.card = name, title, build, place, card
 
 
 SECTIONS: tuple[Section, ...] = (
@@ -462,9 +469,11 @@ SECTIONS: tuple[Section, ...] = (
     Section("pods", "Pods", pods_html, "main"),
     Section("fabric", "Fabric check", fabric_html, "side"),
     Section("running", "Running", running_html, "wide"),
+    Section("secrets", "Secrets", secrets_html, "wide", card=False),
 )
 """The page's sections in order, one row each: a new section is one row here (its builder takes a `View` and returns
-its body and an extra CSS class). The first screen (1280x800) holds the "main" and "side" ones."""
+its body and an extra CSS class; every value it shows goes through `num`). The first screen (1280x800) holds the
+"main" and "side" ones."""
 
 
 def fragment(col: Collector, now: float | None = None) -> str:
@@ -474,7 +483,8 @@ def fragment(col: Collector, now: float | None = None) -> str:
     with col.lock:
         for s in SECTIONS:
             body, cls = s.build(view)
-            places[s.place].append(f'<section id="card-{esc(s.name)}" class="card {cls}"><h2>{esc(s.title)}</h2>{body}</section>')
+            card = f'<section id="card-{esc(s.name)}" class="card {cls}"><h2>{esc(s.title)}</h2>{body}</section>' if s.card else body
+            places[s.place].append(card)
     first = f'<div class="first"><div class="main">{"".join(places["main"])}</div><div class="side">{"".join(places["side"])}</div></div>'
     return (
         f'<div id="live" data-now="{now:.3f}">{first}{"".join(places["wide"])}'

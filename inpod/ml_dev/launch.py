@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import IO, Callable, TextIO
 
 from .. import contract
+from ..lib import usersecrets
 from ..lib.pod import read_rank_env
+from . import secrets
 from .common import (
     DEBUG_PORT,
     FROM_RANK_FILE,
@@ -131,6 +133,7 @@ def cmd_rank(args: argparse.Namespace) -> int:
         env.update({str(k): str(v) for k, v in sent.get("env", {}).items()})
         if sent.get("per_pod"):
             env.update(RANK=env.get("NODE_RANK", "0"), LOCAL_RANK="0", WORLD_SIZE=env.get("NNODES", "1"))
+    env.update(usersecrets.values())  # env.secrets' keys from this pod's own mount, last (never sent on stdin)
     env["PYTHONUNBUFFERED"] = "1"
     if args.debug_port:
         site = STATE_DIR / "debug-site"
@@ -492,6 +495,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if warning:
         print(warning, file=sys.stderr, flush=True)
     wait_reachable(cluster, args.timeout)
+    secrets.require(cluster)
     cwd = Path.cwd()
     if not args.no_sync:
         sync(cluster, tree_root(cwd))
@@ -504,6 +508,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
     if not args.command:
         die("nothing to run: ml-dev exec -- <command>")
     wait_reachable(cluster, args.timeout)
+    secrets.require(cluster)
     results: dict[int, int] = {}
     procs = {}
     streams = []

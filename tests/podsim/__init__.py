@@ -10,6 +10,8 @@ API (root; tests skip with `pods.missing_requirements()` as the reason otherwise
     sim.pods[i].ip / .netns / .pid / .name     # pod IP, network namespace (`ip -n`, `nsenter --net=/run/netns/...`),
     sim.pods[i].path("/tmp/ml-dev-env")        #   PID 1 as this machine numbers it, a pod path seen from here
     sim.swap_configmap(name, data=None)        # a ConfigMap/Secret update: new ..<timestamp> dir, ..data swapped
+    sim.delete_secret(name)                    # `oc delete secret`: an optional volume empties (PodSim(namespace_secrets=
+                                               #   {name: {key: value}}): Secrets that exist without the stack rendering them)
     sim.add_interfaces(i, {"net5": "10.0.9.1/24"})  # extra interfaces (netK of every pod share one bridge)
     sim.terminate(i, grace=None)               # preStop exec, SIGTERM to PID 1, SIGKILL after the grace
     sim.restart(i)                             # the kubelet's container restart (volumes and sandbox kept)
@@ -34,8 +36,10 @@ Platform rules (everything a pod gets is a rendered field or one of these), with
 * ConfigMap/Secret volumes (`layout.AtomicVolume`): `<key> -> ..data/<key>`, `..data -> ..<UTC timestamp>.<random>`
   (a different directory on every pod); an update writes a new directory and renames `..data_tmp` over `..data`
   (pkg/volume/util/atomic_writer.go AtomicWriter.Write, newTimestampDir, createUserVisibleFiles). Modes: the
-  rendered defaultMode (0644 default); with an fsGroup the files' group is it (pkg/volume/volume_linux.go
-  SetVolumeOwnership). The service-account token volume at /var/run/secrets/kubernetes.io/serviceaccount
+  rendered defaultMode (0644 default); with an fsGroup the files' group is it and the read-only volume's
+  roMask 0440 is ORed into their mode (pkg/volume/volume_linux.go SetVolumeOwnership, changeFilePermission). Secrets
+  that exist in the namespace without the render: `PodSim(namespace_secrets=...)`; an absent `optional` one is empty.
+  The service-account token volume at /var/run/secrets/kubernetes.io/serviceaccount
   (token, ca.crt, namespace: test values; plugin/pkg/admission/serviceaccount). PVCs: a fresh root-owned 0755
   directory, with an fsGroup 2775 group fsGroup (SetVolumeOwnership); one per pod for volumeClaimTemplates,
   shared for a named claim. emptyDir: 0777 (pkg/volume/emptydir/empty_dir.go), medium Memory a tmpfs.

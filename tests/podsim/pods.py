@@ -207,13 +207,17 @@ class PodSim:
         python_packages: Sequence[str] = (),
         node: Any = None,
         image_programs: Mapping[str, str] | None = None,
+        namespace_secrets: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
         """`read_only_passwd`: pods whose image leaves /etc/passwd read-only (not the stack's base image: the
         programs fall back to nss_wrapper); `python_packages`: modules of this interpreter the image has
         (copied into the pods' site-packages, e.g. debugpy of images/base-requirements.in); `image_programs`:
         {path in the image: script} for programs the image has and this machine lacks (the dev servers
         code-server, jupyter, tensorboard of images/base.Containerfile), installed mode 0755 at those paths; they
-        may record what they see under /run/podsim-image (mode 1777, the stubs' own directory)."""
+        may record what they see under /run/podsim-image (mode 1777, the stubs' own directory); `namespace_secrets`:
+        {name: {key: value}} of Secrets that exist in the namespace without the stack rendering them (env.secrets: the
+        user made them with `oc create secret generic`); a Secret volume naming one that exists nowhere is empty when
+        `optional` (kubernetes pkg/volume/secret/secret.go SetUpAt), else the pod does not start."""
         self.result = result
         self.resources = list(result.resources)
         sts = next(r.inputs for r in self.resources if r.kind == "StatefulSet")
@@ -247,6 +251,9 @@ class PodSim:
         self.keys = self.base / "keys"
         self.keys.mkdir(mode=0o700)
         self.secrets = self._secrets(secrets or {}, list(user_keys))
+        for name, values in (namespace_secrets or {}).items():
+            assert name not in self.secrets, f"Secret {name} is rendered by the stack; pass its values as secrets="
+            self.secrets[name] = dict(values)
         self.configmaps = {r.inputs["metadata"]["name"]: dict(r.inputs.get("data") or {}) for r in self.resources if r.kind == "ConfigMap"}
         self.pods = [
             Pod(
@@ -466,7 +473,7 @@ class PodSim:
                 out[name] = (kind, d)
             elif "configMap" in v or "secret" in v:
                 src = v.get("configMap") or v["secret"]
-                data = self.configmaps[src["name"]] if "configMap" in v else self.secrets[src["secretName"]]
+                data = self._source_data(v)
                 mode = int(src.get("defaultMode", 0o644))
                 volume = AtomicVolume(vdir / name, mode=mode, gid=fs_group)
                 volume.write_volume(src, data)
@@ -478,6 +485,22 @@ class PodSim:
         sa.write({"token": "test-service-account-token", "ca.crt": "test-ca\n", "namespace": self.namespace})
         pod.volumes["kube-api-access"] = sa
         return out
+
+    def _source_data(self, volume: Mapping[str, Any]) -> dict[str, str]:
+        """The object behind a configMap/secret volume; an absent one is empty when the volume is `optional`
+        (pkg/volume/secret/secret.go and configmap/configmap.go SetUpAt: NotFound and optional -> an empty object)."""
+        kind, key, objects = ("configMap", "name", self.configmaps) if "configMap" in volume else ("secret", "secretName", self.secrets)
+        src = volume[kind]
+        if src[key] in objects:
+            return dict(objects[src[key]])
+        if src.get("optional"):
+            return {}
+        raise KeyError(f"volume {volume['name']}: {kind} {src[key]} not found: the pod would stay in ContainerCreating")
+
+    def delete_secret(self, name: str) -> None:
+        """`oc delete secret <name>`: the kubelet's next sync of an optional volume writes an empty payload."""
+        self.secrets.pop(name, None)
+        self._resync(name)
 
     def _pvc_dir(self, path: Path) -> Path:
         """A fresh volume: root-owned 0755; with an fsGroup group-owned by it, g+rwx and setgid (volume_linux.go
@@ -784,11 +807,14 @@ class PodSim:
         source = self.configmaps if name in self.configmaps else self.secrets
         if data is not None:
             source[name] = dict(data)
+        self._resync(name)
+
+    def _resync(self, name: str) -> None:
         for pod in self.pods:
             for v in self.pod_spec.get("volumes") or []:
                 ref = (v.get("configMap") or {}).get("name") or (v.get("secret") or {}).get("secretName")
                 if ref == name:
-                    pod.volumes[v["name"]].write_volume(v.get("configMap") or v["secret"], dict(source[name]))
+                    pod.volumes[v["name"]].write_volume(v.get("configMap") or v["secret"], self._source_data(v))
 
     def terminate(self, index: int, grace: float | None = None) -> str:
         """The kubelet's kill: preStop exec hook (if rendered), SIGTERM to PID 1, SIGKILL after the grace period
