@@ -105,6 +105,13 @@ class IdleSim(PodSim):
         self.api_server: ThreadingHTTPServer | None = None
         self.api_ca = ""
 
+    def start(self, timeout: float = 90, wait: bool = True) -> IdleSim:
+        super().start(timeout, wait)
+        return self
+
+    def __enter__(self) -> IdleSim:
+        return self if self._started else self.start()
+
     def settings(self) -> dict[str, Any]:
         """The idle settings as rendered or last swapped (idle.json of the lifecycle ConfigMap)."""
         return dict(json.loads(self.configmaps[self.settings_configmap][lifecycle.SETTINGS_KEY]))

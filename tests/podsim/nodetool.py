@@ -57,6 +57,12 @@ def nvidia_smi(n: dict, args: list[str]) -> int:
     if smi == "hang" and any(a.startswith(("--query-gpu=", "--query-compute-apps=")) for a in args):
         time.sleep(3600)  # stuck in the driver: the caller's deadline ends it
         return 0
+    replay = n.get("replay")
+    if replay and any(a.startswith(("--query-gpu=", "--query-compute-apps=")) for a in args):
+        # a real tool's output, verbatim (tests/data/tool_output), with its exit status
+        path = replay["gpu"] if any(a.startswith("--query-gpu=") for a in args) else replay.get("apps")
+        sys.stdout.write(Path(path).read_text() if path else "gpu_uuid, pid, process_name, used_gpu_memory [MiB]\n")
+        return int(replay.get("rc", 0))
     if "-L" in args:
         for i in range(gpus):
             sys.stdout.write("GPU %d: NVIDIA H100 80GB HBM3 (UUID: GPU-%08x-4d87-49d1-2eb9-39ec2baddf9b)\n" % (i, i))

@@ -45,10 +45,12 @@ def set_gpus(
     apps: list[tuple[int, int, str, int]] | None = None,
     smi: str | None = None,
     gpus: tuple[int, ...] | None = None,
+    replay: dict[str, Any] | None = None,
 ) -> None:
     """Change a node state's GPUs (nodetool.py `nvidia_smi` prints them): of GPUs `gpus` (default: all) the
     utilisation `util` %, the memory controller's `mem` %, `used` MiB of memory; the compute processes `apps`
-    (gpu index, pid, name, MiB); the tool `smi`: "ok", "fail" (the driver gone: exit 9) or "hang" (stuck in NVML)."""
+    (gpu index, pid, name, MiB); the tool `smi`: "ok", "fail" (the driver gone: exit 9) or "hang" (stuck in NVML);
+    `replay`: a real tool's output instead, verbatim ({"gpu": file, "apps": file or None, "rc": exit status}; {}: off)."""
     for key, value in (("gpu_util", util), ("gpu_mem_util", mem), ("gpu_mem_used", used)):
         if value is not None:
             st.setdefault(key, {}).update({str(i): int(value) for i in (gpus if gpus is not None else range(st["gpus"]))})
@@ -57,6 +59,8 @@ def set_gpus(
     if smi is not None:
         assert smi in ("ok", "fail", "hang"), smi
         st["nvidia_smi"] = smi
+    if replay is not None:
+        st["replay"] = {k: str(v) if k != "rc" and v is not None else v for k, v in replay.items()}
 
 
 def ipv4_gid(address: str) -> str:

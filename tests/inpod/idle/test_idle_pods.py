@@ -43,9 +43,15 @@ while time.monotonic() < end:
 """
 
 
+def idle_stop_on(objects: dict[str, Any]) -> None:
+    """The idle stop with the stack's own defaults, no dev servers."""
+    no_dev_servers(objects)
+    objects.setdefault("lifecycle", {})["idleStop"] = {"enabled": True}
+
+
 @pytest.fixture(scope="module")
 def idle_render() -> Any:
-    return render_stack("barcelona", lambda o: (no_dev_servers(o), o.setdefault("lifecycle", {}).update(idleStop={"enabled": True})))
+    return render_stack("barcelona", idle_stop_on)
 
 
 @pytest.fixture(scope="module")
@@ -109,9 +115,8 @@ def test_busy_gpu_that_prints_nothing_is_never_stopped_then_idle_stops_in_time(t
     idleTimeout + 2 intervals of the last activity. Pod 0 runs the image's JupyterLab as startup.sh starts it."""
 
     def jupyter_on(objects: dict[str, Any]) -> None:
-        no_dev_servers(objects)
+        idle_stop_on(objects)
         objects["access"]["jupyter"] = True
-        objects.setdefault("lifecycle", {})["idleStop"] = {"enabled": True}
 
     render = render_stack("barcelona", jupyter_on)
     api = FakeApiServer(render.one(ROLE, "gpu-idle-agent").inputs["rules"])
