@@ -105,5 +105,10 @@ Platform rules (everything a pod gets is a rendered field or one of these), with
   (gateway 10.128.0.1) always, the rest dropped; net1..N not covered (ovn-kubernetes go-controller/pkg/ovn/
   base_network_controller_policy.go addAllowACLFromNode, arpAllowPolicyMatch; allow-related ACLs). Peers: non-stack
   "pods" (own netns on the same bridge, a namespace and labels of their own) as sources.
-* Not simulated: seccomp, SELinux, cgroups/resources, the sidecar containers, init containers, the API server.
+* The idle stop (`idlestop.IdleSim`, the harness of the idle and stop tests): the idle settings' ConfigMap edited
+  before the pods start or swapped while they run, and an API stand-in (a test's FakeApiServer handler) over HTTPS
+  at the `kubernetes` Service address (172.30.0.1:443) from before the pods start, the pods' service-account
+  token and CA its own.
+* Not simulated: seccomp, SELinux, cgroups/resources, the sidecar containers, init containers, the API server (the
+  idle harness's stand-in answers the idle agent's requests only).
 """
