@@ -75,8 +75,9 @@ Platform rules (everything a pod gets is a rendered field or one of these), with
   its hook line at the end of /etc/bash.bashrc, /etc/security/limits.d/99-ml-dev-env-memlock.conf,
   /home/ml-dev/.local/bin (GID 0 g=u);
   sshd, its privsep user `sshd`, ssh, rsync, pdsh, git and python3 as this machine (Debian) has them.
-  Node tools as stubs: nvidia-smi (the NVIDIA container toolkit's; GPUs = the nvidia.com/gpu limit) and
-  ibv_devinfo (the HCAs of NCCL_IB_HCA).
+  Node tools as stubs: nvidia-smi (the NVIDIA container toolkit's; GPUs = the nvidia.com/gpu limit; the node's
+  stub of tests/podsim/nodetool.py, idle GPUs unless a `Node` says otherwise) and ibv_devinfo (the HCAs of
+  NCCL_IB_HCA).
 * The image's programs this machine lacks (`PodSim(..., image_programs={path: script})`): the dev servers of
   images/base.Containerfile (code-server at /usr/local/bin/code-server -> /opt/code-server, jupyter and
   tensorboard from the system pip at /usr/local/bin) as stubs installed 0755 at those paths before PID 1 runs;

@@ -63,6 +63,21 @@ def set_gpus(
         st["replay"] = {k: str(v) if k != "rc" and v is not None else v for k, v in replay.items()}
 
 
+def wrapper_script(tool: str) -> str:
+    """The tool on a pod's PATH: the stub at /run/podsim-node (its node.json beside it)."""
+    return f'#!/bin/sh\nexec /usr/bin/python3 /run/podsim-node/nodetool.py {tool} "$@"\n'
+
+
+def default_node(directory: Path, pod: str, gpus: int) -> None:
+    """A node directory for a pod without a `Node`: nodetool.py and a healthy node.json (`gpus` idle GPUs, no HCA),
+    for PodSim to copy to /run/podsim-node (only nvidia-smi is installed from it; no mount is added)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    shutil.copy(HERE / "nodetool.py", directory / "nodetool.py")
+    (directory / "node.json").write_text(json.dumps({"pod": pod, "gpus": gpus, "hcas": []}))
+    (directory / "calls.log").write_text("")
+    (directory / "calls.log").chmod(0o666)  # the stub logs its calls as the pod's user
+
+
 def ipv4_gid(address: str) -> str:
     """The IPv4-mapped GID of an address (::ffff:a.b.c.d), as sysfs prints it: eight groups of four hex digits."""
     a, b, c, d = (int(x) for x in address.split("/")[0].split("."))
@@ -243,7 +258,7 @@ class Node:
         ]
         for tool in TOOLS:
             wrapper = d / f"{tool}.sh"
-            wrapper.write_text(f'#!/bin/sh\nexec /usr/bin/python3 /run/podsim-node/nodetool.py {tool} "$@"\n')
+            wrapper.write_text(wrapper_script(tool))
             lines.append(f"install -m 0755 {q(str(wrapper))} {root}/usr/bin/{tool}")
         # sysfs of the VFs over the read-only sysfs (an overlay keeps the rest of /sys/class and the host's PCI devices)
         lines += [

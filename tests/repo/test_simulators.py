@@ -22,7 +22,7 @@ SKIP = {".git", ".venv", "node_modules", "__pycache__", "site", ".mypy_cache", "
 TEXT = {".py", ".sh", ".md", ".yml", ".yaml", ".json", ".toml", ".cfg", ".txt", ".j2"}
 STUB_DIRS = ("tests/inpod/idle", "tests/inpod/home", "tests/podsim")
 STUB_OWNERS = {"tests/podsim/nodetool.py", "tests/podsim/nodetools.py", "tests/podsim/pods.py"}
-"""Where nvidia-smi stubs may be written: the node's tools, and PodSim's default for a pod without a `Node`."""
+"""Where the node's nvidia-smi is installed: its stub and state (nodetool.py, nodetools.py) and PodSim's pod start."""
 WRITES_A_STUB = re.compile(r"""(/\s*["']nvidia-smi["']|path\(\s*["']/usr/bin/nvidia-smi["']\s*\))""")
 
 
