@@ -1,10 +1,11 @@
 """The idle stop on simulated pods started from the render: one harness for the idle and stop tests (root only).
 
-    sim = IdleSim(api=FakeApiServer(rules), token=TOKEN)  # barcelona, idle stop on, no dev servers, the node's
-                                                    # tools; the API stand-in at the `kubernetes` Service (HTTPS)
+    sim = IdleSim(settings={"intervalSeconds": 1}, api=FakeApiServer(rules), token=TOKEN)
+    # barcelona, idle stop on, no dev servers, the node's tools; idle.json edited before the pods start; the API
+    # stand-in at the `kubernetes` Service (HTTPS) from before the pods start, the pods' token and CA its own
     with sim.start():                               # startup.sh starts the idle agent on every pod, as rendered
         sim.node.gpu(sim, 1, util=97)               # pod 1's GPUs busy (tests/podsim/nodetools.py, live)
-        sim.quicken(intervalSeconds=1)              # the idle settings' ConfigMap updated (the kubelet's swap)
+        sim.quicken(unreachableSeconds=4)           # the idle settings' ConfigMap updated (the kubelet's swap)
         wait_for("stop", lambda: api.replicas == 0, 60, sim.agent_log)
         sim.decision()                              # pod 0's idle-status.json (what `ml-dev status` reads)
 
