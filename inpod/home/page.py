@@ -177,11 +177,9 @@ class Collector:
         if pods:
             with contextlib.suppress(OSError, ValueError, urllib.error.URLError):
                 decision = fetch_json(pods[0][1] + "/decision")
-        usage_record = read_usage(now)
         with self.lock:
             self.last_sample = now
             self.decision = decision
-            self.usage = usage_record
             self.reports, self.errors = {}, {}
             for pod, report, error in results:
                 if report is None:
@@ -196,10 +194,17 @@ class Collector:
             self.pods = [p for p, _ in pods]
             self.save_history()
 
-    def loop(self, interval: float, stop: threading.Event) -> None:
+    def sample_usage(self, now: float | None = None) -> None:
+        found = read_usage(time.time() if now is None else now)
+        with self.lock:
+            self.usage = found
+
+    def loop(self, interval: float, stop: threading.Event, work: Any = None) -> None:
+        """`work` (default `sample`) every `interval` seconds until `stop`; the usage record is read in a loop of its
+        own (`sample_usage`): an API that does not answer never holds up the agents' samples."""
         while not stop.is_set():
             try:
-                self.sample()
+                (work or self.sample)()
             except Exception as exc:  # the page must keep serving whatever one round hit
                 print(f"[home-page] sample failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
             stop.wait(interval)
@@ -217,7 +222,7 @@ def read_usage(now: float) -> dict[str, Any]:
     name = contract.usage_configmap(app)
     selector = urllib.parse.quote(f"metadata.name={name}")
     try:
-        items = kube.Client(FIELD_MANAGER).call("GET", f"/api/v1/namespaces/{ns}/configmaps?fieldSelector={selector}", timeout=10)
+        items = kube.Client(FIELD_MANAGER).call("GET", f"/api/v1/namespaces/{ns}/configmaps?fieldSelector={selector}", timeout=5)
         found = [i for i in (items.get("items") or []) if (i.get("metadata") or {}).get("name") == name]
     except (OSError, ValueError, AttributeError, urllib.error.URLError) as exc:
         return {"error": f"{name}: {exc}"}
@@ -614,7 +619,9 @@ def serve_page(listen: str) -> int:
     handler = type("BoundHandler", (Handler,), {"collector": collector})
     servers = http.bind(addresses, handler)
     stop = threading.Event()
-    threading.Thread(target=collector.loop, args=(float(env("ML_DEV_HOME_INTERVAL", "30")), stop), daemon=True).start()
+    interval = float(env("ML_DEV_HOME_INTERVAL", "30"))
+    threading.Thread(target=collector.loop, args=(interval, stop), daemon=True).start()
+    threading.Thread(target=collector.loop, args=(interval, stop, collector.sample_usage), daemon=True).start()
     shown = http.shown(servers)
     with contextlib.suppress(OSError):
         state_dir().mkdir(parents=True, exist_ok=True)
@@ -643,6 +650,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "render":
         collector = Collector()
         collector.sample()
+        collector.sample_usage()
         sys.stdout.write(page(collector))
         return 0
     return serve_page(args.listen)

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.fixtures import programs
+from tests.podsim import nodetools
 from tests.podsim.admission import Identity, admit
 from tests.podsim.layout import AtomicVolume
 from tests.podsim.render import PodFacts, container_env, main_container, service_links
@@ -142,25 +143,6 @@ def keygen(path: Path, comment: str) -> str:
     run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)])
     return Path(f"{path}.pub").read_text().strip()
 
-
-NVIDIA_SMI = r"""#!/usr/bin/python3
-# node tool stub (the NVIDIA container toolkit injects the real one): -L and --query-gpu=... --format=csv
-import sys
-n = int("@GPUS@")
-args = sys.argv[1:]
-if "-L" in args:
-    for i in range(n):
-        print("GPU %d: NVIDIA H100 80GB HBM3 (UUID: GPU-%08x-4d87-49d1-2eb9-39ec2baddf9b)" % (i, i))
-    sys.exit(0)
-query = next((a.split("=", 1)[1] for a in args if a.startswith("--query-gpu=")), "index,name,memory.total")
-units = "nounits" not in " ".join(args)
-values = {"name": "NVIDIA H100 80GB HBM3", "memory.total": "81559 MiB" if units else "81559",
-          "memory.used": "0 MiB" if units else "0", "utilization.gpu": "0 %" if units else "0",
-          "utilization.memory": "0 %" if units else "0"}
-for i in range(n):
-    row = {"index": str(i), "uuid": "GPU-%08x-4d87-49d1-2eb9-39ec2baddf9b" % i, **values}
-    print(", ".join(row.get(k, "[N/A]") for k in query.split(",")))
-"""
 
 IBV_DEVINFO = r"""#!/bin/sh
 # node tool stub (rdma-core's, fed by the SR-IOV device plugin): the HCAs named in NCCL_IB_HCA
@@ -526,7 +508,9 @@ class PodSim:
         (etc / "hostname").write_text(pod.name + "\n")
         tools = pod.host_dir / "tools"
         tools.mkdir(exist_ok=True)
-        (tools / "nvidia-smi").write_text(NVIDIA_SMI.replace("@GPUS@", str(self.gpus)))
+        (tools / "nvidia-smi").write_text(nodetools.wrapper_script("nvidia-smi"))
+        if self.node is None:  # the node's nvidia-smi, its healthy defaults copied in (a `Node` mounts its live state)
+            nodetools.default_node(pod.host_dir / "node", pod.name, self.gpus)
         (tools / "ibv_devinfo").write_text(IBV_DEVINFO)
         pod.env = self.container_env(pod)
         layer = pod.host_dir / "layer"
@@ -572,7 +556,12 @@ class PodSim:
             f"mkdir -p {root}/etc/security/limits.d && printf '%s\\n' {' '.join(q(x) for x in MEMLOCK_LIMITS)}"
             f" > {root}/etc/security/limits.d/99-ml-dev-env-memlock.conf",
             f"mkdir -p {root}/home/ml-dev/.local/bin && chgrp -R 0 {root}/home/ml-dev && chmod -R g=u {root}/home/ml-dev",
-            # node tools (stubs): the NVIDIA toolkit's nvidia-smi, rdma-core's ibv_devinfo
+            # node tools (stubs): the NVIDIA toolkit's nvidia-smi (tests/podsim/nodetool.py), rdma-core's ibv_devinfo
+            *(
+                (f"mkdir -p {root}/run/podsim-node && cp -a {q(str(pod.host_dir / 'node'))}/. {root}/run/podsim-node/",)
+                if self.node is None
+                else ()
+            ),
             f"install -m 0755 {tools}/nvidia-smi {root}/usr/bin/nvidia-smi",
             f"install -m 0755 {tools}/ibv_devinfo {root}/usr/bin/ibv_devinfo",
             *(self.node.setup(self, pod, root) if self.node is not None else ()),

@@ -16,9 +16,7 @@ the screenshot goes under the test's temporary directory.
 
 from __future__ import annotations
 
-import json
 import os
-import shlex
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,18 +24,13 @@ from typing import Any
 
 import pytest
 
-from core import naming
-from inpod.home.page import ago
-from inpod.lib.pod import clock
 from tests.conftest import ROOT
 from tests.inpod.home.browser import APPS, CHROMIUM, DRIVER, NO_BROWSER, js, open_browser
-from tests.inpod.home.numbers import USAGE, check, idle_truth, shown, status_hours
+from tests.inpod.home.numbers import shown
 from tests.inpod.home.pods import HOME_PORT, INJECTED, STATE, HomePods
-from tests.inpod.idle.conftest import TOKEN, FakeApiServer
-from tests.podsim.kubeapi import serve_api
+from tests.inpod.home.truth import PageTruth
 from tests.podsim.netns import in_netns
 from tests.podsim.pods import leftovers, missing_requirements
-from tests.podsim.render import pod_rules
 
 SCREENSHOT = ROOT / "docs" / "img" / "home-page.png"
 REASON = missing_requirements()
@@ -128,14 +121,10 @@ def test_home_page_in_chromium_on_the_rendered_pods(pods: HomePods, tmp_path: Pa
     latest_svg = pods.pods[0].path("/workspace/.ml-dev-env/fabric/latest.svg").read_text()
     assert latest_svg.lstrip().startswith("<svg") and result["sizes"], "the gate wrote its curve next to its JSON"
     # the API where the pods reach it, under the render's RBAC of the pods' ServiceAccount, with a usage record
-    api = FakeApiServer(pod_rules(pods.result))
-    api.usage = dict(USAGE)
-    server, ca = serve_api(pods, api, tmp_path)
-    for pod in pods.pods:
-        pod.volumes["kube-api-access"].write({"token": TOKEN, "ca.crt": ca, "namespace": pods.namespace})
+    truth = PageTruth(pods, result)
+    api = truth.serve_usage(tmp_path)
     url = f"http://{pods.app}-home-{pods.namespace}.{APPS}:{HOME_PORT}/"
     procs: list[Any] = []
-    settings = json.loads(pods.configmaps[naming.lifecycle_configmap(pods.app)]["idle.json"])
 
     def browse() -> None:
         browser = open_browser(tmp_path / "profile", tmp_path / "driver.log")
@@ -144,74 +133,8 @@ def test_home_page_in_chromium_on_the_rendered_pods(pods: HomePods, tmp_path: Pa
         finally:
             browser.quit()
 
-    def settle(browser: Any, make: Callable[[], dict[str, Any]], what: str, timeout: float = 60) -> None:
-        """Until every number on the page is the truth (`make()`, read again each round; the idle card against one of
-        pod 0's agent's recent decisions: the page shows the one it sampled), else the last differences."""
-        deadline = time.monotonic() + timeout
-        problems = ["never read"]
-        seen: list[dict[str, Any]] = []
-        while time.monotonic() < deadline:
-            seen = [*seen[-8:], decision()]
-            page = str(js(browser, "return document.documentElement.outerHTML;"))
-            values, stray = shown(page)
-            now = float(js(browser, "return parseFloat(document.getElementById('live').getAttribute('data-now'));"))
-            base = {**make(), "updated": clock(now)}
-            options = [check(values, stray, {**base, **idle_truth(d, settings, now)}) for d in seen if d.get("lastActive")]
-            problems = sorted(options, key=len)[0] if options else ["pod 0's agent has decided nothing yet"]
-            if not problems:
-                return
-            time.sleep(0.2)
-        live = text_of(browser, "live")
-        why = "\n".join(problems)
-        raise AssertionError(f"{what}: the page's numbers are not the test's:\n{why}\n{live}\n{pods.log_of(0, 'home')}")
-
-    def decision() -> dict[str, Any]:
-        res = pods.exec(0, ["python3", "-c", FETCH, f"http://127.0.0.1:{settings['activityPort']}/decision"], timeout=30)
-        return json.loads(res.stdout) if res.returncode == 0 else {}
-
-    def truth(ssh: dict[int, list[str]], ranks: dict[int, int], utils: dict[int, int]) -> dict[str, Any]:
-        """What the page must show for what the test made: `ssh` the client addresses of people's connections into
-        each pod, `ranks` the ranks on each, `utils` GPU 0's utilisation on each (the others idle at 0 %)."""
-        out: dict[str, Any] = {
-            "title": f"{pods.app} in {pods.namespace} · home",
-            "gpu-hours-7d": status_hours(USAGE, pods.app, pods.namespace),
-            "usage-days": "7",
-            "fabric-time": result["time"],
-            "plateau": str(result["plateauBusbw"]),
-            "pass": str(result["expectation"]["pass_busbw_gbs"]),
-            "diagnosis": list(result["diagnosis"]),
-            "conn-pod": [p.name for i, p in enumerate(pods.pods) for _ in ssh[i]],
-        }
-        users = {s["user"] for i in range(len(pods.pods)) for s in pods.sessions(i)}
-        for i, pod in enumerate(pods.pods):
-            out.update({f"rank:{pod.name}": str(i), f"pod:{i}": pod.name, f"node:{pod.name}": f"node-{i}"})
-            for g in range(pods.gpus):
-                util = utils[i] if g == 0 else 0
-                out[f"gpu:{pod.name}:{g}"] = f"GPU {g}: {util}% {'busy' if util >= settings['gpuUtilThreshold'] else 'idle'}"
-            out.update({f"ssh:{pod.name}": str(len(ssh[i])), f"ranks:{pod.name}": str(ranks[i])})
-            out[f"conn:{pod.name}"] = [f"{user} from {address}" for address in ssh[i] for user in users]
-            busiest = 0  # GPU 0 is the only one ever above 0 %
-            out.update({f"busiest:{pod.name}": f"GPU {busiest}", f"gpus:{pod.name}": str(pods.gpus), f"since:{pod.name}": since(pod.name)})
-        beats = sorted(pods.pods[0].path(f"{STATE}/heartbeat").glob("run-*.json"))
-        for n, beat in enumerate(beats):
-            info = json.loads(beat.read_text())
-            out.update(
-                {
-                    f"run:{n}:command": shlex.join(info["command"]),
-                    f"run:{n}:cwd": info["cwd"],
-                    f"run:{n}:on": pods.pods[0].name,
-                    f"run:{n}:pods": str(len(info["pods"])),
-                    f"run:{n}:age": lambda v, started=info["started"]: len(v) == 1 and v[0] in ages(started),
-                }
-            )
-        return out
-
-    def since(pod: str) -> Callable[[list[str]], bool]:
-        def ok(shown: list[str]) -> bool:
-            history = json.loads(pods.pods[0].path("/workspace/.ml-dev-env/home/history.json").read_text())["samples"][pod]
-            return shown == [clock(history[0][0])]
-
-        return ok
+    def settle(browser: Any, make: Callable[[], dict[str, Any]], what: str) -> None:
+        truth.settle(lambda: str(js(browser, "return document.documentElement.outerHTML;")), make, what)
 
     def look(browser: Any) -> None:
         viewport(browser, 1280, 800)
@@ -243,8 +166,13 @@ def test_home_page_in_chromium_on_the_rendered_pods(pods: HomePods, tmp_path: Pa
         people = [pods.popen(1 - (k == 2), f"exec ssh {pods.app}-{int(k == 2)} cat < <(exec sleep 300)") for k in range(3)]
         procs.extend(people)
         ip = [p.ip for p in pods.pods]
-        busy = {0: [ip[1], ip[1]], 1: [ip[0]]}
-        settle(browser, lambda: truth(busy, {0: 1, 1: 1}, {0: 87, 1: 40}), "two connections into pod 0, one into pod 1, one run")
+
+        def busy() -> dict[int, list[tuple[str, str]]]:
+            login = {s["user"] for i in (0, 1) for s in pods.sessions(i)}  # the pods' login user: people and ml-dev log in as it
+            user = login.pop() if len(login) == 1 else f"one login user, not {login}"
+            return {0: [(user, ip[1]), (user, ip[1])], 1: [(user, ip[0])]}
+
+        settle(browser, lambda: truth.expected(busy(), {0: 1, 1: 1}, {0: 87, 1: 40}), "two connections into pod 0, one into pod 1, one run")
         assert browser.execute_script("return window.__notReloaded === true;"), "the page refreshed by a full reload"
         assert style_of(browser, "#pods .gpu.busy", "backgroundColor") == "rgb(30, 142, 62)", "a busy GPU shows busy (green)"
         runs = js(browser, "return Array.from(document.querySelectorAll('li.run code')).map(function (c) { return c.textContent; });")
@@ -276,14 +204,14 @@ def test_home_page_in_chromium_on_the_rendered_pods(pods: HomePods, tmp_path: Pa
         restart_page()
         wait(browser, lambda: "idle-state" in str(js(browser, "return document.body.innerHTML;")), "the restarted page", pods)
         kept = {f"since:{name}": value for name, value in before.items()}
-        settle(browser, lambda: {**truth(busy, {0: 1, 1: 1}, {0: 87, 1: 40}), **kept}, "the restarted page")
+        settle(browser, lambda: {**truth.expected(busy(), {0: 1, 1: 1}, {0: 87, 1: 40}), **kept}, "the restarted page")
 
         # one connection closes, the run ends: the page follows
         pods.interrupt(people[0])
         people[0].communicate(timeout=30)
         pods.interrupt(procs[0])
         procs[0].communicate(timeout=60)
-        settle(browser, lambda: truth({0: [ip[1]], 1: [ip[0]]}, {0: 0, 1: 0}, {0: 87, 1: 40}), "one connection closed, the run ended")
+        settle(browser, lambda: truth.expected({0: busy()[0][1:], 1: busy()[1]}, {0: 0, 1: 0}, {0: 87, 1: 40}), "one closed, the run ended")
         # while the server restarted, the page's refresh was refused (and said so): nothing else
         errors = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
         assert all(e["message"].endswith("/fragment - Failed to load resource: net::ERR_CONNECTION_REFUSED") for e in errors), errors
@@ -299,9 +227,7 @@ def test_home_page_in_chromium_on_the_rendered_pods(pods: HomePods, tmp_path: Pa
     try:
         in_netns(f"/run/netns/{pods.pods[0].netns}", browse, timeout=280)
     finally:
-        server.shutdown()
-        server.server_close()
-        api.close()
+        truth.close()
         for proc in procs:
             if proc.poll() is None:
                 pods.interrupt(proc)
@@ -310,8 +236,3 @@ def test_home_page_in_chromium_on_the_rendered_pods(pods: HomePods, tmp_path: Pa
             except Exception:
                 proc.kill()
                 proc.communicate(timeout=30)
-
-
-def ages(started: float) -> set[str]:
-    """A run's age as the page may show it between two reads (the page's time is checked on its own)."""
-    return {ago(time.time() - started - d) for d in range(0, 5)}

@@ -1,11 +1,10 @@
-"""The home page served over HTTP from what the real agents, launcher, SSH fabric and fabric gate write."""
+"""The home page served over HTTP from what the real agents, launcher, SSH fabric and fabric gate write, on simulated
+pods started from the barcelona render (tests/inpod/home/conftest.py)."""
 
 from __future__ import annotations
 
 import json
 import re
-import shlex
-import subprocess
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
@@ -15,18 +14,11 @@ from typing import Any
 import pytest
 
 import inpod
-from inpod.home.page import ago
-from inpod.lib.http import fetch_json
-from inpod.lib.pod import clock
+from inpod import contract
 from tests.conftest import ROOT
-from tests.inpod import mount
-from tests.inpod.home.conftest import INJECTED, Environment, fabric_result, load, stop
-from tests.inpod.home.numbers import USAGE, check, idle_truth, shown, status_hours
-from tests.inpod.home.pods import idle_stop_on
-from tests.inpod.idle.conftest import APP, NS, FakeApiServer
+from tests.inpod.home.conftest import INJECTED, Environment, fabric_result, load, pods_required
+from tests.inpod.home.truth import PageTruth
 from tests.inpod.test_pythons import interpreter
-from tests.podsim.pods import render_stack
-from tests.podsim.render import pod_rules
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -39,141 +31,62 @@ def until(env: Environment, ok: Callable[[str], bool], what: str, timeout: float
         if ok(page):
             return page
         time.sleep(0.2)
-    raise AssertionError(f"the page never showed {what}:\n{page}\n--- log:\n{env.log.read_text()}")
+    raise AssertionError(f"the page never showed {what}:\n{page}\n--- log:\n{env.log()}")
 
 
-def test_every_number_on_the_page_is_what_the_test_made(environment: Environment) -> None:
-    """Known ground truth on live agents, the real ForceCommand and launcher heartbeats, a usage record served under
-    the render's RBAC of the pods' ServiceAccount; every value the page shows is enumerated and checked; then a
-    connection closes, the run ends, and the page follows; a restarted page keeps its history."""
+def session(env: Environment, index: int, user: str, client: str, run: str = "") -> None:
+    """A live SSH session on pod `index` as sshd runs it: the SSH fabric's ForceCommand with the session's env
+    (`run`: the ML_DEV_RUN an `ml-dev` launcher's ssh sends, AcceptEnv)."""
+    before = len(env.pods.sessions(index))
+    extra = {contract.RUN_ENV: run} if run else {}
+    variables = {"SSH_ORIGINAL_COMMAND": "exec sleep 120", "USER": user, "SSH_CLIENT": client, **extra}
+    proc = env.pods.popen(index, "exec bash /opt/ml-dev-env/ssh-session.sh", env=variables)
+    env.procs.append(proc)
+    deadline = time.monotonic() + 30
+    while len(env.pods.sessions(index)) <= before:
+        assert time.monotonic() < deadline and proc.poll() is None, "ssh-session.sh wrote no session record"
+        time.sleep(0.1)
+
+
+@pytest.mark.root
+@pytest.mark.timeout(300)
+@pods_required
+def test_every_number_on_the_page_is_what_the_test_made(environment: Environment, tmp_path: Path) -> None:
+    """Idle, then busy: a real `ml-dev run` (a rank on each pod), GPU 0 of pod 0 at 87 %, alice's connection into pod 0
+    with two sessions, bob's, an `ml-dev` session into pod 1 (the launcher's own: not a person's), a usage record
+    served under the render's RBAC of the pods' ServiceAccount. Every value the page shows is enumerated and equals
+    the truth; the page's only API read is the one the render allows."""
     env = environment
-    rules = pod_rules(render_stack("barcelona", idle_stop_on))
-    api = FakeApiServer(rules)
-    api.usage = dict(USAGE)
+    truth = PageTruth(env.pods, env.result)
+    api = truth.serve_usage(tmp_path)
     try:
-        env.start(pod_env={"APP_NAME": APP, "POD_NAMESPACE": NS, "ML_DEV_KUBE_API": api.url})
-        env.busy()  # GPUs of pod 0 at 87 %, a run launched on pod 0, alice's connection into pod 0
-        alice = env.procs[-1]
-        second = env.ssh_session(0, "<b>alice</b>", "10.128.2.7 50122 2222")  # the same connection, a second session
-        env.ssh_session(0, "bob", "10.128.2.9 40000 2222")
-        env.ssh_session(1, "carol", "10.128.0.10 41000 2222")
-        env.ssh_session(1, "ml-dev", "10.128.0.10 42000 2222", run="811")  # ml-dev's own (rank start): not a person's
-        launch: Any = load("inpod.ml_dev.launch_rank_under_test", ROOT / "inpod" / "ml_dev" / "launch.py")
-        launch.STATE_DIR = env.pods[1].state
-        rank = launch.Heartbeat("rank", {"command": ["python", "train.py"], "cwd": "/workspace/x", "pgid": 1})
-        rank.__enter__()
-        try:
-            truth = ground_truth(env, ssh={0: 2, 1: 1}, ranks={0: 0, 1: 1}, runs=1)
-            truth["conn:ml-dev-env-0"] = ["<b>alice</b> from 10.128.2.7", "bob from 10.128.2.9"]
-            truth["conn-sessions:ml-dev-env-0"] = "2"
-            truth["conn:ml-dev-env-1"] = ["carol from 10.128.0.10"]
-            truth["conn-pod"] = ["ml-dev-env-0", "ml-dev-env-0", "ml-dev-env-1"]
-            page = settle(env, truth)
-            assert INJECTED not in page and "&lt;script&gt;window.__xss = 1&lt;/script&gt;" in page and "<b>alice" not in page
-            first = page[page.index("<svg") : page.index("</svg>") + 6]
-            ET.fromstring(first)
-            # the page's only API call (the agents here have no API), and the render lets the pods' ServiceAccount make it
-            read = ("GET", f"/api/v1/namespaces/{NS}/configmaps?fieldSelector=metadata.name%3D{APP}-usage")
-            assert set(api.requests) == {read} and api.denied == [], (api.denied, set(api.requests))
-        finally:
-            rank.__exit__(None, None, None)
-        # one connection closes (both its sessions), the run ends: the page follows
-        since = shown(env.get("fragment"))[0]["since:ml-dev-env-0"]
-        env.restart_page()  # a restarted page keeps the samples it held: the same "since"
-        for proc in (alice, second):
-            stop(proc)
-        env.heartbeat.__exit__(None, None, None)
-        env.heartbeat = None
-        truth = ground_truth(env, ssh={0: 1, 1: 1}, ranks={0: 0, 1: 0}, runs=0)
-        truth.update({"conn:ml-dev-env-0": ["bob from 10.128.2.9"], "conn:ml-dev-env-1": ["carol from 10.128.0.10"]})
-        truth["conn-pod"] = ["ml-dev-env-0", "ml-dev-env-1"]
-        truth["since:ml-dev-env-0"] = since
-        settle(env, truth)
+        nobody: dict[int, list[tuple[str, str]]] = {0: [], 1: []}
+        truth.settle(lambda: env.get("fragment"), lambda: truth.expected(nobody, {0: 0, 1: 0}, {0: 0, 1: 0}), "nothing running")
+        env.busy()  # GPU 0 of pod 0 at 87 %, the run, alice's session into pod 0 from 10.128.2.7
+        session(env, 0, "<b>alice</b>", "10.128.2.7 50122 2222")  # the same connection: a second session, counted once
+        session(env, 0, "bob", "10.128.2.9 40000 2222")
+        session(env, 1, "ml-dev", "10.128.0.10 42000 2222", run="811")  # ml-dev's own (a rank start)
+        people = {0: [("<b>alice</b>", "10.128.2.7"), ("bob", "10.128.2.9")], 1: []}
+
+        def busy() -> dict[str, Any]:
+            return {**truth.expected(people, {0: 1, 1: 1}, {0: 87, 1: 0}), "conn-sessions:ml-dev-env-0": "2"}
+
+        page = truth.settle(lambda: env.get("fragment"), busy, "busy")
+        assert INJECTED not in page and "&lt;script&gt;window.__xss = 1&lt;/script&gt;" in page and "<b>alice" not in page
+        first = page[page.index("<svg") : page.index("</svg>") + 6]
+        ET.fromstring(first)
+        # the page's one API call, which the render lets the pods' ServiceAccount make (the agents here make none)
+        read = ("GET", f"/api/v1/namespaces/{env.pods.namespace}/configmaps?fieldSelector=metadata.name%3D{env.pods.app}-usage")
+        assert set(api.requests) == {read} and api.denied == [], (api.denied, set(api.requests))
     finally:
-        api.close()
+        truth.close()
 
 
-def ground_truth(env: Environment, ssh: dict[int, int], ranks: dict[int, int], runs: int) -> dict[str, Any]:
-    """What the page must show, from what the test made (the page's own `now` and samples only where they are the
-    page's: its update time, the start of the history it holds)."""
-    result = fabric_result(env)
-    settings = json.loads(env.settings.read_text())
-    names = [p.name for p in env.pods]
-    truth: dict[str, Any] = {
-        "gpu-hours-7d": status_hours(USAGE, APP, NS),
-        "usage-days": "7",
-        "fabric-time": result["time"],
-        "plateau": str(result["plateauBusbw"]),
-        "pass": str(result["expectation"]["pass_busbw_gbs"]),
-        "diagnosis": list(result["diagnosis"]),
-    }
-    for i, pod in enumerate(env.pods):
-        util = int((pod.bin / "gpu-util").read_text())
-        busy = "busy" if util >= settings["gpuUtilThreshold"] else "idle"
-        truth.update({f"rank:{pod.name}": str(i), f"pod:{i}": pod.name, f"node:{pod.name}": f"gpu-node-{i}"})
-        truth.update({f"gpu:{pod.name}:{g}": f"GPU {g}: {util}% {busy}" for g in range(4)})  # the stub's 4 GPUs
-        truth.update({f"ssh:{pod.name}": str(ssh[i]), f"ranks:{pod.name}": str(ranks[i])})
-        # its plot: the busiest GPU (all four alike: the first), since the first sample the page holds
-        truth.update({f"busiest:{pod.name}": "GPU 0", f"gpus:{pod.name}": "4", f"since:{pod.name}": first_sample(env, pod.name)})
-    beats = sorted((env.pods[0].state / "heartbeat").glob("run-*.json"))
-    assert len(beats) == runs, beats
-    for n, beat in enumerate(beats):
-        info = json.loads(beat.read_text())
-        truth.update(
-            {
-                f"run:{n}:command": shlex.join(info["command"]),
-                f"run:{n}:cwd": info["cwd"],
-                f"run:{n}:on": names[0],
-                f"run:{n}:pods": str(len(info["pods"])),
-                f"run:{n}:age": lambda v, started=info["started"]: len(v) == 1 and v[0] in AGES(started),
-            }
-        )
-    return truth
-
-
-def first_sample(env: Environment, pod: str) -> Callable[[list[str]], bool]:
-    """The plot's "since": the first sample of the history the page keeps (its file in the workspace)."""
-
-    def ok(shown: list[str]) -> bool:
-        samples = json.loads((env.workspace / ".ml-dev-env" / "home" / "history.json").read_text())["samples"][pod]
-        return shown == [clock(samples[0][0])]
-
-    return ok
-
-
-def AGES(started: float) -> set[str]:
-    """The run's age as the page may show it between two reads (the page's `now` is checked separately)."""
-    return {ago(time.time() - started - d) for d in range(0, 4)}
-
-
-def settle(env: Environment, truth: dict[str, Any], timeout: float = 30) -> str:
-    """The fragment once every value is the truth: the idle card against pod 0's agent's decision read around it,
-    the page's time against the clock; the last differences in the message when it never settles."""
-    deadline = time.monotonic() + timeout
-    problems: list[str] = ["never read"]
-    page = ""
-    settings = json.loads(env.settings.read_text())
-    seen: list[dict[str, Any]] = []  # pod 0's agent's recent decisions: the page shows the one it sampled
-    while time.monotonic() < deadline:
-        seen = [*seen[-8:], fetch_json(f"http://{env.pods[0].address()}/decision")]
-        page = env.get("fragment")
-        now = float(re.search(r'data-now="([0-9.]+)"', page).group(1))  # type: ignore[union-attr]
-        values, stray = shown(page)
-        problems = ["the page's time is not now"] if abs(now - time.time()) > 5 else []
-        base = {**truth, "updated": clock(now)}
-        options = [check(values, stray, {**base, **idle_truth(d, settings, now)}) for d in seen if d.get("lastActive")]
-        problems += sorted(options, key=len)[0] if options else ["pod 0's agent has decided nothing yet"]
-        if not problems:
-            return page
-        time.sleep(0.3)
-    raise AssertionError(
-        "the page's numbers are not what the test made:\n" + "\n".join(problems) + f"\n{page}\n--- log:\n{env.log.read_text()}"
-    )
-
-
+@pytest.mark.root
+@pytest.mark.timeout(300)
+@pods_required
 def test_full_page_loads_nothing_from_elsewhere(environment: Environment) -> None:
     env = environment
-    env.start()
     page = env.get()
     assert page.startswith("<!DOCTYPE html>")
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", page), "the page must not load anything from the internet"
@@ -194,26 +107,27 @@ def test_plot_escapes_its_text() -> None:
     assert INJECTED in [t.text for t in root.iter(f"{SVG}text")], "shown as text"
 
 
-def test_page_runs_on_the_oldest_python(environment: Environment, tmp_path: Path) -> None:
-    """The whole page, on live agents and the real gate's files, under inpod.MIN_PYTHON (the units of
-    tests/inpod/pod_units.py cover the pieces on every version)."""
+@pytest.mark.root
+@pytest.mark.timeout(300)
+@pods_required
+def test_page_runs_on_the_oldest_python(environment: Environment) -> None:
+    """The whole page, on pod 0 with its live agents and the real gate's files, under inpod.MIN_PYTHON (the units of
+    tests/inpod/pod_units.py cover the pieces on every version): that interpreter run in the pod (its image layer is
+    this machine's root), on the shipped program where the pod mounts it."""
     version = ".".join(map(str, inpod.MIN_PYTHON))
     python = interpreter(version)
     if python is None:
         pytest.skip(f"no CPython {version} here (pyenv versions/{version}.*, python{version} on PATH)")
     env = environment
-    env.start()
-    rendered = subprocess.run(
-        [python, str(mount.shipped() / "home_page.py"), "render"],
-        env={"PATH": "/usr/bin:/bin", "ML_DEV_STATE_DIR": str(env.pods[0].state), "ML_DEV_WORKSPACE": str(env.workspace),
-             "ML_DEV_IDLE_SETTINGS": str(env.settings), "ML_DEV_HOME_AGENTS": " ".join(f"{p.name}={p.address()}" for p in env.pods)},
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+    rendered = env.pods.exec(0, [python, "/opt/ml-dev-env/home_page.py", "render"], timeout=60)
     assert rendered.returncode == 0, rendered.stderr
     assert "ml-dev-env-1" in rendered.stdout and 'id="fabric-status" class="bad">FAIL' in rendered.stdout
-    curve = subprocess.run(
+    curve = env.pods.exec(
+        0,
         [python, "-c", "import json, sys; from inpod.home import svgplot; sys.stdout.write(svgplot.gate_curve(json.load(sys.stdin)))"],
-        input=json.dumps(fabric_result(env)), cwd=mount.shipped(), capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        cwd="/opt/ml-dev-env",
+        input=json.dumps(fabric_result(env)),
+        timeout=60,
+    )
     assert curve.returncode == 0, curve.stderr
     assert ET.fromstring(curve.stdout).tag == f"{SVG}svg"
