@@ -1,18 +1,19 @@
-"""The home page's "Stall verdicts" section: the last `ml-dev why` verdict of each live run launched on this pod.
+"""The home page's "Stall verdicts" card: the last `ml-dev why` verdict of each live run launched on this pod (a run with
+no verdict yet is not listed; no such run, no card).
 
 A live run is a fresh `heartbeat/run-<pid>.json` of this pod's state directory (the launcher rewrites it every 10 s);
 its verdict is `$ML_DEV_WORKSPACE/.ml-dev-env/runs/<run>/why/latest.json` (inpod/ml_dev/why.py keep_local). Shown:
 the verdict's rank, pod, node, frame and age; everything HTML-escaped (frames and pod names come from users' code and
-stacks). Standard library only, Python 3.8+.
+stacks), every value marked by the page's `num` (handed in: the page imports this module). Standard library only,
+Python 3.8+.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from html import escape
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .. import contract
 from ..lib.pod import env, state_dir
@@ -52,35 +53,30 @@ def last_verdict(run: str) -> dict[str, Any] | None:
     return record.get("verdict") if isinstance(record, dict) and isinstance(record.get("verdict"), dict) else None
 
 
-def why_html(now: float | None = None) -> str:
-    """The section's HTML (a card, like the page's others); empty when no live run exists."""
-    now = time.time() if now is None else now
-    runs = live_runs(now)
-    if not runs:
-        return ""
+def why_html(now: float, mark: Callable[[str, object], str]) -> str:
+    """The card's HTML ("" when no live run has a verdict); `mark(key, value)` is the page's `num` (escapes, marks)."""
     items = []
-    for run in runs:
+    for run in live_runs(now):
         v = last_verdict(run)
-        r = escape(run)
         if v is None:
-            items.append(f'<li class="why neutral" data-run="{r}">run <code>{r}</code>: no verdict yet (ml-dev why)</li>')
             continue
         kind = str(v.get("kind", "?"))
         s = v.get("straggler") or {}
         cls = {"straggler": "bad", "no-straggler": "ok"}.get(kind, "neutral")
         if s:
-            ranks = escape(", ".join(str(x) for x in s.get("ranks", [])))
-            node = f", node {escape(str(s['node']))}" if s.get("node") else ""
+            node = f", node {mark('why-node', s['node'])}" if s.get("node") else ""
             what = (
-                f'<span class="why-rank">rank {ranks}</span> on <span class="why-pod">{escape(str(s.get("pod", "?")))}</span>{node}: '
-                f'<code class="why-frame">{escape(str(s.get("frame", "?")))}</code>'
+                f'rank <span class="why-rank">{mark("why-rank", ", ".join(str(x) for x in s.get("ranks", [])))}</span> on '
+                f'<span class="why-pod">{mark("why-pod", s.get("pod", "?"))}</span>{node}: '
+                f'<code class="why-frame">{mark("why-frame", s.get("frame", "?"))}</code>'
             )
         else:
             what = escape(kind.replace("-", " "))
-        age = escape(_age(now - float(v.get("time", now))))
-        text = escape(str(v.get("text", "")))
         items.append(
-            f'<li class="why {cls}" data-run="{r}">run <code>{r}</code>: {what} '
-            f'<span class="small why-age">({age})</span><br><span class="small">{text}</span></li>'
+            f'<li class="why {cls}" data-run="{escape(run)}">run <code>{mark("why-run", run)}</code>: {what} '
+            f'<span class="small why-age">({mark("why-age", _age(now - float(v.get("time", now))))})</span><br>'
+            f'<span class="small">{mark("why-text", v.get("text", ""))}</span></li>'
         )
-    return f'<section class="card why" id="why"><h2>Stall verdicts (ml-dev why)</h2><ul>{"".join(items)}</ul></section>'
+    if not items:
+        return ""
+    return f'<section id="card-why" class="card why"><h2>Stall verdicts (ml-dev why)</h2><ul>{"".join(items)}</ul></section>'

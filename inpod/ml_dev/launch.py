@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import IO, Callable, TextIO
 
 from .. import contract
+from ..lib import usersecrets
 from ..lib.pod import read_rank_env
+from . import secrets
 from .common import (
     DEBUG_PORT,
     FROM_RANK_FILE,
@@ -137,6 +139,7 @@ def cmd_rank(args: argparse.Namespace) -> int:
     if run:  # `ml-dev run`: the run id, the progress file (watched here), Flight Recorder's pipe (ml-dev why)
         env.update(rank_env(run, sent.get("launcher", ""), env))
         ProgressRelay(env[contract.PROGRESS_FILE_ENV]).start()
+    env.update(usersecrets.values())  # env.secrets' keys from this pod's own mount, last (never sent on stdin)
     env["PYTHONUNBUFFERED"] = "1"
     if args.debug_port:
         site = STATE_DIR / "debug-site"
@@ -516,6 +519,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if warning:
         print(warning, file=sys.stderr, flush=True)
     wait_reachable(cluster, args.timeout)
+    secrets.require(cluster)
     cwd = Path.cwd()
     if not args.no_sync:
         sync(cluster, tree_root(cwd))
@@ -531,6 +535,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
     if not args.command:
         die("nothing to run: ml-dev exec -- <command>")
     wait_reachable(cluster, args.timeout)
+    secrets.require(cluster)
     results: dict[int, int] = {}
     procs = {}
     streams = []

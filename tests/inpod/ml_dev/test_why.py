@@ -156,8 +156,9 @@ def test_names_the_stalled_rank_from_another_pod_and_keeps_it(sim: PodSim) -> No
         # the home page (pod 0) shows the live run's last verdict
         page = sim.exec(0, "python3 /opt/ml-dev-env/home_page.py render", timeout=60)
         assert page.returncode == 0, page.stderr
-        section = page.stdout[page.stdout.index('id="why"') :]
-        assert f'<span class="why-rank">rank {stalled}</span>' in section and f">{pod}</span>" in section, section[:2000]
+        section = page.stdout[page.stdout.index('id="card-why"') :]
+        assert f'<span class="why-rank"><span data-k="why-rank">{stalled}</span></span>' in section, section[:2000]
+        assert f'<span class="why-pod"><span data-k="why-pod">{pod}</span></span>' in section, section[:2000]
         assert "stall_here (barrier_job.py:" in section
     finally:
         stop(sim, proc)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import pickle
+import re
 import socket
 import threading
 import time
@@ -19,7 +20,8 @@ from typing import Any
 import pytest
 
 from inpod import contract
-from inpod.home import why_view
+from inpod.home import page, why_view
+from inpod.home.page import num
 from inpod.ml_dev import collectives, watchdog, why
 from stacks.config import StackConfig
 from tests.conftest import stack_objects
@@ -201,7 +203,7 @@ def test_ras_over_its_socket_and_silent_when_nothing_listens() -> None:
     assert collectives.ask_ras(f"127.0.0.1:{port}")["status"] == "silent"
 
 
-def test_home_page_section_shows_the_live_runs_last_verdict_escaped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_home_page_card_shows_the_live_runs_last_verdict_escaped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     state, workspace = tmp_path / "state", tmp_path / "ws"
     monkeypatch.setenv(contract.STATE_DIR_ENV, str(state))
     monkeypatch.setenv("ML_DEV_WORKSPACE", str(workspace))
@@ -209,19 +211,24 @@ def test_home_page_section_shows_the_live_runs_last_verdict_escaped(tmp_path: Pa
     (state / contract.HEARTBEAT_DIR).mkdir(parents=True)
     (state / contract.HEARTBEAT_DIR / "run-1.json").write_text(json.dumps({"run": "r-live", "alive_at": now}))
     (state / contract.HEARTBEAT_DIR / "run-2.json").write_text(json.dumps({"run": "r-ended", "alive_at": now - 600}))
-    assert why_view.why_html(now).count('class="why ') == 1 and "no verdict yet" in why_view.why_html(now)
+    assert why_view.why_html(now, num) == ""  # a live run without a verdict: no card
     evil = "<script>alert(1)</script>"
     straggler = {"ranks": ["2"], "pod": "env-2", "node": evil, "frame": evil}
     verdict = {"kind": "straggler", "time": now - 90, "text": f"rank 2 in {evil}", "straggler": straggler}
     for run in ("r-live", "r-ended"):
         (workspace / contract.RUNS_DIR / run / "why").mkdir(parents=True)
         (workspace / contract.RUNS_DIR / run / contract.WHY_LATEST).write_text(json.dumps({"verdict": verdict}))
-    html = why_view.why_html(now)
+    html = why_view.why_html(now, num)
     assert "<script>" not in html and "&lt;script&gt;" in html
-    assert '<span class="why-rank">rank 2</span> on <span class="why-pod">env-2</span>' in html and "(90 s ago)" in html
-    assert "r-ended" not in html
+    assert '<span class="why-rank"><span data-k="why-rank">2</span></span>' in html
+    assert '<span data-k="why-pod">env-2</span>' in html and '<span data-k="why-age">90 s ago</span>' in html
+    assert "r-ended" not in html and html.count('class="why ') == 1
+    # every digit of the card is a marked value (the page's rule, tests/inpod/home/numbers.py)
+    assert not re.search(r"\d", re.sub(r'<span data-k="[^"]*">[^<]*</span>|<[^>]*>', "", html))
     (state / contract.HEARTBEAT_DIR / "run-1.json").unlink()
-    assert why_view.why_html(now) == ""
+    assert why_view.why_html(now, num) == ""
+    # the page's table carries the card
+    assert any(s.name == "why" for s in page.SECTIONS)
 
 
 def test_stall_setting_renders_and_rejects_what_cannot_work() -> None:
