@@ -11,7 +11,7 @@
 # Each run's output goes to DIR/make-test-<who>.log; its last pytest lines are printed (the summaries to report).
 # MIRROR (default http://deb.debian.org/debian) and SHARED (a shared/ tree to put beside the clone) are optional;
 # CA_BUNDLE (a PEM file) is for a network whose proxy re-signs TLS: pip and git inside then trust it (PIP_CERT,
-# SSL_CERT_FILE), nothing else of the machine changes.
+# SSL_CERT_FILE), nothing else of the machine changes. PYTEST_ARGS goes to both `make test` runs (e.g. --durations=30).
 set -euo pipefail
 usage() { echo "usage: $0 DIR [build|root|user|all|venv]" >&2; exit 2; }
 [ $# -ge 1 ] || usage
@@ -74,7 +74,7 @@ as_root() {
   mount_all
   local log="$DIR/make-test-root.log"
   echo "make test as root in /work/ml-dev-env (log: $log)"
-  in_root bash -c 'cd /work/ml-dev-env && make test' >"$log" 2>&1 && rc=0 || rc=$?
+  in_root env PYTEST_ARGS="${PYTEST_ARGS:-}" bash -c 'cd /work/ml-dev-env && make test' >"$log" 2>&1 && rc=0 || rc=$?
   echo "exit status $rc"; summary "$log"
   return "$rc"
 }
@@ -90,7 +90,7 @@ as_user() {
   chmod 700 "$DIR/home/tester/ml-dev-env"
   if [ -d "$DIR/work/shared" ]; then rm -rf "$DIR/home/tester/shared"; cp -a "$DIR/work/shared" "$DIR/home/tester/shared"; in_root chown -R tester: /home/tester/shared; fi
   echo "make test as tester (no sudo) in a mode-700 clone (log: $log)"
-  in_root runuser -u tester -- bash -c 'cd ~/ml-dev-env && make test' >"$log" 2>&1 && rc=0 || rc=$?
+  in_root runuser -u tester -- env PYTEST_ARGS="${PYTEST_ARGS:-}" bash -c 'cd ~/ml-dev-env && make test' >"$log" 2>&1 && rc=0 || rc=$?
   echo "exit status $rc"; summary "$log"
   return "$rc"
 }
