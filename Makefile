@@ -159,11 +159,13 @@ policy-preview: venv
 
 # pyproject's `addopts = -ra` makes pytest end with a summary of every skipped test and its reason.
 # PYTEST_ARGS: more pytest arguments (CI's user pass: -m "not root"; its sudo pass runs the `root` tests).
-# PYTEST_WORKERS: pytest-xdist workers (auto: one per CPU; 0 runs in this process); a test module stays on one
-# worker (--dist loadfile: its module-scoped fixtures are made once), each worker checks what it left behind.
+# PYTEST_WORKERS: pytest-xdist workers (default two per CPU, at most 16: most of the suite waits on simulated pods,
+# grace periods and servers rather than computing; auto: one per CPU; 0 runs in this process); a test module stays on
+# one worker (--dist loadfile: its module-scoped fixtures are made once), each worker checks what it left behind. The
+# modules go out in tests/conftest.py's order (LONGEST_FIRST, then most tests first), not xdist's own.
 PYTEST_ARGS ?=
-PYTEST_WORKERS ?= auto
-XDIST = -n $(PYTEST_WORKERS) --dist loadfile
+PYTEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( 2 * n < 16 ? 2 * n : 16 )))
+XDIST = -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: venv system-deps lint typecheck docs
 	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
@@ -172,9 +174,10 @@ test: venv system-deps lint typecheck docs
 test-fast: venv lint typecheck
 	$(PY) -m pytest -q $(XDIST) -m fast $(PYTEST_ARGS)
 
-# How long the suite takes: make test-fast and make test, RUNS times each (median, spread, 20 slowest tests).
+# How long the suite takes: make test-fast and make test, RUNS times each (median, spread, 20 slowest tests);
+# TARGETS=test-fast RUNS=1 is a quick dry run of the benchmark itself.
 bench-tests: venv
-	$(PY) -m bench.bench_tests --runs $(or $(RUNS),3)
+	$(PY) -m bench.bench_tests --runs $(or $(RUNS),3) $(foreach t,$(TARGETS),--target $(t))
 
 bench-package: venv system-deps
 	$(PY) -m bench.bench_package --size $(or $(SIZE),2GiB)
