@@ -162,10 +162,13 @@ policy-preview: venv
 # PYTEST_WORKERS: pytest-xdist workers (default two per CPU, at most 16: most of the suite waits on simulated pods,
 # grace periods and servers rather than computing; auto: one per CPU; 0 runs in this process); a test module stays on
 # one worker (--dist loadfile: its module-scoped fixtures are made once), each worker checks what it left behind. The
-# modules go out in tests/conftest.py's order (LONGEST_FIRST, then most tests first), not xdist's own.
+# modules go out in tests/conftest.py's order (LONGEST_FIRST, then most tests first), not xdist's own. A crashed
+# worker (a test past pytest-timeout's limit ends its process) ends the run with the summary: xdist 3.8's
+# loadscope/loadfile scheduler re-queues a crashed worker's finished modules too (xdist/scheduler/loadscope.py
+# remove_node: workqueue.update(workload)), and its replacement then waits for ever on an empty batch.
 PYTEST_ARGS ?=
 PYTEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( 2 * n < 16 ? 2 * n : 16 )))
-XDIST = -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
+XDIST = -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --max-worker-restart 0
 test: venv system-deps lint typecheck docs
 	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 

@@ -1,6 +1,7 @@
 """The order pytest-xdist hands out the test modules (tests/conftest.py LONGEST_FIRST, longest_first): the listed
 long modules first, in their order, then the others with the most tests first; each module's tests together and in
-their order; and the Makefile keeps xdist from re-sorting them (--no-loadscope-reorder)."""
+their order; and the Makefile keeps xdist from re-sorting them (--no-loadscope-reorder) and from replacing a crashed
+worker (--max-worker-restart 0)."""
 
 from __future__ import annotations
 
@@ -53,3 +54,5 @@ def test_the_makefile_keeps_xdist_from_reordering() -> None:
     assert found, "Makefile: no XDIST line"
     flags = found.group(1).split()
     assert "--no-loadscope-reorder" in flags and flags[flags.index("--dist") + 1] == "loadfile", flags
+    # a crashed worker ends the run (its replacement would hang: xdist loadscope.py remove_node re-queues finished work)
+    assert flags[flags.index("--max-worker-restart") + 1] == "0", flags
