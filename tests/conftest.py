@@ -130,7 +130,10 @@ LONGEST_FIRST = (
     "tests/inpod/fabric/test_gate.py",
     "tests/steps/test_package.py",
     "tests/images/test_container_builds.py",
+    "tests/stacks/test_one_edit_mistakes.py",
+    "tests/inpod/home/test_browser.py",
     "tests/inpod/idle/test_idle_agent.py",
+    "tests/podsim/test_idle_hang.py",
 )
 """The modules that take longest on one worker (pytest --durations summed per module, `make bench-tests`), longest
 first. pytest-xdist hands out a module whole (--dist loadfile) and, by default, the modules with the most tests first
