@@ -6,10 +6,11 @@ PY := $(VENV)/bin/python
 STACK ?= barcelona
 # Debian packages the tests and benchmarks use for real: what the venv needs (python3-venv: Debian keeps ensurepip
 # there), what a fresh machine is given (python3, make, git) and what minbase lacks (mount, iproute2: not Essential),
-# Open MPI for the fabric check, registry, skopeo, buildah, htpasswd, shellcheck, headless chromium, and Graphviz,
+# Open MPI for the fabric check, registry, skopeo, buildah, htpasswd, shellcheck, headless chromium (with its setuid
+# sandbox: a user where unprivileged user namespaces are off, or in a chroot, has no other), and Graphviz,
 # which draws the docs' architecture diagrams (`make docs-generate`). Which program comes from which package:
 # tests/fixtures/programs.py (tests/repo/test_programs.py holds this list to it).
-APT_PACKAGES := python3-venv python3 make git mount iproute2 openmpi-bin docker-registry skopeo buildah apache2-utils openssh-server openssh-client rsync pdsh libnss-wrapper shellcheck chromium chromium-driver iptables iputils-ping graphviz
+APT_PACKAGES := python3-venv python3 make git mount iproute2 openmpi-bin docker-registry skopeo buildah apache2-utils openssh-server openssh-client rsync pdsh libnss-wrapper shellcheck chromium chromium-sandbox chromium-driver iptables iputils-ping graphviz
 # Hash-locked sets compiled from the *.in files by `make lock` (tools/lock.sh, uv); .venv gets the dev lock.
 
 .PHONY: lock lock-check verify-base-lock typecheck help venv system-deps render render-all runs status racks test test-fast lint docs docs-generate screenshots diagram policy-preview bench-tests bench-package bench-launch registry3 bench-why bench-why-idle clean

@@ -26,7 +26,7 @@ mount_all() {
   # The root must be a mount point, as on a real machine: unshare --mount (the simulated pods) makes / private,
   # which a plain directory refuses ("cannot change root filesystem propagation").
   if ! mountpoint -q "$DIR"; then mount --bind "$DIR" "$DIR"; mount --make-private "$DIR"; MOUNTED=("$DIR"); fi
-  for m in proc sys dev dev/pts; do
+  for m in proc sys dev dev/pts dev/shm; do
     mkdir -p "$DIR/$m"
     mountpoint -q "$DIR/$m" && continue
     case "$m" in
@@ -34,6 +34,7 @@ mount_all() {
       sys) mount -t sysfs sys "$DIR/sys" ;;
       dev) mount --bind /dev "$DIR/dev" ;;
       dev/pts) mount --bind /dev/pts "$DIR/dev/pts" ;;
+      dev/shm) mount -t tmpfs -o mode=1777 shm "$DIR/dev/shm" ;;  # as on a machine: chromium's shared memory as any user
     esac
     MOUNTED=("$DIR/$m" "${MOUNTED[@]}")
   done
