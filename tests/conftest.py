@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import os
 import re
+from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -122,7 +123,39 @@ def in_fast_lane(path: str) -> bool:
     return not any(fnmatch(path, s) for s in SLOW) and any(path.startswith(p) if p.endswith("/") else fnmatch(path, p) for p in FAST_LANE)
 
 
+# ---------------------------------------------------------------------------------------- longest first
+
+LONGEST_FIRST = (
+    "tests/podsim/test_stop_matrix.py",
+    "tests/inpod/fabric/test_gate.py",
+    "tests/steps/test_package.py",
+    "tests/images/test_container_builds.py",
+    "tests/stacks/test_one_edit_mistakes.py",
+    "tests/inpod/home/test_browser.py",
+    "tests/inpod/idle/test_idle_agent.py",
+    "tests/podsim/test_idle_hang.py",
+)
+"""The modules that take longest on one worker (pytest --durations summed per module, `make bench-tests`), longest
+first. pytest-xdist hands out a module whole (--dist loadfile) and, by default, the modules with the most tests first
+(the Makefile turns that off: --no-loadscope-reorder), which left long modules of few tests to start last and run
+alone. In this order they start first and the many short modules fill every worker to the end.
+(tests/repo/test_test_order.py holds the list and the Makefile to that.)"""
+
+
+def module_of(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
+def longest_first(items: list[pytest.Item]) -> None:
+    """LONGEST_FIRST's modules in its order, then the others with the most tests first; a module's tests stay together
+    and in their order (a stable sort, the same in every worker: pytest-xdist checks that their collections agree)."""
+    tests = Counter(module_of(item) for item in items)
+    rank = {module: i for i, module in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: (rank.get(module_of(item), len(rank)), -tests[module_of(item)], module_of(item)))
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    longest_first(items)
     for item in items:
         if ROOT_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.root)
