@@ -188,6 +188,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 # --------------------------------------------------------------------------------------- the run's summary
 
 MISSING_PYTHON = re.compile(r"no CPython (3\.\d+) here")
+# The other thing of the test matrix that neither Debian's packages nor PyPI provide: distribution 3's registry
+# (tests/fixtures/registry.py REGISTRY3_MISSING; `make registry3` builds it from a source tree). Like a missing
+# CPython, its cells skip with their reason and the run ends with one line naming it.
+MISSING_REGISTRY3 = "needs distribution 3's registry"
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -198,8 +202,19 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         longrepr = getattr(report, "longrepr", None)
         if isinstance(longrepr, tuple) and (found := MISSING_PYTHON.search(str(longrepr[2]))):
             missing.add(found.group(1))
+    registry3 = 0
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = getattr(report, "longrepr", None)
+        if isinstance(longrepr, tuple) and MISSING_REGISTRY3 in str(longrepr[2]):
+            registry3 += 1
     if missing:
         versions = ", ".join(sorted(missing, key=lambda v: tuple(map(int, v.split(".")))))
         terminalreporter.write_line(
             f"CPython missing here of the in-pod matrix (neither Debian's packages nor PyPI provide it): {versions}", yellow=True
+        )
+    if registry3:
+        terminalreporter.write_line(
+            f"distribution 3's registry missing here (neither Debian's packages nor PyPI provide it): {registry3} restart "
+            "cells skipped; `make registry3 DIST3_SRC=<its source tree>` builds it",
+            yellow=True,
         )
