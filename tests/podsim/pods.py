@@ -188,14 +188,16 @@ class PodSim:
         read_only_passwd: Sequence[int] = (),
         python_packages: Sequence[str] = (),
         node: Any = None,
-        image_programs: Mapping[str, str] | None = None,
+        image_programs: Mapping[str, str | Path] | None = None,
         namespace_secrets: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
         """`read_only_passwd`: pods whose image leaves /etc/passwd read-only (not the stack's base image: the
         programs fall back to nss_wrapper); `python_packages`: modules of this interpreter the image has
         (copied into the pods' site-packages, e.g. debugpy of images/base-requirements.in); `image_programs`:
-        {path in the image: script} for programs the image has and this machine lacks (the dev servers
-        code-server, jupyter, tensorboard of images/base.Containerfile), installed mode 0755 at those paths; they
+        {path in the image: script, or a Path: that file's bytes, as the image ships them (py-spy's static binary of
+        the base lock: a pod never reaches into this machine's tree, whose checkout may be mode 0700)} for programs
+        the image has and this machine lacks (the dev servers code-server, jupyter, tensorboard of
+        images/base.Containerfile), installed mode 0755 at those paths; they
         may record what they see under /run/podsim-image (mode 1777, the stubs' own directory); `namespace_secrets`:
         {name: {key: value}} of Secrets that exist in the namespace without the stack rendering them (env.secrets: the
         user made them with `oc create secret generic`); a Secret volume naming one that exists nowhere is empty when
@@ -630,7 +632,10 @@ class PodSim:
         src.mkdir(exist_ok=True)
         lines = [f"mkdir -p {root}/run/podsim-image && chmod 1777 {root}/run/podsim-image"]
         for k, (path, text) in enumerate(sorted(self.image_programs.items())):
-            (src / str(k)).write_text(text)
+            if isinstance(text, Path):
+                shutil.copyfile(text, src / str(k))
+            else:
+                (src / str(k)).write_text(text)
             lines.append(f"install -D -m 0755 {src}/{k} {shlex.quote(root + path)}")
         return lines
 
