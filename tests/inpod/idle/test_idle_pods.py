@@ -133,7 +133,7 @@ def test_busy_gpu_that_prints_nothing_is_never_stopped_then_idle_stops_in_time(t
         # the whole window: more than idleTimeout + 2 x interval after pod 0's agent reads its first round
         busy = lambda: f"{APP}-1/gpu: active" in sim.decision().get("reason", "")  # noqa: E731
         wait_for("pod 0's agent sees the worker busy", busy, 60, sim.agent_log)
-        wait_for("Jupyter answers pod 0's agent", lambda: _signal(sim, "jupyter"), 90, lambda: sim.pods[0].log.read_text())
+        wait_for("Jupyter answers pod 0's agent", lambda: _signal(sim, "jupyter"), 240, lambda: sim.pods[0].log.read_text())
         time.sleep(TIMEOUT + 4 * INTERVAL)
         assert api.scales == [], sim.agent_log()
         assert not sim.pods[0].path(f"{STATE}/idle-warning").exists()
