@@ -58,7 +58,14 @@ SHIPPED: tuple[Shipped, ...] = (
     Shipped("ssh-session.sh", "sh/ssh-session.sh", "devloop"),
     Shipped("ml-dev", "bin/ml-dev", "devloop"),
     *_package(
-        "devloop", "ml_dev/__init__.py", "ml_dev/main.py", "ml_dev/common.py", "ml_dev/sync.py", "ml_dev/launch.py", "ml_dev/status.py"
+        "devloop",
+        "ml_dev/__init__.py",
+        "ml_dev/main.py",
+        "ml_dev/common.py",
+        "ml_dev/sync.py",
+        "ml_dev/fanout.py",
+        "ml_dev/launch.py",
+        "ml_dev/status.py",
     ),
     Shipped("idle_agent.py", "bin/idle_agent.py", "lifecycle"),
     *_package("lifecycle", "idle/__init__.py", "idle/agent.py", "idle/probes.py", "idle/decider.py"),

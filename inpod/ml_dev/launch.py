@@ -491,10 +491,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     warning = launcher_cap_warning(args.command, stop_grace(cluster.rank_env))
     if warning:
         print(warning, file=sys.stderr, flush=True)
-    wait_reachable(cluster, args.timeout)
     cwd = Path.cwd()
-    if not args.no_sync:
-        sync(cluster, tree_root(cwd))
+    if args.no_sync:
+        wait_reachable(cluster, args.timeout)
+    else:  # the sync's question to every pod (its tree's hash) is the reachability probe
+        sync(cluster, tree_root(cwd), timeout=args.timeout)
     with Heartbeat("run", {"command": args.command, "cwd": str(cwd), "pods": cluster.pods}):
         return run_everywhere(cluster, args.command, cwd, args.debug, not args.no_wait, launch_env(args.env), args.per_pod, args.debug_host)
 

@@ -33,9 +33,10 @@ import argparse
 import sys
 
 from .common import DEBUG_PORT, FROM_RANK_FILE, PER_POD_ENV
+from .fanout import cmd_relay
 from .launch import cmd_exec, cmd_rank, cmd_run
 from .status import cmd_status
-from .sync import cmd_apply, cmd_sync
+from .sync import cmd_apply, cmd_check, cmd_sync
 
 ENV_RULE = (
     "Environment of every rank: the pod's container env, its rank.env (NODE_RANK, NNODES, MASTER_ADDR, ...),\n"
@@ -90,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("command", nargs=argparse.REMAINDER)
     apply = sub.add_parser("_apply")
     apply.add_argument("--root", required=True)
+    sub.add_parser("_check").add_argument("--root", required=True)
+    relay = sub.add_parser("_relay")  # one hop of the fan-out, on a pod that holds the verified tree
+    for flag, kind in (("--root", str), ("--to", int), ("--hash", str), ("--stall", int)):
+        relay.add_argument(flag, type=kind, required=True)
     rank = sub.add_parser("_rank")
     rank.add_argument("--cwd", required=True)
     rank.add_argument("--debug-port", type=int)
@@ -103,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "command", None) and args.command[:1] == ["--"]:
         args.command = args.command[1:]
     handlers = {"run": cmd_run, "sync": cmd_sync, "exec": cmd_exec, "status": cmd_status, "_apply": cmd_apply, "_rank": cmd_rank}
+    handlers.update(_check=cmd_check, _relay=cmd_relay)
     return handlers[args.cmd](args)
 
 
