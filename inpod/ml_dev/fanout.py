@@ -57,9 +57,9 @@ def settings(environ: dict[str, str] | None = None) -> dict[str, int]:
 
 
 def rounds_needed(pods: int) -> int:
-    """Rounds of the fan-out for `pods` receivers: the launching pod sends to two in the first, then every holder
-    but the launching pod sends to one more per round (2, 4, 8, ... receivers): ceil(log2 pods), at least 1."""
-    return max(1, math.ceil(math.log2(pods))) if pods > 1 else 1
+    """Rounds of the fan-out for `pods` receivers: the pods that hold the tree double each round (the launching pod
+    sends once, to the first relay, which then also sends in its stead): ceil(log2(pods + 1)), at least 1."""
+    return max(1, math.ceil(math.log2(pods + 1)))
 
 
 # ------------------------------------------------------------------------------------------- one hop
@@ -192,22 +192,23 @@ def fan_out(
 ) -> tuple[list[Hop], dict[int, str]]:
     """Copy to every pod of `stale` in rounds; returns every hop and {rank: why} for pods that never got it.
 
-    Round 1: the launching pod sends to two pods. Then every pod that holds the verified tree (the launching pod
-    excepted, unless no other is left) sends to one pod that still needs it. A failed hop puts its receiver back
-    in line for the next round, from another source; a relay that failed is not used again; a pod that failed
-    `tries` times is given up."""
+    Round 1: the launching pod sends to one pod, the first relay. Then every pod that holds the verified tree sends
+    to one pod that still needs it, and the first relay sends to one more in the launching pod's stead: the holders
+    double each round while the launching pod sends the tree once (it sends again only when no relay is left). A
+    failed hop puts its receiver back in line for the next round, from another source; a relay that failed is not
+    used again; a pod that failed `tries` times is given up."""
     me, stall = cluster.me, max(1, cfg["stallSeconds"])
     holders: list[int] = []
     pending = list(stale)
-    tries = dict.fromkeys(stale, 0)
+    tried: dict[int, list[int]] = {r: [] for r in stale}  # the sources each pod's failed hops came from
     hops: list[Hop] = []
     gave_up: dict[int, str] = {}
     planned = rounds_needed(len(stale))
     number = 0
     while pending:
         number += 1
-        senders = holders[:] if holders else [me, me]
-        pairs = list(zip(senders, pending))
+        senders = [*holders, holders[0]] if holders else [me]
+        pairs = assign(senders, pending, tried)
         started = time.monotonic()
 
         def one(k: int, pairs: list[tuple[int, int]] = pairs) -> Hop:
@@ -229,18 +230,32 @@ def fan_out(
                 pending.remove(dst)
                 continue
             why = res.get("error") or f"tree hash {str(res.get('hash'))[:12]} differs from {expect[:12]} here"
-            tries[dst] += 1
+            tried[dst].append(src)
             if res.get("source_failed") and src in holders:
                 holders.remove(src)  # it keeps its verified tree; it just sends nothing more this time
-            if tries[dst] >= max(1, cfg["tries"]):
+            if len(tried[dst]) >= max(1, cfg["tries"]):
                 pending.remove(dst)
-                gave_up[dst] = f"{why} (tried {tries[dst]} sources)"
+                gave_up[dst] = f"{why} (tried {len(tried[dst])} times, from ranks {', '.join(map(str, tried[dst]))})"
             say(
                 f"round {number}: {cluster.label(dst)} from {cluster.label(src)} failed: {why}; "
                 + ("given up" if dst in gave_up else "retried")
             )
-        say(f"round {number}/{planned}: " + ", ".join(words) + f" ({time.monotonic() - started:.2f} s)")
+        label = f"round {number}/{planned}" if number <= planned else f"round {number} (a retry)"
+        say(f"{label}: " + ", ".join(words) + f" ({time.monotonic() - started:.2f} s)")
     return hops, gave_up
+
+
+def assign(senders: list[int], pending: list[int], tried: dict[int, list[int]]) -> list[tuple[int, int]]:
+    """(source, receiver) pairs of one round: each sender slot to a pod that still needs the tree, in line order; a
+    pod is given a source that has not failed it yet where one is free."""
+    slots = list(senders)
+    pairs = []
+    for dst in pending:
+        if not slots:
+            break
+        fresh = next((k for k, src in enumerate(slots) if src not in tried.get(dst, [])), 0)
+        pairs.append((slots.pop(fresh), dst))
+    return pairs
 
 
 def parallel_hops(fn: Callable[[int], Hop], count: int) -> list[Hop]:

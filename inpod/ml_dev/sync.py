@@ -234,7 +234,7 @@ def sync(cluster: Cluster, root: Path, quiet: bool = False, timeout: float = 60)
     except (OSError, ValueError):
         record = {}
     estimate = sum(bytes_to_send(entries, record, answers[r].strip()) for r in stale)
-    fan = len(stale) >= max(2, cfg["minPods"]) and estimate > cfg["minBytes"]
+    fan = len(stale) >= max(2, cfg["minPods"]) and estimate >= cfg["minBytes"]
     listing = ("\0".join(files)).encode()
     say = (lambda line: None) if quiet else (lambda line: print(f"ml-dev: {line}", flush=True))
     stall = max(1, cfg["stallSeconds"])
