@@ -30,7 +30,7 @@ help:
 	@echo "make policy-preview        pulumi preview with the policy pack (needs the Pulumi CLI and a cluster)"
 	@echo "make bench-tests           make test-fast and make test, 3 runs each: median, spread, slowest tests"
 	@echo "make bench-package         modelcar packaging benchmark (SIZE=2GiB)"
-	@echo "make bench-launch          ml-dev run on 4 simulated pods: time to all ranks running (SIZE=200MB, root)"
+	@echo "make bench-launch          ml-dev run on simulated pods: time to all ranks running (PODS=2,4,8,16 SIZE=20MB, root)"
 
 MIN_PYTHON := 3.11
 # Sets SUDO: "" as root, "sudo -n" with password-less sudo, "none" otherwise (then nothing is installed).
@@ -179,8 +179,10 @@ bench-tests: venv
 bench-package: venv system-deps
 	$(PY) -m bench.bench_package --size $(or $(SIZE),2GiB)
 
+# PODS: pod counts (2,4,8,16); BASELINE: a git revision whose launcher runs interleaved with this tree's (main).
+PODS ?= 2,4,8,16
 bench-launch: venv system-deps
-	$(PY) -m bench.bench_launch --size $(or $(SIZE),200MB)
+	$(PY) -m bench.bench_launch --size $(or $(SIZE),20MB) --pods $(PODS) $(if $(REPEAT),--repeat $(REPEAT)) $(if $(BASELINE),--baseline $(BASELINE))
 
 clean:
 	rm -rf rendered .pytest_cache .ruff_cache
