@@ -22,9 +22,8 @@ def launch_results(size: int) -> bench_launch.Results:
 
     out: bench_launch.Results = {bench_launch.NEW: {}, bench_launch.OLD: {}}
     for n in (2, 4):
-        hops: list[dict[str, object]] = [{"src": 0, "dst": 1, "round": 1, "seconds": 0.5}] + [
-            {"src": 1, "dst": d, "round": 2, "seconds": 0.6} for d in range(2, n)
-        ]
+        hops: list[dict[str, object]] = [{"src": 0, "dst": 1, "round": 1, "seconds": 0.5}]
+        hops += [{"src": 1, "dst": d, "round": 2, "seconds": 0.6} for d in range(2, n)]
         out[bench_launch.NEW][n] = {
             "unchanged": [run(0.3 + 0.05 * n + k / 100, 1e4) for k in range(3)],
             "one file changed": [run(0.35 + 0.05 * n + k / 100, 1.1e6) for k in range(3)],
