@@ -15,7 +15,9 @@ Per run: the wall time, the bytes pod 0 sent out of its eth0 (the veth's tx coun
 namespace: SSH and rsync's own framing included), and (this tree's launcher) every hop of the sync
 ($ML_DEV_STATE_DIR/sync-last.json: source, receiver, round, seconds). With `--baseline REF` the launcher of git
 revision REF (its `inpod/` files swapped into the pods' startup ConfigMap, as a ConfigMap update reaches a pod)
-runs in the same rounds, interleaved run by run with this tree's, so both see the same machine load.
+runs in the same rounds, interleaved run by run with this tree's, so both see the same machine load; after each
+baseline run an untimed `ml-dev sync` of this tree's launcher (nothing to copy) leaves pod 0's record of the tree
+it sent last as it would be without the baseline (the fan-out's size estimate reads it).
 
 The report (bench-out/bench-launch-<size>mb.{md,json,svg}) has the medians, spread (min–max) and every run, the
 rounds and hop times, the goals of the fan-out checked per N, and an extrapolation to 32 and 64 pods from the
@@ -176,6 +178,11 @@ def measure(pods: int, size: int, repeat: int, baseline: str | None, results: Re
                     sample = one_run(c, run, env)
                     results.setdefault(variant, {}).setdefault(pods, {}).setdefault(case, []).append(sample)
                     say(f"  {pods} pods, {case:<16} {variant:<10} {sample['wall']:6.2f} s  pod 0 sent {sample['tx'] / 1e6:7.2f} MB")
+                    if data and variant == OLD:
+                        # untimed, nothing to copy: this launcher's record of the tree it sent last (which the
+                        # baseline does not keep) as it would be had it made the baseline's run
+                        c.swap_configmap(data[0], data[1])
+                        one_run(c, "python3 /opt/ml-dev-env/ml-dev sync", env, ranks=False)
             if data:
                 c.swap_configmap(data[0], data[1])
             forget(c, [1])

@@ -66,7 +66,12 @@ def rounds_needed(pods: int) -> int:
 
 
 def rsh(cluster: Cluster, stall: int) -> str:
-    """rsync's ssh (-e): the fabric's client, and a connection this hop opens notices a dead peer within `stall` s."""
+    """rsync's ssh (-e): the fabric's client, and a connection this hop opens notices a dead peer within `stall` s
+    (ssh_config(5) ServerAliveInterval/ServerAliveCountMax: options of the connection a master opens; a session
+    multiplexed over an existing master has the master's). rsync's own `--timeout` (rsync(1): "If no data is
+    transferred for the specified time then rsync will exit") ends a transfer to a receiver that went silent. The
+    master a relay's hop starts (ControlPersist) leaves the relay's session: openssh-portable ssh.c
+    control_persist_detach puts the backgrounded master's stdin, stdout and stderr on /dev/null (stdfd_devnull)."""
     alive = ["-o", "ServerAliveInterval=2", "-o", f"ServerAliveCountMax={max(1, stall // 2)}"]
     return cluster.rsh() + " " + shlex.join(alive)
 

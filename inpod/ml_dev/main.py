@@ -23,7 +23,7 @@ Activity records: while a run is alive, $ML_DEV_STATE_DIR/heartbeat/run-<pid>.js
 and rank-<pid>.json (on every pod running a rank) are rewritten every 10 s and removed at the end.
 
 The program is split at its seams, modules shipped next to it in the same ConfigMap (inpod.SHIPPED):
-common (paths, rank contract, environment rule, the pods), sync (the synced tree and the sync),
+common (paths, rank contract, environment rule, the pods), sync (the synced tree and the sync), fanout (its copy),
 launch (run, exec and the per-pod `_rank`) and status; this file holds the command line.
 """
 

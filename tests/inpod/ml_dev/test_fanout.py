@@ -174,7 +174,8 @@ def finish(proc: subprocess.Popen[str], seen: list[str], timeout: float = 180) -
 
 
 def link(c: PodSim, index: int, state: str) -> None:
-    """Pod `index`'s veth down or up; up again, its default route back (the kernel drops it with the link)."""
+    """Pod `index`'s veth down or up; up again, its default route back: the kernel deletes routes through a device
+    that goes down (linux net/ipv4/fib_semantics.c fib_sync_down_dev) and does not restore them (a CNI would)."""
     pod = c.pods[index]
     subprocess.run(["ip", "-n", pod.netns, "link", "set", "eth0", state], check=True, timeout=30)
     if state == "up":
