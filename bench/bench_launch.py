@@ -225,26 +225,33 @@ def rounds(pods: int) -> int:
 
 
 def extrapolate(size: int, results: Results) -> dict[str, dict[int, float]]:
-    """Estimates at 32 and 64 pods (not measured):
+    """Estimates at 32 and 64 pods (not measured), each continued from the largest pod count measured (M):
     * unchanged / one file changed: a line through the measured medians (pod 0's per-pod SSH cost);
-    * first copy, this tree: the unchanged time at N plus ceil(log2 N) hops, a hop being the median single copy
-      measured alone (on a cluster every pod has its own CPUs and link, so a round costs about one hop);
-    * first copy, baseline: a line through the measured medians (pod 0 sends N − 1 copies);
+    * first copy, this tree: the median at M, plus the unchanged line's growth from M, plus one hop (the median
+      single copy measured alone) per round added beyond ceil(log2 M): on a cluster every pod has its own CPUs
+      and link, so a round costs about one hop (here every pod shares two cores, and a round of k hops costs
+      about k/2 hops);
+    * first copy, baseline: the median at M plus the measured line's slope (pod 0 sends N − 1 copies);
     * pod 0's bytes: this tree one copy plus a line through the rest; the baseline N − 1 copies plus the rest."""
     out: dict[str, dict[int, float]] = {}
     for variant, by_pods in results.items():
         ns = sorted(by_pods)
+        top = ns[-1]
         for case in CASES:
             a, b = fit([(n, med(by_pods[n][case])) for n in ns])
-            out[f"{variant}: {case}"] = {n: a + b * n for n in EXTRAPOLATE}
+            at_top = med(by_pods[top][case])
+            out[f"{variant}: {case}"] = {n: at_top + b * (n - top) for n in EXTRAPOLATE}
         copies = (lambda n: 1) if variant == NEW else (lambda n: n - 1)
         a, b = fit([(n, med(by_pods[n]["first copy"], "tx") - copies(n) * size) for n in ns])
         out[f"{variant}: first copy, pod 0 sent (bytes)"] = {n: copies(n) * size + a + b * n for n in EXTRAPOLATE}
     if NEW in results:
-        alone = [s["hop"] for n in results[NEW] for s in results[NEW][n].get(ALONE, [])]
+        by_pods = results[NEW]
+        top = max(by_pods)
+        alone = [s["hop"] for n in by_pods for s in by_pods[n].get(ALONE, [])]
         hop = float(statistics.median(alone)) if alone else 0.0
-        unchanged = out[f"{NEW}: unchanged"]
-        out[f"{NEW}: first copy"] = {n: unchanged[n] + rounds(n) * hop for n in EXTRAPOLATE}
+        _, slope = fit([(n, med(by_pods[n]["unchanged"])) for n in sorted(by_pods)])
+        at_top = med(by_pods[top]["first copy"])
+        out[f"{NEW}: first copy"] = {n: at_top + slope * (n - top) + (rounds(n) - rounds(top)) * hop for n in EXTRAPOLATE}
     return out
 
 
@@ -359,7 +366,15 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--baseline", metavar="REF", help="also run the launcher of git revision REF, interleaved")
     parser.add_argument("--out", type=Path, default=ROOT / "bench-out", help="where the report (markdown, JSON, SVG) is written")
+    parser.add_argument("--report-from", type=Path, metavar="JSON", help="write the report of an earlier run's JSON again (no pods)")
     args = parser.parse_args()
+    if args.report_from:
+        data = json.loads(args.report_from.read_text())
+        size, saved = data.pop("size"), data.pop("results")
+        again: Results = {v: {int(n): cases for n, cases in by.items()} for v, by in saved.items()}
+        stem = write_report(args.out, size, again, data)
+        print(f"report written to {stem}.md / .json / .svg")
+        return 0
     why = missing_requirements()
     if why:
         print(f"bench-launch: cannot simulate pods here: {why}", file=sys.stderr)
