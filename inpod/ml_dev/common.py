@@ -246,16 +246,20 @@ def wait_reachable(cluster: Cluster, timeout: float, remote: list[str] | None = 
             if res.returncode == 0:
                 answers[rank] = res.stdout
                 return ""
+            if remote and res.returncode != 255:  # 255 is ssh's own failure (ssh(1)); this is the command's
+                return "!" + ((res.stderr.strip().splitlines() or [f"exited {res.returncode}"])[-1])
             last = cluster.explain(rank, res.stderr, res.returncode)
             if time.monotonic() >= deadline:
                 return last
             time.sleep(1)
 
     results = parallel(probe, [r for r in range(len(cluster.hosts)) if r != cluster.me])
-    bad = {r: e for r, e in results.items() if e}
+    bad = {r: str(e) for r, e in results.items() if e}
     if bad:
         lines = [
-            f"pod {cluster.pods[r]} ({cluster.hosts[r]}) is not reachable over SSH after {timeout:.0f} s: {e}"
+            f"pod {cluster.pods[r]} ({cluster.hosts[r]}): {e[1:]}"
+            if e.startswith("!")
+            else f"pod {cluster.pods[r]} ({cluster.hosts[r]}) is not reachable over SSH after {timeout:.0f} s: {e}"
             for r, e in sorted(bad.items())
         ]
         die("\n  ".join(lines))

@@ -187,7 +187,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     lists, hashed through the hash cache (a stat per file, no content read unless a file changed). Makes the
     root, where a copy lands."""
     root = Path(args.root)
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        die(f"cannot make {root} here: {exc}", code=2)
     try:
         files = [p for p in (root / SYNC_MANIFEST).read_text().split("\0") if p]
     except OSError:

@@ -310,3 +310,18 @@ def test_a_pod_unreachable_for_good_fails_the_launch_naming_it(sim: PodSim, slow
     assert sources and len(set(sources.group(1).split(", "))) == 3, res.stdout  # each try from another holder
     assert "oc exec" in res.stdout and "sshd.log" in res.stdout  # where to look, as for any unreachable pod
     assert not any(sim.pods[i].path(f"{STATE}/ran").exists() for i in range(PODS))  # no rank started
+
+
+def test_a_pod_where_the_tree_cannot_land_is_named_at_once(sim: PodSim) -> None:
+    """The check makes the tree's directory; where it cannot, the pod's own words come back (no wait for the
+    reachability timeout: the pod answered)."""
+    sim.write(0, f"{WORKSPACE}/elsewhere/prog.py", PROGRAM)
+    assert sim.exec(0, "git init -q .", cwd=f"{WORKSPACE}/elsewhere").returncode == 0
+    sim.write(2, f"{WORKSPACE}/elsewhere", "a file where pod 0's tree goes\n")
+    try:
+        res = sim.exec(0, f"{LAUNCHER} sync --timeout 600", cwd=f"{WORKSPACE}/elsewhere", timeout=120)
+    finally:
+        sim.pods[2].path(f"{WORKSPACE}/elsewhere").unlink()
+    assert res.returncode != 0
+    assert f"pod ml-dev-env-2 ({sim.fqdn(2)}): ml-dev: cannot make {WORKSPACE}/elsewhere here" in res.stderr, res.stderr
+    assert "not reachable" not in res.stderr

@@ -18,14 +18,18 @@ TREE = "t" * 64
 
 
 class FakeCluster:
-    me = 0
+    def __init__(self, me: int = 0) -> None:
+        self.me = me
 
     def label(self, rank: int) -> str:
         return f"rank {rank} (pod-{rank})"
 
 
-def run(monkeypatch: pytest.MonkeyPatch, pods: int, fail: Any = None, tries: int = 3) -> tuple[list[fanout.Hop], dict[int, str]]:
-    """fan_out over ranks 1..pods-1; `fail(src, dst, attempt)` -> None (the hop works) or (error, source_failed)."""
+def run(
+    monkeypatch: pytest.MonkeyPatch, pods: int, fail: Any = None, tries: int = 3, me: int = 0
+) -> tuple[list[fanout.Hop], dict[int, str]]:
+    """fan_out from rank `me` over the other ranks; `fail(src, dst, attempt)` -> None (the hop works) or
+    (error, source_failed)."""
     attempts: dict[int, int] = {}
 
     def fake(src: int, dst: int) -> fanout.Hop:
@@ -39,7 +43,8 @@ def run(monkeypatch: pytest.MonkeyPatch, pods: int, fail: Any = None, tries: int
     monkeypatch.setattr(fanout, "relayed", lambda cluster, src, dst, root, listing, expect, stall: fake(src, dst))
     cfg = {**contract.FANOUT_DEFAULTS, "tries": tries}
     lines: list[str] = []
-    hops, gave_up = fanout.fan_out(FakeCluster(), Path("/w"), list(range(1, pods)), b"a", TREE, cfg, lines.append)  # type: ignore[arg-type]
+    others = [r for r in range(pods) if r != me]
+    hops, gave_up = fanout.fan_out(FakeCluster(me), Path("/w"), others, b"a", TREE, cfg, lines.append)  # type: ignore[arg-type]
     return hops, gave_up
 
 
@@ -132,3 +137,10 @@ def test_bytes_to_send_counts_changed_files_only_for_a_pod_that_holds_the_last_t
     assert sync.bytes_to_send(entries, record, "H") == 20 + 30  # b's content, c's mode
     assert sync.bytes_to_send(entries, record, "other") == 60
     assert sync.bytes_to_send(entries, {}, "H") == 60
+
+
+def test_a_launch_from_another_pod_sends_once_from_there(monkeypatch: pytest.MonkeyPatch) -> None:
+    hops, gave_up = run(monkeypatch, 8, me=5)
+    assert not gave_up and max(h["round"] for h in hops) == 3
+    assert [h for h in hops if h["src"] == 5] == [hops[0]]
+    assert sorted(h["dst"] for h in hops) == [0, 1, 2, 3, 4, 6, 7]
