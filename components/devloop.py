@@ -27,6 +27,7 @@ import inpod
 from components import storage
 from components.pod import HOME_DIRNAME
 from core import naming, servers
+from inpod import contract
 from stacks.config import StackConfig
 
 SSH_PORT = 2222
@@ -63,6 +64,8 @@ def scripts(config: StackConfig) -> dict[str, str]:
         f"ML_DEV_SSH_USER={login_user(config)}\n"
         f"ML_DEV_SHARED_PATHS={shlex.quote(' '.join(shared_paths(config)))}\n"
         f"ML_DEV_PER_POD_PATHS={shlex.quote(' '.join(per_pod_paths(config)))}\n"
+        # env.secrets' names (never a value): what `ml-dev` checks on every pod before a rank starts
+        f"{contract.SECRETS_ENV}={shlex.quote(' '.join(f'{s}/{k}' for s, k in config.env.listed()))}\n"
     )
     return {
         **inpod.group("devloop"),

@@ -14,7 +14,7 @@ pods approaches the bandwidth each pod pushes through its NICs, independent of t
 with NICs carrying traffic = min(NICs, GPUs per pod) (NCCL drives each NIC from a GPU next to it).
 
 The efficiency constant is calibrated on the one validated measurement of this stack: barcelona,
-5 pods × 4 H100, 4 RoCE SR-IOV VFs at 400 Gbit/s each, the validated NCCL set (components/nccl.py),
+5 pods × 4 H100, 4 RoCE SR-IOV VFs at 400 Gbit/s each, the validated NCCL set (core/nccl.py),
 all_reduce_perf at 8 GB: 194.6 GB/s bus bandwidth. Line rate there is 4 × 400 / 8 = 200 GB/s, so
 
     RDMA_EFFICIENCY = 194.6 / 200 = 0.973

@@ -512,6 +512,7 @@ class GpuCluster(pulumi.ComponentResource):
             lifecycle.settings_volume(app),
             self.ssh.volume,
             *credential_volumes,
+            *pod.user_secret_volumes(cfg)[0],
         ]
         pod_annotations = {
             "ml-dev-env/startup-sha256": pod.content_hash(script),
@@ -523,7 +524,9 @@ class GpuCluster(pulumi.ComponentResource):
         }
         if self._rdma:
             pod_annotations["k8s.v1.cni.cncf.io/networks"] = pod.multus_annotation(cfg)
-        mounts = [*self.storage.mounts, lifecycle.settings_mount(), self.ssh.mount]
+        if cfg.env.secrets:
+            pod_annotations[pod.USER_SECRETS_ANNOTATION] = ",".join(s.secret for s in cfg.env.secrets)
+        mounts = [*self.storage.mounts, lifecycle.settings_mount(), self.ssh.mount, *pod.user_secret_volumes(cfg)[1]]
         containers = [pod.main_container(cfg, args.image, mounts, tokens_secret), *pod.proxy_containers(cfg, "oauth-cookie")]
         pod_security = k8s.core.v1.PodSecurityContextArgs(seccomp_profile=k8s.core.v1.SeccompProfileArgs(type="RuntimeDefault"))
         return k8s.apps.v1.StatefulSet(

@@ -203,6 +203,46 @@ def main_container(
     )
 
 
+USER_SECRETS_ANNOTATION = "ml-dev-env/user-secrets"
+"""Pod-template annotation: the env.secrets names (comma-separated), which the policy rule
+user-secrets-stay-the-users holds the stack to (never created, read or put in a container env)."""
+
+USER_SECRET_MODE = 0o440
+"""The files of env.secrets' volumes: owner and group read, never world. A Secret volume is read-only
+(kubernetes pkg/volume/secret/secret.go secretVolumeMounter.GetAttributes: ReadOnly true); after AtomicWriter.Write
+(pkg/volume/util/atomic_writer.go: each file gets its item's mode, else defaultMode) the plugin's setPerms hook calls
+volume.SetVolumeOwnership (pkg/volume/volume_linux.go), which with an fsGroup chowns every file to group fsGroup and
+ORs roMask (0440) into its mode: on restricted-v2 (nerc-production: an arbitrary UID, fsGroup the namespace's first
+supplemental group, which the container process has as a supplementary group) the files are root:<fsGroup> 0440 and
+the rank reads them through the group; with no fsGroup (barcelona's SCC, UID 0) they stay root:root 0440 and UID 0
+reads them as owner. Another UID of the pod without the group cannot."""
+
+
+def user_secret_volumes(config: StackConfig) -> tuple[list[k8s.core.v1.VolumeArgs], list[k8s.core.v1.VolumeMountArgs]]:
+    """env.secrets: one Secret volume per named Secret at `<contract.SECRETS_MOUNT>/<secret>`, only the listed keys
+    (`items`), read-only, never subPath (an updated Secret reaches the running pods through the atomic writer's
+    `..data` swap: the next run reads the new value without a restart). `optional`: a Secret or key not (yet) there
+    leaves the pod running without it (pkg/volume/secret/secret.go SetUpAt: an optional Secret that is not found is
+    an empty payload; MakePayload skips an optional volume's absent item) and `ml-dev` names what is missing before a
+    rank starts, instead of the pod hanging in ContainerCreating. The stack holds the names only."""
+    volumes, mounts = [], []
+    for i, ref in enumerate(config.env.secrets):
+        name = f"user-secret-{i}"
+        volumes.append(
+            k8s.core.v1.VolumeArgs(
+                name=name,
+                secret=k8s.core.v1.SecretVolumeSourceArgs(
+                    secret_name=ref.secret,
+                    default_mode=USER_SECRET_MODE,
+                    optional=True,
+                    items=[k8s.core.v1.KeyToPathArgs(key=key, path=key) for key in ref.keys],
+                ),
+            )
+        )
+        mounts.append(k8s.core.v1.VolumeMountArgs(name=name, mount_path=f"{contract.SECRETS_MOUNT}/{ref.secret}", read_only=True))
+    return volumes, mounts
+
+
 def oauth_sar(namespace: str) -> str:
     """Who may pass the proxy: users allowed to create pods in the namespace (they could exec anyway)."""
     return json.dumps({"namespace": namespace, "resource": "pods", "verb": "create"}, separators=(",", ":"))

@@ -52,7 +52,17 @@ def _package(group: str, *sources: str) -> tuple[Shipped, ...]:
 
 
 SHIPPED: tuple[Shipped, ...] = (
-    *_package("package", "__init__.py", "contract.py", "lib/__init__.py", "lib/pod.py", "lib/ssh.py", "lib/kube.py", "lib/http.py"),
+    *_package(
+        "package",
+        "__init__.py",
+        "contract.py",
+        "lib/__init__.py",
+        "lib/pod.py",
+        "lib/ssh.py",
+        "lib/kube.py",
+        "lib/http.py",
+        "lib/usersecrets.py",
+    ),
     Shipped("startup.sh", "sh/startup.sh", "startup"),
     Shipped("sshd.sh", "sh/sshd.sh", "devloop"),
     Shipped("ssh-session.sh", "sh/ssh-session.sh", "devloop"),
@@ -66,6 +76,7 @@ SHIPPED: tuple[Shipped, ...] = (
         "ml_dev/fanout.py",
         "ml_dev/launch.py",
         "ml_dev/status.py",
+        "ml_dev/secrets.py",
     ),
     Shipped("idle_agent.py", "bin/idle_agent.py", "lifecycle"),
     *_package("lifecycle", "idle/__init__.py", "idle/agent.py", "idle/probes.py", "idle/decider.py"),

@@ -22,6 +22,10 @@ SETTINGS_MOUNT = "/etc/ml-dev-env/lifecycle"
 SETTINGS_KEY = "idle.json"
 IDLE_SETTINGS = f"{SETTINGS_MOUNT}/{SETTINGS_KEY}"
 """The idle agent's settings (the `<app>-lifecycle` ConfigMap), re-read every interval."""
+SECRETS_MOUNT = "/etc/ml-dev-env/secrets"
+"""The user's Secrets of `env.secrets`: each at `<SECRETS_MOUNT>/<secret>/<KEY>`, only the listed keys (the volume's
+`items`), read-only, mode 0440 (components/pod.py user_secret_volumes). Read where a rank or an SSH session starts
+(inpod/lib/usersecrets.py, inpod/sh/ssh-session.sh), never copied into a file, the container env or an argv."""
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 """The pod's service-account token, CA and namespace (the kubelet's projected kube-api-access volume)."""
 
@@ -57,6 +61,10 @@ IDLE_SETTINGS_ENV = "ML_DEV_IDLE_SETTINGS"
 """Overrides IDLE_SETTINGS (tests, a copy of the settings)."""
 SA_DIR_ENV = "ML_DEV_SA_DIR"
 """Overrides SA_DIR (tests)."""
+SECRETS_DIR_ENV = "ML_DEV_SECRETS_DIR"
+"""Overrides SECRETS_MOUNT (tests)."""
+SECRETS_ENV = "ML_DEV_SECRETS"
+"""`devloop.env`: the listed Secret keys, `<secret>/<KEY>` separated by spaces (names only, never a value)."""
 
 CONTAINER_ENV = (
     "POD_NAME",
@@ -89,7 +97,7 @@ CLUSTER_ENV = ("NNODES", "GPUS_PER_NODE", "APP_NAME", "HEADLESS_SERVICE", "POD_N
 """Keys of `cluster.env` (at $ML_DEV_CLUSTER_DIR): the count-dependent facts. startup.sh and sshd.sh read them from
 the file; they are not in the container env."""
 
-DEVLOOP_ENV = ("ML_DEV_SSH_PORT", "ML_DEV_SSH_USER", "ML_DEV_SHARED_PATHS", "ML_DEV_PER_POD_PATHS")
+DEVLOOP_ENV = ("ML_DEV_SSH_PORT", "ML_DEV_SSH_USER", "ML_DEV_SHARED_PATHS", "ML_DEV_PER_POD_PATHS", SECRETS_ENV)
 """Keys of `devloop.env` next to the programs in the startup ConfigMap (sshd.sh, ml-dev)."""
 
 RANK_ENV = (
@@ -145,6 +153,7 @@ SHELL_DEFAULTS = {
     IDLE_SETTINGS_ENV: IDLE_SETTINGS,
     CHECKPOINT_GRACE_ENV: str(GRACE_DEFAULT),
     CHECKPOINT_SIGNAL_ENV: SIGNAL_DEFAULT,
+    SECRETS_DIR_ENV: SECRETS_MOUNT,
 }
 """The defaults the shell files spell as `${NAME:-default}` (a shell file cannot import this module):
 tests/core/test_pod_contract.py holds every such copy equal to this table."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import fnmatch
 import ipaddress
 import re
 from collections import Counter
@@ -19,7 +20,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, create_model, model_validator
 
-from core import nccl
+from core import naming, nccl
 from core.model_sizing import preflight
 from core.presets import presets_file
 from core.quantity import parse_quantity
@@ -1135,6 +1136,80 @@ class FabricCheckConfig(Model):
             )
 
 
+# ------------------------------------------------------------------------------------------- env
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+RESERVED_ENV = (
+    *contract.CONTAINER_ENV,
+    *contract.SERVER_ENV,
+    *contract.STOP_ENV,
+    *contract.RANK_ENV,
+    *contract.CLUSTER_ENV,
+    *contract.DEVLOOP_ENV,
+    *contract.PER_POD_ENV,
+    "RANK",
+    "LOCAL_RANK",
+    "PATH",
+    "LD_*",
+    "ML_DEV_*",
+    "NCCL_*",
+    "TORCH_NCCL_*",
+    "UCX_*",
+)
+"""Names a Secret key may not take (glob patterns): what the pod, the rank contract or network.ncclEnv sets."""
+
+
+def _check_env_name(value: str) -> str:
+    if not ENV_NAME.match(value):
+        raise ValueError("an environment variable name: letters, digits and '_', not starting with a digit (e.g. WANDB_API_KEY)")
+    taken = next((p for p in RESERVED_ENV if fnmatch.fnmatchcase(value, p)), None)
+    if taken:
+        raise ValueError(f"a name the pod sets itself ({taken}): choose another key name (e.g. WANDB_API_KEY)")
+    return value
+
+
+EnvName = Annotated[str, AfterValidator(_check_env_name)]
+
+
+class SecretRef(Model):
+    """One existing Secret of the namespace and the keys of it every rank gets as environment variables."""
+
+    secret: DnsSubdomain = Field(
+        description="Name of a Secret that exists in the namespace (`oc create secret generic ...`); never created or read by the stack."
+    )
+    keys: list[EnvName] = Field(
+        min_length=1, description="Its keys to export, each an environment variable name (the key in the Secret and the variable)."
+    )
+
+    @rule
+    def _unique(self) -> Iterator[ConfigProblem]:
+        if duplicates(self.keys):
+            yield ConfigProblem("keys", duplicates(self.keys), "each key once")
+
+
+class EnvConfig(Model):
+    """What every rank's environment gets besides the pod's own (docs: Use, "Secrets on every rank")."""
+
+    secrets: list[SecretRef] = Field(
+        default_factory=list,
+        description="Existing Secrets mounted read-only in every pod; their keys are exported to every rank by `ml-dev run`/`exec` "
+        "and to every SSH session. Names only: the stack never holds a value.",
+    )
+
+    @rule
+    def _once(self) -> Iterator[ConfigProblem]:
+        names = [s.secret for s in self.secrets]
+        if duplicates(names):
+            yield ConfigProblem("secrets[].secret", duplicates(names), "each Secret once (list all its keys in one entry)")
+        across = duplicates([k for s in self.secrets for k in dict.fromkeys(s.keys)])  # twice in one entry: _unique
+        if across:
+            yield ConfigProblem("secrets[].keys", across, "a variable comes from one Secret only")
+
+    def listed(self) -> list[tuple[str, str]]:
+        """(secret, key) in order."""
+        return [(s.secret, k) for s in self.secrets for k in s.keys]
+
+
 # ----------------------------------------------------------------------------------- environment
 
 
@@ -1179,6 +1254,10 @@ class StackConfig(Model):
         default_factory=FabricCheckConfig,
         description='RDMA preflight, NCCL bandwidth gate and rack-aware ranks (docs: Operate, "Fabric check").',
     )
+    env: EnvConfig = Field(
+        default_factory=EnvConfig,
+        description='Existing Secrets exported to every rank and SSH session (docs: Use, "Secrets on every rank").',
+    )
     environment: EnvironmentConfig | None = Field(
         None,
         description="Set only in an environment stack (`Pulumi.<cluster>-<env>.yaml`): the cluster and the environment "
@@ -1201,6 +1280,18 @@ class StackConfig(Model):
                     unknown,
                     f"not in nodes.gpuNodes ({', '.join(self.nodes.gpu_nodes)}): a typo of a node name? "
                     "nodeRacks maps each listed GPU node to its rack",
+                )
+
+    @rule
+    def _user_secrets_not_ours(self) -> Iterator[ConfigProblem]:
+        app = self.cluster.app_name
+        ours = {naming.ssh_secret(app), naming.oauth_cookie_secret(app), naming.dev_tokens_secret(app)}
+        for i, ref in enumerate(self.env.secrets):
+            if ref.secret in ours:
+                yield ConfigProblem(
+                    f"env.secrets[{i}].secret",
+                    ref.secret,
+                    f"a Secret this stack creates ({', '.join(sorted(ours))}): name your own (`oc create secret generic`)",
                 )
 
     @rule

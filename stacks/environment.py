@@ -21,7 +21,7 @@ from core import naming
 from core.servers import DEV_SERVERS, longest_routed_name
 from stacks.base import Model
 
-ENVIRONMENT_KEYS = ("environment", "nodes", "access", "ssh", "lifecycle")
+ENVIRONMENT_KEYS = ("environment", "nodes", "access", "ssh", "lifecycle", "env")
 """The only `ml-dev-env:` keys an environment stack sets (at most 15 lines of config)."""
 MERGED_KEYS = ("nodes", "access", "lifecycle")
 """Personal keys merged onto the cluster's (a key the environment leaves out keeps the cluster's value)."""
@@ -204,6 +204,8 @@ def environment_config(cluster_raw: Mapping[str, Any], env_raw: Mapping[str, Any
             raw[key] = _merge(raw.get(key) or {}, env_raw[key])
     # SSH keys are personal: the cluster owner's authorized keys never reach another person's pods.
     raw["ssh"] = copy.deepcopy(env_raw.get("ssh") or {})
+    # So are Secrets (env.secrets): the cluster owner's WANDB_API_KEY never reaches another person's ranks.
+    raw["env"] = copy.deepcopy(env_raw.get("env") or {})
     raw["environment"] = env
     cluster = dict(raw.get("cluster") or {})
     cluster_app = str(cluster.get("appName") or "ml-dev-env")

@@ -58,7 +58,7 @@ class Server:
     token = TOKEN
 
     def __init__(self, root: Path, extra: list[str] | None = None) -> None:
-        """`extra`: more `jupyter lab` options (e.g. the culling flags inpod/startup.sh passes)."""
+        """`extra`: more `jupyter lab` options (e.g. the culling flags inpod/sh/startup.sh passes)."""
         self.runtime = root / "runtime"
         env = {
             **os.environ,

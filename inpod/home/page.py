@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import contract
-from ..lib import http
+from ..lib import http, usersecrets
 from ..lib.http import fetch_json
 from ..lib.pod import clock, env, idle_settings, pid_alive, read_json, read_rank_env, state_dir
 
@@ -339,6 +339,7 @@ def fragment(col: Collector, now: float | None = None) -> str:
     plots = svgplot()
     with col.lock:
         parts = [idle_html(col, settings, now), pods_html(col, plots), sessions_html(now), fabric_html(plots)]
+        parts.append(usersecrets.reports_section(list(getattr(col, "pods", [])), col.reports))  # names only
     return f'<div id="live" data-updated="{esc(clock(now))}">{"".join(parts)}<p class="small">updated {esc(clock(now))}</p></div>'
 
 

@@ -52,7 +52,7 @@ from typing import Any
 from .. import contract
 from ..lib import http
 from ..lib.http import fetch_json
-from .decider import Decider, overridden, show_warning, tick
+from .decider import Decider, show_warning, tick
 from .probes import env, is_rank0, load_settings, local_activity, log, read_rank_env, state_dir
 
 
@@ -90,9 +90,8 @@ def serve_activity(listen: str | None, decider: Decider | None, port: int = 0) -
 def follow_master(settings: dict[str, Any]) -> None:
     """Workers: mirror pod 0's warning (unreachable pod 0 = no warning shown; it decides anyway)."""
     try:
-        override = overridden("ML_DEV_MASTER_ACTIVITY")  # host:port, for simulated pods
-        base = f"http://{override}" if override else f"http://{read_rank_env()['MASTER_ADDR']}:{settings['activityPort']}"
-        decision = fetch_json(f"{base}/decision", timeout=10)
+        # pod 0's agent at MASTER_ADDR (rank.env: pod 0's DNS name) on the activity port, as every pod's agent listens
+        decision = fetch_json(f"http://{read_rank_env()['MASTER_ADDR']}:{settings['activityPort']}/decision", timeout=10)
     except (OSError, ValueError, KeyError, urllib.error.URLError):
         return
     warning = decision.get("warning")

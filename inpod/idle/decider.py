@@ -20,17 +20,8 @@ from ..lib.kube import Client
 from .probes import AGENT, env, local_activity, log, read_rank_env, signal, state_dir
 
 
-def overridden(name: str) -> str:
-    """A test override: the value, or with '@<file>' the file's content (read each round; missing = error)."""
-    value = env(name)
-    return Path(value[1:]).read_text().strip() if value.startswith("@") else value
-
-
 def peers(settings: dict[str, Any]) -> list[tuple[str, str]]:
     """(pod, base URL) of every other pod, from rank.env (ML_DEV_PODS / ML_DEV_HOSTS, rank order)."""
-    override = overridden("ML_DEV_ACTIVITY_PEERS")  # "pod=host:port ..." (tests run simulated pods on loopback)
-    if override:
-        return [(p.split("=", 1)[0], f"http://{p.split('=', 1)[1]}") for p in override.split()]
     rank = read_rank_env()
     pods, hosts = rank.get("ML_DEV_PODS", "").split(), rank.get("ML_DEV_HOSTS", "").split()
     if not pods or len(pods) != len(hosts):

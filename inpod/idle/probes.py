@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import contract
-from ..lib import pod
+from ..lib import pod, usersecrets
 from ..lib.pod import env, pid_alive, read_rank_env, state_dir
 
 AGENT = "ml-dev-env-idle-agent"
@@ -386,7 +386,9 @@ def local_activity(settings: dict[str, Any]) -> dict[str, Any]:
         signals.append(guarded("vscode", lambda: probe_vscode(now)))
     if jupyter is not None:
         signals.append(jupyter)
-    return {"pod": env("POD_NAME") or env("HOSTNAME"), "node": env("NODE_NAME") or None, "time": now, "signals": signals}
+    report: dict[str, Any] = {"pod": env("POD_NAME") or env("HOSTNAME"), "node": env("NODE_NAME") or None, "time": now, "signals": signals}
+    report["secrets"] = usersecrets.local_presence()  # env.secrets: names and present/missing, never a value
+    return report
 
 
 def is_rank0() -> bool:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from .. import contract
-from ..lib import ssh
+from ..lib import ssh, usersecrets
 from ..lib.pod import mount_dir, read_rank_env, state_dir
 
 # The mount path of the startup ConfigMap ($ML_DEV_DIR, contract.STARTUP_MOUNT), else the launcher's directory as
@@ -104,15 +104,24 @@ def per_pod(name: str) -> bool:
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in PER_POD_ENV)
 
 
+def listed_secrets() -> usersecrets.Listed:
+    """env.secrets' keys (devloop.env ML_DEV_SECRETS): each rank reads them from its own pod's mount."""
+    return usersecrets.read_listed(Path(os.environ.get("ML_DEV_DEVLOOP_ENV", HERE / "devloop.env")))
+
+
 def launch_env(extra: list[str]) -> dict[str, str]:
     """What travels to every rank: this shell's variables that differ from the container env (except the
-    per-pod set and the rank keys, FROM_RANK_FILE), then `--env K=V` (any key, rank keys included)."""
+    per-pod set, the rank keys, FROM_RANK_FILE, and env.secrets' keys, which each rank reads from its own pod's
+    mount), then `--env K=V` (any key, rank keys included; never a listed Secret key: argv is world-readable)."""
     base = container_env()
-    carried = {k: v for k, v in os.environ.items() if base.get(k) != v and not per_pod(k) and k not in FROM_RANK_FILE}
+    secret = set(usersecrets.listed_keys(listed_secrets()))
+    carried = {k: v for k, v in os.environ.items() if base.get(k) != v and not per_pod(k) and k not in FROM_RANK_FILE and k not in secret}
     for item in extra:
         if "=" not in item or not item.split("=", 1)[0]:
             die(f"--env {item!r}: expected NAME=value")
         key, value = item.split("=", 1)
+        if key in secret:
+            die(f"--env {key}=...: {key} comes from a Secret of env.secrets on every pod; a value in --env is in this process's argv")
         carried[key] = value
     return carried
 

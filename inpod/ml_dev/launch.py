@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import IO, Callable, TextIO
 
 from .. import contract
+from ..lib import usersecrets
 from ..lib.pod import read_rank_env
+from . import secrets
 from .common import (
     DEBUG_PORT,
     FROM_RANK_FILE,
@@ -131,6 +133,7 @@ def cmd_rank(args: argparse.Namespace) -> int:
         env.update({str(k): str(v) for k, v in sent.get("env", {}).items()})
         if sent.get("per_pod"):
             env.update(RANK=env.get("NODE_RANK", "0"), LOCAL_RANK="0", WORLD_SIZE=env.get("NNODES", "1"))
+    env.update(usersecrets.values())  # env.secrets' keys from this pod's own mount, last (never sent on stdin)
     env["PYTHONUNBUFFERED"] = "1"
     if args.debug_port:
         site = STATE_DIR / "debug-site"
@@ -496,6 +499,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         wait_reachable(cluster, args.timeout)
     else:  # the sync's question to every pod (its tree's hash) is the reachability probe
         sync(cluster, tree_root(cwd), timeout=args.timeout)
+    secrets.require(cluster)
     with Heartbeat("run", {"command": args.command, "cwd": str(cwd), "pods": cluster.pods}):
         return run_everywhere(cluster, args.command, cwd, args.debug, not args.no_wait, launch_env(args.env), args.per_pod, args.debug_host)
 
@@ -505,6 +509,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
     if not args.command:
         die("nothing to run: ml-dev exec -- <command>")
     wait_reachable(cluster, args.timeout)
+    secrets.require(cluster)
     results: dict[int, int] = {}
     procs = {}
     streams = []

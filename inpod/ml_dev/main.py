@@ -44,7 +44,9 @@ ENV_RULE = (
     "NCCL_DEBUG=..., HF_*, CUDA_VISIBLE_DEVICES, ...), sent over the SSH session's stdin, never argv;\n"
     "then each --env K=V (any key). Never carried (they differ per pod): " + " ".join(PER_POD_ENV) + ";\n"
     "nor the rank keys, which every rank reads from its own pod's current rank.env (a shell's copy is\n"
-    "stale after a count change): " + " ".join(FROM_RANK_FILE) + "."
+    "stale after a count change): " + " ".join(FROM_RANK_FILE) + ".\n"
+    "Last, the keys of env.secrets, from each pod's own Secret mount: never from this shell, never --env\n"
+    "(a value in argv is readable by every process of the pod); a key missing on any pod stops the launch."
 )
 
 EXIT_RULE = (

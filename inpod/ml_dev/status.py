@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import contract
+from ..lib import usersecrets
 from ..lib.pod import idle_settings
 from .common import HERE, PY, STATE_DIR, Cluster, parallel
+from .secrets import pod_presence
 
 STATUS_SCRIPT = (
     r"""
@@ -114,6 +116,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     settings = settings_or_empty()
     results = parallel(one, list(range(len(cluster.hosts))))
+    found = pod_presence(cluster, args.timeout + 10)  # env.secrets: names and present/missing, never a value
     view, why = idle_view(cluster, settings)
     lines, notes = idle_lines(view, why, settings, time.time())
     print(
@@ -126,6 +129,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         text = f"ERROR {text}" if isinstance(text, Exception) else text
         unreachable += str(text).startswith(("UNREACHABLE", "ERROR")) or cluster.pods[rank] in notes
         print(f"  {cluster.pods[rank]:<24} {text}{'  (this pod)' if rank == cluster.me else ''}")
+        secret_line = usersecrets.status_line(found.get(cluster.pods[rank]))
+        if secret_line:
+            print(f"  {'':<24} {secret_line}")
         if cluster.pods[rank] in notes:
             print(f"  {'':<24} {notes.pop(cluster.pods[rank])}")
     for pod, note in sorted(notes.items()):  # a pod the agent names that rank.env does not list

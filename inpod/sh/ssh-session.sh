@@ -4,7 +4,8 @@
 # 1. Activity record: $ML_DEV_STATE_DIR/ssh-sessions/<pid> exists while the session lives. The
 #    session keeps this PID (`exec` below), so counting live sessions is: files whose PID is alive
 #    and whose first line equals field 22 of /proc/<pid>/stat (its start time; a reused PID differs).
-# 2. The container's environment (the pod env, like `oc exec`) and the rank environment (rank.env).
+# 2. The container's environment (the pod env, like `oc exec`), the rank environment (rank.env) and the keys of
+#    env.secrets from this pod's Secret mounts.
 # 3. Runs the requested command (ssh host cmd, rsync, pdsh, sftp) or a login shell.
 STATE_DIR="${ML_DEV_STATE_DIR:-/tmp/ml-dev-env}"
 if [ -r "$STATE_DIR/ssh/session.env" ]; then
@@ -24,6 +25,17 @@ if [ -r "$STATE_DIR/rank.env" ]; then
   # shellcheck disable=SC1091
   . "$STATE_DIR/rank.env"
 fi
+# env.secrets: each listed key from this pod's own mount (the volumes hold only the listed keys), for every
+# connection (ml-dev's ranks, pdsh/DeepSpeed, mpirun's daemons, a plain `ssh <pod> cmd`). `$(<file)` and `export` are
+# bash builtins: the value is in no argv and no file; trailing newlines go, as in inpod/lib/usersecrets.py values().
+SECRETS_DIR="${ML_DEV_SECRETS_DIR:-/etc/ml-dev-env/secrets}"
+for f in "$SECRETS_DIR"/*/*; do
+  k="${f##*/}"
+  case "$k" in [A-Za-z_]*) ;; *) continue ;; esac
+  case "$k" in *[!A-Za-z0-9_]*) continue ;; esac
+  if [ -f "$f" ] && [ -r "$f" ]; then export "$k=$(<"$f")"; fi
+done
+unset f k SECRETS_DIR
 cd "$HOME" 2>/dev/null || true
 cmd="${SSH_ORIGINAL_COMMAND:-}"
 case "$cmd" in

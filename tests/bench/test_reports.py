@@ -5,8 +5,11 @@ extrapolation dashed; package: per approach), with the numbers of the JSON (svgp
 from __future__ import annotations
 
 import json
+import os
 import xml.etree.ElementTree as ET
 from pathlib import Path
+
+import pytest
 
 from bench import bench_launch, bench_package
 from bench.bench_package import Result
@@ -102,3 +105,31 @@ def test_package_benchmark_keeps_the_servers_off_the_packagers_cores() -> None:
     assert bench_package.split_cpus("auto", [3, 5, 7]) == ({3}, {5}, {7})
     assert bench_package.split_cpus("none", list(range(16))) == (None, None, None)
     assert bench_package.split_cpus("auto", [0]) == (None, None, None)
+
+
+def test_package_report_compares_the_rerun_with_the_baselines() -> None:
+    """rerun2 (packaging an unchanged model again, which verifies the layers the tag names) is set against
+    basererun2 in the report's A/B lines, as stream2 is against basestream2."""
+    walls = {"stream2": [10.0, 12.0, 11.0], "basestream2": [10.0, 11.0, 12.0], "rerun2": [4.0, 5.0, 6.0], "basererun2": [1.0, 2.0, 2.0]}
+    results = [Result(name, w[i], 0, 0, cpu_user=w[i] / 2) for i in range(3) for name, w in walls.items()]
+    text = bench_package.report(results, 1 << 30, "1GiB", 0.6, 3, "no CPU pinning")
+    assert "stream2: 1.00 × basestream2's CPU, 1.00 × its wall time" in text, text
+    assert "rerun2: 2.50 × basererun2's CPU, 2.50 × its wall time" in text, text
+
+
+def test_scratch_walk_ignores_entries_that_vanish_or_cannot_be_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shared /var/tmp holds other users' trees (a chroot's /proc: its entries vanish with ProcessLookupError
+    mid-walk): such an entry counts nothing and the walk goes on."""
+    (tmp_path / "a").write_bytes(b"x" * 8192)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "gone").write_bytes(b"y" * 8192)
+    real_lstat = os.lstat
+
+    def lstat(path: str | os.PathLike[str], *args: object, **kwargs: object) -> os.stat_result:
+        if str(path).endswith("gone"):
+            raise ProcessLookupError(3, "No such process", str(path))
+        return real_lstat(path)
+
+    whole = bench_package.allocated(tmp_path)
+    monkeypatch.setattr(bench_package.os, "lstat", lstat)
+    assert 8192 <= bench_package.allocated(tmp_path) < whole

@@ -79,6 +79,8 @@ EXACT = {
     contract.CLUSTER_DIR_ENV,
     contract.IDLE_SETTINGS_ENV,
     contract.SA_DIR_ENV,
+    contract.SECRETS_DIR_ENV,
+    contract.SECRETS_ENV,
     contract.STARTUP_DIR_ENV,
     contract.CHECKPOINT_GRACE_ENV,
     contract.CHECKPOINT_SIGNAL_ENV,
@@ -94,7 +96,14 @@ EXACT = {
     contract.USAGE_LABEL,
     contract.PART_OF_LABEL,
 }
-PATHS = {contract.STARTUP_MOUNT, contract.CLUSTER_MOUNT, contract.SETTINGS_MOUNT, contract.SA_DIR, contract.STATE_DIR}
+PATHS = {
+    contract.STARTUP_MOUNT,
+    contract.CLUSTER_MOUNT,
+    contract.SETTINGS_MOUNT,
+    contract.SA_DIR,
+    contract.STATE_DIR,
+    contract.SECRETS_MOUNT,
+}
 CHECKED = ("inpod", "components", "core", "stacks", "tools", "policy")
 
 

@@ -183,7 +183,7 @@ class IdleAgent(unittest.TestCase):
 
     def test_peers_come_from_rank_env(self) -> None:
         (self.tmp / "rank.env").write_text("export ML_DEV_PODS='env-0 env-1 env-2'\nexport ML_DEV_HOSTS='10.0.0.1 10.0.0.2 10.0.0.3'\n")
-        with mock_env(ML_DEV_STATE_DIR=str(self.tmp), POD_NAME="env-1", ML_DEV_ACTIVITY_PEERS=""):
+        with mock_env(ML_DEV_STATE_DIR=str(self.tmp), POD_NAME="env-1"):
             peers = self.decider.peers({"activityPort": 9099})
         self.assertEqual(peers, [("env-0", "http://10.0.0.1:9099"), ("env-2", "http://10.0.0.3:9099")])
 

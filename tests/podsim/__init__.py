@@ -10,6 +10,8 @@ API (root; tests skip with `pods.missing_requirements()` as the reason otherwise
     sim.pods[i].ip / .netns / .pid / .name     # pod IP, network namespace (`ip -n`, `nsenter --net=/run/netns/...`),
     sim.pods[i].path("/tmp/ml-dev-env")        #   PID 1 as this machine numbers it, a pod path seen from here
     sim.swap_configmap(name, data=None)        # a ConfigMap/Secret update: new ..<timestamp> dir, ..data swapped
+    sim.delete_secret(name)                    # `oc delete secret`: an optional volume empties (PodSim(namespace_secrets=
+                                               #   {name: {key: value}}): Secrets that exist without the stack rendering them)
     sim.add_interfaces(i, {"net5": "10.0.9.1/24"})  # extra interfaces (netK of every pod share one bridge)
     sim.terminate(i, grace=None)               # preStop exec, SIGTERM to PID 1, SIGKILL after the grace
     sim.restart(i)                             # the kubelet's container restart (volumes and sandbox kept)
@@ -34,8 +36,10 @@ Platform rules (everything a pod gets is a rendered field or one of these), with
 * ConfigMap/Secret volumes (`layout.AtomicVolume`): `<key> -> ..data/<key>`, `..data -> ..<UTC timestamp>.<random>`
   (a different directory on every pod); an update writes a new directory and renames `..data_tmp` over `..data`
   (pkg/volume/util/atomic_writer.go AtomicWriter.Write, newTimestampDir, createUserVisibleFiles). Modes: the
-  rendered defaultMode (0644 default); with an fsGroup the files' group is it (pkg/volume/volume_linux.go
-  SetVolumeOwnership). The service-account token volume at /var/run/secrets/kubernetes.io/serviceaccount
+  rendered defaultMode (0644 default); with an fsGroup the files' group is it and the read-only volume's
+  roMask 0440 is ORed into their mode (pkg/volume/volume_linux.go SetVolumeOwnership, changeFilePermission). Secrets
+  that exist in the namespace without the render: `PodSim(namespace_secrets=...)`; an absent `optional` one is empty.
+  The service-account token volume at /var/run/secrets/kubernetes.io/serviceaccount
   (token, ca.crt, namespace: test values; plugin/pkg/admission/serviceaccount). PVCs: a fresh root-owned 0755
   directory, with an fsGroup 2775 group fsGroup (SetVolumeOwnership); one per pod for volumeClaimTemplates,
   shared for a named claim. emptyDir: 0777 (pkg/volume/emptydir/empty_dir.go), medium Memory a tmpfs.
@@ -75,8 +79,9 @@ Platform rules (everything a pod gets is a rendered field or one of these), with
   its hook line at the end of /etc/bash.bashrc, /etc/security/limits.d/99-ml-dev-env-memlock.conf,
   /home/ml-dev/.local/bin (GID 0 g=u);
   sshd, its privsep user `sshd`, ssh, rsync, pdsh, git and python3 as this machine (Debian) has them.
-  Node tools as stubs: nvidia-smi (the NVIDIA container toolkit's; GPUs = the nvidia.com/gpu limit) and
-  ibv_devinfo (the HCAs of NCCL_IB_HCA).
+  Node tools as stubs: nvidia-smi (the NVIDIA container toolkit's; GPUs = the nvidia.com/gpu limit; the node's
+  stub of tests/podsim/nodetool.py, idle GPUs unless a `Node` says otherwise) and ibv_devinfo (the HCAs of
+  NCCL_IB_HCA).
 * The image's programs this machine lacks (`PodSim(..., image_programs={path: script})`): the dev servers of
   images/base.Containerfile (code-server at /usr/local/bin/code-server -> /opt/code-server, jupyter and
   tensorboard from the system pip at /usr/local/bin) as stubs installed 0755 at those paths before PID 1 runs;
@@ -90,7 +95,9 @@ Platform rules (everything a pod gets is a rendered field or one of these), with
   ib_write_bw (perftest; server and client meet over TCP on the address given, as perftest's out-of-band exchange
   does) and all_reduce_perf (nccl-tests src/common.cu report; its ranks are started by the REAL Open MPI mpirun
   over the pods' real sshd and meet in a directory all pods share, the switch fabric) as stubs printing the real
-  formats from the node's state (/run/podsim-node/node.json; the test changes it while pods run). `ip`, `ssh`,
+  formats from the node's state (/run/podsim-node/node.json; the test changes it while pods run: `Node.gpu` sets
+  the GPUs' utilisation, memory and compute processes, or a failing or hung nvidia-smi; `HostNode` gives the same
+  nvidia-smi to a program run in the test's own process). `ip`, `ssh`,
   `mpirun`/`orted` are real. The VFs' sysfs over the pod's read-only /sys (an overlay keeps the rest): per SR-IOV
   resource the VF's PCI function /sys/bus/pci/devices/<PCIDEVICE_* address>/{infiniband/<hca>,net/<netK>,
   iommu_group/type} and /sys/class/infiniband/<hca>/{device -> that function, ports/1/gids/<i>,
@@ -103,5 +110,10 @@ Platform rules (everything a pod gets is a rendered field or one of these), with
   (gateway 10.128.0.1) always, the rest dropped; net1..N not covered (ovn-kubernetes go-controller/pkg/ovn/
   base_network_controller_policy.go addAllowACLFromNode, arpAllowPolicyMatch; allow-related ACLs). Peers: non-stack
   "pods" (own netns on the same bridge, a namespace and labels of their own) as sources.
-* Not simulated: seccomp, SELinux, cgroups/resources, the sidecar containers, init containers, the API server.
+* The idle stop (`idlestop.IdleSim`, the harness of the idle and stop tests): the idle settings' ConfigMap edited
+  before the pods start or swapped while they run, and an API stand-in (a test's FakeApiServer handler) over HTTPS
+  at the `kubernetes` Service address (172.30.0.1:443) from before the pods start, the pods' service-account
+  token and CA its own.
+* Not simulated: seccomp, SELinux, cgroups/resources, the sidecar containers, init containers, the API server (the
+  idle harness's stand-in answers the idle agent's requests only).
 """

@@ -58,9 +58,13 @@ class AtomicVolume:
                     made.append(new / parent)
             path.write_bytes(content.encode() if isinstance(content, str) else content)
             mode = (modes or {}).get(key)
-            path.chmod(self.mode if mode is None else mode)
+            mode = self.mode if mode is None else mode
             if self.gid is not None:
+                # SetVolumeOwnership (pkg/volume/volume_linux.go changeFilePermission): group fsGroup, and the volume
+                # being read-only (configMap/secret GetAttributes().ReadOnly) its roMask 0440 ORed into the mode
                 os.chown(path, -1, self.gid)
+                mode |= 0o440
+            path.chmod(mode)
         for d in made:
             d.chmod(0o555)  # read-only like the rest of the mount: nothing (e.g. __pycache__) is added
         new.chmod(0o555)  # the kubelet mounts ConfigMap/Secret volumes read-only: nothing (e.g. __pycache__) is added

@@ -45,31 +45,52 @@ def size_arg(text: str) -> int:
 
 
 def nvidia_smi(n: dict, args: list[str]) -> int:
+    """`-L`, `--query-gpu=... --format=csv[,noheader][,nounits]` and `--query-compute-apps=...`, from the node's
+    state (tests/podsim/nodetools.py `Node.gpu`): per GPU its utilisation, memory controller utilisation and memory
+    used, the compute processes, and the tool itself working, failing (the driver gone) or hanging (stuck in NVML)."""
     gpus = n["gpus"]
+    smi = n.get("nvidia_smi", "ok")
+    if smi == "fail":  # what nvidia-smi prints when the driver is gone (exit 9: NVML_ERROR_DRIVER_NOT_LOADED)
+        sys.stdout.write("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+                         "Make sure that the latest NVIDIA driver is installed and running.\n\n")  # fmt: skip
+        return 9
+    if smi == "hang" and any(a.startswith(("--query-gpu=", "--query-compute-apps=")) for a in args):
+        time.sleep(3600)  # stuck in the driver: the caller's deadline ends it
+        return 0
+    replay = n.get("replay")
+    if replay and any(a.startswith(("--query-gpu=", "--query-compute-apps=")) for a in args):
+        # a real tool's output, verbatim (tests/data/tool_output), with its exit status
+        path = replay["gpu"] if any(a.startswith("--query-gpu=") for a in args) else replay.get("apps")
+        sys.stdout.write(Path(path).read_text() if path else "gpu_uuid, pid, process_name, used_gpu_memory [MiB]\n")
+        return int(replay.get("rc", 0))
     if "-L" in args:
         for i in range(gpus):
             sys.stdout.write("GPU %d: NVIDIA H100 80GB HBM3 (UUID: GPU-%08x-4d87-49d1-2eb9-39ec2baddf9b)\n" % (i, i))
         return 0
     fmt = " ".join(a for a in args if a.startswith("--format="))
     units, header = "nounits" not in fmt, "noheader" not in fmt
+    uuid = lambda i: "GPU-%08x-4d87-49d1-2eb9-39ec2baddf9b" % i  # noqa: E731
     apps = next((a.split("=", 1)[1] for a in args if a.startswith("--query-compute-apps=")), None)
-    if apps is not None:  # no compute process on the node (the header alone, as the real tool prints it)
+    if apps is not None:  # the node's compute processes (none: the header alone, as the real tool prints it)
         if header:
             sys.stdout.write(", ".join(HEADER.get(k, k) for k in apps.split(",")) + "\n")
+        for gpu, pid, name, mib in n.get("gpu_apps") or []:
+            row = {"gpu_uuid": uuid(int(gpu)), "pid": str(pid), "process_name": name, "used_memory": "%d MiB" % mib if units else str(mib)}
+            sys.stdout.write(", ".join(row.get(k, "[N/A]") for k in apps.split(",")) + "\n")
         return 0
     query = next((a.split("=", 1)[1] for a in args if a.startswith("--query-gpu=")), "index,name,memory.total")
     if header:  # `--format=csv`: the names with their units (tests/data/tool_output/nvidia-smi-query-gpu-*.csv)
         sys.stdout.write(", ".join(HEADER.get(k, k) for k in query.split(",")) + "\n")
     for i in range(gpus):
-        util = int((n.get("gpu_util") or {}).get(str(i), 0))  # the node's state: Node.gpu_util
+        util, mem, used = ((n.get(key) or {}).get(str(i), 0) for key in ("gpu_util", "gpu_mem_util", "gpu_mem_used"))
         values = {
             "name": "NVIDIA H100 80GB HBM3",
             "memory.total": "81559 MiB" if units else "81559",
-            "memory.used": "0 MiB" if units else "0",
-            "utilization.gpu": f"{util} %" if units else str(util),
-            "utilization.memory": "0 %" if units else "0",
+            "memory.used": "%d MiB" % used if units else str(used),
+            "utilization.gpu": "%d %%" % util if units else str(util),
+            "utilization.memory": "%d %%" % mem if units else str(mem),
         }
-        row = {"index": str(i), "uuid": "GPU-%08x-4d87-49d1-2eb9-39ec2baddf9b" % i, **values}
+        row = {"index": str(i), "uuid": uuid(i), **values}
         sys.stdout.write(", ".join(row.get(k, "[N/A]") for k in query.split(",")) + "\n")
     return 0
 

@@ -5,6 +5,8 @@
     node.fabric["full_ring_busbw"] = 120.0; node.apply_fabric(sim)
     node.calls(sim, "ib_write_bw")                  # every call the stubs saw, on every pod (pod, args, ...)
     node.reset(sim)                                 # every pod's node back to its healthy default
+    node.gpu(sim, i, util=97, mem=40)               # pod i's GPUs busy; smi="fail" / "hang": the tool broken
+    HostNode(tmp).nvidia_smi                        # the same nvidia-smi for a program run outside a pod
 
 What a pod gets (the podsim docstring lists these as platform rules):
 * tools on PATH (/usr/bin): nvidia-smi (NVIDIA container toolkit; GPUs = the nvidia.com/gpu limit), ibv_devinfo
@@ -33,6 +35,47 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 TOOLS = ("nvidia-smi", "ibv_devinfo", "ibstat", "ib_write_bw", "all_reduce_perf")
 CORRUPT = HERE.parent / "data" / "tool_output" / "all_reduce_perf-2x1-rtx3090-corrupt.txt"
+
+
+def set_gpus(
+    st: dict[str, Any],
+    util: int | None = None,
+    mem: int | None = None,
+    used: int | None = None,
+    apps: list[tuple[int, int, str, int]] | None = None,
+    smi: str | None = None,
+    gpus: tuple[int, ...] | None = None,
+    replay: dict[str, Any] | None = None,
+) -> None:
+    """Change a node state's GPUs (nodetool.py `nvidia_smi` prints them): of GPUs `gpus` (default: all) the
+    utilisation `util` %, the memory controller's `mem` %, `used` MiB of memory; the compute processes `apps`
+    (gpu index, pid, name, MiB); the tool `smi`: "ok", "fail" (the driver gone: exit 9) or "hang" (stuck in NVML);
+    `replay`: a real tool's output instead, verbatim ({"gpu": file, "apps": file or None, "rc": exit status}; {}: off)."""
+    for key, value in (("gpu_util", util), ("gpu_mem_util", mem), ("gpu_mem_used", used)):
+        if value is not None:
+            st.setdefault(key, {}).update({str(i): int(value) for i in (gpus if gpus is not None else range(st["gpus"]))})
+    if apps is not None:
+        st["gpu_apps"] = [list(a) for a in apps]
+    if smi is not None:
+        assert smi in ("ok", "fail", "hang"), smi
+        st["nvidia_smi"] = smi
+    if replay is not None:
+        st["replay"] = {k: str(v) if k != "rc" and v is not None else v for k, v in replay.items()}
+
+
+def wrapper_script(tool: str) -> str:
+    """The tool on a pod's PATH: the stub at /run/podsim-node (its node.json beside it)."""
+    return f'#!/bin/sh\nexec /usr/bin/python3 /run/podsim-node/nodetool.py {tool} "$@"\n'
+
+
+def default_node(directory: Path, pod: str, gpus: int) -> None:
+    """A node directory for a pod without a `Node`: nodetool.py and a healthy node.json (`gpus` idle GPUs, no HCA),
+    for PodSim to copy to /run/podsim-node (only nvidia-smi is installed from it; no mount is added)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    shutil.copy(HERE / "nodetool.py", directory / "nodetool.py")
+    (directory / "node.json").write_text(json.dumps({"pod": pod, "gpus": gpus, "hcas": []}))
+    (directory / "calls.log").write_text("")
+    (directory / "calls.log").chmod(0o666)  # the stub logs its calls as the pod's user
 
 
 def ipv4_gid(address: str) -> str:
@@ -106,7 +149,11 @@ class Node:
 
     def gpu_util(self, sim: Any, index: int, util: int, gpu: int = 0) -> None:
         """GPU `gpu` of pod `index` at `util` % (nvidia-smi's utilization.gpu), live."""
-        self.state(sim, index).setdefault("gpu_util", {})[str(gpu)] = util
+        self.gpu(sim, index, util=util, gpus=(gpu,))
+
+    def gpu(self, sim: Any, index: int, **what: Any) -> None:
+        """Pod `index`'s GPUs as its nvidia-smi shows them, live (`set_gpus` names what can be set)."""
+        set_gpus(self.state(sim, index), **what)
         self.apply(sim, index)
 
     def state(self, sim: Any, index: int) -> dict[str, Any]:
@@ -211,7 +258,7 @@ class Node:
         ]
         for tool in TOOLS:
             wrapper = d / f"{tool}.sh"
-            wrapper.write_text(f'#!/bin/sh\nexec /usr/bin/python3 /run/podsim-node/nodetool.py {tool} "$@"\n')
+            wrapper.write_text(wrapper_script(tool))
             lines.append(f"install -m 0755 {q(str(wrapper))} {root}/usr/bin/{tool}")
         # sysfs of the VFs over the read-only sysfs (an overlay keeps the rest of /sys/class and the host's PCI devices)
         lines += [
@@ -229,3 +276,25 @@ class Node:
                 peer = f"{name}p{pod.index}"[:15]  # PodSim.add_interfaces' name for the bridge side
                 lines += [f"ip -n {sim.cluster_ns} link set {peer} mtu {mtu}", f"ip link set {name} mtu {mtu}"]
         return lines
+
+
+class HostNode:
+    """The same nvidia-smi stub for a program run on this machine, outside any pod (the idle agent's functions
+    called in-process): nodetool.py and its node.json in `directory`, `nvidia_smi` the tool's path (what the agent's
+    ML_DEV_NVIDIA_SMI names), `gpu(...)` as `Node.gpu` (`set_gpus`)."""
+
+    def __init__(self, directory: Path, gpus: int = 4) -> None:
+        self.dir = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        shutil.copy(HERE / "nodetool.py", directory / "nodetool.py")
+        self.st: dict[str, Any] = {"pod": "host", "gpus": gpus, "hcas": []}
+        self.nvidia_smi = directory / "nvidia-smi"
+        self.nvidia_smi.write_text(f'#!/bin/sh\nexec /usr/bin/python3 {shlex.quote(str(directory / "nodetool.py"))} nvidia-smi "$@"\n')
+        self.nvidia_smi.chmod(0o755)
+        self.gpu()
+
+    def gpu(self, **what: Any) -> None:
+        set_gpus(self.st, **what)
+        tmp = self.dir / "node.json.tmp"
+        tmp.write_text(json.dumps(self.st))
+        tmp.replace(self.dir / "node.json")

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.fixtures import programs
+from tests.podsim import nodetools
 from tests.podsim.admission import Identity, admit
 from tests.podsim.layout import AtomicVolume
 from tests.podsim.render import PodFacts, container_env, main_container, service_links
@@ -143,25 +144,6 @@ def keygen(path: Path, comment: str) -> str:
     return Path(f"{path}.pub").read_text().strip()
 
 
-NVIDIA_SMI = r"""#!/usr/bin/python3
-# node tool stub (the NVIDIA container toolkit injects the real one): -L and --query-gpu=... --format=csv
-import sys
-n = int("@GPUS@")
-args = sys.argv[1:]
-if "-L" in args:
-    for i in range(n):
-        print("GPU %d: NVIDIA H100 80GB HBM3 (UUID: GPU-%08x-4d87-49d1-2eb9-39ec2baddf9b)" % (i, i))
-    sys.exit(0)
-query = next((a.split("=", 1)[1] for a in args if a.startswith("--query-gpu=")), "index,name,memory.total")
-units = "nounits" not in " ".join(args)
-values = {"name": "NVIDIA H100 80GB HBM3", "memory.total": "81559 MiB" if units else "81559",
-          "memory.used": "0 MiB" if units else "0", "utilization.gpu": "0 %" if units else "0",
-          "utilization.memory": "0 %" if units else "0"}
-for i in range(n):
-    row = {"index": str(i), "uuid": "GPU-%08x-4d87-49d1-2eb9-39ec2baddf9b" % i, **values}
-    print(", ".join(row.get(k, "[N/A]") for k in query.split(",")))
-"""
-
 IBV_DEVINFO = r"""#!/bin/sh
 # node tool stub (rdma-core's, fed by the SR-IOV device plugin): the HCAs named in NCCL_IB_HCA
 hcas=$(printf '%s' "${NCCL_IB_HCA:-}" | tr ',' ' ')
@@ -207,13 +189,17 @@ class PodSim:
         python_packages: Sequence[str] = (),
         node: Any = None,
         image_programs: Mapping[str, str] | None = None,
+        namespace_secrets: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
         """`read_only_passwd`: pods whose image leaves /etc/passwd read-only (not the stack's base image: the
         programs fall back to nss_wrapper); `python_packages`: modules of this interpreter the image has
         (copied into the pods' site-packages, e.g. debugpy of images/base-requirements.in); `image_programs`:
         {path in the image: script} for programs the image has and this machine lacks (the dev servers
         code-server, jupyter, tensorboard of images/base.Containerfile), installed mode 0755 at those paths; they
-        may record what they see under /run/podsim-image (mode 1777, the stubs' own directory)."""
+        may record what they see under /run/podsim-image (mode 1777, the stubs' own directory); `namespace_secrets`:
+        {name: {key: value}} of Secrets that exist in the namespace without the stack rendering them (env.secrets: the
+        user made them with `oc create secret generic`); a Secret volume naming one that exists nowhere is empty when
+        `optional` (kubernetes pkg/volume/secret/secret.go SetUpAt), else the pod does not start."""
         self.result = result
         self.resources = list(result.resources)
         sts = next(r.inputs for r in self.resources if r.kind == "StatefulSet")
@@ -247,6 +233,9 @@ class PodSim:
         self.keys = self.base / "keys"
         self.keys.mkdir(mode=0o700)
         self.secrets = self._secrets(secrets or {}, list(user_keys))
+        for name, values in (namespace_secrets or {}).items():
+            assert name not in self.secrets, f"Secret {name} is rendered by the stack; pass its values as secrets="
+            self.secrets[name] = dict(values)
         self.configmaps = {r.inputs["metadata"]["name"]: dict(r.inputs.get("data") or {}) for r in self.resources if r.kind == "ConfigMap"}
         self.pods = [
             Pod(
@@ -466,7 +455,7 @@ class PodSim:
                 out[name] = (kind, d)
             elif "configMap" in v or "secret" in v:
                 src = v.get("configMap") or v["secret"]
-                data = self.configmaps[src["name"]] if "configMap" in v else self.secrets[src["secretName"]]
+                data = self._source_data(v)
                 mode = int(src.get("defaultMode", 0o644))
                 volume = AtomicVolume(vdir / name, mode=mode, gid=fs_group)
                 volume.write_volume(src, data)
@@ -478,6 +467,22 @@ class PodSim:
         sa.write({"token": "test-service-account-token", "ca.crt": "test-ca\n", "namespace": self.namespace})
         pod.volumes["kube-api-access"] = sa
         return out
+
+    def _source_data(self, volume: Mapping[str, Any]) -> dict[str, str]:
+        """The object behind a configMap/secret volume; an absent one is empty when the volume is `optional`
+        (pkg/volume/secret/secret.go and configmap/configmap.go SetUpAt: NotFound and optional -> an empty object)."""
+        kind, key, objects = ("configMap", "name", self.configmaps) if "configMap" in volume else ("secret", "secretName", self.secrets)
+        src = volume[kind]
+        if src[key] in objects:
+            return dict(objects[src[key]])
+        if src.get("optional"):
+            return {}
+        raise KeyError(f"volume {volume['name']}: {kind} {src[key]} not found: the pod would stay in ContainerCreating")
+
+    def delete_secret(self, name: str) -> None:
+        """`oc delete secret <name>`: the kubelet's next sync of an optional volume writes an empty payload."""
+        self.secrets.pop(name, None)
+        self._resync(name)
 
     def _pvc_dir(self, path: Path) -> Path:
         """A fresh volume: root-owned 0755; with an fsGroup group-owned by it, g+rwx and setgid (volume_linux.go
@@ -503,7 +508,9 @@ class PodSim:
         (etc / "hostname").write_text(pod.name + "\n")
         tools = pod.host_dir / "tools"
         tools.mkdir(exist_ok=True)
-        (tools / "nvidia-smi").write_text(NVIDIA_SMI.replace("@GPUS@", str(self.gpus)))
+        (tools / "nvidia-smi").write_text(nodetools.wrapper_script("nvidia-smi"))
+        if self.node is None:  # the node's nvidia-smi, its healthy defaults copied in (a `Node` mounts its live state)
+            nodetools.default_node(pod.host_dir / "node", pod.name, self.gpus)
         (tools / "ibv_devinfo").write_text(IBV_DEVINFO)
         pod.env = self.container_env(pod)
         layer = pod.host_dir / "layer"
@@ -549,7 +556,12 @@ class PodSim:
             f"mkdir -p {root}/etc/security/limits.d && printf '%s\\n' {' '.join(q(x) for x in MEMLOCK_LIMITS)}"
             f" > {root}/etc/security/limits.d/99-ml-dev-env-memlock.conf",
             f"mkdir -p {root}/home/ml-dev/.local/bin && chgrp -R 0 {root}/home/ml-dev && chmod -R g=u {root}/home/ml-dev",
-            # node tools (stubs): the NVIDIA toolkit's nvidia-smi, rdma-core's ibv_devinfo
+            # node tools (stubs): the NVIDIA toolkit's nvidia-smi (tests/podsim/nodetool.py), rdma-core's ibv_devinfo
+            *(
+                (f"mkdir -p {root}/run/podsim-node && cp -a {q(str(pod.host_dir / 'node'))}/. {root}/run/podsim-node/",)
+                if self.node is None
+                else ()
+            ),
             f"install -m 0755 {tools}/nvidia-smi {root}/usr/bin/nvidia-smi",
             f"install -m 0755 {tools}/ibv_devinfo {root}/usr/bin/ibv_devinfo",
             *(self.node.setup(self, pod, root) if self.node is not None else ()),
@@ -784,11 +796,14 @@ class PodSim:
         source = self.configmaps if name in self.configmaps else self.secrets
         if data is not None:
             source[name] = dict(data)
+        self._resync(name)
+
+    def _resync(self, name: str) -> None:
         for pod in self.pods:
             for v in self.pod_spec.get("volumes") or []:
                 ref = (v.get("configMap") or {}).get("name") or (v.get("secret") or {}).get("secretName")
                 if ref == name:
-                    pod.volumes[v["name"]].write_volume(v.get("configMap") or v["secret"], dict(source[name]))
+                    pod.volumes[v["name"]].write_volume(v.get("configMap") or v["secret"], self._source_data(v))
 
     def terminate(self, index: int, grace: float | None = None) -> str:
         """The kubelet's kill: preStop exec hook (if rendered), SIGTERM to PID 1, SIGKILL after the grace period

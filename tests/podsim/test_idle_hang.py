@@ -1,91 +1,105 @@
-"""A worker whose nvidia-smi hangs, on pods started from the render (tests/podsim): issue 35 item 7.
+"""A worker whose nvidia-smi hangs or fails, on pods started from the render (tests/podsim): issue 35 item 7.
 
-Pod 1's nvidia-smi never answers (a driver stuck in NVML). Its idle agent answers pod 0's GET /activity in time
-with a failed GPU check, so pod 0 counts it as active ("ml-dev-env-1/gpu: probe failed") and never lists it as
-unreachable; `ml-dev status` shows it reachable. Pod 0's own GPUs are idle (nvidia-smi's real CSV).
+Pod 1's nvidia-smi never answers (a driver stuck in NVML), or fails (the driver gone): the node's tool
+(tests/podsim/nodetools.py). Its idle agent answers pod 0's GET /activity in time with a failed GPU check, so pod 0
+counts it as active ("ml-dev-env-1/gpu: probe failed") and never lists it as unreachable; nothing is scaled, no
+warning shown. Pod 0's own GPUs are idle (nvidia-smi's real CSV).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from components import lifecycle
-from core import naming
 from inpod import contract as pod_contract
-from tests.podsim.pods import PREFIX, PodSim, leftovers, missing_requirements, render_stack
+from tests.inpod.idle.conftest import ROLE, TOKEN, FakeApiServer, load_agent
+from tests.podsim.idlestop import STATE, IdleSim, mine, wait_for, with_idle_stop
+from tests.podsim.pods import missing_requirements, render_stack
 
 REASON = missing_requirements()
 pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}")]
 
-STATE = "/tmp/ml-dev-env"
-IDLE_GPU = """#!/bin/bash
-case "$*" in
-  *--query-compute-apps=*) echo "gpu_uuid, pid, process_name, used_gpu_memory [MiB]" ;;
-  *--query-gpu=index,uuid,*) echo "index, uuid, utilization.gpu [%], utilization.memory [%], memory.used [MiB]"
-                             echo "0, GPU-00000000-4d87-49d1-2eb9-39ec2baddf9b, 0 %, 0 %, 0 MiB" ;;
-  *) exec /usr/bin/nvidia-smi.podsim "$@" ;;
-esac
-"""
-HUNG = """#!/bin/bash
-case "$*" in
-  *--query-gpu=index,uuid,*|*--query-compute-apps=*) exec sleep 3600 ;;  # stuck in the driver
-  *) exec /usr/bin/nvidia-smi.podsim "$@" ;;
-esac
+# GET /activity of pod 1 from pod 0, as pod 0's gather asks it (inpod/lib/http.py fetch_json with the contract's
+# fetch timeout), timed: prints the seconds and the report
+FETCH = """
+import json, sys, time
+from inpod.lib.http import fetch_json
+t0 = time.monotonic()
+report = fetch_json(sys.argv[1], timeout=float(sys.argv[2]))
+print(json.dumps({"seconds": time.monotonic() - t0, "report": report}))
 """
 
 
-def with_idle_stop(objects: dict[str, Any]) -> None:
-    objects["access"] = {**objects["access"], "vscode": False, "jupyter": False, "tensorboard": False}
-    objects.setdefault("lifecycle", {})["idleStop"] = {"enabled": True, "interval": "15s", "unreachableAfter": "2m"}
+@pytest.fixture(scope="module")
+def sim() -> Iterator[tuple[IdleSim, FakeApiServer]]:
+    """Two pods, the idle stop on, a round every 2 s; the bound for an unreachable pod far above the tests' length."""
+    result = render_stack("barcelona", with_idle_stop)
+    api = FakeApiServer(result.one(ROLE, "gpu-idle-agent").inputs["rules"])
+    sim = IdleSim(result, settings={"intervalSeconds": 2, "unreachableSeconds": 600}, api=api, token=TOKEN)
+    try:
+        sim.start()
+        yield sim, api
+    finally:
+        sim.stop()
+        api.close()
+        assert not mine(sim), mine(sim)
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float, log: Callable[[], str] = lambda: "") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout} s\n{log()}")
-        time.sleep(0.5)
+def broken_worker(sim: IdleSim, api: FakeApiServer, smi: str, error: str) -> dict[str, Any]:
+    """Pod 1's nvidia-smi `smi`: pod 0 counts its failed GPU check as activity for a few rounds, never unreachable."""
+    sim.node.gpu(sim, 1, smi=smi)
+    seen = wait_for(
+        f"pod 0 counts pod 1's {smi} GPU check as activity",
+        lambda: error in sim.decision().get("reason", "") and sim.decision(),
+        60 + 2 * pod_contract.ACTIVITY_FETCH_SECONDS,
+        sim.agent_log,
+    )
+    assert "ml-dev-env-1/gpu: probe failed (`nvidia-smi --query-gpu" in seen["reason"], seen["reason"]
+    assert seen["unreachable"] == {}, seen
+    # and it keeps answering: a few rounds later still active for the same reason, never unreachable
+    rounds_later = lambda: sim.decision().get("lastActive", 0) > seen["lastActive"] + 4 and sim.decision()  # noqa: E731
+    later = wait_for("more rounds", rounds_later, 60, sim.agent_log)
+    assert later["unreachable"] == {} and error in later["reason"], later
+    assert "Pod ml-dev-env-1 unreachable" not in sim.agent_log()
+    # nothing stopped, nothing warned
+    assert api.scales == [] and api.events == [], (api.scales, api.events)
+    assert not sim.pods[0].path(f"{STATE}/idle-warning").exists()
+    return later
 
 
 @pytest.mark.timeout(300)
-def test_a_worker_with_a_hung_nvidia_smi_is_active_never_unreachable() -> None:
-    sim = PodSim(render_stack("barcelona", with_idle_stop), count=2)
-    with sim.start():
-        for pod, tool in zip(sim.pods, (IDLE_GPU, HUNG), strict=True):
-            path = pod.path("/usr/bin/nvidia-smi")
-            path.rename(pod.path("/usr/bin/nvidia-smi.podsim"))
-            path.write_text(tool)
-            path.chmod(0o755)
-        cm = naming.lifecycle_configmap("ml-dev-env")
-        settings = json.loads(sim.configmaps[cm][lifecycle.SETTINGS_KEY])
-        # a quicker round; the bound for an unreachable pod stays far above the test's length
-        sim.swap_configmap(cm, {lifecycle.SETTINGS_KEY: json.dumps({**settings, "intervalSeconds": 2, "unreachableSeconds": 600})})
-        log = lambda: sim.pods[0].path(f"{STATE}/logs/idle-agent.log").read_text()  # noqa: E731
+def test_a_worker_with_a_hung_nvidia_smi_is_active_never_unreachable(sim: tuple[IdleSim, FakeApiServer]) -> None:
+    pods, api = sim
+    broken_worker(pods, api, "hang", f"did not answer within {pod_contract.GPU_PROBE_SECONDS} s")
 
-        def decision() -> dict[str, Any]:
-            try:
-                return dict(json.loads(sim.pods[0].path(f"{STATE}/idle-status.json").read_text()))
-            except (OSError, ValueError):
-                return {}
 
-        seen = wait_for(
-            "pod 0 counts pod 1's hung GPU check as activity",
-            lambda: "ml-dev-env-1/gpu: probe failed (`nvidia-smi --query-gpu" in decision().get("reason", "") and decision(),
-            60 + 2 * pod_contract.ACTIVITY_FETCH_SECONDS,
-            log,
-        )
-        assert f"did not answer within {pod_contract.GPU_PROBE_SECONDS} s" in seen["reason"], seen["reason"]
-        assert seen["unreachable"] == {}, seen
-        # and it keeps answering: a few rounds later still active for the same reason, never unreachable
-        later = wait_for("more rounds", lambda: decision().get("lastActive", 0) > seen["lastActive"] + 4 and decision(), 60, log)
-        assert later["unreachable"] == {} and "did not answer within" in later["reason"], later
-        assert "Pod ml-dev-env-1 unreachable" not in log()
-    assert not [item for item in leftovers() if f"{PREFIX}{sim.run_id}-" in item]
+@pytest.mark.timeout(300)
+def test_a_hung_workers_activity_answers_within_the_fetch_timeout(sim: tuple[IdleSim, FakeApiServer]) -> None:
+    """Pod 1's agent (its own process, /activity over HTTP) with an nvidia-smi that never answers: pod 0's GET gets its
+    answer within the fetch timeout, a failed GPU check that holds the stop as activity (the decider, in process)."""
+    pods, _ = sim
+    pods.node.gpu(pods, 1, smi="hang")
+    url = f"http://{pods.fqdn(1)}:{pods.settings()['activityPort']}/activity"
+    res = pods.exec(0, ["python3", "-c", FETCH, url, str(pod_contract.ACTIVITY_FETCH_SECONDS)], cwd="/opt/ml-dev-env", timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    got = json.loads(res.stdout)
+    assert got["seconds"] < pod_contract.ACTIVITY_FETCH_SECONDS, got["seconds"]
+    report = got["report"]
+    gpu = next(s for s in report["signals"] if s["name"] == "gpu")
+    assert not gpu["ok"] and "did not answer within" in gpu["detail"]["error"], gpu
+    agent = load_agent()
+    decider = agent.Decider(now=0)
+    decider.observe([report], now=time.time())
+    assert decider.reason.startswith("ml-dev-env-1/gpu: probe failed"), decider.reason
+    assert decider.unreachable_since == {}
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_whose_nvidia_smi_fails_is_active(sim: tuple[IdleSim, FakeApiServer]) -> None:
+    """The driver gone on pod 1 (nvidia-smi exits 9): a failed probe of a worker counts as active."""
+    pods, api = sim
+    broken_worker(pods, api, "fail", "exit 9: NVIDIA-SMI has failed")

@@ -33,7 +33,8 @@ from typing import Any
 import pytest
 
 from tests.podsim import stopjob
-from tests.podsim.pods import PREFIX, PodSim, leftovers, missing_requirements, render_stack
+from tests.podsim.idlestop import complete, mine, wait_for, with_grace
+from tests.podsim.pods import PodSim, missing_requirements, render_stack
 from tests.podsim.stopjob import JOB, TORCHRUN, TRAIN_SH
 
 REASON = missing_requirements()
@@ -72,30 +73,13 @@ STOPPED_PODS = {"idle-stop": (0, 1, 2), "suspend": (0, 1, 2), "destroy": (0, 1, 
 
 
 def three_pods(objects: dict[str, Any]) -> None:
-    objects["access"] = {**objects["access"], "vscode": False, "jupyter": False, "tensorboard": False}
+    with_grace(GRACE)(objects)
     objects["nodes"] = {**objects["nodes"], "count": PODS, "gpusPerPod": 1}
-    objects.setdefault("lifecycle", {}).update(checkpointGraceSeconds=GRACE)
 
 
 @pytest.fixture(scope="module")
 def render() -> Any:
     return render_stack("barcelona", three_pods)
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float, log: Callable[[], str] = lambda: "") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout} s\n{log()}")
-        time.sleep(0.2)
-
-
-def complete(path: Path) -> bool:
-    lines = path.read_text().splitlines()
-    return len(lines) == 12 and lines[0].startswith("step=") and lines[-1] == "END"
 
 
 def ckpt_dir(sim: PodSim, index: int) -> Path:
@@ -114,10 +98,6 @@ def records(sim: PodSim) -> dict[int, dict[str, Any]]:
 def job_processes(sim: PodSim, index: int) -> list[str]:
     res = sim.exec(index, f"pgrep -af '{JOB_PROCESSES}' || true", timeout=30)
     return [line for line in res.stdout.splitlines() if "pgrep" not in line]
-
-
-def mine(sim: PodSim) -> list[str]:
-    return [item for item in leftovers() if f"{PREFIX}{sim.run_id}-" in item]
 
 
 class Cell:

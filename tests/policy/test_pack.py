@@ -56,12 +56,13 @@ def test_policies_mirror_the_rules_catalogue() -> None:
         assert policy.description == spec.description and policy.remediation_steps
     levels = {p.name: p.enforcement_level for p in policies}
     assert levels["route-tls-redirect"] == EnforcementLevel.ADVISORY
-    assert sum(level == EnforcementLevel.MANDATORY for level in levels.values()) == 11
+    assert sum(level == EnforcementLevel.MANDATORY for level in levels.values()) == 12
     assert {p.name for p in policies if isinstance(p, StackValidationPolicy)} == {
         "routes-require-authentication",
         "privileges-require-scc-binding",
         "ssh-only-from-stack-pods",
         "ingress-by-design",
+        "user-secrets-stay-the-users",
     }
 
 

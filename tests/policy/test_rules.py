@@ -676,6 +676,15 @@ def test_violations_carry_type_index_and_level() -> None:
     )
 
 
+def user_secrets_workload() -> Item:
+    """A workload mounting the user's Secret `wandb` world-readable, through subPath, writable."""
+    mount = {"name": "s", "mountPath": "/etc/s", "subPath": "K"}
+    volume = {"name": "s", "secret": {"secretName": "wandb", "defaultMode": 0o644}}
+    typ, obj, opts = statefulset("ranks", [container(volumeMounts=[mount])], pod={"volumes": [volume]})
+    obj["spec"]["template"]["metadata"]["annotations"] = {"ml-dev-env/user-secrets": "wandb"}
+    return typ, obj, opts
+
+
 def test_every_message_says_how_to_fix() -> None:
     bad = [
         pvc(),
@@ -700,6 +709,8 @@ def test_every_message_says_how_to_fix() -> None:
             {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": meta("open"), "spec": {"ingress": [{}]}},
         ),
         statefulset("proxied", [{**oauth_proxy(), "args": ["--provider=openshift", "--http-address=:18080"]}]),
+        user_secrets_workload(),
+        item("kubernetes:core/v1:Secret", {"apiVersion": "v1", "kind": "Secret", "metadata": meta("wandb")}),
     ]
     found = evaluate(bad)
     assert {v.policy for v in found} == set(rules.POLICY_NAMES)

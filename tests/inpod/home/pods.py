@@ -28,26 +28,11 @@ from tests.podsim.nodetools import Node
 from tests.podsim.pods import Pod, PodSim, render_stack
 
 HERE = Path(__file__).resolve().parent
-NCCL = HERE.parents[1] / "podsim" / "nccl.py"
 INJECTED = "<script>window.__xss = 1</script>"
 HOME_PORT = next(s.port for s in DEV_SERVERS if s.name == "home")  # where it listens, behind its OAuth proxy
 SLOW_BUSBW = 60.0  # GB/s at the plateau, far below barcelona's pass line (175.1 GB/s): the gate fails
 STATE = "/tmp/ml-dev-env"
 PROJECT = "/workspace/proj"
-
-# mpirun for the plain-process environment of tests/inpod/home/conftest.py (no pods, no sshd there)
-MPIRUN = r"""#!/usr/bin/python3
-# mpirun + all_reduce_perf (nccl-tests): the report nccl-tests prints for the hostfile's hosts, -npernode GPUs
-# each and the -b/-e sizes, at a plateau of @BUSBW@ GB/s (tests/podsim/nccl.py, read from the image layer)
-import importlib.util, sys
-spec = importlib.util.spec_from_file_location("nccl", "@NCCL@")
-nccl = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(nccl)
-args = sys.argv[1:]
-value = lambda flag: args[args.index(flag) + 1]
-hosts = [line.split()[0] for line in open(value("--hostfile")) if line.strip()]
-sys.stdout.write(nccl.nccl_report(hosts, int(value("-npernode")), int(value("-b")), int(value("-e")), @BUSBW@))
-"""
 
 
 def idle_stop_on(objects: dict[str, Any]) -> None:

@@ -4,8 +4,8 @@
   authorizes every request against the Role the stack renders (the real program's output), serves the
   StatefulSet's `scale` subresource with resourceVersion checks, applies merge patches to the record
   ConfigMap and stores Events; every body it accepts is kept for the schema validator.
-* `SimPod`: one simulated pod: its state directory (rank.env per the rank contract, activity records),
-  a stub `nvidia-smi` printing the real `--query-gpu` CSV at a chosen utilisation, an empty pts dir.
+* `AgentInputs`: what the agent's functions read when called in this process (state directory, rank.env, the
+  node's nvidia-smi of tests/podsim/nodetools.py); the agents as processes run on simulated pods (tests/podsim).
 * `jupyter`: a real JupyterLab server on 127.0.0.1 (OS-assigned port) with a token.
 """
 
@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import importlib
 import json
-import subprocess
-import sys
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -26,11 +23,11 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+from inpod import contract as pod_contract
 from tests.conftest import run_objects, stack_objects
-from tests.inpod import mount
+from tests.podsim.nodetools import HostNode
 from tools.capture_jupyter_status import Server as Jupyter  # one real JupyterLab launcher for the capture tool and the tests
 
-AGENT_PATH = mount.shipped() / "idle_agent.py"
 APP, NS = "ml-dev-env", "nccl-test"
 TOKEN = "sa-token-for-tests"
 ROLE = "kubernetes:rbac.authorization.k8s.io/v1:Role"
@@ -196,113 +193,54 @@ def api(agent_rules: list[dict[str, Any]], tmp_path: Path) -> Iterator[FakeApiSe
     server.close()
 
 
-# -------------------------------------------------------------------------------- simulated pods
-
-NVIDIA_SMI = """#!/bin/bash
-# stub nvidia-smi printing the real `--format=csv` layout (header with units; see tests/data/tool_output): four
-# GPUs with utilisation from $DIR/gpu-util, memory used from $DIR/gpu-mem-used (MiB), compute processes
-# from $DIR/gpu-apps (CSV rows without header)
-dir="$(dirname "$0")"
-if [ -f "$dir/gpu-fail" ]; then echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver." >&2; exit 9; fi
-util="$(cat "$dir/gpu-util" 2>/dev/null || echo 0)"
-mem="$(cat "$dir/gpu-mem-util" 2>/dev/null || echo 0)"
-used="$(cat "$dir/gpu-mem-used" 2>/dev/null || echo 1)"
-case "$*" in
-  *--query-gpu=index,uuid,utilization.gpu,utilization.memory,memory.used*--format=csv*)
-    echo "index, uuid, utilization.gpu [%], utilization.memory [%], memory.used [MiB]"
-    for i in 0 1 2 3; do
-      u="$util %"; m="$mem %"
-      case "$util" in \\[*) u="$util" ;; esac
-      case "$mem" in \\[*) m="$mem" ;; esac
-      printf '%d, GPU-8f6c2d4e-3a1b-4c5d-9e7f-0a1b2c3d4e5%d, %s, %s, %s MiB\\n' "$i" "$i" "$u" "$m" "$used"
-    done ;;
-  *--query-compute-apps=gpu_uuid,pid,process_name,used_memory*--format=csv*)
-    echo "gpu_uuid, pid, process_name, used_gpu_memory [MiB]"
-    cat "$dir/gpu-apps" 2>/dev/null || true ;;
-  *) echo "unexpected: $*" >&2; exit 2 ;;
-esac
-"""
+# ------------------------------------------------------------------- the agent's inputs, in process
 
 
-class SimPod:
-    def __init__(self, root: Path, index: int, pods: list[str]) -> None:
-        self.name = f"{APP}-{index}"
-        self.index = index
-        self.dir = root / self.name
-        self.state = self.dir / "state"
-        self.bin = self.dir / "bin"
-        self.pts = self.dir / "pts"
-        for d in (self.state / "activity" / "ssh", self.bin, self.pts):
+class AgentInputs:
+    """What the agent's functions read when a test calls them in this process (no pod, no agent process: pods are
+    tests/podsim's): a state directory whose rank.env has startup.sh's keys (inpod/contract.py RANK_ENV), the
+    node's nvidia-smi (tests/podsim/nodetools.py `HostNode`, the stub the simulated pods run), an empty terminal
+    directory and a service-account token. `env` gives the agent's environment for them."""
+
+    def __init__(self, root: Path, name: str = f"{APP}-0", gpus: int = 4) -> None:
+        self.root, self.name = root, name
+        self.state = root / "state"
+        self.pts = root / "pts"
+        for d in (self.state / "activity" / "ssh", self.pts):
             d.mkdir(parents=True, exist_ok=True)
-        smi = self.bin / "nvidia-smi"
-        smi.write_text(NVIDIA_SMI)
-        smi.chmod(0o755)
-        self.gpu(0)
-        hosts = " ".join(f"{p}.{APP}-headless.{NS}.svc.cluster.local" for p in pods)
-        (self.state / "rank.env").write_text(
-            f"export ML_DEV_POD={self.name} NODE_RANK={index} NNODES={len(pods)} GPUS_PER_NODE=4 WORLD_SIZE={4 * len(pods)}\n"
-            f"export MASTER_ADDR={APP}-0.{APP}-headless.{NS}.svc.cluster.local MASTER_PORT=29500\n"
+        self.node = HostNode(root / "node", gpus=gpus)
+        self.rank_env()
+
+    def rank_env(self, peers: dict[str, str] | None = None) -> None:
+        """rank.env of pod 0 of an environment of pod 0 and `peers` (pod name -> the host its agent answers on)."""
+        pods = {self.name: f"{self.name}.{APP}-headless.{NS}.svc.cluster.local", **(peers or {})}
+        hosts = " ".join(pods.values())
+        (self.state / pod_contract.RANK_ENV_FILE).write_text(
+            f"export ML_DEV_POD={self.name} NODE_RANK=0 NNODES={len(pods)} GPUS_PER_NODE=4 WORLD_SIZE={4 * len(pods)}\n"
+            f"export MASTER_ADDR={pods[self.name]} MASTER_PORT=29500\n"
             f"export ML_DEV_HOSTS='{hosts}' ML_DEV_PODS='{' '.join(pods)}'\n"
         )
-        self.proc: subprocess.Popen[str] | None = None
-
-    def gpu(self, util: int, mem: int = 0, fail: bool = False) -> None:
-        (self.bin / "gpu-util").write_text(str(util))
-        (self.bin / "gpu-mem-util").write_text(str(mem))
-        fail_flag = self.bin / "gpu-fail"
-        if fail:
-            fail_flag.write_text("1")
-        elif fail_flag.exists():
-            fail_flag.unlink()
 
     def env(self, settings: Path, api: FakeApiServer | None, **extra: str) -> dict[str, str]:
-        sa = self.dir / "sa"
+        sa = self.root / "sa"
         sa.mkdir(exist_ok=True)
         (sa / "token").write_text(TOKEN + "\n")
         env = {
-            "PATH": f"{self.bin}:/usr/bin:/bin",
-            "HOME": str(self.dir),
+            "PATH": "/usr/bin:/bin",
+            "HOME": str(self.root),
             "POD_NAME": self.name,
             "ML_DEV_STATE_DIR": str(self.state),
             "ML_DEV_IDLE_SETTINGS": str(settings),
-            "ML_DEV_NVIDIA_SMI": str(self.bin / "nvidia-smi"),
+            "ML_DEV_NVIDIA_SMI": str(self.node.nvidia_smi),
             "ML_DEV_PTS_DIR": str(self.pts),
             "ML_DEV_SSH_PROCESS_SCAN": "0",
             "ML_DEV_SA_DIR": str(sa),
-            "ML_DEV_CODE_SERVER_HEARTBEAT": str(self.dir / "code-server" / "heartbeat"),
+            "ML_DEV_CODE_SERVER_HEARTBEAT": str(self.root / "code-server" / "heartbeat"),
         }
         if api is not None:
             env["ML_DEV_KUBE_API"] = api.url
         env.update(extra)
         return env
-
-    def start(self, env: dict[str, str], rounds: int | None = None) -> None:
-        cmd = [sys.executable, str(AGENT_PATH), "run", "--listen", "127.0.0.1:0"]
-        if rounds:
-            cmd += ["--rounds", str(rounds)]
-        self.log = open(self.dir / "agent.log", "w")
-        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT, text=True)
-
-    def address(self, timeout: float = 30) -> str:
-        addr = self.state / "activity.addr"
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if addr.exists() and addr.read_text().strip():
-                return addr.read_text().strip()
-            assert self.proc is None or self.proc.poll() is None, (self.dir / "agent.log").read_text()
-            time.sleep(0.1)
-        raise AssertionError(f"{self.name}: agent did not start: {(self.dir / 'agent.log').read_text()}")
-
-    def stop(self) -> str:
-        if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            self.log.close()
-        return (self.dir / "agent.log").read_text() if (self.dir / "agent.log").exists() else ""
 
 
 def write_settings(path: Path, **overrides: Any) -> Path:

@@ -1,6 +1,7 @@
-"""The idle agent against real signal sources: a real JupyterLab server, stub nvidia-smi printing the real
-CSV format, code-server heartbeat files, real processes behind SSH/launcher activity records, real ptys,
-and simulated pods (one agent process per pod) talking to a validating API stand-in."""
+"""The idle agent's decision and probes called in this process, against real signal sources: a real JupyterLab
+server, the node's nvidia-smi (tests/podsim/nodetools.py, the real CSV format), code-server heartbeat files, real
+processes behind SSH/launcher activity records, and a validating API stand-in. The agents as processes, one per
+pod, run on simulated pods started from the render: tests/inpod/idle/test_idle_pods.py."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -18,7 +20,7 @@ import pytest
 
 from inpod.lib import http
 from tests.conftest import VALIDATOR
-from tests.inpod.idle.conftest import APP, NS, FakeApiServer, Jupyter, SimPod, load_agent, write_settings
+from tests.inpod.idle.conftest import APP, NS, AgentInputs, FakeApiServer, Jupyter, load_agent, write_settings
 
 agent = load_agent()
 
@@ -50,9 +52,9 @@ def test_gpu_rows_in_the_real_csv_format() -> None:
 
 
 @pytest.fixture
-def pods(tmp_path: Path) -> list[SimPod]:
-    names = [f"{APP}-0", f"{APP}-1"]
-    return [SimPod(tmp_path, i, names) for i in range(2)]
+def pod0(tmp_path: Path) -> AgentInputs:
+    """Pod 0's inputs (its decision runs here, in process); rank.env names no other pod unless a test adds one."""
+    return AgentInputs(tmp_path / "pod0")
 
 
 class Answer:
@@ -72,9 +74,8 @@ class Answer:
                 pass
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.addr = f"127.0.0.1:{self.httpd.server_address[1]}"
-        import threading
-
+        self.port = int(self.httpd.server_address[1])
+        self.addr = f"127.0.0.1:{self.port}"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
     def close(self) -> None:
@@ -83,7 +84,7 @@ class Answer:
 
 
 def decide(
-    pod: SimPod,
+    pod: AgentInputs,
     settings: Path,
     api: FakeApiServer,
     monkeypatch: pytest.MonkeyPatch,
@@ -99,43 +100,6 @@ def decide(
     monkeypatch.delenv("JUPYTER_TOKEN", raising=False) if "JUPYTER_TOKEN" not in extra else None
     decider = agent.Decider(now=time.time() - idle_for)
     return agent.tick(agent.load_settings(), decider), decider
-
-
-@pytest.fixture
-def peer(pods: list[SimPod], tmp_path: Path) -> Any:
-    """The worker pod's agent, serving its real /activity."""
-    worker = pods[1]
-    worker.start(worker.env(write_settings(tmp_path / "worker.json"), None))
-    yield worker
-    worker.stop()
-
-
-def test_untouched_environment_is_stopped_and_the_reason_recorded(
-    pods: list[SimPod], peer: SimPod, api: FakeApiServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    settings = write_settings(tmp_path / "idle.json", servers=[])
-    outcome, decider = decide(pods[0], settings, api, monkeypatch, ML_DEV_ACTIVITY_PEERS=f"{APP}-1={peer.address()}")
-    assert outcome == "stop", decider.reason
-    assert api.replicas == 0 and [s["spec"]["replicas"] for s in api.scales] == [0]
-    assert api.denied == []
-    # the record: on the ConfigMap ...
-    data = api.configmap["data"]
-    assert data["replicasBefore"] == "2" and int(data["idleSeconds"]) >= 3600
-    signals = json.loads(data["signals.json"])
-    assert signals[f"{APP}-0/gpu"]["util"] == [0, 0, 0, 0] and signals[f"{APP}-1/gpu"]["util"] == [0, 0, 0, 0]
-    assert signals[f"{APP}-1/ssh"] == {"ok": True, "active": False, "age": None, "records": []}
-    # ... and as an Event on the StatefulSet
-    (event,) = api.events
-    assert event["involvedObject"] == {
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "name": APP,
-        "namespace": NS,
-        "uid": "0d7a9c1e-5f0b-4c55-9d3e-2b1f4e6a8c01",
-    }
-    assert event["reason"] == "IdleStop" and event["type"] == "Normal" and "replicas 2 -> 0" in event["message"]
-    assert f'"{APP}-1/gpu"' in event["message"]
-    assert_event_shape(event)
 
 
 # core/v1 Event fields (k8s.io/api/core/v1 types.go `Event`); ../shared/schemas has no Event schema.
@@ -174,12 +138,10 @@ def assert_event_shape(event: dict[str, Any]) -> None:
 
 @pytest.mark.skipif(not VALIDATOR.exists(), reason="../shared/tools/validate_manifests.py is not beside the repository")
 def test_scale_request_and_record_pass_the_official_schemas(
-    pods: list[SimPod], api: FakeApiServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    pod0: AgentInputs, api: FakeApiServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     settings = write_settings(tmp_path / "idle.json", servers=[])
-    outcome, _ = decide(pods[0], settings, api, monkeypatch, ML_DEV_ACTIVITY_PEERS="")
-    pods[0].state.joinpath("rank.env").write_text(f"export NODE_RANK=0 ML_DEV_PODS='{APP}-0' ML_DEV_HOSTS='{APP}-0.x'\n")
-    outcome, decider = decide(pods[0], settings, api, monkeypatch)
+    outcome, decider = decide(pod0, settings, api, monkeypatch)
     assert outcome == "stop", decider.reason
     count = api.write_bodies(tmp_path / "bodies")
     proc = subprocess.run([sys.executable, str(VALIDATOR), str(tmp_path / "bodies")], capture_output=True, text=True, check=False)
@@ -194,63 +156,67 @@ def test_scale_request_and_record_pass_the_official_schemas(
 
 
 def test_already_scaled_to_zero_is_left_alone(
-    pods: list[SimPod], api: FakeApiServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    pod0: AgentInputs, api: FakeApiServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     api.replicas = 0
-    pods[0].state.joinpath("rank.env").write_text(f"export NODE_RANK=0 ML_DEV_PODS='{APP}-0' ML_DEV_HOSTS='{APP}-0.x'\n")
-    outcome, _ = decide(pods[0], write_settings(tmp_path / "idle.json", servers=[]), api, monkeypatch)
+    outcome, _ = decide(pod0, write_settings(tmp_path / "idle.json", servers=[]), api, monkeypatch)
     assert outcome == "stop" and api.scales == [] and api.events == []
 
 
 FAILURES = [
     "nvidia-smi fails",
+    "nvidia-smi hangs",
     "worker unreachable",
-    "worker probe fails",
     "rank.env unreadable",
     "jupyter answers 500",
 ]
+"""Pod 0's own probes failing, and a worker that does not answer. A worker whose probe fails (its agent answers with a
+failed GPU check) runs on simulated pods: tests/podsim/test_idle_hang.py."""
 
 
 @pytest.mark.parametrize("failure", FAILURES)
 def test_a_failed_probe_counts_as_active(
-    failure: str, pods: list[SimPod], peer: SimPod, api: FakeApiServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    failure: str, pod0: AgentInputs, api: FakeApiServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    settings = write_settings(tmp_path / "idle.json", servers=["jupyter"] if "jupyter" in failure else [])
-    extra = {"ML_DEV_ACTIVITY_PEERS": f"{APP}-1={peer.address()}"}
+    overrides: dict[str, Any] = {"servers": ["jupyter"] if "jupyter" in failure else []}
+    extra: dict[str, str] = {}
     broken: Answer | None = None
     if failure == "nvidia-smi fails":
-        pods[0].gpu(0, fail=True)
+        pod0.node.gpu(smi="fail")
+    elif failure == "nvidia-smi hangs":
+        pod0.node.gpu(smi="hang")
     elif failure == "worker unreachable":
+        # rank.env names the worker, whose address answers 503 on the activity port (a Service without endpoints)
         broken = Answer(503, {"error": "no endpoints"})
-        extra["ML_DEV_ACTIVITY_PEERS"] = f"{APP}-1={broken.addr}"
-    elif failure == "worker probe fails":
-        peer.gpu(0, fail=True)
+        pod0.rank_env({f"{APP}-1": "127.0.0.1"})
+        overrides["activityPort"] = broken.port
     elif failure == "rank.env unreadable":
-        extra["ML_DEV_ACTIVITY_PEERS"] = ""
-        pods[0].state.joinpath("rank.env").unlink()
+        pod0.state.joinpath("rank.env").unlink()
         extra["NODE_RANK"] = "0"
     elif failure == "jupyter answers 500":
         broken = Answer(500, {"message": "Internal Server Error"})
         extra["ML_DEV_JUPYTER_URL"] = f"http://{broken.addr}"
+    settings = write_settings(tmp_path / "idle.json", **overrides)
     try:
-        outcome, decider = decide(pods[0], settings, api, monkeypatch, env=extra)
+        outcome, decider = decide(pod0, settings, api, monkeypatch, env=extra)
     finally:
         if broken:
             broken.close()
     assert outcome == "active", decider.reason
     assert "probe failed" in decider.reason
     assert api.scales == [] and api.requests == []
-    assert not pods[0].state.joinpath("idle-warning").exists()
+    assert not pod0.state.joinpath("idle-warning").exists()
 
 
 def test_a_worker_unreachable_past_the_bound_is_reported_and_no_longer_holds_the_stop(
-    pods: list[SimPod], api: FakeApiServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    pod0: AgentInputs, api: FakeApiServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Within unreachableSeconds the worker holds the stop; past it: an Event, the stop, the record names it."""
-    settings = write_settings(tmp_path / "idle.json", servers=[], unreachableSeconds=5)
-    broken = Answer(503, {"error": "no endpoints"})
+    broken = Answer(503, {"error": "no endpoints"})  # the worker's address (rank.env) on the activity port
+    pod0.rank_env({f"{APP}-1": "127.0.0.1"})
+    settings = write_settings(tmp_path / "idle.json", servers=[], unreachableSeconds=5, activityPort=broken.port)
     try:
-        for key, value in pods[0].env(settings, api, ML_DEV_ACTIVITY_PEERS=f"{APP}-1={broken.addr}").items():
+        for key, value in pod0.env(settings, api).items():
             monkeypatch.setenv(key, value)
         t0 = time.time()
         decider = agent.Decider(now=t0 - 3600, unreachable_seconds=5)
@@ -267,15 +233,14 @@ def test_a_worker_unreachable_past_the_bound_is_reported_and_no_longer_holds_the
     assert api.configmap["data"]["unreachablePods"] == f"{APP}-1" and api.replicas == 0
     assert_event_shape(unreachable)
     # what `ml-dev status` and `idle_agent.py status` read on pod 0
-    view = json.loads(pods[0].state.joinpath("idle-status.json").read_text())
+    view = json.loads(pod0.state.joinpath("idle-status.json").read_text())
     assert view["unreachable"][f"{APP}-1"]["since"] == t0 and view["unreachable"][f"{APP}-1"]["writtenOff"]
 
 
 def test_activity_records_real_processes_and_heartbeats(
-    pods: list[SimPod], api: FakeApiServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    pod0: AgentInputs, api: FakeApiServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    pod = pods[0]
-    pod.state.joinpath("rank.env").write_text(f"export NODE_RANK=0 ML_DEV_PODS='{APP}-0' ML_DEV_HOSTS='{APP}-0.x'\n")
+    pod = pod0
     settings = write_settings(tmp_path / "idle.json", servers=["vscode"])
     activity = pod.state / "activity"
 
@@ -310,10 +275,10 @@ def test_activity_records_real_processes_and_heartbeats(
     assert (outcome, decider.reason) == ("active", f"{APP}-0/vscode: last activity")
     os.utime(beat, (old, old))
     # a busy memory controller alone is GPU activity
-    pod.gpu(0, mem=60)
+    pod.node.gpu(util=0, mem=60)
     outcome, decider = decide(pod, settings, api, monkeypatch)
     assert (outcome, decider.reason) == ("active", f"{APP}-0/gpu: active")
-    pod.gpu(4, mem=4)  # below both thresholds
+    pod.node.gpu(util=4, mem=4)  # below both thresholds
     assert api.scales == []
     outcome, decider = decide(pod, settings, api, monkeypatch)
     assert outcome == "stop", decider.reason
@@ -322,12 +287,11 @@ def test_activity_records_real_processes_and_heartbeats(
 
 
 def test_the_ssh_fabric_and_launcher_record_formats(
-    pods: list[SimPod], api: FakeApiServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    pod0: AgentInputs, api: FakeApiServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """ssh-sessions/<pid> (first line: the process start time) and heartbeat/{run,rank}-<pid>.json, as the
     SSH fabric's ForceCommand and the `ml-dev` launcher write them."""
-    pod = pods[0]
-    pod.state.joinpath("rank.env").write_text(f"export NODE_RANK=0 ML_DEV_PODS='{APP}-0' ML_DEV_HOSTS='{APP}-0.x'\n")
+    pod = pod0
     settings = write_settings(tmp_path / "idle.json", servers=[])
     sessions, beats = pod.state / "ssh-sessions", pod.state / "heartbeat"
     sessions.mkdir()
@@ -357,10 +321,9 @@ def test_the_ssh_fabric_and_launcher_record_formats(
 
 
 def test_sshd_session_processes_count_without_records(
-    pods: list[SimPod], api: FakeApiServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    pod0: AgentInputs, api: FakeApiServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    pod = pods[0]
-    pod.state.joinpath("rank.env").write_text(f"export NODE_RANK=0 ML_DEV_PODS='{APP}-0' ML_DEV_HOSTS='{APP}-0.x'\n")
+    pod = pod0
     session = subprocess.Popen(["bash", "-c", 'exec -a "sshd: dev@pts/7" sleep 60'])
     try:
         deadline = time.monotonic() + 10
@@ -374,8 +337,8 @@ def test_sshd_session_processes_count_without_records(
         session.wait()
 
 
-def test_disabled_agent_decides_nothing(pods: list[SimPod], api: FakeApiServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    outcome, _ = decide(pods[0], write_settings(tmp_path / "idle.json", enabled=False), api, monkeypatch)
+def test_disabled_agent_decides_nothing(pod0: AgentInputs, api: FakeApiServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    outcome, _ = decide(pod0, write_settings(tmp_path / "idle.json", enabled=False), api, monkeypatch)
     assert outcome == "off" and api.requests == []
 
 
@@ -383,10 +346,9 @@ def test_disabled_agent_decides_nothing(pods: list[SimPod], api: FakeApiServer, 
 
 
 def test_jupyter_idle_server_polled_by_the_agent_stays_idle(
-    jupyter: Jupyter, pods: list[SimPod], api: FakeApiServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    jupyter: Jupyter, pod0: AgentInputs, api: FakeApiServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    pod = pods[0]
-    pod.state.joinpath("rank.env").write_text(f"export NODE_RANK=0 ML_DEV_PODS='{APP}-0' ML_DEV_HOSTS='{APP}-0.x'\n")
+    pod = pod0
     settings = write_settings(tmp_path / "idle.json", servers=["jupyter"], idleTimeoutSeconds=2, warningLeadSeconds=1)
     env = {"ML_DEV_JUPYTER_URL": jupyter.url, "JUPYTER_TOKEN": jupyter.token}
     before = jupyter.json("GET", "/api/status")["last_activity"]
@@ -415,106 +377,13 @@ def test_jupyter_idle_server_polled_by_the_agent_stays_idle(
     assert outcome == "stop", decider.reason
 
 
-# --------------------------------------------------------------------- simulated pods, real time
-
-
-def wait_for(predicate: Any, timeout: float, step: float = 0.2) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return predicate()
-
-
-def start_env(pods: list[SimPod], settings: Path, api: FakeApiServer, jupyter: Jupyter, tmp_path: Path) -> None:
-    """Pod 0 (decides; IDE servers) and pod 1 (reports, mirrors pod 0's warning), each its own agent process."""
-    worker, master = pods[1], pods[0]
-    peers = tmp_path / "peers"  # pod 0 treats the worker as unreachable (= active) until this file exists
-    master.start(master.env(settings, api, ML_DEV_ACTIVITY_PEERS=f"@{peers}", ML_DEV_JUPYTER_URL=jupyter.url, JUPYTER_TOKEN=jupyter.token))
-    worker.start(worker.env(settings, None, ML_DEV_MASTER_ACTIVITY=master.address()))
-    peers.write_text(f"{worker.name}={worker.address()}\n")
-
-
-def test_busy_gpu_that_prints_nothing_is_never_stopped_then_idle_stops_in_time(
-    jupyter: Jupyter, pods: list[SimPod], api: FakeApiServer, tmp_path: Path
-) -> None:
-    timeout, interval, lead = 6, 1, 3
-    settings = write_settings(tmp_path / "idle.json", idleTimeoutSeconds=timeout, intervalSeconds=interval, warningLeadSeconds=lead)
-    worker, master = pods[1], pods[0]
-    worker.gpu(97, mem=40)  # a silent training job on the worker only: no output, no IDE, no shell
-    # a real terminal on pod 0 (an IDE terminal): it must receive the banner
-    master_fd, slave_fd = os.openpty()
-    os.symlink(os.ttyname(slave_fd), master.pts / "3")
-    os.set_blocking(master_fd, False)
-    try:
-        start_env(pods, settings, api, jupyter, tmp_path)
-        time.sleep(timeout + 4 * interval)  # the whole window: more than idleTimeout + 2 x interval
-        assert api.scales == [], master.stop()
-        assert not master.state.joinpath("idle-warning").exists()
-        # the job ends: from now on the environment is idle
-        idle_since = time.time()
-        worker.gpu(0)
-        assert wait_for(lambda: master.state.joinpath("idle-warning").exists(), 60), master.stop()
-        assert wait_for(lambda: worker.state.joinpath("idle-warning").exists(), 30), worker.stop()
-        warned_at = time.time()
-        assert wait_for(lambda: api.scales != [], 60), master.stop()
-        stopped_at = time.time()
-    finally:
-        log = master.stop() + worker.stop()
-    try:
-        banner = os.read(master_fd, 65536)
-    except BlockingIOError:
-        banner = b""
-    finally:
-        os.close(master_fd)
-        os.close(slave_fd)
-    assert [s["spec"]["replicas"] for s in api.scales] == [0], log
-    assert warned_at <= stopped_at
-    # the agent's own account: stopped after idleTimeout, within idleTimeout + 2 x interval of the last activity
-    record = api.configmap["data"]
-    assert timeout <= int(record["idleSeconds"]) <= timeout + 2 * interval, record
-    assert record["lastActivityReason"] == f"{APP}-1/gpu: active", record
-    assert stopped_at - idle_since < 60  # generous wall-clock bound (shared, loaded test machines)
-    assert b"will be SUSPENDED" in banner
-    assert "will be SUSPENDED" in master.state.joinpath("idle-warning").read_text()
-    signals = json.loads(record["signals.json"])
-    assert signals[f"{APP}-1/gpu"]["util"] == [0, 0, 0, 0] and signals[f"{APP}-0/jupyter"]["ok"] is True
-
-
-def test_untouched_environment_stops_within_idle_timeout_plus_two_intervals(
-    jupyter: Jupyter, pods: list[SimPod], api: FakeApiServer, tmp_path: Path
-) -> None:
-    timeout, interval, lead = 6, 1, 3
-    settings = write_settings(tmp_path / "idle.json", idleTimeoutSeconds=timeout, intervalSeconds=interval, warningLeadSeconds=lead)
-    worker, master = pods[1], pods[0]
-    started = time.time()
-    try:
-        start_env(pods, settings, api, jupyter, tmp_path)
-        assert wait_for(lambda: api.scales != [], 60), master.stop()
-        stopped_at = time.time()
-        assert wait_for(lambda: worker.state.joinpath("idle-warning").exists(), 30), worker.stop()
-    finally:
-        log = master.stop() + worker.stop()
-    record = api.configmap["data"]
-    assert timeout <= int(record["idleSeconds"]) <= timeout + 2 * interval, (record, log)
-    assert stopped_at - started < 60
-    assert api.denied == [] and len(api.events) == 1
-
-
-def test_the_warning_says_how_to_hook_in(
-    pods: list[SimPod], peer: SimPod, api: FakeApiServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_the_warning_says_how_to_hook_in(pod0: AgentInputs, api: FakeApiServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The idle warning names the pod's checkpoint signal and grace (its container env) and the docs section."""
     settings = write_settings(tmp_path / "idle.json", servers=[])
-    extra = {
-        "ML_DEV_ACTIVITY_PEERS": f"{APP}-1={peer.address()}",
-        "ML_DEV_CHECKPOINT_SIGNAL": "SIGUSR1",
-        "ML_DEV_CHECKPOINT_GRACE_SECONDS": "120",
-    }
-    outcome, decider = decide(pods[0], settings, api, monkeypatch, idle_for=4, env=extra)
+    extra = {"ML_DEV_CHECKPOINT_SIGNAL": "SIGUSR1", "ML_DEV_CHECKPOINT_GRACE_SECONDS": "120"}
+    outcome, decider = decide(pod0, settings, api, monkeypatch, idle_for=4, env=extra)
     assert outcome == "warn", decider.reason
-    text = pods[0].state.joinpath("idle-warning").read_text()
+    text = pod0.state.joinpath("idle-warning").read_text()
     assert "Each rank of `ml-dev run` then gets SIGUSR1 and 120 s to save a checkpoint: handle that signal" in text
     assert "'Suspend, resume and idle stop', 'Checkpoint before a stop'" in text
     page = (Path(__file__).resolve().parents[3] / "docs" / "use" / "suspend-and-idle.md").read_text()

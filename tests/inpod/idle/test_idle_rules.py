@@ -1,12 +1,14 @@
-"""Idle rules a user can predict (issue 35 item 7), with a real JupyterLab kernel and a stub nvidia-smi.
+"""Idle rules a user can predict (issue 35 item 7), with a real JupyterLab kernel and the node's nvidia-smi
+(tests/podsim/nodetools.py `HostNode`: the stub the simulated pods run), the agent's functions called in process.
 
 * A GPU held only by kernels Jupyter reports idle does not veto: a kernel holding a GPU device open (a model
   loaded: nvidia-smi lists a process and 14.5 GiB at 0 %) while Jupyter says `idle` leaves the GPU idle, judged
   by Jupyter's last activity; any other process holding a GPU, or the kernel busy, keeps it busy. The rule never
   matches NVML's PIDs (host PIDs in a container: NVIDIA/nvidia-docker#1483): it reads which of the pod's own
   processes hold /dev/nvidia<N> open (here a file standing for it, ML_DEV_GPU_DEVICE_PREFIX).
-* A worker whose nvidia-smi hangs answers /activity within pod 0's fetch timeout, with a failed GPU check
-  (active), never an unreachable pod.
+* A hung nvidia-smi is a failed GPU check answered within the probe's budget. A worker whose nvidia-smi hangs
+  answers /activity within pod 0's fetch timeout, with a failed GPU check (active), never an unreachable pod: on
+  simulated pods, tests/podsim/test_idle_hang.py.
 """
 
 from __future__ import annotations
@@ -24,45 +26,31 @@ from typing import Any
 import pytest
 
 from inpod import contract as pod_contract
-from tests.inpod.idle.conftest import APP, Jupyter, SimPod, agent_module, load_agent
+from tests.inpod.idle.conftest import AgentInputs, Jupyter, agent_module, load_agent
 from tools.capture_jupyter_status import message, wait_for
 
 agent = load_agent()
 MODEL_MIB = 14848  # 14.5 GiB: a 7B model in bf16
-GPU_CSV = "index, uuid, utilization.gpu [%], utilization.memory [%], memory.used [MiB]\n0, GPU-0c1d, 0 %, 0 %, {mib} MiB\n"
-APPS_CSV = "gpu_uuid, pid, process_name, used_gpu_memory [MiB]\nGPU-0c1d, 4011893, /usr/bin/python3, {mib} MiB\n"
-STUB = """#!/bin/bash
-case "$*" in
-  *--query-gpu=*) cat "$SMI_DIR/gpu.csv" ;;
-  *--query-compute-apps=*) cat "$SMI_DIR/apps.csv" ;;
-esac
-"""
-HANG = "#!/bin/bash\nexec sleep 300\n"
+PID, PROCESS = 4011893, "/usr/bin/python3"  # the compute process nvidia-smi lists (a host PID: NVML's view)
 
 
 @pytest.fixture
-def pod(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Pod 0's environment for the probes: rank.env, the stub nvidia-smi with one process at 14.5 GiB, 0 %."""
-    state = tmp_path / "state"
-    state.mkdir()
-    (state / "rank.env").write_text("export NODE_RANK=0\n")
-    (tmp_path / "gpu.csv").write_text(GPU_CSV.format(mib=MODEL_MIB))
-    (tmp_path / "apps.csv").write_text(APPS_CSV.format(mib=MODEL_MIB))
-    smi = tmp_path / "nvidia-smi"
-    smi.write_text(STUB)
-    smi.chmod(0o755)
+def pod(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AgentInputs:
+    """Pod 0's inputs for the probes: its node's one GPU with one process at 14.5 GiB, 0 %; the GPU device a file
+    standing for /dev/nvidia0 (`device`, ML_DEV_GPU_DEVICE_PREFIX)."""
+    inputs = AgentInputs(tmp_path, gpus=1)
+    inputs.node.gpu(used=MODEL_MIB, apps=[(0, PID, PROCESS, MODEL_MIB)])
     (tmp_path / "dev").mkdir()
-    (tmp_path / "dev" / "nvidia0").write_text("")
-    for key, value in {
-        "ML_DEV_STATE_DIR": str(state),
-        "ML_DEV_NVIDIA_SMI": str(smi),
-        "SMI_DIR": str(tmp_path),
-        "ML_DEV_GPU_DEVICE_PREFIX": str(tmp_path / "dev" / "nvidia"),
-        "ML_DEV_PTS_DIR": str(tmp_path),
-        "ML_DEV_SSH_PROCESS_SCAN": "0",
-    }.items():
-        monkeypatch.setenv(key, value)
-    return tmp_path
+    device(inputs).write_text("")
+    env = inputs.env(tmp_path / "idle.json", None, ML_DEV_GPU_DEVICE_PREFIX=str(tmp_path / "dev" / "nvidia"))
+    for key, value in env.items():
+        if key not in ("PATH", "HOME", "ML_DEV_IDLE_SETTINGS"):
+            monkeypatch.setenv(key, value)
+    return inputs
+
+
+def device(pod: AgentInputs) -> Path:
+    return pod.root / "dev" / "nvidia0"
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +90,7 @@ def signals(settings: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 @pytest.mark.timeout(300)
-def test_a_gpu_held_only_by_an_idle_kernel_does_not_veto(lab: Jupyter, pod: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_gpu_held_only_by_an_idle_kernel_does_not_veto(lab: Jupyter, pod: AgentInputs, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ML_DEV_JUPYTER_URL", lab.url)
     monkeypatch.setenv("JUPYTER_TOKEN", lab.token)
     settings = {**agent.DEFAULTS, "servers": ["jupyter"]}
@@ -110,7 +98,7 @@ def test_a_gpu_held_only_by_an_idle_kernel_does_not_veto(lab: Jupyter, pod: Path
     kernel = lab.json("POST", "/api/sessions", notebook)["kernel"]["id"]
     try:
         # the notebook loads a model: the kernel holds the GPU device open from now on
-        asyncio.run(run_cell(lab, kernel, f"model = open({str(pod / 'dev' / 'nvidia0')!r})"))
+        asyncio.run(run_cell(lab, kernel, f"model = open({str(device(pod))!r})"))
         wait_for(lab, kernel, "idle")
         got = signals(settings)
         assert got["gpu"]["ok"] and not got["gpu"]["active"], got["gpu"]
@@ -121,7 +109,7 @@ def test_a_gpu_held_only_by_an_idle_kernel_does_not_veto(lab: Jupyter, pod: Path
 
         # another process of the pod holding the GPU: busy again
         other = subprocess.Popen(
-            [sys.executable, "-c", f"import time; f = open({str(pod / 'dev' / 'nvidia0')!r}); time.sleep(120)"],
+            [sys.executable, "-c", f"import time; f = open({str(device(pod))!r}); time.sleep(120)"],
             stdin=subprocess.DEVNULL,
         )
         try:
@@ -144,10 +132,10 @@ def test_a_gpu_held_only_by_an_idle_kernel_does_not_veto(lab: Jupyter, pod: Path
 
         got = asyncio.run(busy())
         assert got["gpu"]["active"] and got["jupyter"]["active"], got
-        assert "compute process 4011893 (/usr/bin/python3)" in got["gpu"]["detail"]["why"]["0"]
+        assert f"compute process {PID} ({PROCESS})" in got["gpu"]["detail"]["why"]["0"]
         # utilisation still counts with only an idle kernel holding the GPU
         wait_for(lab, kernel, "idle")
-        (pod / "gpu.csv").write_text(GPU_CSV.format(mib=MODEL_MIB).replace("0 %, 0 %", "87 %, 40 %"))
+        pod.node.gpu(util=87, mem=40)
         got = signals(settings)
         assert got["gpu"]["active"] and got["gpu"]["detail"]["why"]["0"] == ["utilization.gpu 87 %", "utilization.memory 40 %"]
     finally:
@@ -155,39 +143,13 @@ def test_a_gpu_held_only_by_an_idle_kernel_does_not_veto(lab: Jupyter, pod: Path
 
 
 @pytest.mark.timeout(120)
-def test_a_hung_nvidia_smi_is_a_failed_gpu_check_answered_in_time(pod: Path) -> None:
-    (pod / "nvidia-smi").write_text(HANG)
+def test_a_hung_nvidia_smi_is_a_failed_gpu_check_answered_in_time(pod: AgentInputs) -> None:
+    pod.node.gpu(smi="hang")
     t0 = time.monotonic()
     got = agent.probe_gpu(dict(agent.DEFAULTS))
     elapsed = time.monotonic() - t0
     assert not got["ok"] and "did not answer within" in got["detail"]["error"], got
     assert elapsed < agent.ACTIVITY_FETCH_SECONDS, elapsed
-
-
-@pytest.mark.timeout(120)
-def test_a_worker_with_a_hung_nvidia_smi_is_active_never_unreachable(tmp_path: Path) -> None:
-    """Pod 1's agent (its own process, /activity over HTTP) with an nvidia-smi that never answers: pod 0's gather
-    gets its answer within the fetch timeout, a failed GPU check that holds the stop as activity."""
-    pods = [SimPod(tmp_path, i, [f"{APP}-0", f"{APP}-1"]) for i in range(2)]
-    worker = pods[1]
-    (worker.bin / "nvidia-smi").write_text(HANG)
-    settings = tmp_path / "idle.json"
-    settings.write_text(json.dumps({**agent.DEFAULTS, "enabled": True, "intervalSeconds": 60}))
-    worker.start(worker.env(settings, None))
-    try:
-        address = worker.address()
-        t0 = time.monotonic()
-        report = agent.fetch_json(f"http://{address}/activity", timeout=agent.ACTIVITY_FETCH_SECONDS)  # as gather asks
-        elapsed = time.monotonic() - t0
-        assert elapsed < agent.ACTIVITY_FETCH_SECONDS, elapsed
-        gpu = next(s for s in report["signals"] if s["name"] == "gpu")
-        assert not gpu["ok"] and "did not answer within" in gpu["detail"]["error"], gpu
-        decider = agent.Decider(now=0)
-        decider.observe([report], now=time.time())
-        assert decider.reason.startswith(f"{APP}-1/gpu: probe failed"), decider.reason
-        assert decider.unreachable_since == {}
-    finally:
-        worker.stop()
 
 
 def test_the_contract_holds_the_idle_numbers() -> None:
@@ -211,7 +173,7 @@ def startup_jupyter_args(tmp_path: Path, settings: dict[str, Any]) -> list[str]:
     path = tmp_path / "idle.json"
     path.write_text(json.dumps(settings))
     env = base_env(
-        tmp_path, bin_dir, f"{APP}-0", ML_DEV_SERVERS="jupyter", ML_DEV_IDLE_SETTINGS=str(path), ML_DEV_ACTIVITY_LISTEN="127.0.0.1:0"
+        tmp_path, bin_dir, "ml-dev-env-0", ML_DEV_SERVERS="jupyter", ML_DEV_IDLE_SETTINGS=str(path), ML_DEV_ACTIVITY_LISTEN="127.0.0.1:0"
     )
     proc = start(env)
     try:

@@ -1,7 +1,8 @@
 """Idle means idle, judged on real tool output (tests/data/tool_output, sources in PROVENANCE.md).
 
-The agent runs a stub `nvidia-smi` that prints a fixture file verbatim for `--query-gpu` and another for
-`--query-compute-apps`, with the fixture's exit status; the rules are the agent's own (`probe_gpu`).
+The agent runs the node's `nvidia-smi` (tests/podsim/nodetools.py `HostNode`) replaying a fixture file verbatim for
+`--query-gpu` and another for `--query-compute-apps`, with the fixture's exit status; the rules are the agent's own
+(`probe_gpu`).
 Jupyter: the bodies a real JupyterLab answered (tools/capture_jupyter_status.py), served verbatim to the
 probe. code-server: the `/healthz` payloads code-server's docs and issues publish, turned into the
 heartbeat file code-server writes.
@@ -24,36 +25,20 @@ from typing import Any
 import pytest
 
 from tests.inpod.idle.conftest import agent_module, load_agent
+from tests.podsim.nodetools import HostNode
 
 agent = load_agent()
 REAL = Path(__file__).resolve().parents[2] / "data" / "tool_output"
-NO_APPS = "gpu_uuid, pid, process_name, used_gpu_memory [MiB]\n"  # the header alone: no compute process
 SETTINGS: dict[str, Any] = {**agent.DEFAULTS, "gpuUtilThreshold": 5, "gpuMemoryUtilThreshold": 5}
-
-STUB = """#!/bin/bash
-case "$*" in
-  *--query-gpu=*) out="$SMI_GPU" ;;
-  *--query-compute-apps=*) out="$SMI_APPS" ;;
-  *) echo "unexpected: $*" >&2; exit 2 ;;
-esac
-cat "$out"
-exit "${SMI_RC:-0}"
-"""
 
 
 @pytest.fixture
 def smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    stub = tmp_path / "nvidia-smi"
-    stub.write_text(STUB)
-    stub.chmod(0o755)
-    monkeypatch.setenv("ML_DEV_NVIDIA_SMI", str(stub))
+    node = HostNode(tmp_path / "node")
+    monkeypatch.setenv("ML_DEV_NVIDIA_SMI", str(node.nvidia_smi))
 
     def probe(gpu: str, apps: str | None = None, rc: int = 0, **settings: Any) -> dict[str, Any]:
-        apps_file = tmp_path / "apps.csv"
-        apps_file.write_text((REAL / apps).read_text() if apps else NO_APPS)
-        monkeypatch.setenv("SMI_GPU", str(REAL / gpu))
-        monkeypatch.setenv("SMI_APPS", str(apps_file))
-        monkeypatch.setenv("SMI_RC", str(rc))
+        node.gpu(replay={"gpu": REAL / gpu, "apps": REAL / apps if apps else None, "rc": rc})
         result: dict[str, Any] = agent.probe_gpu({**SETTINGS, **settings})
         return result
 

@@ -18,30 +18,25 @@
 
 from __future__ import annotations
 
-import ctypes
-import json
-import ssl
 import statistics
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
-from http.server import ThreadingHTTPServer
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from components import lifecycle
-from core import naming
 from tests.inpod.idle.conftest import ROLE, TOKEN, FakeApiServer
 from tests.podsim import stopjob
-from tests.podsim.pods import PREFIX, PodSim, leftovers, missing_requirements, render_stack
+from tests.podsim.idlestop import IdleSim, complete, mine, wait_for, with_grace, with_idle_stop
+from tests.podsim.pods import PodSim, missing_requirements, render_stack
 
 REASON = missing_requirements()
 pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}")]
 
-STATE = "/tmp/ml-dev-env"
 PROJECT = "/workspace/job"
 GRACE = 5  # lifecycle.checkpointGraceSeconds of the variant (short: 10 trials)
 SAVE_SECONDS = 1.0  # how long the job takes to write its checkpoint
@@ -52,53 +47,17 @@ TRIALS = 10
 JOB = stopjob.JOB
 
 
-def quiet(objects: dict[str, Any]) -> None:
-    """No dev servers (none is installed on these pods; the idle agent would count their failed probes as activity)."""
-    objects["access"] = {**objects["access"], "vscode": False, "jupyter": False, "tensorboard": False}
-
-
-def with_grace(objects: dict[str, Any]) -> None:
-    quiet(objects)
-    objects.setdefault("lifecycle", {}).update(checkpointGraceSeconds=GRACE)
-
-
-def with_idle_stop(objects: dict[str, Any]) -> None:
-    quiet(objects)
-    objects.setdefault("lifecycle", {})["idleStop"] = {"enabled": True, "interval": "15s", "unreachableAfter": "2m"}
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float, log: Callable[[], str] = lambda: "") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout} s\n{log()}")
-        time.sleep(0.2)
-
-
-def complete(path: Path) -> bool:
-    lines = path.read_text().splitlines()
-    return len(lines) == 12 and lines[0].startswith("step=") and lines[-1] == "END"
-
-
 # ------------------------------------------------------------------------------ checkpoint trial
 
 
 @pytest.fixture(scope="module")
 def grace_render() -> Any:
-    return render_stack("barcelona", with_grace)
+    return render_stack("barcelona", with_grace(GRACE))
 
 
 def test_the_variant_renders_the_short_grace(grace_render: Any) -> None:
     sts = next(r.inputs for r in grace_render.resources if r.kind == "StatefulSet")
     assert sts["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == GRACE + lifecycle.STOP_MARGIN_SECONDS
-
-
-def mine(sim: PodSim) -> list[str]:
-    """Namespaces and directories of this simulation still here (other simulations may run beside it)."""
-    return [item for item in leftovers() if f"{PREFIX}{sim.run_id}-" in item]
 
 
 def one_trial(result: Any, trial: int, sims: list[PodSim], stop: tuple[int, ...] = (0, 1)) -> tuple[list[float], list[str]]:
@@ -173,7 +132,7 @@ def test_the_configured_signal_reaches_every_rank_through_the_launcher() -> None
     """checkpointSignal SIGUSR1: the job handles only SIGUSR1 (SIGTERM would kill it unsaved); on both pods it saves."""
 
     def usr1(objects: dict[str, Any]) -> None:
-        with_grace(objects)
+        with_grace(GRACE)(objects)
         objects["lifecycle"]["checkpointSignal"] = "SIGUSR1"
 
     sims: list[PodSim] = []
@@ -234,69 +193,36 @@ def test_the_launchers_rank_stop_waits_the_checkpoint_grace(grace_render: Any) -
 
 # ---------------------------------------------------------------------------- unreachable worker
 
-IDLE_GPU = r"""#!/usr/bin/python3
-# nvidia-smi's CSV as the real tool prints it for the idle agent's two queries (header with units; compute apps:
-# the header alone = no process); anything else goes to the simulation's stub
-import os, sys
-args = " ".join(sys.argv[1:])
-if "--query-gpu=index,uuid," not in args and "--query-compute-apps=" not in args:
-    os.execv("/usr/bin/nvidia-smi.podsim", ["nvidia-smi", *sys.argv[1:]])
-if "--query-compute-apps=" in args:
-    print("gpu_uuid, pid, process_name, used_gpu_memory [MiB]")
-    sys.exit(0)
-print("index, uuid, utilization.gpu [%], utilization.memory [%], memory.used [MiB]")
-for i in range(4):
-    print("%d, GPU-%08x-4d87-49d1-2eb9-39ec2baddf9b, 0 %%, 0 %%, 0 MiB" % (i, i))
-"""
-
 
 @pytest.fixture(scope="module")
 def idle_render() -> Any:
     return render_stack("barcelona", with_idle_stop)
 
 
-def idle_gpus(sim: PodSim) -> None:
-    for pod in sim.pods:  # idle GPUs in nvidia-smi's real CSV (the generic stub prints no header)
-        tool = pod.path("/usr/bin/nvidia-smi")
-        tool.rename(pod.path("/usr/bin/nvidia-smi.podsim"))
-        tool.write_text(IDLE_GPU)
-        tool.chmod(0o755)
-
-
 @pytest.fixture(scope="module")
-def idle_sim(idle_render: Any) -> Iterator[PodSim]:
-    sim = PodSim(idle_render, count=2)
+def idle_sim(idle_render: Any) -> Iterator[IdleSim]:
+    sim = IdleSim(idle_render, count=2)  # the node's GPUs: idle, in nvidia-smi's real CSV
     try:
         sim.start()
-        idle_gpus(sim)
         yield sim
     finally:
         sim.stop()
         assert not mine(sim), mine(sim)
 
 
-def decision(sim: PodSim) -> dict[str, Any]:
-    try:
-        return dict(json.loads(sim.pods[0].path(f"{STATE}/idle-status.json").read_text()))
-    except (OSError, ValueError):
-        return {}
-
-
 @pytest.mark.timeout(300)
-def test_an_unreachable_worker_is_shown_by_ml_dev_status_and_stops_holding_the_idle_stop(idle_sim: PodSim) -> None:
+def test_an_unreachable_worker_is_shown_by_ml_dev_status_and_stops_holding_the_idle_stop(idle_sim: IdleSim) -> None:
     sim = idle_sim
     bound = 4
-    name = lifecycle.SETTINGS_KEY
-    cm = naming.lifecycle_configmap("ml-dev-env")
-    settings = json.loads(sim.configmaps[cm][name])
+    settings = sim.settings()
     assert settings["enabled"] and settings["unreachableSeconds"] == 120
     # a quicker clock for the test (the stack's bounds: interval >= 15 s, unreachableAfter >= 2 min): the ConfigMap
     # edited as the kubelet delivers an update; the agent re-reads it each round (within the rendered 15 s)
-    sim.swap_configmap(cm, {name: json.dumps({**settings, "intervalSeconds": 1, "unreachableSeconds": bound})})
-    agent_log = lambda: sim.pods[0].path(f"{STATE}/logs").joinpath("idle-agent.log").read_text()  # noqa: E731
+    sim.quicken(intervalSeconds=1, unreachableSeconds=bound)
+    agent_log = sim.agent_log
     wait_for(
         "pod 0's agent reads the new bound",
-        lambda: decision(sim).get("unreachableSeconds") == bound and not decision(sim)["unreachable"],
+        lambda: sim.decision().get("unreachableSeconds") == bound and not sim.decision()["unreachable"],
         45,
         agent_log,
     )
@@ -304,17 +230,17 @@ def test_an_unreachable_worker_is_shown_by_ml_dev_status_and_stops_holding_the_i
     subprocess.run(["ip", "-n", sim.cluster_ns, "link", "set", "v1", "down"], check=True, timeout=30)
     down_at = time.time()
     try:
-        held = wait_for("pod 1 unreachable", lambda: decision(sim).get("unreachable", {}).get("ml-dev-env-1"), 60)
+        held = wait_for("pod 1 unreachable", lambda: sim.decision().get("unreachable", {}).get("ml-dev-env-1"), 60)
         assert not held["writtenOff"] and held["since"] >= down_at - 1
-        view = decision(sim)
+        view = sim.decision()
         assert "ml-dev-env-1/reachable: probe failed" in view["reason"], "within the bound it counts as active"
-        off = wait_for("pod 1 written off", lambda: (decision(sim).get("unreachable", {}).get("ml-dev-env-1") or {}).get("writtenOff"), 60)
+        off = wait_for("pod 1 written off", lambda: (sim.decision().get("unreachable", {}).get("ml-dev-env-1") or {}).get("writtenOff"), 60)
         assert off
-        view = decision(sim)
+        view = sim.decision()
         entry = view["unreachable"]["ml-dev-env-1"]
         assert entry["seconds"] >= bound and entry["since"] == held["since"]
         # its veto is gone: the idle clock runs on from its last activity (pod 0 itself is idle)
-        later = wait_for("the idle clock runs", lambda: decision(sim)["idleSeconds"] >= view["idleSeconds"] + 2 and decision(sim), 30)
+        later = wait_for("the idle clock runs", lambda: sim.decision()["idleSeconds"] >= view["idleSeconds"] + 2 and sim.decision(), 30)
         assert later["lastActive"] == view["lastActive"] <= entry["since"] + bound + 2, later
         status = sim.exec(0, "ml-dev status --timeout 5", timeout=60)
         out = status.stdout + status.stderr
@@ -331,7 +257,7 @@ def test_an_unreachable_worker_is_shown_by_ml_dev_status_and_stops_holding_the_i
     finally:
         subprocess.run(["ip", "-n", sim.cluster_ns, "link", "set", "v1", "up"], check=True, timeout=30)
     # it answers again: it counts again and is no longer listed
-    wait_for("pod 1 reachable again", lambda: decision(sim).get("unreachable") == {}, 60)
+    wait_for("pod 1 reachable again", lambda: sim.decision().get("unreachable") == {}, 60)
     status = sim.exec(0, "ml-dev status --timeout 5", timeout=60)
     assert status.returncode == 0 and "UNREACHABLE" not in status.stdout, status.stdout + status.stderr
     # from a worker, the same view comes from pod 0's GET /decision
@@ -341,87 +267,19 @@ def test_an_unreachable_worker_is_shown_by_ml_dev_status_and_stops_holding_the_i
 
 # ------------------------------------------------------------------------------------ idle stop
 
-API_IP = "172.30.0.1"  # the `kubernetes` Service (KUBERNETES_SERVICE_HOST in every pod: tests/podsim/render.py)
-
-
-def write_self_signed(key: Path, cert: Path, ip: str) -> None:
-    """A one-day self-signed CA certificate for `ip` (its subjectAltName): the API server's cert and the pods' ca.crt."""
-    import datetime
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    private = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kubernetes")])
-    now = datetime.datetime.now(datetime.UTC)
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(private.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(ip))]), critical=False)
-        .sign(private, hashes.SHA256())
-    )
-    key.write_bytes(private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
-    cert.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-
-
-def serve_api(sim: PodSim, api: FakeApiServer, tmp: Path) -> tuple[ThreadingHTTPServer, str]:
-    """The API stand-in's handler over HTTPS on API_IP:443 in the pod network; returns the server and its CA."""
-    subprocess.run(["ip", "-n", sim.cluster_ns, "addr", "add", f"{API_IP}/32", "dev", "br0"], check=True, timeout=30)
-    key, cert = tmp / "api.key", tmp / "api.crt"
-    write_self_signed(key, cert, API_IP)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(cert, key)
-    made: list[Any] = []
-
-    def work() -> None:
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            with open(f"/run/netns/{sim.cluster_ns}") as f:
-                if libc.setns(f.fileno(), 0x40000000):  # CLONE_NEWNET, this thread only
-                    raise OSError(ctypes.get_errno(), "setns")
-            httpd = ThreadingHTTPServer((API_IP, 443), api.httpd.RequestHandlerClass)
-            httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
-        except BaseException as exc:  # handed to the test
-            made.append(exc)
-            return
-        made.append(httpd)
-        httpd.serve_forever()
-
-    threading.Thread(target=work, daemon=True).start()
-    server = wait_for("the API stand-in listens", lambda: made and made[0], 30)
-    if isinstance(server, BaseException):
-        raise server
-    return server, cert.read_text()
-
 
 @pytest.mark.timeout(300)
-def test_the_idle_stop_scales_to_zero_from_the_pod_and_the_pods_end_in_time(idle_render: Any, tmp_path: Path) -> None:
+def test_the_idle_stop_scales_to_zero_from_the_pod_and_the_pods_end_in_time(idle_render: Any) -> None:
     """Pod 1 off the network: after the bound an IdleAgentPodUnreachable Event, and it no longer holds the stop:
     pod 0's agent scales to 0 (its record names pod 1); then both pods end through the kubelet's termination."""
     rules = idle_render.one(ROLE, "gpu-idle-agent").inputs["rules"]
     api = FakeApiServer(rules, replicas=2)
-    with PodSim(idle_render, count=2) as sim:
-        idle_gpus(sim)
-        server, ca = serve_api(sim, api, tmp_path)
+    # the API stand-in at the `kubernetes` Service address, the pods' service-account token and CA its own
+    with IdleSim(idle_render, count=2, api=api, token=TOKEN) as sim:
         try:
-            for pod in sim.pods:  # the service-account volume with the stand-in's token and CA
-                pod.volumes["kube-api-access"].write({"token": TOKEN, "ca.crt": ca, "namespace": sim.namespace})
-            cm = naming.lifecycle_configmap("ml-dev-env")
-            settings = json.loads(sim.configmaps[cm][lifecycle.SETTINGS_KEY])
             subprocess.run(["ip", "-n", sim.cluster_ns, "link", "set", "v1", "down"], check=True, timeout=30)
-            quick = {"intervalSeconds": 1, "idleTimeoutSeconds": 6, "warningLeadSeconds": 3, "unreachableSeconds": 2}
-            sim.swap_configmap(cm, {lifecycle.SETTINGS_KEY: json.dumps({**settings, **quick})})
-            log = lambda: sim.pods[0].path(f"{STATE}/logs/idle-agent.log").read_text()  # noqa: E731
-            wait_for("the idle agent scales to 0", lambda: api.replicas == 0, 90, log)
+            sim.quicken(intervalSeconds=1, idleTimeoutSeconds=6, warningLeadSeconds=3, unreachableSeconds=2)
+            wait_for("the idle agent scales to 0", lambda: api.replicas == 0, 90, sim.agent_log)
             assert api.denied == [], api.denied
             assert [s["spec"]["replicas"] for s in api.scales] == [0]
             (unreachable,) = [e for e in api.events if e["reason"] == "IdleAgentPodUnreachable"]
@@ -431,8 +289,6 @@ def test_the_idle_stop_scales_to_zero_from_the_pod_and_the_pods_end_in_time(idle
             assert api.configmap["data"]["replicasBefore"] == "2" and api.configmap["data"]["unreachablePods"] == "ml-dev-env-1"
         finally:
             subprocess.run(["ip", "-n", sim.cluster_ns, "link", "set", "v1", "up"], check=True, timeout=30)
-            server.shutdown()
-            server.server_close()
             api.close()
         # the StatefulSet controller deletes both pods: the kubelet's termination, at once
         outcome: dict[int, tuple[str, float]] = {}
