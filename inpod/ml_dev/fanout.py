@@ -85,6 +85,9 @@ def hop(cluster: Cluster, root: Path, dst: int, listing: bytes, expect: str, sta
     files = listing + b"\0" if listing else b""
     for extra in ([], ["--checksum"]):
         argv = ["rsync", "-a", "--stats", "--modify-window=-1", f"--timeout={stall}", *extra, "--from0", "--files-from=-"]
+        # the remote side runs `mkdir -p <root> && rsync --server ...` (rsync(1) --rsync-path: "a shell command"):
+        # the root exists on the receiver without a round trip of its own
+        argv += ["--rsync-path", f"mkdir -p {shlex.quote(str(root))} && rsync"]
         argv += ["-e", rsh(cluster, stall), f"{root}/", f"{cluster.hosts[dst]}:{root}/"]
         res = subprocess.run(argv, input=files, capture_output=True, check=False)
         if res.returncode != 0:

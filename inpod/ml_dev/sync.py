@@ -216,7 +216,8 @@ def sync(cluster: Cluster, root: Path, quiet: bool = False, timeout: float = 60)
     """Make the tree at `root` the same on every pod; returns its hash (verified on every pod).
 
     Every other pod answers the hash of what it holds (`_check`, which is also the reachability probe: the same
-    wait and words as wait_reachable); the pods whose hash differs get a copy, pushed from here at once or, above
+    wait and words as wait_reachable) unless the tree changed since this pod last synced it (then every pod gets
+    the change without being asked); the pods whose hash differs get a copy, pushed from here at once or, above
     the threshold (contract.FANOUT_DEFAULTS), in rounds through pods that hold the verified tree (fanout.py)."""
     if root == Path("/"):
         die(f"refusing to sync {root}: run ml-dev from your project directory (or pass --no-sync)")
@@ -230,12 +231,17 @@ def sync(cluster: Cluster, root: Path, quiet: bool = False, timeout: float = 60)
         return local_hash
     cfg = fanout.settings()
     started = time.monotonic()
-    answers = wait_reachable(cluster, timeout, [PY, str(HERE / "ml-dev"), "_check", "--root", str(root)])
-    stale = [r for r, got in sorted(answers.items()) if got.strip() != local_hash]
     try:
         record = json.loads(sent_record(root).read_text())
     except (OSError, ValueError):
         record = {}
+    if record.get("hash") and record.get("hash") != local_hash:
+        # the tree changed since this pod last synced it: every pod that holds that tree needs the change, so ask
+        # nothing (`ssh true`, no Python there) and copy; each copy ends with the hash checked on its pod
+        answers = dict.fromkeys(wait_reachable(cluster, timeout), str(record["hash"]))
+    else:
+        answers = wait_reachable(cluster, timeout, [PY, str(HERE / "ml-dev"), "_check", "--root", str(root)])
+    stale = [r for r, got in sorted(answers.items()) if got.strip() != local_hash]
     estimate = sum(bytes_to_send(entries, record, answers[r].strip()) for r in stale)
     fan = len(stale) >= max(2, cfg["minPods"]) and estimate >= cfg["minBytes"]
     listing = ("\0".join(files)).encode()
