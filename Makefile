@@ -12,7 +12,7 @@ STACK ?= barcelona
 APT_PACKAGES := python3-venv python3 make git mount iproute2 openmpi-bin docker-registry skopeo buildah apache2-utils openssh-server openssh-client rsync pdsh libnss-wrapper shellcheck chromium chromium-driver iptables iputils-ping graphviz
 # Hash-locked sets compiled from the *.in files by `make lock` (tools/lock.sh, uv); .venv gets the dev lock.
 
-.PHONY: lock lock-check verify-base-lock typecheck help venv system-deps render render-all runs status racks test test-fast lint docs docs-generate screenshots diagram policy-preview bench-tests bench-package bench-launch registry3 clean
+.PHONY: lock lock-check verify-base-lock typecheck help venv system-deps render render-all runs status racks test test-fast lint docs docs-generate screenshots diagram policy-preview bench-tests bench-package bench-launch registry3 bench-why bench-why-idle clean
 
 help:
 	@echo "make render STACK=<name>   render one stack offline into rendered/<name>/ (+ schema check)"
@@ -31,6 +31,8 @@ help:
 	@echo "make bench-tests           make test-fast and make test, 3 runs each: median, spread, slowest tests"
 	@echo "make bench-package         modelcar packaging benchmark (SIZE=2GiB)"
 	@echo "make bench-launch          ml-dev run on simulated pods: time to all ranks running (PODS=2,4,8,16 SIZE=20MB, root)"
+	@echo "make bench-why             ml-dev why on 4 simulated pods: right rank and pod, time to verdict (TRIALS=10, root)"
+	@echo "make bench-why-idle        ml-dev run's launch, main vs this tree interleaved on 4 simulated pods (PAIRS=7, root)"
 	@echo "make registry3 DIST3_SRC=<dir>  build distribution 3's registry (.tools/registry3) for the restart tests (Go >= 1.25)"
 
 MIN_PYTHON := 3.11
@@ -184,6 +186,12 @@ bench-package: venv system-deps
 PODS ?= 2,4,8,16
 bench-launch: venv system-deps
 	$(PY) -m bench.bench_launch --size $(or $(SIZE),20MB) --pods $(PODS) $(if $(REPEAT),--repeat $(REPEAT)) $(if $(BASELINE),--baseline $(BASELINE))
+
+bench-why: venv system-deps
+	$(PY) -m bench.bench_why --trials $(or $(TRIALS),10)
+
+bench-why-idle: venv system-deps
+	$(PY) -m bench.bench_why_idle --pairs $(or $(PAIRS),7)
 
 # distribution 3's registry for tests/steps/test_package_restart.py (its distribution-3 cells skip, saying so, without
 # it). No package registry this project installs from ships the binary or its source (Debian has 2.8 only, the Go

@@ -125,7 +125,7 @@ def forget(c: PodSim, pods: list[int]) -> None:
         shutil.rmtree(c.pods[i].path(f"{STATE}/tree-cache"), ignore_errors=True)
 
 
-def one_run(c: PodSim, command: str, env: dict[str, str], ranks: bool = True) -> Sample:
+def timed_run(c: PodSim, command: str, env: dict[str, str], ranks: bool = True) -> Sample:
     for pod in c.pods:
         for f in pod.path(f"{STATE}/bench").glob("*.json"):
             f.unlink()
@@ -136,7 +136,8 @@ def one_run(c: PodSim, command: str, env: dict[str, str], ranks: bool = True) ->
     done = time.time()
     if res.returncode != 0:
         raise SystemExit(f"{command} failed:\n{res.stdout}\n{res.stderr}")
-    sample: Sample = {"tx": tx(c) - before}
+    sent = re.search(r"(\d+) bytes sent", res.stdout)
+    sample: Sample = {"tx": tx(c) - before, "sent": int(sent.group(1)) if sent else -1}
     if ranks:
         starts = [json.loads(p.path(f"{STATE}/bench/rank-{p.index}.json").read_text())["started"] for p in c.pods]
         sample["wall"] = max(starts) - t0
@@ -146,6 +147,13 @@ def one_run(c: PodSim, command: str, env: dict[str, str], ranks: bool = True) ->
         record = json.loads(last.read_text())
         sample.update(rounds=record["rounds"], fan_out=record["fan_out"], hops=record["hops"])
     return sample
+
+
+def one_run(c: PodSim) -> tuple[float, int]:
+    """`ml-dev run` of the tree on pod 0 once (bench/bench_why_idle.py's unit): seconds until every rank runs and the
+    bytes the sync said it sent."""
+    sample = timed_run(c, "python3 /opt/ml-dev-env/ml-dev run -- python3 prog.py", {})
+    return float(sample["wall"]), int(sample["sent"])
 
 
 def measure(pods: int, size: int, repeat: int, baseline: str | None, results: Results, say: Any) -> None:
@@ -165,7 +173,7 @@ def measure(pods: int, size: int, repeat: int, baseline: str | None, results: Re
         data = baseline_data(c, baseline) if baseline else None
         env = {"PYTHONDONTWRITEBYTECODE": "1"}
         run = "python3 /opt/ml-dev-env/ml-dev run -- python3 prog.py"
-        one_run(c, run, env)  # the first sync, and warm caches: not counted
+        timed_run(c, run, env)  # the first sync, and warm caches: not counted
         for n in range(repeat):
             for case in CASES:
                 for variant in variants if n % 2 == 0 else variants[::-1]:
@@ -175,18 +183,18 @@ def measure(pods: int, size: int, repeat: int, baseline: str | None, results: Re
                         c.pods[0].path(f"{TREE}/data/blob-{n % files:04d}.bin").write_bytes(os.urandom(2**20))
                     if case == "first copy":
                         forget(c, list(range(1, pods)))
-                    sample = one_run(c, run, env)
+                    sample = timed_run(c, run, env)
                     results.setdefault(variant, {}).setdefault(pods, {}).setdefault(case, []).append(sample)
                     say(f"  {pods} pods, {case:<16} {variant:<10} {sample['wall']:6.2f} s  pod 0 sent {sample['tx'] / 1e6:7.2f} MB")
                     if data and variant == OLD:
                         # untimed, nothing to copy: this launcher's record of the tree it sent last (which the
                         # baseline does not keep) as it would be had it made the baseline's run
                         c.swap_configmap(data[0], data[1])
-                        one_run(c, "python3 /opt/ml-dev-env/ml-dev sync", env, ranks=False)
+                        timed_run(c, "python3 /opt/ml-dev-env/ml-dev sync", env, ranks=False)
             if data:
                 c.swap_configmap(data[0], data[1])
             forget(c, [1])
-            sample = one_run(c, "python3 /opt/ml-dev-env/ml-dev sync", env, ranks=False)
+            sample = timed_run(c, "python3 /opt/ml-dev-env/ml-dev sync", env, ranks=False)
             sample["hop"] = max((h["seconds"] for h in sample.get("hops", [])), default=sample["wall"])
             results[NEW][pods].setdefault(ALONE, []).append(sample)
             say(f"  {pods} pods, {ALONE:<16} {NEW:<10} hop {sample['hop']:6.2f} s")

@@ -518,7 +518,10 @@ class GpuCluster(pulumi.ComponentResource):
             "ml-dev-env/startup-sha256": pod.content_hash(script),
             # the long-running programs read their package at start: a change of it (or of the shared package) rolls the pods
             "ml-dev-env/idle-agent-sha256": pod.content_hash("".join({**inpod.group("package"), **lifecycle.scripts()}.values())),
-            "ml-dev-env/home-page-sha256": pod.content_hash("".join({**inpod.group("package"), **inpod.group("home")}.values())),
+            # the home page also imports usage.py (its GPU-hours: usage.week_hours)
+            "ml-dev-env/home-page-sha256": pod.content_hash(
+                "".join({**inpod.group("package"), **inpod.group("usage"), **inpod.group("home")}.values())
+            ),
             devloop.ANNOTATION_SSH_PORT: str(devloop.SSH_PORT),
             devloop.ANNOTATION_HASH: devloop.restart_hash(cfg),
         }

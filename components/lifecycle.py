@@ -60,10 +60,11 @@ def termination_grace_seconds(config: StackConfig) -> int:
 
 
 def stop_env(config: StackConfig) -> dict[str, str]:
-    """What PID 1, the preStop hook and `ml-dev rank` read about a stop."""
+    """What PID 1, the preStop hook and `ml-dev run`/`rank` read about a stop or a stall (the watchdog's time)."""
     return {
         contract.CHECKPOINT_GRACE_ENV: str(config.lifecycle.checkpoint_grace_seconds),
         contract.CHECKPOINT_SIGNAL_ENV: config.lifecycle.checkpoint_signal,
+        contract.STALL_SECONDS_ENV: str(config.lifecycle.stall_verdict_seconds),
     }
 
 

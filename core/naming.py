@@ -80,8 +80,8 @@ def idle_record_configmap(app: str) -> str:
 
 
 def usage_configmap(app: str) -> str:
-    """The environment's GPU-hours record (written by its usage CronJob, inpod/usage.py)."""
-    return f"{app}-usage"
+    """The environment's GPU-hours record (written by its usage CronJob, inpod/usage.py; read by the home page)."""
+    return contract.usage_configmap(app)
 
 
 def usage_recorder(app: str) -> str:

@@ -67,6 +67,7 @@ SHIPPED: tuple[Shipped, ...] = (
     Shipped("sshd.sh", "sh/sshd.sh", "devloop"),
     Shipped("ssh-session.sh", "sh/ssh-session.sh", "devloop"),
     Shipped("ml-dev", "bin/ml-dev", "devloop"),
+    Shipped("ml-dev-why", "bin/ml-dev-why", "devloop"),
     *_package(
         "devloop",
         "ml_dev/__init__.py",
@@ -78,6 +79,7 @@ SHIPPED: tuple[Shipped, ...] = (
         "ml_dev/status.py",
         "ml_dev/secrets.py",
     ),
+    *_package("devloop", "ml_dev/why.py", "ml_dev/sampler.py", "ml_dev/collectives.py", "ml_dev/watchdog.py"),
     Shipped("idle_agent.py", "bin/idle_agent.py", "lifecycle"),
     *_package("lifecycle", "idle/__init__.py", "idle/agent.py", "idle/probes.py", "idle/decider.py"),
     Shipped("idle-warning.sh", "sh/idle-warning.sh", "lifecycle"),
@@ -99,7 +101,7 @@ SHIPPED: tuple[Shipped, ...] = (
     Shipped("usage.py", "bin/usage.py", "usage"),
     *_package("usage", "usage.py"),
     Shipped("home_page.py", "bin/home_page.py", "home"),
-    *_package("home", "home/__init__.py", "home/page.py", "home/svgplot.py"),
+    *_package("home", "home/__init__.py", "home/page.py", "home/svgplot.py", "home/why_view.py"),
 )
 _BY_KEY = {s.key: s for s in SHIPPED}
 

@@ -38,7 +38,10 @@ RANK_ENV_FILE = "rank.env"
 HEARTBEAT_DIR = "heartbeat"
 """`<name>-<pid>.json` per live `ml-dev run`/`exec` (the launcher's activity)."""
 SSH_SESSIONS_DIR = "ssh-sessions"
-"""`<pid>` per live SSH session (ssh-session.sh)."""
+"""`<pid>` per live SSH session (ssh-session.sh): lines start time, user, `$SSH_CLIENT`, `$ML_DEV_RUN`."""
+RUN_ENV = "ML_DEV_RUN"
+"""The pid of the `ml-dev` launcher that opened an SSH session (its ssh sends it, sshd.sh's AcceptEnv takes it,
+ssh-session.sh records it; empty: a person's session)."""
 ACTIVITY_DIR = "activity"
 """Activity records the idle agent reads (`ssh/<pid>`, `launcher.heartbeat`)."""
 IDLE_STOP_FILE = "idle-stop.json"
@@ -47,6 +50,13 @@ IDLE_STATUS_FILE = "idle-status.json"
 """Pod 0's idle decision each round."""
 FABRIC_LATEST = "fabric/latest.json"
 """The fabric gate's latest result."""
+RUNS_DIR = ".ml-dev-env/runs"
+"""`$ML_DEV_WORKSPACE/.ml-dev-env/runs/<run>/` on the launching pod: what `ml-dev why` and the run's watchdog kept
+(`why/<UTC time>.json`, each with the per-rank stacks and dumps it used, and `why/latest.json`)."""
+WHY_LATEST = "why/latest.json"
+"""The last verdict of a run, under its RUNS_DIR directory (the home page shows it while the run is alive)."""
+RUN_STATE_DIR = "runs"
+"""`$ML_DEV_STATE_DIR/runs/<run>/` on every pod running a rank: the progress file and Flight Recorder's pipe and dumps."""
 HOME_ADDR = "home.addr"
 """The addresses the home page listens on, one a line."""
 
@@ -86,12 +96,24 @@ SERVER_ENV = ("ML_DEV_SERVERS", "ML_DEV_AUTH", "TENSORBOARD_LOGDIR", "ML_DEV_MEM
 
 CHECKPOINT_GRACE_ENV = "ML_DEV_CHECKPOINT_GRACE_SECONDS"
 CHECKPOINT_SIGNAL_ENV = "ML_DEV_CHECKPOINT_SIGNAL"
-STOP_ENV = (CHECKPOINT_GRACE_ENV, CHECKPOINT_SIGNAL_ENV)
-"""What PID 1, the preStop hook and `ml-dev rank` read about a stop (components/lifecycle.py stop_env), last."""
+STALL_SECONDS_ENV = "ML_DEV_STALL_SECONDS"
+"""lifecycle.stallVerdictSeconds: `ml-dev run` runs `ml-dev why` itself after this long without progress (0: never)."""
+STOP_ENV = (CHECKPOINT_GRACE_ENV, CHECKPOINT_SIGNAL_ENV, STALL_SECONDS_ENV)
+"""What PID 1, the preStop hook and `ml-dev run`/`rank` read about a stop or a stall (components/lifecycle.py
+stop_env), last."""
 GRACE_DEFAULT = 30
 """lifecycle.checkpointGraceSeconds' default: seconds a stopped rank gets to save a checkpoint."""
 SIGNAL_DEFAULT: Final = "SIGTERM"
 """lifecycle.checkpointSignal's default."""
+STALL_DEFAULT = 600
+"""lifecycle.stallVerdictSeconds' default."""
+STALL_MIN = 10
+"""The shortest stall time the setting accepts (the verdict itself takes a few seconds)."""
+
+RUN_ID_ENV = "ML_DEV_RUN_ID"
+"""Set by `ml-dev run` on every rank: the run's id (its directory under RUNS_DIR)."""
+PROGRESS_FILE_ENV = "ML_DEV_PROGRESS_FILE"
+"""Set by `ml-dev run` on every rank: a path the job may touch to tell the watchdog it progresses without printing."""
 
 CLUSTER_ENV = ("NNODES", "GPUS_PER_NODE", "APP_NAME", "HEADLESS_SERVICE", "POD_NAMESPACE", "MASTER_PORT")
 """Keys of `cluster.env` (at $ML_DEV_CLUSTER_DIR): the count-dependent facts. startup.sh and sshd.sh read them from
@@ -168,6 +190,13 @@ CLUSTER_LABEL = "ml-dev-env/cluster"
 """Every environment's objects of one cluster (`make status`, `usage.py status`)."""
 USAGE_LABEL = "ml-dev-env/usage"
 """The GPU-hours record ConfigMap."""
+
+
+def usage_configmap(app: str) -> str:
+    """The environment's GPU-hours record (core/naming.py names it for the render, the home page reads it)."""
+    return f"{app}-usage"
+
+
 PART_OF_LABEL = "app.kubernetes.io/part-of"
 PART_OF = "ml-dev-env"
 

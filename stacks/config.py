@@ -1018,6 +1018,23 @@ class LifecycleConfig(Model):
     checkpoint_signal: Literal["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"] = Field(
         contract.SIGNAL_DEFAULT, description="The signal the ranks get on a stop (the job's handler saves a checkpoint and exits)."
     )
+    stall_verdict_seconds: int = Field(
+        contract.STALL_DEFAULT,
+        ge=0,
+        le=86400,
+        description="When a running `ml-dev run` makes no progress this long (no output line from any rank, no touch of "
+        "$ML_DEV_PROGRESS_FILE) it runs `ml-dev why` itself, prints the verdict once per stall and keeps it with the "
+        f"run; 0 never does. At least {contract.STALL_MIN} when set.",
+    )
+
+    @rule
+    def _stall(self) -> Iterator[ConfigProblem]:
+        if 0 < self.stall_verdict_seconds < contract.STALL_MIN:
+            yield ConfigProblem(
+                "stallVerdictSeconds",
+                self.stall_verdict_seconds,
+                f"0 (never) or {contract.STALL_MIN} to 86400 seconds (the verdict itself takes a few seconds)",
+            )
 
 
 # ------------------------------------------------------------------------------------------- ssh

@@ -5,13 +5,21 @@ Standard library only, Python 3.8+. Started by startup.sh on pod 0 as the `home`
 SR-IOV interfaces net1..N), behind its own OAuth proxy sidecar and Route, the same OpenShift login as VS Code
 and Jupyter. Its data is what the environment already collects:
 
-* every pod's idle-agent report, `GET /activity` on the activity port (GPUs and their utilisation,
-  terminals, SSH session records, launcher heartbeats) and pod 0's `GET /decision` (last activity, why,
-  the pending stop warning); the page keeps the last hour of GPU utilisation it sampled;
-* pod 0's state directory: `heartbeat/run-*.json` (`ml-dev run`s launched here), `ssh-sessions/<pid>`
-  (user and client of each live SSH session), `idle-stop.json` (the last idle stop);
-* the fabric gate's `fabric/latest.json` and its curve (`latest.svg`, redrawn when absent);
-* the idle settings (`$ML_DEV_IDLE_SETTINGS`): whether the idle stop is on, its timeout.
+* every pod's idle-agent report, `GET /activity` on the activity port (GPUs and their utilisation, SSH sessions
+  with their user, client connection and the `ml-dev` launcher that opened them, launcher heartbeats with each
+  `ml-dev run`'s command) and pod 0's `GET /decision` (last activity, why, the pending stop warning);
+* what it counts: a pod's SSH figure is people's connections (one per client connection, whatever sessions it
+  carries; ml-dev's own connections belong to their run), its ml-dev figure the ranks running on it; *Running*
+  lists the runs and the connections;
+* the last hour of GPU utilisation it sampled, kept in the workspace (`.ml-dev-env/home/history.json`): a
+  restarted page keeps it; each pod's plot spans the samples held and says since when;
+* GPU-hours: the environment's usage record (`<app>-usage`, the last 7 days, inpod/usage.py `week_hours`), read
+  with the pods' ServiceAccount;
+* pod 0's `idle-stop.json` (the last idle stop); the fabric gate's `fabric/latest.json` and its curve
+  (`latest.svg`, redrawn when absent); the idle settings (`$ML_DEV_IDLE_SETTINGS`).
+
+Layout: one table of sections (`SECTIONS`); the first screen (1280x800) holds the idle state, the pods and the
+fabric curve. Every value shown is marked with what it is (`num`, `data-k`): the tests check each.
 
 Routes: `/` the page, `/fragment` its live part (the page's script swaps it in every
 `refresh` seconds: no full reload), `/app.js`, `/fabric.svg`, `/healthz`. Everything that comes from
@@ -32,26 +40,31 @@ import argparse
 import concurrent.futures
 import contextlib
 import html
+import json
 import shlex
 import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections import deque
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
-from .. import contract
-from ..lib import http, usersecrets
+from .. import contract, usage
+from ..lib import http, kube, usersecrets
 from ..lib.http import fetch_json
-from ..lib.pod import clock, env, idle_settings, pid_alive, read_json, read_rank_env, state_dir
+from ..lib.pod import clock, env, idle_settings, read_json, read_rank_env, state_dir
+from .why_view import why_html
 
 HISTORY_SECONDS = 3600
 PORT = 8090
 """The page's port when --listen names none (core/servers.py, the home row)."""
 LINKS = (("vscode", "VS Code"), ("jupyter", "Jupyter"), ("tensorboard", "TensorBoard"))
+FIELD_MANAGER = "ml-dev-env-home"
+"""The page's User-Agent towards the API (it only reads)."""
 
 
 def esc(value: object) -> str:
@@ -102,20 +115,50 @@ def ago(seconds: float | None) -> str:
 # ------------------------------------------------------------------------------------ collection
 
 
-class Collector:
-    """Samples every pod's agent; keeps an hour of GPU utilisation per pod and the GPU-seconds seen."""
+def workspace_dir() -> Path:
+    return Path(env("ML_DEV_WORKSPACE", "/workspace")) / ".ml-dev-env"
 
-    def __init__(self) -> None:
+
+def history_file() -> Path:
+    """Where the page keeps the GPU utilisation it sampled (the workspace: it outlives the page's process and the
+    container, as the fabric gate's results do)."""
+    return workspace_dir() / "home" / "history.json"
+
+
+class Collector:
+    """Samples every pod's agent and the environment's usage record; keeps an hour of GPU utilisation per pod (saved
+    to `history_file()` after each round and read back at start: a restarted page keeps what it sampled)."""
+
+    def __init__(self, history: Path | None = None) -> None:
         self.lock = threading.Lock()
-        self.history: dict[str, deque[tuple[float, list[float]]]] = {}
+        self.history_path = history_file() if history is None else history
+        self.history: dict[str, deque[tuple[float, list[float]]]] = self.load_history()
         self.reports: dict[str, dict[str, Any]] = {}
         self.decision: dict[str, Any] | None = None
         self.errors: dict[str, str] = {}
-        self.gpu_seconds = 0.0
-        self.busy_gpu_seconds = 0.0
+        self.usage: dict[str, Any] = {"error": "not read yet"}
         self.last_sample: float | None = None
-        self.started = time.time()
         self.pods: list[str] = []
+
+    def load_history(self) -> dict[str, deque[tuple[float, list[float]]]]:
+        found = read_json(self.history_path)
+        out: dict[str, deque[tuple[float, list[float]]]] = {}
+        if not isinstance(found, dict):
+            return out
+        now = time.time()
+        with contextlib.suppress(TypeError, ValueError, AttributeError):
+            for pod, samples in (found.get("samples") or {}).items():
+                kept = [(float(t), [float(u) for u in utils]) for t, utils in samples if float(t) >= now - HISTORY_SECONDS]
+                out[str(pod)] = deque(sorted(kept))
+        return out
+
+    def save_history(self) -> None:
+        data = {"samples": {pod: [[t, u] for t, u in series] for pod, series in self.history.items()}}
+        with contextlib.suppress(OSError):
+            self.history_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.history_path.with_name(self.history_path.name + ".tmp")
+            tmp.write_text(json.dumps(data))
+            tmp.replace(self.history_path)
 
     def sample(self, now: float | None = None) -> None:
         settings = settings_or_defaults()
@@ -135,9 +178,7 @@ class Collector:
         if pods:
             with contextlib.suppress(OSError, ValueError, urllib.error.URLError):
                 decision = fetch_json(pods[0][1] + "/decision")
-        threshold = float(settings.get("gpuUtilThreshold", 5))
         with self.lock:
-            dt = min(now - self.last_sample, 300.0) if self.last_sample is not None else 0.0
             self.last_sample = now
             self.decision = decision
             self.reports, self.errors = {}, {}
@@ -151,17 +192,45 @@ class Collector:
                 series.append((now, utils))
                 while series and series[0][0] < now - HISTORY_SECONDS:
                     series.popleft()
-                self.gpu_seconds += dt * len(utils)
-                self.busy_gpu_seconds += dt * sum(1 for u in utils if u >= threshold)
             self.pods = [p for p, _ in pods]
+            self.save_history()
 
-    def loop(self, interval: float, stop: threading.Event) -> None:
+    def sample_usage(self, now: float | None = None) -> None:
+        found = read_usage(time.time() if now is None else now)
+        with self.lock:
+            self.usage = found
+
+    def loop(self, interval: float, stop: threading.Event, work: Any = None) -> None:
+        """`work` (default `sample`) every `interval` seconds until `stop`; the usage record is read in a loop of its
+        own (`sample_usage`): an API that does not answer never holds up the agents' samples."""
         while not stop.is_set():
             try:
-                self.sample()
+                (work or self.sample)()
             except Exception as exc:  # the page must keep serving whatever one round hit
                 print(f"[home-page] sample failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
             stop.wait(interval)
+
+
+def read_usage(now: float) -> dict[str, Any]:
+    """The environment's GPU-hours of the last 7 days: `usage.week_hours` of its usage record (the ConfigMap the
+    usage recorder writes; `make status` prints the same figure). Read with the pods' ServiceAccount, whose reader
+    Role may `list` the namespace's ConfigMaps (components/lifecycle.py usage_reader_rules): a list narrowed to the
+    one name by a field selector (the API server authorizes it as a list, kubernetes
+    staging/src/k8s.io/apiserver/pkg/endpoints/request/requestinfo.go NewRequestInfo)."""
+    ns, app = env("POD_NAMESPACE"), app_name()
+    if not ns or not app:
+        return {"error": "no namespace or app name in the pod's environment"}
+    name = contract.usage_configmap(app)
+    selector = urllib.parse.quote(f"metadata.name={name}")
+    try:
+        items = kube.Client(FIELD_MANAGER).call("GET", f"/api/v1/namespaces/{ns}/configmaps?fieldSelector={selector}", timeout=5)
+        found = [i for i in (items.get("items") or []) if (i.get("metadata") or {}).get("name") == name]
+    except (OSError, ValueError, AttributeError, urllib.error.URLError) as exc:
+        return {"error": f"{name}: {exc}"}
+    if not found:
+        return {"error": f"no ConfigMap {name} in {ns}"}
+    data = found[0].get("data") or {}
+    return {"hours": usage.week_hours(data, now), "name": name}
 
 
 def gpu_list(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -175,11 +244,32 @@ def signal_of(report: dict[str, Any], name: str) -> dict[str, Any] | None:
     return next((s for s in report.get("signals", []) if s.get("name") == name), None)
 
 
+def connections(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """A person's SSH connections into the pod: one per client connection, however many sessions it carries
+    (ssh's ControlMaster multiplexes), never ml-dev's own (rank start, rsync, tree hash: the sessions its launcher
+    marked, inpod/sh/ssh-session.sh). The agent's sshd-process scan is not counted: it sees the same connections."""
+    found: dict[str, dict[str, Any]] = {}
+    for s in (signal_of(report, "ssh") or {}).get("detail", {}).get("sessions", []):
+        if s.get("run"):
+            continue
+        conn = found.setdefault(str(s.get("connection")), {"user": s.get("user") or "?", "connection": s.get("connection"), "sessions": 0})
+        conn["sessions"] += 1
+    return [found[k] for k in sorted(found)]
+
+
+def ranks(report: dict[str, Any]) -> int:
+    """Ranks of `ml-dev run`/`exec` running on the pod: its rank agents' fresh heartbeats (`rank-<pid>.json`)."""
+    runs = (signal_of(report, "launcher") or {}).get("detail", {}).get("runs", [])
+    return sum(1 for r in runs if str(r).startswith("rank-"))
+
+
 # ---------------------------------------------------------------------------------------- pieces
 
 
-def section(title: str, body: str, cls: str = "") -> str:
-    return f'<section class="card {cls}"><h2>{esc(title)}</h2>{body}</section>'
+def num(key: str, value: object) -> str:
+    """A value the page shows (a number, a time, or text that may hold digits), marked with what it is: every digit
+    on the page is inside one of these (tests/inpod/home enumerates them and checks each against what it made)."""
+    return f'<span data-k="{esc(key)}">{esc(value)}</span>'
 
 
 def app_name() -> str:
@@ -203,105 +293,138 @@ def links_html(settings: dict[str, Any]) -> str:
     return f'<nav id="links" data-app="{esc(app)}" data-namespace="{esc(ns)}">{" ".join(items)}</nav>'
 
 
-def idle_html(col: Collector, settings: dict[str, Any], now: float) -> str:
-    decision = col.decision or {}
+class View:
+    """What every section reads: the collector's last round, the idle settings, the time, the plot module."""
+
+    def __init__(self, col: Collector, settings: dict[str, Any], now: float, plots: Any) -> None:
+        self.col, self.settings, self.now, self.plots = col, settings, now, plots
+
+
+def idle_html(v: View) -> tuple[str, str]:
+    settings, now = v.settings, v.now
+    decision = v.col.decision or {}
     stop_record = read_json(state_dir() / contract.IDLE_STOP_FILE)
     rows = []
     if not settings.get("enabled"):
-        state, cls = "idle stop is off: this environment runs until someone stops it", "neutral"
+        state, cls = esc("idle stop is off: this environment runs until someone stops it"), "neutral"
     elif decision.get("lastActive") is not None:
         last = float(decision["lastActive"])
         stop_at = last + float(settings["idleTimeoutSeconds"])
-        left = stop_at - now
+        at, left = num("stop-at", clock(stop_at)), num("stop-in", ago(stop_at - now))
         if decision.get("warning"):
-            state, cls = f"idle: stops at {clock(stop_at)} (in {ago(left)}) unless something happens", "warn"
+            state, cls = f"idle: stops at {at} (in {left}) unless something happens", "warn"
         elif now - last < max(90.0, 2 * float(settings.get("intervalSeconds", 60))):  # active at the agent's last round
-            state, cls = f"in use: would stop at {clock(stop_at)} if nothing happens from now", "ok"
+            state, cls = f"in use: would stop at {at} if nothing happens from now", "ok"
         else:
-            state, cls = f"idle for {ago(now - last)}: stops at {clock(stop_at)} (in {ago(left)})", "warn"
-        rows.append(f"<li>why: {esc(decision.get('reason', '?'))}</li>")
-        rows.append(f"<li>last activity: {esc(clock(last))} ({esc(ago(now - last))} ago)</li>")
+            state, cls = f"idle for {num('idle-for', ago(now - last))}: stops at {at} (in {left})", "warn"
+        rows.append(f"<li>why: {num('why', decision.get('reason', '?'))}</li>")
+        rows.append(f"<li>last activity: {num('last-active', clock(last))} ({num('last-active-ago', ago(now - last))} ago)</li>")
     else:
-        state, cls = "idle stop is on; pod 0's agent has not answered yet", "neutral"
+        state, cls = esc("idle stop is on; pod 0's agent has not answered yet"), "neutral"
     if isinstance(stop_record, dict) and stop_record.get("stoppedAt"):
-        rows.append(f"<li>last idle stop: {esc(stop_record['stoppedAt'])} ({esc(stop_record.get('lastActivityReason', ''))})</li>")
-    return section("Idle stop", f'<p id="idle-state" class="{cls}">{esc(state)}</p><ul>{"".join(rows)}</ul>')
+        why = stop_record.get("lastActivityReason", "")
+        rows.append(f"<li>last idle stop: {num('last-stop', stop_record['stoppedAt'])} ({num('last-stop-why', why)})</li>")
+    return f'<p id="idle-state" class="{cls}">{state}</p><ul>{"".join(rows)}</ul>', ""
 
 
-def pods_html(col: Collector, plots: Any) -> str:
+def utilisation_plot(pod: str, v: View) -> str:
+    """One pod's GPU utilisation over the samples the page holds: its busiest GPU (highest mean) and the mean of all
+    its GPUs, the x axis from the first sample held to now, in minutes; the legend (below the plot) and the caption
+    name the busiest GPU, the caption since when."""
+    history = list(v.col.history.get(pod, []))
+    if v.plots is None or len(history) < 2:
+        return ""
+    count = max(len(u) for _, u in history)
+    if not count:
+        return ""
+    means = [sum(u[i] for _, u in history if i < len(u)) / len(history) for i in range(count)]
+    busiest = max(range(count), key=lambda i: (means[i], -i))
+    t_last = history[-1][0]
+    span = (history[0][0] - t_last) / 60
+    series = [
+        {"label": f"GPU {busiest} (busiest)", "points": [((t - t_last) / 60, u[busiest]) for t, u in history if busiest < len(u)]},
+        {"label": f"mean of {count} GPUs", "points": [((t - t_last) / 60, sum(u) / len(u)) for t, u in history if u], "dash": True},
+    ]
+    svg = v.plots.line_chart(series, width=320, height=124, y_max=100, x_range=(span, 0), x_label="minutes before now")  # legend below
+    caption = (
+        f'<div class="cap">busiest: {num(f"busiest:{pod}", f"GPU {busiest}")} of {num(f"gpus:{pod}", count)}, '
+        f"samples since {num(f'since:{pod}', clock(history[0][0]))}</div>"
+    )
+    return f'<div class="plot">{svg}{caption}</div>'
+
+
+def pods_html(v: View) -> tuple[str, str]:
+    col = v.col
     rows = []
     for rank, pod in enumerate(getattr(col, "pods", [])):
         report = col.reports.get(pod)
+        name = f"{num(f'rank:{pod}', rank)} {num(f'pod:{rank}', pod)}"
         if report is None:
-            rows.append(
-                f'<tr class="bad"><td>{rank}</td><td>{esc(pod)}</td><td colspan="3">agent unreachable: '
-                f"{esc(col.errors.get(pod, '?'))}</td></tr>"
-            )
+            error = num(f"error:{pod}", col.errors.get(pod, "?"))
+            rows.append(f'<tr class="bad"><td>{name}</td><td colspan="2">agent unreachable: {error}</td></tr>')
             continue
         gpus = gpu_list(report)
         gpu_signal = signal_of(report, "gpu") or {}
         busy = {str(b) for b in gpu_signal.get("detail", {}).get("busy", [])}  # GPU indexes as strings (or "other")
         cells = " ".join(
-            f'<span class="gpu {"busy" if str(g["index"]) in busy else "idle"}" title="{esc(g.get("uuid", ""))}">'
+            f'<span class="gpu {"busy" if str(g["index"]) in busy else "idle"}" title="{esc(g.get("uuid", ""))}" '
+            f'data-k="gpu:{esc(pod)}:{esc(g["index"])}">'
             f"GPU {esc(g['index'])}: {esc('n/a' if g.get('util') is None else int(g['util']))}%"
             f"{' busy' if str(g['index']) in busy else ' idle'}</span>"
             for g in gpus
         )
         if not gpus:
-            cells = f'<span class="gpu bad">GPUs unreadable: {esc(gpu_signal.get("detail", {}).get("error", "no report"))}</span>'
-        history = list(col.history.get(pod, []))
-        plot = ""
-        if plots is not None and len(history) >= 2:
-            t0 = history[-1][0]
-            count = max(len(u) for _, u in history)
-            series = [{"label": f"GPU {i}", "points": [((t - t0) / 60, u[i]) for t, u in history if i < len(u)]} for i in range(count)]
-            plot = plots.line_chart(series, width=320, height=110, y_max=100, x_range=(-60, 0), legend=False, x_label="minutes ago (GPU %)")
-        ssh = signal_of(report, "ssh") or {}
-        launcher = signal_of(report, "launcher") or {}
-        sessions = len(ssh.get("detail", {}).get("records", [])) + len(ssh.get("detail", {}).get("sessionProcesses", []))
-        runs = len(launcher.get("detail", {}).get("runs", []))
+            error = gpu_signal.get("detail", {}).get("error", "no report")
+            cells = f'<span class="gpu bad">GPUs unreadable: {num(f"gpu-error:{pod}", error)}</span>'
+        people = connections(report)
         rows.append(
-            f"<tr><td>{rank}</td><td>{esc(pod)}<br><small>node {esc(report.get('node') or '?')}</small></td>"
-            f'<td class="gpus">{cells}</td><td class="plot">{plot}</td>'
-            f"<td>{sessions} SSH, {runs} ml-dev</td></tr>"
+            f"<tr><td>{name}<br><small>node {num(f'node:{pod}', report.get('node') or '?')}</small></td>"
+            f'<td class="gpus">{cells}{utilisation_plot(pod, v)}</td>'
+            f"<td>{num(f'ssh:{pod}', len(people))} SSH<br>{num(f'ranks:{pod}', ranks(report))} ml-dev</td></tr>"
         )
-    head = "<tr><th>rank</th><th>pod</th><th>GPUs now</th><th>utilisation, last hour</th><th>sessions</th></tr>"
-    hours = col.gpu_seconds / 3600
-    busy_hours = col.busy_gpu_seconds / 3600
-    since = clock(col.started)
-    footer = f'<p id="gpu-hours">GPU-hours since {esc(since)}: {hours:.2f} held, {busy_hours:.2f} busy</p>'
-    return section("Pods", f'<table id="pods">{head}{"".join(rows)}</table>{footer}')
+    head = "<tr><th>rank, pod</th><th>GPUs now; utilisation, last hour</th><th>in use</th></tr>"
+    usage_record, days = col.usage, num("usage-days", usage.WEEK_DAYS)
+    if "hours" in usage_record:
+        hours = f"{usage_record['hours']:.2f}"
+        footer = f"GPU-hours, last {days} days: {num('gpu-hours-7d', hours)} (the environment's usage record, as make status shows it)"
+    else:
+        footer = f"GPU-hours, last {days} days: unknown ({num('gpu-hours-error', usage_record.get('error', '?'))})"
+    return f'<table id="pods">{head}{"".join(rows)}</table><p id="gpu-hours">{footer}</p>', ""
 
 
-def sessions_html(now: float) -> str:
-    runs, ssh = [], []
-    for beat in sorted((state_dir() / contract.HEARTBEAT_DIR).glob("run-*.json")):
-        info = read_json(beat)
-        if not isinstance(info, dict) or now - float(info.get("alive_at", 0)) > 60:
-            continue
-        command = info.get("command")
+def running_html(v: View) -> tuple[str, str]:
+    """The `ml-dev run`s of every pod (their launchers' heartbeats) and the people's SSH connections into every pod."""
+    col, now = v.col, v.now
+    launches: list[tuple[float, str, dict[str, Any]]] = []
+    conns: list[tuple[str, dict[str, Any]]] = []
+    for pod in getattr(col, "pods", []):
+        report = col.reports.get(pod) or {}
+        for run in (signal_of(report, "launcher") or {}).get("detail", {}).get("launches", []):
+            with contextlib.suppress(TypeError, ValueError):
+                launches.append((float(run.get("started") or now), pod, run))
+        conns += [(pod, c) for c in connections(report)]
+    runs = []
+    for i, (started, pod, run) in enumerate(sorted(launches, key=lambda r: (r[0], r[1]))):
+        command = run.get("command")
         text = shlex.join([str(c) for c in command]) if isinstance(command, list) else str(command)
-        started = float(info.get("started", now))
         runs.append(
-            f'<li class="run"><code>{esc(text)}</code> in <code>{esc(info.get("cwd", "?"))}</code>, '
-            f"{esc(len(info.get('pods', [])))} pods, running {esc(ago(now - started))}</li>"
+            f'<li class="run"><code>{num(f"run:{i}:command", text)}</code> in <code>{num(f"run:{i}:cwd", run.get("cwd", "?"))}</code>, '
+            f"launched on {num(f'run:{i}:on', pod)}: {num(f'run:{i}:pods', len(run.get('pods') or []))} pods, "
+            f"running {num(f'run:{i}:age', ago(now - started))}</li>"
         )
-    for record in sorted((state_dir() / contract.SSH_SESSIONS_DIR).glob("[0-9]*")):
-        if not pid_alive(int(record.name)):
-            continue
-        with contextlib.suppress(OSError):
-            lines = [*record.read_text().splitlines(), "", "", ""]
-            client = lines[2].split()[0] if lines[2].split() else "?"
-            ssh.append(f'<li class="ssh">{esc(lines[1] or "?")} from {esc(client)} (pid {esc(record.name)})</li>')
-    body = "<h3>ml-dev runs (launched on pod 0)</h3>"
-    body += f"<ul>{''.join(runs)}</ul>" if runs else "<p>none</p>"
-    body += "<h3>SSH sessions on pod 0</h3>"
-    body += f"<ul>{''.join(ssh)}</ul>" if ssh else "<p>none</p>"
-    return section("Running", body)
+    ssh = []
+    for pod, c in conns:
+        user, address = c["user"], str(c["connection"]).split()[0]
+        who = f"{user} from {address}"
+        several = f", {num(f'conn-sessions:{pod}', c['sessions'])} sessions" if c["sessions"] > 1 else ""
+        ssh.append(f'<li class="ssh">{num(f"conn:{pod}", who)} into {num("conn-pod", pod)}{several}</li>')
+    body = "<h3>ml-dev runs</h3>" + (f"<ul>{''.join(runs)}</ul>" if runs else "<p>none</p>")
+    body += "<h3>SSH connections (people's; ml-dev's own belong to its runs)</h3>" + (f"<ul>{''.join(ssh)}</ul>" if ssh else "<p>none</p>")
+    return body, ""
 
 
 def fabric_result() -> dict[str, Any] | None:
-    for d in (state_dir() / "fabric", Path(env("ML_DEV_WORKSPACE", "/workspace")) / ".ml-dev-env" / "fabric"):
+    for d in (state_dir() / "fabric", workspace_dir() / "fabric"):
         found = read_json(d / "latest.json")
         if isinstance(found, dict):
             return found
@@ -309,52 +432,92 @@ def fabric_result() -> dict[str, Any] | None:
 
 
 def fabric_svg(result: dict[str, Any], plots: Any) -> str | None:
-    for d in (state_dir() / "fabric", Path(env("ML_DEV_WORKSPACE", "/workspace")) / ".ml-dev-env" / "fabric"):
+    for d in (state_dir() / "fabric", workspace_dir() / "fabric"):
         with contextlib.suppress(OSError):
             if (d / "latest.json").exists() and (d / "latest.svg").exists():
                 return (d / "latest.svg").read_text()
     return plots.gate_curve(result) if plots is not None else None
 
 
-def fabric_html(plots: Any) -> str:
+def fabric_html(v: View) -> tuple[str, str]:
     result = fabric_result()
     if result is None:
-        return section("Fabric check", '<p id="fabric-status" class="neutral">no fabric check has run</p>')
+        return '<p id="fabric-status" class="neutral">no fabric check has run</p>', ""
     status = str(result.get("status", "?"))
     cls = {"pass": "ok", "fail": "bad", "error": "bad"}.get(status, "neutral")
-    text = f"{status.upper()} at {result.get('time', '?')}"
+    text = f"{esc(status.upper())} at {num('fabric-time', result.get('time', '?'))}"
     if result.get("plateauBusbw") is not None:
-        text += f": plateau {result['plateauBusbw']} GB/s"
+        text += f": plateau {num('plateau', result['plateauBusbw'])} GB/s"
     exp = result.get("expectation") or {}
     if exp.get("pass_busbw_gbs"):
-        text += f", pass at {exp['pass_busbw_gbs']} GB/s"
-    diagnosis = "".join(f"<li>{esc(d)}</li>" for d in result.get("diagnosis", []))
+        text += f", pass at {num('pass', exp['pass_busbw_gbs'])} GB/s"
+    diagnosis = "".join(f"<li>{num('diagnosis', d)}</li>" for d in result.get("diagnosis", []))
     plot = '<img id="fabric-curve" src="fabric.svg" alt="bus bandwidth against message size">' if result.get("sizes") else ""
-    return section("Fabric check", f'<p id="fabric-status" class="{cls}">{esc(text)}</p><ul>{diagnosis}</ul>{plot}', cls)
+    return f'<p id="fabric-status" class="{cls}">{text}</p>{plot}<ul class="diagnosis">{diagnosis}</ul>', cls
+
+
+def secrets_html(v: View) -> tuple[str, str]:
+    """The Secrets card (inpod/lib/usersecrets.py: names and present/missing per pod, from the agents' reports); its
+    own `<section>`, none when no secret is listed."""
+    return usersecrets.reports_section(list(getattr(v.col, "pods", [])), v.col.reports), ""
+
+
+class Section:
+    """One card of the page: `place` "main" (left of the first screen), "side" (right of it) or "wide" (below);
+    `card` False: the builder's body is the whole card (or nothing)."""
+
+    def __init__(self, name: str, title: str, build: Any, place: str, card: bool = True) -> None:
+        self.name, self.title, self.build, self.place, self.card = name, title, build, place, card
+
+
+SECTIONS: tuple[Section, ...] = (
+    Section("idle", "Idle stop", idle_html, "main"),
+    Section("pods", "Pods", pods_html, "main"),
+    Section("fabric", "Fabric check", fabric_html, "side"),
+    Section("running", "Running", running_html, "wide"),
+    Section("secrets", "Secrets", secrets_html, "wide", card=False),
+    Section("why", "Stall verdicts", lambda v: (why_html(v.now, num), ""), "wide", card=False),  # inpod/home/why_view.py
+)
+"""The page's sections in order, one row each: a new section is one row here (its builder takes a `View` and returns
+its body and an extra CSS class; every value it shows goes through `num`). The first screen (1280x800) holds the
+"main" and "side" ones."""
 
 
 def fragment(col: Collector, now: float | None = None) -> str:
     now = time.time() if now is None else now
-    settings = settings_or_defaults()
-    plots = svgplot()
+    view = View(col, settings_or_defaults(), now, svgplot())
+    places: dict[str, list[str]] = {"main": [], "side": [], "wide": []}
     with col.lock:
-        parts = [idle_html(col, settings, now), pods_html(col, plots), sessions_html(now), fabric_html(plots)]
-        parts.append(usersecrets.reports_section(list(getattr(col, "pods", [])), col.reports))  # names only
-    return f'<div id="live" data-updated="{esc(clock(now))}">{"".join(parts)}<p class="small">updated {esc(clock(now))}</p></div>'
+        for s in SECTIONS:
+            body, cls = s.build(view)
+            card = f'<section id="card-{esc(s.name)}" class="card {cls}"><h2>{esc(s.title)}</h2>{body}</section>' if s.card else body
+            places[s.place].append(card)
+    first = f'<div class="first"><div class="main">{"".join(places["main"])}</div><div class="side">{"".join(places["side"])}</div></div>'
+    return (
+        f'<div id="live" data-now="{now:.3f}">{first}{"".join(places["wide"])}'
+        f'<p class="small">updated {num("updated", clock(now))}</p></div>'
+    )
 
 
 STYLE = """
-body{font-family:system-ui,sans-serif;margin:0;background:#f4f5f7;color:#222}
-header{background:#151c28;color:#fff;padding:12px 20px}header h1{font-size:20px;margin:0 0 8px 0}
-nav a{color:#fff;background:#2c6ecb;padding:4px 10px;border-radius:4px;margin-right:8px;text-decoration:none}
-main{padding:12px 20px}.card{background:#fff;border-radius:6px;padding:8px 16px;margin-bottom:12px;box-shadow:0 1px 2px #0002}
-h2{font-size:16px;margin:6px 0}h3{font-size:14px;margin:6px 0}table{border-collapse:collapse}
-td,th{border-bottom:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top}
+body{font-family:system-ui,sans-serif;margin:0;background:#f4f5f7;color:#222;font-size:14px}
+header{background:#151c28;color:#fff;padding:8px 16px;display:flex;flex-wrap:wrap;align-items:center;gap:4px 16px}
+header h1{font-size:18px;margin:0}
+nav a{color:#fff;background:#2c6ecb;padding:3px 10px;border-radius:4px;margin-right:6px;text-decoration:none;display:inline-block}
+main{padding:8px 12px}.card{background:#fff;border-radius:6px;padding:4px 12px 6px;margin-bottom:8px;box-shadow:0 1px 2px #0002}
+.first{display:flex;gap:8px;align-items:flex-start}.first .main{flex:1 1 0;min-width:0}.first .side{flex:0 0 540px;min-width:0}
+h2{font-size:16px;margin:4px 0}h3{font-size:14px;margin:6px 0}table{border-collapse:collapse;width:100%}
+td,th{border-bottom:1px solid #ddd;padding:3px 6px;text-align:left;vertical-align:top}
+ul{margin:4px 0;padding-left:20px}p{margin:4px 0}
 .gpu{display:inline-block;padding:1px 6px;margin:1px;border-radius:3px;font-size:12px}
 .gpu.busy{background:#1e8e3e;color:#fff}.gpu.idle{background:#e0e0e0}.gpu.bad,.bad{color:#b00020}
+.plot svg{display:block;max-width:100%;height:auto}.plot svg text{font-size:12px}.cap{font-size:12px;color:#555}
+#fabric-curve{display:block;width:100%;height:auto}.diagnosis{font-size:12px}
 .ok{color:#1e8e3e;font-weight:bold}.warn{color:#b06000;font-weight:bold}.neutral{color:#555}
-section.bad{border-left:6px solid #b00020}#fabric-status.bad{font-weight:bold}.small{font-size:11px;color:#777}
-code{background:#f0f0f0;padding:1px 3px}
+section.bad{border-left:6px solid #b00020}#fabric-status.bad{font-weight:bold}.small{font-size:12px;color:#666}
+code{background:#f0f0f0;padding:1px 3px;overflow-wrap:anywhere}li,td,p{overflow-wrap:anywhere}small{font-size:12px}
+@media (max-width:900px){.first{display:block}.first .side{flex:none}}
+@media (max-width:600px){#pods tr,#pods td,#pods th{display:block;border:0}#pods tr{border-bottom:1px solid #ddd;padding:4px 0}}
 """
 
 APP_JS = """'use strict';
@@ -391,14 +554,15 @@ APP_JS = """'use strict';
 
 
 def page(col: Collector) -> str:
-    title = f"{app_name() or 'ml-dev-env'} home"
+    ns = env("POD_NAMESPACE")
+    title = f"{app_name() or 'ml-dev-env'}" + (f" in {ns}" if ns else "") + " · home"
     refresh = int(float(env("ML_DEV_HOME_REFRESH", "10")))
     return (
         "<!DOCTYPE html>\n"
         f'<html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>'
         '<link rel="icon" href="data:,"><meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<style>{STYLE}</style></head>"
-        f'<body data-refresh="{refresh}"><header><h1>{esc(title)}</h1>{links_html(settings_or_defaults())}</header>'
+        f'<body data-refresh="{refresh}"><header><h1>{num("title", title)}</h1>{links_html(settings_or_defaults())}</header>'
         f'<main>{fragment(col)}</main><script src="app.js"></script></body></html>\n'
     )
 
@@ -457,7 +621,9 @@ def serve_page(listen: str) -> int:
     handler = type("BoundHandler", (Handler,), {"collector": collector})
     servers = http.bind(addresses, handler)
     stop = threading.Event()
-    threading.Thread(target=collector.loop, args=(float(env("ML_DEV_HOME_INTERVAL", "30")), stop), daemon=True).start()
+    interval = float(env("ML_DEV_HOME_INTERVAL", "30"))
+    threading.Thread(target=collector.loop, args=(interval, stop), daemon=True).start()
+    threading.Thread(target=collector.loop, args=(interval, stop, collector.sample_usage), daemon=True).start()
     shown = http.shown(servers)
     with contextlib.suppress(OSError):
         state_dir().mkdir(parents=True, exist_ok=True)
@@ -486,6 +652,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "render":
         collector = Collector()
         collector.sample()
+        collector.sample_usage()
         sys.stdout.write(page(collector))
         return 0
     return serve_page(args.listen)

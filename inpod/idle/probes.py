@@ -264,12 +264,34 @@ def session_alive(record: Path) -> bool:
     return not first.isdigit() or proc_start_time(int(record.name)) in (None, first)
 
 
+def session_facts(record: Path) -> dict[str, Any]:
+    """What a live SSH session record says (ssh-session.sh's lines: start time, user, `$SSH_CLIENT`, the `ml-dev`
+    launcher that opened it, if any): for the home page, which counts connections, not sessions. The activity
+    rules read none of it."""
+    try:
+        lines = [*record.read_text().splitlines(), "", "", "", ""]
+    except OSError:
+        lines = ["", "", "", ""]
+    client = lines[2].split()
+    return {
+        "pid": int(record.name),
+        "user": lines[1].strip(),
+        # one TCP connection: the client's address and port (`$SSH_CLIENT` is "address port server-port"); every
+        # session multiplexed over it (ssh's ControlMaster) has the same
+        "connection": " ".join(client[:2]) if len(client) >= 2 else f"pid {record.name}",
+        "run": lines[3].strip(),
+    }
+
+
 def probe_ssh() -> dict[str, Any]:
     # activity/ssh/<pid> (the activity-records contract) and ssh-sessions/<pid> (the SSH fabric's ForceCommand)
-    live = []
+    live, facts = [], []
     for records in (state_dir() / contract.ACTIVITY_DIR / "ssh", state_dir() / contract.SSH_SESSIONS_DIR):
         with contextlib.suppress(OSError):
-            live += [int(p.name) for p in records.iterdir() if session_alive(p)]
+            for p in sorted(records.iterdir()):
+                if session_alive(p):
+                    live.append(int(p.name))
+                    facts.append(session_facts(p))
     sessions = []
     if env("ML_DEV_SSH_PROCESS_SCAN", "1") == "1":
         for proc in Path(env("ML_DEV_PROC_DIR", "/proc")).glob("[0-9]*"):
@@ -277,13 +299,13 @@ def probe_ssh() -> dict[str, Any]:
                 title = (proc / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
                 if title.startswith("sshd: ") and "@" in title:  # sshd's per-session process title
                     sessions.append(int(proc.name))
-    return signal("ssh", True, active=bool(live or sessions), records=sorted(live), sessionProcesses=sorted(sessions))
+    return signal("ssh", True, active=bool(live or sessions), records=sorted(live), sessionProcesses=sorted(sessions), sessions=facts)
 
 
 def probe_launcher(now: float) -> dict[str, Any]:
     # activity/launcher.heartbeat (the contract) and heartbeat/{run,rank}-<pid>.json (the launcher, every 10 s)
     beats = [state_dir() / contract.ACTIVITY_DIR / "launcher.heartbeat", *sorted((state_dir() / contract.HEARTBEAT_DIR).glob("*.json"))]
-    active, ages, runs = False, [], []
+    active, ages, runs, launches = False, [], [], []
     for beat in beats:
         try:
             mtime = beat.stat().st_mtime
@@ -291,15 +313,19 @@ def probe_launcher(now: float) -> dict[str, Any]:
             continue
         except OSError as exc:
             return signal("launcher", False, error=str(exc))
-        pid = None
+        pid: int | None = None
+        info: Any = {}
         with contextlib.suppress(OSError, ValueError, AttributeError, IndexError, KeyError, TypeError):
-            pid = int(json.loads(beat.read_text().strip().splitlines()[0])["pid"])
+            info = json.loads(beat.read_text().strip().splitlines()[0])
+            pid = int(info["pid"])
         alive = pid is None or pid_alive(pid)
         ages.append(now - mtime)
         if alive and now - mtime <= LAUNCHER_FRESH_SECONDS:
             active = True
             runs.append(beat.name)
-    return signal("launcher", True, active=active, age=min(ages) if ages else None, runs=runs)
+            if beat.name.startswith("run-") and isinstance(info, dict):  # an `ml-dev run` launched here: the home page lists it
+                launches.append({k: info.get(k) for k in ("pid", "command", "cwd", "pods", "started")})
+    return signal("launcher", True, active=active, age=min(ages) if ages else None, runs=runs, launches=launches)
 
 
 def probe_vscode(now: float) -> dict[str, Any]:

@@ -154,6 +154,7 @@ class Cluster:
         self.pods = self.rank_env.get("ML_DEV_PODS", "").split() or [h.split(".")[0] for h in self.hosts]
         self.me = int(self.rank_env.get("NODE_RANK", "-1"))
         self.ssh_config = STATE_DIR / "ssh" / "client.conf"
+        os.environ[contract.RUN_ENV] = str(os.getpid())  # what `ssh` sends (SendEnv): this launcher opened the session
         # images without a writable /etc/passwd: ssh needs the nss_wrapper entry sshd.sh made (children inherit it)
         os.environ.update(read_env_file(STATE_DIR / "ssh" / "nss.env"))
         shared = self.devloop.get("ML_DEV_SHARED_PATHS", "").split()
@@ -180,6 +181,12 @@ class Cluster:
             "ControlPersist=30",
             "-o",
             "LogLevel=ERROR",
+            # marks the session as this launcher's (ML_DEV_RUN, set in __init__; sshd.sh's AcceptEnv takes it,
+            # ssh-session.sh records it): the home page shows people's SSH connections, not ml-dev's own (rank start,
+            # rsync, tree hash). SendEnv, not SetEnv (OpenSSH 7.8+): any image's client has it; openssh mux.c
+            # mux_client_request_session sends it over a shared ControlMaster connection too.
+            "-o",
+            f"SendEnv={contract.RUN_ENV}",
         ]
         if batch:
             opts += ["-o", "BatchMode=yes"]

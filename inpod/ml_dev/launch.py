@@ -36,6 +36,7 @@ from .common import (
     wait_reachable,
 )
 from .sync import sync, tree_root
+from .watchdog import PROGRESS_MARK, ProgressRelay, Watchdog, new_run_id, rank_env, stall_seconds, verdict_now
 
 
 class Heartbeat:
@@ -124,6 +125,7 @@ def cmd_rank(args: argparse.Namespace) -> int:
     # launching shell's env, whose rank values are those of when the shell started (stale after a count change)
     env = {k: v for k, v in os.environ.items() if k not in FROM_RANK_FILE}
     env.update(read_rank_env(missing_ok=True))
+    sent: dict = {}
     if args.env_stdin:
         # the launcher's variables (launch_env) come first on stdin, never in argv (ps, logs, length limits)
         try:
@@ -133,6 +135,10 @@ def cmd_rank(args: argparse.Namespace) -> int:
         env.update({str(k): str(v) for k, v in sent.get("env", {}).items()})
         if sent.get("per_pod"):
             env.update(RANK=env.get("NODE_RANK", "0"), LOCAL_RANK="0", WORLD_SIZE=env.get("NNODES", "1"))
+    run = sent.get("run", "") if args.env_stdin else ""
+    if run:  # `ml-dev run`: the run id, the progress file (watched here), Flight Recorder's pipe (ml-dev why)
+        env.update(rank_env(run, sent.get("launcher", ""), env))
+        ProgressRelay(env[contract.PROGRESS_FILE_ENV]).start()
     env.update(usersecrets.values())  # env.secrets' keys from this pod's own mount, last (never sent on stdin)
     env["PYTHONUNBUFFERED"] = "1"
     if args.debug_port:
@@ -190,7 +196,8 @@ def cmd_rank(args: argparse.Namespace) -> int:
         threading.Thread(target=watch_stdin, daemon=True).start()
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, on_signal)
-    with Heartbeat("rank", {"command": args.command, "cwd": args.cwd, "pgid": proc.pid}):
+    info = {"command": args.command, "cwd": args.cwd, "pgid": proc.pid, "run": run, "launcher": sent.get("launcher") if run else None}
+    with Heartbeat("rank", info):
         code = group.wait()
     # a rank killed by a signal reports 128+N like a shell
     return code if code >= 0 else 128 - code
@@ -316,7 +323,7 @@ class Stream(threading.Thread):
     lock = threading.Lock()
 
     def __init__(
-        self, pipe: IO[bytes] | None, prefix: str, out: TextIO, on_line: Callable[[str], None] | None = None
+        self, pipe: IO[bytes] | None, prefix: str, out: TextIO, on_line: Callable[[str], bool | None] | None = None
     ) -> None:  # Popen(stdout=PIPE).stdout
         super().__init__(daemon=True)
         self.pipe, self.prefix, self.out, self.on_line = pipe, prefix, out, on_line
@@ -326,8 +333,8 @@ class Stream(threading.Thread):
             return
         for raw in iter(self.pipe.readline, b""):
             line = raw.decode(errors="replace").rstrip("\n")
-            if self.on_line is not None:
-                self.on_line(line)
+            if self.on_line is not None and self.on_line(line):
+                continue  # the launcher's own marks (watchdog.PROGRESS_MARK) are not the job's output
             with Stream.lock:
                 self.out.write(f"{self.prefix}{line}\n")
                 self.out.flush()
@@ -356,17 +363,30 @@ def run_everywhere(
     carried: dict[str, str] | None = None,
     per_pod_ranks: bool = False,
     debug_host: str = "localhost",
+    run_id: str = "",
 ) -> int:
     procs: dict[int, subprocess.Popen] = {}
     streams: list[Stream] = []
-    hello = (json.dumps({"env": carried or {}, "per_pod": per_pod_ranks}) + "\n").encode()
+    launcher = cluster.pods[cluster.me] if 0 <= cluster.me < len(cluster.pods) else ""
+    hello = (json.dumps({"env": carried or {}, "per_pod": per_pod_ranks, "run": run_id, "launcher": launcher}) + "\n").encode()
     stopped: list[str] = []  # why a pod stopped its rank (the agent's POD_STOP_MARK line), the first one
     pod_stop = threading.Event()
+    # no output and no progress mark for lifecycle.stallVerdictSeconds: `ml-dev why`, once per stall (watchdog.py)
+    seconds = stall_seconds() if run_id else 0
+    dog = Watchdog(seconds, lambda: verdict_now(run_id, sys.stderr)) if seconds else None
 
-    def on_line(line: str) -> None:
+    def on_line(line: str) -> bool:
+        if dog is not None:
+            dog.progress()
         if POD_STOP_MARK in line and not pod_stop.is_set():
             stopped.append(line.split(POD_STOP_MARK, 1)[1])
             pod_stop.set()
+        return line == PROGRESS_MARK
+
+    def on_out(line: str) -> bool:
+        if dog is not None:
+            dog.progress()
+        return False
 
     for rank in range(len(cluster.hosts)):
         agent = [PY, str(HERE / "ml-dev"), "_rank", "--env-stdin", "--cwd", str(cwd)]
@@ -390,9 +410,11 @@ def run_everywhere(
             pass  # the rank failed at once: its exit status says why
         width = len(str(len(cluster.hosts) - 1))
         prefix = f"[{rank:>{width}}] "
-        streams += [Stream(proc.stdout, prefix, sys.stdout), Stream(proc.stderr, prefix, sys.stderr, on_line)]
+        streams += [Stream(proc.stdout, prefix, sys.stdout, on_out), Stream(proc.stderr, prefix, sys.stderr, on_line)]
     for s in streams:
         s.start()
+    if dog is not None:
+        dog.start()
     if debug_rank is not None:
         print(debug_line(cluster, debug_rank, debug_host), flush=True)
 
@@ -415,6 +437,8 @@ def run_everywhere(
                 break
             time.sleep(0.1)
     finally:
+        if dog is not None:
+            dog.stop.set()
         if pod_stop.is_set():
             # one pod's stop is the job's stop: every other rank gets the checkpoint signal and the grace now,
             # not when its own pod stops (a rolling update replaces one pod at a time; a rank left running would
@@ -500,8 +524,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:  # the sync's question to every pod (its tree's hash) is the reachability probe
         sync(cluster, tree_root(cwd), timeout=args.timeout)
     secrets.require(cluster)
-    with Heartbeat("run", {"command": args.command, "cwd": str(cwd), "pods": cluster.pods}):
-        return run_everywhere(cluster, args.command, cwd, args.debug, not args.no_wait, launch_env(args.env), args.per_pod, args.debug_host)
+    run_id = new_run_id()
+    with Heartbeat("run", {"command": args.command, "cwd": str(cwd), "pods": cluster.pods, "run": run_id}):
+        return run_everywhere(
+            cluster, args.command, cwd, args.debug, not args.no_wait, launch_env(args.env), args.per_pod, args.debug_host, run_id
+        )
 
 
 def cmd_exec(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@
     ml-dev exec -- nvidia-smi              run on every pod, output prefixed by rank
     ml-dev status                          pods, reachability, ranks, GPUs, RDMA devices, SSH sessions, idle agent's view
     ml-dev status --all                    every environment of the namespace: owner, size, state, GPU-hours 7 days
+    ml-dev why                             which rank of the running job is stuck, and where (every rank's stack)
 
 Delivered by the stack in the <app>-startup ConfigMap (mounted at /opt/ml-dev-env), so it works in any
 image with Python 3.8+, OpenSSH and rsync. Reads the rank contract only: $ML_DEV_STATE_DIR/rank.env
@@ -24,19 +25,21 @@ and rank-<pid>.json (on every pod running a rank) are rewritten every 10 s and r
 
 The program is split at its seams, modules shipped next to it in the same ConfigMap (inpod.SHIPPED):
 common (paths, rank contract, environment rule, the pods), sync (the synced tree and the sync), fanout (its copy),
-launch (run, exec and the per-pod `_rank`) and status; this file holds the command line.
+launch (run, exec and the per-pod `_rank`), status and why (sampler, collectives, watchdog); this file holds the command line.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-from .common import DEBUG_PORT, FROM_RANK_FILE, PER_POD_ENV
+from .common import DEBUG_PORT, FROM_RANK_FILE, HERE, PER_POD_ENV
 from .fanout import cmd_relay
 from .launch import cmd_exec, cmd_rank, cmd_run
 from .status import cmd_status
 from .sync import cmd_apply, cmd_check, cmd_sync
+from .watchdog import WHY_LAUNCHER
 
 ENV_RULE = (
     "Environment of every rank: the pod's container env, its rank.env (NODE_RANK, NNODES, MASTER_ADDR, ...),\n"
@@ -106,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     # ml-dev exec: what the command leaves running when it ends on its own (a daemon it started) is left alone
     rank.add_argument("--leave-rest", action="store_true")
     rank.add_argument("command", nargs=argparse.REMAINDER)
+    sub.add_parser("why", help="which rank is stuck, and where: every rank's stack from every pod, one verdict (ml-dev why -h)")
+    given = sys.argv[1:] if argv is None else argv
+    if given[:1] == ["why"]:  # its own program (why.py): run and the rank agents never load the sampler and the merge
+        os.execv(sys.executable, [sys.executable, str(HERE / WHY_LAUNCHER), *given])
     args = parser.parse_args(argv)
     if getattr(args, "command", None) and args.command[:1] == ["--"]:
         args.command = args.command[1:]

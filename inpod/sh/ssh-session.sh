@@ -7,6 +7,11 @@
 # 2. The container's environment (the pod env, like `oc exec`), the rank environment (rank.env) and the keys of
 #    env.secrets from this pod's Secret mounts.
 # 3. Runs the requested command (ssh host cmd, rsync, pdsh, sftp) or a login shell.
+# The record's lines: start time, user, $SSH_CLIENT (address, port: one TCP connection), and $ML_DEV_RUN, the
+# pid of the `ml-dev` launcher that opened the session (ml-dev's ssh sends it, `SendEnv`, and sshd.sh's `AcceptEnv` takes
+# it; empty: a person's session; inpod/contract.py RUN_ENV). The home page counts people's connections, not ml-dev's.
+OPENED_BY="${ML_DEV_RUN:-}"
+unset ML_DEV_RUN
 STATE_DIR="${ML_DEV_STATE_DIR:-/tmp/ml-dev-env}"
 if [ -r "$STATE_DIR/ssh/session.env" ]; then
   # shellcheck disable=SC1091
@@ -19,7 +24,7 @@ case ":$PATH:" in *":$HERE:"*) ;; *) export PATH="$PATH:$HERE" ;; esac
 sessions="$STATE_DIR/ssh-sessions"
 if [ -d "$sessions" ]; then
   read -r -a stat < "/proc/$$/stat" || stat=()
-  printf '%s\n%s\n%s\n' "${stat[21]:-}" "${USER:-}" "${SSH_CLIENT:-}" > "$sessions/$$" 2>/dev/null || true
+  printf '%s\n%s\n%s\n%s\n' "${stat[21]:-}" "${USER:-}" "${SSH_CLIENT:-}" "$OPENED_BY" > "$sessions/$$" 2>/dev/null || true
 fi
 if [ -r "$STATE_DIR/rank.env" ]; then
   # shellcheck disable=SC1091

@@ -247,6 +247,7 @@ PermitEmptyPasswords no
 StrictModes yes
 UsePAM no
 PermitUserEnvironment no
+AcceptEnv ML_DEV_RUN
 AllowUsers $LOGIN
 X11Forwarding no
 AllowTcpForwarding yes

@@ -90,6 +90,7 @@ EXACT = {
     contract.IDLE_STATUS_FILE,
     contract.HOME_ADDR,
     contract.SSH_SESSIONS_DIR,
+    contract.RUN_ENV,
     contract.FABRIC_LATEST,
     contract.STACK_LABEL,
     contract.CLUSTER_LABEL,

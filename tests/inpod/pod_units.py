@@ -311,15 +311,18 @@ class Plots(unittest.TestCase):
     def test_home_page_escapes_what_users_write(self) -> None:
         home = load("inpod.home.page")
         with tempfile.TemporaryDirectory() as tmp, mock_env(ML_DEV_STATE_DIR=tmp, ML_DEV_WORKSPACE=tmp, ML_DEV_HOME_AGENTS=""):
-            beats = Path(tmp, "heartbeat")
-            beats.mkdir()
             now = __import__("time").time()
-            record = {"command": ["python", "<img src=x onerror=alert(1)>"], "cwd": "/w/<b>", "pods": [], "started": now, "alive_at": now}
-            (beats / "run-1.json").write_text(json.dumps(record))
-            page = home.fragment(home.Collector(), now)
-        self.assertNotIn("<img src=x", page)
-        self.assertIn("&lt;img src=x onerror=alert(1)&gt;", page)
-        self.assertIn("/w/&lt;b&gt;", page)
+            run = {"pid": 1, "command": ["python", "<img src=x onerror=alert(1)>"], "cwd": "/w/<b>", "pods": [], "started": now}
+            session = {"pid": 2, "user": "<i>u</i>", "connection": "10.0.0.1 5000", "run": ""}
+            report = {"signals": [{"name": "launcher", "ok": True, "detail": {"runs": ["run-1.json"], "launches": [run]}},
+                                  {"name": "ssh", "ok": True, "detail": {"sessions": [session]}}]}  # fmt: skip
+            col = home.Collector(Path(tmp, "history.json"))
+            col.pods, col.reports = ["<u>pod</u>"], {"<u>pod</u>": report}
+            page = home.fragment(col, now)
+        for raw in ("<img src=x", "<b>", "<i>u", "<u>pod"):
+            self.assertNotIn(raw, page)
+        for shown in ("&lt;img src=x onerror=alert(1)&gt;", "/w/&lt;b&gt;", "&lt;i&gt;u&lt;/i&gt; from 10.0.0.1", "&lt;u&gt;pod&lt;/u&gt;"):
+            self.assertIn(shown, page)
 
 
 @contextlib.contextmanager

@@ -123,7 +123,7 @@ def test_every_launcher_is_three_lines_importing_its_package() -> None:
     """bin/: `#!/usr/bin/env python3`, one absolute import of the package's `main`, `raise SystemExit(main())`;
     no sys.path edit (Python puts the launcher's real directory, which holds inpod/, first on sys.path)."""
     launchers = [s for s in inpod.SHIPPED if s.source.startswith("bin/")]
-    assert {s.path for s in launchers} == {"ml-dev", "fabric_check.py", "idle_agent.py", "home_page.py", "usage.py"}
+    assert {s.path for s in launchers} == {"ml-dev", "ml-dev-why", "fabric_check.py", "idle_agent.py", "home_page.py", "usage.py"}
     for s in launchers:
         lines = inpod.text(s.key).splitlines()
         assert len(lines) == 3 and lines[0] == "#!/usr/bin/env python3" and lines[2] == "raise SystemExit(main())", s

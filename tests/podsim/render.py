@@ -119,3 +119,17 @@ def container_env(
 
 def main_container(statefulset: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     return next(c for c in statefulset["spec"]["template"]["spec"]["containers"] if c["name"] == name)
+
+
+def pod_rules(result: Any) -> list[dict[str, Any]]:
+    """The RBAC rules of the pods' ServiceAccount in a render: every rule of every Role that a RoleBinding of the render
+    binds to the StatefulSet's serviceAccountName (what the API would allow a pod, the home page's reads included)."""
+    resources = list(result.resources)
+    sts = next(r.inputs for r in resources if r.kind == "StatefulSet")
+    account = sts["spec"]["template"]["spec"].get("serviceAccountName", "default")
+    roles = {r.inputs["metadata"]["name"]: r.inputs.get("rules") or [] for r in resources if r.kind == "Role"}
+    rules: list[dict[str, Any]] = []
+    for b in (r.inputs for r in resources if r.kind == "RoleBinding"):
+        if any(s.get("kind") == "ServiceAccount" and s.get("name") == account for s in b.get("subjects") or []):
+            rules += roles[b["roleRef"]["name"]]
+    return rules

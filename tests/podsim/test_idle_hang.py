@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 
 from inpod import contract as pod_contract
-from tests.inpod.idle.conftest import ROLE, TOKEN, FakeApiServer, load_agent
+from tests.inpod.idle.conftest import TOKEN, FakeApiServer, load_agent
 from tests.podsim.idlestop import STATE, IdleSim, mine, wait_for, with_idle_stop
 from tests.podsim.pods import missing_requirements, render_stack
+from tests.podsim.render import pod_rules
 
 REASON = missing_requirements()
 pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}")]
@@ -38,7 +39,7 @@ print(json.dumps({"seconds": time.monotonic() - t0, "report": report}))
 def sim() -> Iterator[tuple[IdleSim, FakeApiServer]]:
     """Two pods, the idle stop on, a round every 2 s; the bound for an unreachable pod far above the tests' length."""
     result = render_stack("barcelona", with_idle_stop)
-    api = FakeApiServer(result.one(ROLE, "gpu-idle-agent").inputs["rules"])
+    api = FakeApiServer(pod_rules(result))  # the pods' ServiceAccount: the agent's Role, the reader's (the home page)
     sim = IdleSim(result, settings={"intervalSeconds": 2, "unreachableSeconds": 600}, api=api, token=TOKEN)
     try:
         sim.start()

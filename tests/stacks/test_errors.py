@@ -263,6 +263,18 @@ CASES: list[tuple[str, str, Mutation, str]] = [
         "NetworkAttachmentDefinition per NIC: expected 4 entries (per-NIC lists: attachments 3, sriovResources 4, hcas 4, "
         "socketInterfaces 4)",
     ),
+    (
+        "stall verdict time too short to sample",
+        "nerc-production",
+        setter("lifecycle.stallVerdictSeconds", 5),
+        "ml-dev-env:lifecycle.stallVerdictSeconds: got 5; 0 (never) or 10 to 86400 seconds (the verdict itself takes a few seconds)",
+    ),
+    (
+        "stall verdict time negative",
+        "barcelona",
+        setter("lifecycle.stallVerdictSeconds", -1),
+        "ml-dev-env:lifecycle.stallVerdictSeconds: got -1;",
+    ),
 ]
 
 

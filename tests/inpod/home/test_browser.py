@@ -26,7 +26,9 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.inpod.home.browser import APPS, CHROMIUM, DRIVER, NO_BROWSER, js, open_browser
-from tests.inpod.home.pods import HOME_PORT, INJECTED, HomePods
+from tests.inpod.home.numbers import shown
+from tests.inpod.home.pods import HOME_PORT, INJECTED, STATE, HomePods
+from tests.inpod.home.truth import PageTruth
 from tests.podsim.netns import in_netns
 from tests.podsim.pods import leftovers, missing_requirements
 
@@ -73,22 +75,69 @@ def style_of(driver: Any, selector: str, prop: str) -> str:
     )
 
 
+FETCH = "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())"
+LAYOUT = """
+var out = {overflow: [], small: [], boxes: {}, viewport: [window.innerWidth, window.innerHeight]};
+document.querySelectorAll('body *').forEach(function (e) {
+  if (e.closest('svg') && e.tagName.toLowerCase() !== 'text') { return; }
+  if (['script', 'style', 'title'].indexOf(e.tagName.toLowerCase()) >= 0) { return; }
+  var name = e.tagName.toLowerCase() + (e.id ? '#' + e.id : '');
+  if (e.scrollWidth !== undefined && e.scrollWidth > e.clientWidth && getComputedStyle(e).display !== 'inline') {
+    out.overflow.push(name + ' ' + e.scrollWidth + '>' + e.clientWidth);
+  }
+  var text = Array.from(e.childNodes).some(function (n) { return n.nodeType === 3 && n.textContent.trim(); });
+  if (text && parseFloat(getComputedStyle(e).fontSize) < 12) { out.small.push(name + ' ' + getComputedStyle(e).fontSize); }
+});
+['card-idle', 'pods', 'fabric-curve'].forEach(function (id) {
+  var r = document.getElementById(id).getBoundingClientRect();
+  out.boxes[id] = [r.left, r.top, r.right, r.bottom];
+});
+return out;
+"""
+
+
+def viewport(browser: Any, width: int, height: int, mobile: bool = False) -> None:
+    """The page's viewport exactly (Chrome DevTools Protocol Emulation.setDeviceMetricsOverride), not the window's."""
+    metrics = {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": mobile}
+    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
+
+
+def layout_problems(browser: Any, first_screen: bool) -> list[str]:
+    """Elements wider than their box, text under 12 px, and (first screen) the idle card, the pods table and the
+    whole fabric curve outside the viewport."""
+    found = js(browser, LAYOUT)
+    problems = [f"wider than its box: {found['overflow']}"] if found["overflow"] else []
+    problems += [f"text under 12 px: {found['small']}"] if found["small"] else []
+    width, height = found["viewport"]
+    for name, (left, top, right, bottom) in found["boxes"].items() if first_screen else ():
+        if left < 0 or top < 0 or right > width or bottom > height:
+            problems.append(f"{name} at {left:.0f},{top:.0f}-{right:.0f},{bottom:.0f} is not in the first {width}x{height} screen")
+    return problems
+
+
 def test_home_page_in_chromium_on_the_rendered_pods(pods: HomePods, tmp_path: Path) -> None:
     result = pods.gate()  # the real gate on pod 0: slow everywhere, so it fails and localises
     assert result["status"] == "fail" and result["plateauBusbw"] < result["expectation"]["pass_busbw_gbs"], result
     latest_svg = pods.pods[0].path("/workspace/.ml-dev-env/fabric/latest.svg").read_text()
     assert latest_svg.lstrip().startswith("<svg") and result["sizes"], "the gate wrote its curve next to its JSON"
+    # the API where the pods reach it, under the render's RBAC of the pods' ServiceAccount, with a usage record
+    truth = PageTruth(pods, result)
+    api = truth.serve_usage(tmp_path)
     url = f"http://{pods.app}-home-{pods.namespace}.{APPS}:{HOME_PORT}/"
     procs: list[Any] = []
 
     def browse() -> None:
         browser = open_browser(tmp_path / "profile", tmp_path / "driver.log")
         try:
-            check(browser)
+            look(browser)
         finally:
             browser.quit()
 
-    def check(browser: Any) -> None:
+    def settle(browser: Any, make: Callable[[], dict[str, Any]], what: str) -> None:
+        truth.settle(lambda: str(js(browser, "return document.documentElement.outerHTML;")), make, what)
+
+    def look(browser: Any) -> None:
+        viewport(browser, 1280, 800)
         browser.get(url)
         wait(
             browser,
@@ -103,52 +152,85 @@ def test_home_page_in_chromium_on_the_rendered_pods(pods: HomePods, tmp_path: Pa
         wait(browser, lambda: bool(js(browser, curve)), "the curve", pods)
         # the curve shown is the one the gate drew beside its JSON (state dir and workspace hold the same)
         fetch = "var done = arguments[0]; fetch('fabric.svg').then(function (r) { return r.text(); }).then(done);"
-        shown = browser.execute_async_script(fetch)
-        assert shown == latest_svg, "the page shows another curve than the gate's latest.svg"
+        shown_svg = browser.execute_async_script(fetch)
+        assert shown_svg == latest_svg, "the page shows another curve than the gate's latest.svg"
 
-        # busy: GPU 0 of pod 0 at 87 %, a real `ml-dev run` on both pods whose command line carries a script,
-        # an SSH session into pod 0 (from pod 1, over the SSH fabric: its ForceCommand records it)
+        # busy: GPU 0 of pod 0 at 87 %, of pod 1 at 40 %; a real `ml-dev run` on both pods whose command line carries
+        # a script; two people's SSH connections into pod 0 (from pod 1) and one into pod 1 (from pod 0), over the
+        # SSH fabric (its ForceCommand records them)
         pods.gpu(0, 87)
+        pods.gpu(1, 40)
         procs.append(pods.run("python3", "train.py", INJECTED))
-        procs.append(pods.popen(1, f"exec ssh {pods.app}-0 'sleep 120'"))
-        wait(
-            browser,
-            lambda: (
-                "GPU 0: 87% busy" in text_of(browser, "pods")
-                and "train.py" in text_of(browser, "live")
-                and "in use" in text_of(browser, "idle-state")
-                and js(browser, "return document.querySelectorAll('li.ssh').length;") == 1
-            ),
-            "busy",
-            pods,
-        )
+        # (`cat` of the channel's stdin, held open here: it ends with the connection; a command that reads nothing
+        # outlives it, sshd ends no process of a session without a terminal)
+        people = [pods.popen(1 - (k == 2), f"exec ssh {pods.app}-{int(k == 2)} cat < <(exec sleep 300)") for k in range(3)]
+        procs.extend(people)
+        ip = [p.ip for p in pods.pods]
+
+        def busy() -> dict[int, list[tuple[str, str]]]:
+            login = {s["user"] for i in (0, 1) for s in pods.sessions(i)}  # the pods' login user: people and ml-dev log in as it
+            user = login.pop() if len(login) == 1 else f"one login user, not {login}"
+            return {0: [(user, ip[1]), (user, ip[1])], 1: [(user, ip[0])]}
+
+        settle(browser, lambda: truth.expected(busy(), {0: 1, 1: 1}, {0: 87, 1: 40}), "two connections into pod 0, one into pod 1, one run")
         assert browser.execute_script("return window.__notReloaded === true;"), "the page refreshed by a full reload"
         assert style_of(browser, "#pods .gpu.busy", "backgroundColor") == "rgb(30, 142, 62)", "a busy GPU shows busy (green)"
         runs = js(browser, "return Array.from(document.querySelectorAll('li.run code')).map(function (c) { return c.textContent; });")
         assert any(INJECTED in r for r in runs), runs
         assert browser.execute_script("return window.__xss;") is None, "the injected script ran"
         assert not browser.find_elements("xpath", "//script[contains(., '__xss')]"), "the injected script became an element"
-        plots = "return document.querySelectorAll('#pods svg polyline').length;"
-        wait(browser, lambda: js(browser, plots) >= 2, "the utilisation plots", pods)
+        assert api.denied == [], f"the render's RBAC refused the pods' reads: {api.denied}"
         # links to the IDEs: their Routes, siblings of this page's own
         hrefs = js(browser, "return Array.from(document.querySelectorAll('a.ide')).map(function (a) { return a.getAttribute('href'); });")
         expected = [f"http://{pods.app}-{server}-{pods.namespace}.{APPS}/" for server in ("vscode", "jupyter", "tensorboard")]
         assert hrefs == expected, hrefs
-
-        errors = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
-        assert not errors, errors
+        # the first screen at 1280x800: idle state, pods, the whole fabric curve; nothing overflows, no text under 12 px
+        assert not (problems := layout_problems(browser, first_screen=True)), problems
         write = os.environ.get("ML_DEV_WRITE_SCREENSHOTS") == "1"
         shot = SCREENSHOT if write else tmp_path / "home-page.png"
         shot.parent.mkdir(parents=True, exist_ok=True)
         assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
         if write:  # the docs' fabric-check page shows the curve this failed gate drew
             (SCREENSHOT.parent / "fabric-gate.svg").write_text(latest_svg)
+        viewport(browser, 390, 844, mobile=True)
+        assert not (problems := layout_problems(browser, first_screen=False)), problems
+        viewport(browser, 1280, 800)
+
+        errors = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
+        assert not errors, errors
+
+        # the page's server restarts mid-run: the plots keep the samples it held (the same "since")
+        before = {p.name: shown(str(js(browser, "return document.documentElement.outerHTML;")))[0][f"since:{p.name}"] for p in pods.pods}
+        restart_page()
+        wait(browser, lambda: "idle-state" in str(js(browser, "return document.body.innerHTML;")), "the restarted page", pods)
+        kept = {f"since:{name}": value for name, value in before.items()}
+        settle(browser, lambda: {**truth.expected(busy(), {0: 1, 1: 1}, {0: 87, 1: 40}), **kept}, "the restarted page")
+
+        # one connection closes, the run ends: the page follows
+        pods.interrupt(people[0])
+        people[0].communicate(timeout=30)
+        pods.interrupt(procs[0])
+        procs[0].communicate(timeout=60)
+        settle(browser, lambda: truth.expected({0: busy()[0][1:], 1: busy()[1]}, {0: 0, 1: 0}, {0: 87, 1: 40}), "one closed, the run ended")
+        # while the server restarted, the page's refresh was refused (and said so): nothing else
+        errors = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
+        assert all(e["message"].endswith("/fragment - Failed to load resource: net::ERR_CONNECTION_REFUSED") for e in errors), errors
+
+    def restart_page() -> None:
+        ps = pods.exec(0, "ps -o pid=,args= -e").stdout
+        (pid,) = [line.split()[0] for line in ps.splitlines() if "home_page.py serve" in line]
+        assert pods.exec(0, f"kill {pid}").returncode == 0
+        pods.pods[0].path(f"{STATE}/home.addr").unlink()
+        procs.append(pods.popen(0, f"exec python3 /opt/ml-dev-env/home_page.py serve --listen 127.0.0.1:{HOME_PORT}"))
+        pods.wait_for(0, f"{STATE}/home.addr")
 
     try:
-        in_netns(f"/run/netns/{pods.pods[0].netns}", browse, timeout=240)
+        in_netns(f"/run/netns/{pods.pods[0].netns}", browse, timeout=280)
     finally:
+        truth.close()
         for proc in procs:
-            pods.interrupt(proc)
+            if proc.poll() is None:
+                pods.interrupt(proc)
             try:
                 proc.communicate(timeout=30)
             except Exception:

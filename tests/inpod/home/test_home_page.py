@@ -3,18 +3,21 @@ pods started from the barcelona render (tests/inpod/home/conftest.py)."""
 
 from __future__ import annotations
 
-import html
 import json
 import re
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 import inpod
+from inpod import contract
 from tests.conftest import ROOT
 from tests.inpod.home.conftest import INJECTED, Environment, fabric_result, load, pods_required
+from tests.inpod.home.truth import PageTruth
 from tests.inpod.test_pythons import interpreter
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -31,32 +34,52 @@ def until(env: Environment, ok: Callable[[str], bool], what: str, timeout: float
     raise AssertionError(f"the page never showed {what}:\n{page}\n--- log:\n{env.log()}")
 
 
+def session(env: Environment, index: int, user: str, client: str, run: str = "") -> None:
+    """A live SSH session on pod `index` as sshd runs it: the SSH fabric's ForceCommand with the session's env
+    (`run`: the ML_DEV_RUN an `ml-dev` launcher's ssh sends, AcceptEnv)."""
+    before = len(env.pods.sessions(index))
+    extra = {contract.RUN_ENV: run} if run else {}
+    variables = {"SSH_ORIGINAL_COMMAND": "exec sleep 120", "USER": user, "SSH_CLIENT": client, **extra}
+    proc = env.pods.popen(index, "exec bash /opt/ml-dev-env/ssh-session.sh", env=variables)
+    env.procs.append(proc)
+    deadline = time.monotonic() + 30
+    while len(env.pods.sessions(index)) <= before:
+        assert time.monotonic() < deadline and proc.poll() is None, "ssh-session.sh wrote no session record"
+        time.sleep(0.1)
+
+
 @pytest.mark.root
 @pytest.mark.timeout(300)
 @pods_required
-def test_idle_then_busy_environment(environment: Environment) -> None:
+def test_every_number_on_the_page_is_what_the_test_made(environment: Environment, tmp_path: Path) -> None:
+    """Idle, then busy: a real `ml-dev run` (a rank on each pod), GPU 0 of pod 0 at 87 %, alice's connection into pod 0
+    with two sessions, bob's, an `ml-dev` session into pod 1 (the launcher's own: not a person's), a usage record
+    served under the render's RBAC of the pods' ServiceAccount. Every value the page shows is enumerated and equals
+    the truth; the page's only API read is the one the render allows."""
     env = environment
-    last = f"GPU {env.pods.gpus - 1}: 0%"
-    page = until(env, lambda p: "ml-dev-env-1" in p and "idle: stops at" in p and last in p, "both pods, idle")
-    assert re.search(r'id="idle-state" class="warn">idle: stops at \d\d:\d\d:\d\d UTC', page)
-    assert "node node-1" in page, "the agent's report names the node (spec.nodeName)"
-    # the failed gate, red, with its diagnosis from the real program
-    result = fabric_result(env)
-    assert result["status"] == "fail"
-    assert f'id="fabric-status" class="bad">FAIL at {result["time"]}: plateau {result["plateauBusbw"]} GB/s' in page
-    assert all(html.escape(d) in page for d in result["diagnosis"]), result["diagnosis"]
-    env.busy()
-    # the GPU table follows the page's own sampling, the idle state pod 0's agent's next round: wait for both. Pod 0's
-    # row: alice's session, and the run with its rank on pod 0 (`ml-dev run` writes run- and rank- heartbeats there)
-    busy = ("GPU 0: 87% busy", 'class="run"', 'class="ssh"', 'id="idle-state" class="ok">in use', "<td>1 SSH, 2 ml-dev</td>")
-    page = until(env, lambda p: all(b in p for b in busy), "pod 0 busy")
-    assert INJECTED not in page and "&lt;script&gt;window.__xss = 1&lt;/script&gt;" in page
-    assert "&lt;b&gt;alice&lt;/b&gt; from 10.128.2.7" in page and "<b>alice" not in page
-    # GPU plots of the sampled hour: one SVG per pod once two samples exist
-    page = until(env, lambda p: p.count("<svg") >= 2, "the utilisation plots")
-    first = page[page.index("<svg") : page.index("</svg>") + 6]
-    ET.fromstring(first)
-    assert re.search(r"GPU-hours since \d\d:\d\d:\d\d UTC: \d+\.\d\d held", page)
+    truth = PageTruth(env.pods, env.result)
+    api = truth.serve_usage(tmp_path)
+    try:
+        nobody: dict[int, list[tuple[str, str]]] = {0: [], 1: []}
+        truth.settle(lambda: env.get("fragment"), lambda: truth.expected(nobody, {0: 0, 1: 0}, {0: 0, 1: 0}), "nothing running")
+        env.busy()  # GPU 0 of pod 0 at 87 %, the run, alice's session into pod 0 from 10.128.2.7
+        session(env, 0, "<b>alice</b>", "10.128.2.7 50122 2222")  # the same connection: a second session, counted once
+        session(env, 0, "bob", "10.128.2.9 40000 2222")
+        session(env, 1, "ml-dev", "10.128.0.10 42000 2222", run="811")  # ml-dev's own (a rank start)
+        people = {0: [("<b>alice</b>", "10.128.2.7"), ("bob", "10.128.2.9")], 1: []}
+
+        def busy() -> dict[str, Any]:
+            return {**truth.expected(people, {0: 1, 1: 1}, {0: 87, 1: 0}), "conn-sessions:ml-dev-env-0": "2"}
+
+        page = truth.settle(lambda: env.get("fragment"), busy, "busy")
+        assert INJECTED not in page and "&lt;script&gt;window.__xss = 1&lt;/script&gt;" in page and "<b>alice" not in page
+        first = page[page.index("<svg") : page.index("</svg>") + 6]
+        ET.fromstring(first)
+        # the page's one API call, which the render lets the pods' ServiceAccount make (the agents here make none)
+        read = ("GET", f"/api/v1/namespaces/{env.pods.namespace}/configmaps?fieldSelector=metadata.name%3D{env.pods.app}-usage")
+        assert set(api.requests) == {read} and api.denied == [], (api.denied, set(api.requests))
+    finally:
+        truth.close()
 
 
 @pytest.mark.root

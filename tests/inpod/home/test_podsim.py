@@ -46,13 +46,16 @@ def test_home_page_as_the_render_starts_it(pods: HomePods) -> None:
     assert f"127.0.0.1:{HOME_PORT}" in pods.wait_for(0, f"{STATE}/home.addr")
     assert "APP_NAME" not in pods.pods[0].env, "the render does not give the app name; the page derives it from POD_NAME"
     page = get(pods)
-    assert f'data-app="{pods.app}" data-namespace="{pods.namespace}"' in page and f"<title>{pods.app} home</title>" in page
+    assert (
+        f'data-app="{pods.app}" data-namespace="{pods.namespace}"' in page
+        and f"<title>{pods.app} in {pods.namespace} · home</title>" in page
+    )
     servers = pods.pods[0].env["ML_DEV_SERVERS"].split()
     assert [s for s in ("vscode", "jupyter", "tensorboard") if f'data-server="{s}"' in page] == servers[:3]
     # both agents through rank.env and the stub cluster DNS (no test override of the agents' addresses)
     assert "ML_DEV_HOME_AGENTS" not in pods.pods[0].env
     deadline = time.monotonic() + 30
-    while not all(f"node node-{i}" in (fragment := get(pods, "fragment")) for i in (0, 1)):
+    while not all(f'data-k="node:{pods.app}-{i}">node-{i}<' in (fragment := get(pods, "fragment")) for i in (0, 1)):
         assert time.monotonic() < deadline, fragment
         time.sleep(0.2)
     # a ConfigMap update swaps ..data and removes the directory the page started from: it keeps drawing

@@ -89,6 +89,7 @@ class FakeApiServer:
             "metadata": {"name": f"{APP}-idle-stop", "namespace": NS, "resourceVersion": "7"},
             "data": {},
         }
+        self.usage: dict[str, str] | None = None  # the `<app>-usage` record's data (None: no such ConfigMap)
         self.events: list[dict[str, Any]] = []
         self.scales: list[dict[str, Any]] = []
         self.requests: list[tuple[str, str]] = []
@@ -148,6 +149,12 @@ class FakeApiServer:
             return 404, {"kind": "Status", "code": 404}
         resource, name, sub = rest[2], (rest[3] if len(rest) > 3 else None), (rest[4] if len(rest) > 4 else None)
         verb = {"GET": "get", "PUT": "update", "PATCH": "patch", "POST": "create"}[method]
+        if method == "GET" and name is None:
+            # a collection: `list`, and a field selector on one name is authorized as that name (kubernetes
+            # staging/src/k8s.io/apiserver/pkg/endpoints/request/requestinfo.go NewRequestInfo)
+            verb = "list"
+            selected = dict(f.split("=", 1) for f in (query.get("fieldSelector") or [""])[0].split(",") if "=" in f)
+            name = selected.get("metadata.name")
         full = f"{resource}/{sub}" if sub else resource
         if not authorize(self.rules, verb, group, full, name):
             self.denied.append(f"{verb} {group}/{full}/{name}")
@@ -168,6 +175,10 @@ class FakeApiServer:
                 assert headers.get("Content-Type") == "application/merge-patch+json"
                 self.configmap["data"] = {**self.configmap["data"], **body.get("data", {})}
             return 200, self.configmap
+        if (group, resource, verb) == ("", "configmaps", "list"):  # the usage record only
+            usage = {"metadata": {"name": f"{APP}-usage", "namespace": NS}, "data": self.usage}
+            items = [usage] if self.usage is not None and name in (None, f"{APP}-usage") else []
+            return 200, {"kind": "ConfigMapList", "apiVersion": "v1", "items": items}
         if (group, resource, method) == ("", "events", "POST"):
             self.events.append(body)
             return 201, body

@@ -17,10 +17,11 @@ from typing import Any
 
 import pytest
 
-from tests.inpod.idle.conftest import APP, NS, ROLE, TOKEN, FakeApiServer
+from tests.inpod.idle.conftest import APP, NS, TOKEN, FakeApiServer
 from tests.inpod.idle.test_idle_agent import assert_event_shape
 from tests.podsim.idlestop import STATE, IdleSim, mine, no_dev_servers, wait_for
 from tests.podsim.pods import REPO, missing_requirements, render_stack
+from tests.podsim.render import pod_rules
 
 REASON = missing_requirements()
 pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}")]
@@ -57,7 +58,7 @@ def idle_render() -> Any:
 @pytest.fixture(scope="module")
 def untouched(idle_render: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[IdleSim, FakeApiServer, float, float]]:
     """Two pods nobody touches, from their start until pod 0's agent has scaled to 0 and the worker shows the warning."""
-    api = FakeApiServer(idle_render.one(ROLE, "gpu-idle-agent").inputs["rules"])
+    api = FakeApiServer(pod_rules(idle_render))  # the pods' ServiceAccount: the agent's Role, the reader's (the home page)
     sim = IdleSim(idle_render, settings={**QUICK, "servers": []}, api=api, token=TOKEN)
     try:
         started = time.time()
@@ -119,7 +120,7 @@ def test_busy_gpu_that_prints_nothing_is_never_stopped_then_idle_stops_in_time(t
         objects["access"]["jupyter"] = True
 
     render = render_stack("barcelona", jupyter_on)
-    api = FakeApiServer(render.one(ROLE, "gpu-idle-agent").inputs["rules"])
+    api = FakeApiServer(pod_rules(render))  # the pods' ServiceAccount: the agent's Role, the reader's (the home page)
     programs = {"/usr/local/bin/jupyter": JUPYTER}
     sim = IdleSim(render, settings={**QUICK, "servers": ["jupyter"]}, api=api, token=TOKEN, image_programs=programs)
     sim.node.overrides[1] = {"gpu_util": {str(i): 97 for i in range(sim.gpus)}, "gpu_mem_util": {str(i): 40 for i in range(sim.gpus)}}

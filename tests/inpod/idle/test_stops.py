@@ -33,6 +33,7 @@ from tests.inpod.idle.conftest import ROLE, TOKEN, FakeApiServer
 from tests.podsim import stopjob
 from tests.podsim.idlestop import IdleSim, complete, mine, wait_for, with_grace, with_idle_stop
 from tests.podsim.pods import PodSim, missing_requirements, render_stack
+from tests.podsim.render import pod_rules
 
 REASON = missing_requirements()
 pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}")]
@@ -272,7 +273,9 @@ def test_an_unreachable_worker_is_shown_by_ml_dev_status_and_stops_holding_the_i
 def test_the_idle_stop_scales_to_zero_from_the_pod_and_the_pods_end_in_time(idle_render: Any) -> None:
     """Pod 1 off the network: after the bound an IdleAgentPodUnreachable Event, and it no longer holds the stop:
     pod 0's agent scales to 0 (its record names pod 1); then both pods end through the kubelet's termination."""
-    rules = idle_render.one(ROLE, "gpu-idle-agent").inputs["rules"]
+    # every Role bound to the pods' ServiceAccount: the agent's, and the reader's (the home page on pod 0 reads the usage record)
+    rules = pod_rules(idle_render)
+    assert idle_render.one(ROLE, "gpu-idle-agent").inputs["rules"][0] in rules
     api = FakeApiServer(rules, replicas=2)
     # the API stand-in at the `kubernetes` Service address, the pods' service-account token and CA its own
     with IdleSim(idle_render, count=2, api=api, token=TOKEN) as sim:

@@ -1,0 +1,291 @@
+"""`ml-dev why`'s merge and sources without pods: Flight Recorder dumps and RAS status from fixtures with their provenance
+(data/SOURCES.md), the verdict rules on sampler-shaped reports, the home page's section, the stack setting.
+
+The sampler's own behaviour (py-spy, the kernel's refusal, the fan-out) is tested on simulated pods (test_why.py);
+here the reports are built the way sampler.sample_pod writes them, from frames of the job data/barrier_job.py.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+import re
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from inpod import contract
+from inpod.home import page, why_view
+from inpod.home.page import num
+from inpod.ml_dev import collectives, watchdog, why
+from stacks.config import StackConfig
+from tests.conftest import stack_objects
+
+DATA = Path(__file__).parent / "data"
+
+
+def frame(name: str, line: int, lib: bool = False) -> dict[str, Any]:
+    return {"name": name, "file": "socket.py" if lib else "barrier_job.py", "line": line, "lib": lib}
+
+
+WAIT = [frame("barrier", 44), frame("main", 80)]
+SERVE = [frame("socket.accept", 294, lib=True), frame("barrier", 29), frame("main", 80)]
+STALL = [frame("stall_here", 16), frame("main", 78)]
+WORK = [frame("work", 20), frame("main", 79)]
+
+
+def report(pod: int, stacks: list[list[dict[str, Any]] | str], rank: str | None = None) -> dict[str, Any]:
+    """One pod's report with one rank process sampled once per entry of `stacks` (a string: that py-spy error)."""
+    samples = []
+    for k, s in enumerate(stacks):
+        if isinstance(s, str):
+            samples.append({"error": s, "detail": f"{s} (test)", "proc": {"state": "S", "wchan": ""}, "at": k})
+        else:
+            samples.append({"threads": [{"name": "MainThread", "main": True, "idle": True, "frames": s}], "at": k})
+    proc = {"pid": 100 + pod, "ppid": 10, "name": "python3", "rank": rank, "local_rank": None, "samples": samples}
+    agents = [{"run": "r1", "processes": [proc]}]
+    return {"pod": f"env-{pod}", "node": f"gpu-0{pod}", "node_rank": pod, "py_spy": "/usr/local/bin/py-spy", "agents": agents}
+
+
+def test_a_straggler_is_named_when_it_holds_in_every_sample() -> None:
+    reports = [report(0, [SERVE, SERVE]), report(1, [WAIT, WAIT]), report(2, [STALL, STALL]), report(3, [WAIT, WAIT])]
+    v = why.merge(reports)
+    assert v["kind"] == "straggler" and why.EXIT_CODES[v["kind"]] == why.EXIT_STRAGGLER
+    assert v["straggler"] == {
+        "ranks": ["2"],
+        "pod": "env-2",
+        "node": "gpu-02",
+        "frame": "stall_here (barrier_job.py:16)",
+        "waiting_in": "barrier (barrier_job.py:44)",
+    }
+    assert v["text"].startswith("rank 2 (env-2, node gpu-02) is elsewhere: in stall_here (barrier_job.py:16); ranks 0–1, 3 wait in")
+
+
+def test_one_odd_sample_is_never_a_straggler() -> None:
+    """Rank 2 apart in the first sample only (it moved on): no straggler; one sample only: undecided."""
+    moved = [report(0, [WORK, WORK]), report(1, [WORK, WORK]), report(2, [STALL, WORK]), report(3, [WORK, WORK])]
+    assert why.merge(moved)["kind"] == "no-straggler"
+    once = [report(0, [WAIT]), report(1, [WAIT]), report(2, [STALL]), report(3, [WAIT])]
+    assert why.merge(once)["kind"] == "undecided"
+
+
+def test_all_ranks_in_one_place_is_no_straggler_and_says_so() -> None:
+    v = why.merge([report(i, [WAIT, WAIT]) for i in range(4)])
+    assert v["kind"] == "no-straggler"
+    assert v["text"] == "no straggler: ranks 0–3 are all in barrier (barrier_job.py:44) in every sample (stuck together, or idle there)"
+
+
+def test_no_majority_without_a_straggler_is_no_straggler_and_an_unsampled_rank_undecided() -> None:
+    split = [report(0, [WAIT, WORK]), report(1, [WORK, WAIT]), report(2, [WAIT, WORK]), report(3, [WORK, WAIT])]
+    assert why.merge(split)["kind"] == "no-straggler"
+    refused = [report(0, [WAIT, WAIT]), report(1, [WAIT, WAIT]), report(2, ["refused", "refused"]), report(3, [WAIT, WAIT])]
+    v = why.merge(refused)
+    assert v["kind"] == "undecided" and v["text"].endswith("not sampled: rank 2")
+    assert "refused (test) for rank 2; stood in: process states from /proc (2 S), no stacks" in v["sources"]["py-spy"]
+
+
+def test_nothing_sampled_names_the_refusal() -> None:
+    v = why.merge([report(i, ["refused", "refused"]) for i in range(2)])
+    assert v["kind"] == "nothing-sampled" and why.EXIT_CODES[v["kind"]] == why.EXIT_NOTHING
+    assert v["sources"]["py-spy"].startswith("refused (test) for ranks 0–1; stood in")
+    empty = why.merge([{"pod": "env-0", "agents": [], "py_spy": ""}])
+    assert empty["text"] == "nothing could be sampled: no rank process found"
+    assert "missing on env-0" in empty["sources"]["py-spy"]
+
+
+def test_torchrun_launcher_processes_are_not_ranks() -> None:
+    """torchrun (a Python process whose children are the rank's other Python processes) is left out of the comparison."""
+    r = report(0, [WAIT, WAIT], rank="0")
+    launcher = json.loads(json.dumps(r["agents"][0]["processes"][0]))
+    launcher.update(pid=50, ppid=10, rank=None)
+    launcher["samples"] = [{"threads": [{"name": "MainThread", "main": True, "frames": [frame("_poll", 1, lib=True)]}]}] * 2
+    r["agents"][0]["processes"][0]["ppid"] = 50
+    r["agents"][0]["processes"].insert(0, launcher)
+    kept = [(w["label"], w["proc"]["pid"]) for w in why.workers([r])]
+    assert kept == [("0", 100)]
+
+
+def test_a_ranks_own_python_children_and_a_refused_shell_do_not_stand_for_it() -> None:
+    """DataLoader workers share their rank's RANK: the rank's main process stands for it. Refused, a shell's child does."""
+    r = report(1, [WAIT, WAIT], rank="1")
+    main = r["agents"][0]["processes"][0]
+    helper = dict(json.loads(json.dumps(main)), pid=300, ppid=main["pid"])
+    helper["samples"] = [{"threads": [{"name": "MainThread", "main": True, "frames": [frame("_worker_loop", 3, lib=True)]}]}] * 2
+    r["agents"][0]["processes"].append(helper)
+    assert [w["proc"]["pid"] for w in why.workers([r])] == [main["pid"]]
+    refused = report(2, ["refused", "refused"])
+    shell = refused["agents"][0]["processes"][0]
+    leaf = dict(json.loads(json.dumps(shell)), pid=400, ppid=shell["pid"])
+    refused["agents"][0]["processes"].append(leaf)
+    assert [w["proc"]["pid"] for w in why.workers([refused])] == [400]
+
+
+@pytest.mark.parametrize("pickled", [False, True])
+def test_flight_recorder_names_the_rank_that_did_not_enter_the_collective(tmp_path: Path, pickled: bool) -> None:
+    dumps = {}
+    for rank in range(4):
+        data = json.loads((DATA / "fr" / f"rank-{rank}.json").read_text())
+        path = tmp_path / f"nccl_trace_rank_{rank}"
+        path.write_bytes(pickle.dumps(data) if pickled else json.dumps(data).encode())
+        summary = collectives.read_fr_dump(path)
+        assert summary is not None
+        dumps[str(rank)] = summary
+    found = collectives.merge_fr(dumps)
+    assert found == {
+        "findings": [
+            {
+                "group": "0",
+                "op": "all_reduce",
+                "seq": 4812,
+                "frame": {"name": "train_step", "file": "train.py", "line": 88},
+                "behind": ["2"],
+                "waiting": ["0", "1", "3"],
+            }
+        ]
+    }
+    # into the verdict: the collective first, with pod and node, then the stacks' view
+    reports = [report(i, [WAIT, WAIT], rank=str(i)) for i in range(4)]
+    for i, r in enumerate(reports):
+        r["agents"][0]["processes"][0]["fr"] = {"status": "used", "dump": dumps[str(i)]}
+    v = why.merge(reports)
+    assert v["kind"] == "straggler" and v["straggler"]["ranks"] == ["2"] and v["straggler"]["pod"] == "env-2"
+    assert v["text"].startswith(
+        "rank 2 (env-2, node gpu-02) has not entered all_reduce #4812 of process group 0; "
+        "ranks 0–1, 3 wait in it (train_step (train.py:88))"
+    )
+    assert v["sources"]["flight-recorder"] == "used: dumps of 4 rank(s)"
+
+
+def test_a_pickle_naming_a_class_is_not_read(tmp_path: Path) -> None:
+    path = tmp_path / "dump"
+    path.write_bytes(pickle.dumps({"entries": [], "x": Path("/")}))
+    assert collectives.read_fr_dump(path) is None
+
+
+def test_ras_status_fixtures_parse() -> None:
+    healthy = collectives.parse_ras((DATA / "ras" / "healthy.txt").read_text())
+    assert healthy["communicators"] == [{"group": 0, "comms": 8, "ranks": 32, "status": "RUNNING", "errors": "OK"}]
+    assert collectives.ras_words(healthy).startswith("8 communicator(s) RUNNING, no errors")
+    bad = collectives.parse_ras((DATA / "ras" / "incomplete.txt").read_text())
+    assert bad["communicators"][0]["errors"] == "INCOMPLETE"
+    words = collectives.ras_words(bad)
+    assert words.startswith("group 0: RUNNING INCOMPLETE (") and "The missing rank: 21" in words
+    assert "Process 3487984 on node 172.16.64.213 managing GPU 5" in words
+
+
+def test_ras_over_its_socket_and_silent_when_nothing_listens() -> None:
+    """The plain-text protocol on a real socket (a stand-in RAS thread answering the documented status)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    asked: list[bytes] = []
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        asked.append(conn.recv(100))
+        conn.sendall((DATA / "ras" / "incomplete.txt").read_bytes())
+        conn.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    answer = collectives.ask_ras(f"127.0.0.1:{server.getsockname()[1]}", timeout=10)
+    t.join(10)
+    server.close()
+    assert asked == [b"VERBOSE STATUS\n"] and answer["status"] == "used"
+    assert answer["parsed"]["communicators"][0]["errors"] == "INCOMPLETE"
+    free = socket.socket()
+    free.bind(("127.0.0.1", 0))
+    port = free.getsockname()[1]
+    free.close()
+    assert collectives.ask_ras(f"127.0.0.1:{port}")["status"] == "silent"
+
+
+def test_home_page_card_shows_the_live_runs_last_verdict_escaped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    state, workspace = tmp_path / "state", tmp_path / "ws"
+    monkeypatch.setenv(contract.STATE_DIR_ENV, str(state))
+    monkeypatch.setenv("ML_DEV_WORKSPACE", str(workspace))
+    now = time.time()
+    (state / contract.HEARTBEAT_DIR).mkdir(parents=True)
+    (state / contract.HEARTBEAT_DIR / "run-1.json").write_text(json.dumps({"run": "r-live", "alive_at": now}))
+    (state / contract.HEARTBEAT_DIR / "run-2.json").write_text(json.dumps({"run": "r-ended", "alive_at": now - 600}))
+    assert why_view.why_html(now, num) == ""  # a live run without a verdict: no card
+    evil = "<script>alert(1)</script>"
+    straggler = {"ranks": ["2"], "pod": "env-2", "node": evil, "frame": evil}
+    verdict = {"kind": "straggler", "time": now - 90, "text": f"rank 2 in {evil}", "straggler": straggler}
+    for run in ("r-live", "r-ended"):
+        (workspace / contract.RUNS_DIR / run / "why").mkdir(parents=True)
+        (workspace / contract.RUNS_DIR / run / contract.WHY_LATEST).write_text(json.dumps({"verdict": verdict}))
+    html = why_view.why_html(now, num)
+    assert "<script>" not in html and "&lt;script&gt;" in html
+    assert '<span class="why-rank"><span data-k="why-rank">2</span></span>' in html
+    assert '<span data-k="why-pod">env-2</span>' in html and '<span data-k="why-age">90 s ago</span>' in html
+    assert "r-ended" not in html and html.count('class="why ') == 1
+    # every digit of the card is a marked value (the page's rule, tests/inpod/home/numbers.py)
+    assert not re.search(r"\d", re.sub(r'<span data-k="[^"]*">[^<]*</span>|<[^>]*>', "", html))
+    (state / contract.HEARTBEAT_DIR / "run-1.json").unlink()
+    assert why_view.why_html(now, num) == ""
+    # the page's table carries the card
+    assert any(s.name == "why" for s in page.SECTIONS)
+
+
+def test_stall_setting_renders_and_rejects_what_cannot_work() -> None:
+    objects = stack_objects("barcelona")
+    assert StackConfig.model_validate(objects).lifecycle.stall_verdict_seconds == contract.STALL_DEFAULT
+    for good in (0, contract.STALL_MIN, 86400):
+        objects.setdefault("lifecycle", {})["stallVerdictSeconds"] = good
+        assert StackConfig.model_validate(objects).lifecycle.stall_verdict_seconds == good
+
+
+def test_rank_env_keeps_the_jobs_own_flight_recorder_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(watchdog, "STATE_DIR", tmp_path)
+    mine = watchdog.rank_env("r1", "env-0", {})
+    assert mine[contract.RUN_ID_ENV] == "r1" and mine[contract.PROGRESS_FILE_ENV] == str(tmp_path / "runs" / "r1" / "progress")
+    assert mine["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"].startswith(str(tmp_path / "runs" / "r1"))
+    theirs = watchdog.rank_env("r1", "env-0", {"TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/x/p", "TORCH_FR_DUMP_TEMP_FILE": "/x/d"})
+    assert "TORCH_NCCL_DEBUG_INFO_PIPE_FILE" not in theirs and "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in theirs
+
+
+def test_progress_relay_marks_each_touch_of_the_progress_file(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """The rank agent's relay: a touch of $ML_DEV_PROGRESS_FILE becomes one mark on its stderr (the launcher swallows it)."""
+    path = tmp_path / "progress"
+    relay = watchdog.ProgressRelay(str(path))
+    relay.start()
+    try:
+        time.sleep(watchdog.POLL_SECONDS * 1.5)
+        assert watchdog.PROGRESS_MARK not in capfd.readouterr().err  # nothing touched yet
+        path.write_text("")
+        deadline = time.monotonic() + 30
+        seen = ""
+        while watchdog.PROGRESS_MARK not in seen:
+            assert time.monotonic() < deadline, "no mark after the touch"
+            time.sleep(0.2)
+            seen += capfd.readouterr().err
+        assert seen.count(watchdog.PROGRESS_MARK) == 1
+    finally:
+        relay.stop.set()
+        relay.join(10)
+
+
+def test_watchdog_fires_once_per_stall_and_progress_rearms_it() -> None:
+    fired: list[float] = []
+    out = io.StringIO()
+    dog = watchdog.Watchdog(1, lambda: fired.append(time.monotonic()), out)
+    dog.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not fired:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        time.sleep(watchdog.POLL_SECONDS * 3)
+        assert len(fired) == 1, "one verdict per stall"
+        dog.progress()  # an output line or a progress mark: a later stall gets its own verdict
+        while len(fired) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    finally:
+        dog.stop.set()
+        dog.join(10)
+    assert out.getvalue().count("no progress for") == 2
