@@ -6,10 +6,11 @@ PY := $(VENV)/bin/python
 STACK ?= barcelona
 # Debian packages the tests and benchmarks use for real: what the venv needs (python3-venv: Debian keeps ensurepip
 # there), what a fresh machine is given (python3, make, git) and what minbase lacks (mount, iproute2: not Essential),
-# Open MPI for the fabric check, registry, skopeo, buildah, htpasswd, shellcheck, headless chromium, and Graphviz,
+# Open MPI for the fabric check, registry, skopeo, buildah, htpasswd, shellcheck, headless chromium (with its setuid
+# sandbox: a user where unprivileged user namespaces are off, or in a chroot, has no other), and Graphviz,
 # which draws the docs' architecture diagrams (`make docs-generate`). Which program comes from which package:
 # tests/fixtures/programs.py (tests/repo/test_programs.py holds this list to it).
-APT_PACKAGES := python3-venv python3 make git mount iproute2 openmpi-bin docker-registry skopeo buildah apache2-utils openssh-server openssh-client rsync pdsh libnss-wrapper shellcheck chromium chromium-driver iptables iputils-ping graphviz
+APT_PACKAGES := python3-venv python3 make git mount iproute2 openmpi-bin docker-registry skopeo buildah apache2-utils openssh-server openssh-client rsync pdsh libnss-wrapper shellcheck chromium chromium-sandbox chromium-driver iptables iputils-ping graphviz
 # Hash-locked sets compiled from the *.in files by `make lock` (tools/lock.sh, uv); .venv gets the dev lock.
 
 .PHONY: lock lock-check verify-base-lock typecheck help venv system-deps render render-all runs status racks test test-fast lint docs docs-generate screenshots diagram policy-preview bench-tests bench-package bench-launch registry3 bench-why bench-why-idle clean
@@ -162,11 +163,16 @@ policy-preview: venv
 
 # pyproject's `addopts = -ra` makes pytest end with a summary of every skipped test and its reason.
 # PYTEST_ARGS: more pytest arguments (CI's user pass: -m "not root"; its sudo pass runs the `root` tests).
-# PYTEST_WORKERS: pytest-xdist workers (auto: one per CPU; 0 runs in this process); a test module stays on one
-# worker (--dist loadfile: its module-scoped fixtures are made once), each worker checks what it left behind.
+# PYTEST_WORKERS: pytest-xdist workers (default two per CPU, at most 16: most of the suite waits on simulated pods,
+# grace periods and servers rather than computing; auto: one per CPU; 0 runs in this process); a test module stays on
+# one worker (--dist loadfile: its module-scoped fixtures are made once), each worker checks what it left behind. The
+# modules go out in tests/conftest.py's order (LONGEST_FIRST, then most tests first), not xdist's own. A crashed
+# worker (a test past pytest-timeout's limit ends its process) ends the run with the summary: xdist 3.8's
+# loadscope/loadfile scheduler re-queues a crashed worker's finished modules too (xdist/scheduler/loadscope.py
+# remove_node: workqueue.update(workload)), and its replacement then waits for ever on an empty batch.
 PYTEST_ARGS ?=
-PYTEST_WORKERS ?= auto
-XDIST = -n $(PYTEST_WORKERS) --dist loadfile
+PYTEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( 2 * n < 16 ? 2 * n : 16 )))
+XDIST = -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --max-worker-restart 0
 test: venv system-deps lint typecheck docs
 	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
@@ -175,9 +181,10 @@ test: venv system-deps lint typecheck docs
 test-fast: venv lint typecheck
 	$(PY) -m pytest -q $(XDIST) -m fast $(PYTEST_ARGS)
 
-# How long the suite takes: make test-fast and make test, RUNS times each (median, spread, 20 slowest tests).
+# How long the suite takes: make test-fast and make test, RUNS times each (median, spread, 20 slowest tests);
+# TARGETS=test-fast RUNS=1 is a quick dry run of the benchmark itself.
 bench-tests: venv
-	$(PY) -m bench.bench_tests --runs $(or $(RUNS),3)
+	$(PY) -m bench.bench_tests --runs $(or $(RUNS),3) $(foreach t,$(TARGETS),--target $(t))
 
 bench-package: venv system-deps
 	$(PY) -m bench.bench_package --size $(or $(SIZE),2GiB)

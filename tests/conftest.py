@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import os
 import re
+from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -122,7 +123,39 @@ def in_fast_lane(path: str) -> bool:
     return not any(fnmatch(path, s) for s in SLOW) and any(path.startswith(p) if p.endswith("/") else fnmatch(path, p) for p in FAST_LANE)
 
 
+# ---------------------------------------------------------------------------------------- longest first
+
+LONGEST_FIRST = (
+    "tests/podsim/test_stop_matrix.py",
+    "tests/inpod/fabric/test_gate.py",
+    "tests/steps/test_package.py",
+    "tests/images/test_container_builds.py",
+    "tests/stacks/test_one_edit_mistakes.py",
+    "tests/inpod/home/test_browser.py",
+    "tests/inpod/idle/test_idle_agent.py",
+    "tests/podsim/test_idle_hang.py",
+)
+"""The modules that take longest on one worker (pytest --durations summed per module, `make bench-tests`), longest
+first. pytest-xdist hands out a module whole (--dist loadfile) and, by default, the modules with the most tests first
+(the Makefile turns that off: --no-loadscope-reorder), which left long modules of few tests to start last and run
+alone. In this order they start first and the many short modules fill every worker to the end.
+(tests/repo/test_test_order.py holds the list and the Makefile to that.)"""
+
+
+def module_of(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
+def longest_first(items: list[pytest.Item]) -> None:
+    """LONGEST_FIRST's modules in its order, then the others with the most tests first; a module's tests stay together
+    and in their order (a stable sort, the same in every worker: pytest-xdist checks that their collections agree)."""
+    tests = Counter(module_of(item) for item in items)
+    rank = {module: i for i, module in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: (rank.get(module_of(item), len(rank)), -tests[module_of(item)], module_of(item)))
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    longest_first(items)
     for item in items:
         if ROOT_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.root)
@@ -155,6 +188,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 # --------------------------------------------------------------------------------------- the run's summary
 
 MISSING_PYTHON = re.compile(r"no CPython (3\.\d+) here")
+# The other thing of the test matrix that neither Debian's packages nor PyPI provide: distribution 3's registry
+# (tests/fixtures/registry.py REGISTRY3_MISSING; `make registry3` builds it from a source tree). Like a missing
+# CPython, its cells skip with their reason and the run ends with one line naming it.
+MISSING_REGISTRY3 = "needs distribution 3's registry"
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -165,8 +202,19 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         longrepr = getattr(report, "longrepr", None)
         if isinstance(longrepr, tuple) and (found := MISSING_PYTHON.search(str(longrepr[2]))):
             missing.add(found.group(1))
+    registry3 = 0
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = getattr(report, "longrepr", None)
+        if isinstance(longrepr, tuple) and MISSING_REGISTRY3 in str(longrepr[2]):
+            registry3 += 1
     if missing:
         versions = ", ".join(sorted(missing, key=lambda v: tuple(map(int, v.split(".")))))
         terminalreporter.write_line(
             f"CPython missing here of the in-pod matrix (neither Debian's packages nor PyPI provide it): {versions}", yellow=True
+        )
+    if registry3:
+        terminalreporter.write_line(
+            f"distribution 3's registry missing here (neither Debian's packages nor PyPI provide it): {registry3} restart "
+            "cells skipped; `make registry3 DIST3_SRC=<its source tree>` builds it",
+            yellow=True,
         )

@@ -11,7 +11,7 @@
 # Each run's output goes to DIR/make-test-<who>.log; its last pytest lines are printed (the summaries to report).
 # MIRROR (default http://deb.debian.org/debian) and SHARED (a shared/ tree to put beside the clone) are optional;
 # CA_BUNDLE (a PEM file) is for a network whose proxy re-signs TLS: pip and git inside then trust it (PIP_CERT,
-# SSL_CERT_FILE), nothing else of the machine changes.
+# SSL_CERT_FILE), nothing else of the machine changes. PYTEST_ARGS goes to both `make test` runs (e.g. --durations=30).
 set -euo pipefail
 usage() { echo "usage: $0 DIR [build|root|user|all|venv]" >&2; exit 2; }
 [ $# -ge 1 ] || usage
@@ -26,7 +26,7 @@ mount_all() {
   # The root must be a mount point, as on a real machine: unshare --mount (the simulated pods) makes / private,
   # which a plain directory refuses ("cannot change root filesystem propagation").
   if ! mountpoint -q "$DIR"; then mount --bind "$DIR" "$DIR"; mount --make-private "$DIR"; MOUNTED=("$DIR"); fi
-  for m in proc sys dev dev/pts; do
+  for m in proc sys dev dev/pts dev/shm; do
     mkdir -p "$DIR/$m"
     mountpoint -q "$DIR/$m" && continue
     case "$m" in
@@ -34,6 +34,7 @@ mount_all() {
       sys) mount -t sysfs sys "$DIR/sys" ;;
       dev) mount --bind /dev "$DIR/dev" ;;
       dev/pts) mount --bind /dev/pts "$DIR/dev/pts" ;;
+      dev/shm) mount -t tmpfs -o mode=1777 shm "$DIR/dev/shm" ;;  # as on a machine: chromium's shared memory as any user
     esac
     MOUNTED=("$DIR/$m" "${MOUNTED[@]}")
   done
@@ -74,7 +75,7 @@ as_root() {
   mount_all
   local log="$DIR/make-test-root.log"
   echo "make test as root in /work/ml-dev-env (log: $log)"
-  in_root bash -c 'cd /work/ml-dev-env && make test' >"$log" 2>&1 && rc=0 || rc=$?
+  in_root env PYTEST_ARGS="${PYTEST_ARGS:-}" bash -c 'cd /work/ml-dev-env && make test' >"$log" 2>&1 && rc=0 || rc=$?
   echo "exit status $rc"; summary "$log"
   return "$rc"
 }
@@ -90,7 +91,7 @@ as_user() {
   chmod 700 "$DIR/home/tester/ml-dev-env"
   if [ -d "$DIR/work/shared" ]; then rm -rf "$DIR/home/tester/shared"; cp -a "$DIR/work/shared" "$DIR/home/tester/shared"; in_root chown -R tester: /home/tester/shared; fi
   echo "make test as tester (no sudo) in a mode-700 clone (log: $log)"
-  in_root runuser -u tester -- bash -c 'cd ~/ml-dev-env && make test' >"$log" 2>&1 && rc=0 || rc=$?
+  in_root runuser -u tester -- env PYTEST_ARGS="${PYTEST_ARGS:-}" bash -c 'cd ~/ml-dev-env && make test' >"$log" 2>&1 && rc=0 || rc=$?
   echo "exit status $rc"; summary "$log"
   return "$rc"
 }

@@ -9,11 +9,17 @@ nerc-production (2 pods, from the render) before a resize (2 -> 1, then 1 -> 2: 
 
 Each shell also exports a variable of its own (it travels), a stale RANK/LOCAL_RANK (they do not), and launches
 three times: plain, with `--env` (a rank key and a shell key), and with `--per-pod`.
+
+The stack lists a Secret that exists in the namespace (`env.secrets`): every rank of every launch gets its value from
+its own pod's mount, and the shared leak scan (tests/podsim/leakscan.py) finds the value nowhere else while the
+shells launch: no argv on any pod, no SSH command, no run output, no file under the state dir's logs/.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import secrets as pysecrets
 import signal
 import subprocess
 import time
@@ -24,6 +30,7 @@ from subprocess import PIPE
 import pytest
 
 from inpod import contract as pod_contract
+from tests.podsim.leakscan import SSH_ARGV_PROGRAM, LeakScan
 from tests.podsim.pods import PREFIX, PodSim, leftovers, missing_requirements, render_stack
 
 REASON = missing_requirements()
@@ -33,10 +40,15 @@ STATE = "/tmp/ml-dev-env"
 GO = "/tmp/podsim-launch-go"
 SHOW = "/tmp/podsim-show.py"
 KEYS = (*pod_contract.RANK_ENV, "RANK", "LOCAL_RANK", "MY_FLAG")
-# What every rank saw: one JSON line (the launcher prefixes it with `[rank] `).
+SECRET, SECRET_KEY = "launch-canary", "LAUNCH_CANARY_TOKEN"  # a Secret of the namespace, listed in env.secrets
+VALUE = pysecrets.token_urlsafe(24)[:32]
+# What every rank saw: one JSON line (the launcher prefixes it with `[rank] `); of the secret only a digest, so the
+# run's output holds no value for the leak scan to find.
 SHOW_PROGRAM = f"""
-import json, os, sys
-print("REC " + json.dumps({{"tag": sys.argv[1], "env": {{k: os.environ.get(k) for k in {KEYS!r}}}}}), flush=True)
+import hashlib, json, os, sys
+env = {{k: os.environ.get(k) for k in {KEYS!r}}}
+env["secret"] = hashlib.sha256(os.environ.get({SECRET_KEY!r}, "").encode()).hexdigest()
+print("REC " + json.dumps({{"tag": sys.argv[1], "env": env}}), flush=True)
 """
 LAUNCH = "ml-dev run --no-sync --timeout 60"
 BODY = f"""
@@ -133,10 +145,19 @@ def finish(shell: Shell) -> tuple[dict[str, dict[int, dict[str, str | None]]], s
     return records, out + err
 
 
+def with_secret(objects: dict[str, object]) -> None:
+    objects["env"] = {"secrets": [{"secret": SECRET, "keys": [SECRET_KEY]}]}
+
+
 @pytest.fixture(scope="module")
 def sim() -> Iterator[PodSim]:
     before = set(leftovers())
-    s = PodSim(render_stack("nerc-production"), count=2)
+    s = PodSim(
+        render_stack("nerc-production", with_secret),
+        count=2,
+        namespace_secrets={SECRET: {SECRET_KEY: VALUE}},
+        image_programs=SSH_ARGV_PROGRAM,
+    )
     try:
         s.start()
         for pod in s.pods:
@@ -159,9 +180,16 @@ def test_every_shell_opened_before_a_resize_launches_with_each_pods_current_valu
         resize(sim, new)
         current = {i: rank_env(sim, i) for i in range(new)}
         gpus = int(current[0]["GPUS_PER_NODE"])
-        sim.exec(0, f"touch {GO}", timeout=30)
-        for shell in shells:
-            records, output = finish(shell)
+        with LeakScan(sim, [VALUE]) as scan:
+            sim.exec(0, f"touch {GO}", timeout=30)
+            finished = [(shell, *finish(shell)) for shell in shells]
+        for shell, _, output in finished:
+            scan.text(f"{shell.name}: run output", output)
+        scan.pods_state()
+        assert scan.hits == [], scan.hits
+        assert scan.samples > 0
+        digest = hashlib.sha256(VALUE.encode()).hexdigest()
+        for shell, records, output in finished:
             assert set(records) == {"plain", "env", "per-pod"}, output
             for tag, ranks in records.items():
                 assert sorted(ranks) == list(range(new)), f"{shell.name} ({tag}): ranks {sorted(ranks)}\n{output}"
@@ -174,6 +202,7 @@ def test_every_shell_opened_before_a_resize_launches_with_each_pods_current_valu
                     assert env["NODE_RANK"] == str(rank) and env["NNODES"] == env["PET_NNODES"] == str(new), where
                     assert len((env["ML_DEV_HOSTS"] or "").split()) == new, where
                     assert env["MY_FLAG"] == ("from-env" if tag == "env" else "from-shell"), where  # the shell's own key travels
+                    assert env["secret"] == digest, f"{where}: the listed Secret's key from its own pod's mount"
                     if tag == "env":
                         assert env["MASTER_PORT"] == "29611", f"{where}: --env sets a rank key on every rank"
                     if tag == "per-pod":
