@@ -31,7 +31,7 @@ help:
 	@echo "make policy-preview        pulumi preview with the policy pack (needs the Pulumi CLI and a cluster)"
 	@echo "make bench-tests           make test-fast and make test, 3 runs each: median, spread, slowest tests"
 	@echo "make bench-package         modelcar packaging benchmark (SIZE=2GiB)"
-	@echo "make bench-launch          ml-dev run on 4 simulated pods: time to all ranks running (SIZE=200MB, root)"
+	@echo "make bench-launch          ml-dev run on simulated pods: time to all ranks running (PODS=2,4,8,16 SIZE=20MB, root)"
 	@echo "make bench-why             ml-dev why on 4 simulated pods: right rank and pod, time to verdict (TRIALS=10, root)"
 	@echo "make bench-why-idle        ml-dev run's launch, main vs this tree interleaved on 4 simulated pods (PAIRS=7, root)"
 	@echo "make registry3 DIST3_SRC=<dir>  build distribution 3's registry (.tools/registry3) for the restart tests (Go >= 1.25)"
@@ -189,8 +189,10 @@ bench-tests: venv
 bench-package: venv system-deps
 	$(PY) -m bench.bench_package --size $(or $(SIZE),2GiB)
 
+# PODS: pod counts (2,4,8,16); BASELINE: a git revision whose launcher runs interleaved with this tree's (main).
+PODS ?= 2,4,8,16
 bench-launch: venv system-deps
-	$(PY) -m bench.bench_launch --size $(or $(SIZE),200MB)
+	$(PY) -m bench.bench_launch --size $(or $(SIZE),20MB) --pods $(PODS) $(if $(REPEAT),--repeat $(REPEAT)) $(if $(BASELINE),--baseline $(BASELINE))
 
 bench-why: venv system-deps
 	$(PY) -m bench.bench_why --trials $(or $(TRIALS),10)

@@ -74,6 +74,7 @@ SHIPPED: tuple[Shipped, ...] = (
         "ml_dev/main.py",
         "ml_dev/common.py",
         "ml_dev/sync.py",
+        "ml_dev/fanout.py",
         "ml_dev/launch.py",
         "ml_dev/status.py",
         "ml_dev/secrets.py",

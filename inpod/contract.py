@@ -235,6 +235,28 @@ IDLE_DEFAULTS: dict[str, Any] = {
 }
 """The one table of idle.json's defaults: the schema's (stacks/config.py IdleStopConfig) and every reader's."""
 
+# ------------------------------------------------------------------------------------------ the tree's fan-out
+
+
+FANOUT_DEFAULTS: dict[str, int] = {
+    "minPods": 2,
+    "minBytes": 32 << 20,
+    "tries": 3,
+    "stallSeconds": 20,
+}
+"""When `ml-dev sync` (and `ml-dev run`'s sync) passes the tree on through pods that hold it (inpod/ml_dev/fanout.py;
+docs/use/day-in-the-life.md). The launching pod pushes to every pod that needs the tree at once (one round) unless
+at least `minPods` pods need it and that push would send at least `minBytes` from it in all (the estimate: the
+changed files' sizes for a pod that holds the tree the launching pod sent last, the whole tree for any other);
+then the copy goes in rounds: the launching pod sends once, to a first relay, and from then on every pod that
+holds the verified tree sends to one more per round, the first relay to two (the launching pod's share). The
+holders double each round: ceil(log2 N) rounds for N pods, and the launching pod sends the tree once. A pod gets
+the tree from at most `tries` sources; a relay that sends no word for `stallSeconds` (nor its rsync moves a byte)
+is given up for this sync and its receiver retried from another pod."""
+FANOUT_ENV = "ML_DEV_FANOUT"
+"""Overrides FANOUT_DEFAULTS' keys with a JSON object in the launching shell (tests and benchmarks: a small tree
+that fans out)."""
+
 # ------------------------------------------------------------------------------------------ stops and idle rules
 
 GPU_PROBE_SECONDS = 8

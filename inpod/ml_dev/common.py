@@ -245,26 +245,38 @@ def parallel(fn: Callable[[int], object], ranks: list[int]) -> dict[int, object]
     return results
 
 
-def wait_reachable(cluster: Cluster, timeout: float) -> None:
-    """Every pod answers over SSH (the same connection is kept for what follows), else name the ones that do not."""
+def wait_reachable(cluster: Cluster, timeout: float, remote: list[str] | None = None) -> dict[int, str]:
+    """Every pod answers over SSH (the same connection is kept for what follows), else name the ones that do not.
+
+    `remote` (default `true`) is what each pod runs: its output is the pod's answer (ml-dev sync asks each pod the
+    hash of its tree, so the probe and the question are one round trip)."""
     deadline = time.monotonic() + timeout
+    answers: dict[int, str] = {}
 
     def probe(rank: int) -> str:
         last = ""
         while True:
-            res = subprocess.run(cluster.ssh(rank, ["true"]), capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
+            res = subprocess.run(
+                cluster.ssh(rank, remote or ["true"]), capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False
+            )
             if res.returncode == 0:
+                answers[rank] = res.stdout
                 return ""
+            if remote and res.returncode != 255:  # 255 is ssh's own failure (ssh(1)); this is the command's
+                return "!" + ((res.stderr.strip().splitlines() or [f"exited {res.returncode}"])[-1])
             last = cluster.explain(rank, res.stderr, res.returncode)
             if time.monotonic() >= deadline:
                 return last
             time.sleep(1)
 
     results = parallel(probe, [r for r in range(len(cluster.hosts)) if r != cluster.me])
-    bad = {r: e for r, e in results.items() if e}
+    bad = {r: str(e) for r, e in results.items() if e}
     if bad:
         lines = [
-            f"pod {cluster.pods[r]} ({cluster.hosts[r]}) is not reachable over SSH after {timeout:.0f} s: {e}"
+            f"pod {cluster.pods[r]} ({cluster.hosts[r]}): {e[1:]}"
+            if e.startswith("!")
+            else f"pod {cluster.pods[r]} ({cluster.hosts[r]}) is not reachable over SSH after {timeout:.0f} s: {e}"
             for r, e in sorted(bad.items())
         ]
         die("\n  ".join(lines))
+    return answers

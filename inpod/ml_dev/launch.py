@@ -518,11 +518,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     warning = launcher_cap_warning(args.command, stop_grace(cluster.rank_env))
     if warning:
         print(warning, file=sys.stderr, flush=True)
-    wait_reachable(cluster, args.timeout)
-    secrets.require(cluster)
     cwd = Path.cwd()
-    if not args.no_sync:
-        sync(cluster, tree_root(cwd))
+    if args.no_sync:
+        wait_reachable(cluster, args.timeout)
+    else:  # the sync's question to every pod (its tree's hash) is the reachability probe
+        sync(cluster, tree_root(cwd), timeout=args.timeout)
+    secrets.require(cluster)
     run_id = new_run_id()
     with Heartbeat("run", {"command": args.command, "cwd": str(cwd), "pods": cluster.pods, "run": run_id}):
         return run_everywhere(

@@ -24,7 +24,7 @@ Activity records: while a run is alive, $ML_DEV_STATE_DIR/heartbeat/run-<pid>.js
 and rank-<pid>.json (on every pod running a rank) are rewritten every 10 s and removed at the end.
 
 The program is split at its seams, modules shipped next to it in the same ConfigMap (inpod.SHIPPED):
-common (paths, rank contract, environment rule, the pods), sync (the synced tree and the sync),
+common (paths, rank contract, environment rule, the pods), sync (the synced tree and the sync), fanout (its copy),
 launch (run, exec and the per-pod `_rank`), status and why (sampler, collectives, watchdog); this file holds the command line.
 """
 
@@ -35,9 +35,10 @@ import os
 import sys
 
 from .common import DEBUG_PORT, FROM_RANK_FILE, HERE, PER_POD_ENV
+from .fanout import cmd_relay
 from .launch import cmd_exec, cmd_rank, cmd_run
 from .status import cmd_status
-from .sync import cmd_apply, cmd_sync
+from .sync import cmd_apply, cmd_check, cmd_sync
 from .watchdog import WHY_LAUNCHER
 
 ENV_RULE = (
@@ -95,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("command", nargs=argparse.REMAINDER)
     apply = sub.add_parser("_apply")
     apply.add_argument("--root", required=True)
+    sub.add_parser("_check").add_argument("--root", required=True)
+    relay = sub.add_parser("_relay")  # one hop of the fan-out, on a pod that holds the verified tree
+    for flag, kind in (("--root", str), ("--to", int), ("--hash", str), ("--stall", int)):
+        relay.add_argument(flag, type=kind, required=True)
     rank = sub.add_parser("_rank")
     rank.add_argument("--cwd", required=True)
     rank.add_argument("--debug-port", type=int)
@@ -112,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "command", None) and args.command[:1] == ["--"]:
         args.command = args.command[1:]
     handlers = {"run": cmd_run, "sync": cmd_sync, "exec": cmd_exec, "status": cmd_status, "_apply": cmd_apply, "_rank": cmd_rank}
+    handlers.update(_check=cmd_check, _relay=cmd_relay)
     return handlers[args.cmd](args)
 
 

@@ -10,13 +10,13 @@ import fnmatch
 import hashlib
 import json
 import os
-import re
 import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from . import fanout
 from .common import HERE, IGNORE_FILE, PY, STATE_DIR, SYNC_MANIFEST, Cluster, die, parallel, wait_reachable
 
 # ------------------------------------------------------------------------------------------ tree
@@ -132,16 +132,27 @@ class HashCache:
             pass
 
 
-def tree_hash(root: Path, files: list[str]) -> str:
+def tree_entries(root: Path, files: list[str]) -> dict[str, tuple[str, str, int]]:
+    """{path: (mode, sha256, size)} of the listed files that exist (symlinks: sha256 of the target's name)."""
     cache = HashCache(root)
+    out = {}
+    for rel in sorted(files):
+        if os.path.lexists(root / rel):
+            mode, digest = cache.digest(root, rel)
+            out[rel] = (mode, digest, os.lstat(root / rel).st_size)
+    cache.save()
+    return out
+
+
+def tree_hash(root: Path, files: list[str], entries: dict[str, tuple[str, str, int]] | None = None) -> str:
+    found = tree_entries(root, files) if entries is None else entries
     h = hashlib.sha256()
     for rel in sorted(files):
-        if not os.path.lexists(root / rel):
+        if rel not in found:
             h.update(f"missing\0{rel}\n".encode())
             continue
-        mode, digest = cache.digest(root, rel)
+        mode, digest, _ = found[rel]
         h.update(f"{mode} {digest} {rel}\n".encode())
-    cache.save()
     return h.hexdigest()
 
 
@@ -171,84 +182,121 @@ def cmd_apply(args: argparse.Namespace) -> int:
     return 0
 
 
-def sync(cluster: Cluster, root: Path, quiet: bool = False) -> str:
-    """Make the tree at `root` the same on every pod; returns its hash (verified on every pod)."""
+def cmd_check(args: argparse.Namespace) -> int:
+    """(on every other pod, one round trip) the hash of the tree the last sync left here: the files its manifest
+    lists, hashed through the hash cache (a stat per file, no content read unless a file changed). Makes the
+    root, where a copy lands."""
+    root = Path(args.root)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        die(f"cannot make {root} here: {exc}", code=2)
+    try:
+        files = [p for p in (root / SYNC_MANIFEST).read_text().split("\0") if p]
+    except OSError:
+        files = []
+    print(tree_hash(root, files))
+    return 0
+
+
+def sent_record(root: Path) -> Path:
+    """The launching pod's record of the tree it last synced from `root` (to estimate what a pod lacks)."""
+    return STATE_DIR / "tree-sent" / f"{hashlib.sha256(str(root).encode()).hexdigest()[:16]}.json"
+
+
+def bytes_to_send(entries: dict[str, tuple[str, str, int]], record: dict[str, object], their_hash: str) -> int:
+    """What a pod lacks: the changed files' sizes when it holds the tree this pod sent last, else the whole tree."""
+    old = record.get("files") if record.get("hash") == their_hash else None
+    if not isinstance(old, dict):
+        return sum(size for _, _, size in entries.values())
+    return sum(size for rel, (mode, digest, size) in entries.items() if list(old.get(rel) or [])[:2] != [mode, digest])
+
+
+def sync(cluster: Cluster, root: Path, quiet: bool = False, timeout: float = 60) -> str:
+    """Make the tree at `root` the same on every pod; returns its hash (verified on every pod).
+
+    Every other pod answers the hash of what it holds (`_check`, which is also the reachability probe: the same
+    wait and words as wait_reachable) unless the tree changed since this pod last synced it (then every pod gets
+    the change without being asked); the pods whose hash differs get a copy, pushed from here at once or, above
+    the threshold (contract.FANOUT_DEFAULTS), in rounds through pods that hold the verified tree (fanout.py)."""
     if root == Path("/"):
         die(f"refusing to sync {root}: run ml-dev from your project directory (or pass --no-sync)")
     files = [f for f in tree_files(root) if not cluster.is_per_pod(root / f)]
-    local_hash = tree_hash(root, files)
+    entries = tree_entries(root, files)
+    local_hash = tree_hash(root, files, entries)
     if cluster.is_shared(root):
+        wait_reachable(cluster, timeout)
         if not quiet:
             print(f"ml-dev: {root} is on shared storage: nothing to sync ({len(files)} files, tree {local_hash[:12]})", flush=True)
         return local_hash
-    listing = ("\0".join(files)).encode()
-    rsync_list = listing + b"\0" if files else b""
-    rsh = cluster.rsh()
-
-    sent: dict[int, int] = {}
-
-    def push(rank: int) -> str:
-        host = cluster.hosts[rank]
-        mkdir = cluster.ssh(rank, ["mkdir", "-p", str(root)])
-        mk = subprocess.run(mkdir, capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
-        if mk.returncode != 0:
-            raise RuntimeError(f"mkdir {root}: {mk.stderr.strip()}")
-        got = ""
-        # rsync's quick check (size + mtime, to the nanosecond with --modify-window=-1) misses a same-size
-        # rewrite within one timestamp tick: when the hashes differ, compare contents (--checksum) once.
-        for extra in ([], ["--checksum"]):
-            res = subprocess.run(
-                [
-                    "rsync",
-                    "-a",
-                    "--stats",
-                    "--modify-window=-1",
-                    *extra,
-                    "--from0",
-                    "--files-from=-",
-                    "-e",
-                    rsh,
-                    f"{root}/",
-                    f"{host}:{root}/",
-                ],
-                input=rsync_list,
-                capture_output=True,
-                check=False,
-            )
-            if res.returncode != 0:
-                raise RuntimeError(f"rsync exited {res.returncode}: {res.stderr.decode(errors='replace').strip()}")
-            stats = re.search(rb"Total bytes sent: ([\d,.]+)", res.stdout)
-            sent[rank] = sent.get(rank, 0) + (int(re.sub(rb"[,.]", b"", stats.group(1))) if stats else 0)
-            remote = [PY, str(HERE / "ml-dev"), "_apply", "--root", str(root)]
-            res = subprocess.run(cluster.ssh(rank, remote), input=listing, capture_output=True, check=False)
-            if res.returncode != 0:
-                raise RuntimeError(f"hash: {res.stderr.decode(errors='replace').strip()}")
-            got = res.stdout.decode().strip()
-            if got == local_hash:
-                break
-        return got
-
+    cfg = fanout.settings()
     started = time.monotonic()
-    results = parallel(push, [r for r in range(len(cluster.hosts)) if r != cluster.me])
-    problems = []
-    for rank, got in sorted(results.items()):
-        if isinstance(got, Exception):
-            problems.append(f"{cluster.label(rank)}: sync failed: {got}; its sshd log: {cluster.sshd_log_command(rank)}")
-        elif got != local_hash:
-            problems.append(f"{cluster.label(rank)}: tree hash {str(got)[:12]} differs from {local_hash[:12]} here")
-    if problems:
-        die("\n  ".join(problems))
+    try:
+        record = json.loads(sent_record(root).read_text())
+    except (OSError, ValueError):
+        record = {}
+    if record.get("hash") and record.get("hash") != local_hash:
+        # the tree changed since this pod last synced it: every pod that holds that tree needs the change, so ask
+        # nothing (`ssh true`, no Python there) and copy; each copy ends with the hash checked on its pod
+        answers = dict.fromkeys(wait_reachable(cluster, timeout), str(record["hash"]))
+    else:
+        answers = wait_reachable(cluster, timeout, [PY, str(HERE / "ml-dev"), "_check", "--root", str(root)])
+    stale = [r for r, got in sorted(answers.items()) if got.strip() != local_hash]
+    estimate = sum(bytes_to_send(entries, record, answers[r].strip()) for r in stale)
+    fan = len(stale) >= max(2, cfg["minPods"]) and estimate >= cfg["minBytes"]
+    listing = ("\0".join(files)).encode()
+    say = (lambda line: None) if quiet else (lambda line: print(f"ml-dev: {line}", flush=True))
+    stall = max(1, cfg["stallSeconds"])
+    if fan:
+        say(f"{len(stale)} pods need the tree (about {estimate / 1e6:.1f} MB from here by a direct push): passing it on in rounds")
+        hops, gave_up = fanout.fan_out(cluster, root, stale, listing, local_hash, cfg, say)
+    else:
+        results = parallel(lambda r: fanout.hop(cluster, root, r, listing, local_hash, stall), stale)
+        hops, gave_up = [], {}  # one round: today's push
+        for rank, got in sorted(results.items()):
+            res: fanout.Hop = got if isinstance(got, dict) else {"src": cluster.me, "dst": rank, "hash": "", "sent": 0, "error": str(got)}
+            res["round"] = 1
+            hops.append(res)
+            if res.get("error") or res.get("hash") != local_hash:
+                gave_up[rank] = str(res.get("error") or "") or f"tree hash {str(res.get('hash'))[:12]} differs from {local_hash[:12]} here"
+    rounds = max([int(h.get("round", 1)) for h in hops] or [0])
+    write_last(cluster, root, local_hash, fan, rounds, hops, time.monotonic() - started)
+    if gave_up:
+        die("\n  ".join(f"{cluster.label(r)}: sync failed: {why}" for r, why in sorted(gave_up.items())))
+    try:
+        record_path = sent_record(root)
+        record_path.parent.mkdir(parents=True, exist_ok=True)
+        record_path.write_text(json.dumps({"hash": local_hash, "files": {rel: list(e) for rel, e in entries.items()}}))
+    except OSError:
+        pass
     if not quiet:
+        sent = sum(int(h.get("sent") or 0) for h in hops)
+        mine = sum(int(h.get("sent") or 0) for h in hops if h.get("src") == cluster.me)
+        how = f"{rounds} rounds" if fan else "direct push"
         print(
-            f"ml-dev: synced {root} ({len(files)} files, tree {local_hash[:12]}) to {len(results)} pods in "
-            f"{time.monotonic() - started:.1f} s, {sum(sent.values())} bytes sent",
+            f"ml-dev: synced {root} ({len(files)} files, tree {local_hash[:12]}) to {len(answers)} pods in "
+            f"{time.monotonic() - started:.1f} s, {sent} bytes sent ({len(stale)} copied, {how}; {mine} bytes from this pod)",
             flush=True,
         )
     return local_hash
 
 
+LAST_SYNC = "sync-last.json"
+"""$ML_DEV_STATE_DIR/sync-last.json on the launching pod: the last sync's hops (source, receiver, round, seconds,
+bytes), read by `make bench-launch`."""
+
+
+def write_last(cluster: Cluster, root: Path, tree: str, fan: bool, rounds: int, hops: list[fanout.Hop], seconds: float) -> None:
+    data = {"root": str(root), "tree": tree, "fan_out": fan, "rounds": rounds, "seconds": round(seconds, 3), "hops": hops}
+    try:
+        tmp = STATE_DIR / f"{LAST_SYNC}.{os.getpid()}"
+        tmp.write_text(json.dumps(data))
+        tmp.replace(STATE_DIR / LAST_SYNC)
+    except OSError:
+        pass
+
+
 def cmd_sync(args: argparse.Namespace) -> int:
     cluster = Cluster()
-    wait_reachable(cluster, args.timeout)
-    sync(cluster, tree_root(Path.cwd()))
+    sync(cluster, tree_root(Path.cwd()), timeout=args.timeout)
     return 0

@@ -1,6 +1,6 @@
-"""`make bench-launch` and `make bench-package` write their plot of every run beside their markdown report and raw
-JSON (issue 20 item 4): the SVG shows one line per measured case (launch: plus the cold run; package: per approach),
-with the numbers of the JSON (svgplot draws it)."""
+"""`make bench-launch` and `make bench-package` write their plot beside their markdown report and raw JSON (issue 20
+item 4): the SVG shows one line per measured case (launch: time against pods per case and launcher, the
+extrapolation dashed; package: per approach), with the numbers of the JSON (svgplot draws it)."""
 
 from __future__ import annotations
 
@@ -17,17 +17,50 @@ from bench.bench_package import Result
 SVG = "{http://www.w3.org/2000/svg}"
 
 
+def launch_results(size: int) -> bench_launch.Results:
+    """Two pod counts, both launchers, three runs per case: the shape of a real run's record."""
+
+    def run(wall: float, tx: float, hops: list[dict[str, object]] | None = None) -> bench_launch.Sample:
+        return {"wall": wall, "tx": tx, **({"hops": hops, "rounds": max(int(str(h["round"])) for h in hops)} if hops else {})}
+
+    out: bench_launch.Results = {bench_launch.NEW: {}, bench_launch.OLD: {}}
+    for n in (2, 4):
+        hops: list[dict[str, object]] = [{"src": 0, "dst": 1, "round": 1, "seconds": 0.5}]
+        hops += [{"src": 1, "dst": d, "round": 2, "seconds": 0.6} for d in range(2, n)]
+        out[bench_launch.NEW][n] = {
+            "unchanged": [run(0.3 + 0.05 * n + k / 100, 1e4) for k in range(3)],
+            "one file changed": [run(0.35 + 0.05 * n + k / 100, 1.1e6) for k in range(3)],
+            "first copy": [run(1.0 + 0.2 * n + k / 100, 1.05 * size, hops) for k in range(3)],
+            bench_launch.ALONE: [{**run(0.6, size), "hop": 0.5 + k / 100} for k in range(3)],
+        }
+        out[bench_launch.OLD][n] = {case: [run(0.5 * n + k / 100, (n - 1) * size) for k in range(3)] for case in bench_launch.CASES}
+    return out
+
+
 def test_launch_report_writes_the_plot_beside_the_table(tmp_path: Path) -> None:
-    runs = {"unchanged": [(0.8, 0), (0.7, 0), (0.9, 0)], "one file changed": [(1.1, 1 << 20), (1.3, 1 << 20), (1.2, 1 << 20)]}
-    stem = bench_launch.write_report(tmp_path, 200_000_000, (4.2, 200_000_000), runs)
+    size = 20_000_000
+    results = launch_results(size)
+    stem = bench_launch.write_report(tmp_path, size, results, {"cpus": 2, "repeat": 3, "load_start": "1.0", "load_end": "2.0"})
     assert {p.name for p in tmp_path.iterdir()} == {f"{stem.name}.{ext}" for ext in ("md", "json", "svg")}
-    assert json.loads(stem.with_suffix(".json").read_text())["runs"]["unchanged"][0] == [0.8, 0]
+    assert json.loads(stem.with_suffix(".json").read_text())["results"]["this tree"]["4"]["unchanged"][0]["wall"] == 0.5
+    md = stem.with_suffix(".md").read_text()
+    # per N and case, both launchers: median, spread, every run, pod 0's bytes against the tree
+    assert "| 4 | first copy | this tree | 1.81 | 1.80–1.82 | 1.80, 1.81, 1.82 | 21.0 MB (1.05 × tree) |" in md
+    assert "| 4 | first copy | baseline | 2.01 | 2.00–2.02 | 2.00, 2.01, 2.02 | 60.0 MB (3.00 × tree) |" in md
+    # the hops round by round, the critical path against (ceil(log2 N) + 1) x one copy alone
+    assert "| 4 | 2 | r1: 0→1 0.50; r2: 1→2 0.60, 1→3 0.60 | 1.10 (≤ bound) | 0.51 | 1.53 |" in md
+    assert "**Extrapolated, not measured**" in md and "| 32 pods | 64 pods |" in md
+    # this tree's first copy from the 4-pod median (1.81 s): the unchanged line's slope (0.05 s a pod) and one hop
+    # alone (0.51 s) per round beyond 2 (5 rounds at 32 pods, 6 at 64)
+    _, slope = bench_launch.fit([(2, 0.41), (4, 0.51)])
+    at32, at64 = 1.81 + slope * 28 + 3 * 0.51, 1.81 + slope * 60 + 4 * 0.51
+    assert f"| this tree: first copy | {at32:.2f} s | {at64:.2f} s |" in md
     svg = ET.fromstring(stem.with_suffix(".svg").read_text())
     assert svg.tag == f"{SVG}svg"
     labels = {t.text for t in svg.iter(f"{SVG}text")}
-    assert {"first run (cold)", "unchanged", "one file changed"} <= labels, labels
-    assert len(list(svg.iter(f"{SVG}polyline"))) >= 2, "a line per case with more than one run"
-    assert "200 MB tree" in " ".join(t or "" for t in labels)
+    assert {"first copy (this tree)", "first copy (baseline)", "unchanged (this tree)"} <= labels, labels
+    assert "pods" in labels and any("extrapolated" in (t or "") for t in labels)
+    assert len(list(svg.iter(f"{SVG}polyline"))) == 8  # 3 cases x 2 launchers, 2 dashed extrapolations
 
 
 def test_package_report_writes_the_plot_beside_the_table(tmp_path: Path) -> None:
