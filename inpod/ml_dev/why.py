@@ -130,7 +130,7 @@ def merge(reports: list[dict[str, Any]], interval: float = INTERVAL) -> dict[str
     verdict: dict[str, Any] = {"time": time.time(), "ranks": len(ws), "sampled": len(sampled), "samples": samples, "sources": sources}
     fr = merge_fr({w["label"]: w["proc"]["fr"]["dump"] for w in ws if (w["proc"].get("fr") or {}).get("status") == "used"})
     if not sampled:
-        why = "no rank process found" if not ws else "no rank could be sampled"
+        why = "no rank process found" if not ws and not _failures(reports) else "no rank could be sampled"
         verdict.update(kind="nothing-sampled", text=f"nothing could be sampled: {why}", straggler=None)
         return _with_fr(verdict, fr, ws)
     # per sample: the function each worker's main thread is in (innermost frame), and the agreed place
@@ -224,6 +224,16 @@ def _with_fr(verdict: dict[str, Any], fr: dict[str, Any] | None, ws: list[dict[s
     return verdict
 
 
+def _failures(reports: list[dict[str, Any]]) -> list[tuple[int, str]]:
+    """[(how many rank processes, first detail)] of processes whose every sample failed for a reason other than the
+    kernel's refusal, a non-Python process or its end (py-spy not executable, a crash); [] when none."""
+    procs = [p for r in reports for a in r.get("agents", []) for p in a.get("processes", [])]
+    bad = [
+        p for p in procs if p.get("samples") and all(s.get("error") in ("failed", "timeout", "unreadable", "missing") for s in p["samples"])
+    ]
+    return [(len(bad), str(bad[0]["samples"][-1].get("detail", "")))] if bad else []
+
+
 def source_lines(reports: list[dict[str, Any]], ws: list[dict[str, Any]]) -> dict[str, str]:
     """Whether each source was used, and if not, why (missing, refused and what would allow it, no torch, RAS silent)."""
     out = {}
@@ -240,7 +250,11 @@ def source_lines(reports: list[dict[str, Any]], ws: list[dict[str, Any]]) -> dic
         states = {w["label"]: (w["proc"]["samples"][-1].get("proc") or {}).get("state", "?") for w in refused}
         shown = ", ".join(f"{k} {v}" for k, v in sorted(states.items(), key=lambda kv: _key(kv[0])))
         parts.append(f"{detail} for {ranks_text(sorted(states, key=_key))}; stood in: process states from /proc ({shown}), no stacks")
-    if not ws:
+    failed = _failures(reports)
+    if failed:
+        # py-spy ran and failed for another reason than the kernel's (it could not be executed, a crash): say so
+        parts.append(f"failed for {failed[0][0]} process(es) ({failed[0][1]})")
+    if not ws and not failed:
         parts.append("no rank process found")
     out["py-spy"] = "; ".join(parts) or "not used"
     fr = [w["proc"].get("fr") for w in ws if w["proc"].get("fr")]

@@ -98,6 +98,14 @@ def test_nothing_sampled_names_the_refusal() -> None:
     assert "missing on env-0" in empty["sources"]["py-spy"]
 
 
+def test_py_spy_that_cannot_run_is_named_not_no_rank() -> None:
+    """py-spy present but failing on every rank (not executable for the pod's UID, a crash): the rank processes were
+    found, so the verdict says they could not be sampled and the py-spy line gives py-spy's own words."""
+    v = why.merge([report(i, ["failed", "failed"]) for i in range(2)])
+    assert v["kind"] == "nothing-sampled" and v["text"] == "nothing could be sampled: no rank could be sampled"
+    assert v["sources"]["py-spy"] == "failed for 2 process(es) (failed (test))", v["sources"]
+
+
 def test_torchrun_launcher_processes_are_not_ranks() -> None:
     """torchrun (a Python process whose children are the rank's other Python processes) is left out of the comparison."""
     r = report(0, [WAIT, WAIT], rank="0")
