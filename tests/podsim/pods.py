@@ -189,6 +189,7 @@ class PodSim:
         python_packages: Sequence[str] = (),
         node: Any = None,
         image_programs: Mapping[str, str | Path] | None = None,
+        image_paths: Sequence[Path] = (),
         namespace_secrets: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
         """`read_only_passwd`: pods whose image leaves /etc/passwd read-only (not the stack's base image: the
@@ -258,6 +259,10 @@ class PodSim:
         # two stubs above only
         self.node = node
         self.image_programs = dict(image_programs or {})
+        # `image_paths`: directories of this machine the image has at the same path (a test's virtualenv standing in
+        # for the image's pip installs, e.g. JupyterLab of images/base.Containerfile), bound read-only over the
+        # image's empty /tmp and /var/tmp too: a checkout may lie there (CI clones into a mode-0700 mktemp -d).
+        self.image_paths = [Path(p) for p in image_paths]
 
     def require_capabilities(self, *names: str, what: str) -> None:
         """Skip the calling test, saying why, when the pods lack one of `names` (`missing_capabilities`)."""
@@ -568,6 +573,10 @@ class PodSim:
             f"install -m 0755 {tools}/ibv_devinfo {root}/usr/bin/ibv_devinfo",
             *(self.node.setup(self, pod, root) if self.node is not None else ()),
             *self._image_program_lines(pod, root),
+            *(
+                f"mkdir -p {q(root + str(p))} && mount --bind {q(str(p))} {q(root + str(p))} && mount -o remount,bind,ro {q(root + str(p))}"
+                for p in self.image_paths
+            ),
         ]
         for m in self.main.get("volumeMounts") or []:
             kind, src = volumes[m["name"]]

@@ -122,7 +122,14 @@ def test_busy_gpu_that_prints_nothing_is_never_stopped_then_idle_stops_in_time(t
     render = render_stack("barcelona", jupyter_on)
     api = FakeApiServer(pod_rules(render))  # the pods' ServiceAccount: the agent's Role, the reader's (the home page)
     programs = {"/usr/local/bin/jupyter": JUPYTER}
-    sim = IdleSim(render, settings={**QUICK, "servers": ["jupyter"]}, api=api, token=TOKEN, image_programs=programs)
+    sim = IdleSim(
+        render,
+        settings={**QUICK, "servers": ["jupyter"]},
+        api=api,
+        token=TOKEN,
+        image_programs=programs,
+        image_paths=[PYTHON.parent.parent],  # the virtualenv JupyterLab lives in, wherever the checkout is
+    )
     sim.node.overrides[1] = {"gpu_util": {str(i): 97 for i in range(sim.gpus)}, "gpu_mem_util": {str(i): 40 for i in range(sim.gpus)}}
     terminal = None
     try:
