@@ -36,8 +36,12 @@ from .common import STATE_DIR
 
 PY_SPY_SECONDS = 8
 """How long one `py-spy dump` may take (a large process with many threads: well under a second on the test machine)."""
-FR_WAIT_SECONDS = 5
-"""How long a rank's Flight Recorder dump may take to appear after its pipe was written."""
+FR_WAIT_SECONDS = 30
+"""How long a rank's Flight Recorder dump may take to appear after its pipe was written. PyTorch symbolises each
+entry's C++ stack before it writes (ProcessGroupNCCL::dumpDebuggingInfo, `dump_nccl_trace(.., includeStackTrace=true,
+..)`, then DebugInfoWriter::write): torch 2.11 with NCCL 2.28.9 on an H200 took 4.3 s for 2,000 entries between the
+pipe's "preparing to dump debug info" and the write, so the first bound (5 s) missed it. The triggers of all ranks run
+at once, beside the py-spy samples, so this bound is not added per rank."""
 REFUSED = ("Permission Denied", "Operation not permitted", "os error 1)", "os error 13)")
 NOT_PYTHON = ("Failed to find python version", "Failed to find a python interpreter", "not a python", "Failed to get process")
 CAP_SYS_PTRACE = 19
@@ -290,6 +294,18 @@ def sample_pod(run: str | None, samples: int, interval: float) -> dict[str, Any]
             )
         report["agents"].append({"run": info.get("run"), "launcher": info.get("launcher"), "agent": info["pid"], "processes": procs})
     everyone = [p for a in report["agents"] for p in a["processes"]]
+    # Flight Recorder dumps take seconds (FR_WAIT_SECONDS): every torch rank's is asked for first, all at once, and
+    # read while py-spy samples.
+    fr_threads = []
+    for proc in everyone:
+        if proc["_env"] is not None and torch_loaded(proc["pid"]):
+
+            def ask(proc: dict[str, Any] = proc) -> None:
+                proc["fr"] = trigger_fr(proc["pid"], proc["_env"])
+
+            fr_threads.append(threading.Thread(target=ask, daemon=True))
+    for t in fr_threads:
+        t.start()
     for k in range(max(1, samples)):
         began = time.monotonic()
         stamp = time.time()
@@ -313,14 +329,17 @@ def sample_pod(run: str | None, samples: int, interval: float) -> dict[str, Any]
             t.join()
         if k + 1 < samples:
             time.sleep(max(0.0, interval - (time.monotonic() - began)))
+    for t in fr_threads:
+        t.join(FR_WAIT_SECONDS + 5)
     ras_addr = "127.0.0.1:28028"
     for proc in everyone:
         values = proc.pop("_env")
         python = any("threads" in s for s in proc["samples"])
         loaded = torch_loaded(proc["pid"]) if python else False
-        if loaded and values is not None:
-            proc["fr"] = trigger_fr(proc["pid"], values)
-            ras_addr = values.get("NCCL_RAS_ADDR") or ras_addr
+        if "fr" in proc:
+            ras_addr = (values or {}).get("NCCL_RAS_ADDR") or ras_addr
+        elif loaded and values is not None:
+            proc["fr"] = {"status": "failed", "detail": f"no dump within {FR_WAIT_SECONDS} s of writing its pipe"}
         elif loaded is None and python:
             proc["fr"] = {"status": "refused", "detail": "its memory maps are not readable to this sampler"}
         elif python:
