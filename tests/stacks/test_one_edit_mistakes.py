@@ -7,8 +7,6 @@ environment, the cluster's file), never a traceback. Accepted edits render, and 
 from __future__ import annotations
 
 import copy
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,7 @@ import yaml
 
 from stacks.loader import SECRET_KEYS, check
 from tests.conftest import ROOT, VALIDATOR, run_objects, stack_objects
+from tests.fixtures import schema_check
 from tools.mock_engine import flatten
 from tools.render import write
 
@@ -130,7 +129,7 @@ def test_accepted_edits_render_objects_the_schemas_accept(tmp_path: Path) -> Non
         write(result, out)
         assert any(out.iterdir()), (label, "nothing written")
         outputs[str(out)] = label
-    # one validator process for every render (its schemas are loaded once); each problem line names its file
-    proc = subprocess.run([sys.executable, str(VALIDATOR), "-q", *outputs], capture_output=True, text=True, timeout=300, check=False)
+    # one schema check for every render (tests/fixtures/schema_check.py); each problem line names its file
+    proc = schema_check.check("-q", *outputs)
     refused = [label for out, label in outputs.items() if out + "/" in proc.stdout]
     assert proc.returncode == 0, (refused, proc.stdout[-1500:])
