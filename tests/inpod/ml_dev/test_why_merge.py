@@ -22,7 +22,7 @@ import pytest
 from inpod import contract
 from inpod.home import page, why_view
 from inpod.home.page import num
-from inpod.ml_dev import collectives, watchdog, why
+from inpod.ml_dev import collectives, sampler, watchdog, why
 from stacks.config import StackConfig
 from tests.conftest import stack_objects
 
@@ -252,8 +252,15 @@ def test_rank_env_keeps_the_jobs_own_flight_recorder_paths(tmp_path: Path, monke
     mine = watchdog.rank_env("r1", "env-0", {})
     assert mine[contract.RUN_ID_ENV] == "r1" and mine[contract.PROGRESS_FILE_ENV] == str(tmp_path / "runs" / "r1" / "progress")
     assert mine["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"].startswith(str(tmp_path / "runs" / "r1"))
-    theirs = watchdog.rank_env("r1", "env-0", {"TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/x/p", "TORCH_FR_DUMP_TEMP_FILE": "/x/d"})
-    assert "TORCH_NCCL_DEBUG_INFO_PIPE_FILE" not in theirs and "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in theirs
+    # the dump file under both names, one value: the new name for torch that reads it, the old for older torch
+    assert mine["TORCH_FR_DUMP_TEMP_FILE"] == mine["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == str(tmp_path / "runs" / "r1" / "fr-dump-")
+    for own in ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"):
+        theirs = watchdog.rank_env("r1", "env-0", {"TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/x/p", own: "/x/d"})
+        assert not {"TORCH_NCCL_DEBUG_INFO_PIPE_FILE", "TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"} & set(theirs), theirs
+    # where the sampler looks for a rank's dump: the new name first, as torch reads it
+    assert sampler.dump_prefix(mine) == mine["TORCH_FR_DUMP_TEMP_FILE"]
+    assert sampler.dump_prefix({"TORCH_FR_DUMP_TEMP_FILE": "/n/", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/o/"}) == "/n/"
+    assert sampler.dump_prefix({"TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/o/"}) == "/o/"
 
 
 def test_progress_relay_marks_each_touch_of_the_progress_file(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
