@@ -278,7 +278,9 @@ def test_real_ras_status_of_an_h200_job() -> None:
     lines = text.splitlines()
     table = lines[next(i for i, line in enumerate(lines) if line.startswith("Communicators")) : lines.index("Errors")]
     rows = [line.split() for line in table if line.split() and line.split()[0].isdigit()]
-    want = [{"group": int(r[0]), "comms": int(r[1]), "ranks": int(r[5]), "status": r[6], "errors": r[7]} for r in rows]
+    want: list[dict[str, Any]] = [
+        {"group": int(r[0]), "comms": int(r[1]), "ranks": int(r[5]), "status": r[6], "errors": r[7]} for r in rows
+    ]
     # each section's lines below its underline
     errors = [x.strip() for x in lines[lines.index("Errors") + 2 : lines.index("Warnings")] if x.strip()]
     warnings = [x.strip() for x in lines[lines.index("Warnings") + 2 :] if x.strip()]
