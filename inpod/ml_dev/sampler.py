@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import contract
-from .collectives import ask_ras, read_fr_dump
+from .collectives import ask_ras, library, read_fr_dump
 from .common import STATE_DIR
 
 PY_SPY_SECONDS = 8
@@ -138,14 +138,6 @@ def refusal(pid: int) -> str:
 def py_spy() -> str | None:
     """The py-spy binary: $ML_DEV_PY_SPY, else on PATH (the base image's pip installs it into its bin directory)."""
     return os.environ.get("ML_DEV_PY_SPY") or shutil.which("py-spy")
-
-
-LIBRARY_PARTS = ("/site-packages/", "/dist-packages/", "/lib/python3", "/lib64/python3")
-
-
-def library(filename: str) -> bool:
-    """A frame of the interpreter's library or an installed package (not the job's own code)."""
-    return filename.startswith("<") or any(part in filename for part in LIBRARY_PARTS)
 
 
 def dump(binary: str, pid: int) -> dict[str, Any]:

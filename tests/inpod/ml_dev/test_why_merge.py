@@ -400,3 +400,16 @@ def test_watchdog_fires_once_per_stall_and_progress_rearms_it() -> None:
         dog.stop.set()
         dog.join(10)
     assert out.getvalue().count("no progress for") == 2
+
+
+def test_a_job_kept_under_a_folder_named_torch_keeps_its_own_frame() -> None:
+    """The frame shown is the first one outside installed packages, not the first without 'torch/' in its path: a
+    user's checkout may well be ~/torch/ (a fork of PyTorch's examples, say)."""
+    frames = [
+        {"name": "all_reduce", "filename": "/opt/app/lib/python3.12/site-packages/torch/distributed/distributed_c10d.py", "line": 3068},
+        {"name": "train_step", "filename": "/workspace/torch/train.py", "line": 88},
+    ]
+    entry = {"process_group": ["0", "default_pg"], "collective_seq_id": 7, "profiling_name": "nccl:all_reduce", "state": "started"}
+    entry["frames"] = frames
+    summary = collectives.summarise_fr({"version": "2.10", "entries": [entry]})
+    assert summary["groups"]["0"]["entered"]["frame"] == {"name": "train_step", "file": "train.py", "line": 88}
