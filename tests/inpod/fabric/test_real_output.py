@@ -4,6 +4,7 @@ interface from sysfs, and MPI's own traffic kept on eth0 under a stock Open MPI 
 
 from __future__ import annotations
 
+import csv
 import os
 import shlex
 import shutil
@@ -29,6 +30,19 @@ def test_parser_reads_a_real_corrupt_run() -> None:
     what = allreduce.corruption({**parsed, "rc": 7})
     assert "#wrong > 0 at 27 of 27 sizes (8 B to 512 MiB)" in what
     assert "108 out-of-bounds values" in what and "ranks 0-1 on worker1, worker2" in what
+
+
+def test_the_gpu_list_of_a_real_h200() -> None:
+    """`nvidia-smi -L` of a real H200 (tests/data/tool_output/nvidia-smi-h200): one line per GPU, as the same
+    machine's CSV captures name it (index and UUID from the agent's query, the name from startup.sh's list, read
+    with the csv module): what the preflight's GPU count reads."""
+    h200 = REAL / "nvidia-smi-h200"
+    with (h200 / "gpu-idle.csv").open(newline="") as f:
+        gpus = list(csv.DictReader(f, skipinitialspace=True))
+    with (h200 / "startup-list.csv").open(newline="") as f:
+        names = {index: name for index, name, _total in csv.reader(f, skipinitialspace=True)}
+    expected = [f"GPU {g['index']}: {names[g['index']]} (UUID: {g['uuid']})" for g in gpus]
+    assert len(expected) == 1 and parse.parse_nvidia_smi_list((h200 / "nvidia-smi-L.txt").read_text()) == expected
 
 
 def test_a_clean_real_run_is_not_corruption() -> None:
