@@ -77,12 +77,13 @@ def wrapper_script(tool: str) -> str:
     return f'#!/bin/sh\nexec /usr/bin/python3 /run/podsim-node/nodetool.py {tool} "$@"\n'
 
 
-def default_node(directory: Path, pod: str, gpus: int) -> None:
-    """A node directory for a pod without a `Node`: nodetool.py and a healthy node.json (`gpus` idle GPUs, no HCA),
-    for PodSim to copy to /run/podsim-node (only nvidia-smi is installed from it; no mount is added)."""
+def default_node(directory: Path, pod: str, gpus: int, hcas: list[str] | None = None) -> None:
+    """A node directory for a pod without a `Node`: nodetool.py and a healthy node.json (`gpus` idle GPUs, `hcas`
+    with Active ports), for PodSim to copy to /run/podsim-node (nvidia-smi and ibv_devinfo are installed from it; no
+    mount is added)."""
     directory.mkdir(parents=True, exist_ok=True)
     shutil.copy(HERE / "nodetool.py", directory / "nodetool.py")
-    (directory / "node.json").write_text(json.dumps({"pod": pod, "gpus": gpus, "hcas": []}))
+    (directory / "node.json").write_text(json.dumps({"pod": pod, "gpus": gpus, "hcas": list(hcas or []), "ports": {}}))
     (directory / "calls.log").write_text("")
     (directory / "calls.log").chmod(0o666)  # the stub logs its calls as the pod's user
 
