@@ -37,6 +37,21 @@ def test_a_clean_real_run_is_not_corruption() -> None:
     assert allreduce.corruption({**parsed, "rc": 0}) == ""
 
 
+def test_our_build_of_the_pinned_nccl_tests_parses_on_a_real_gpu() -> None:
+    """data/SOURCES.md: nccl-tests 2.17.6 from the archive the base image pins, started on one H200 by the gate's own
+    all_reduce() (its whole mpirun command line). The sizes are the command's (-b 8 -e 1 GiB -f 2); one rank moves
+    no bytes across a bus, so every busbw is 0 and the single-pod gate skips rather than judging it (gate.py)."""
+    text = (DATA / "all_reduce_perf-1x1-h200.txt").read_text()
+    parsed = parse.parse_nccl_tests(text)
+    rows = parsed["rows"]
+    assert [r["bytes"] for r in rows] == [8 << i for i in range(28)]
+    assert all(r["wrong"] == 0 and r["busbw"] == 0.0 for r in rows)
+    assert parsed["wrong"] == 0 and parsed["out_of_bounds"] == 0
+    assert parsed["ranks"] == [{"rank": 0, "host": "vm", "device": 0}]
+    assert allreduce.corruption({**parsed, "rc": 0}) == "" and allreduce.plateau(rows, 64 << 20) == 0.0
+    assert "# nccl-tests version 2.17.6" in text.splitlines()[0]
+
+
 @pytest.mark.timeout(300)
 def test_corruption_is_reported_as_such_whatever_the_exit_status(fabric) -> None:
     """nccl-tests exits non-zero when #wrong > 0; the gate must still say data corruption, and the pairwise
