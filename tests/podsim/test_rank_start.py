@@ -257,11 +257,11 @@ def test_a_key_the_pods_do_not_accept_is_authentication_refused(sim: PodSim) -> 
 def test_the_secret_reached_every_rank_and_nothing_else(sim: PodSim, scan: LeakScan) -> None:
     """After every failed start and repair: a rank on each pod holds the value (sampled), nothing else has it. The
     same scan finds it when planted in an SSH connection's command (the recorded argv and the remote `bash -c`)."""
-    res = sim.exec(0, "ml-dev run --no-sync --timeout 30 -- sleep 1.5", cwd="/tmp", timeout=90)
+    res = sim.exec(0, "ml-dev run --no-sync --timeout 30 -- sleep 3", cwd="/tmp", timeout=90)
     assert res.returncode == 0, res.stdout + res.stderr
     OUTPUTS.append(("output of a run", res.stdout + res.stderr))
     scan.stop()
-    assert {pod for pod, cmdline in scan.holders if cmdline == "sleep 1.5"} == {p.name for p in sim.pods}, scan.holders
+    assert {pod for pod, cmdline in scan.holders if cmdline == "sleep 3"} == {p.name for p in sim.pods}, scan.holders
     for where, text in OUTPUTS:
         scan.text(where, text)
     files = scan.pods_state() + scan.pods_files() + scan.container_logs()

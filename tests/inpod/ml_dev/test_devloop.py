@@ -663,13 +663,13 @@ def test_the_secret_reached_every_rank_and_nothing_else(cluster: Cluster, scan: 
     digest = hashlib.sha256(VALUE.encode()).hexdigest()
     got = records(cluster)
     assert sorted(got) == [0, 1, 2, 3] and [i for i, rec in got.items() if rec["secret"] != digest] == [], got
-    held = launch(cluster, "exec -- sleep 1.5")
+    held = launch(cluster, "exec -- sleep 3")
     assert held.returncode == 0, held.stdout + held.stderr
     for page in ("/", "/fragment"):  # the home page (pod 0's dev server) shows names, never a value
         res = cluster.exec(0, ["python3", "-c", FETCH, f"http://127.0.0.1:{HOME_PORT}{page}"], timeout=30)
         assert res.returncode == 0 and res.stdout, res.stderr
     scan.stop()
-    assert {pod for pod, cmdline in scan.holders if cmdline == "sleep 1.5"} == {p.name for p in cluster.pods}, scan.holders
+    assert {pod for pod, cmdline in scan.holders if cmdline == "sleep 3"} == {p.name for p in cluster.pods}, scan.holders
     for where, text in cluster.outputs:
         scan.text(where, text)
     files = scan.pods_state() + scan.pods_files() + scan.container_logs()
