@@ -76,10 +76,20 @@ def rsh(cluster: Cluster, stall: int) -> str:
     return cluster.rsh() + " " + shlex.join(alive)
 
 
-def hop(cluster: Cluster, root: Path, dst: int, listing: bytes, expect: str, stall: int) -> Hop:
+def hop(
+    cluster: Cluster,
+    root: Path,
+    dst: int,
+    listing: bytes,
+    expect: str,
+    stall: int,
+    verify: Callable[[int, bytes], tuple[str, str]] | None = None,
+) -> Hop:
     """From this pod to `dst`: rsync the listed files, then `_apply` there (deletions, manifest, tree hash). rsync's
     quick check (size + mtime, to the nanosecond with --modify-window=-1) misses a same-size rewrite within one
-    timestamp tick: when the hash differs, the contents are compared (--checksum) once."""
+    timestamp tick: when the hash differs, the contents are compared (--checksum) once. `verify(dst, listing)` ->
+    (hash, error) runs `_apply` there: by default its own SSH command; `ml-dev run` asks the rank agent that waits at
+    its gate on that pod (sync.serve_gate), over the session it already holds."""
     started = time.monotonic()
     out: Hop = {"src": cluster.me, "dst": dst, "hash": "", "sent": 0, "error": "", "source_failed": False}
     files = listing + b"\0" if listing else b""
@@ -96,16 +106,28 @@ def hop(cluster: Cluster, root: Path, dst: int, listing: bytes, expect: str, sta
             break
         stats = re.search(rb"Total bytes sent: ([\d,.]+)", res.stdout)
         out["sent"] += int(re.sub(rb"[,.]", b"", stats.group(1))) if stats else 0
-        remote = [PY, str(HERE / "ml-dev"), "_apply", "--root", str(root)]
-        res = subprocess.run(cluster.ssh(dst, remote), input=listing, capture_output=True, check=False)
-        if res.returncode != 0:
-            out["error"] = f"hash: {cluster.explain(dst, res.stderr.decode(errors='replace'), res.returncode)}"
+        got, error = (verify or applied_over_ssh(cluster, root))(dst, listing)
+        if error:
+            out["error"] = f"hash: {error}"
             break
-        out["hash"] = res.stdout.decode().strip()
+        out["hash"] = got
         if out["hash"] == expect:
             break
     out["seconds"] = round(time.monotonic() - started, 3)
     return out
+
+
+def applied_over_ssh(cluster: Cluster, root: Path) -> Callable[[int, bytes], tuple[str, str]]:
+    """verify for a hop: `ml-dev _apply` on the receiver, its own SSH command."""
+
+    def verify(dst: int, listing: bytes) -> tuple[str, str]:
+        remote = [PY, str(HERE / "ml-dev"), "_apply", "--root", str(root)]
+        res = subprocess.run(cluster.ssh(dst, remote), input=listing, capture_output=True, check=False)
+        if res.returncode != 0:
+            return "", cluster.explain(dst, res.stderr.decode(errors="replace"), res.returncode)
+        return res.stdout.decode().strip(), ""
+
+    return verify
 
 
 def cmd_relay(args: argparse.Namespace) -> int:
