@@ -550,6 +550,11 @@ def open_gate(
     def verify(rank: int, listing: bytes) -> tuple[str, str]:
         """`_apply` by the agent waiting at that pod's gate: the file list on its stdin, the hash it answers."""
         proc = procs[rank]
+        if proc.poll() is not None:  # its session ended (that pod's sshd died): a new agent, once
+            procs[rank] = proc = spawn(rank)
+            if gate_answer(proc, f"[{rank:>{width}}] ") is None:
+                code = proc.wait()
+                return "", cluster.explain(rank, proc.stderr.read().decode(errors="replace") if proc.stderr else "", code)
         try:
             assert proc.stdin is not None
             proc.stdin.write(f"apply {len(listing)}\n".encode() + listing)

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
 
 from . import fanout
 from .common import HERE, IGNORE_FILE, PY, STATE_DIR, SYNC_MANIFEST, Cluster, die, parallel, wait_reachable
@@ -301,10 +300,6 @@ class Tree:
             self.record = {}
 
 
-Verify = Callable[[int, bytes], "tuple[str, str]"]
-"""verify(rank, listing) -> (hash, error): `_apply` on that pod after a hop's rsync (fanout.hop's default: over SSH)."""
-
-
 def sync(cluster: Cluster, root: Path, quiet: bool = False, timeout: float = 60) -> str:
     """Make the tree at `root` the same on every pod; returns its hash (verified on every pod).
 
@@ -329,10 +324,13 @@ def sync(cluster: Cluster, root: Path, quiet: bool = False, timeout: float = 60)
     return tree.hash
 
 
-def copy(cluster: Cluster, tree: Tree, answers: dict[int, str], started: float, quiet: bool = False, verify: Verify | None = None) -> None:
+def copy(
+    cluster: Cluster, tree: Tree, answers: dict[int, str], started: float, quiet: bool = False, verify: fanout.Verify | None = None
+) -> None:
     """Copy the tree to every pod whose answer (the hash it holds) differs: pushed from here at once or, above the
     threshold (contract.FANOUT_DEFAULTS), in rounds through pods that hold the verified tree (fanout.py). Dies
-    naming every pod that never got it. `verify`: how this pod's own direct hops run `_apply` (default: SSH)."""
+    naming every pod that never got it. `verify`: how `_apply` runs after a hop of this pod or, in rounds, of a
+    relay (default: its own SSH command)."""
     root, local_hash, entries, listing = tree.root, tree.hash, tree.entries, tree.listing
     cfg = fanout.settings()
     record = tree.record
@@ -343,7 +341,7 @@ def copy(cluster: Cluster, tree: Tree, answers: dict[int, str], started: float, 
     stall = max(1, cfg["stallSeconds"])
     if fan:
         say(f"{len(stale)} pods need the tree (about {estimate / 1e6:.1f} MB from here by a direct push): passing it on in rounds")
-        hops, gave_up = fanout.fan_out(cluster, root, stale, listing, local_hash, cfg, say)
+        hops, gave_up = fanout.fan_out(cluster, root, stale, listing, local_hash, cfg, say, verify)
     else:
         results = parallel(lambda r: fanout.hop(cluster, root, r, listing, local_hash, stall, verify), stale)
         hops, gave_up = [], {}  # one round: today's push
