@@ -30,6 +30,7 @@ from .common import (
     Cluster,
     die,
     launch_env,
+    listed_secrets,
     parallel,
     read_line,
     stop_grace,
@@ -371,16 +372,17 @@ def run_everywhere(
     run_id: str = "",
     tree: Tree | None = None,
     timeout: float = 60,
-    before_go: Callable[[], None] | None = None,
 ) -> int:
     """Start a rank agent on every pod and stream them. With `tree` every agent first waits at its gate (serve_gate):
     it answers the hash of the tree it holds, the pods whose answer differs get a copy (sync.copy; a direct hop's
-    `_apply` goes to the waiting agent), `before_go` runs, and only then does every agent start its rank: one SSH
+    `_apply` goes to the waiting agent), the listed Secret keys are checked (the
+    same answers), and only then does every agent start its rank: one SSH
     session per pod when nothing changed, and no rank starts before every pod's tree is verified."""
     procs: dict[int, subprocess.Popen] = {}
     streams: list[Stream] = []
     launcher = cluster.pods[cluster.me] if 0 <= cluster.me < len(cluster.pods) else ""
     hello_of = {"env": carried or {}, "per_pod": per_pod_ranks, "run": run_id, "launcher": launcher}
+    listed = listed_secrets() if tree is not None else []
     stopped: list[str] = []  # why a pod stopped its rank (the agent's POD_STOP_MARK line), the first one
     pod_stop = threading.Event()
     # no output and no progress mark for lifecycle.stallVerdictSeconds: `ml-dev why`, once per stall (watchdog.py)
@@ -417,7 +419,7 @@ def run_everywhere(
         )
         hello = dict(hello_of)
         if tree is not None:  # the launching pod's own agent only waits: its tree is the truth
-            hello["gate"] = {"root": "" if rank == cluster.me else str(tree.root), "hash": tree.hash}
+            hello["gate"] = {"root": "" if rank == cluster.me else str(tree.root), "hash": tree.hash, "secrets": listed}
         try:
             assert proc.stdin is not None
             proc.stdin.write((json.dumps(hello) + "\n").encode())
@@ -430,7 +432,7 @@ def run_everywhere(
         procs[rank] = spawn(rank)
     if tree is not None:
         try:
-            open_gate(cluster, procs, spawn, tree, timeout, before_go)
+            open_gate(cluster, procs, spawn, tree, timeout)
         except SystemExit:
             stop_all(procs)  # EOF at every gate: no rank starts
             raise
@@ -491,14 +493,19 @@ def run_everywhere(
     return 0
 
 
-def gate_answer(proc: subprocess.Popen, prefix: str) -> str | None:
-    """The agent's answer at its gate (the hash of the tree it holds); lines before it (a login script's) are shown
-    as the rank's output; None: the agent or its SSH session ended first."""
+def gate_answer(proc: subprocess.Popen, prefix: str) -> dict | None:
+    """The agent's answer at its gate ({"tree": the hash of the tree it holds, "secrets": presence}); lines before it
+    (a login script's) are shown as the rank's output; None: the agent or its SSH session ended first."""
     assert proc.stdout is not None
     for raw in iter(proc.stdout.readline, b""):
         line = raw.decode(errors="replace").rstrip("\n")
         if line.startswith(GATE_MARK):
-            return line[len(GATE_MARK) :].strip()
+            try:
+                got = json.loads(line[len(GATE_MARK) :])
+            except ValueError:
+                got = None
+            if isinstance(got, dict):
+                return got
         with Stream.lock:
             sys.stdout.write(f"{prefix}{line}\n")
             sys.stdout.flush()
@@ -511,14 +518,15 @@ def open_gate(
     spawn: Callable[[int], subprocess.Popen],
     tree: Tree,
     timeout: float,
-    before_go: Callable[[], None] | None,
 ) -> None:
     """Every agent answers at its gate (an SSH failure, exit 255 (ssh(1)), is tried again each second until
-    `timeout`: the same wait and words as wait_reachable); the pods whose tree differs get a copy; then `go` to all.
-    Dies naming the pods that never answered or never got the tree."""
+    `timeout`: the same wait and words as wait_reachable); the pods whose tree differs get a copy; every listed
+    Secret key must be on every pod (their answers say; secrets.require's words); then `go` to all. Dies naming the
+    pods that never answered or never got the tree, or the missing keys."""
     started = time.monotonic()
     deadline = started + timeout
     answers: dict[int, str] = {}
+    found: dict[int, usersecrets.Presence | None] = {}
     width = len(str(len(cluster.hosts) - 1))
 
     def first(rank: int) -> str:
@@ -527,7 +535,8 @@ def open_gate(
             proc = procs[rank]
             got = gate_answer(proc, f"[{rank:>{width}}] ")
             if got is not None:
-                answers[rank] = got
+                answers[rank] = str(got.get("tree") or "")
+                found[rank] = got.get("secrets") if isinstance(got.get("secrets"), dict) else None
                 return ""
             code = proc.wait()
             err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
@@ -565,7 +574,7 @@ def open_gate(
         if got is None:
             code = proc.wait()
             return "", cluster.explain(rank, proc.stderr.read().decode(errors="replace") if proc.stderr else "", code)
-        return got, ""
+        return str(got.get("tree") or ""), ""
 
     copy(cluster, tree, {r: h for r, h in answers.items() if r != cluster.me}, started, verify=verify)
     # an agent whose SSH session ended while it waited (its pod's sshd died during the copy: that relay's failure
@@ -580,8 +589,10 @@ def open_gate(
         differs = [r for r in gone if answers[r] != tree.hash]
         if differs:
             die("\n  ".join(f"{cluster.label(r)}: tree {answers[r][:12]} differs from {tree.hash[:12]} here" for r in differs))
-    if before_go is not None:
-        before_go()
+    if listed_secrets():
+        lines = usersecrets.missing_lines({cluster.pods[r]: found.get(r) for r in sorted(procs)})
+        if lines:
+            die("no rank started:\n  " + "\n  ".join(lines))
     for proc in procs.values():
         try:
             assert proc.stdin is not None
@@ -653,8 +664,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             wait_reachable(cluster, args.timeout)
         secrets.require(cluster)
         tree = None
-    # else: the rank agents' gate is the reachability probe and the tree check (open_gate), the copy goes to the
-    # pods whose tree differs, the Secret keys are checked, and only then does any rank start
+    # else: the rank agents' gate is the reachability probe, the tree check and the Secret check (open_gate), the
+    # copy goes to the pods whose tree differs, and only then does any rank start
     run_id = new_run_id()
     with Heartbeat("run", {"command": args.command, "cwd": str(cwd), "pods": cluster.pods, "run": run_id}):
         return run_everywhere(
@@ -669,7 +680,6 @@ def cmd_run(args: argparse.Namespace) -> int:
             run_id,
             tree=tree,
             timeout=args.timeout,
-            before_go=lambda: secrets.require(cluster),
         )
 
 

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..lib import usersecrets
 from . import fanout
 from .common import HERE, IGNORE_FILE, PY, STATE_DIR, SYNC_MANIFEST, Cluster, die, parallel, wait_reachable
 
@@ -180,13 +181,13 @@ def apply_listing(root: Path, files: list[str]) -> str:
     return tree_hash(root, files)
 
 
-def listed(data: bytes) -> list[str]:
+def listed_files(data: bytes) -> list[str]:
     return [p for p in data.decode().split("\0") if p]
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
     """(on a receiving pod) delete what an earlier sync brought and is gone now; print the tree hash."""
-    print(apply_listing(Path(args.root), listed(sys.stdin.buffer.read())))
+    print(apply_listing(Path(args.root), listed_files(sys.stdin.buffer.read())))
     return 0
 
 
@@ -198,7 +199,7 @@ def recorded_hash(root: Path) -> str:
     except OSError as exc:
         die(f"cannot make {root} here: {exc}", code=2)
     try:
-        files = listed((root / SYNC_MANIFEST).read_bytes())
+        files = listed_files((root / SYNC_MANIFEST).read_bytes())
     except OSError:
         files = []
     return tree_hash(root, files)
@@ -212,8 +213,9 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------ the rank agent's gate (ml-dev run)
 
-GATE_MARK = "ml-dev: TREE "
-"""The rank agent's answer line (stdout) while it waits at the gate: the hash of the tree it holds."""
+GATE_MARK = "ml-dev: GATE "
+"""The rank agent's answer line (stdout) while it waits at the gate: JSON, `tree` (the hash of the tree it holds) and
+`secrets` (env.secrets' keys present on its pod, {secret: {KEY: present}}, names only)."""
 
 
 def raw_line(fd: int) -> bytes | None:
@@ -238,7 +240,8 @@ def read_exact(fd: int, size: int) -> bytes | None:
 
 
 def serve_gate(spec: dict[str, object]) -> bool:
-    """(the rank agent of `ml-dev run`, before its rank starts) answer the hash of the tree at the gate's root, then
+    """(the rank agent of `ml-dev run`, before its rank starts) answer the hash of the tree at the gate's root (and
+    which of the listed Secret keys its pod holds: the launch's Secret check rides on the same answer), then
     follow the launcher's words on stdin: `apply <n>` + the launching pod's file list (n bytes: deletions, manifest,
     hash, answered again, after the launcher's rsync), `go` (start the rank); EOF: the launch stopped, nothing
     starts. On `go` the tree's hash is checked once more against the launching pod's (a relay's copy landed since
@@ -246,7 +249,14 @@ def serve_gate(spec: dict[str, object]) -> bool:
     root = Path(str(spec.get("root") or "")) if spec.get("root") else None
     expect = str(spec.get("hash") or "")
     held = recorded_hash(root) if root else ""
-    os.write(1, f"{GATE_MARK}{held}\n".encode())
+    raw = spec.get("secrets")
+    listed = [(str(pair[0]), str(pair[1])) for pair in raw] if isinstance(raw, list) else []
+    found = usersecrets.presence(listed) if listed else {}
+
+    def answer() -> None:
+        os.write(1, (GATE_MARK + json.dumps({"tree": held, "secrets": found}) + "\n").encode())
+
+    answer()
     while True:
         line = raw_line(0)
         if line is None:
@@ -262,8 +272,8 @@ def serve_gate(spec: dict[str, object]) -> bool:
             data = read_exact(0, int(arg))
             if data is None:
                 return False
-            held = apply_listing(root, listed(data))
-            os.write(1, f"{GATE_MARK}{held}\n".encode())
+            held = apply_listing(root, listed_files(data))
+            answer()
             continue
         die(f"unexpected word from the launcher at the gate: {line[:40]!r}", code=2)
 
