@@ -433,8 +433,8 @@ def run_everywhere(
     if tree is not None:
         try:
             open_gate(cluster, procs, spawn, tree, timeout)
-        except SystemExit:
-            stop_all(procs)  # EOF at every gate: no rank starts
+        except BaseException:  # a refusal (die), Ctrl-C: EOF at every gate, no rank starts
+            stop_all(procs)
             raise
     for rank, proc in sorted(procs.items()):
         prefix = f"[{rank:>{width}}] "
