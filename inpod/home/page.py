@@ -22,7 +22,8 @@ Layout: one table of sections (`SECTIONS`); the first screen (1280x800) holds th
 fabric curve. Every value shown is marked with what it is (`num`, `data-k`): the tests check each.
 
 Routes: `/` the page, `/fragment` its live part (the page's script swaps it in every
-`refresh` seconds: no full reload), `/app.js`, `/fabric.svg`, `/healthz`. Everything that comes from
+`refresh` seconds: no full reload; both drawn from a round of the agents at most half a refresh old, so a change
+shows by the second refresh after it: `Collector.fresh`), `/app.js`, `/fabric.svg`, `/healthz`. Everything that comes from
 users (command lines, working directories, user names, pod names) is HTML-escaped; the page loads
 nothing from the internet and runs no inline script (Content-Security-Policy `default-src 'self'`).
 
@@ -31,7 +32,7 @@ Usage: home_page.py serve [--listen HOST:PORT[,HOST:PORT]]   (default $ML_DEV_HO
 $ML_DEV_STATE_DIR/home.addr, one a line)
        home_page.py render                       (the page once, to stdout)
 Test overrides: ML_DEV_HOME_AGENTS "pod=host:port ..." (every pod's agent, rank order),
-ML_DEV_HOME_INTERVAL (sampling seconds, default 30), ML_DEV_HOME_REFRESH (page refresh seconds, default 10).
+ML_DEV_HOME_INTERVAL (sampling seconds while no page asks, default 30), ML_DEV_HOME_REFRESH (page refresh seconds, default 10).
 """
 
 from __future__ import annotations
@@ -131,6 +132,8 @@ class Collector:
 
     def __init__(self, history: Path | None = None) -> None:
         self.lock = threading.Lock()
+        self.sampling = threading.Lock()
+        """Held for a whole round (`sample`); `lock` only while a round's results are stored or a page is drawn."""
         self.history_path = history_file() if history is None else history
         self.history: dict[str, deque[tuple[float, list[float]]]] = self.load_history()
         self.reports: dict[str, dict[str, Any]] = {}
@@ -161,6 +164,25 @@ class Collector:
             tmp.replace(self.history_path)
 
     def sample(self, now: float | None = None) -> None:
+        """One round: every pod's `/activity` and pod 0's `/decision` (one round at a time: the loop's and `fresh`'s)."""
+        with self.sampling:
+            self._sample(now)
+
+    def fresh(self, max_age: float) -> None:
+        """Make what is served come from a round that started at most `max_age` seconds before this call: a round now
+        unless one did (requests that ask together share it). `/` and `/fragment` ask for half the page's refresh
+        interval, so whatever the sampling interval, a change the agents report is on the page by the second refresh
+        that starts after it (that refresh's request comes a refresh interval after the first, its round half an
+        interval before it at the earliest). The agents answer `/activity` from the pod's records at that moment."""
+        asked = time.time()
+        with self.sampling:
+            if self.last_sample is None or self.last_sample < asked - max_age:
+                try:
+                    self._sample()
+                except Exception as exc:  # the page is served from the last round whatever this one hit
+                    print(f"[home-page] sample failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+
+    def _sample(self, now: float | None = None) -> None:
         settings = settings_or_defaults()
         pods = agents(settings)
         now = time.time() if now is None else now
@@ -553,10 +575,15 @@ APP_JS = """'use strict';
 """
 
 
+def refresh_seconds() -> int:
+    """How often the page's script fetches `/fragment` (`data-refresh`): ML_DEV_HOME_REFRESH, default 10, at least 1."""
+    return max(1, int(float(env("ML_DEV_HOME_REFRESH", "10"))))
+
+
 def page(col: Collector) -> str:
     ns = env("POD_NAMESPACE")
     title = f"{app_name() or 'ml-dev-env'}" + (f" in {ns}" if ns else "") + " · home"
-    refresh = int(float(env("ML_DEV_HOME_REFRESH", "10")))
+    refresh = refresh_seconds()
     return (
         "<!DOCTYPE html>\n"
         f'<html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>'
@@ -578,10 +605,9 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # http.server's method name
         path = self.path.split("?", 1)[0]
         col = self.collector
-        if path == "/":
-            self.reply(page(col), "text/html; charset=utf-8")
-        elif path == "/fragment":
-            self.reply(fragment(col), "text/html; charset=utf-8")
+        if path in ("/", "/fragment"):
+            col.fresh(refresh_seconds() / 2)  # never older than half a refresh: a change shows within two (Collector.fresh)
+            self.reply(page(col) if path == "/" else fragment(col), "text/html; charset=utf-8")
         elif path == "/app.js":
             self.reply(APP_JS, "text/javascript; charset=utf-8")
         elif path == "/fabric.svg":

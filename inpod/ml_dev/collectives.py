@@ -29,6 +29,15 @@ RAS_SECONDS = 10
 ENTERED = ("scheduled", "started")
 
 
+LIBRARY_PARTS = ("/site-packages/", "/dist-packages/", "/lib/python3", "/lib64/python3")
+
+
+def library(filename: str) -> bool:
+    """A frame of the interpreter's library or an installed package (torch's own included), not the job's code: py-spy's
+    stacks (sampler.py) and Flight Recorder's frames are both judged by it."""
+    return filename.startswith("<") or any(part in filename for part in LIBRARY_PARTS)
+
+
 class _PlainUnpickler(pickle.Unpickler):
     """Flight Recorder pickles dicts, lists, strings and numbers only: any class reference is refused."""
 
@@ -69,7 +78,7 @@ def summarise_fr(data: dict[str, Any]) -> dict[str, Any]:
             g["completed"] = max(g["completed"], seq)
         elif state in ENTERED and (g["entered"] is None or seq > g["entered"]["seq"]):
             frames = [f for f in entry.get("frames") or [] if isinstance(f, dict)]
-            top = next((f for f in frames if "torch/" not in str(f.get("filename", ""))), frames[0] if frames else {})
+            top = next((f for f in frames if not library(str(f.get("filename", "")))), frames[0] if frames else {})
             g["entered"] = {
                 "seq": seq,
                 "op": str(entry.get("profiling_name", "?")).split(":")[-1],

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import contract
-from .collectives import ask_ras, read_fr_dump
+from .collectives import ask_ras, library, read_fr_dump
 from .common import STATE_DIR
 
 PY_SPY_SECONDS = 8
@@ -140,14 +140,6 @@ def py_spy() -> str | None:
     return os.environ.get("ML_DEV_PY_SPY") or shutil.which("py-spy")
 
 
-LIBRARY_PARTS = ("/site-packages/", "/dist-packages/", "/lib/python3", "/lib64/python3")
-
-
-def library(filename: str) -> bool:
-    """A frame of the interpreter's library or an installed package (not the job's own code)."""
-    return filename.startswith("<") or any(part in filename for part in LIBRARY_PARTS)
-
-
 def dump(binary: str, pid: int) -> dict[str, Any]:
     """One `py-spy dump --json` of `pid`: {"threads": [...]} (frames innermost first, no locals) or {"error": kind, ...}."""
     try:
@@ -211,13 +203,19 @@ def torch_loaded(pid: int) -> bool | None:
         return None
 
 
+def dump_prefix(values: dict[str, str]) -> str:
+    """Where a rank's Flight Recorder dump goes (`<prefix><rank>`): the names in the order PyTorch reads them
+    (torch/csrc/distributed/c10d/FlightRecorder.cpp DebugInfoWriter::getWriter, `getCvarString({"TORCH_FR_DUMP_TEMP_FILE",
+    "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"}, ..)`); `ml-dev run` sets both to one value (watchdog.rank_env)."""
+    return values.get("TORCH_FR_DUMP_TEMP_FILE") or values.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE") or "/tmp/nccl_trace_rank_"
+
+
 def trigger_fr(pid: int, values: dict[str, str]) -> dict[str, Any]:
     """Ask a torch rank for its Flight Recorder dump through its pipe and read the dump.
 
     PyTorch (torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp, DumpPipe): with TORCH_NCCL_DEBUG_INFO_PIPE_FILE set
     and a trace buffer (TORCH_FR_BUFFER_SIZE, formerly TORCH_NCCL_TRACE_BUFFER_SIZE) above 0, each rank makes the FIFO
-    `<pipe file><rank>.pipe`; anything written to it makes the watchdog dump to `<TORCH_NCCL_DEBUG_INFO_TEMP_FILE><rank>`
-    (default /tmp/nccl_trace_rank_; TORCH_FR_DUMP_TEMP_FILE in newer releases)."""
+    `<pipe file><rank>.pipe`; anything written to it makes the watchdog dump to `<dump_prefix><rank>`."""
     rank = values.get("RANK", "")
     stem = values.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", "")
     size = values.get("TORCH_FR_BUFFER_SIZE") or values.get("TORCH_NCCL_TRACE_BUFFER_SIZE") or "0"
@@ -226,7 +224,7 @@ def trigger_fr(pid: int, values: dict[str, str]) -> dict[str, Any]:
     if not size.isdigit() or int(size) <= 0:
         return {"status": "off", "detail": "no trace buffer (TORCH_FR_BUFFER_SIZE is 0 or unset)"}
     pipe = f"{stem}{rank}.pipe"
-    out = (values.get("TORCH_FR_DUMP_TEMP_FILE") or values.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE") or "/tmp/nccl_trace_rank_") + rank
+    out = dump_prefix(values) + rank
     before = os.stat(out).st_mtime if os.path.exists(out) else 0.0
     try:
         fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)

@@ -121,7 +121,9 @@ def rank_env(run: str, launcher: str, values: dict[str, str]) -> dict[str, str]:
     if "TORCH_NCCL_DEBUG_INFO_PIPE_FILE" not in values:
         out["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] = str(base / "fr-pipe-")
     if "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in values and "TORCH_FR_DUMP_TEMP_FILE" not in values:
-        out["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = str(base / "fr-dump-")
+        # both names, one value: TORCH_FR_DUMP_TEMP_FILE is the name torch >= 2.10 reads first, the old one the name
+        # older releases read (torch 2.11 warns that the old name is deprecated, even with both set: harmless)
+        out["TORCH_FR_DUMP_TEMP_FILE"] = out["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = str(base / "fr-dump-")
     return out
 
 

@@ -17,6 +17,8 @@ import contextlib
 import importlib.util
 import json
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -67,6 +69,35 @@ def outcome(function: Callable[..., Any], *args: object) -> dict[str, object]:
 def fixtures() -> list[Path]:
     found = [p for p in ROOT.glob("tests/**/data/**/*") if p.is_file() and p.suffix != ".md" and p.stat().st_size < 1 << 20]
     return sorted(found)
+
+
+NODETOOL = ROOT / "tests" / "podsim" / "nodetool.py"
+"""The node tools' stub the simulated pods run (tests/podsim/nodetools.py installs it; standard library only)."""
+H200 = ROOT / "tests" / "data" / "tool_output" / "nvidia-smi-h200"
+"""The real nvidia-smi of an H200 (SOURCES.md there)."""
+
+
+def node_tool(directory: Path, tool: str, **state: object) -> str:
+    """The node's `tool` (tests/podsim/nodetool.py, the stub every simulated pod runs), run by this interpreter, in
+    `directory`: a one-GPU node without HCAs with `state` over it, its node.json as tests/podsim/nodetools.py
+    `HostNode` writes it (tests/repo/test_simulators.py holds the two alike). This file cannot import nodetools.py
+    (it runs on every interpreter of the matrix), so it writes the state itself. The tool's path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    shutil.copy(str(NODETOOL), str(directory / "nodetool.py"))
+    node = {"pod": "host", "gpus": 1, "hcas": []}
+    node.update(state)
+    (directory / "node.json.tmp").write_text(json.dumps(node))
+    os.replace(str(directory / "node.json.tmp"), str(directory / "node.json"))
+    path = directory / tool
+    command = " ".join(shlex.quote(str(a)) for a in (sys.executable, directory / "nodetool.py", tool))
+    path.write_text(f'#!/bin/sh\nexec {command} "$@"\n')
+    path.chmod(0o755)
+    return str(path)
+
+
+def replay(gpu: Path, apps: Path | None = None, rc: int = 0) -> dict[str, object]:
+    """nodetools.py `set_gpus`' replay: a real tool's output, verbatim, for each query."""
+    return {"gpu": str(gpu), "apps": None if apps is None else str(apps), "rc": rc}
 
 
 GPU_HEADER = "index, uuid, utilization.gpu [%], utilization.memory [%], memory.used [MiB]\n"
@@ -144,25 +175,41 @@ class IdleAgent(unittest.TestCase):
             with self.subTest(row=row), self.assertRaises(ValueError):
                 self.agent.parse_gpu_csv(row)
 
-    def stub_smi(self, row: str) -> str:
-        """nvidia-smi printing `row` for --query-gpu and no compute process for --query-compute-apps."""
-        stub = self.tmp / "nvidia-smi"
-        stub.write_text(
-            '#!/bin/sh\ncase "$1" in\n'
-            "  --query-compute-apps=*) echo 'gpu_uuid, pid, process_name, used_gpu_memory [MiB]' ;;\n"
-            f"  *) printf '%s\\n' '{row}' ;;\nesac\n"
-        )
-        stub.chmod(0o755)
-        return str(stub)
+    def node_smi(self, row: str) -> str:
+        """The node's nvidia-smi printing `row` for --query-gpu and no compute process for --query-compute-apps."""
+        gpu = self.tmp / f"gpu-{len(list(self.tmp.glob('gpu-*.csv')))}.csv"
+        gpu.write_text(row + "\n")
+        return node_tool(self.tmp / "node", "nvidia-smi", replay=replay(gpu))
 
     def test_probe_gpu_runs_the_tool(self) -> None:
         settings = dict(self.agent.DEFAULTS)
-        with mock_env(ML_DEV_NVIDIA_SMI=self.stub_smi(GPU_ROWS[0])):
+        with mock_env(ML_DEV_NVIDIA_SMI=self.node_smi(GPU_ROWS[0])):
             busy = self.agent.probe_gpu(settings)
-        with mock_env(ML_DEV_NVIDIA_SMI=self.stub_smi(GPU_ROWS[2])):
+        with mock_env(ML_DEV_NVIDIA_SMI=self.node_smi(GPU_ROWS[2])):
             unknown = self.agent.probe_gpu(settings)
         self.assertTrue(busy["ok"] and busy["active"])
         self.assertTrue(unknown["ok"] and not unknown["active"])  # [N/A] is no evidence, not a failed probe
+
+    def test_probe_gpu_on_the_real_h200_output(self) -> None:
+        """The real nvidia-smi of an H200 (tests/data/tool_output/nvidia-smi-h200, replayed by the node's tool):
+        busy during a matmul + NCCL job (a compute process, 99-100 %), idle before it, idle right after it (4 %,
+        under the default 5 % threshold, no process)."""
+        settings = dict(self.agent.DEFAULTS)
+
+        def probe(gpu: str, apps: str) -> dict[str, Any]:
+            smi = node_tool(self.tmp / ("node-" + gpu), "nvidia-smi", replay=replay(H200 / gpu, H200 / apps))
+            with mock_env(ML_DEV_NVIDIA_SMI=smi):
+                return dict(self.agent.probe_gpu(settings))
+
+        for i in range(3):
+            busy = probe(f"gpu-busy-{i}.csv", f"apps-busy-{i}.csv")
+            self.assertTrue(busy["ok"] and busy["active"], busy)
+            self.assertEqual((busy["detail"]["busy"], busy["detail"]["processes"]), (["0"], 1))
+        for state in ("idle", "after-0", "after-1"):
+            gpu, apps = f"gpu-{state}.csv", f"apps-{state}.csv"
+            idle = probe(gpu, apps)
+            self.assertTrue(idle["ok"] and not idle["active"], idle)
+            self.assertEqual(idle["detail"]["processes"], 0)
 
     def test_an_unexpected_exception_in_a_local_probe_counts_as_active(self) -> None:
         def broken(*_: object) -> dict[str, object]:
@@ -171,7 +218,7 @@ class IdleAgent(unittest.TestCase):
         patch = mock.patch.object(self.agent, "probe_terminals", broken)
         patch.start()
         self.addCleanup(patch.stop)
-        with mock_env(ML_DEV_NVIDIA_SMI=self.stub_smi(GPU_ROWS[3]), ML_DEV_STATE_DIR=str(self.tmp), ML_DEV_SSH_PROCESS_SCAN="0"):
+        with mock_env(ML_DEV_NVIDIA_SMI=self.node_smi(GPU_ROWS[3]), ML_DEV_STATE_DIR=str(self.tmp), ML_DEV_SSH_PROCESS_SCAN="0"):
             report = self.agent.local_activity(dict(self.agent.DEFAULTS))
         terminals = [s for s in report["signals"] if s["name"] == "terminals"]
         self.assertEqual(len(terminals), 1)

@@ -6,6 +6,7 @@ Python. A missing interpreter is a skip with the reason (pytest -ra lists it); t
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -16,8 +17,10 @@ from pathlib import Path
 import pytest
 
 import inpod
+from inpod.idle.probes import APPS_QUERY, GPU_QUERY
 from tests.conftest import ROOT
-from tests.inpod import mount
+from tests.inpod import mount, pod_units
+from tests.podsim.nodetools import HostNode
 
 UNITS = Path(__file__).resolve().parent / "pod_units.py"
 VERSIONS = [f"3.{minor}" for minor in range(inpod.MIN_PYTHON[1], 14)]
@@ -69,6 +72,22 @@ def test_unit_tests_pass_and_parsers_agree(version: str, reference_dump: str) ->
     dump = run_units(python, "--dump")
     assert dump.returncode == 0, dump.stderr
     assert dump.stdout == reference_dump, f"the programs' parsers give other results under {python} than under {sys.executable}"
+
+
+def test_the_units_run_the_node_tool_as_host_node_does(tmp_path: Path) -> None:
+    """pod_units.py's nvidia-smi (`node_tool`: it cannot import tests/podsim/nodetools.py) is the node's: the same
+    nodetool.py, the node.json `HostNode` writes for the same replay, the same output for each query."""
+    gpu, apps = pod_units.H200 / "gpu-busy-0.csv", pod_units.H200 / "apps-busy-0.csv"
+    host = HostNode(tmp_path / "host", gpus=1)
+    host.gpu(replay={"gpu": gpu, "apps": apps, "rc": 0})
+    units = pod_units.node_tool(tmp_path / "units", "nvidia-smi", replay=pod_units.replay(gpu, apps))
+    assert (tmp_path / "units" / "nodetool.py").read_bytes() == (tmp_path / "host" / "nodetool.py").read_bytes()
+    assert json.loads((tmp_path / "units" / "node.json").read_text()) == json.loads((tmp_path / "host" / "node.json").read_text())
+    queries = [["-L"], [f"--query-gpu={GPU_QUERY}", "--format=csv"], [f"--query-compute-apps={APPS_QUERY}", "--format=csv"]]
+    for query in queries:
+        ours, hosts = (subprocess.run([smi, *query], capture_output=True, text=True, timeout=60) for smi in (units, str(host.nvidia_smi)))
+        assert (ours.returncode, ours.stdout) == (hosts.returncode, hosts.stdout), query
+    assert ours.stdout == apps.read_text()  # the replay reached the tool
 
 
 def test_minimum_python_is_stated_once_and_followed() -> None:

@@ -11,6 +11,8 @@ tests/inpod/ml_dev/test_checkpoint_stop.py and tests/components/test_gpu_cluster
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import time
@@ -22,6 +24,7 @@ import pytest
 from core import naming
 from inpod import contract as pod_contract
 from tests.inpod import mount
+from tests.podsim.nodetools import HostNode
 
 SERVERS = ("code-server", "jupyter", "tensorboard")
 STUBS = {
@@ -31,8 +34,6 @@ STUBS = {
         "exec sleep 60"
         for name in SERVERS
     },
-    "nvidia-smi": 'echo "0, NVIDIA H100 80GB HBM3, 81559 MiB"',
-    "ibv_devinfo": r'printf "4 HCAs found:\n\tmlx5_7\n\tmlx5_6\n\tmlx5_9\n\tmlx5_8\n"',
 }
 APP, NAMESPACE, HEADLESS = "ml-dev-env", "nccl-test", "ml-dev-env-headless"
 CLUSTER = {
@@ -48,10 +49,15 @@ RANK_KEYS = pod_contract.RANK_ENV  # what rank.env holds: the one contract (inpo
 
 
 def make_stubs(tmp_path: Path) -> tuple[Path, Path]:
+    """The stubs in `tmp_path`/bin, each logging its calls to `tmp_path`/calls.log; nvidia-smi is the node's
+    (tests/podsim/nodetools.py `HostNode`: what nodetool.py prints on a simulated pod), GPUS_PER_NODE idle GPUs."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     calls = tmp_path / "calls.log"
-    for name, body in STUBS.items():
+    node = HostNode(tmp_path / "node", gpus=int(CLUSTER["GPUS_PER_NODE"]))
+    node_tools = {"nvidia-smi": node.nvidia_smi}
+    bodies = {**STUBS, **{name: f'exec {shlex.quote(str(tool))} "$@"' for name, tool in node_tools.items()}}
+    for name, body in bodies.items():
         path = bin_dir / name
         path.write_text(f'#!/bin/bash\necho "{name} $*" >> "{calls}"\n{body}\n')
         path.chmod(0o755)
@@ -197,7 +203,7 @@ def test_no_writable_state_dir_nor_tmpdir_still_runs(tmp_path: Path, stubs: tupl
 def test_no_settings_no_agent(tmp_path: Path, stubs: tuple[Path, Path]) -> None:
     """Without idle settings at ML_DEV_IDLE_SETTINGS the script starts no idle agent (with the rendered
     settings: tests/inpod/sh/test_startup.py)."""
-    bin_dir, _ = stubs
+    bin_dir, calls = stubs
     env = base_env(tmp_path, bin_dir, "ml-dev-env-1", ML_DEV_IDLE_SETTINGS=str(tmp_path / "absent.json"))
     proc = start(env)
     try:
@@ -206,3 +212,9 @@ def test_no_settings_no_agent(tmp_path: Path, stubs: tuple[Path, Path]) -> None:
         out = stop(proc)
     assert "idle-agent" not in out
     assert not (tmp_path / "state" / "activity.addr").exists()
+    # the GPU list in the log is what the node's nvidia-smi prints for the script's query (its logged call)
+    smi = shutil.which("nvidia-smi", path=str(bin_dir))
+    query = next(line.split()[1:] for line in calls.read_text().splitlines() if line.startswith("nvidia-smi "))
+    assert smi is not None and any(a.startswith("--query-gpu=") for a in query), query
+    gpus = subprocess.run([smi, *query], capture_output=True, text=True, check=True, timeout=30).stdout
+    assert len(gpus.splitlines()) == int(CLUSTER["GPUS_PER_NODE"]) and gpus in out, out

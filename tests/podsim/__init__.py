@@ -96,8 +96,9 @@ Platform rules (everything a pod gets is a rendered field or one of these), with
   does) and all_reduce_perf (nccl-tests src/common.cu report; its ranks are started by the REAL Open MPI mpirun
   over the pods' real sshd and meet in a directory all pods share, the switch fabric) as stubs printing the real
   formats from the node's state (/run/podsim-node/node.json; the test changes it while pods run: `Node.gpu` sets
-  the GPUs' utilisation, memory and compute processes, or a failing or hung nvidia-smi; `HostNode` gives the same
-  nvidia-smi to a program run in the test's own process). `ip`, `ssh`,
+  the GPUs' utilisation, memory, compute processes and model, a failing or hung nvidia-smi, or a real capture
+  replayed verbatim (tests/data/tool_output/nvidia-smi-h200: the layout nodetool.py is held to); `HostNode` gives
+  the same nvidia-smi to a program run in the test's own process). `ip`, `ssh`,
   `mpirun`/`orted` are real. The VFs' sysfs over the pod's read-only /sys (an overlay keeps the rest): per SR-IOV
   resource the VF's PCI function /sys/bus/pci/devices/<PCIDEVICE_* address>/{infiniband/<hca>,net/<netK>,
   iommu_group/type} and /sys/class/infiniband/<hca>/{device -> that function, ports/1/gids/<i>,

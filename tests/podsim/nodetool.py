@@ -47,7 +47,9 @@ def size_arg(text: str) -> int:
 def nvidia_smi(n: dict, args: list[str]) -> int:
     """`-L`, `--query-gpu=... --format=csv[,noheader][,nounits]` and `--query-compute-apps=...`, from the node's
     state (tests/podsim/nodetools.py `Node.gpu`): per GPU its utilisation, memory controller utilisation and memory
-    used, the compute processes, and the tool itself working, failing (the driver gone) or hanging (stuck in NVML)."""
+    used, the compute processes, the model, and the tool itself working, failing (the driver gone) or hanging (stuck
+    in NVML). The layout is the real tool's (tests/data/tool_output/nvidia-smi-h200: driver 580.159.04): `, `
+    between cells, `value unit` with one space, a newline after every line; no process: the header alone."""
     gpus = n["gpus"]
     smi = n.get("nvidia_smi", "ok")
     if smi == "fail":  # what nvidia-smi prints when the driver is gone (exit 9: NVML_ERROR_DRIVER_NOT_LOADED)
@@ -59,17 +61,20 @@ def nvidia_smi(n: dict, args: list[str]) -> int:
         return 0
     replay = n.get("replay")
     if replay and any(a.startswith(("--query-gpu=", "--query-compute-apps=")) for a in args):
-        # a real tool's output, verbatim (tests/data/tool_output), with its exit status
+        # a real tool's output, verbatim (tests/data/tool_output), with its exit status; a relative path names a file
+        # beside this one (in a pod's node directory: nodetools.py `Node.gpu` copies it there)
         path = replay["gpu"] if any(a.startswith("--query-gpu=") for a in args) else replay.get("apps")
-        sys.stdout.write(Path(path).read_text() if path else "gpu_uuid, pid, process_name, used_gpu_memory [MiB]\n")
+        sys.stdout.write((HERE / path).read_text() if path else "gpu_uuid, pid, process_name, used_gpu_memory [MiB]\n")
         return int(replay.get("rc", 0))
+    name, total = n.get("gpu_name", "NVIDIA H100 80GB HBM3"), int(n.get("gpu_memory_total", 81559))
+    uuids = n.get("gpu_uuids") or ["GPU-%08x-4d87-49d1-2eb9-39ec2baddf9b" % i for i in range(gpus)]
+    uuid = lambda i: uuids[i]  # noqa: E731
     if "-L" in args:
         for i in range(gpus):
-            sys.stdout.write("GPU %d: NVIDIA H100 80GB HBM3 (UUID: GPU-%08x-4d87-49d1-2eb9-39ec2baddf9b)\n" % (i, i))
+            sys.stdout.write("GPU %d: %s (UUID: %s)\n" % (i, name, uuid(i)))
         return 0
     fmt = " ".join(a for a in args if a.startswith("--format="))
     units, header = "nounits" not in fmt, "noheader" not in fmt
-    uuid = lambda i: "GPU-%08x-4d87-49d1-2eb9-39ec2baddf9b" % i  # noqa: E731
     apps = next((a.split("=", 1)[1] for a in args if a.startswith("--query-compute-apps=")), None)
     if apps is not None:  # the node's compute processes (none: the header alone, as the real tool prints it)
         if header:
@@ -84,8 +89,8 @@ def nvidia_smi(n: dict, args: list[str]) -> int:
     for i in range(gpus):
         util, mem, used = ((n.get(key) or {}).get(str(i), 0) for key in ("gpu_util", "gpu_mem_util", "gpu_mem_used"))
         values = {
-            "name": "NVIDIA H100 80GB HBM3",
-            "memory.total": "81559 MiB" if units else "81559",
+            "name": name,
+            "memory.total": "%d MiB" % total if units else str(total),
             "memory.used": "%d MiB" % used if units else str(used),
             "utilization.gpu": "%d %%" % util if units else str(util),
             "utilization.memory": "%d %%" % mem if units else str(mem),
@@ -95,7 +100,7 @@ def nvidia_smi(n: dict, args: list[str]) -> int:
     return 0
 
 
-HEADER = {
+HEADER = {  # `--format=csv`'s names with units; the real tool names `used_memory` `used_gpu_memory` (nvidia-smi-h200/apps-*.csv)
     "utilization.gpu": "utilization.gpu [%]",
     "utilization.memory": "utilization.memory [%]",
     "memory.used": "memory.used [MiB]",

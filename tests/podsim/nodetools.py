@@ -6,6 +6,7 @@
     node.calls(sim, "ib_write_bw")                  # every call the stubs saw, on every pod (pod, args, ...)
     node.reset(sim)                                 # every pod's node back to its healthy default
     node.gpu(sim, i, util=97, mem=40)               # pod i's GPUs busy; smi="fail" / "hang": the tool broken
+    node.gpu(sim, i, replay={"gpu": csv, "apps": csv2, "rc": 0})  # pod i's nvidia-smi prints a real capture
     HostNode(tmp).nvidia_smi                        # the same nvidia-smi for a program run outside a pod
 
 What a pod gets (the podsim docstring lists these as platform rules):
@@ -46,11 +47,19 @@ def set_gpus(
     smi: str | None = None,
     gpus: tuple[int, ...] | None = None,
     replay: dict[str, Any] | None = None,
+    model: tuple[str, int] | None = None,
+    uuids: list[str] | None = None,
 ) -> None:
     """Change a node state's GPUs (nodetool.py `nvidia_smi` prints them): of GPUs `gpus` (default: all) the
     utilisation `util` %, the memory controller's `mem` %, `used` MiB of memory; the compute processes `apps`
     (gpu index, pid, name, MiB); the tool `smi`: "ok", "fail" (the driver gone: exit 9) or "hang" (stuck in NVML);
-    `replay`: a real tool's output instead, verbatim ({"gpu": file, "apps": file or None, "rc": exit status}; {}: off)."""
+    `replay`: a real tool's output instead, verbatim ({"gpu": file, "apps": file or None, "rc": exit status}; {}: off;
+    a relative file is read beside nodetool.py); `model`: every GPU's (name, memory.total MiB), default an H100 80GB;
+    `uuids`: the GPUs' UUIDs in index order."""
+    if model is not None:
+        st["gpu_name"], st["gpu_memory_total"] = model[0], int(model[1])
+    if uuids is not None:
+        st["gpu_uuids"] = list(uuids)
     for key, value in (("gpu_util", util), ("gpu_mem_util", mem), ("gpu_mem_used", used)):
         if value is not None:
             st.setdefault(key, {}).update({str(i): int(value) for i in (gpus if gpus is not None else range(st["gpus"]))})
@@ -68,12 +77,13 @@ def wrapper_script(tool: str) -> str:
     return f'#!/bin/sh\nexec /usr/bin/python3 /run/podsim-node/nodetool.py {tool} "$@"\n'
 
 
-def default_node(directory: Path, pod: str, gpus: int) -> None:
-    """A node directory for a pod without a `Node`: nodetool.py and a healthy node.json (`gpus` idle GPUs, no HCA),
-    for PodSim to copy to /run/podsim-node (only nvidia-smi is installed from it; no mount is added)."""
+def default_node(directory: Path, pod: str, gpus: int, hcas: list[str] | None = None) -> None:
+    """A node directory for a pod without a `Node`: nodetool.py and a healthy node.json (`gpus` idle GPUs, `hcas`
+    with Active ports), for PodSim to copy to /run/podsim-node (nvidia-smi and ibv_devinfo are installed from it; no
+    mount is added)."""
     directory.mkdir(parents=True, exist_ok=True)
     shutil.copy(HERE / "nodetool.py", directory / "nodetool.py")
-    (directory / "node.json").write_text(json.dumps({"pod": pod, "gpus": gpus, "hcas": []}))
+    (directory / "node.json").write_text(json.dumps({"pod": pod, "gpus": gpus, "hcas": list(hcas or []), "ports": {}}))
     (directory / "calls.log").write_text("")
     (directory / "calls.log").chmod(0o666)  # the stub logs its calls as the pod's user
 
@@ -152,9 +162,26 @@ class Node:
         self.gpu(sim, index, util=util, gpus=(gpu,))
 
     def gpu(self, sim: Any, index: int, **what: Any) -> None:
-        """Pod `index`'s GPUs as its nvidia-smi shows them, live (`set_gpus` names what can be set)."""
+        """Pod `index`'s GPUs as its nvidia-smi shows them, live (`set_gpus` names what can be set). A `replay`'s
+        files are copied into the pod's node directory (the pod sees none of this machine's paths)."""
+        if what.get("replay"):
+            what["replay"] = {**what["replay"], **self._replay_files(sim, index, what["replay"])}
         set_gpus(self.state(sim, index), **what)
         self.apply(sim, index)
+
+    def _replay_files(self, sim: Any, index: int, replay: dict[str, Any]) -> dict[str, str]:
+        """The replay's files copied beside pod `index`'s nodetool.py, by their names there (nodetool.py reads a
+        relative name there)."""
+        out = {}
+        for key in ("gpu", "apps"):
+            if replay.get(key):
+                name = f"replay-{key}-{Path(replay[key]).name}"
+                tmp = self.dir(sim, index) / f".{name}.tmp"
+                shutil.copyfile(replay[key], tmp)
+                tmp.chmod(0o644)
+                tmp.replace(self.dir(sim, index) / name)
+                out[key] = name
+        return out
 
     def state(self, sim: Any, index: int) -> dict[str, Any]:
         if index not in self.states:

@@ -144,15 +144,6 @@ def keygen(path: Path, comment: str) -> str:
     return Path(f"{path}.pub").read_text().strip()
 
 
-IBV_DEVINFO = r"""#!/bin/sh
-# node tool stub (rdma-core's, fed by the SR-IOV device plugin): the HCAs named in NCCL_IB_HCA
-hcas=$(printf '%s' "${NCCL_IB_HCA:-}" | tr ',' ' ')
-n=0; for h in $hcas; do n=$((n + 1)); done
-if [ "$n" -eq 0 ]; then echo "No IB devices found" >&2; exit 1; fi
-echo "$n HCAs found:"; for h in $hcas; do printf '\t%s\n' "$h"; done
-"""
-
-
 @dataclass
 class Pod:
     index: int
@@ -515,11 +506,13 @@ class PodSim:
         (etc / "hostname").write_text(pod.name + "\n")
         tools = pod.host_dir / "tools"
         tools.mkdir(exist_ok=True)
-        (tools / "nvidia-smi").write_text(nodetools.wrapper_script("nvidia-smi"))
-        if self.node is None:  # the node's nvidia-smi, its healthy defaults copied in (a `Node` mounts its live state)
-            nodetools.default_node(pod.host_dir / "node", pod.name, self.gpus)
-        (tools / "ibv_devinfo").write_text(IBV_DEVINFO)
         pod.env = self.container_env(pod)
+        for tool in ("nvidia-smi", "ibv_devinfo"):
+            (tools / tool).write_text(nodetools.wrapper_script(tool))
+        if self.node is None:  # the node's tools, its healthy defaults copied in (a `Node` mounts its live state)
+            # the VFs the device plugin gave the pod are the ones its NCCL_IB_HCA names (none: no HCA visible)
+            hcas = [h for h in pod.env.get("NCCL_IB_HCA", "").split(",") if h]
+            nodetools.default_node(pod.host_dir / "node", pod.name, self.gpus, hcas)
         layer = pod.host_dir / "layer"
         layer.mkdir(exist_ok=True)
         root = f"{layer}/merged"

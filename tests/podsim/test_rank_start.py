@@ -11,6 +11,10 @@ fabric (inpod/ml_dev/common.py wait_reachable), so no retry races a repair. Each
 * closed during key exchange: what answers on pod 1's port closes the connection at once (an sshd that dies).
 
 Before each case pod 0's shared SSH connections are closed (`ssh -O exit`): a live one would skip the handshake.
+
+The stack lists a Secret of the namespace (`env.secrets`): each failing start and each repair runs under the shared
+leak scan (tests/podsim/leakscan.py), and the module's last test finds the value in no argv, SSH command, output, file
+of either pod's state dir (the sshd log every message points to included), container log, or environment but a rank's.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from core import naming
+from tests.podsim.leakscan import SSH_ARGV_PROGRAM, LeakScan, list_secret, new_value
 from tests.podsim.pods import PREFIX, PodSim, leftovers, missing_requirements, render_stack
 
 REASON = missing_requirements()
@@ -34,6 +39,9 @@ pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=f"
 
 STATE = "/tmp/ml-dev-env"
 D = f"{STATE}/ssh"
+SECRET, SECRET_KEY = "start-canary", "START_CANARY_TOKEN"  # a Secret of the namespace, listed in env.secrets
+VALUE = new_value()
+OUTPUTS: list[tuple[str, str]] = []  # every start's output, for the leak scan
 # accepts each connection and closes it before sending anything (sshd dying during the key exchange)
 CLOSER = r"""
 import socket, sys
@@ -50,13 +58,25 @@ while True:
 @pytest.fixture(scope="module")
 def sim() -> Iterator[PodSim]:
     before = set(leftovers())
-    s = PodSim(render_stack("nerc-production"), count=2)
+    s = PodSim(
+        render_stack("nerc-production", lambda objects: list_secret(objects, SECRET, SECRET_KEY)),
+        count=2,
+        namespace_secrets={SECRET: {SECRET_KEY: VALUE}},
+        image_programs=SSH_ARGV_PROGRAM,  # every ssh a pod runs records its command (the leak scan reads it)
+    )
     try:
         s.start()
         yield s
     finally:
         s.stop()
     assert not [x for x in set(leftovers()) - before if f"{PREFIX}{s.run_id}-" in x]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def scan(sim: PodSim) -> Iterator[LeakScan]:
+    """The leak scan's sampler, through every test of the module (argv and environment of every pod process)."""
+    with LeakScan(sim, [VALUE], interval=0.1, environ=True) as s:
+        yield s
 
 
 def hosts(sim: PodSim) -> list[str]:
@@ -73,7 +93,9 @@ def close_shared_connections(sim: PodSim) -> None:
 def start(sim: PodSim) -> subprocess.CompletedProcess[str]:
     """A rank start from pod 0: one try per pod."""
     close_shared_connections(sim)
-    return sim.exec(0, "ml-dev run --no-sync --timeout 0 -- true", cwd="/tmp", timeout=60)
+    res = sim.exec(0, "ml-dev run --no-sync --timeout 0 -- true", cwd="/tmp", timeout=60)
+    OUTPUTS.append(("output of a rank start", res.stdout + res.stderr))
+    return res
 
 
 def assert_named(sim: PodSim, res: subprocess.CompletedProcess[str], ordinal: int, words: str, ssh_said: str) -> None:
@@ -227,3 +249,31 @@ def test_a_key_the_pods_do_not_accept_is_authentication_refused(sim: PodSim) -> 
     with replaced(sim, {f"{D}/id_ed25519": lambda _: stranger, f"{D}/id_ed25519.pub": lambda _: stranger_pub}):
         res = start(sim)
         assert_named(sim, res, 1, "authentication refused (the stack key is not accepted)", r"Permission denied")
+
+
+# ------------------------------------------------------------------------------------ the leak scan, last
+
+
+def test_the_secret_reached_every_rank_and_nothing_else(sim: PodSim, scan: LeakScan) -> None:
+    """After every failed start and repair: a rank on each pod holds the value (sampled), nothing else has it. The
+    same scan finds it when planted in an SSH connection's command (the recorded argv and the remote `bash -c`)."""
+    res = sim.exec(0, "ml-dev run --no-sync --timeout 30 -- sleep 3", cwd="/tmp", timeout=90)
+    assert res.returncode == 0, res.stdout + res.stderr
+    OUTPUTS.append(("output of a run", res.stdout + res.stderr))
+    scan.stop()
+    assert {pod for pod, cmdline in scan.holders if cmdline == "sleep 3"} == {p.name for p in sim.pods}, scan.holders
+    for where, text in OUTPUTS:
+        scan.text(where, text)
+    files = scan.pods_state() + scan.pods_files() + scan.container_logs()
+    scan.render(sim.result)
+    assert scan.hits == [], "\n".join(scan.hits)
+    assert scan.samples >= 10 and files > 10, (scan.samples, files)
+
+    host = hosts(sim)[1]
+    with LeakScan(sim, [VALUE], environ=True) as planted:
+        res = sim.exec(0, ["ssh", "-o", "BatchMode=yes", host, f"sleep 1; true {VALUE}"], timeout=60)
+    assert res.returncode == 0, res.stderr
+    planted.pods_state()
+    assert any(h.startswith("SSH command from ml-dev-env-0") for h in planted.hits), planted.hits
+    assert any(h.startswith("/proc/") and "cmdline on ml-dev-env-1" in h for h in planted.hits), planted.hits
+    assert all(VALUE not in h for h in planted.hits), "the scan's own lines never hold the value"

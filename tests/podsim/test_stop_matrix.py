@@ -17,12 +17,20 @@ exits 3 at step 40. Launchers: `python` directly (`--per-pod`), a wrapper script
 bash), `torchrun` (the documented `ml-dev run -- torchrun job.py`; stopjob.TORCHRUN where torch is absent). The
 documented DeepSpeed launch (`deepspeed --hostfile`, pdsh/ssh) bypasses `ml-dev`: its column is
 test_deepspeed_hostfile_ranks_get_no_signal, which pins that they get nothing (docs/use/suspend-and-idle.md).
+
+The stack lists a Secret of the namespace (`env.secrets`): every scenario runs under the shared leak scan
+(tests/podsim/leakscan.py, argv and environment of every pod process sampled from before the launch), and at its end
+the job's processes on every pod held the value and nothing else did, and it is in no output, SSH command, file of a
+remaining pod's state dir, container log (`oc logs` outlives the pod) or file of the workspace volumes (checkpoints,
+records). A terminated pod's state dir went with its container (/tmp is the container's): the sampler covers its
+stop hook and agents while they run.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import re
 import shutil
 import threading
 import time
@@ -34,6 +42,7 @@ import pytest
 
 from tests.podsim import stopjob
 from tests.podsim.idlestop import complete, mine, wait_for, with_grace
+from tests.podsim.leakscan import SSH_ARGV_PROGRAM, LeakScan, list_secret, new_value
 from tests.podsim.pods import PodSim, missing_requirements, render_stack
 from tests.podsim.stopjob import JOB, TORCHRUN, TRAIN_SH
 
@@ -46,6 +55,8 @@ SAVE_SECONDS = 1.0
 PODS = 3
 FAIL_RANK, FAIL_STEP = 1, 40
 JOB_PROCESSES = "job[.]py|train[.]sh|torchrun|ml-dev _rank"  # pgrep -f: what of the job may run on a pod
+SECRET, SECRET_KEY = "stop-canary", "STOP_CANARY_TOKEN"  # a Secret of the namespace, listed in env.secrets
+VALUE = new_value()
 
 LAUNCHERS = {
     "python": "ml-dev run --per-pod -- python3 job.py",
@@ -75,6 +86,33 @@ STOPPED_PODS = {"idle-stop": (0, 1, 2), "suspend": (0, 1, 2), "destroy": (0, 1, 
 def three_pods(objects: dict[str, Any]) -> None:
     with_grace(GRACE)(objects)
     objects["nodes"] = {**objects["nodes"], "count": PODS, "gpusPerPod": 1}
+    list_secret(objects, SECRET, SECRET_KEY)
+
+
+def pods(render: Any, programs: dict[str, str] | None = None) -> PodSim:
+    """3 pods of the render; the listed Secret exists in the namespace; every ssh a pod runs records its command."""
+    return PodSim(
+        render, count=PODS, namespace_secrets={SECRET: {SECRET_KEY: VALUE}}, image_programs={**SSH_ARGV_PROGRAM, **(programs or {})}
+    )
+
+
+def scanned(sim: PodSim) -> LeakScan:
+    """The leak scan's sampler (argv and environment of every pod process), from now to the scenario's end."""
+    return LeakScan(sim, [VALUE], interval=0.1, environ=True).__enter__()
+
+
+def leak_check(scan: LeakScan, sim: PodSim, outputs: dict[str, str], program: str = "job.py") -> None:
+    """At the scenario's end: the job's own processes (`python3 [-u] <program>`) held the value on every pod, nothing
+    else did, and it is in no output, SSH command, file of a remaining pod, container log or workspace file."""
+    scan.stop()
+    for where, text in outputs.items():
+        scan.text(where, text)
+    files = scan.pods_state() + scan.pods_files() + scan.container_logs()
+    files += scan.files("workspace of", [sim.volume_dir(i, "/workspace") for i in range(PODS)])
+    assert scan.hits == [], "\n".join(scan.hits)
+    job = re.compile(rf"\S*python3? (-u )?{re.escape(program)}\b")
+    assert {pod for pod, cmdline in scan.holders if job.match(cmdline)} == {p.name for p in sim.pods}, scan.holders
+    assert scan.samples > 0 and files >= PODS, (scan.samples, files)
 
 
 @pytest.fixture(scope="module")
@@ -104,29 +142,43 @@ class Cell:
     """One job under `ml-dev run` on 3 fresh pods; `stopped` holds each terminated pod's kubelet outcome."""
 
     def __init__(self, render: Any, launcher: str, args: str) -> None:
-        self.sim = PodSim(render, count=PODS, image_programs={"/usr/local/bin/torchrun": TORCHRUN})
+        self.sim = pods(render, {"/usr/local/bin/torchrun": TORCHRUN})
         self.launcher_cmd = f"{LAUNCHERS[launcher]} {args}"
         self.stopped: dict[int, str] = {}
         self.out = ""
+        self.leaks_checked = False
 
     def __enter__(self) -> Cell:
         self.sim.start()
         self.sim.write(0, f"{PROJECT}/job.py", JOB)
         self.sim.write(0, f"{PROJECT}/train.sh", TRAIN_SH, mode=0o755)
+        self.scan = scanned(self.sim)
         self.launcher = self.sim.popen(0, self.launcher_cmd, cwd=PROJECT)
-        for i in range(PODS):
-            started = self.sim.pods[i].path(f"{PROJECT}/ckpt/rank{i}.started")
-            wait_for(f"rank {i} started", started.exists, 90, self.log)
+        try:
+            for i in range(PODS):
+                started = self.sim.pods[i].path(f"{PROJECT}/ckpt/rank{i}.started")
+                wait_for(f"rank {i} started", started.exists, 90, self.log)
+        except BaseException as exc:  # `with` calls no __exit__ when __enter__ fails: the sampler and pods end here
+            self.__exit__(type(exc), exc, None)
+            raise
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, failed: object, *exc: object) -> None:
         try:
             if self.launcher.poll() is None:
                 self.launcher.kill()
                 self.launcher.communicate(timeout=30)
+            self.scan.stop()
+            if failed is None and not self.leaks_checked:
+                self.leak_check()
         finally:
             self.sim.stop()
         assert not mine(self.sim), mine(self.sim)
+
+    def leak_check(self) -> None:
+        """The scenario's leak scan (at its end: __exit__ runs it unless the test did)."""
+        self.leaks_checked = True
+        leak_check(self.scan, self.sim, {"output of `ml-dev run`": self.out})
 
     def log(self) -> str:
         return self.out + "\n" + self.sim.pods[0].log.read_text()
@@ -237,6 +289,13 @@ def test_a_soft_eviction_gives_the_evicted_rank_the_capped_grace(render: Any) ->
         check_saved(cell, since, [0, 1, 2])
         assert max(r["at"] for r in records(cell.sim).values()) - since <= cap
         assert code == 143 and "ml-dev: STOPPED: pod ml-dev-env-2 is stopping" in cell.out, cell.out
+        cell.leak_check()
+        # the same scan finds the value where it is planted: a line on pod 0's container output (`oc logs`)
+        assert cell.sim.exec(0, f"echo token={VALUE} >> /proc/1/fd/1", timeout=30).returncode == 0
+        planted = LeakScan(cell.sim, [VALUE])
+        planted.container_logs()
+        assert [h for h in planted.hits if h.startswith("ml-dev-env-0 container log")], planted.hits
+        assert all(VALUE not in h for h in planted.hits), "the scan's own lines never hold the value"
 
 
 @pytest.mark.timeout(300)
@@ -288,10 +347,11 @@ def test_ctrl_c_leaves_nothing_behind_a_wrapper_or_torchrun(render: Any, command
     """The job ignoring SIGTERM behind bash (`./run.sh`) or torchrun (its workers in sessions of their own): Ctrl-C;
     bash dies at the signal (torchrun waits its 30 s), the agent keeps its record while python lives and at the
     grace SIGKILLs every process of the rank, in its group or not; exit 130, nothing left on any pod."""
-    sim = PodSim(render, count=PODS, image_programs={"/usr/local/bin/torchrun": TORCHRUN})
+    sim = pods(render, {"/usr/local/bin/torchrun": TORCHRUN})
     with sim.start():
         sim.write(0, f"{PROJECT}/stubborn.py", stopjob.STUBBORN)
         sim.write(0, f"{PROJECT}/run.sh", stopjob.RUN_SH, mode=0o755)
+        scan = scanned(sim)
         launcher = sim.popen(0, command, cwd=PROJECT)
         try:
             for i in range(PODS):
@@ -308,6 +368,7 @@ def test_ctrl_c_leaves_nothing_behind_a_wrapper_or_torchrun(render: Any, command
             out, _ = launcher.communicate(timeout=GRACE + 30)
             elapsed = time.monotonic() - t0
         finally:
+            scan.stop()
             if launcher.poll() is None:
                 launcher.kill()
                 launcher.communicate(timeout=30)
@@ -315,6 +376,7 @@ def test_ctrl_c_leaves_nothing_behind_a_wrapper_or_torchrun(render: Any, command
         assert GRACE - 0.5 <= elapsed <= GRACE + 4, (elapsed, out)
         for i in range(PODS):
             assert sim.exec(i, "pgrep -af '[s]tubborn|[r]un[.]sh|[t]orchrun' || true", timeout=30).stdout == "", i
+        leak_check(scan, sim, {"output of `ml-dev run`": out}, program="stubborn.py")
     assert not mine(sim), mine(sim)
 
 
@@ -328,7 +390,7 @@ def test_deepspeed_hostfile_ranks_get_no_signal(render: Any) -> None:
     deepspeed.launcher.launch on each pod) never goes through `ml-dev run`'s rank agent: checkpoint_stop.sh finds
     no rank, so when every pod is terminated no rank gets checkpointSignal and nothing is saved. The docs say so
     (docs/use/suspend-and-idle.md, "Every stop, every launcher") and point to `ml-dev run -- torchrun`."""
-    sim = PodSim(render, count=PODS)
+    sim = pods(render)
     with sim.start():
         sim.write(0, f"{PROJECT}/job.py", JOB)
         sim.write(0, f"{PROJECT}/deepspeed/__init__.py", "")
@@ -342,7 +404,9 @@ def test_deepspeed_hostfile_ranks_get_no_signal(render: Any) -> None:
             f'"export PYTHONPATH={PROJECT}; cd {PROJECT};" python3 -u -m deepspeed.launcher.launch --world_info={world} '
             f'--node_rank=%n "--master_addr=$MASTER_ADDR" "--master_port=$MASTER_PORT" job.py {SAVE_SECONDS}'
         )
+        scan = scanned(sim)
         launcher = sim.popen(0, f". /tmp/ml-dev-env/rank.env; {script}", cwd=PROJECT)
+        out = ""
         try:
             for i in range(PODS):
                 started = sim.pods[i].path(f"{PROJECT}/ckpt/rank{i}.started")
@@ -353,12 +417,15 @@ def test_deepspeed_hostfile_ranks_get_no_signal(render: Any) -> None:
                 t.start()
             for t in threads:
                 t.join(timeout=sim.grace + 60)
-            launcher.communicate(timeout=60)
+            out, _ = launcher.communicate(timeout=60)
         finally:
+            scan.stop()
             if launcher.poll() is None:
                 launcher.kill()
                 launcher.communicate(timeout=30)
         got = {i: json.loads((ckpt_dir(sim, i) / f"rank{i}.json").read_text()) for i in range(PODS)}
         assert [got[i]["exit"] for i in range(PODS)] == ["running"] * PODS, got  # no rank heard of the stop
         assert not [p for i in range(PODS) for p in ckpt_dir(sim, i).glob("step*-rank*.txt")]
+        # the value reached each pod's job over pdsh's SSH connections (ssh-session.sh), and went nowhere else
+        leak_check(scan, sim, {"output of the pdsh launch": out})
     assert not mine(sim), mine(sim)

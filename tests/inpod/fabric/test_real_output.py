@@ -4,6 +4,7 @@ interface from sysfs, and MPI's own traffic kept on eth0 under a stock Open MPI 
 
 from __future__ import annotations
 
+import csv
 import os
 import shlex
 import shutil
@@ -31,10 +32,38 @@ def test_parser_reads_a_real_corrupt_run() -> None:
     assert "108 out-of-bounds values" in what and "ranks 0-1 on worker1, worker2" in what
 
 
+def test_the_gpu_list_of_a_real_h200() -> None:
+    """`nvidia-smi -L` of a real H200 (tests/data/tool_output/nvidia-smi-h200): one line per GPU, as the same
+    machine's CSV captures name it (index and UUID from the agent's query, the name from startup.sh's list, read
+    with the csv module): what the preflight's GPU count reads."""
+    h200 = REAL / "nvidia-smi-h200"
+    with (h200 / "gpu-idle.csv").open(newline="") as f:
+        gpus = list(csv.DictReader(f, skipinitialspace=True))
+    with (h200 / "startup-list.csv").open(newline="") as f:
+        names = {index: name for index, name, _total in csv.reader(f, skipinitialspace=True)}
+    expected = [f"GPU {g['index']}: {names[g['index']]} (UUID: {g['uuid']})" for g in gpus]
+    assert len(expected) == 1 and parse.parse_nvidia_smi_list((h200 / "nvidia-smi-L.txt").read_text()) == expected
+
+
 def test_a_clean_real_run_is_not_corruption() -> None:
     parsed = parse.parse_nccl_tests((DATA / "all_reduce_perf-2x8-h100.txt").read_text())
     assert parsed["wrong"] == 0 and parsed["out_of_bounds"] == 0 and len(parsed["ranks"]) == 16
     assert allreduce.corruption({**parsed, "rc": 0}) == ""
+
+
+def test_our_build_of_the_pinned_nccl_tests_parses_on_a_real_gpu() -> None:
+    """data/SOURCES.md: nccl-tests 2.17.6 from the archive the base image pins, started on one H200 by the gate's own
+    all_reduce() (its whole mpirun command line). The sizes are the command's (-b 8 -e 1 GiB -f 2); one rank moves
+    no bytes across a bus, so every busbw is 0 and the single-pod gate skips rather than judging it (gate.py)."""
+    text = (DATA / "all_reduce_perf-1x1-h200.txt").read_text()
+    parsed = parse.parse_nccl_tests(text)
+    rows = parsed["rows"]
+    assert [r["bytes"] for r in rows] == [8 << i for i in range(28)]
+    assert all(r["wrong"] == 0 and r["busbw"] == 0.0 for r in rows)
+    assert parsed["wrong"] == 0 and parsed["out_of_bounds"] == 0
+    assert parsed["ranks"] == [{"rank": 0, "host": "vm", "device": 0}]
+    assert allreduce.corruption({**parsed, "rc": 0}) == "" and allreduce.plateau(rows, 64 << 20) == 0.0
+    assert "# nccl-tests version 2.17.6" in text.splitlines()[0]
 
 
 @pytest.mark.timeout(300)

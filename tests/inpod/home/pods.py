@@ -10,8 +10,8 @@
   (header with units), GPU 0's utilisation set per pod (`gpu`);
 * test speed: the idle settings' ConfigMap is edited before the pods start (a round a second, the warning
   after 1 s idle; the admin bounds of stacks/config.py keep a stack's own values at 15 s and more; no IDE
-  probes, the IDEs are not in the simulated image) and the
-  page samples and refreshes every second (its ML_DEV_HOME_INTERVAL / ML_DEV_HOME_REFRESH test overrides).
+  probes, the IDEs are not in the simulated image); the page's own settings are the render's (its env adds
+  nothing: it refreshes every 10 s, each `/fragment` from a round of the agents at most 5 s old).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 from core import naming
 from core.servers import DEV_SERVERS
 from tests.podsim.nodetools import Node
-from tests.podsim.pods import Pod, PodSim, render_stack
+from tests.podsim.pods import PodSim, render_stack
 
 HERE = Path(__file__).resolve().parent
 INJECTED = "<script>window.__xss = 1</script>"
@@ -39,11 +39,8 @@ def idle_stop_on(objects: dict[str, Any]) -> None:
     objects["lifecycle"] = {**objects.get("lifecycle", {}), "idleStop": {"enabled": True}}
 
 
-SPEED = {"ML_DEV_HOME_INTERVAL": "1", "ML_DEV_HOME_REFRESH": "1"}  # home_page.py's test overrides: sample, refresh each second
-
-
 class HomePods(PodSim):
-    """PodSim of barcelona (idle stop on) whose pods' env adds the page's sampling/refresh test overrides."""
+    """PodSim of barcelona (idle stop on, the idle agent's round each second): the pods' env is the render's."""
 
     def __init__(self, count: int = 2) -> None:
         super().__init__(render_stack("barcelona", idle_stop_on), count=count, node=Node(busbw=SLOW_BUSBW))
@@ -53,9 +50,6 @@ class HomePods(PodSim):
         # as activity (inpod/idle/probes.py guarded), so the agent leaves them out here
         idle.update(intervalSeconds=1, warningLeadSeconds=idle["idleTimeoutSeconds"] - 1, servers=[])
         self.configmaps[settings]["idle.json"] = json.dumps(idle)
-
-    def container_env(self, pod: Pod) -> dict[str, str]:
-        return {**super().container_env(pod), **SPEED}
 
     def start(self, timeout: float = 90, wait: bool = True) -> HomePods:
         super().start(timeout, wait)

@@ -9,7 +9,10 @@ Manager is never run.
 
 The test checks what the state implies (an idle environment shows its stop time, a failed gate is red, a
 busy GPU shows busy after a refresh that is not a reload), that the console logged no error, and that a
-`<script>` in a command line is text. It saves the screenshot the docs show (docs/img/home-page.png, and the
+`<script>` in a command line is text. Every number on the page is enumerated and checked (tests/inpod/home/truth.py).
+When a connection closes and the run ends, the page must show it by its second refresh that starts after both
+(its refreshes counted in the browser, `REFRESHES`; the page's settings are the render's: every 10 s); the
+wall-clock bound on that wait only guards against a hang. It saves the screenshot the docs show (docs/img/home-page.png, and the
 failed gate's curve as docs/img/fabric-gate.svg) when ML_DEV_WRITE_SCREENSHOTS=1 (`make screenshots`), else
 the screenshot goes under the test's temporary directory.
 """
@@ -76,6 +79,35 @@ def style_of(driver: Any, selector: str, prop: str) -> str:
 
 
 FETCH = "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())"
+# The page's refreshes, counted from outside it (installed before its script runs: DevTools
+# Page.addScriptToEvaluateOnNewDocument): each `fetch` of its `fragment` is numbered as it starts (`started`); when
+# its text is read, the live part the page's script then swaps in (`replaceWith`, in the same task) is kept with that
+# number (`shown`, the last 20); a refresh whose answer is refused or not OK is `failed`. The page's own code is not
+# changed: fetch is wrapped, the swap observed (MutationObserver).
+REFRESHES = """
+(function () {
+  var t = window.__refreshes = {started: 0, current: 0, shown: [], failed: []};
+  var original = window.fetch;
+  window.fetch = function (input) {
+    var answer = original.apply(this, arguments);
+    if (!/(^|\\/)fragment([?#]|$)/.test(String(input && input.url ? input.url : input))) { return answer; }
+    var n = ++t.started;
+    return answer.then(function (r) {
+      if (!r.ok) { t.failed.push(n); return r; }
+      var text = r.text.bind(r);
+      r.text = function () { return text().then(function (body) { t.current = n; return body; }); };
+      return r;
+    }, function (err) { t.failed.push(n); throw err; });
+  };
+  new MutationObserver(function (records) {
+    records.forEach(function (m) {
+      m.addedNodes.forEach(function (node) {
+        if (node.id === 'live' && t.current) { t.shown = t.shown.slice(-19).concat([[t.current, node.outerHTML]]); }
+      });
+    });
+  }).observe(document, {childList: true, subtree: true});
+})();
+"""
 LAYOUT = """
 var out = {overflow: [], small: [], boxes: {}, viewport: [window.innerWidth, window.innerHeight]};
 document.querySelectorAll('body *').forEach(function (e) {
@@ -138,6 +170,7 @@ def test_home_page_in_chromium_on_the_rendered_pods(pods: HomePods, tmp_path: Pa
 
     def look(browser: Any) -> None:
         viewport(browser, 1280, 800)
+        browser.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": REFRESHES})
         browser.get(url)
         wait(
             browser,
@@ -206,15 +239,34 @@ def test_home_page_in_chromium_on_the_rendered_pods(pods: HomePods, tmp_path: Pa
         kept = {f"since:{name}": value for name, value in before.items()}
         settle(browser, lambda: {**truth.expected(busy(), {0: 1, 1: 1}, {0: 87, 1: 40}), **kept}, "the restarted page")
 
-        # one connection closes, the run ends: the page follows
+        # one connection closes, the run ends: the page shows it by the second refresh that starts after both
         pods.interrupt(people[0])
         people[0].communicate(timeout=30)
         pods.interrupt(procs[0])
         procs[0].communicate(timeout=60)
-        settle(browser, lambda: truth.expected({0: busy()[0][1:], 1: busy()[1]}, {0: 0, 1: 0}, {0: 87, 1: 40}), "one closed, the run ended")
+        after = int(js(browser, "return window.__refreshes.started;"))
+        follows(browser, after + 2, lambda: truth.expected({0: busy()[0][1:], 1: busy()[1]}, {0: 0, 1: 0}, {0: 87, 1: 40}))
         # while the server restarted, the page's refresh was refused (and said so): nothing else
         errors = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
         assert all(e["message"].endswith("/fragment - Failed to load resource: net::ERR_CONNECTION_REFUSED") for e in errors), errors
+
+    def follows(browser: Any, refresh: int, make: Callable[[], dict[str, Any]]) -> None:
+        """The live part that refresh number `refresh` swapped in shows the truth `make()` (checked once: no later
+        refresh counts); the wait for that refresh is only a guard against a hang."""
+        seen: list[dict[str, Any]] = []  # pod 0's agent's decisions meanwhile: the page shows the one it sampled
+        guard = time.monotonic() + 3 * int(js(browser, "return document.body.getAttribute('data-refresh');")) + 60
+        while True:
+            seen.append(truth.decision())
+            state = js(browser, "return window.__refreshes;")
+            if refresh in state["failed"] or any(n >= refresh for n, _ in state["shown"]):
+                break
+            assert time.monotonic() < guard, f"hang guard: refresh {refresh} never came (the page's refreshes: {state['started']})"
+            time.sleep(0.2)
+        mine = [html for n, html in state["shown"] if n == refresh]
+        numbers = [n for n, _ in state["shown"]]
+        assert mine, f"refresh {refresh} (the 2nd after the change) showed nothing: failed {state['failed']}, shown {numbers}"
+        if problems := truth.problems(mine[0], make, seen):
+            truth.fail(f"one closed, the run ended, at refresh {refresh} (the 2nd after)", problems, mine[0])
 
     def restart_page() -> None:
         ps = pods.exec(0, "ps -o pid=,args= -e").stdout

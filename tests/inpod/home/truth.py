@@ -32,6 +32,8 @@ class PageTruth:
         self.settings = json.loads(pods.configmaps[naming.lifecycle_configmap(pods.app)]["idle.json"])
         self.api: FakeApiServer | None = None
         self.server: Any = None
+        self.now = time.time()
+        """The time of the page being checked (its `data-now`): a run's age is the page's at that time."""
 
     def serve_usage(self, tmp: Path) -> FakeApiServer:
         """The API where the pods reach it (the `kubernetes` Service), authorizing as the render does for the pods'
@@ -87,7 +89,7 @@ class PageTruth:
                     f"run:{n}:cwd": info["cwd"],
                     f"run:{n}:on": pods.pods[0].name,
                     f"run:{n}:pods": str(len(info["pods"])),
-                    f"run:{n}:age": lambda v, started=info["started"]: len(v) == 1 and v[0] in ages(started),
+                    f"run:{n}:age": lambda v, started=info["started"]: len(v) == 1 and v[0] in self.ages(started),
                 }
             )
         return out
@@ -101,31 +103,40 @@ class PageTruth:
 
         return ok
 
+    def problems(self, page: str, make: Callable[[], dict[str, Any]], seen: list[dict[str, Any]]) -> list[str]:
+        """What differs between every number on `page` (HTML: the whole page or its live part) and the truth (`make()`;
+        the idle card against one of pod 0's agent's decisions `seen`: the page shows the one it sampled)."""
+        found = re.search(r'data-now="([0-9.]+)"', page)
+        if not found:
+            return ["no live part (data-now) on the page"]
+        values, stray = shown(page)
+        self.now = float(found.group(1))
+        base = {**make(), "updated": clock(self.now)}
+        if "<header" not in page:  # the live part only (`/fragment`): the title is the whole page's
+            base.pop("title", None)
+        options = [check(values, stray, {**base, **idle_truth(d, self.settings, self.now)}) for d in seen if d.get("lastActive")]
+        return sorted(options, key=len)[0] if options else ["pod 0's agent has decided nothing yet"]
+
     def settle(self, read: Callable[[], str], make: Callable[[], dict[str, Any]], what: str, timeout: float = 60) -> str:
-        """Until every number on the page (`read()`: its HTML) is the truth (`make()`, again each round; the idle card
-        against one of pod 0's agent's recent decisions: the page shows the one it sampled), else the differences."""
+        """Until every number on the page (`read()`: its HTML) is the truth (`make()`, again each round), else the
+        differences."""
         deadline = time.monotonic() + timeout
         problems, page = ["never read"], ""
         seen: list[dict[str, Any]] = []
         while time.monotonic() < deadline:
-            seen = [*seen[-8:], self.decision()]
+            seen = [*seen[-40:], self.decision()]  # ~20 s of them: the page shows one it sampled up to a refresh ago
             page = read()
-            found = re.search(r'data-now="([0-9.]+)"', page)
-            if found:
-                values, stray = shown(page)
-                now = float(found.group(1))
-                base = {**make(), "updated": clock(now)}
-                if "<header" not in page:  # the live part only (`/fragment`): the title is the whole page's
-                    base.pop("title", None)
-                options = [check(values, stray, {**base, **idle_truth(d, self.settings, now)}) for d in seen if d.get("lastActive")]
-                problems = sorted(options, key=len)[0] if options else ["pod 0's agent has decided nothing yet"]
-                if not problems:
-                    return page
+            problems = self.problems(page, make, seen)
+            if not problems:
+                return page
             time.sleep(0.2)
+        self.fail(what, problems, page)
+        return page
+
+    def fail(self, what: str, problems: list[str], page: str) -> None:
         why = "\n".join(problems)
         raise AssertionError(f"{what}: the page's numbers are not the test's:\n{why}\n{page}\n{self.pods.log_of(0, 'home')}")
 
-
-def ages(started: float) -> set[str]:
-    """A run's age as the page may show it between two reads (the page's time is checked on its own)."""
-    return {ago(time.time() - started - d) for d in range(0, 5)}
+    def ages(self, started: float) -> set[str]:
+        """A run's age as the page showed it at its time (`data-now`, kept to the millisecond)."""
+        return {ago(self.now - started + d) for d in (-0.001, 0, 0.001)}

@@ -9,6 +9,7 @@ with a quicker clock (a ConfigMap edit before the pods start: the stack's own bo
 
 from __future__ import annotations
 
+import csv
 import json
 import time
 from collections.abc import Iterator
@@ -29,6 +30,8 @@ pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=f"
 TIMEOUT, INTERVAL, LEAD = 6, 1, 3
 QUICK = {"idleTimeoutSeconds": TIMEOUT, "intervalSeconds": INTERVAL, "warningLeadSeconds": LEAD}
 PYTHON = (REPO / ".venv").resolve() / "bin" / "python"
+H200 = REPO / "tests" / "data" / "tool_output" / "nvidia-smi-h200"
+"""Real nvidia-smi output of an H200, idle and during a job (SOURCES.md there)."""
 JUPYTER = f"#!/bin/sh\n# the image's JupyterLab (system pip): this checkout's\nexec {PYTHON} -m jupyter \"$@\"\n"
 """The image's `jupyter` (images/base.Containerfile), which this machine has only in the test environment."""
 TERMINAL = r"""
@@ -173,9 +176,39 @@ def test_busy_gpu_that_prints_nothing_is_never_stopped_then_idle_stops_in_time(t
     assert signals[f"{APP}-1/gpu"]["util"] == [0] * sim.gpus and signals[f"{APP}-0/jupyter"]["ok"] is True, signals
 
 
-def _signal(sim: IdleSim, name: str) -> dict[str, Any] | None:
-    """Pod 0's own signal `name` as its agent reports it (`idle_agent.py probe`: its GET /activity), when it is ok."""
-    res = sim.exec(0, "python3 /opt/ml-dev-env/idle_agent.py probe", timeout=60)
+@pytest.mark.timeout(300)
+def test_a_worker_replaying_a_real_h200_is_busy_then_idle(idle_render: Any) -> None:
+    """Pod 1's node replays the real nvidia-smi of an H200 (tests/data/tool_output/nvidia-smi-h200, SOURCES.md there).
+    During the capture's job pod 0's agent sees the worker's GPU busy, and the worker's own probe names the job's
+    process; with the capture of the idle GPU the worker's probe finds it idle and pod 0's clock runs."""
+    api = FakeApiServer(pod_rules(idle_render))
+    sim = IdleSim(idle_render, settings={**QUICK, "idleTimeoutSeconds": 3600, "servers": []}, api=api, token=TOKEN)
+    try:
+        sim.start()
+        sim.node.gpu(sim, 1, replay={"gpu": H200 / "gpu-busy-1.csv", "apps": H200 / "apps-busy-1.csv", "rc": 0})
+        busy = lambda: f"{APP}-1/gpu: active" in sim.decision().get("reason", "")  # noqa: E731
+        wait_for("pod 0's agent sees the worker's GPU busy", busy, 60, sim.agent_log)
+        gpu = _signal(sim, "gpu", 1)
+        with (H200 / "apps-busy-1.csv").open(newline="") as f:
+            (job,) = list(csv.DictReader(f, skipinitialspace=True))
+        assert gpu is not None and gpu["active"] and gpu["detail"]["processes"] == 1, gpu
+        assert f"compute process {job['pid']} ({job['process_name']})" in gpu["detail"]["why"]["0"], gpu
+        sim.node.gpu(sim, 1, replay={"gpu": H200 / "gpu-idle.csv", "apps": H200 / "apps-idle.csv", "rc": 0})
+        gpu = _signal(sim, "gpu", 1)
+        assert gpu is not None and not gpu["active"] and gpu["detail"]["processes"] == 0, gpu
+        assert [g["uuid"] for g in gpu["detail"]["gpus"]] == [job["gpu_uuid"]]  # the captured GPU, not the node's default
+        quiet = lambda: sim.decision().get("idleSeconds", 0) >= 3 * INTERVAL  # noqa: E731
+        wait_for("pod 0's agent sees nothing active", quiet, 60, sim.agent_log)
+        assert api.scales == []
+    finally:
+        sim.stop()
+        api.close()
+    assert not mine(sim), mine(sim)
+
+
+def _signal(sim: IdleSim, name: str, index: int = 0) -> dict[str, Any] | None:
+    """Pod `index`'s own signal `name` as its agent reports it (`idle_agent.py probe`: its GET /activity), when it is ok."""
+    res = sim.exec(index, "python3 /opt/ml-dev-env/idle_agent.py probe", timeout=60)
     try:
         signals = {s["name"]: s for s in json.loads(res.stdout)["signals"]}
     except (ValueError, KeyError):

@@ -10,9 +10,11 @@ heartbeat file code-server writes.
 
 from __future__ import annotations
 
+import csv
 import datetime
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,11 +26,14 @@ from typing import Any
 
 import pytest
 
+from inpod.idle import probes
 from tests.inpod.idle.conftest import agent_module, load_agent
 from tests.podsim.nodetools import HostNode
 
 agent = load_agent()
-REAL = Path(__file__).resolve().parents[2] / "data" / "tool_output"
+REPO = Path(__file__).resolve().parents[3]
+REAL = REPO / "tests" / "data" / "tool_output"
+H200 = REAL / "nvidia-smi-h200"
 SETTINGS: dict[str, Any] = {**agent.DEFAULTS, "gpuUtilThreshold": 5, "gpuMemoryUtilThreshold": 5}
 
 
@@ -139,6 +144,89 @@ def test_output_without_a_header_is_a_failed_probe_never_no_gpus(smi, gpu: str, 
     so counts as active) instead of reading the row as a header or as no process."""
     result = smi(gpu, apps=apps)
     assert not result["ok"] and "no nvidia-smi CSV header" in result["detail"]["error"], result
+
+
+# ------------------------------------------------------------------------------ a real H200 (captured)
+
+H200_STATES = ("idle", "busy-0", "busy-1", "busy-2", "after-0", "after-1")
+"""The captures of nvidia-smi-h200/: before, during and after a matmul + NCCL job (SOURCES.md there)."""
+
+
+def csv_rows(path: Path) -> list[dict[str, str]]:
+    """A capture as the csv module reads it: the field name (its ` [unit]` dropped) to the cell."""
+    with path.open(newline="") as f:
+        reader = csv.reader(f, skipinitialspace=True)
+        header = [name.split(" [", 1)[0] for name in next(reader)]
+        return [dict(zip(header, row, strict=True)) for row in reader]
+
+
+def amount(cell: str) -> float:
+    """'100 %', '1787 MiB': the number before the unit."""
+    number, _unit = cell.split(" ")
+    return float(number)
+
+
+@pytest.mark.parametrize("state", H200_STATES)
+def test_the_parsers_read_the_real_h200_output(state: str) -> None:
+    gpu_file, apps_file = H200 / f"gpu-{state}.csv", H200 / f"apps-{state}.csv"
+    gpus, apps = csv_rows(gpu_file), csv_rows(apps_file)
+    assert len(gpus) == 1 and len(apps) == (1 if state.startswith("busy") else 0)  # what the capture holds
+    assert probes.parse_gpu_csv(gpu_file.read_text()) == [
+        {
+            "index": int(g["index"]),
+            "uuid": g["uuid"],
+            "util": amount(g["utilization.gpu"]),
+            "memUtil": amount(g["utilization.memory"]),
+            "memUsedMiB": amount(g["memory.used"]),
+        }
+        for g in gpus
+    ]
+    # the query asks for `used_memory`; the real header names it `used_gpu_memory [MiB]`
+    assert probes.parse_compute_apps(apps_file.read_text()) == [
+        {"gpuUuid": a["gpu_uuid"], "pid": int(a["pid"]), "name": a["process_name"], "usedMiB": amount(a["used_gpu_memory"])} for a in apps
+    ]
+
+
+@pytest.mark.parametrize("state", H200_STATES)
+def test_the_probe_judges_the_real_h200_output(smi, state: str) -> None:
+    """Busy while the job runs (its compute process, 99-100 %), idle before it and right after it: 4 % with no
+    process is under the default threshold (utilisation is over the last sample period: SOURCES.md)."""
+    (gpu,) = csv_rows(H200 / f"gpu-{state}.csv")
+    result = smi(f"nvidia-smi-h200/gpu-{state}.csv", apps=f"nvidia-smi-h200/apps-{state}.csv", gpuUtilThreshold=5)
+    assert result["ok"], result
+    if state.startswith("busy"):
+        (app,) = csv_rows(H200 / f"apps-{state}.csv")
+        assert result["active"] and result["detail"]["processes"] == 1
+        assert f"compute process {app['pid']} ({app['process_name']})" in result["detail"]["why"][gpu["index"]]
+        assert f"utilization.gpu {gpu['utilization.gpu']}" in result["detail"]["why"][gpu["index"]]
+    else:
+        assert not result["active"] and result["detail"]["processes"] == 0, result["detail"]["why"]
+        assert amount(gpu["utilization.gpu"]) < 5
+
+
+def test_the_node_stub_prints_what_the_real_tool_printed(tmp_path: Path) -> None:
+    """The node's nvidia-smi (tests/podsim/nodetool.py) set to the captured GPU (model, UUID, utilisation, memory,
+    process: read from the capture with the csv module) prints every capture byte for byte: headers, units,
+    spacing, the header alone without a process, `-L`, and startup.sh's GPU list (its query read from the script)."""
+    node = HostNode(tmp_path / "node", gpus=1)
+    with (H200 / "startup-list.csv").open(newline="") as f:
+        ((_, name, total),) = list(csv.reader(f, skipinitialspace=True))
+    startup = re.search(r"nvidia-smi (--query-gpu=\S+ --format=\S+)", (REPO / "inpod" / "sh" / "startup.sh").read_text())
+    assert startup is not None
+
+    def printed(*args: str) -> str:
+        proc = subprocess.run([str(node.nvidia_smi), *args], capture_output=True, text=True, timeout=60, check=True)
+        return proc.stdout
+
+    for state in H200_STATES:
+        (gpu,) = csv_rows(H200 / f"gpu-{state}.csv")
+        apps = [(0, int(a["pid"]), a["process_name"], int(amount(a["used_gpu_memory"]))) for a in csv_rows(H200 / f"apps-{state}.csv")]
+        util, mem, used = (int(amount(gpu[k])) for k in ("utilization.gpu", "utilization.memory", "memory.used"))
+        node.gpu(model=(name, int(amount(total))), uuids=[gpu["uuid"]], util=util, mem=mem, used=used, apps=apps)
+        assert printed(f"--query-gpu={probes.GPU_QUERY}", "--format=csv") == (H200 / f"gpu-{state}.csv").read_text()
+        assert printed(f"--query-compute-apps={probes.APPS_QUERY}", "--format=csv") == (H200 / f"apps-{state}.csv").read_text()
+    assert printed("-L") == (H200 / "nvidia-smi-L.txt").read_text()
+    assert printed(*startup.group(1).split()) == (H200 / "startup-list.csv").read_text()
 
 
 def test_an_unexpected_exception_in_a_local_probe_counts_as_active(monkeypatch: pytest.MonkeyPatch) -> None:

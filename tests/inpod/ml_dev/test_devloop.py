@@ -4,10 +4,16 @@ A variant of nerc-production (restricted-v2: the namespace UID, no capabilities)
 per-pod workspace; pod 3's image leaves /etc/passwd read-only (nss_wrapper). From pod 0 (`oc exec`) the `ml-dev`
 launcher syncs, launches, streams and stops ranks; users' keys log in and strangers do not; DeepSpeed's pdsh
 launch path reaches every pod; the laptop ssh_config parses and logs in through a stub `oc`.
+
+The stack lists a Secret of the namespace (`env.secrets`, a random value): the shared leak scan
+(tests/podsim/leakscan.py) samples every pod process's argv and environment through the whole module, and at its end
+(test_the_secret_reached_every_rank_and_nothing_else) finds the value only in ranks' environments: no argv, no SSH
+command, no output, no file of any pod's state dir, no container log, no process but a rank's or an SSH session's.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -16,7 +22,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +30,9 @@ import pytest
 
 from components import devloop
 from core import naming
+from core.servers import DEV_SERVERS
 from tests.conftest import stack_objects
+from tests.podsim.leakscan import SSH_ARGV_PROGRAM, LeakScan, list_secret, new_value
 from tests.podsim.pods import PREFIX, PodSim, leftovers, missing_requirements
 from tests.podsim.pods import render_stack as render
 
@@ -36,9 +44,12 @@ WORKSPACE = "/workspace"
 STATE = "/tmp/ml-dev-env"
 PROJECT = f"{WORKSPACE}/proj"
 LAUNCHER = "python3 /opt/ml-dev-env/ml-dev"
-Cluster = PodSim
 NS = stack_objects("nerc-production")["cluster"]["namespace"]
-# The test program: what every rank saw (its rank environment, its pod, the tree it ran on).
+SECRET, SECRET_KEY = "devloop-canary", "DEVLOOP_CANARY_TOKEN"  # a Secret of the namespace, listed in env.secrets
+VALUE = new_value()
+HOME_PORT = next(s.port for s in DEV_SERVERS if s.name == "home")
+FETCH = "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())"
+# The test program: what every rank saw (its rank environment, its pod, the tree it ran on; of the secret a digest).
 PROGRAM = r"""
 import hashlib, json, os, socket, stat, sys, time
 root = os.path.dirname(os.path.abspath(__file__))
@@ -56,6 +67,7 @@ keys = ("NODE_RANK", "NNODES", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PET_
 record = {k: os.environ.get(k) for k in keys}
 record.update(host=socket.gethostname(), tree=tree, files=sorted(files), cwd=os.getcwd(),
               version=open(os.path.join(root, "version.txt")).read().strip(), pid=os.getpid())
+record["secret"] = hashlib.sha256(os.environ.get("@SECRET_KEY@", "").encode()).hexdigest()
 os.makedirs(os.path.join(root, "out"), exist_ok=True)
 path = os.path.join(root, "out", "rank-%s.json" % record["NODE_RANK"])
 with open(path + ".tmp", "w") as f:
@@ -70,18 +82,45 @@ if mode == "fail":
     time.sleep(300)
 if mode == "sleep":
     time.sleep(300)
-"""
+""".replace("@SECRET_KEY@", SECRET_KEY)
+
+
+class Cluster(PodSim):
+    """The pods, every `exec`'s output kept for the leak scan at the end of the module."""
+
+    outputs: list[tuple[str, str]]
+
+    def exec(
+        self,
+        index: int,
+        cmd: str | Sequence[str],
+        timeout: float = 120,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        input: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        res = super().exec(index, cmd, timeout, cwd, env, input)
+        self.outputs.append((f"output of `{cmd if isinstance(cmd, str) else ' '.join(cmd)}`"[:120], res.stdout + res.stderr))
+        return res
 
 
 def four_pods_per_pod_workspace(objects: dict[str, Any]) -> None:
     objects["nodes"] = {**objects["nodes"], "count": 4, "gpusPerPod": 2}
     objects["storage"] = {"mode": "per-pod", "volumes": [{"name": "workspace", "mountPath": WORKSPACE, "size": "1Gi"}]}
+    list_secret(objects, SECRET, SECRET_KEY)
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[PodSim]:
+def cluster() -> Iterator[Cluster]:
     before = set(leftovers())
-    c = PodSim(render("nerc-production", four_pods_per_pod_workspace), read_only_passwd=(3,), python_packages=("debugpy",))
+    c = Cluster(
+        render("nerc-production", four_pods_per_pod_workspace),
+        read_only_passwd=(3,),
+        python_packages=("debugpy",),
+        namespace_secrets={SECRET: {SECRET_KEY: VALUE}},
+        image_programs=SSH_ARGV_PROGRAM,  # every ssh a pod runs records its command (the leak scan reads it)
+    )
+    c.outputs = []
     try:
         c.start()
         c.write(0, f"{PROJECT}/prog.py", PROGRAM)
@@ -103,6 +142,13 @@ def cluster() -> Iterator[PodSim]:
         c.stop()
         # this simulation's own (other test runs on the machine have their own run ids)
         assert not [x for x in set(leftovers()) - before if f"{PREFIX}{c.run_id}-" in x]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def scan(cluster: Cluster) -> Iterator[LeakScan]:
+    """The leak scan's sampler, through every test of the module (argv and environment of every pod process)."""
+    with LeakScan(cluster, [VALUE], interval=0.1, environ=True) as s:
+        yield s
 
 
 def records(c: PodSim) -> dict[int, dict[str, Any]]:
@@ -211,6 +257,7 @@ def test_ctrl_c_stops_every_rank(cluster: Cluster) -> None:
     assert all(list(p.path(f"{STATE}/heartbeat").glob("rank-*.json")) for p in cluster.pods)
     cluster.interrupt(proc)  # the terminal's Ctrl-C reaches the foreground process group
     out, _ = proc.communicate(timeout=40)
+    cluster.outputs.append(("output of an interrupted `ml-dev run`", out))
     assert proc.returncode == 130, out
     assert "interrupted; stopping every rank" in out
     for i, rec in got.items():
@@ -544,6 +591,7 @@ def test_debug_rank_waits_for_a_debugger_on_its_pod_ip_with_debug_host_pod(clust
                 time.sleep(0.1)
             _dap(sock, 4, "disconnect")
         out, _ = proc.communicate(timeout=60)
+        cluster.outputs.append(("output of `ml-dev run --debug 1`", out))
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -602,3 +650,51 @@ def test_a_key_added_to_the_stack_logs_in_without_a_restart(cluster: Cluster, tm
     finally:
         cluster.swap_configmap(name, before)
     assert wait_for(255), "the removed key still logs in"
+
+
+def test_the_secret_reached_every_rank_and_nothing_else(cluster: Cluster, scan: LeakScan) -> None:
+    """Last of the module: the listed Secret's value reached every rank of a run (a digest in each record) and of an
+    exec (their environment, sampled), and the scan of everything the module did (and of the home page) finds it
+    nowhere else. The same scan finds it where it is planted: an `oc exec` process given it as env (what container env
+    would be) and a log line."""
+    clear_records(cluster)
+    res = launch(cluster, "run -- python3 prog.py")
+    assert res.returncode == 0, res.stdout + res.stderr
+    digest = hashlib.sha256(VALUE.encode()).hexdigest()
+    got = records(cluster)
+    assert sorted(got) == [0, 1, 2, 3] and [i for i, rec in got.items() if rec["secret"] != digest] == [], got
+    held = launch(cluster, "exec -- sleep 3")
+    assert held.returncode == 0, held.stdout + held.stderr
+    for page in ("/", "/fragment"):  # the home page (pod 0's dev server) shows names, never a value
+        res = cluster.exec(0, ["python3", "-c", FETCH, f"http://127.0.0.1:{HOME_PORT}{page}"], timeout=30)
+        assert res.returncode == 0 and res.stdout, res.stderr
+    scan.stop()
+    assert {pod for pod, cmdline in scan.holders if cmdline == "sleep 3"} == {p.name for p in cluster.pods}, scan.holders
+    for where, text in cluster.outputs:
+        scan.text(where, text)
+    files = scan.pods_state() + scan.pods_files() + scan.container_logs()
+    files += scan.files("workspace of", [cluster.volume_dir(i, WORKSPACE) for i in range(4)])
+    scan.render(cluster.result)
+    assert scan.hits == [], "\n".join(scan.hits)
+    commands = scan.ssh_commands()
+    print(f"leak scan: {scan.samples} samples, {len(scan.processes_seen)} processes, {files} files, {len(commands)} SSH commands")
+    assert scan.samples >= 10 and files > 20 and any("_rank" in c for c in commands), (scan.samples, files, commands[:5])
+
+    planted = LeakScan(cluster, [VALUE], environ=True)
+    leaky = None
+    try:
+        with planted:
+            leaky = cluster.popen(1, "exec sleep 30", env={"PLANTED_TOKEN": VALUE})
+            deadline = time.monotonic() + 20
+            while not planted.hits and time.monotonic() < deadline:
+                time.sleep(0.1)
+        cluster.write(2, f"{STATE}/logs/planted.log", f"token={VALUE}\n")
+        planted.pods_files()
+    finally:
+        if leaky is not None:
+            os.killpg(leaky.pid, signal.SIGKILL)
+            leaky.wait(timeout=30)
+        cluster.pods[2].path(f"{STATE}/logs/planted.log").unlink(missing_ok=True)
+    assert any(h.startswith("/proc/") and "environ on ml-dev-env-1: PLANTED_TOKEN" in h for h in planted.hits), planted.hits
+    assert any(h.startswith("ml-dev-env-2 planted.log") for h in planted.hits), planted.hits
+    assert all(VALUE not in h for h in planted.hits), "the scan's own lines never hold the value"

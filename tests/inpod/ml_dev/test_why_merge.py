@@ -22,7 +22,7 @@ import pytest
 from inpod import contract
 from inpod.home import page, why_view
 from inpod.home.page import num
-from inpod.ml_dev import collectives, watchdog, why
+from inpod.ml_dev import collectives, sampler, watchdog, why
 from stacks.config import StackConfig
 from tests.conftest import stack_objects
 
@@ -169,6 +169,67 @@ def test_flight_recorder_names_the_rank_that_did_not_enter_the_collective(tmp_pa
     assert v["sources"]["flight-recorder"] == "used: dumps of 4 rank(s)"
 
 
+REAL_DUMPS = {
+    # data/SOURCES.md: device runs on an NVIDIA H200, torch 2.11.0+cu130, NCCL 2.28.9; the job is data/devcap/train.py.txt
+    "h200-pipe-dump-0": "scheduled",  # verbatim: written by the rank when ml-dev why's sampler wrote its pipe
+    "h200-inprocess-dump-last20.pkl": None,  # _dump_nccl_trace() after the job's last step, its last 20 entries
+}
+
+
+def job_line(text: str) -> int:
+    """The line of `text` in the device job's own source (data/devcap/train.py.txt), counted from 1."""
+    lines = (DATA / "devcap" / "train.py.txt").read_text().splitlines()
+    found = [i for i, line in enumerate(lines, 1) if line.strip() == text]
+    assert len(found) == 1, found
+    return found[0]
+
+
+@pytest.mark.parametrize("name", sorted(REAL_DUMPS))
+def test_real_flight_recorder_dumps_read_as_they_hold(name: str) -> None:
+    """Dumps torch 2.11 wrote on a GPU: the expected summary comes from the pickle itself (a plain pickle load), per
+    process group the furthest completed collective and the furthest one entered but not completed, with the job's own
+    innermost frame."""
+    path = DATA / "fr" / name
+    raw = path.read_bytes()
+    held = pickle.loads(raw)
+    # the safe unpickler takes the real thing (protocol 2, tuples for process_group, None, bools, 64-bit ints) whole
+    assert collectives._PlainUnpickler(io.BytesIO(raw)).load() == held
+    assert isinstance(held["entries"][0]["process_group"], tuple) and held["entries"][0]["time_discovered_started_ns"] is None
+    states = {e["state"] for e in held["entries"]}
+    assert states <= {"scheduled", "started", "completed"}, states
+    summary = collectives.read_fr_dump(path)
+    assert summary is not None and summary["version"] == held["version"]
+    by_group: dict[str, list[dict[str, Any]]] = {}
+    for e in held["entries"]:
+        by_group.setdefault(e["process_group"][0], []).append(e)
+    assert sorted(summary["groups"]) == sorted(by_group)
+    for pg, entries in by_group.items():
+        got = summary["groups"][pg]
+        assert got["completed"] == max(e["collective_seq_id"] for e in entries if e["state"] == "completed")
+        open_ = [e for e in entries if e["state"] != "completed"]
+        if not open_:
+            assert got["entered"] is None
+            continue
+        last = max(open_, key=lambda e: e["collective_seq_id"])
+        own = next(f for f in last["frames"] if f["filename"].endswith("/train.py"))  # the job's file, innermost first
+        assert got["entered"] == {
+            "seq": last["collective_seq_id"],
+            "op": last["profiling_name"].split(":")[-1],
+            "state": last["state"],
+            "frame": {"name": own["name"], "file": "train.py", "line": own["line"]},
+        }
+    # what the capture saw (data/SOURCES.md): the pipe dump holds an all_reduce still scheduled from train_step, at the
+    # line of the job's all_reduce call; the in-process dump, taken after the last step, nothing open
+    entered = summary["groups"]["0"]["entered"]
+    if REAL_DUMPS[name] is None:
+        assert entered is None
+    else:
+        assert entered["state"] == REAL_DUMPS[name] and entered["op"] == "all_reduce"
+        assert entered["frame"] == {"name": "train_step", "file": "train.py", "line": job_line("dist.all_reduce(y)")}
+    # two ranks at the same place: nobody is behind
+    assert collectives.merge_fr({"0": summary, "1": summary}) == {"findings": []}
+
+
 def test_a_pickle_naming_a_class_is_not_read(tmp_path: Path) -> None:
     path = tmp_path / "dump"
     path.write_bytes(pickle.dumps({"entries": [], "x": Path("/")}))
@@ -186,22 +247,57 @@ def test_ras_status_fixtures_parse() -> None:
     assert "Process 3487984 on node 172.16.64.213 managing GPU 5" in words
 
 
-def test_ras_over_its_socket_and_silent_when_nothing_listens() -> None:
-    """The plain-text protocol on a real socket (a stand-in RAS thread answering the documented status)."""
+def ras_answering(text: bytes) -> tuple[dict[str, Any], list[bytes]]:
+    """ask_ras against a stand-in RAS thread on a real socket that answers `text`: the answer and what it was asked."""
     server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(30)
     asked: list[bytes] = []
 
     def serve() -> None:
         conn, _ = server.accept()
         asked.append(conn.recv(100))
-        conn.sendall((DATA / "ras" / "incomplete.txt").read_bytes())
+        conn.sendall(text)
         conn.close()
 
     t = threading.Thread(target=serve, daemon=True)
     t.start()
-    answer = collectives.ask_ras(f"127.0.0.1:{server.getsockname()[1]}", timeout=10)
-    t.join(10)
-    server.close()
+    try:
+        answer = collectives.ask_ras(f"127.0.0.1:{server.getsockname()[1]}", timeout=10)
+    finally:
+        t.join(10)
+        server.close()
+    return answer, asked
+
+
+def test_real_ras_status_of_an_h200_job() -> None:
+    """NCCL 2.28.9's own answer to `VERBOSE STATUS` (data/SOURCES.md): the expected row is the table's line as the text
+    holds it (columns: group, comms in group, nodes per comm, ranks per node, ranks per comm, ranks in group, status,
+    errors); its Errors and Warnings sections are empty."""
+    raw = (DATA / "ras" / "h200-verbose-status.txt").read_bytes()
+    text = raw.decode()
+    lines = text.splitlines()
+    table = lines[next(i for i, line in enumerate(lines) if line.startswith("Communicators")) : lines.index("Errors")]
+    rows = [line.split() for line in table if line.split() and line.split()[0].isdigit()]
+    want: list[dict[str, Any]] = [
+        {"group": int(r[0]), "comms": int(r[1]), "ranks": int(r[5]), "status": r[6], "errors": r[7]} for r in rows
+    ]
+    # each section's lines below its underline
+    errors = [x.strip() for x in lines[lines.index("Errors") + 2 : lines.index("Warnings")] if x.strip()]
+    warnings = [x.strip() for x in lines[lines.index("Warnings") + 2 :] if x.strip()]
+    parsed = collectives.parse_ras(text)
+    assert parsed == {"communicators": want, "errors": errors, "warnings": warnings}
+    assert want and errors == [] and parsed["warnings"] == []  # a healthy one-rank job, as the capture ran it
+    total = sum(r["comms"] for r in want)
+    assert collectives.ras_words(parsed) == (
+        f"{total} communicator(s) RUNNING, no errors (RAS sees no fault: a hang inside the job is still possible)"
+    )
+    answer, asked = ras_answering(raw)  # the same bytes over the socket, as the pod's sampler asks
+    assert asked == [b"VERBOSE STATUS\n"] and answer["status"] == "used" and answer["parsed"] == parsed
+
+
+def test_ras_over_its_socket_and_silent_when_nothing_listens() -> None:
+    """The plain-text protocol on a real socket (a stand-in RAS thread answering the documented status)."""
+    answer, asked = ras_answering((DATA / "ras" / "incomplete.txt").read_bytes())
     assert asked == [b"VERBOSE STATUS\n"] and answer["status"] == "used"
     assert answer["parsed"]["communicators"][0]["errors"] == "INCOMPLETE"
     free = socket.socket()
@@ -252,8 +348,15 @@ def test_rank_env_keeps_the_jobs_own_flight_recorder_paths(tmp_path: Path, monke
     mine = watchdog.rank_env("r1", "env-0", {})
     assert mine[contract.RUN_ID_ENV] == "r1" and mine[contract.PROGRESS_FILE_ENV] == str(tmp_path / "runs" / "r1" / "progress")
     assert mine["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"].startswith(str(tmp_path / "runs" / "r1"))
-    theirs = watchdog.rank_env("r1", "env-0", {"TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/x/p", "TORCH_FR_DUMP_TEMP_FILE": "/x/d"})
-    assert "TORCH_NCCL_DEBUG_INFO_PIPE_FILE" not in theirs and "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in theirs
+    # the dump file under both names, one value: the new name for torch that reads it, the old for older torch
+    assert mine["TORCH_FR_DUMP_TEMP_FILE"] == mine["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == str(tmp_path / "runs" / "r1" / "fr-dump-")
+    for own in ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"):
+        theirs = watchdog.rank_env("r1", "env-0", {"TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/x/p", own: "/x/d"})
+        assert not {"TORCH_NCCL_DEBUG_INFO_PIPE_FILE", "TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"} & set(theirs), theirs
+    # where the sampler looks for a rank's dump: the new name first, as torch reads it
+    assert sampler.dump_prefix(mine) == mine["TORCH_FR_DUMP_TEMP_FILE"]
+    assert sampler.dump_prefix({"TORCH_FR_DUMP_TEMP_FILE": "/n/", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/o/"}) == "/n/"
+    assert sampler.dump_prefix({"TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/o/"}) == "/o/"
 
 
 def test_progress_relay_marks_each_touch_of_the_progress_file(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
@@ -297,3 +400,16 @@ def test_watchdog_fires_once_per_stall_and_progress_rearms_it() -> None:
         dog.stop.set()
         dog.join(10)
     assert out.getvalue().count("no progress for") == 2
+
+
+def test_a_job_kept_under_a_folder_named_torch_keeps_its_own_frame() -> None:
+    """The frame shown is the first one outside installed packages, not the first without 'torch/' in its path: a
+    user's checkout may well be ~/torch/ (a fork of PyTorch's examples, say)."""
+    frames = [
+        {"name": "all_reduce", "filename": "/opt/app/lib/python3.12/site-packages/torch/distributed/distributed_c10d.py", "line": 3068},
+        {"name": "train_step", "filename": "/workspace/torch/train.py", "line": 88},
+    ]
+    entry = {"process_group": ["0", "default_pg"], "collective_seq_id": 7, "profiling_name": "nccl:all_reduce", "state": "started"}
+    entry["frames"] = frames
+    summary = collectives.summarise_fr({"version": "2.10", "entries": [entry]})
+    assert summary["groups"]["0"]["entered"]["frame"] == {"name": "train_step", "file": "train.py", "line": 88}
