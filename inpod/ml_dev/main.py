@@ -31,26 +31,15 @@ launch (run, exec and the per-pod `_rank`), status and why (sampler, collectives
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 
 from .common import DEBUG_PORT, FROM_RANK_FILE, HERE, PER_POD_ENV
+from .fanout import cmd_relay
+from .launch import cmd_exec, cmd_rank, cmd_run
+from .status import cmd_status
+from .sync import cmd_apply, cmd_check, cmd_sync
 from .watchdog import WHY_LAUNCHER
-
-HANDLERS = {
-    "run": ("launch", "cmd_run"),
-    "exec": ("launch", "cmd_exec"),
-    "_rank": ("launch", "cmd_rank"),
-    "sync": ("sync", "cmd_sync"),
-    "_apply": ("sync", "cmd_apply"),
-    "_check": ("sync", "cmd_check"),
-    "_relay": ("fanout", "cmd_relay"),
-    "status": ("status", "cmd_status"),
-}
-"""Subcommand -> (module, function), imported when called: a rank agent (`_rank`, one per pod and launch) or a hop's
-`_apply` never loads what `status` needs (urllib, http.client, ssl, email): the startup ConfigMap's mount is
-read-only, so the package is compiled again at every start, and every module costs CPU on every pod."""
 
 ENV_RULE = (
     "Environment of every rank: the pod's container env, its rank.env (NODE_RANK, NNODES, MASTER_ADDR, ...),\n"
@@ -129,9 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "command", None) and args.command[:1] == ["--"]:
         args.command = args.command[1:]
-    module, name = HANDLERS[args.cmd]
-    handler = getattr(importlib.import_module(f"{__package__}.{module}"), name)
-    return int(handler(args))
+    handlers = {"run": cmd_run, "sync": cmd_sync, "exec": cmd_exec, "status": cmd_status, "_apply": cmd_apply, "_rank": cmd_rank}
+    handlers.update(_check=cmd_check, _relay=cmd_relay)
+    return handlers[args.cmd](args)
 
 
 if __name__ == "__main__":
