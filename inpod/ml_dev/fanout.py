@@ -274,15 +274,21 @@ def fan_out(
             if src == me:
                 extra = (verify,) if verify else ()  # (the rounds' tests stand in for hop with its six arguments)
                 return hop(cluster, root, dst, listing, expect, stall, *extra)
+            started = time.monotonic()
             if verify is None:
-                return relayed(cluster, src, dst, root, listing, expect, stall)
-            got = relayed(cluster, src, dst, root, listing, expect, stall, rsync_only=True, checksum=dst in contents)
-            if not got.get("error"):
-                got["hash"], error = verify(dst, listing)
-                if error:
-                    got["error"] = f"hash: {error}"
-                elif got["hash"] != expect:
-                    contents.add(dst)
+                got = relayed(cluster, src, dst, root, listing, expect, stall)
+            else:
+                got = relayed(cluster, src, dst, root, listing, expect, stall, rsync_only=True, checksum=dst in contents)
+                if not got.get("error"):
+                    got["hash"], error = verify(dst, listing)
+                    if error:
+                        got["error"] = f"hash: {error}"
+                    elif got["hash"] != expect:
+                        contents.add(dst)
+            # the hop as this pod saw it (the SSH session to the relay and its start, the relay's rsync, the hash
+            # answered): what the round waits for; the relay's own count leaves out its start and the answer
+            got["relay_seconds"] = got.get("seconds", 0)
+            got["seconds"] = round(time.monotonic() - started, 3)
             return got
 
         results = parallel_hops(one, len(pairs))
