@@ -48,60 +48,35 @@ class Shipped:
 
 
 def _package(group: str, *sources: str) -> tuple[Shipped, ...]:
-    return tuple(Shipped(f"inpod/{s}", s, group) for s in sources)
+    """The package's modules in `sources`: a module, or a family's folder, which ships every module in it (a new
+    module of a family ships with it; `__init__.py` first)."""
+    files: list[str] = []
+    for source in sources:
+        if source.endswith(".py"):
+            files.append(source)
+        else:
+            files += sorted(f"{source}/{f.name}" for f in (HERE / source).glob("*.py"))
+    return tuple(Shipped(f"inpod/{f}", f, group) for f in files)
+
+
+def _root(group: str, *names: str) -> tuple[Shipped, ...]:
+    """Files at the mount root, where the docs and the image call them: shell files from sh/, launchers from bin/."""
+    return tuple(Shipped(name, f"{'sh' if name.endswith('.sh') else 'bin'}/{name}", group) for name in names)
 
 
 SHIPPED: tuple[Shipped, ...] = (
-    *_package(
-        "package",
-        "__init__.py",
-        "contract.py",
-        "lib/__init__.py",
-        "lib/pod.py",
-        "lib/ssh.py",
-        "lib/kube.py",
-        "lib/http.py",
-        "lib/usersecrets.py",
-    ),
-    Shipped("startup.sh", "sh/startup.sh", "startup"),
-    Shipped("sshd.sh", "sh/sshd.sh", "devloop"),
-    Shipped("ssh-session.sh", "sh/ssh-session.sh", "devloop"),
-    Shipped("ml-dev", "bin/ml-dev", "devloop"),
-    Shipped("ml-dev-why", "bin/ml-dev-why", "devloop"),
-    *_package(
-        "devloop",
-        "ml_dev/__init__.py",
-        "ml_dev/main.py",
-        "ml_dev/common.py",
-        "ml_dev/sync.py",
-        "ml_dev/fanout.py",
-        "ml_dev/launch.py",
-        "ml_dev/status.py",
-        "ml_dev/secrets.py",
-    ),
-    *_package("devloop", "ml_dev/why.py", "ml_dev/sampler.py", "ml_dev/collectives.py", "ml_dev/watchdog.py"),
-    Shipped("idle_agent.py", "bin/idle_agent.py", "lifecycle"),
-    *_package("lifecycle", "idle/__init__.py", "idle/agent.py", "idle/probes.py", "idle/decider.py"),
-    Shipped("idle-warning.sh", "sh/idle-warning.sh", "lifecycle"),
-    Shipped("checkpoint_stop.sh", "sh/checkpoint_stop.sh", "lifecycle"),
-    Shipped("fabric_check.py", "bin/fabric_check.py", "fabric"),
-    *_package(
-        "fabric",
-        "fabric/__init__.py",
-        "fabric/check.py",
-        "fabric/util.py",
-        "fabric/parse.py",
-        "fabric/allreduce.py",
-        "fabric/preflight.py",
-        "fabric/gate.py",
-        "fabric/localise.py",
-        "fabric/report.py",
-    ),
-    Shipped("rank_order.sh", "sh/rank_order.sh", "fabric"),
-    Shipped("usage.py", "bin/usage.py", "usage"),
+    *_package("package", "__init__.py", "contract.py", "lib"),
+    *_root("startup", "startup.sh"),
+    *_root("devloop", "sshd.sh", "ssh-session.sh", "ml-dev", "ml-dev-why"),
+    *_package("devloop", "ml_dev"),
+    *_root("lifecycle", "idle_agent.py", "idle-warning.sh", "checkpoint_stop.sh"),
+    *_package("lifecycle", "idle"),
+    *_root("fabric", "fabric_check.py", "rank_order.sh"),
+    *_package("fabric", "fabric"),
+    *_root("usage", "usage.py"),
     *_package("usage", "usage.py"),
-    Shipped("home_page.py", "bin/home_page.py", "home"),
-    *_package("home", "home/__init__.py", "home/page.py", "home/svgplot.py", "home/why_view.py"),
+    *_root("home", "home_page.py"),
+    *_package("home", "home"),
 )
 _BY_KEY = {s.key: s for s in SHIPPED}
 

@@ -57,7 +57,7 @@ from typing import Any
 from .. import contract, usage
 from ..lib import http, kube, usersecrets
 from ..lib.http import fetch_json
-from ..lib.pod import clock, env, idle_settings, read_json, read_rank_env, state_dir
+from ..lib.pod import ago, clock, env, idle_settings, read_json, read_rank_env, state_dir
 from .why_view import why_html
 
 HISTORY_SECONDS = 3600
@@ -100,17 +100,6 @@ def agents(settings: dict[str, Any]) -> list[tuple[str, str]]:
     pods, hosts = rank.get("ML_DEV_PODS", "").split(), rank.get("ML_DEV_HOSTS", "").split()
     count = len(pods) if len(pods) == len(hosts) else 0  # a half-written rank.env names no pod
     return [(pods[i], f"http://{hosts[i]}:{settings['activityPort']}") for i in range(count)]
-
-
-def ago(seconds: float | None) -> str:
-    if seconds is None:
-        return "never"
-    seconds = max(0, int(seconds))
-    if seconds < 120:
-        return f"{seconds} s"
-    if seconds < 7200:
-        return f"{seconds // 60} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 # ------------------------------------------------------------------------------------ collection

@@ -16,19 +16,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import contract
-from ..lib.pod import env, state_dir
+from ..lib.pod import ago, env, state_dir
 
 ALIVE_SECONDS = 60
 """A run heartbeat older than this is a run that ended without removing it."""
-
-
-def _age(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    if seconds < 120:
-        return f"{seconds} s ago"
-    if seconds < 7200:
-        return f"{seconds // 60} min ago"
-    return f"{seconds // 3600} h ago"
 
 
 def live_runs(now: float) -> list[str]:
@@ -74,7 +65,7 @@ def why_html(now: float, mark: Callable[[str, object], str]) -> str:
             what = escape(kind.replace("-", " "))
         items.append(
             f'<li class="why {cls}" data-run="{escape(run)}">run <code>{mark("why-run", run)}</code>: {what} '
-            f'<span class="small why-age">({mark("why-age", _age(now - float(v.get("time", now))))})</span><br>'
+            f'<span class="small why-age">({mark("why-age", ago(now - float(v.get("time", now))) + " ago")})</span><br>'
             f'<span class="small">{mark("why-text", v.get("text", ""))}</span></li>'
         )
     if not items:

@@ -58,6 +58,18 @@ def clock(ts: float) -> str:
     return time.strftime("%H:%M:%S UTC", time.gmtime(ts))
 
 
+def ago(seconds: float | None) -> str:
+    """A duration as the pages show it: "never", "42 s", "17 min", "2.5 h"."""
+    if seconds is None:
+        return "never"
+    seconds = max(0, int(seconds))
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 def run(cmd: list[str], timeout: float | None = None, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run a tool; a missing tool is exit 127 and a timeout exit 124, never an exception."""
     full_env = dict(os.environ, **(env_extra or {}))

@@ -15,8 +15,7 @@ from html.parser import HTMLParser
 from typing import Any
 
 from inpod import usage
-from inpod.home.page import ago
-from inpod.lib.pod import clock
+from inpod.lib.pod import ago, clock
 
 SKIPPED = ("svg", "script", "style", "head")
 

@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from core import naming
-from inpod.home.page import ago
-from inpod.lib.pod import clock
+from inpod.lib.pod import ago, clock
 from tests.inpod.home.numbers import USAGE, check, idle_truth, shown, status_hours
 from tests.inpod.home.pods import STATE, HomePods
 from tests.inpod.idle.conftest import TOKEN, FakeApiServer
