@@ -162,6 +162,7 @@ policy-preview: venv
 	pulumi preview --stack $(STACK) --policy-pack policy --diff
 
 # pyproject's `addopts = -ra` makes pytest end with a summary of every skipped test and its reason.
+# --durations=30: every run (CI's log included) ends with its 30 slowest tests (setup and call), where the time goes.
 # PYTEST_ARGS: more pytest arguments (CI's user pass: -m "not root"; its sudo pass runs the `root` tests).
 # PYTEST_WORKERS: pytest-xdist workers (default one per CPU, at most 16: with two per CPU the waits on simulated pods,
 # JupyterLab's start and the agents' rounds ran past their bounds on a 2-CPU machine; 0 runs in this process); a test module stays on
@@ -174,7 +175,7 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 16 ? n : 16 )))
 XDIST = -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --max-worker-restart 0
 test: venv system-deps lint typecheck docs
-	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) --durations=30 $(PYTEST_ARGS)
 
 # The inner loop: ruff, the format check, the mypy passes, then the repository gates, the units and the renders
 # (tests/conftest.py FAST_LANE: no simulated pod, no root, no real service, no Debian package beyond the venv's).

@@ -250,6 +250,22 @@ def _lines(exc: ValidationError, removed: set[str]) -> list[str]:
     return out
 
 
+_cluster_files: dict[tuple[str, str], tuple[Any, list[str]]] = {}
+"""`_read_cluster_file` by its arguments (a pure function of them): every environment render and check reads the
+committed cluster file again."""
+
+
+def _read_cluster_file(text: str, name: str) -> tuple[Any, list[str]]:
+    """A cluster stack file's YAML data and its text-level problems (one line each; data None when it is no YAML)."""
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark else name
+        return None, [f"{at}: invalid YAML: {getattr(exc, 'problem', None) or 'not YAML'} (the cluster stack of environment.cluster)"]
+    return data, stackfile.problems(text, name)
+
+
 def cluster_stack_raw(config_dir: Path, cluster: str) -> tuple[dict[str, Any] | None, list[str]]:
     """The `ml-dev-env:` objects of the cluster stack file `Pulumi.<cluster>.yaml` (an environment's base), or its problems.
 
@@ -263,13 +279,10 @@ def cluster_stack_raw(config_dir: Path, cluster: str) -> tuple[dict[str, Any] | 
     except FileNotFoundError:
         found = sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in config_dir.glob("Pulumi.*.yaml"))
         return None, [f"{where}: got {cluster!r}; no cluster stack file {path.name} in this project (stacks: {', '.join(found)})"]
-    try:
-        data = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f"{path.name}:{mark.line + 1}:{mark.column + 1}" if mark else path.name
-        return None, [f"{at}: invalid YAML: {getattr(exc, 'problem', None) or 'not YAML'} (the cluster stack of environment.cluster)"]
-    text_problems = stackfile.problems(text, path.name)
+    key = (text, path.name)
+    if key not in _cluster_files:
+        _cluster_files[key] = _read_cluster_file(text, path.name)
+    data, text_problems = copy.deepcopy(_cluster_files[key])
     if text_problems:
         return None, text_problems
     flat = (data.get("config") if isinstance(data, dict) else None) or {}

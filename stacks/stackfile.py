@@ -51,8 +51,18 @@ def secure_problem(value: object, passphrase: bool = False) -> str | None:
     )
 
 
+_problems: dict[tuple[str, str], list[str]] = {}
+"""`problems` by its arguments (a pure function of them: each render reads its stack file's text again)."""
+
+
 def problems(text: str, name: str) -> list[str]:
     """Every text-level mistake of a stack file (empty when the YAML itself is broken: that is reported elsewhere)."""
+    if (text, name) not in _problems:
+        _problems[text, name] = _text_problems(text, name)
+    return list(_problems[text, name])
+
+
+def _text_problems(text: str, name: str) -> list[str]:
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError:

@@ -54,9 +54,15 @@ def step_command(name: str) -> list[str]:
     return ["python3", f"{IMAGE_STEPS_DIR}/{name}.py"]
 
 
+_parsed: dict[str, ast.Module] = {}
+"""Syntax trees by source text: a render asks for each step's modules several times (the trees are only read)."""
+
+
 def _source(path: Path) -> tuple[ast.Module, str]:
     source = path.read_text(encoding="utf-8")
-    return ast.parse(source), source
+    if source not in _parsed:
+        _parsed[source] = ast.parse(source)
+    return _parsed[source], source
 
 
 def _lib_imports(tree: ast.Module) -> set[str]:

@@ -167,13 +167,26 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
+_stack_files: dict[str, dict[str, Any]] = {}
+"""The `config:` block of each stack file text read so far that had no mistake (`stack_config` hands out deep copies)."""
+
+
 def stack_config(stack_file: Path) -> dict[str, Any]:
     """The `config:` block of a stack file as Pulumi hands it to a program (objects as JSON text).
 
     Raises `StackFileError` (one line with file:line:col) when the file is not valid YAML.
     """
+    text = stack_file.read_text()
+    if text in _stack_files:  # the same text reads the same (the suite reads the committed files hundreds of times)
+        return copy.deepcopy(_stack_files[text])
+    config = _stack_config(stack_file, text)
+    _stack_files[text] = copy.deepcopy(config)
+    return config
+
+
+def _stack_config(stack_file: Path, text: str) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(stack_file.read_text()) or {}
+        data = yaml.safe_load(text) or {}
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{_shown(stack_file)}:{mark.line + 1}:{mark.column + 1}" if mark else _shown(stack_file)
@@ -185,7 +198,7 @@ def stack_config(stack_file: Path) -> dict[str, Any]:
         raise StackFileError(f"{where}: invalid YAML: {what}") from None
     except yaml.YAMLError as exc:
         raise StackFileError(f"{_shown(stack_file)}: invalid YAML: {' '.join(str(exc).split())}") from None
-    text_problems = stackfile.problems(stack_file.read_text(), _shown(stack_file))
+    text_problems = stackfile.problems(text, _shown(stack_file))
     if text_problems:
         # one line per mistake (duplicate keys, malformed `secure:` values, a wrapper other than `config:`)
         raise StackFileError("\n".join(text_problems))

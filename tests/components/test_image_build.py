@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import io
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +11,7 @@ import pytest
 
 from components import image_build
 from tests.conftest import VALIDATOR, run_objects, stack_objects, tcp_shared_variant
+from tests.fixtures import schema_check
 from tests.repo.test_locks import locked
 from tools import render
 from tools.mock_engine import RunResult
@@ -72,7 +71,7 @@ def test_preset_renders_two_stage_build(preset: str, tmp_path: Path) -> None:
     assert result.outputs["base_image"].endswith(f"ml-dev-env:{base_tag}")
     if VALIDATOR.exists():
         render.write(result, tmp_path)
-        proc = subprocess.run([sys.executable, str(VALIDATOR), str(tmp_path)], capture_output=True, text=True, check=False)
+        proc = schema_check.check(str(tmp_path))
         assert proc.returncode == 0, proc.stdout
 
 

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import VALIDATOR, run_objects, stack_objects
+from tests.fixtures import schema_check
 from tools.mock_engine import RunResult
 
 STS = "kubernetes:apps/v1:StatefulSet"
@@ -186,6 +185,6 @@ def test_rendered_lifecycle_objects_pass_the_schema_check(stack: str, tmp_path: 
     written = render_tool.write(result, tmp_path / stack)
     names = {path.name for _, _, path in written}
     assert {"configmap-ml-dev-env-lifecycle.yaml", "configmap-ml-dev-env-idle-stop.yaml", "role-ml-dev-env-idle-agent.yaml"} <= names
-    proc = subprocess.run([sys.executable, str(VALIDATOR), str(tmp_path / stack)], capture_output=True, text=True, check=False)
+    proc = schema_check.check(str(tmp_path / stack))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"summary: {len(written)} ok, 0 invalid" in proc.stdout

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +18,7 @@ from policy.rules import evaluate
 from policy.rules import user_secrets_stay_the_users as rule
 from stacks.config import StackConfig
 from tests.conftest import VALIDATOR, run_objects, stack_objects
+from tests.fixtures import schema_check
 from tools.mock_engine import RunResult
 
 STACKS = ["barcelona", "nerc-production", "barcelona-alice"]
@@ -91,7 +90,7 @@ def test_rendered_objects_pass_the_schema_check(stack: str, tmp_path: Path) -> N
     from tools import render as render_tool
 
     written = render_tool.write(with_secrets(stack), tmp_path / stack)
-    proc = subprocess.run([sys.executable, str(VALIDATOR), str(tmp_path / stack)], capture_output=True, text=True, check=False)
+    proc = schema_check.check(str(tmp_path / stack))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"summary: {len(written)} ok, 0 invalid" in proc.stdout
 

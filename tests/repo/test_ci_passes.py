@@ -3,14 +3,17 @@ ci.yml's test job, each collected with `pytest --co` as written there, split the
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.conftest import ROOT
+from tests.fixtures import deselected
 
 
 def ci_test_steps() -> list[str]:
@@ -35,29 +38,37 @@ def sudo_pass_args() -> list[str]:
     return words[words.index("pytest") + 1 :]
 
 
-def collect(*commands: list[str]) -> list[set[str]]:
-    """The test ids each pytest command line runs (collected side by side; its own -q dropped: -qq lists files)."""
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "pytest", "--co", "-q", *(a for a in args if a != "-q")],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for args in commands
-    ]
+def collect(tmp: Path, *commands: list[str]) -> list[tuple[set[str], set[str]]]:
+    """The test ids each pytest command line runs and those it deselects (collected side by side, each once, with
+    `tests/fixtures/deselected.py` listing what its `-m` leaves out; its own -q dropped: -qq lists files)."""
+    procs = []
+    for i, args in enumerate(commands):
+        env = {**os.environ, deselected.FILE: str(tmp / f"deselected-{i}")}
+        command = [sys.executable, "-m", "pytest", "--co", "-q", "-p", "tests.fixtures.deselected", *(a for a in args if a != "-q")]
+        procs.append(subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
     found = []
-    for proc in procs:
+    for i, proc in enumerate(procs):
         out, err = proc.communicate(timeout=600)
         assert proc.returncode in (0, 5), out[-3000:] + err[-3000:]
-        found.append({line for line in out.splitlines() if "::" in line and not line.startswith(" ")})
+        left_out = tmp / f"deselected-{i}"
+        runs = {line for line in out.splitlines() if "::" in line and not line.startswith(" ")}
+        found.append((runs, set(left_out.read_text().splitlines()) if left_out.exists() else set()))
     return found
 
 
 @pytest.fixture(scope="module")
-def passes() -> tuple[set[str], set[str], set[str]]:
-    every, user, sudo = collect(["-p", "no:cacheprovider"], user_pass_args(), sudo_pass_args())
+def passes(tmp_path_factory: pytest.TempPathFactory) -> tuple[set[str], set[str], set[str]]:
+    """Every test, the user pass's and the sudo pass's: each pass collected once as ci.yml writes it; every test is what
+    each pass runs or deselects (the same suite for both, or the passes do not split one suite)."""
+    (user, user_out), (sudo, sudo_out) = collect(tmp_path_factory.mktemp("passes"), user_pass_args(), sudo_pass_args())
+    every = user | user_out
+    assert every == sudo | sudo_out, "both passes collect the same suite before their -m"
+    # and that suite is the whole one: a test file or test id named on a command line (or one --ignore'd) would leave
+    # the rest out of both passes without deselecting it
+    files = {p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").rglob("test_*.py")}
+    assert files <= {i.split("::", 1)[0] for i in every}, sorted(files - {i.split("::", 1)[0] for i in every})[:5]
+    for args in (user_pass_args(), sudo_pass_args()):
+        assert all(a == "tests" or not a.startswith("tests") for a in args), f"a pass names part of the suite: {args}"
     return every, user, sudo
 
 

@@ -7,8 +7,7 @@ environment, the cluster's file), never a traceback. Accepted edits render, and 
 from __future__ import annotations
 
 import copy
-import subprocess
-import sys
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import yaml
 
 from stacks.loader import SECRET_KEYS, check
 from tests.conftest import ROOT, VALIDATOR, run_objects, stack_objects
+from tests.fixtures import schema_check
 from tools.mock_engine import flatten
 from tools.render import write
 
@@ -83,6 +83,13 @@ def lines_of(objects: dict[str, Any], config_dir: Path) -> list[str]:
     return check(flat, set(SECRET_KEYS), config_dir)[1]
 
 
+@functools.cache
+def verdicts(stack: str) -> tuple[tuple[str, dict[str, Any], tuple[str, ...]], ...]:
+    """Each one-edit mistake of a stack with the loader's lines for it, checked once per process for the three tests
+    below (the edited objects are only read)."""
+    return tuple((label, objects, tuple(lines_of(objects, ROOT))) for label, objects in mistakes(stack))
+
+
 def one_line_each(problems: list[str], prefix: str, label: str) -> None:
     for line in problems:
         assert "\n" not in line and "Traceback" not in line, (label, line)
@@ -91,26 +98,24 @@ def one_line_each(problems: list[str], prefix: str, label: str) -> None:
 
 @pytest.mark.parametrize("stack", CLUSTERS)
 def test_every_one_edit_mistake_of_a_cluster_stack_is_accepted_or_named(stack: str) -> None:
-    cases = mistakes(stack)
+    cases = verdicts(stack)
     assert len(cases) > 300
     refused = 0
-    for label, objects in cases:
-        problems = lines_of(objects, ROOT)
-        one_line_each(problems, "ml-dev-env:", label)
+    for label, _, problems in cases:
+        one_line_each(list(problems), "ml-dev-env:", label)
         refused += bool(problems)
     assert refused > len(cases) // 2  # most edits are mistakes the loader names
 
 
 def test_through_carol_a_cluster_file_mistake_names_the_cluster_file(tmp_path: Path) -> None:
     """carol (own namespace, RDMA) on a barcelona file with one edit: the lines start with Pulumi.barcelona.yaml."""
-    cases = mistakes("barcelona")[::7]  # every seventh edit: each family is represented (the full set runs above)
+    cases = verdicts("barcelona")[::7]  # every seventh edit: each family is represented (the full set runs above)
     assert len(cases) > 50
-    for label, objects in cases:
+    for label, objects, direct in cases:
         (tmp_path / "Pulumi.barcelona.yaml").write_text(
             yaml.safe_dump({"config": {f"ml-dev-env:{k}": v for k, v in objects.items()}}, sort_keys=False)
         )
         problems = lines_of(CAROL, tmp_path)
-        direct = lines_of(objects, ROOT)
         if direct:
             assert problems, label
             one_line_each(problems, "Pulumi.barcelona.yaml: ml-dev-env:", label)
@@ -120,7 +125,7 @@ def test_through_carol_a_cluster_file_mistake_names_the_cluster_file(tmp_path: P
 
 @pytest.mark.skipif(not VALIDATOR.exists(), reason="needs ../shared/tools/validate_manifests.py")
 def test_accepted_edits_render_objects_the_schemas_accept(tmp_path: Path) -> None:
-    accepted = [(label, objects) for label, objects in mistakes("barcelona") if not lines_of(objects, ROOT)]
+    accepted = [(label, objects) for label, objects, problems in verdicts("barcelona") if not problems]
     assert len(accepted) > 100
     outputs: dict[str, str] = {}  # the folder of each render -> its edit
     for i, (label, objects) in enumerate(accepted[:: len(accepted) // 8]):
@@ -130,7 +135,7 @@ def test_accepted_edits_render_objects_the_schemas_accept(tmp_path: Path) -> Non
         write(result, out)
         assert any(out.iterdir()), (label, "nothing written")
         outputs[str(out)] = label
-    # one validator process for every render (its schemas are loaded once); each problem line names its file
-    proc = subprocess.run([sys.executable, str(VALIDATOR), "-q", *outputs], capture_output=True, text=True, timeout=300, check=False)
+    # one schema check for every render (tests/fixtures/schema_check.py); each problem line names its file
+    proc = schema_check.check("-q", *outputs)
     refused = [label for out, label in outputs.items() if out + "/" in proc.stdout]
     assert proc.returncode == 0, (refused, proc.stdout[-1500:])

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import STACKS, VALIDATOR, run_objects, stack_objects, tcp_shared_variant
+from tests.fixtures import schema_check
 from tools import render
 
 
@@ -46,7 +47,7 @@ def test_rendered_objects_pass_strict_schema_check(variant: str, tmp_path: Path)
     assert result.error is None, result.error
     written = render.write(result, tmp_path / variant)
     assert len(written) >= 10
-    proc = subprocess.run([sys.executable, str(VALIDATOR), str(tmp_path / variant)], capture_output=True, text=True, check=False)
+    proc = schema_check.check(str(tmp_path / variant))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"summary: {len(written)} ok, 0 invalid" in proc.stdout
     # secrets never reach rendered files or outputs

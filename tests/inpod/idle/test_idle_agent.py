@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -20,6 +19,7 @@ import pytest
 
 from inpod.lib import http
 from tests.conftest import VALIDATOR
+from tests.fixtures import schema_check
 from tests.inpod.idle.conftest import APP, NS, AgentInputs, FakeApiServer, Jupyter, load_agent, write_settings
 
 agent = load_agent()
@@ -144,7 +144,7 @@ def test_scale_request_and_record_pass_the_official_schemas(
     outcome, decider = decide(pod0, settings, api, monkeypatch)
     assert outcome == "stop", decider.reason
     count = api.write_bodies(tmp_path / "bodies")
-    proc = subprocess.run([sys.executable, str(VALIDATOR), str(tmp_path / "bodies")], capture_output=True, text=True, check=False)
+    proc = schema_check.check(str(tmp_path / "bodies"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "autoscaling/v1 Scale" in proc.stdout and f"summary: {count} ok, 0 invalid" in proc.stdout
     # PUT on the scale subresource with the agent's field manager; never a PATCH of the StatefulSet itself

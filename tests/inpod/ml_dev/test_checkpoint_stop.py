@@ -12,6 +12,7 @@ left when the period ends. All pods are terminated at once, like a scale to 0 of
 from __future__ import annotations
 
 import calendar
+import functools
 import os
 import signal
 import subprocess
@@ -58,13 +59,21 @@ def rendered_stop(grace: int, signal_name: str) -> Rendered:
     return Rendered(sts["spec"]["template"]["spec"]["terminationGracePeriodSeconds"], command, {k: env[k] for k in keys})
 
 
-STOP = rendered_stop(5, "SIGTERM")
-GRACE = int(STOP.env["ML_DEV_CHECKPOINT_GRACE_SECONDS"])  # seconds each rank gets (lifecycle.checkpointGraceSeconds)
+@functools.cache
+def stop_render() -> Rendered:
+    """The SIGTERM stop with 5 s of grace, rendered when a test first needs it (not at import: every pytest process,
+    xdist's workers and `pytest --co` included, imports this module)."""
+    return rendered_stop(5, "SIGTERM")
+
+
+def grace() -> int:
+    """Seconds each rank gets (lifecycle.checkpointGraceSeconds), as the container env says."""
+    return int(stop_render().env["ML_DEV_CHECKPOINT_GRACE_SECONDS"])
 
 
 def test_the_render_ties_grace_period_pre_stop_and_env_together() -> None:
-    assert GRACE == 5 and STOP.grace_period == GRACE + lifecycle.STOP_MARGIN_SECONDS
-    assert STOP.pre_stop == ["/bin/bash", str(MOUNT / "checkpoint_stop.sh")]
+    assert grace() == 5 and stop_render().grace_period == grace() + lifecycle.STOP_MARGIN_SECONDS
+    assert stop_render().pre_stop == ["/bin/bash", str(MOUNT / "checkpoint_stop.sh")]
     assert rendered_stop(120, "SIGUSR1").env == {"ML_DEV_CHECKPOINT_GRACE_SECONDS": "120", "ML_DEV_CHECKPOINT_SIGNAL": "SIGUSR1"}
 
 
@@ -114,7 +123,7 @@ def start_pod(tmp: Path, name: str, ranks: int, signal_name: str) -> Pod:
     root = tmp / name
     root.mkdir(parents=True)
     bin_dir, _ = make_stubs(root)
-    stop = STOP if signal_name == "SIGTERM" else rendered_stop(GRACE, signal_name)
+    stop = stop_render() if signal_name == "SIGTERM" else rendered_stop(grace(), signal_name)
     env = base_env(root, bin_dir, name, ML_DEV_SERVERS="", ML_DEV_IDLE_SETTINGS=str(root / "no-idle.json"), **stop.env)
     env["PATH"] = f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin"
     pod = Pod(name, root, env)
@@ -156,7 +165,7 @@ def kubelet_terminate(pod: Pod, grace_period: int) -> None:
     start = time.monotonic()
     deadline = start + grace_period
     try:
-        subprocess.run(STOP.pre_stop, env=pod.env, timeout=grace_period, capture_output=True, check=False)
+        subprocess.run(stop_render().pre_stop, env=pod.env, timeout=grace_period, capture_output=True, check=False)
     except subprocess.TimeoutExpired:
         pass
     # the kubelet gives the container at least 2 s after the hook (minimumGracePeriodInSeconds)
@@ -189,7 +198,7 @@ def complete(path: Path) -> bool:
 
 def run_trial(tmp: Path, pods: int, ranks: int, signal_name: str = "SIGTERM") -> list[Pod]:
     started = [start_pod(tmp, f"ml-dev-env-{i}", ranks, signal_name) for i in range(pods)]
-    period = STOP.grace_period
+    period = stop_render().grace_period
     threads = [threading.Thread(target=kubelet_terminate, args=(p, period)) for p in started]
     for t in threads:
         t.start()
@@ -205,11 +214,11 @@ def test_every_rank_saves_a_complete_checkpoint_before_every_stop(tmp_path: Path
         pods = run_trial(tmp_path / f"trial-{trial}", pods=2, ranks=2)
         for pod in pods:
             assert not pod.killed, f"trial {trial}: {pod.name} needed SIGKILL\n{pod.log}"
-            assert pod.stopped_after is not None and pod.stopped_after <= GRACE + 10, (trial, pod.name, pod.stopped_after)
+            assert pod.stopped_after is not None and pod.stopped_after <= grace() + 10, (trial, pod.name, pod.stopped_after)
             for ckpt in pod.checkpoints:
                 assert complete(ckpt), f"trial {trial}: {ckpt} incomplete\n{pod.log}"
             times.append(pod.stopped_after)
-    print(f"stop time per pod over 10 trials: max {max(times):.2f} s, min {min(times):.2f} s (grace {GRACE} s)")
+    print(f"stop time per pod over 10 trials: max {max(times):.2f} s, min {min(times):.2f} s (grace {grace()} s)")
 
 
 def test_the_configured_signal_reaches_the_rank(tmp_path: Path) -> None:
@@ -225,14 +234,14 @@ def test_pid1_alone_forwards_and_waits(tmp_path: Path) -> None:
     assert pod.pid1 is not None
     start = time.monotonic()
     pod.pid1.send_signal(signal.SIGTERM)
-    out, _ = pod.pid1.communicate(timeout=GRACE + 10)
+    out, _ = pod.pid1.communicate(timeout=grace() + 10)
     elapsed = time.monotonic() - start
     for proc in pod.ranks:
         proc.wait(timeout=10)
     assert pod.pid1.returncode == 0, out
     assert complete(pod.checkpoints[0]), out
     assert elapsed >= SAVE_SECONDS * 0.8, f"PID 1 exited after {elapsed:.2f} s, before the rank saved"
-    assert f"stop: 1 rank(s) of ml-dev run get SIGTERM and up to {GRACE}s to save a checkpoint" in out, out
+    assert f"stop: 1 rank(s) of ml-dev run get SIGTERM and up to {grace()}s to save a checkpoint" in out, out
 
 
 def test_a_rank_that_ignores_the_signal_is_killed_at_the_grace(tmp_path: Path) -> None:
@@ -301,7 +310,7 @@ def test_ml_dev_status_shows_a_pod_that_got_its_stop(tmp_path: Path) -> None:
 
     assert "STOPPING" not in line()
     before = time.time()
-    stop = subprocess.run(STOP.pre_stop, env=env, capture_output=True, text=True, timeout=60, check=False)
+    stop = subprocess.run(stop_render().pre_stop, env=env, capture_output=True, text=True, timeout=60, check=False)
     assert stop.returncode == 0, stop.stderr
     shown = line().split(" STOPPING since ", 1)[1]
     stamp = calendar.timegm(time.strptime(shown, "%Y-%m-%d %H:%M:%S UTC"))
