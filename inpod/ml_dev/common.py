@@ -272,11 +272,17 @@ def wait_reachable(cluster: Cluster, timeout: float, remote: list[str] | None = 
     results = parallel(probe, [r for r in range(len(cluster.hosts)) if r != cluster.me])
     bad = {r: str(e) for r, e in results.items() if e}
     if bad:
-        lines = [
-            f"pod {cluster.pods[r]} ({cluster.hosts[r]}): {e[1:]}"
-            if e.startswith("!")
-            else f"pod {cluster.pods[r]} ({cluster.hosts[r]}) is not reachable over SSH after {timeout:.0f} s: {e}"
-            for r, e in sorted(bad.items())
-        ]
-        die("\n  ".join(lines))
+        die(unreachable(cluster, bad, timeout))
     return answers
+
+
+def unreachable(cluster: Cluster, bad: dict[int, str], timeout: float) -> str:
+    """The launch's refusal, a line per pod: `!<words>` is the pod's own answer (its command failed), anything else
+    what the SSH client saw until `timeout`."""
+    lines = [
+        f"pod {cluster.pods[r]} ({cluster.hosts[r]}): {e[1:]}"
+        if e.startswith("!")
+        else f"pod {cluster.pods[r]} ({cluster.hosts[r]}) is not reachable over SSH after {timeout:.0f} s: {e}"
+        for r, e in sorted(bad.items())
+    ]
+    return "\n  ".join(lines)

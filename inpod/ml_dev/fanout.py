@@ -76,14 +76,31 @@ def rsh(cluster: Cluster, stall: int) -> str:
     return cluster.rsh() + " " + shlex.join(alive)
 
 
-def hop(cluster: Cluster, root: Path, dst: int, listing: bytes, expect: str, stall: int) -> Hop:
+Verify = Callable[[int, bytes], "tuple[str, str]"]
+"""verify(rank, listing) -> (hash, error): `_apply` on that pod after a hop's rsync."""
+
+
+def hop(
+    cluster: Cluster,
+    root: Path,
+    dst: int,
+    listing: bytes,
+    expect: str,
+    stall: int,
+    verify: Verify | None = None,
+    rsync_only: bool = False,
+    checksum: bool = False,
+) -> Hop:
     """From this pod to `dst`: rsync the listed files, then `_apply` there (deletions, manifest, tree hash). rsync's
     quick check (size + mtime, to the nanosecond with --modify-window=-1) misses a same-size rewrite within one
-    timestamp tick: when the hash differs, the contents are compared (--checksum) once."""
+    timestamp tick: when the hash differs, the contents are compared (--checksum) once (`checksum`: at once).
+    `verify(dst, listing)` -> (hash, error) runs `_apply` there: by default its own SSH command; `ml-dev run` asks
+    the rank agent that waits at its gate on that pod (sync.serve_gate), over the session it already holds.
+    `rsync_only`: no `_apply` here (a relay's hop in `ml-dev run`: the launching pod asks that agent afterwards)."""
     started = time.monotonic()
     out: Hop = {"src": cluster.me, "dst": dst, "hash": "", "sent": 0, "error": "", "source_failed": False}
     files = listing + b"\0" if listing else b""
-    for extra in ([], ["--checksum"]):
+    for extra in ([["--checksum"]] if checksum else [[], ["--checksum"]])[: 1 if rsync_only else 2]:
         argv = ["rsync", "-a", "--stats", "--modify-window=-1", f"--timeout={stall}", *extra, "--from0", "--files-from=-"]
         # the remote side runs `mkdir -p <root> && rsync --server ...` (rsync(1) --rsync-path: "a shell command"):
         # the root exists on the receiver without a round trip of its own
@@ -96,16 +113,30 @@ def hop(cluster: Cluster, root: Path, dst: int, listing: bytes, expect: str, sta
             break
         stats = re.search(rb"Total bytes sent: ([\d,.]+)", res.stdout)
         out["sent"] += int(re.sub(rb"[,.]", b"", stats.group(1))) if stats else 0
-        remote = [PY, str(HERE / "ml-dev"), "_apply", "--root", str(root)]
-        res = subprocess.run(cluster.ssh(dst, remote), input=listing, capture_output=True, check=False)
-        if res.returncode != 0:
-            out["error"] = f"hash: {cluster.explain(dst, res.stderr.decode(errors='replace'), res.returncode)}"
+        if rsync_only:
             break
-        out["hash"] = res.stdout.decode().strip()
+        got, error = (verify or applied_over_ssh(cluster, root))(dst, listing)
+        if error:
+            out["error"] = f"hash: {error}"
+            break
+        out["hash"] = got
         if out["hash"] == expect:
             break
     out["seconds"] = round(time.monotonic() - started, 3)
     return out
+
+
+def applied_over_ssh(cluster: Cluster, root: Path) -> Verify:
+    """verify for a hop: `ml-dev _apply` on the receiver, its own SSH command."""
+
+    def verify(dst: int, listing: bytes) -> tuple[str, str]:
+        remote = [PY, str(HERE / "ml-dev"), "_apply", "--root", str(root)]
+        res = subprocess.run(cluster.ssh(dst, remote), input=listing, capture_output=True, check=False)
+        if res.returncode != 0:
+            return "", cluster.explain(dst, res.stderr.decode(errors="replace"), res.returncode)
+        return res.stdout.decode().strip(), ""
+
+    return verify
 
 
 def cmd_relay(args: argparse.Namespace) -> int:
@@ -117,7 +148,9 @@ def cmd_relay(args: argparse.Namespace) -> int:
 
     def work() -> None:
         try:
-            result.append(hop(cluster, Path(args.root), args.to, listing, args.hash, args.stall))
+            result.append(
+                hop(cluster, Path(args.root), args.to, listing, args.hash, args.stall, rsync_only=args.rsync_only, checksum=args.checksum)
+            )
         except Exception as exc:  # reported to the launching pod
             result.append({"src": cluster.me, "dst": args.to, "hash": "", "sent": 0, "error": f"relay: {exc}", "seconds": 0})
 
@@ -130,11 +163,22 @@ def cmd_relay(args: argparse.Namespace) -> int:
     return 0
 
 
-def relayed(cluster: Cluster, src: int, dst: int, root: Path, listing: bytes, expect: str, stall: int) -> Hop:
+def relayed(
+    cluster: Cluster,
+    src: int,
+    dst: int,
+    root: Path,
+    listing: bytes,
+    expect: str,
+    stall: int,
+    rsync_only: bool = False,
+    checksum: bool = False,
+) -> Hop:
     """Run one hop on relay `src` over SSH; a relay that sends no line for `stall` s, or whose session breaks, failed."""
     started = time.monotonic()
     failed: Hop = {"src": src, "dst": dst, "hash": "", "sent": 0, "source_failed": True}
     remote = [PY, str(HERE / "ml-dev"), "_relay", "--root", str(root), "--to", str(dst), "--hash", expect, "--stall", str(stall)]
+    remote += ["--rsync-only"] * rsync_only + ["--checksum"] * checksum
     proc = subprocess.Popen(
         cluster.ssh(src, remote), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
     )
@@ -197,6 +241,7 @@ def fan_out(
     expect: str,
     cfg: dict[str, int],
     say: Callable[[str], None],
+    verify: Verify | None = None,
 ) -> tuple[list[Hop], dict[int, str]]:
     """Copy to every pod of `stale` in rounds; returns every hop and {rank: why} for pods that never got it.
 
@@ -204,7 +249,11 @@ def fan_out(
     to one pod that still needs it, and the first relay sends to one more in the launching pod's stead: the holders
     double each round while the launching pod sends the tree once (it sends again only when no relay is left). A
     failed hop puts its receiver back in line for the next round, from another source; a relay that failed is not
-    used again; a pod that failed `tries` times is given up."""
+    used again; a pod that failed `tries` times is given up.
+
+    With `verify` (`ml-dev run`: the rank agent waiting at each pod's gate) a relay only rsyncs, and this pod has the
+    receiver's agent apply the launching pod's list and answer the hash: no `_apply` process and SSH session of
+    its own per hop. A receiver whose hash still differs gets its next copy with --checksum."""
     me, stall = cluster.me, max(1, cfg["stallSeconds"])
     holders: list[int] = []
     pending = list(stale)
@@ -212,6 +261,7 @@ def fan_out(
     hops: list[Hop] = []
     gave_up: dict[int, str] = {}
     planned = rounds_needed(len(stale))
+    contents: set[int] = set()  # receivers whose hash differed after a quick-check copy: compared by content next
     number = 0
     while pending:
         number += 1
@@ -222,8 +272,24 @@ def fan_out(
         def one(k: int, pairs: list[tuple[int, int]] = pairs) -> Hop:
             src, dst = pairs[k]
             if src == me:
-                return hop(cluster, root, dst, listing, expect, stall)
-            return relayed(cluster, src, dst, root, listing, expect, stall)
+                extra = (verify,) if verify else ()  # (the rounds' tests stand in for hop with its six arguments)
+                return hop(cluster, root, dst, listing, expect, stall, *extra)
+            started = time.monotonic()
+            if verify is None:
+                got = relayed(cluster, src, dst, root, listing, expect, stall)
+            else:
+                got = relayed(cluster, src, dst, root, listing, expect, stall, rsync_only=True, checksum=dst in contents)
+                if not got.get("error"):
+                    got["hash"], error = verify(dst, listing)
+                    if error:
+                        got["error"] = f"hash: {error}"
+                    elif got["hash"] != expect:
+                        contents.add(dst)
+            # the hop as this pod saw it (the SSH session to the relay and its start, the relay's rsync, the hash
+            # answered): what the round waits for; the relay's own count leaves out its start and the answer
+            got["relay_seconds"] = got.get("seconds", 0)
+            got["seconds"] = round(time.monotonic() - started, 3)
+            return got
 
         results = parallel_hops(one, len(pairs))
         words = []

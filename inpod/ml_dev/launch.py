@@ -30,12 +30,15 @@ from .common import (
     Cluster,
     die,
     launch_env,
+    listed_secrets,
+    parallel,
     read_line,
     stop_grace,
     stop_signal,
+    unreachable,
     wait_reachable,
 )
-from .sync import sync, tree_root
+from .sync import GATE_MARK, Tree, copy, serve_gate, sync, tree_root
 from .watchdog import PROGRESS_MARK, ProgressRelay, Watchdog, new_run_id, rank_env, stall_seconds, verdict_now
 
 
@@ -135,6 +138,9 @@ def cmd_rank(args: argparse.Namespace) -> int:
         env.update({str(k): str(v) for k, v in sent.get("env", {}).items()})
         if sent.get("per_pod"):
             env.update(RANK=env.get("NODE_RANK", "0"), LOCAL_RANK="0", WORLD_SIZE=env.get("NNODES", "1"))
+    gate = sent.get("gate") if args.env_stdin else None
+    if isinstance(gate, dict) and not serve_gate(gate):
+        return 0  # the launch stopped before any rank started (a pod that never got the tree, a missing Secret key)
     run = sent.get("run", "") if args.env_stdin else ""
     if run:  # `ml-dev run`: the run id, the progress file (watched here), Flight Recorder's pipe (ml-dev why)
         env.update(rank_env(run, sent.get("launcher", ""), env))
@@ -364,11 +370,19 @@ def run_everywhere(
     per_pod_ranks: bool = False,
     debug_host: str = "localhost",
     run_id: str = "",
+    tree: Tree | None = None,
+    timeout: float = 60,
 ) -> int:
+    """Start a rank agent on every pod and stream them. With `tree` every agent first waits at its gate (serve_gate):
+    it answers the hash of the tree it holds, the pods whose answer differs get a copy (sync.copy; a direct hop's
+    `_apply` goes to the waiting agent), the listed Secret keys are checked (the
+    same answers), and only then does every agent start its rank: one SSH
+    session per pod when nothing changed, and no rank starts before every pod's tree is verified."""
     procs: dict[int, subprocess.Popen] = {}
     streams: list[Stream] = []
     launcher = cluster.pods[cluster.me] if 0 <= cluster.me < len(cluster.pods) else ""
-    hello = (json.dumps({"env": carried or {}, "per_pod": per_pod_ranks, "run": run_id, "launcher": launcher}) + "\n").encode()
+    hello_of = {"env": carried or {}, "per_pod": per_pod_ranks, "run": run_id, "launcher": launcher}
+    listed = listed_secrets() if tree is not None else []
     stopped: list[str] = []  # why a pod stopped its rank (the agent's POD_STOP_MARK line), the first one
     pod_stop = threading.Event()
     # no output and no progress mark for lifecycle.stallVerdictSeconds: `ml-dev why`, once per stall (watchdog.py)
@@ -388,7 +402,9 @@ def run_everywhere(
             dog.progress()
         return False
 
-    for rank in range(len(cluster.hosts)):
+    width = len(str(len(cluster.hosts) - 1))
+
+    def spawn(rank: int) -> subprocess.Popen:
         agent = [PY, str(HERE / "ml-dev"), "_rank", "--env-stdin", "--cwd", str(cwd)]
         if debug_rank == rank:
             agent += ["--debug-port", str(DEBUG_PORT), "--debug-host", debug_host]
@@ -401,14 +417,26 @@ def run_everywhere(
         proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True
         )
-        procs[rank] = proc
+        hello = dict(hello_of)
+        if tree is not None:  # the launching pod's own agent only waits: its tree is the truth
+            hello["gate"] = {"root": "" if rank == cluster.me else str(tree.root), "hash": tree.hash, "secrets": listed}
         try:
             assert proc.stdin is not None
-            proc.stdin.write(hello)
+            proc.stdin.write((json.dumps(hello) + "\n").encode())
             proc.stdin.flush()
         except OSError:
             pass  # the rank failed at once: its exit status says why
-        width = len(str(len(cluster.hosts) - 1))
+        return proc
+
+    for rank in range(len(cluster.hosts)):
+        procs[rank] = spawn(rank)
+    if tree is not None:
+        try:
+            open_gate(cluster, procs, spawn, tree, timeout)
+        except BaseException:  # a refusal (die), Ctrl-C: EOF at every gate, no rank starts
+            stop_all(procs)
+            raise
+    for rank, proc in sorted(procs.items()):
         prefix = f"[{rank:>{width}}] "
         streams += [Stream(proc.stdout, prefix, sys.stdout, on_out), Stream(proc.stderr, prefix, sys.stderr, on_line)]
     for s in streams:
@@ -465,6 +493,115 @@ def run_everywhere(
     return 0
 
 
+def gate_answer(proc: subprocess.Popen, prefix: str) -> dict | None:
+    """The agent's answer at its gate ({"tree": the hash of the tree it holds, "secrets": presence}); lines before it
+    (a login script's) are shown as the rank's output; None: the agent or its SSH session ended first."""
+    assert proc.stdout is not None
+    for raw in iter(proc.stdout.readline, b""):
+        line = raw.decode(errors="replace").rstrip("\n")
+        if line.startswith(GATE_MARK):
+            try:
+                got = json.loads(line[len(GATE_MARK) :])
+            except ValueError:
+                got = None
+            if isinstance(got, dict):
+                return got
+        with Stream.lock:
+            sys.stdout.write(f"{prefix}{line}\n")
+            sys.stdout.flush()
+    return None
+
+
+def open_gate(
+    cluster: Cluster,
+    procs: dict[int, subprocess.Popen],
+    spawn: Callable[[int], subprocess.Popen],
+    tree: Tree,
+    timeout: float,
+) -> None:
+    """Every agent answers at its gate (an SSH failure, exit 255 (ssh(1)), is tried again each second until
+    `timeout`: the same wait and words as wait_reachable); the pods whose tree differs get a copy; every listed
+    Secret key must be on every pod (their answers say; secrets.require's words); then `go` to all. Dies naming the
+    pods that never answered or never got the tree, or the missing keys."""
+    started = time.monotonic()
+    deadline = started + timeout
+    answers: dict[int, str] = {}
+    found: dict[int, usersecrets.Presence | None] = {}
+    width = len(str(len(cluster.hosts) - 1))
+
+    def first(rank: int) -> str:
+        """The agent's answer, or why it never came (`!<words>`: the agent's own)."""
+        while True:
+            proc = procs[rank]
+            got = gate_answer(proc, f"[{rank:>{width}}] ")
+            if got is not None:
+                answers[rank] = str(got.get("tree") or "")
+                found[rank] = got.get("secrets") if isinstance(got.get("secrets"), dict) else None
+                return ""
+            code = proc.wait()
+            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+            if rank == cluster.me or code != 255:  # the agent's own words (255 is ssh's own failure)
+                return "!" + ((err.strip().splitlines() or [f"exited {code}"])[-1])
+            last = cluster.explain(rank, err, code)
+            if time.monotonic() >= deadline:
+                return last
+            time.sleep(1)
+            procs[rank] = spawn(rank)
+
+    def ask(ranks: list[int]) -> None:
+        results = parallel(first, ranks)
+        bad = {r: str(e) for r, e in results.items() if e}
+        if bad:
+            die(unreachable(cluster, bad, timeout))
+
+    ask(sorted(procs))
+
+    def verify(rank: int, listing: bytes) -> tuple[str, str]:
+        """`_apply` by the agent waiting at that pod's gate: the file list on its stdin, the hash it answers."""
+        proc = procs[rank]
+        if proc.poll() is not None:  # its session ended (that pod's sshd died): a new agent, once
+            procs[rank] = proc = spawn(rank)
+            if gate_answer(proc, f"[{rank:>{width}}] ") is None:
+                code = proc.wait()
+                return "", cluster.explain(rank, proc.stderr.read().decode(errors="replace") if proc.stderr else "", code)
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write(f"apply {len(listing)}\n".encode() + listing)
+            proc.stdin.flush()
+        except OSError:
+            pass
+        got = gate_answer(proc, f"[{rank:>{width}}] ")
+        if got is None:
+            code = proc.wait()
+            return "", cluster.explain(rank, proc.stderr.read().decode(errors="replace") if proc.stderr else "", code)
+        return str(got.get("tree") or ""), ""
+
+    copy(cluster, tree, {r: h for r, h in answers.items() if r != cluster.me}, started, verify=verify)
+    # an agent whose SSH session ended while it waited (its pod's sshd died during the copy: that relay's failure
+    # cost a retry) is started again and answers again, now with the verified tree
+    gone = [r for r, p in sorted(procs.items()) if r != cluster.me and p.poll() is not None]
+    if gone:
+        print(f"ml-dev: {', '.join(cluster.label(r) for r in gone)}: its session ended while it waited; starting it again", flush=True)
+        deadline = time.monotonic() + timeout
+        for r in gone:
+            procs[r] = spawn(r)
+        ask(gone)
+        differs = [r for r in gone if answers[r] != tree.hash]
+        if differs:
+            die("\n  ".join(f"{cluster.label(r)}: tree {answers[r][:12]} differs from {tree.hash[:12]} here" for r in differs))
+    if listed_secrets():
+        lines = usersecrets.missing_lines({cluster.pods[r]: found.get(r) for r in sorted(procs)})
+        if lines:
+            die("no rank started:\n  " + "\n  ".join(lines))
+    for proc in procs.values():
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write(b"go\n")
+            proc.stdin.flush()
+        except OSError:
+            pass  # that agent ended: its status says why
+
+
 STOPPED_STATUS = contract.RUN_STOPPED_STATUS  # 128 + SIGTERM
 """`ml-dev run`'s status when a pod's stop ended the job: 143, as a shell reports a SIGTERM (checkpoint_stop.sh's)."""
 
@@ -519,15 +656,30 @@ def cmd_run(args: argparse.Namespace) -> int:
     if warning:
         print(warning, file=sys.stderr, flush=True)
     cwd = Path.cwd()
-    if args.no_sync:
-        wait_reachable(cluster, args.timeout)
-    else:  # the sync's question to every pod (its tree's hash) is the reachability probe
-        sync(cluster, tree_root(cwd), timeout=args.timeout)
-    secrets.require(cluster)
+    tree = None if args.no_sync else Tree(cluster, tree_root(cwd))
+    if tree is None or tree.shared:
+        if tree is not None:
+            sync(cluster, tree.root, timeout=args.timeout)  # shared storage: nothing to copy, every pod reachable
+        else:
+            wait_reachable(cluster, args.timeout)
+        secrets.require(cluster)
+        tree = None
+    # else: the rank agents' gate is the reachability probe, the tree check and the Secret check (open_gate), the
+    # copy goes to the pods whose tree differs, and only then does any rank start
     run_id = new_run_id()
     with Heartbeat("run", {"command": args.command, "cwd": str(cwd), "pods": cluster.pods, "run": run_id}):
         return run_everywhere(
-            cluster, args.command, cwd, args.debug, not args.no_wait, launch_env(args.env), args.per_pod, args.debug_host, run_id
+            cluster,
+            args.command,
+            cwd,
+            args.debug,
+            not args.no_wait,
+            launch_env(args.env),
+            args.per_pod,
+            args.debug_host,
+            run_id,
+            tree=tree,
+            timeout=args.timeout,
         )
 
 

@@ -100,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     relay = sub.add_parser("_relay")  # one hop of the fan-out, on a pod that holds the verified tree
     for flag, kind in (("--root", str), ("--to", int), ("--hash", str), ("--stall", int)):
         relay.add_argument(flag, type=kind, required=True)
+    relay.add_argument("--rsync-only", action="store_true")  # `ml-dev run`: the receiver's rank agent applies
+    relay.add_argument("--checksum", action="store_true")
     rank = sub.add_parser("_rank")
     rank.add_argument("--cwd", required=True)
     rank.add_argument("--debug-port", type=int)

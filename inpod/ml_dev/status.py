@@ -14,8 +14,6 @@ import json
 import os
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -59,13 +57,17 @@ def settings_or_empty() -> dict[str, Any]:
 
 def idle_view(cluster: Cluster, settings: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
     """Pod 0's idle decision (None and why not when it cannot be read)."""
+    # urllib (http.client, email, ssl) is loaded here, not by every `ml-dev` process: a rank agent or a hop's `_apply`
+    # imports this module with the rest of ml-dev, and the startup ConfigMap's read-only mount caches no bytecode
+    import urllib.request
+
     try:
         if cluster.me == 0:
             return json.loads((STATE_DIR / contract.IDLE_STATUS_FILE).read_text()), ""
         port = settings.get("activityPort", contract.ACTIVITY_PORT)
         with urllib.request.urlopen(f"http://{cluster.hosts[0]}:{port}/decision", timeout=5) as response:
             return json.loads(response.read()), ""
-    except (OSError, ValueError, urllib.error.URLError) as exc:
+    except (OSError, ValueError) as exc:  # urllib.error.URLError is an OSError
         return None, f"{type(exc).__name__}: {exc}"
 
 

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..lib import usersecrets
 from . import fanout
 from .common import HERE, IGNORE_FILE, PY, STATE_DIR, SYNC_MANIFEST, Cluster, die, parallel, wait_reachable
 
@@ -159,10 +160,9 @@ def tree_hash(root: Path, files: list[str], entries: dict[str, tuple[str, str, i
 # ------------------------------------------------------------------------------- remote helpers
 
 
-def cmd_apply(args: argparse.Namespace) -> int:
-    """(on a receiving pod) delete what an earlier sync brought and is gone now; print the tree hash."""
-    root = Path(args.root)
-    files = [p for p in sys.stdin.buffer.read().decode().split("\0") if p]
+def apply_listing(root: Path, files: list[str]) -> str:
+    """(on a receiving pod) delete what an earlier sync brought and is gone now, record the listing as the manifest;
+    returns the tree hash."""
     manifest = root / SYNC_MANIFEST
     try:
         before = set(manifest.read_text().split("\0"))
@@ -178,25 +178,104 @@ def cmd_apply(args: argparse.Namespace) -> int:
     tmp = manifest.with_suffix(f".{os.getpid()}")
     tmp.write_text("\0".join(files))
     tmp.replace(manifest)
-    print(tree_hash(root, files))
+    return tree_hash(root, files)
+
+
+def listed_files(data: bytes) -> list[str]:
+    return [p for p in data.decode().split("\0") if p]
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    """(on a receiving pod) delete what an earlier sync brought and is gone now; print the tree hash."""
+    print(apply_listing(Path(args.root), listed_files(sys.stdin.buffer.read())))
     return 0
 
 
-def cmd_check(args: argparse.Namespace) -> int:
-    """(on every other pod, one round trip) the hash of the tree the last sync left here: the files its manifest
-    lists, hashed through the hash cache (a stat per file, no content read unless a file changed). Makes the
-    root, where a copy lands."""
-    root = Path(args.root)
+def recorded_hash(root: Path) -> str:
+    """The hash of the tree the last sync left at `root`: the files its manifest lists, hashed through the hash cache
+    (a stat per file, no content read unless a file changed). Makes the root, where a copy lands."""
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         die(f"cannot make {root} here: {exc}", code=2)
     try:
-        files = [p for p in (root / SYNC_MANIFEST).read_text().split("\0") if p]
+        files = listed_files((root / SYNC_MANIFEST).read_bytes())
     except OSError:
         files = []
-    print(tree_hash(root, files))
+    return tree_hash(root, files)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """(on every other pod, one round trip: `ml-dev sync`) the hash of the tree the last sync left here."""
+    print(recorded_hash(Path(args.root)))
     return 0
+
+
+# ------------------------------------------------------------------------ the rank agent's gate (ml-dev run)
+
+GATE_MARK = "ml-dev: GATE "
+"""The rank agent's answer line (stdout) while it waits at the gate: JSON, `tree` (the hash of the tree it holds) and
+`secrets` (env.secrets' keys present on its pod, {secret: {KEY: present}}, names only)."""
+
+
+def raw_line(fd: int) -> bytes | None:
+    """One line from a raw fd, no deadline (the launcher may copy to other pods first); None at EOF."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = os.read(fd, 1)
+        if not chunk:
+            return None
+        data += chunk
+    return data[:-1]
+
+
+def read_exact(fd: int, size: int) -> bytes | None:
+    data = b""
+    while len(data) < size:
+        chunk = os.read(fd, min(1 << 20, size - len(data)))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+def serve_gate(spec: dict[str, object]) -> bool:
+    """(the rank agent of `ml-dev run`, before its rank starts) answer the hash of the tree at the gate's root (and
+    which of the listed Secret keys its pod holds: the launch's Secret check rides on the same answer), then
+    follow the launcher's words on stdin: `apply <n>` + the launching pod's file list (n bytes: deletions, manifest,
+    hash, answered again, after the launcher's rsync), `go` (start the rank); EOF: the launch stopped, nothing
+    starts. On `go` the tree's hash is checked once more against the launching pod's (a relay's copy landed since
+    the first answer): a rank never starts on a tree that differs."""
+    root = Path(str(spec.get("root") or "")) if spec.get("root") else None
+    expect = str(spec.get("hash") or "")
+    held = recorded_hash(root) if root else ""
+    raw = spec.get("secrets")
+    listed = [(str(pair[0]), str(pair[1])) for pair in raw] if isinstance(raw, list) else []
+    found = usersecrets.presence(listed) if listed else {}
+
+    def answer() -> None:
+        os.write(1, (GATE_MARK + json.dumps({"tree": held, "secrets": found}) + "\n").encode())
+
+    answer()
+    while True:
+        line = raw_line(0)
+        if line is None:
+            return False
+        word, _, arg = line.decode(errors="replace").partition(" ")
+        if word == "go":
+            if root and expect and held != expect:
+                held = recorded_hash(root)
+                if held != expect:
+                    die(f"tree {root} here is {held[:12]}, not the launching pod's {expect[:12]}: the rank does not start", code=3)
+            return True
+        if word == "apply" and root and arg.isdigit():
+            data = read_exact(0, int(arg))
+            if data is None:
+                return False
+            held = apply_listing(root, listed_files(data))
+            answer()
+            continue
+        die(f"unexpected word from the launcher at the gate: {line[:40]!r}", code=2)
 
 
 def sent_record(root: Path) -> Path:
@@ -212,46 +291,69 @@ def bytes_to_send(entries: dict[str, tuple[str, str, int]], record: dict[str, ob
     return sum(size for rel, (mode, digest, size) in entries.items() if list(old.get(rel) or [])[:2] != [mode, digest])
 
 
+class Tree:
+    """The launching pod's tree at `root`, as every pod must hold it: its file list (per-pod paths left out), entries,
+    hash, and this pod's record of the tree it synced last."""
+
+    def __init__(self, cluster: Cluster, root: Path) -> None:
+        if root == Path("/"):
+            die(f"refusing to sync {root}: run ml-dev from your project directory (or pass --no-sync)")
+        self.root = root
+        self.files = [f for f in tree_files(root) if not cluster.is_per_pod(root / f)]
+        self.entries = tree_entries(root, self.files)
+        self.hash = tree_hash(root, self.files, self.entries)
+        self.listing = ("\0".join(self.files)).encode()
+        self.shared = cluster.is_shared(root)
+        try:
+            self.record = json.loads(sent_record(root).read_text())
+        except (OSError, ValueError):
+            self.record = {}
+
+
 def sync(cluster: Cluster, root: Path, quiet: bool = False, timeout: float = 60) -> str:
     """Make the tree at `root` the same on every pod; returns its hash (verified on every pod).
 
     Every other pod answers the hash of what it holds (`_check`, which is also the reachability probe: the same
     wait and words as wait_reachable) unless the tree changed since this pod last synced it (then every pod gets
-    the change without being asked); the pods whose hash differs get a copy, pushed from here at once or, above
-    the threshold (contract.FANOUT_DEFAULTS), in rounds through pods that hold the verified tree (fanout.py)."""
-    if root == Path("/"):
-        die(f"refusing to sync {root}: run ml-dev from your project directory (or pass --no-sync)")
-    files = [f for f in tree_files(root) if not cluster.is_per_pod(root / f)]
-    entries = tree_entries(root, files)
-    local_hash = tree_hash(root, files, entries)
-    if cluster.is_shared(root):
+    the change without being asked); the pods whose hash differs get a copy (`copy`). `ml-dev run` asks its rank
+    agents instead (their gate, serve_gate): the question and the rank start are one SSH session per pod."""
+    tree = Tree(cluster, root)
+    if tree.shared:
         wait_reachable(cluster, timeout)
         if not quiet:
-            print(f"ml-dev: {root} is on shared storage: nothing to sync ({len(files)} files, tree {local_hash[:12]})", flush=True)
-        return local_hash
-    cfg = fanout.settings()
+            print(f"ml-dev: {root} is on shared storage: nothing to sync ({len(tree.files)} files, tree {tree.hash[:12]})", flush=True)
+        return tree.hash
     started = time.monotonic()
-    try:
-        record = json.loads(sent_record(root).read_text())
-    except (OSError, ValueError):
-        record = {}
-    if record.get("hash") and record.get("hash") != local_hash:
+    if tree.record.get("hash") and tree.record.get("hash") != tree.hash:
         # the tree changed since this pod last synced it: every pod that holds that tree needs the change, so ask
         # nothing (`ssh true`, no Python there) and copy; each copy ends with the hash checked on its pod
-        answers = dict.fromkeys(wait_reachable(cluster, timeout), str(record["hash"]))
+        answers = dict.fromkeys(wait_reachable(cluster, timeout), str(tree.record["hash"]))
     else:
         answers = wait_reachable(cluster, timeout, [PY, str(HERE / "ml-dev"), "_check", "--root", str(root)])
+    copy(cluster, tree, answers, started, quiet)
+    return tree.hash
+
+
+def copy(
+    cluster: Cluster, tree: Tree, answers: dict[int, str], started: float, quiet: bool = False, verify: fanout.Verify | None = None
+) -> None:
+    """Copy the tree to every pod whose answer (the hash it holds) differs: pushed from here at once or, above the
+    threshold (contract.FANOUT_DEFAULTS), in rounds through pods that hold the verified tree (fanout.py). Dies
+    naming every pod that never got it. `verify`: how `_apply` runs after a hop of this pod or, in rounds, of a
+    relay (default: its own SSH command)."""
+    root, local_hash, entries, listing = tree.root, tree.hash, tree.entries, tree.listing
+    cfg = fanout.settings()
+    record = tree.record
     stale = [r for r, got in sorted(answers.items()) if got.strip() != local_hash]
     estimate = sum(bytes_to_send(entries, record, answers[r].strip()) for r in stale)
     fan = len(stale) >= max(2, cfg["minPods"]) and estimate >= cfg["minBytes"]
-    listing = ("\0".join(files)).encode()
     say = (lambda line: None) if quiet else (lambda line: print(f"ml-dev: {line}", flush=True))
     stall = max(1, cfg["stallSeconds"])
     if fan:
         say(f"{len(stale)} pods need the tree (about {estimate / 1e6:.1f} MB from here by a direct push): passing it on in rounds")
-        hops, gave_up = fanout.fan_out(cluster, root, stale, listing, local_hash, cfg, say)
+        hops, gave_up = fanout.fan_out(cluster, root, stale, listing, local_hash, cfg, say, verify)
     else:
-        results = parallel(lambda r: fanout.hop(cluster, root, r, listing, local_hash, stall), stale)
+        results = parallel(lambda r: fanout.hop(cluster, root, r, listing, local_hash, stall, verify), stale)
         hops, gave_up = [], {}  # one round: today's push
         for rank, got in sorted(results.items()):
             res: fanout.Hop = got if isinstance(got, dict) else {"src": cluster.me, "dst": rank, "hash": "", "sent": 0, "error": str(got)}
@@ -274,11 +376,10 @@ def sync(cluster: Cluster, root: Path, quiet: bool = False, timeout: float = 60)
         mine = sum(int(h.get("sent") or 0) for h in hops if h.get("src") == cluster.me)
         how = f"{rounds} rounds" if fan else "direct push"
         print(
-            f"ml-dev: synced {root} ({len(files)} files, tree {local_hash[:12]}) to {len(answers)} pods in "
+            f"ml-dev: synced {root} ({len(tree.files)} files, tree {local_hash[:12]}) to {len(answers)} pods in "
             f"{time.monotonic() - started:.1f} s, {sent} bytes sent ({len(stale)} copied, {how}; {mine} bytes from this pod)",
             flush=True,
         )
-    return local_hash
 
 
 LAST_SYNC = "sync-last.json"

@@ -272,7 +272,11 @@ def test_a_missing_key_stops_the_launch_before_a_rank_starts(sim: PodSim, value:
     try:
         sim.swap_configmap(SECRET, {"OTHER": "x" * 12})  # the Secret lost the key (optional items: the file goes)
         clear(sim)
-        for cmd in (f"{ML_DEV} run --no-sync -- python3 worker.py missing", f"{ML_DEV} exec -- python3 {PROJECT}/worker.py missing"):
+        for cmd in (
+            f"{ML_DEV} run --no-sync -- python3 worker.py missing",
+            f"{ML_DEV} run -- python3 worker.py missing",  # the rank agents' gate answers which keys each pod holds
+            f"{ML_DEV} exec -- python3 {PROJECT}/worker.py missing",
+        ):
             res = sim.exec(0, cmd, cwd=PROJECT, timeout=120)
             assert res.returncode != 0, res.stdout
             for pod in sim.pods:

@@ -144,3 +144,39 @@ def test_a_launch_from_another_pod_sends_once_from_there(monkeypatch: pytest.Mon
     assert not gave_up and max(h["round"] for h in hops) == 3
     assert [h for h in hops if h["src"] == 5] == [hops[0]]
     assert sorted(h["dst"] for h in hops) == [0, 1, 2, 3, 4, 6, 7]
+
+
+def test_in_a_run_relays_only_rsync_and_the_receivers_agent_answers_the_hash(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ml-dev run`: the rank agent at each receiver's gate applies the list and answers the hash (sync.serve_gate); a
+    receiver whose hash differs after a quick-check copy gets its next copy with --checksum, from another source."""
+    relays: list[tuple[int, int, bool, bool]] = []
+    asked: list[int] = []
+    stale_once = {5}
+
+    def fake_relayed(cluster: Any, src: int, dst: int, root: Path, listing: bytes, expect: str, stall: int, **kw: Any) -> fanout.Hop:
+        relays.append((src, dst, kw.get("rsync_only", False), kw.get("checksum", False)))
+        return {"hash": "", "sent": 10, "error": "", "source_failed": False, "seconds": 0}
+
+    def fake_hop(cluster: Any, root: Path, dst: int, listing: bytes, expect: str, stall: int, verify: Any = None) -> fanout.Hop:
+        assert verify is not None  # the launching pod's own hop asks the agent too
+        got, _ = verify(dst, listing)
+        return {"hash": got, "sent": 10, "error": "", "source_failed": False, "seconds": 0}
+
+    def verify(dst: int, listing: bytes) -> tuple[str, str]:
+        asked.append(dst)
+        if dst in stale_once:
+            stale_once.discard(dst)
+            return "old" * 16, ""
+        return TREE, ""
+
+    monkeypatch.setattr(fanout, "relayed", fake_relayed)
+    monkeypatch.setattr(fanout, "hop", fake_hop)
+    lines: list[str] = []
+    cfg = {**contract.FANOUT_DEFAULTS, "tries": 3}
+    hops, gave_up = fanout.fan_out(FakeCluster(0), Path("/w"), list(range(1, 8)), b"a", TREE, cfg, lines.append, verify)  # type: ignore[arg-type]
+    assert not gave_up
+    assert sorted(set(asked)) == list(range(1, 8)) and asked.count(5) == 2  # every receiver's agent answered
+    assert all(only for _, _, only, _ in relays)  # no relay runs `_apply` itself
+    to5 = [(src, checksum) for src, dst, _, checksum in relays if dst == 5]
+    assert [c for _, c in to5] == [False, True] and to5[0][0] != to5[1][0]  # contents compared, another source
+    assert sorted(holders_by_round(hops)) == list(range(8))
