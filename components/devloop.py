@@ -25,7 +25,7 @@ import pulumi_tls as tls
 
 import inpod
 from components import storage
-from components.pod import HOME_DIRNAME
+from components.pod import HOME_DIRNAME, workspace_path
 from core import naming, servers
 from inpod import contract
 from stacks.config import StackConfig
@@ -52,8 +52,10 @@ def shared_paths(config: StackConfig) -> list[str]:
 
 
 def per_pod_paths(config: StackConfig) -> list[str]:
-    """Directories that hold one pod's own state (HOME under `.home/<pod>` of a volume): never synced."""
-    return sorted({f"{storage.home_volume(config.storage).mount_path}/{HOME_DIRNAME}"})
+    """Directories that hold one pod's own state, never synced: HOME (`.home/<pod>` of a volume) and the workspace's
+    records (`.ml-dev-env/`: runs, the page's history, the gate's results; inpod/contract.py WORKSPACE_RECORDS_DIR)."""
+    home = f"{storage.home_volume(config.storage).mount_path}/{HOME_DIRNAME}"
+    return sorted({home, f"{workspace_path(config)}/{contract.WORKSPACE_RECORDS_DIR}"})
 
 
 def scripts(config: StackConfig) -> dict[str, str]:

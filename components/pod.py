@@ -89,9 +89,14 @@ def home_dir(config: StackConfig) -> str:
     return f"{storage.home_volume(config.storage).mount_path}/{HOME_DIRNAME}/$(POD_NAME)"
 
 
+def workspace_path(config: StackConfig) -> str:
+    """$ML_DEV_WORKSPACE: the volume named `workspace`, else the first volume."""
+    return next((v.mount_path for v in config.storage.volumes if v.name == "workspace"), config.storage.volumes[0].mount_path)
+
+
 def pod_env(config: StackConfig) -> list[k8s.core.v1.EnvVarArgs]:
     """Count-independent pod identity and paths; the rank values are in `$ML_DEV_STATE_DIR/rank.env`."""
-    workspace = next((v.mount_path for v in config.storage.volumes if v.name == "workspace"), config.storage.volumes[0].mount_path)
+    workspace = workspace_path(config)
     return [
         _field_env("POD_NAME", "metadata.name"),
         _field_env("POD_NAMESPACE", "metadata.namespace"),

@@ -50,7 +50,12 @@ IDLE_STATUS_FILE = "idle-status.json"
 """Pod 0's idle decision each round."""
 FABRIC_LATEST = "fabric/latest.json"
 """The fabric gate's latest result."""
-RUNS_DIR = ".ml-dev-env/runs"
+WORKSPACE_RECORDS_DIR = ".ml-dev-env"
+"""`$ML_DEV_WORKSPACE/.ml-dev-env/`: what a pod keeps in the workspace of its own (the launching pod's runs, the home
+page's utilisation history on pod 0, the fabric gate's results). With a per-pod workspace it is that pod's alone: the
+dev loop never syncs it (components/devloop.py per_pod_paths), and pod 0's page rewrites its history there while a
+tree is being copied and hashed."""
+RUNS_DIR = f"{WORKSPACE_RECORDS_DIR}/runs"
 """`$ML_DEV_WORKSPACE/.ml-dev-env/runs/<run>/` on the launching pod: what `ml-dev why` and the run's watchdog kept
 (`why/<UTC time>.json`, each with the per-rank stacks and dumps it used, and `why/latest.json`)."""
 WHY_LATEST = "why/latest.json"

@@ -9,6 +9,7 @@ import json
 import sys
 from pathlib import Path
 
+from .. import contract
 from .util import GIB, ensure, env, state_dir
 
 try:  # shipped with the home group; a ConfigMap without it draws no curve (the gate never fails for a plot)
@@ -67,7 +68,7 @@ def human(n: int) -> str:
 
 def result_dirs() -> list[Path]:
     workspace = env("ML_DEV_WORKSPACE", "/workspace")
-    return [Path(workspace) / ".ml-dev-env" / "fabric", state_dir() / "fabric"]
+    return [Path(workspace) / contract.WORKSPACE_RECORDS_DIR / "fabric", state_dir() / "fabric"]
 
 
 def write_result(result: dict) -> list[Path]:

@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 
 from core import naming
+from inpod import contract
 from tests.podsim.leakscan import SSH_ARGV_LOG, SSH_ARGV_PROGRAM, LeakScan
 from tests.podsim.pods import GATEWAY, PREFIX, PodSim, leftovers, missing_requirements
 from tests.podsim.pods import render_stack as render
@@ -230,6 +231,10 @@ def test_the_first_copy_fans_out_in_log2_rounds_and_pod0_sends_it_once(sim: PodS
 def test_per_pod_and_relay_only_files_spread_nowhere_and_deletions_pass_through_relays(sim: PodSim) -> None:
     own = {i: sim.write(i, f"{WORKSPACE}/.home/{naming.pod_name(APP, i)}/mine.txt", f"pod {i}\n") for i in range(1, PODS)}
     sim.write(1, f"{WORKSPACE}/relay-only.txt", "made on the first relay\n")
+    # pod 0's own records in the workspace (a run's verdicts, the page's history): rendered per pod, never synced
+    records = [f"{WORKSPACE}/{contract.RUNS_DIR}/r1/why/verdict.json", f"{WORKSPACE}/{contract.WORKSPACE_RECORDS_DIR}/home/history.json"]
+    for path in records:
+        sim.write(0, path, "{}\n")
     sim.pods[0].path(f"{WORKSPACE}/gone-later.txt").unlink()
     change(sim)
     res = sim.exec(0, f"{LAUNCHER} sync", cwd=WORKSPACE, env=FANOUT, timeout=180)
@@ -242,6 +247,7 @@ def test_per_pod_and_relay_only_files_spread_nowhere_and_deletions_pass_through_
         homes = {p.name for p in sim.pods[i].path(f"{WORKSPACE}/.home").iterdir()}
         assert homes == {naming.pod_name(APP, i)}, f"pod {i} holds another pod's HOME: {homes}"
         assert own[i].read_text() == f"pod {i}\n"
+        assert not sim.pods[i].path(f"{WORKSPACE}/{contract.WORKSPACE_RECORDS_DIR}").exists(), f"pod {i} got pod 0's records"
     assert not sim.pods[0].path(f"{WORKSPACE}/relay-only.txt").exists()
     sim.pods[1].path(f"{WORKSPACE}/relay-only.txt").unlink()
     checked(sim, res)
