@@ -271,6 +271,11 @@ inline, so a hung nvidia-smi is that pod's failed GPU check (active), never an u
 ACTIVITY_FETCH_SECONDS = 15
 """How long pod 0 waits for a worker's /activity (inpod/idle/decider.py); above the GPU probe's budget."""
 
+ACTIVITY_CONNECT_SECONDS = 5
+"""How long pod 0 waits for a worker to accept the connection for /activity: a pod whose node is gone fails within
+it (Linux sends the SYN again after 1 s and 3 s: net/ipv4/tcp_timer.c, TCP_TIMEOUT_INIT doubling), not after the
+whole ACTIVITY_FETCH_SECONDS, so one round of pod 0 is not held up by it."""
+
 GPU_DEVICE_PREFIX = "/dev/nvidia"
 """The GPU device files (`/dev/nvidia<N>`) whose holders the idle rule reads: a GPU held only by Jupyter kernels
 that /api/kernels reports idle does not veto (inpod/idle/probes.py held_by_idle_kernels)."""

@@ -30,7 +30,8 @@ it is reported (an Event, `idle_agent.py status`) and no longer holds the stop):
   jupyter    `/api/status` last_activity, `/api/kernels` (a busy kernel is active), `/api/terminals`
 
 Usage: idle_agent.py run | probe | status   (settings: $ML_DEV_IDLE_SETTINGS, default
-/etc/ml-dev-env/lifecycle/idle.json; re-read every interval so a change needs no restart).
+/etc/ml-dev-env/lifecycle/idle.json; looked at every second between rounds, so a change takes effect
+within a second and needs no restart).
 
 The program is split at its seams, modules shipped next to it in the same ConfigMap (inpod.SHIPPED):
 probes (settings, environment, the local signals) and decider (gathering, the idle clock, the
@@ -50,7 +51,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from .. import contract
-from ..lib import http
+from ..lib import http, pod
 from ..lib.http import fetch_json
 from .decider import Decider, show_warning, tick
 from .probes import env, is_rank0, load_settings, local_activity, log, read_rank_env, state_dir
@@ -122,8 +123,30 @@ def run_agent(listen: str | None, rounds: int | None = None) -> int:
         done += 1
         # fixed period (a slow probe does not stretch the interval); never busy-loop
         next_round = max(next_round + max(1.0, float(settings["intervalSeconds"])), time.monotonic() + 0.2)
-        time.sleep(next_round - time.monotonic())
+        if not until_next_round(next_round, settings):
+            next_round = time.monotonic()  # the settings changed: a round now, the period from here
     return 0
+
+
+SETTINGS_LOOK_SECONDS = 1.0
+"""How often the agent looks at idle.json between rounds: a ConfigMap update (the kubelet swaps the mounted
+directory's ..data link) takes effect within this, not at the next round up to intervalSeconds later."""
+
+
+def until_next_round(at: float, settings: dict[str, Any]) -> bool:
+    """Sleep until `at` (time.monotonic()); False as soon as the settings differ from `settings` (a read of a small
+    file each SETTINGS_LOOK_SECONDS)."""
+    while True:
+        left = at - time.monotonic()
+        if left <= 0:
+            return True
+        time.sleep(min(left, SETTINGS_LOOK_SECONDS))
+        try:
+            now = pod.idle_settings()
+        except (OSError, ValueError):
+            continue  # unreadable (mid-swap, or gone): the next round reads it and says so in the log
+        if time.monotonic() < at and now != settings:
+            return False
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -42,11 +43,22 @@ def gather(settings: dict[str, Any]) -> list[dict[str, Any]]:
         others = peers(settings)
     except (OSError, ValueError) as exc:
         return [*reports, {"pod": "?", "time": time.time(), "signals": [signal("peers", False, error=str(exc))]}]
-    for pod, base in others:
+    got: dict[str, dict[str, Any]] = {}
+
+    def ask(pod: str, base: str) -> None:
         try:
-            reports.append(fetch_json(f"{base}/activity", timeout=ACTIVITY_FETCH_SECONDS))
+            got[pod] = fetch_json(f"{base}/activity", timeout=ACTIVITY_FETCH_SECONDS, connect_timeout=contract.ACTIVITY_CONNECT_SECONDS)
         except (OSError, ValueError, urllib.error.URLError) as exc:
-            reports.append({"pod": pod, "time": time.time(), "signals": [signal("reachable", False, error=str(exc))]})
+            got[pod] = {"pod": pod, "time": time.time(), "signals": [signal("reachable", False, error=str(exc))]}
+
+    # every pod at once: a gone or slow pod costs the round its own wait, not one wait per such pod
+    threads = [threading.Thread(target=ask, args=pair, daemon=True) for pair in others]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(contract.ACTIVITY_CONNECT_SECONDS + ACTIVITY_FETCH_SECONDS + 5)
+    for pod, _ in others:  # rank order
+        reports.append(got.get(pod) or {"pod": pod, "time": time.time(), "signals": [signal("reachable", False, error="no answer")]})
     return reports
 
 

@@ -149,7 +149,7 @@ def busy_gpus(gpus: list[dict[str, Any]], apps: list[dict[str, Any]], settings: 
 
 GPU_PROBE_SECONDS = contract.GPU_PROBE_SECONDS
 """The GPU probe's whole budget (both nvidia-smi queries): a worker's /activity must answer well within pod 0's
-fetch timeout (idle_decider.fetch_json, 15 s), so a hung nvidia-smi is that pod's failed GPU check (active), never
+fetch timeout (decider.gather, ACTIVITY_FETCH_SECONDS: 15 s), so a hung nvidia-smi is that pod's failed GPU check (active), never
 an unreachable pod. The number is the contract's (inpod/contract.py)."""
 
 _ABANDONED: list[subprocess.Popen] = []

@@ -5,12 +5,14 @@ Standard library only, Python 3.8+.
 
 from __future__ import annotations
 
+import http.client
 import ipaddress
 import json
 import os
 import socket
 import sys
 import threading
+import urllib.parse
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -79,6 +81,26 @@ def serve_in_background(servers: list[ThreadingHTTPServer]) -> None:
         threading.Thread(target=server.serve_forever, daemon=True).start()
 
 
-def fetch_json(url: str, timeout: float = 5) -> Any:
-    with urllib.request.urlopen(url, timeout=timeout) as response:
-        return json.loads(response.read())
+def fetch_json(url: str, timeout: float = 5, connect_timeout: float | None = None) -> Any:
+    """GET `url` (http) and parse its JSON body; `timeout` bounds each read. `connect_timeout`, when given, bounds the
+    connection alone: a pod whose node is gone (no answer to the SYN) fails within it, while one that is up but slow
+    to answer (its probes run inline) still gets `timeout`. Every failure is an OSError (or ValueError: not JSON)."""
+    if connect_timeout is None:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return json.loads(response.read())
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname or "", parts.port or 80, timeout=connect_timeout)
+    try:
+        conn.connect()
+        assert conn.sock is not None
+        conn.sock.settimeout(timeout)
+        conn.request("GET", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""))
+        response = conn.getresponse()
+        body = response.read()
+        if response.status != 200:
+            raise OSError(f"HTTP Error {response.status}: {response.reason}")  # urllib.error.HTTPError's words
+        return json.loads(body)
+    except http.client.HTTPException as exc:  # not an OSError: a malformed or cut-off answer
+        raise OSError(f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        conn.close()

@@ -10,8 +10,8 @@
         sim.decision()                              # pod 0's idle-status.json (what `ml-dev status` reads)
 
 The stack's bounds (stacks/config.py: interval >= 15 s, unreachableAfter >= 2 min) keep a rendered stack's values
-slow; `quicken` edits the rendered idle.json as a ConfigMap update delivers it, and the agent re-reads it each round
-(within the rendered interval). The pods' GPUs are the node's (`Node`: nvidia-smi's real `--format=csv` layout).
+slow; `quicken` edits the rendered idle.json as a ConfigMap update delivers it, and the agent takes it up within a
+second (it looks at idle.json between rounds). The pods' GPUs are the node's (`Node`: nvidia-smi's real `--format=csv` layout).
 """
 
 from __future__ import annotations

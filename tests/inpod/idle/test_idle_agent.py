@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from inpod import contract
 from inpod.lib import http
 from tests.conftest import VALIDATOR
 from tests.fixtures import schema_check
@@ -425,3 +426,20 @@ def test_the_agent_listens_on_the_pod_ip_and_loopback(
 def test_the_agent_refuses_a_wildcard(listen: str) -> None:
     with pytest.raises(ValueError, match="not a wildcard"):
         http.listen_addresses(listen, 9099)
+
+
+def test_a_settings_change_starts_a_round_at_once_not_an_interval_later(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between rounds the agent looks at idle.json every second: a ConfigMap update (here the file rewritten, as
+    the kubelet's ..data swap shows it) ends the wait for the next round, however long the interval."""
+    path = write_settings(tmp_path / "idle.json", intervalSeconds=3600)
+    monkeypatch.setenv(contract.IDLE_SETTINGS_ENV, str(path))
+    settings = agent.load_settings()
+    assert agent.until_next_round(time.monotonic() + 1.5, settings) is True  # nothing changed: the whole wait
+    changer = threading.Timer(0.5, lambda: write_settings(path, intervalSeconds=3600, unreachableSeconds=4))
+    changer.start()
+    try:
+        # a wait of a minute ends with the change (were it missed, it would end at its time and answer True)
+        assert agent.until_next_round(time.monotonic() + 60, settings) is False
+    finally:
+        changer.cancel()
+    assert agent.load_settings()["unreachableSeconds"] == 4

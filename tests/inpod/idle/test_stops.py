@@ -218,7 +218,7 @@ def test_an_unreachable_worker_is_shown_by_ml_dev_status_and_stops_holding_the_i
     settings = sim.settings()
     assert settings["enabled"] and settings["unreachableSeconds"] == 120
     # a quicker clock for the test (the stack's bounds: interval >= 15 s, unreachableAfter >= 2 min): the ConfigMap
-    # edited as the kubelet delivers an update; the agent re-reads it each round (within the rendered 15 s)
+    # edited as the kubelet delivers an update; the agent looks at it every second between rounds
     sim.quicken(intervalSeconds=1, unreachableSeconds=bound)
     agent_log = sim.agent_log
     wait_for(
