@@ -8,14 +8,16 @@
 #    environment (new kernels and terminals read rank.env when they start),
 # 5. marks the pod ready, then re-reads the cluster ConfigMap every ML_DEV_POLL_SECONDS and rewrites
 #    rank.env and the hostfile in place when it changed (a new node count restarts nothing; running
-#    processes keep the values they started with, new shells and launches see the new ones).
+#    processes keep the values they started with, new shells and launches see the new ones); the
+#    rack-aware order (an API read) is checked every ML_DEV_RACK_POLL_SECONDS.
 #
 # An unwritable path never stops it (no crash loop): each one degrades with a WARNING.
 #
 # Inputs (container env set by the GpuCluster component; none of it depends on the node count):
 #   POD_NAME   ML_DEV_CLUSTER_DIR (/etc/ml-dev-env/cluster): its cluster.env holds NNODES GPUS_PER_NODE
 #   APP_NAME HEADLESS_SERVICE POD_NAMESPACE MASTER_PORT as KEY=value lines (the same names in the
-#   environment are the fallback)   ML_DEV_HOME (persistent HOME)   ML_DEV_POLL_SECONDS (10)
+#   environment are the fallback)   ML_DEV_HOME (persistent HOME)   ML_DEV_POLL_SECONDS (2)
+#   ML_DEV_RACK_POLL_SECONDS (10)
 #   ML_DEV_MEMLOCK=none|scc|privileged   ML_DEV_HCA_MODE=explicit|auto
 #   ML_DEV_SERVERS="vscode jupyter tensorboard"   ML_DEV_AUTH=oauth-proxy|token
 #   ML_DEV_WORKSPACE (/workspace)  ML_DEV_STATE_DIR (/tmp/ml-dev-env)  TENSORBOARD_LOGDIR
@@ -39,7 +41,10 @@ warn() { log "WARNING: $*"; }
 WORKSPACE="${ML_DEV_WORKSPACE:-/workspace}"
 STATE_DIR="${ML_DEV_STATE_DIR:-/tmp/ml-dev-env}"
 CLUSTER_FILE="${ML_DEV_CLUSTER_DIR:-/etc/ml-dev-env/cluster}/cluster.env"
-POLL="${ML_DEV_POLL_SECONDS:-10}"
+# a file read every 2 s costs next to nothing; the rack-aware order asks the API server (every pod), so less often
+POLL="${ML_DEV_POLL_SECONDS:-2}"
+RACK_POLL="${ML_DEV_RACK_POLL_SECONDS:-10}"
+RACK_POLL="${RACK_POLL%%.*}"  # whole seconds ($SECONDS)
 SERVERS="${ML_DEV_SERVERS:-}"
 AUTH="${ML_DEV_AUTH:-oauth-proxy}"
 if ! mkdir -p "$STATE_DIR/logs" 2>/dev/null || [ ! -w "$STATE_DIR" ]; then
@@ -474,8 +479,11 @@ while true; do
     LAST_CLUSTER="$current"
     log "$CLUSTER_FILE changed: rewriting rank.env and the hostfile (running processes keep their values)"
     refresh_rank || true
-  elif [ -n "$RACK_AWARE" ] && [ "$( (compute_rank && printf '%s' "${RANK_PODS[*]}") 2>/dev/null)" != "${RANK_PODS[*]:-}" ]; then
-    log "pod placement changed the rack-aware rank order: rewriting rank.env and the hostfile"
-    refresh_rank || true
+  elif [ -n "$RACK_AWARE" ] && [ "$SECONDS" -ge "${RACK_DUE:-0}" ]; then
+    RACK_DUE=$((SECONDS + RACK_POLL))
+    if [ "$( (compute_rank && printf '%s' "${RANK_PODS[*]}") 2>/dev/null)" != "${RANK_PODS[*]:-}" ]; then
+      log "pod placement changed the rack-aware rank order: rewriting rank.env and the hostfile"
+      refresh_rank || true
+    fi
   fi
 done

@@ -275,7 +275,7 @@ def test_on_deploy_holds_pod_0_with_the_idle_agent_running_until_released() -> N
 
 
 def test_a_count_change_in_the_cluster_configmap_rewrites_rank_env_in_place(sim: PodSim) -> None:
-    """The kubelet swaps cluster.env's ..data; every startup script (polling every ML_DEV_POLL_SECONDS, 10 s by
+    """The kubelet swaps cluster.env's ..data; every startup script (polling every ML_DEV_POLL_SECONDS, 2 s by
     default) rewrites rank.env without a restart, and the launcher follows."""
     name = next(n for n in sim.configmaps if n.endswith("-cluster"))
     before = dict(sim.configmaps[name])

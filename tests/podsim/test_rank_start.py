@@ -132,7 +132,7 @@ def set_count(sim: PodSim, nnodes: int) -> None:
     values = dict(line.split("=", 1) for line in sim.configmaps[name]["cluster.env"].splitlines() if "=" in line)
     values["NNODES"] = str(nnodes)
     sim.swap_configmap(name, {"cluster.env": "".join(f"{k}={v}\n" for k, v in values.items())})
-    deadline = time.monotonic() + 60  # every startup script re-reads it every ML_DEV_POLL_SECONDS (10)
+    deadline = time.monotonic() + 60  # every startup script re-reads it every ML_DEV_POLL_SECONDS (2)
     while len(hosts(sim)) != nnodes:
         assert time.monotonic() < deadline, sim.pods[0].log.read_text()
         time.sleep(0.5)

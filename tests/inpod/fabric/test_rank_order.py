@@ -214,9 +214,14 @@ def test_startup_script_writes_rack_aware_ranks_and_follows_placement() -> None:
     env = next(r.inputs for r in result.resources if r.kind == "StatefulSet")["spec"]["template"]["spec"]["containers"][0]["env"]
     try:
         with api_in_the_cluster(sim, started=False) as api:
-            # where the API server is and how often the startup script polls: set on the container as `oc set env`
-            # would (the only changes to the render; the real API server is https://$KUBERNETES_SERVICE_HOST)
-            env += [{"name": "ML_DEV_KUBE_API", "value": api}, {"name": "ML_DEV_POLL_SECONDS", "value": "0.2"}]
+            # where the API server is and how often the startup script polls (and asks for the rack order): set on the
+            # container as `oc set env` would (the only changes to the render; the real API server is
+            # https://$KUBERNETES_SERVICE_HOST)
+            env += [
+                {"name": "ML_DEV_KUBE_API", "value": api},
+                {"name": "ML_DEV_POLL_SECONDS", "value": "0.2"},
+                {"name": "ML_DEV_RACK_POLL_SECONDS", "value": "0"},
+            ]
             sim.start()
             order = fc.rack_order(PODS, PLACED, RACKS)
             rank = fabric_util.read_rank_env(sim.pods[1].path("/tmp/ml-dev-env/rank.env"))
