@@ -272,8 +272,9 @@ if [ -n "$BIND_IFACE" ] && ! "$SSHD" -t -f "$D/sshd_config" >/dev/null 2>&1; the
 fi
 # Keys added to ml-dev-env:ssh.authorizedKeys reach the pods without a restart: kubelet updates the
 # mounted Secret in place, this loop copies authorized_keys again when it changed (sshd reads the file
-# at every login). It stays a child of sshd (exec keeps the PID), so it ends with the pod.
-REFRESH="${ML_DEV_SSH_REFRESH_SECONDS:-30}"
+# at every login); a `cmp` every 5 s costs next to nothing. It stays a child of sshd (exec keeps the
+# PID), so it ends with the pod.
+REFRESH="${ML_DEV_SSH_REFRESH_SECONDS:-5}"
 (
   while sleep "$REFRESH" && kill -0 $$ 2>/dev/null; do  # ends with sshd (a restarted sshd starts its own)
     if ! cmp -s "$SECRET_DIR/authorized_keys" "$PW_DIR/.ssh/ml-dev-env_authorized_keys"; then

@@ -637,7 +637,7 @@ def test_a_key_added_to_the_stack_logs_in_without_a_restart(cluster: Cluster, tm
         ).returncode
 
     def wait_for(code: int) -> bool:
-        deadline = time.monotonic() + 60  # sshd.sh re-reads the Secret every 30 s (ML_DEV_SSH_REFRESH_SECONDS)
+        deadline = time.monotonic() + 60  # sshd.sh re-reads the Secret every 5 s (ML_DEV_SSH_REFRESH_SECONDS)
         while time.monotonic() < deadline:
             if stranger() == code:
                 return True
