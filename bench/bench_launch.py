@@ -13,7 +13,8 @@ on pod 0 to the moment the last rank's program runs (each rank records time.time
 
 Per run: the wall time, the bytes pod 0 sent out of its eth0 (the veth's tx counter, read in its network
 namespace: SSH and rsync's own framing included), and (this tree's launcher) every hop of the sync
-($ML_DEV_STATE_DIR/sync-last.json: source, receiver, round, seconds). With `--baseline REF` the launcher of git
+($ML_DEV_STATE_DIR/sync-last.json: source, receiver, round, seconds, and its way: rsync, or the rank agent's gate for
+a small change). With `--baseline REF` the launcher of git
 revision REF (its `inpod/` files swapped into the pods' startup ConfigMap, as a ConfigMap update reaches a pod)
 runs in the same rounds, interleaved run by run with this tree's, so both see the same machine load; after each
 baseline run an untimed `ml-dev sync` of this tree's launcher (nothing to copy) leaves pod 0's record of the tree
@@ -263,6 +264,18 @@ def extrapolate(size: int, results: Results) -> dict[str, dict[int, float]]:
     return out
 
 
+def ways(samples: list[Sample]) -> str:
+    """How the median run's hops went: `gate` (the change written by the rank agent at its gate) or `rsync`."""
+    if not samples:
+        return "–"
+    mid = sorted(samples, key=lambda s: s["wall"])[len(samples) // 2]
+    counts: dict[str, int] = {}
+    for h in mid.get("hops") or []:
+        way = str(h.get("via") or "rsync")
+        counts[way] = counts.get(way, 0) + 1
+    return ", ".join(f"{way} {k}" for way, k in sorted(counts.items())) or "none"
+
+
 def report(size: int, results: Results, meta: dict[str, Any]) -> str:
     variants = list(results)
     pods = sorted({n for v in results.values() for n in v})
@@ -295,8 +308,8 @@ def report(size: int, results: Results, meta: dict[str, Any]) -> str:
             "(one copy = a single hop measured alone in the same run):",
             "",
             "| pods | rounds | hops per round (s) | critical path s | one copy s | bound (⌈log2 N⌉+1) × one copy | wall s | "
-            "baseline wall s | pod 0 sent ≤ 2 × tree | one file ≤ 1.2 × unchanged |",
-            "|---:|---:|---|---:|---:|---:|---:|---:|---|---|",
+            "baseline wall s | pod 0 sent ≤ 2 × tree | one file ≤ 1.2 × unchanged | one file changed: hops by way (median run) |",
+            "|---:|---:|---|---:|---:|---:|---:|---:|---|---|---|",
         ]
         for n in pods:
             mine = results[NEW].get(n, {})
@@ -306,7 +319,9 @@ def report(size: int, results: Results, meta: dict[str, Any]) -> str:
             mid = firsts[len(firsts) // 2]
             per_round: dict[int, list[str]] = {}
             for h in mid.get("hops") or []:
-                per_round.setdefault(h["round"], []).append(f"{h['src']}→{h['dst']} {h['seconds']:.2f}")
+                per_round.setdefault(h["round"], []).append(
+                    f"{h['src']}→{h['dst']} {h['seconds']:.2f}" + " (gate)" * (h.get("via") == "gate")
+                )
             hops = "; ".join(f"r{r}: {', '.join(v)}" for r, v in sorted(per_round.items()))
             alone = statistics.median(s["hop"] for s in mine.get(ALONE, [])) if mine.get(ALONE) else float("nan")
             bound = (rounds(n) + 1) * alone
@@ -318,7 +333,7 @@ def report(size: int, results: Results, meta: dict[str, Any]) -> str:
                 f"| {n} | {mid.get('rounds', '–')} | {hops} | {crit:.2f} ({'≤' if crit <= bound else '>'} bound) | {alone:.2f} | "
                 f"{bound:.2f} | "
                 f"{med(firsts):.2f} | {base:.2f} | {'yes' if tx_ok else 'NO'} ({med(firsts, 'tx') / size:.2f} ×) | "
-                f"{'yes' if ratio <= 1.2 else 'NO'} ({ratio:.2f} ×) |"
+                f"{'yes' if ratio <= 1.2 else 'NO'} ({ratio:.2f} ×) | {ways(mine.get('one file changed', []))} |"
             )
     est = extrapolate(size, results)
     lines += [

@@ -248,6 +248,7 @@ FANOUT_DEFAULTS: dict[str, int] = {
     "minBytes": 32 << 20,
     "tries": 3,
     "stallSeconds": 20,
+    "patchBytes": 4 << 20,
 }
 """When `ml-dev sync` (and `ml-dev run`'s sync) passes the tree on through pods that hold it (inpod/ml_dev/fanout.py;
 docs/use/day-in-the-life.md). The launching pod pushes to every pod that needs the tree at once (one round) unless
@@ -257,7 +258,16 @@ then the copy goes in rounds: the launching pod sends once, to a first relay, an
 holds the verified tree sends to one more per round, the first relay to two (the launching pod's share). The
 holders double each round: ceil(log2 N) rounds for N pods, and the launching pod sends the tree once. A pod gets
 the tree from at most `tries` sources; a relay that sends no word for `stallSeconds` (nor its rsync moves a byte)
-is given up for this sync and its receiver retried from another pod."""
+is given up for this sync and its receiver retried from another pod.
+
+`patchBytes`: in `ml-dev run`'s direct push, a pod that answered the hash of the tree the launching pod sent last
+gets the files changed since (regular files, at most `patchBytes` in all; 0: never) through the gate its rank agent
+waits at (inpod/ml_dev/sync.py apply_patch), over the SSH session of the rank start, instead of an rsync hop; a pod
+whose hash then differs gets the rsync hop (--checksum). Still the fabric's SSH and no new daemon or port: the rsync
+hop costs a pod a new SSH session, the remote shell and an rsync server on top of the rank start, which was 0.09 to
+0.36 s of a launch with one 1 MiB file changed at 2 to 16 pods (1.30 to 1.48 x the unchanged tree's, `make
+bench-launch`, docs/models/benchmarks.md), while the rank start alone checks an unchanged tree. `ml-dev sync` (no
+rank agents) and the fan-out's rounds copy by rsync."""
 FANOUT_ENV = "ML_DEV_FANOUT"
 """Overrides FANOUT_DEFAULTS' keys with a JSON object in the launching shell (tests and benchmarks: a small tree
 that fans out)."""

@@ -34,7 +34,8 @@ from .common import HERE, PY, Cluster, die
 
 Hop = Dict[str, Any]
 """One hop's outcome: src, dst, hash (computed on dst), sent (rsync's bytes), seconds, error ("" when none),
-source_failed (the relay itself went silent or its SSH session broke), round."""
+source_failed (the relay itself went silent or its SSH session broke), round, via ("rsync", or "gate": a small change
+written by the receiver's rank agent, sync.gate_hop)."""
 
 
 def settings(environ: dict[str, str] | None = None) -> dict[str, int]:
@@ -98,7 +99,7 @@ def hop(
     the rank agent that waits at its gate on that pod (sync.serve_gate), over the session it already holds.
     `rsync_only`: no `_apply` here (a relay's hop in `ml-dev run`: the launching pod asks that agent afterwards)."""
     started = time.monotonic()
-    out: Hop = {"src": cluster.me, "dst": dst, "hash": "", "sent": 0, "error": "", "source_failed": False}
+    out: Hop = {"src": cluster.me, "dst": dst, "hash": "", "sent": 0, "error": "", "source_failed": False, "via": "rsync"}
     files = listing + b"\0" if listing else b""
     for extra in ([["--checksum"]] if checksum else [[], ["--checksum"]])[: 1 if rsync_only else 2]:
         argv = ["rsync", "-a", "--stats", "--modify-window=-1", f"--timeout={stall}", *extra, "--from0", "--files-from=-"]

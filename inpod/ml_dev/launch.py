@@ -556,8 +556,8 @@ def open_gate(
 
     ask(sorted(procs))
 
-    def verify(rank: int, listing: bytes) -> tuple[str, str]:
-        """`_apply` by the agent waiting at that pod's gate: the file list on its stdin, the hash it answers."""
+    def tell(rank: int, word: str, data: bytes) -> tuple[str, str]:
+        """`<word> <n>` and n bytes to the agent waiting at that pod's gate; (the hash it answers, error)."""
         proc = procs[rank]
         if proc.poll() is not None:  # its session ended (that pod's sshd died): a new agent, once
             procs[rank] = proc = spawn(rank)
@@ -566,7 +566,7 @@ def open_gate(
                 return "", cluster.explain(rank, proc.stderr.read().decode(errors="replace") if proc.stderr else "", code)
         try:
             assert proc.stdin is not None
-            proc.stdin.write(f"apply {len(listing)}\n".encode() + listing)
+            proc.stdin.write(f"{word} {len(data)}\n".encode() + data)
             proc.stdin.flush()
         except OSError:
             pass
@@ -574,9 +574,19 @@ def open_gate(
         if got is None:
             code = proc.wait()
             return "", cluster.explain(rank, proc.stderr.read().decode(errors="replace") if proc.stderr else "", code)
+        if got.get("refused"):
+            return str(got.get("tree") or ""), f"refused: {got['refused']}"
         return str(got.get("tree") or ""), ""
 
-    copy(cluster, tree, {r: h for r, h in answers.items() if r != cluster.me}, started, verify=verify)
+    def verify(rank: int, listing: bytes) -> tuple[str, str]:
+        """`_apply` by the agent waiting at that pod's gate: the file list on its stdin, the hash it answers."""
+        return tell(rank, "apply", listing)
+
+    def patch(rank: int, payload: bytes) -> tuple[str, str]:
+        """A small change written by the agent waiting at that pod's gate (sync.apply_patch), the hash it answers."""
+        return tell(rank, "patch", payload)
+
+    copy(cluster, tree, {r: h for r, h in answers.items() if r != cluster.me}, started, verify=verify, patch=patch)
     # an agent whose SSH session ended while it waited (its pod's sshd died during the copy: that relay's failure
     # cost a retry) is started again and answers again, now with the verified tree
     gone = [r for r, p in sorted(procs.items()) if r != cluster.me and p.poll() is not None]

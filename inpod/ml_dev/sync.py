@@ -13,8 +13,10 @@ import os
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 from ..lib import usersecrets
 from . import fanout
@@ -230,22 +232,24 @@ def raw_line(fd: int) -> bytes | None:
 
 
 def read_exact(fd: int, size: int) -> bytes | None:
-    data = b""
+    data = bytearray()
     while len(data) < size:
         chunk = os.read(fd, min(1 << 20, size - len(data)))
         if not chunk:
             return None
         data += chunk
-    return data
+    return bytes(data)
 
 
 def serve_gate(spec: dict[str, object]) -> bool:
     """(the rank agent of `ml-dev run`, before its rank starts) answer the hash of the tree at the gate's root (and
     which of the listed Secret keys its pod holds: the launch's Secret check rides on the same answer), then
     follow the launcher's words on stdin: `apply <n>` + the launching pod's file list (n bytes: deletions, manifest,
-    hash, answered again, after the launcher's rsync), `go` (start the rank); EOF: the launch stopped, nothing
-    starts. On `go` the tree's hash is checked once more against the launching pod's (a relay's copy landed since
-    the first answer): a rank never starts on a tree that differs."""
+    hash, answered again, after the launcher's rsync), `patch <n>` + a small change (n bytes, apply_patch: the
+    changed files written here, then what `apply` does; answered again, `refused` saying why when nothing was
+    written), `go` (start the rank); EOF: the launch stopped, nothing starts. On `go` the tree's hash is checked
+    once more against the launching pod's (a relay's copy landed since the first answer): a rank never starts on a
+    tree that differs."""
     root = Path(str(spec.get("root") or "")) if spec.get("root") else None
     expect = str(spec.get("hash") or "")
     held = recorded_hash(root) if root else ""
@@ -253,8 +257,11 @@ def serve_gate(spec: dict[str, object]) -> bool:
     listed = [(str(pair[0]), str(pair[1])) for pair in raw] if isinstance(raw, list) else []
     found = usersecrets.presence(listed) if listed else {}
 
-    def answer() -> None:
-        os.write(1, (GATE_MARK + json.dumps({"tree": held, "secrets": found}) + "\n").encode())
+    def answer(refused: str = "") -> None:
+        said: dict[str, object] = {"tree": held, "secrets": found}
+        if refused:
+            said["refused"] = refused
+        os.write(1, (GATE_MARK + json.dumps(said) + "\n").encode())
 
     answer()
     while True:
@@ -268,14 +275,154 @@ def serve_gate(spec: dict[str, object]) -> bool:
                 if held != expect:
                     die(f"tree {root} here is {held[:12]}, not the launching pod's {expect[:12]}: the rank does not start", code=3)
             return True
-        if word == "apply" and root and arg.isdigit():
+        if word in ("apply", "patch") and root and arg.isdigit():
             data = read_exact(0, int(arg))
             if data is None:
                 return False
-            held = apply_listing(root, listed_files(data))
-            answer()
+            if word == "apply":
+                held = apply_listing(root, listed_files(data))
+                answer()
+                continue
+            held, refused = apply_patch(root, data)
+            answer(refused)
             continue
         die(f"unexpected word from the launcher at the gate: {line[:40]!r}", code=2)
+
+
+# ------------------------------------------------------------------ a small change through the gate (ml-dev run)
+
+PATCH_MODE_BITS = 0o777
+"""The permission bits a patched file gets from the launching pod's copy (rsync -a's --perms, without set-id bits)."""
+
+Patch = Callable[[int, bytes], "tuple[str, str]"]
+"""patch(rank, payload) -> (hash, error): the rank agent waiting at that pod's gate writes a small change (`patch`
+word, serve_gate) and answers the hash of its tree; error: why it did not (refused, its session ended)."""
+
+
+def changed_since(entries: dict[str, tuple[str, str, int]], record: dict[str, object], their_hash: str) -> list[str] | None:
+    """The files whose mode or content differ from this pod's record of the tree it sent last, when a pod holds that
+    tree (`their_hash` is the record's); None when it holds another one (then what it lacks is unknown here)."""
+    old = record.get("files") if record.get("hash") and record.get("hash") == their_hash else None
+    if not isinstance(old, dict):
+        return None
+    return [rel for rel, (mode, digest, _) in sorted(entries.items()) if list(old.get(rel) or [])[:2] != [mode, digest]]
+
+
+def patch_payload(root: Path, changed: list[str], listing: bytes) -> bytes | None:
+    """(the launching pod) `patch`'s bytes: a JSON line {"files": [{path, mode, size, mtime_ns}]}, the files' bytes
+    one after the other, then the launching pod's file list (NUL-separated, as `apply` gets it). None when a changed
+    path is not a regular file here (a symlink, gone since it was hashed): rsync copies that change."""
+    files: list[dict[str, object]] = []
+    blobs = []
+    for rel in changed:
+        try:
+            st = os.lstat(root / rel)
+            if not stat.S_ISREG(st.st_mode):
+                return None
+            with open(root / rel, "rb") as f:
+                data = f.read()
+        except OSError:
+            return None
+        files.append({"path": rel, "mode": st.st_mode & PATCH_MODE_BITS, "size": len(data), "mtime_ns": st.st_mtime_ns})
+        blobs.append(data)
+    return json.dumps({"files": files}).encode() + b"\n" + b"".join(blobs) + listing
+
+
+def unsafe_path(root: Path, rel: str, allowed: set[str]) -> str:
+    """Why the patch may not write `rel` under `root` ("" when it may): only a path of the launching pod's list, plain
+    relative (no leading `/`, no `..`, `.` or empty part), and never through a symlink or over a directory here."""
+    if rel not in allowed:
+        return "not in the launching pod's file list"
+    parts = rel.split("/")
+    if rel.startswith("/") or "\0" in rel or any(part in ("", ".", "..") for part in parts):
+        return "not a plain relative path (absolute, or a '..', '.' or empty part)"
+    for depth in range(1, len(parts)):
+        above = root.joinpath(*parts[:depth])
+        if os.path.islink(above):
+            return f"goes through the symlink {'/'.join(parts[:depth])} here"
+        if os.path.lexists(above) and not above.is_dir():
+            return f"{'/'.join(parts[:depth])} is not a directory here"
+    if os.path.isdir(root / rel) and not os.path.islink(root / rel):
+        return "a directory here"
+    return ""
+
+
+def write_atomically(path: Path, data: bytes, mode: int, mtime_ns: int) -> None:
+    """`path` becomes `data` at once (a temporary file in the same directory, renamed over it), with the launching
+    pod's permission bits and modification time (to the nanosecond: rsync's next quick check, size and mtime with
+    --modify-window=-1, finds the file current)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=str(path.parent), prefix=".ml-dev-patch.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, mode & PATCH_MODE_BITS)
+        os.utime(tmp, ns=(time.time_ns(), mtime_ns))
+        os.replace(tmp, str(path))
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def whole(value: object) -> int:
+    """A whole number >= 0 of a patch's header, else -1."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else -1
+
+
+def apply_patch(root: Path, payload: bytes) -> tuple[str, str]:
+    """(the rank agent at its gate) write the changed files of `payload` (patch_payload), then what `apply` does
+    (deletions, the manifest, the tree hash). Every path is checked before anything is written: a path the file
+    list does not hold, an absolute one, one with `..`, or one through a symlink refuses the whole patch. Returns
+    (the tree hash here, why nothing was written or "")."""
+    head, newline, rest = payload.partition(b"\n")
+    try:
+        header = json.loads(head.decode()) if newline else None
+    except ValueError:
+        header = None
+    files = header.get("files") if isinstance(header, dict) else None
+    if not isinstance(files, list):
+        return recorded_hash(root), "the patch has no JSON header with a file list"
+    plan: list[tuple[str, int, int, int, int]] = []  # (path, mode, offset, size, mtime_ns)
+    offset = 0
+    for item in files:
+        entry = item if isinstance(item, dict) else {}
+        rel, mode, size, mtime_ns = entry.get("path"), whole(entry.get("mode")), whole(entry.get("size")), whole(entry.get("mtime_ns"))
+        if not isinstance(rel, str) or min(mode, size, mtime_ns) < 0:
+            return recorded_hash(root), f"a file entry of the patch is malformed: {str(item)[:80]}"
+        plan.append((rel, mode, offset, size, mtime_ns))
+        offset += size
+    if offset > len(rest):
+        return recorded_hash(root), f"the patch holds {len(rest)} bytes after its header, its files need {offset}"
+    try:
+        listing = listed_files(rest[offset:])
+    except UnicodeDecodeError:
+        return recorded_hash(root), "the patch's file list is not UTF-8"
+    allowed = set(listing)
+    for rel, *_ in plan:
+        why = unsafe_path(root, rel, allowed)
+        if why:
+            return recorded_hash(root), f"{rel[:200]!r}: {why}"
+    for rel, mode, start, size, mtime_ns in plan:
+        try:
+            write_atomically(root / rel, rest[start : start + size], mode, mtime_ns)
+        except OSError as exc:
+            return recorded_hash(root), f"cannot write {rel}: {exc}"
+    return apply_listing(root, listing), ""
+
+
+def gate_hop(cluster: Cluster, dst: int, payload: bytes, expect: str, patch: Patch) -> fanout.Hop:
+    """One pod's copy through its gate: the agent writes the change and answers its hash (no rsync, no SSH session
+    of its own)."""
+    started = time.monotonic()
+    got, error = patch(dst, payload)
+    if not error and got != expect:
+        error = f"tree hash {got[:12]} after the patch differs from {expect[:12]} here"
+    out: fanout.Hop = {"src": cluster.me, "dst": dst, "hash": got, "sent": len(payload), "error": error, "source_failed": False}
+    out.update(via="gate", seconds=round(time.monotonic() - started, 3))
+    return out
 
 
 def sent_record(root: Path) -> Path:
@@ -285,10 +432,8 @@ def sent_record(root: Path) -> Path:
 
 def bytes_to_send(entries: dict[str, tuple[str, str, int]], record: dict[str, object], their_hash: str) -> int:
     """What a pod lacks: the changed files' sizes when it holds the tree this pod sent last, else the whole tree."""
-    old = record.get("files") if record.get("hash") == their_hash else None
-    if not isinstance(old, dict):
-        return sum(size for _, _, size in entries.values())
-    return sum(size for rel, (mode, digest, size) in entries.items() if list(old.get(rel) or [])[:2] != [mode, digest])
+    changed = changed_since(entries, record, their_hash)
+    return sum(entries[rel][2] for rel in (entries if changed is None else changed))
 
 
 class Tree:
@@ -335,12 +480,23 @@ def sync(cluster: Cluster, root: Path, quiet: bool = False, timeout: float = 60)
 
 
 def copy(
-    cluster: Cluster, tree: Tree, answers: dict[int, str], started: float, quiet: bool = False, verify: fanout.Verify | None = None
+    cluster: Cluster,
+    tree: Tree,
+    answers: dict[int, str],
+    started: float,
+    quiet: bool = False,
+    verify: fanout.Verify | None = None,
+    patch: Patch | None = None,
 ) -> None:
     """Copy the tree to every pod whose answer (the hash it holds) differs: pushed from here at once or, above the
     threshold (contract.FANOUT_DEFAULTS), in rounds through pods that hold the verified tree (fanout.py). Dies
     naming every pod that never got it. `verify`: how `_apply` runs after a hop of this pod or, in rounds, of a
-    relay (default: its own SSH command)."""
+    relay (default: its own SSH command).
+
+    `patch` (`ml-dev run`: the rank agent waiting at each pod's gate): in a direct push, a pod that answered the hash
+    of the tree this pod sent last gets the files changed since through its gate (regular files, at most
+    `patchBytes` in all) instead of an rsync hop; where that pod's hash then differs, an rsync hop with --checksum
+    follows. Each hop records the way it took (`via`: gate or rsync)."""
     root, local_hash, entries, listing = tree.root, tree.hash, tree.entries, tree.listing
     cfg = fanout.settings()
     record = tree.record
@@ -349,11 +505,30 @@ def copy(
     fan = len(stale) >= max(2, cfg["minPods"]) and estimate >= cfg["minBytes"]
     say = (lambda line: None) if quiet else (lambda line: print(f"ml-dev: {line}", flush=True))
     stall = max(1, cfg["stallSeconds"])
+    sent_last = str(record.get("hash") or "")
+    payload = None
+    if patch is not None and not fan and cfg["patchBytes"] > 0 and any(answers[r].strip() == sent_last for r in stale):
+        changed = changed_since(entries, record, sent_last) or []
+        small = sum(entries[rel][2] for rel in changed) <= cfg["patchBytes"]
+        if small and all(entries[rel][0] != "120000" for rel in changed):
+            payload = patch_payload(root, changed, listing)
+
+    def push(rank: int) -> fanout.Hop:
+        if payload is None or patch is None or answers[rank].strip() != sent_last:
+            return fanout.hop(cluster, root, rank, listing, local_hash, stall, verify)
+        through = gate_hop(cluster, rank, payload, local_hash, patch)
+        if not through["error"]:
+            return through
+        say(f"{cluster.label(rank)}: the change through its gate did not land ({through['error']}): rsync with --checksum")
+        res = fanout.hop(cluster, root, rank, listing, local_hash, stall, verify, checksum=True)
+        res.update(gate_error=through["error"], seconds=round(float(res.get("seconds", 0)) + float(through["seconds"]), 3))
+        return res
+
     if fan:
         say(f"{len(stale)} pods need the tree (about {estimate / 1e6:.1f} MB from here by a direct push): passing it on in rounds")
         hops, gave_up = fanout.fan_out(cluster, root, stale, listing, local_hash, cfg, say, verify)
     else:
-        results = parallel(lambda r: fanout.hop(cluster, root, r, listing, local_hash, stall, verify), stale)
+        results = parallel(push, stale)
         hops, gave_up = [], {}  # one round: today's push
         for rank, got in sorted(results.items()):
             res: fanout.Hop = got if isinstance(got, dict) else {"src": cluster.me, "dst": rank, "hash": "", "sent": 0, "error": str(got)}
@@ -375,16 +550,19 @@ def copy(
         sent = sum(int(h.get("sent") or 0) for h in hops)
         mine = sum(int(h.get("sent") or 0) for h in hops if h.get("src") == cluster.me)
         how = f"{rounds} rounds" if fan else "direct push"
+        gated = sum(1 for h in hops if h.get("via") == "gate" and not h.get("error"))
+        ways = f", {gated} through the gate, {len(stale) - gated} by rsync" if stale else ""
         print(
             f"ml-dev: synced {root} ({len(tree.files)} files, tree {local_hash[:12]}) to {len(answers)} pods in "
-            f"{time.monotonic() - started:.1f} s, {sent} bytes sent ({len(stale)} copied, {how}; {mine} bytes from this pod)",
+            f"{time.monotonic() - started:.1f} s, {sent} bytes sent ({len(stale)} copied, {how}{ways}; {mine} bytes from this pod)",
             flush=True,
         )
 
 
 LAST_SYNC = "sync-last.json"
 """$ML_DEV_STATE_DIR/sync-last.json on the launching pod: the last sync's hops (source, receiver, round, seconds,
-bytes), read by `make bench-launch`."""
+bytes, `via`: gate or rsync; `gate_error`: why a change sent through the gate was copied by rsync after all), read
+by `make bench-launch`."""
 
 
 def write_last(cluster: Cluster, root: Path, tree: str, fan: bool, rounds: int, hops: list[fanout.Hop], seconds: float) -> None:

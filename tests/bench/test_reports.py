@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -29,7 +30,12 @@ def launch_results(size: int) -> bench_launch.Results:
         hops += [{"src": 1, "dst": d, "round": 2, "seconds": 0.6} for d in range(2, n)]
         out[bench_launch.NEW][n] = {
             "unchanged": [run(0.3 + 0.05 * n + k / 100, 1e4) for k in range(3)],
-            "one file changed": [run(0.35 + 0.05 * n + k / 100, 1.1e6) for k in range(3)],
+            "one file changed": [
+                run(
+                    0.35 + 0.05 * n + k / 100, 1.1e6, [{"src": 0, "dst": d, "round": 1, "seconds": 0.1, "via": "gate"} for d in range(1, n)]
+                )
+                for k in range(3)
+            ],
             "first copy": [run(1.0 + 0.2 * n + k / 100, 1.05 * size, hops) for k in range(3)],
             bench_launch.ALONE: [{**run(0.6, size), "hop": 0.5 + k / 100} for k in range(3)],
         }
@@ -49,6 +55,8 @@ def test_launch_report_writes_the_plot_beside_the_table(tmp_path: Path) -> None:
     assert "| 4 | first copy | baseline | 2.01 | 2.00–2.02 | 2.00, 2.01, 2.02 | 60.0 MB (3.00 × tree) |" in md
     # the hops round by round, the critical path against (ceil(log2 N) + 1) x one copy alone
     assert "| 4 | 2 | r1: 0→1 0.50; r2: 1→2 0.60, 1→3 0.60 | 1.10 (≤ bound) | 0.51 | 1.53 |" in md
+    # and the way each pod got a changed file (the median run's hops): the rank agent's gate or rsync
+    assert re.search(r"^\| 4 \| 2 \| .* \| (yes|NO) \([0-9.]+ ×\) \| gate 3 \|$", md, re.M), md
     assert "**Extrapolated, not measured**" in md and "| 32 pods | 64 pods |" in md
     # this tree's first copy from the 4-pod median (1.81 s): the unchanged line's slope (0.05 s a pod) and one hop
     # alone (0.51 s) per round beyond 2 (5 rounds at 32 pods, 6 at 64)

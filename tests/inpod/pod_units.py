@@ -372,6 +372,120 @@ class Plots(unittest.TestCase):
             self.assertIn(shown, page)
 
 
+class GatePatch(unittest.TestCase):
+    """inpod/ml_dev/sync.py: a small change through the rank agent's gate (`patch <n>`, serve_gate and apply_patch), fed
+    straight to serve_gate in a process of its own (stdin: the launcher's words; stdout: its answers)."""
+
+    MTIME_NS = 1_700_000_000_123_456_789  # nanoseconds travel (rsync's quick check compares them: --modify-window=-1)
+
+    def setUp(self) -> None:
+        self.sync = load("inpod.ml_dev.sync")
+        self.tmp = Path(tempfile.mkdtemp(prefix="pod-units-"))
+        self.addCleanup(subprocess.run, ["rm", "-rf", str(self.tmp)], check=False)
+        self.src, self.dst, self.outside = self.tmp / "launching", self.tmp / "pod", self.tmp / "outside"
+        for root in (self.src, self.dst):
+            self.put(root, "a.txt", b"a, as sent last\n")
+            self.put(root, "sub/b.txt", b"b\n")
+            self.put(root, "gone.txt", b"deleted on the launching pod\n")
+            (root / ".ml-dev-synced").write_bytes(b"\0".join([b"a.txt", b"gone.txt", b"sub/b.txt"]))
+        self.outside.mkdir()
+
+    @staticmethod
+    def put(root: Path, rel: str, data: bytes) -> Path:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+        return root / rel
+
+    def hash_of(self, root: Path, files: list[str]) -> str:
+        with mock.patch.object(self.sync, "STATE_DIR", self.tmp / "state-here"):
+            return str(self.sync.tree_hash(root, files))
+
+    def gate(self, spec: dict[str, object], words: bytes) -> tuple[subprocess.CompletedProcess[bytes], list[Any]]:
+        code = "import json, sys\nfrom inpod.ml_dev import sync\nsys.exit(0 if sync.serve_gate(json.loads(sys.argv[1])) else 1)"
+        package = str(Path(str(self.sync.__file__)).parents[2])  # the `inpod` this run loads (the mount's)
+        env = dict(os.environ, ML_DEV_STATE_DIR=str(self.tmp / "state-pod"), PYTHONPATH=package)
+        argv = [sys.executable, "-c", code, json.dumps(spec)]
+        proc = subprocess.run(argv, input=words, capture_output=True, env=env, cwd=str(self.tmp), timeout=60)
+        mark = self.sync.GATE_MARK.encode()
+        answers = [json.loads(ln[len(mark) :]) for ln in proc.stdout.splitlines() if ln.startswith(mark)]
+        return proc, answers
+
+    def patch(self, changed: list[str], files: list[str]) -> tuple[subprocess.CompletedProcess[bytes], list[dict[str, Any]]]:
+        listing = "\0".join(files).encode()
+        payload = self.sync.patch_payload(self.src, changed, listing)
+        self.assertIsNotNone(payload)
+        spec: dict[str, object] = {"root": str(self.dst), "hash": self.hash_of(self.src, files), "secrets": []}
+        return self.gate(spec, b"patch %d\n" % len(payload) + payload + b"go\n")
+
+    def test_a_change_lands_with_the_launching_pods_mode_and_mtime_and_deletions_apply(self) -> None:
+        changed = self.put(self.src, "a.txt", b"a, changed on the launching pod\n")
+        os.chmod(changed, 0o750)
+        os.utime(changed, ns=(self.MTIME_NS, self.MTIME_NS))
+        self.put(self.src, "sub/new/c.txt", b"a new file in a new directory\n")
+        (self.src / "gone.txt").unlink()
+        files = ["a.txt", "sub/b.txt", "sub/new/c.txt"]
+        proc, answers = self.patch(["a.txt", "sub/new/c.txt"], files)
+        self.assertEqual(proc.returncode, 0, proc.stderr.decode())
+        self.assertEqual(len(answers), 2, proc.stdout)
+        self.assertEqual(answers[1]["tree"], self.hash_of(self.src, files))
+        self.assertNotIn("refused", answers[1])
+        got = os.stat(self.dst / "a.txt")
+        self.assertEqual((self.dst / "a.txt").read_bytes(), b"a, changed on the launching pod\n")
+        self.assertEqual((got.st_mode & 0o777, got.st_mtime_ns), (0o750, self.MTIME_NS))
+        self.assertEqual((self.dst / "sub/new/c.txt").read_bytes(), b"a new file in a new directory\n")
+        self.assertFalse((self.dst / "gone.txt").exists())
+        self.assertEqual((self.dst / ".ml-dev-synced").read_bytes().split(b"\0"), [f.encode() for f in files])
+        self.assertEqual([p.name for p in self.dst.rglob(".ml-dev-patch.*")], [])  # no temporary file left
+
+    def test_a_path_outside_the_tree_or_the_list_is_refused_and_nothing_is_written(self) -> None:
+        (self.dst / "link").symlink_to(self.outside)
+        self.put(self.src, "a.txt", b"would be written first\n")
+        cases = {
+            "../escape.txt": "not a plain relative path",
+            "sub/../../escape.txt": "not a plain relative path",
+            str(self.outside / "abs.txt"): "not a plain relative path",
+            "./a2.txt": "not a plain relative path",
+            "link/x.txt": "goes through the symlink link here",
+            "a.txt/x": "a.txt is not a directory here",
+        }
+        for rel, words in cases.items():
+            with self.subTest(path=rel):
+                src_rel = Path(rel.lstrip("./")).name  # the bytes come from a harmless file of the launching pod
+                self.put(self.src, src_rel, b"payload\n")
+                listing = "\0".join(["a.txt", rel]).encode()
+                payload = self.sync.patch_payload(self.src, ["a.txt", src_rel], listing)
+                header, _, rest = payload.partition(b"\n")
+                spec = json.loads(header)
+                spec["files"][1]["path"] = rel  # what a forged launcher would send
+                forged = json.dumps(spec).encode() + b"\n" + rest
+                proc, answers = self.gate({"root": str(self.dst), "hash": "x", "secrets": []}, b"patch %d\n" % len(forged) + forged)
+                self.assertEqual(proc.returncode, 1, proc.stderr.decode())  # EOF, no `go`: nothing starts
+                self.assertIn(words, answers[1].get("refused", ""), answers)
+                self.assertEqual(answers[1]["tree"], answers[0]["tree"])  # the tree as it was
+                self.assertEqual((self.dst / "a.txt").read_bytes(), b"a, as sent last\n")  # the good file neither
+                self.assertEqual(list(self.outside.iterdir()), [])
+                self.assertFalse((self.tmp / "escape.txt").exists())
+        not_listed = self.sync.patch_payload(self.src, ["a.txt"], b"sub/b.txt")
+        proc, answers = self.gate({"root": str(self.dst), "hash": "x", "secrets": []}, b"patch %d\n" % len(not_listed) + not_listed)
+        self.assertIn("not in the launching pod's file list", answers[1].get("refused", ""), answers)
+        self.assertEqual((self.dst / "a.txt").read_bytes(), b"a, as sent last\n")
+        for bad in (
+            b"not json\n",
+            b'{"files": [{"path": "a.txt", "mode": 420, "size": 99, "mtime_ns": 1}]}\n',
+            b'{"files": [{"path": "a.txt"}]}\n',
+        ):
+            proc, answers = self.gate({"root": str(self.dst), "hash": "x", "secrets": []}, b"patch %d\n" % len(bad) + bad)
+            self.assertTrue(answers[1].get("refused"), answers)
+            self.assertEqual((self.dst / "a.txt").read_bytes(), b"a, as sent last\n")
+
+    def test_the_launching_pods_own_agent_takes_no_patch(self) -> None:
+        payload = self.sync.patch_payload(self.src, ["a.txt"], b"a.txt")
+        proc, answers = self.gate({"root": "", "hash": "x", "secrets": []}, b"patch %d\n" % len(payload) + payload)
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn(b"unexpected word from the launcher at the gate", proc.stderr)
+        self.assertEqual(len(answers), 1)
+
+
 @contextlib.contextmanager
 def mock_env(**values: str) -> Iterator[None]:
     saved = {k: os.environ.get(k) for k in values}

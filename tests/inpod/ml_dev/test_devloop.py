@@ -219,6 +219,9 @@ def test_edits_on_pod0_reach_every_pod_before_launch_20_times(cluster: Cluster) 
         assert {rec["version"] for rec in got.values()} == {f"v{n}"}, f"repetition {n}: {got}"
         assert len({got[i]["tree"] for i in (1, 2, 3)}) == 1, f"repetition {n}"
         assert all(("pkg/extra.py" in [f[0] for f in rec["files"]]) == bool(n % 2) for rec in got.values()), f"repetition {n}"
+        if n > 1:  # every pod holds the tree of the run before: the edit (and the deletion) through each rank agent's gate
+            hops = json.loads(cluster.pods[0].path(f"{STATE}/sync-last.json").read_text())["hops"]
+            assert {h["dst"]: h["via"] for h in hops} == dict.fromkeys((1, 2, 3), "gate"), f"repetition {n}: {hops}"
 
 
 def _alive(c: PodSim, index: int, pid: int) -> bool:

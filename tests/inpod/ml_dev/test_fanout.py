@@ -20,6 +20,7 @@ import math
 import os
 import re
 import secrets as pysecrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -54,6 +55,11 @@ assert os.environ.get({SECRET_KEY!r}), "the listed Secret's key from this pod's 
 open("/tmp/ml-dev-env/ran", "w").write(os.environ["NODE_RANK"])
 """
 
+SEEN = """import hashlib, sys
+open("/tmp/ml-dev-env/seen", "w").write(hashlib.sha256(open(sys.argv[1], "rb").read()).hexdigest())
+"""
+MTIME_NS = 1_700_000_000_123_456_789
+
 
 def six_pods_per_pod_workspace(objects: dict[str, Any]) -> None:
     objects["nodes"] = {**objects["nodes"], "count": PODS, "gpusPerPod": 1}
@@ -74,6 +80,7 @@ def sim() -> Iterator[PodSim]:
         for i in range(4):
             c.write(0, f"{WORKSPACE}/data/blob-{i}.bin", "").write_bytes(os.urandom(BLOB))
         c.write(0, f"{WORKSPACE}/prog.py", PROGRAM)
+        c.write(0, f"{WORKSPACE}/seen.py", SEEN)
         c.write(0, f"{WORKSPACE}/gone-later.txt", "deleted on pod 0 later\n")
         c.write(0, f"{WORKSPACE}/.gitignore", "out/\n")
         c.write(0, f"{WORKSPACE}/.home/{naming.pod_name(APP, 0)}/notes.txt", "pod 0's own\n")  # HOME is there too
@@ -365,8 +372,9 @@ def new_commands(before: dict[int, list[str]], after: dict[int, list[str]]) -> d
 
 def test_run_checks_an_unchanged_tree_with_the_rank_start_itself_under_the_leak_scan(sim: PodSim) -> None:
     """An unchanged tree: one SSH command per other pod (its rank agent, which answers the hash at its gate), no
-    `_check`, rsync or `_apply`; one changed file (a direct push): one rsync more per pod, the agent applies the list;
-    a first copy through relays: no relay runs `_apply` (the receiver's agent does). No launch leaks the Secret."""
+    `_check`, rsync or `_apply`; one changed file (a direct push): no SSH command more, the agent writes the change
+    (sync.apply_patch); a first copy through relays: no relay runs `_apply` (the receiver's agent does). No launch
+    leaks the Secret."""
     with LeakScan(sim, [VALUE]) as scan:
         change(sim, size=2 * BLOB)  # through relays
         clear_ran(sim)
@@ -399,11 +407,96 @@ def test_run_checks_an_unchanged_tree_with_the_rank_start_itself_under_the_leak_
         res = sim.exec(0, f"{LAUNCHER} run -- python3 prog.py", cwd=WORKSPACE, timeout=180)  # default threshold: a direct push
         scan.text("one-file run output", res.stdout + res.stderr)
         checked(sim, res)
-        assert ran_everywhere(sim) and f"{PODS - 1} copied, direct push" in res.stdout, res.stdout
+        assert ran_everywhere(sim) and f"{PODS - 1} copied, direct push, {PODS - 1} through the gate, 0 by rsync" in res.stdout, res.stdout
         ran = new_commands(before, ssh_commands(sim))
-        assert len(ran[0]) == 2 * (PODS - 1), ran[0]
-        assert sum(" _rank " in cmd for cmd in ran[0]) == PODS - 1 and sum("--server" in cmd for cmd in ran[0]) == PODS - 1, ran[0]
+        assert len(ran[0]) == PODS - 1 and all(" _rank " in cmd for cmd in ran[0]), ran[0]  # the change rides the rank start
         assert not any(ran[i] for i in range(1, PODS)), ran
     scan.pods_state()
     assert scan.hits == [], scan.hits
     assert scan.samples > 0
+
+
+# ------------------------------------------------------------------ ml-dev run: a small change through the gate
+
+
+def synced_everywhere(c: PodSim) -> None:
+    """Every pod holds the tree pod 0 sent last (what the gate's patch starts from): `ml-dev sync` copies where not."""
+    res = c.exec(0, f"{LAUNCHER} sync", cwd=WORKSPACE, timeout=180)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def run_seeing(c: PodSim, rel: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`ml-dev run` (default thresholds: a direct push) of prog.py, each rank then recording the sha256 of `rel` as it
+    sees it ($STATE/seen on its pod)."""
+    clear_ran(c)
+    for pod in c.pods:
+        pod.path(f"{STATE}/seen").unlink(missing_ok=True)
+    command = shlex.quote(f"python3 prog.py && python3 seen.py {rel}")
+    return c.exec(0, f"{LAUNCHER} run -- bash -c {command}", cwd=WORKSPACE, env=env, timeout=180)
+
+
+def ways(c: PodSim) -> dict[int, str]:
+    """How each pod of the last sync got the tree (its hop's `via`)."""
+    return {h["dst"]: h["via"] for h in last_sync(c)["hops"]}
+
+
+def test_one_changed_file_reaches_every_rank_through_its_gate_with_mode_and_mtime(sim: PodSim) -> None:
+    synced_everywhere(sim)
+    change(sim, "data/blob-2.bin")
+    target = sim.pods[0].path(f"{WORKSPACE}/data/blob-2.bin")
+    os.chmod(target, 0o750)
+    os.utime(target, ns=(MTIME_NS, MTIME_NS))
+    res = run_seeing(sim, "data/blob-2.bin")
+    checked(sim, res)
+    assert ran_everywhere(sim)
+    record = last_sync(sim)
+    assert not record["fan_out"] and ways(sim) == dict.fromkeys(range(1, PODS), "gate"), record
+    assert all(h["hash"] == record["tree"] for h in record["hops"])
+    assert f"{PODS - 1} through the gate, 0 by rsync" in res.stdout, res.stdout
+    want = hashlib.sha256(target.read_bytes()).hexdigest()
+    for i in range(1, PODS):
+        got = os.stat(sim.pods[i].path(f"{WORKSPACE}/data/blob-2.bin"))
+        assert (got.st_mode & 0o777, got.st_mtime_ns) == (0o750, MTIME_NS), f"pod {i}"  # rsync's quick check agrees
+        assert sim.pods[i].path(f"{STATE}/seen").read_text() == want, f"the rank on pod {i} ran on another blob-2.bin"
+
+
+def test_a_deletion_and_a_change_in_one_run_go_through_the_gate(sim: PodSim) -> None:
+    sim.write(0, f"{WORKSPACE}/deleted-next.txt", "on every pod, then deleted on pod 0\n")
+    synced_everywhere(sim)
+    assert all(sim.pods[i].path(f"{WORKSPACE}/deleted-next.txt").exists() for i in range(PODS))
+    sim.pods[0].path(f"{WORKSPACE}/deleted-next.txt").unlink()
+    change(sim, "data/blob-3.bin")
+    res = run_seeing(sim, "data/blob-3.bin")
+    checked(sim, res)
+    assert ways(sim) == dict.fromkeys(range(1, PODS), "gate"), last_sync(sim)
+    want = hashlib.sha256(sim.pods[0].path(f"{WORKSPACE}/data/blob-3.bin").read_bytes()).hexdigest()
+    for i in range(1, PODS):
+        assert not sim.pods[i].path(f"{WORKSPACE}/deleted-next.txt").exists(), f"pod {i}"
+        assert sim.pods[i].path(f"{STATE}/seen").read_text() == want, f"pod {i}"
+
+
+def test_a_pod_whose_tree_was_edited_there_gets_an_rsync_hop(sim: PodSim) -> None:
+    """Pod 3's copy of a synced file was edited on pod 3: its hash is not the one pod 0 sent last, so what it lacks is
+    unknown to pod 0: rsync (the other pods: the gate). Afterwards pod 3 holds pod 0's file again."""
+    synced_everywhere(sim)
+    sim.write(3, f"{WORKSPACE}/data/blob-1.bin", "").write_bytes(os.urandom(BLOB))
+    change(sim, "data/blob-0.bin")
+    res = run_seeing(sim, "data/blob-1.bin")
+    checked(sim, res)
+    assert ways(sim) == {**dict.fromkeys(range(1, PODS), "gate"), 3: "rsync"}, last_sync(sim)
+    want = hashlib.sha256(sim.pods[0].path(f"{WORKSPACE}/data/blob-1.bin").read_bytes()).hexdigest()
+    assert sim.pods[3].path(f"{STATE}/seen").read_text() == want
+    assert "4 through the gate, 1 by rsync" in res.stdout, res.stdout
+
+
+def test_a_change_above_patch_bytes_and_ml_dev_sync_copy_by_rsync(sim: PodSim) -> None:
+    synced_everywhere(sim)
+    change(sim, "data/blob-0.bin")
+    res = run_seeing(sim, "data/blob-0.bin", env={contract.FANOUT_ENV: json.dumps({"patchBytes": BLOB - 1})})
+    checked(sim, res)
+    assert ran_everywhere(sim) and ways(sim) == dict.fromkeys(range(1, PODS), "rsync"), last_sync(sim)
+    assert f"0 through the gate, {PODS - 1} by rsync" in res.stdout, res.stdout
+    change(sim, "data/blob-1.bin")  # `ml-dev sync`: no rank agent waits, so no gate
+    res = sim.exec(0, f"{LAUNCHER} sync", cwd=WORKSPACE, timeout=180)
+    checked(sim, res)
+    assert ways(sim) == dict.fromkeys(range(1, PODS), "rsync"), last_sync(sim)

@@ -1,5 +1,6 @@
 """The fan-out's rounds (inpod/ml_dev/fanout.py) with the hops stood in for: who sends to whom, how many rounds, what a
-failed relay or an unreachable pod costs, and the settings' one-line refusals. The real hops (sshd, rsync, veths)
+failed relay or an unreachable pod costs, and the settings' one-line refusals; and which pods of a direct push get a
+small change through their rank agent's gate (sync.copy's `patch`) and which an rsync hop. The real hops (sshd, rsync, veths)
 are tests/inpod/ml_dev/test_fanout.py."""
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -122,7 +124,7 @@ def test_a_bad_override_is_one_line_naming_the_key(value: str, words: str, capsy
         fanout.settings({contract.FANOUT_ENV: value})
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and contract.FANOUT_ENV in err and words in err
-    assert "minPods, minBytes, tries, stallSeconds" in err
+    assert "minPods, minBytes, tries, stallSeconds, patchBytes" in err
 
 
 def test_settings_default_and_override() -> None:
@@ -180,3 +182,114 @@ def test_in_a_run_relays_only_rsync_and_the_receivers_agent_answers_the_hash(mon
     to5 = [(src, checksum) for src, dst, _, checksum in relays if dst == 5]
     assert [c for _, c in to5] == [False, True] and to5[0][0] != to5[1][0]  # contents compared, another source
     assert sorted(holders_by_round(hops)) == list(range(8))
+
+
+# ------------------------------------------------------------------ ml-dev run: a small change through the gate
+
+
+def gate_tree(tmp: Path, monkeypatch: pytest.MonkeyPatch, change: Any = None) -> Any:
+    """A launching pod's tree under `tmp` whose record says it sent the tree before `change(root)`; hashes through the
+    real functions (their cache under a state dir of the test's)."""
+    monkeypatch.setattr(sync, "STATE_DIR", tmp / "state")
+    root = tmp / "tree"
+    root.mkdir()
+    for name in ("a.txt", "b.txt", "gone.txt"):
+        (root / name).write_bytes(name.encode() * 10)
+    files = ["a.txt", "b.txt", "gone.txt"]
+    before = sync.tree_entries(root, files)
+    record = {"hash": sync.tree_hash(root, files, before), "files": {rel: list(e) for rel, e in before.items()}}
+    (change or (lambda root: (root / "b.txt").write_bytes(b"changed" * 100)))(root)
+    files = sorted(p.name for p in root.iterdir())
+    entries = sync.tree_entries(root, files)
+    listing = "\0".join(files).encode()
+    return SimpleNamespace(
+        root=root, files=files, entries=entries, hash=sync.tree_hash(root, files, entries), listing=listing, record=record
+    )
+
+
+def gate_copy(
+    monkeypatch: pytest.MonkeyPatch,
+    tree: Any,
+    answers: dict[int, str],
+    patched: Any,
+    cfg: dict[str, int] | None = None,
+    with_patch: bool = True,
+) -> tuple[list[tuple[int, bool]], list[tuple[int, bytes]], dict[str, Any]]:
+    """sync.copy with the hops stood in for: (rsync hops (rank, --checksum), patches (rank, payload), sync-last.json).
+    `patched(rank, payload)` -> (hash, error), the agent's answer."""
+    rsynced: list[tuple[int, bool]] = []
+    patches: list[tuple[int, bytes]] = []
+
+    def fake_hop(cluster: Any, root: Path, dst: int, listing: bytes, expect: str, stall: int, verify: Any = None, **kw: Any) -> fanout.Hop:
+        rsynced.append((dst, kw.get("checksum", False)))
+        return {"src": 0, "dst": dst, "hash": expect, "sent": 10, "error": "", "via": "rsync", "seconds": 0.1}
+
+    def patch(rank: int, payload: bytes) -> tuple[str, str]:
+        patches.append((rank, payload))
+        return patched(rank, payload)
+
+    monkeypatch.setattr(fanout, "hop", fake_hop)
+    monkeypatch.setenv(contract.FANOUT_ENV, json.dumps(cfg or {}))
+    verify = lambda rank, listing: (tree.hash, "")  # noqa: E731
+    sync.copy(FakeCluster(), tree, answers, 0.0, verify=verify, patch=patch if with_patch else None)  # type: ignore[arg-type]
+    return sorted(rsynced), sorted(patches), json.loads((tree.root.parent / "state" / sync.LAST_SYNC).read_text())
+
+
+def test_a_pod_holding_the_tree_sent_last_gets_the_change_through_its_gate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Pods 1 and 2 answered the recorded hash: the changed file (and the deletion, in the list) through the gate; pod
+    2's hash then differs: rsync with --checksum; pod 3 holds another tree: rsync at once, never a patch."""
+    tree = gate_tree(tmp_path, monkeypatch, lambda root: ((root / "b.txt").write_bytes(b"changed" * 100), (root / "gone.txt").unlink()))
+    sent_last = tree.record["hash"]
+    rsynced, patches, last = gate_copy(
+        monkeypatch, tree, {1: sent_last, 2: sent_last, 3: "other"}, lambda rank, _: (tree.hash if rank == 1 else "bad" * 20, "")
+    )
+    assert [rank for rank, _ in patches] == [1, 2] and patches[0][1] == patches[1][1]
+    header, _, rest = patches[0][1].partition(b"\n")
+    got = json.loads(header)["files"]
+    assert [(f["path"], f["size"]) for f in got] == [("b.txt", 700)]  # only what changed since the record
+    assert got[0]["mtime_ns"] == (tree.root / "b.txt").stat().st_mtime_ns and got[0]["mode"] == (tree.root / "b.txt").stat().st_mode & 0o777
+    assert rest == b"changed" * 100 + tree.listing  # then the launching pod's list: gone.txt is not in it
+    assert rsynced == [(2, True), (3, False)]
+    via = {h["dst"]: (h["via"], h.get("gate_error", "")) for h in last["hops"]}
+    assert via[1] == ("gate", "") and via[3] == ("rsync", "")
+    assert via[2][0] == "rsync" and "after the patch differs" in via[2][1]
+    out = capsys.readouterr().out
+    assert "3 copied, direct push, 1 through the gate, 2 by rsync" in out, out
+    assert "rank 2 (pod-2): the change through its gate did not land" in out
+
+
+def test_a_refused_patch_falls_back_to_rsync(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tree = gate_tree(tmp_path, monkeypatch)
+    rsynced, patches, last = gate_copy(monkeypatch, tree, {1: tree.record["hash"]}, lambda rank, _: (tree.record["hash"], "refused: no"))
+    assert len(patches) == 1 and rsynced == [(1, True)]
+    assert last["hops"][0]["via"] == "rsync" and last["hops"][0]["gate_error"] == "refused: no"
+
+
+@pytest.mark.parametrize(
+    ("cfg", "with_patch", "change"),
+    [
+        ({"patchBytes": 0}, True, None),  # off
+        ({"patchBytes": 699}, True, None),  # the change (700 bytes) is above the limit
+        ({}, False, None),  # no gate (ml-dev sync)
+        ({"minBytes": 0}, True, None),  # the fan-out's rounds
+        ({}, True, lambda root: ((root / "b.txt").unlink(), (root / "b.txt").symlink_to("a.txt"))),  # not a regular file
+    ],
+    ids=["patchBytes-0", "above-patchBytes", "no-gate", "fan-out", "symlink"],
+)
+def test_rsync_copies_what_the_gate_does_not_take(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cfg: dict[str, int], with_patch: bool, change: Any
+) -> None:
+    tree = gate_tree(tmp_path, monkeypatch, change)
+    monkeypatch.setattr(
+        fanout,
+        "fan_out",
+        lambda cluster, root, stale, *a: ([{"src": 0, "dst": d, "hash": tree.hash, "round": 1, "via": "rsync"} for d in stale], {}),
+    )
+    rsynced, patches, last = gate_copy(
+        monkeypatch, tree, {1: tree.record["hash"], 2: tree.record["hash"]}, lambda r, _: (tree.hash, ""), cfg, with_patch
+    )
+    assert patches == []
+    assert {h["via"] for h in last["hops"]} == {"rsync"} and len(last["hops"]) == 2
+    assert rsynced == ([] if "minBytes" in cfg else [(1, False), (2, False)])
