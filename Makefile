@@ -164,15 +164,17 @@ policy-preview: venv
 # pyproject's `addopts = -ra` makes pytest end with a summary of every skipped test and its reason.
 # --durations=30: every run (CI's log included) ends with its 30 slowest tests (setup and call), where the time goes.
 # PYTEST_ARGS: more pytest arguments (CI's user pass: -m "not root"; its sudo pass runs the `root` tests).
-# PYTEST_WORKERS: pytest-xdist workers (default one per CPU, at most 16: with two per CPU the waits on simulated pods,
-# JupyterLab's start and the agents' rounds ran past their bounds on a 2-CPU machine; 0 runs in this process); a test module stays on
+# PYTEST_WORKERS: pytest-xdist workers (default one per CPU plus one, at most 16: with one per CPU the 2-CPU machine sat
+# idle half the run, the tests waiting on simulated pods, and one more kept it about 85 % busy and the run 20 % shorter;
+# with two per CPU the waits on simulated pods, JupyterLab's start and the agents' rounds ran past their bounds;
+# 0 runs in this process); a test module stays on
 # one worker (--dist loadfile: its module-scoped fixtures are made once), each worker checks what it left behind. The
 # modules go out in tests/conftest.py's order (LONGEST_FIRST, then most tests first), not xdist's own. A crashed
 # worker (a test past pytest-timeout's limit ends its process) ends the run with the summary: xdist 3.8's
 # loadscope/loadfile scheduler re-queues a crashed worker's finished modules too (xdist/scheduler/loadscope.py
 # remove_node: workqueue.update(workload)), and its replacement then waits for ever on an empty batch.
 PYTEST_ARGS ?=
-PYTEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 16 ? n : 16 )))
+PYTEST_WORKERS ?= $(shell n=$$(( $$(nproc 2>/dev/null || echo 1) + 1 )); echo $$(( n < 16 ? n : 16 )))
 XDIST = -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --max-worker-restart 0
 test: venv system-deps lint typecheck docs
 	$(PY) -m pytest -q $(XDIST) --durations=30 $(PYTEST_ARGS)
