@@ -6,6 +6,7 @@ Shipped next to ml-dev (inpod.SHIPPED); Python 3.8+, standard library only.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import signal
@@ -14,7 +15,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO, Callable, TextIO
+from typing import IO, Callable, Container, TextIO
 
 from .. import contract
 from ..lib import usersecrets
@@ -211,6 +212,10 @@ def cmd_rank(args: argparse.Namespace) -> int:
 
 POD_STOP_MARK = "ml-dev: STOP: "
 """A rank agent's line (stderr) when its pod stops it; `ml-dev run` reads it and stops every other rank at once."""
+LEFT_RUNNING_MARK = "may not signal: left running"
+"""The end of a rank agent's last line when it leaves processes it may not signal (RankGroup.wait). They hold the
+agent's output (the SSH session's), so that session would stay open as long as they run: `ml-dev run` reads the line
+and stops waiting for that rank."""
 
 
 def subreaper() -> bool:
@@ -244,7 +249,9 @@ class RankGroup:
     `stop()` sends the checkpoint signal to the group (and to re-parented members outside it, whose own launcher
     is gone) and starts the grace; `wait()` returns the first child's status once no member is left, SIGKILLing
     every member at the end of the grace. When the first child ends on its own, what it left behind gets the same
-    signal, grace and kill: a rank is over when its command is."""
+    signal, grace and kill: a rank is over when its command is. Members this agent may not signal (another UID, and
+    the container lacks CAP_KILL, as barcelona's SCC drops it) are named and left running as soon as only they are
+    left: neither the signal nor SIGKILL reaches them, so waiting out the grace would change nothing."""
 
     def __init__(self, proc: subprocess.Popen, first: signal.Signals, grace: float, leave_rest: bool = False) -> None:
         self.proc, self.first, self.grace, self.leave_rest = proc, first, grace, leave_rest
@@ -280,6 +287,26 @@ class RankGroup:
                 except (ProcessLookupError, PermissionError):
                     continue
 
+    @staticmethod
+    def refused(members: dict[int, tuple[int, int, str]]) -> dict[int, str]:
+        """{pid: its UID} of the members this agent may not signal. kill(2) with signal 0 makes the permission check
+        and sends nothing: EPERM unless one of the sender's real/effective UIDs is the target's real or saved UID,
+        or the sender has CAP_KILL (linux kernel/signal.c check_kill_permission, kill_ok_by_cred)."""
+        out: dict[int, str] = {}
+        for pid in members:
+            try:
+                os.kill(pid, 0)
+            except PermissionError:
+                try:
+                    with open(f"/proc/{pid}/status") as f:
+                        uid = next((line.split()[1] for line in f if line.startswith("Uid:")), "?")
+                except (OSError, IndexError):
+                    uid = "?"
+                out[pid] = uid
+            except ProcessLookupError:
+                continue
+        return out
+
     def stop(self) -> None:
         # once: a pod stop (SIGTERM from checkpoint_stop.sh) and the launcher's EOF may both arrive; the rank gets
         # the checkpoint signal once and `grace` seconds before every member is killed
@@ -313,6 +340,16 @@ class RankGroup:
                 return code
             if code is not None and self.deadline is None:
                 self.stop()  # the command ended on its own: what it left behind is stopped too
+            refused = self.refused(left) if self.deadline is not None and left else {}
+            if refused and len(refused) == len(left):
+                uids = ", ".join(sorted(set(refused.values())))
+                print(
+                    f"ml-dev: {len(left)} process(es) of the rank (pids {' '.join(map(str, sorted(refused)))}) run as "
+                    f"UID {uids}, which this agent (UID {os.getuid()}, without CAP_KILL) {LEFT_RUNNING_MARK}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return code if code is not None else 1
             if self.deadline is not None and time.monotonic() >= self.deadline:
                 print(
                     f"ml-dev: {len(left)} process(es) of the rank still running after {self.grace} s: killed", file=sys.stderr, flush=True
@@ -329,10 +366,15 @@ class Stream(threading.Thread):
     lock = threading.Lock()
 
     def __init__(
-        self, pipe: IO[bytes] | None, prefix: str, out: TextIO, on_line: Callable[[str], bool | None] | None = None
+        self,
+        pipe: IO[bytes] | None,
+        prefix: str,
+        out: TextIO,
+        on_line: Callable[[str], bool | None] | None = None,
+        rank: int = -1,
     ) -> None:  # Popen(stdout=PIPE).stdout
         super().__init__(daemon=True)
-        self.pipe, self.prefix, self.out, self.on_line = pipe, prefix, out, on_line
+        self.pipe, self.prefix, self.out, self.on_line, self.rank = pipe, prefix, out, on_line, rank
 
     def run(self) -> None:
         if self.pipe is None:
@@ -384,17 +426,20 @@ def run_everywhere(
     hello_of = {"env": carried or {}, "per_pod": per_pod_ranks, "run": run_id, "launcher": launcher}
     listed = listed_secrets() if tree is not None else []
     stopped: list[str] = []  # why a pod stopped its rank (the agent's POD_STOP_MARK line), the first one
+    left_running: set[int] = set()  # ranks whose agent ended leaving processes it may not signal (LEFT_RUNNING_MARK)
     pod_stop = threading.Event()
     # no output and no progress mark for lifecycle.stallVerdictSeconds: `ml-dev why`, once per stall (watchdog.py)
     seconds = stall_seconds() if run_id else 0
     dog = Watchdog(seconds, lambda: verdict_now(run_id, sys.stderr)) if seconds else None
 
-    def on_line(line: str) -> bool:
+    def on_line(line: str, rank: int) -> bool:
         if dog is not None:
             dog.progress()
         if POD_STOP_MARK in line and not pod_stop.is_set():
             stopped.append(line.split(POD_STOP_MARK, 1)[1])
             pod_stop.set()
+        if line.endswith(LEFT_RUNNING_MARK):
+            left_running.add(rank)
         return line == PROGRESS_MARK
 
     def on_out(line: str) -> bool:
@@ -438,7 +483,8 @@ def run_everywhere(
             raise
     for rank, proc in sorted(procs.items()):
         prefix = f"[{rank:>{width}}] "
-        streams += [Stream(proc.stdout, prefix, sys.stdout, on_out), Stream(proc.stderr, prefix, sys.stderr, on_line)]
+        err = Stream(proc.stderr, prefix, sys.stderr, functools.partial(on_line, rank=rank), rank)
+        streams += [Stream(proc.stdout, prefix, sys.stdout, on_out, rank), err]
     for s in streams:
         s.start()
     if dog is not None:
@@ -472,13 +518,13 @@ def run_everywhere(
             # not when its own pod stops (a rolling update replaces one pod at a time; a rank left running would
             # block in its next collective)
             print(f"ml-dev: {stopped[0]}; stopping every rank", file=sys.stderr, flush=True)
-            stop_all(procs)
+            stop_all(procs, left_running)
         elif failed or interrupted.is_set():
             why = f"{cluster.label(failed[0])} exited with status {failed[1]}" if failed else "interrupted"
             print(f"ml-dev: {why}; stopping every rank", file=sys.stderr, flush=True)
-            stop_all(procs)
-        for s in streams:
-            s.join(timeout=2)
+            stop_all(procs, left_running)
+        for s in streams:  # the output of what an agent left running never ends: no wait for it
+            s.join(timeout=0 if s.rank in left_running else 2)
         for sig, handler in old.items():
             signal.signal(sig, handler)
     if stopped:  # a stopped job never reads as success, even when every rank saved and exited 0
@@ -616,8 +662,11 @@ STOPPED_STATUS = contract.RUN_STOPPED_STATUS  # 128 + SIGTERM
 """`ml-dev run`'s status when a pod's stop ended the job: 143, as a shell reports a SIGTERM (checkpoint_stop.sh's)."""
 
 
-def stop_all(procs: dict[int, subprocess.Popen]) -> None:
-    """Closing an agent's stdin stops its rank's process group (over SSH: the channel's EOF)."""
+def stop_all(procs: dict[int, subprocess.Popen], left_running: Container[int] = ()) -> None:
+    """Closing an agent's stdin stops its rank's process group (over SSH: the channel's EOF). A rank in
+    `left_running` (its agent said LEFT_RUNNING_MARK, now or while this waits) is done: its SSH session stays open
+    only for the processes it left, which hold the session's output (sshd closes the channel at EOF), so its
+    client is ended rather than waited for."""
     for p in procs.values():
         try:
             if p.stdin:
@@ -625,11 +674,15 @@ def stop_all(procs: dict[int, subprocess.Popen]) -> None:
         except OSError:
             pass
     deadline = time.monotonic() + stop_grace(read_rank_env(missing_ok=True)) + 5
-    for p in procs.values():
-        try:
-            p.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
+    waiting = dict(procs)
+    while waiting:
+        for rank, p in list(waiting.items()):
+            if p.poll() is None and (rank in left_running or time.monotonic() >= deadline):
+                p.kill()
+                p.wait()
+            if p.poll() is not None:
+                del waiting[rank]
+        time.sleep(0.05)
 
 
 LAUNCHER_CAPS = (

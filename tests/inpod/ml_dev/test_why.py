@@ -16,7 +16,8 @@ round; one rank, chosen at random, sleeps inside `stall_here` before round 2. Ea
 * refused by the kernel (barcelona: the container runs as UID 0, so the job can drop to another UID; nerc-production's
   restricted-v2 UID has no SETUID capability, so there the sampler and the ranks always share the UID): the ranks run as
   UID 4321, the sampler as the container's UID 0 without CAP_SYS_PTRACE; the verdict says the kernel refused, why, and
-  which source stood in; exit 5.
+  which source stood in; exit 5. Ctrl-C then ends `ml-dev run` at once: no agent may signal its rank (barcelona's SCC
+  drops KILL), each says so and leaves it, rather than waiting out the grace.
 
 py-spy is the image's (images/base-requirements.in): the simulated image is this machine's root, whose py-spy is the
 dev lock's in the virtual environment; /usr/local/bin/py-spy (the base image's pip prefix) is it, as the image has it.
@@ -40,7 +41,7 @@ from typing import Any
 import pytest
 
 from inpod import contract
-from inpod.ml_dev import why
+from inpod.ml_dev import launch, why
 from tests.podsim.leakscan import SSH_ARGV_PROGRAM, LeakScan
 from tests.podsim.pods import PREFIX, PodSim, leftovers, missing_requirements, render_stack
 
@@ -296,4 +297,8 @@ def refused_case(sim: PodSim) -> None:
         assert "CAP_SYS_PTRACE" in line and "stood in: process states from /proc" in line, line
         assert re.search(r"\(0 [SR], 1 [SR], 2 [SR], 3 [SR]\)", line), line
     finally:
-        stop(sim, proc)
+        out = stop(sim, proc)
+    # no agent may signal its rank (UID 4321; barcelona's SCC drops KILL): each says so at once and leaves it
+    left = [x for x in out.splitlines() if "run as UID 4321, which this agent (UID 0, without CAP_KILL)" in x]
+    assert len(left) == COUNT and all(x.endswith(launch.LEFT_RUNNING_MARK) for x in left), out
+    assert "killed" not in out, out
