@@ -479,7 +479,7 @@ def run_everywhere(
         try:
             open_gate(cluster, procs, spawn, tree, timeout)
         except BaseException:  # a refusal (die), Ctrl-C: EOF at every gate, no rank starts
-            stop_all(procs)
+            stop_all(procs, grace=0)
             raise
     for rank, proc in sorted(procs.items()):
         prefix = f"[{rank:>{width}}] "
@@ -662,8 +662,11 @@ STOPPED_STATUS = contract.RUN_STOPPED_STATUS  # 128 + SIGTERM
 """`ml-dev run`'s status when a pod's stop ended the job: 143, as a shell reports a SIGTERM (checkpoint_stop.sh's)."""
 
 
-def stop_all(procs: dict[int, subprocess.Popen], left_running: Container[int] = ()) -> None:
-    """Closing an agent's stdin stops its rank's process group (over SSH: the channel's EOF). A rank in
+def stop_all(procs: dict[int, subprocess.Popen], left_running: Container[int] = (), grace: float | None = None) -> None:
+    """Closing an agent's stdin stops its rank's process group (over SSH: the channel's EOF); an agent still at its
+    gate (no rank started: `grace=0`) just ends. Each gets the checkpoint grace (lifecycle.checkpointGraceSeconds)
+    and 5 s more, then its client is killed: the session of a pod that cannot be reached would hold the launch
+    otherwise, and killing the client ends the remote agent's session all the same (its stdin's EOF). A rank in
     `left_running` (its agent said LEFT_RUNNING_MARK, now or while this waits) is done: its SSH session stays open
     only for the processes it left, which hold the session's output (sshd closes the channel at EOF), so its
     client is ended rather than waited for."""
@@ -673,7 +676,7 @@ def stop_all(procs: dict[int, subprocess.Popen], left_running: Container[int] = 
                 p.stdin.close()
         except OSError:
             pass
-    deadline = time.monotonic() + stop_grace(read_rank_env(missing_ok=True)) + 5
+    deadline = time.monotonic() + (stop_grace(read_rank_env(missing_ok=True)) if grace is None else grace) + 5
     waiting = dict(procs)
     while waiting:
         for rank, p in list(waiting.items()):
