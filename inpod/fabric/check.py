@@ -122,6 +122,23 @@ def passed_or_released(since: float) -> bool:
     return False
 
 
+RELEASE_POLL_SECONDS = 1.0
+"""How often the hold looks for `release` or a passing `gate` between its attempts (two stat calls)."""
+
+
+def wait_released(since: float, seconds: float) -> bool:
+    """Sleep up to `seconds` (the hold's interval between attempts), returning True as soon as a `release` or a
+    passing gate run is there: a user's `release` takes effect within RELEASE_POLL_SECONDS, not at the next attempt."""
+    end = time.monotonic() + seconds
+    while True:
+        if passed_or_released(since):
+            return True
+        left = end - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(RELEASE_POLL_SECONDS, left))
+
+
 def peers_reachable() -> tuple[bool, str]:
     try:
         rank = read_rank_env()
@@ -160,7 +177,7 @@ def cmd_hold(args: argparse.Namespace) -> int:
         ready, why = peers_reachable()
         if not ready:
             log(f"waiting: {why}")
-            time.sleep(interval)
+            wait_released(start, interval)
             continue
         attempt += 1
         ok, lines = preflight_all()
@@ -182,7 +199,7 @@ def cmd_hold(args: argparse.Namespace) -> int:
                 }
             )
             log(f"attempt {attempt}: preflight failed; retrying in {interval:g} s")
-            time.sleep(interval)
+            wait_released(start, interval)
             continue
         result = gate(cfg)
         write_result(result)
@@ -191,13 +208,13 @@ def cmd_hold(args: argparse.Namespace) -> int:
         if result["status"] in ("pass", "no-expectation", "skipped"):
             return 0
         log(f"attempt {attempt}: gate {result['status']}; retrying in {interval:g} s")
-        time.sleep(interval)
+        wait_released(start, interval)
     log(
         f"the fabric check did not pass within {timeout:g} s (fabricCheck.onDeployTimeoutSeconds). Dev servers stay held until "
         f"`{PROGRAM} gate` passes on this pod or `{PROGRAM} release`; `{PROGRAM} status` shows the last result."
     )
-    while not passed_or_released(start):
-        time.sleep(interval)
+    while not wait_released(start, interval):
+        pass
     log("fabric check passed (or released)")
     return 0
 
@@ -287,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         "--interval",
         type=float,
         default=float(env("ML_DEV_FABRIC_INTERVAL", "30")),
-        help="seconds between attempts (default $ML_DEV_FABRIC_INTERVAL or 30)",
+        help="seconds between attempts (default $ML_DEV_FABRIC_INTERVAL or 30); a release or a passing gate is seen within 1 s",
     )
     p.set_defaults(func=cmd_hold)
     p = sub.add_parser("release", help="let a holding pod 0 start its dev servers")

@@ -63,6 +63,25 @@ def test_hold_keeps_holding_after_the_timeout_until_release(fabric) -> None:
         proc.wait(timeout=30)
 
 
+def test_a_release_between_attempts_is_seen_without_waiting_for_the_next(fabric) -> None:
+    """Attempts 600 s apart: the release ends the hold during the wait after the first failed attempt (the deadline
+    below is a tenth of the interval, so only a hold that looks between attempts passes)."""
+    f: Fabric = fabric(2)
+    f.state(1)["ports"]["mlx5_7"] = {"state": "Active", "rate": 100}
+    f.apply(1)
+    proc = f.start("hold", "--interval", "600", settings={**f.settings, "onDeploy": True})
+    try:
+        assert proc.stdout is not None
+        read_until(proc.stdout, "preflight failed; retrying in 600 s")
+        assert proc.poll() is None, "holding"
+        assert f.run("release").returncode == 0
+        assert proc.wait(timeout=60) == 0
+    finally:
+        PodSim.interrupt(proc, 9)
+        proc.kill()
+        proc.wait(timeout=30)
+
+
 def test_hold_ends_when_a_manual_gate_passes(fabric) -> None:
     f: Fabric = fabric(2)
     for i in range(2):
