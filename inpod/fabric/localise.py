@@ -74,6 +74,26 @@ def hca_address(host: str, hca: str) -> tuple[str | None, str | None, str]:
     return found["netdev"], inet[0].split("/")[0], ""
 
 
+SERVER_RETRY_SECONDS = 0.5
+
+
+def client_of(server: subprocess.Popen, client: list[str]) -> subprocess.CompletedProcess:
+    """Run the ib_write_bw client as soon as the server listens. perftest's client tries the server's TCP port once
+    and exits with "Couldn't connect to <host>:<port>" (perftest src/perftest_communication.c
+    ethernet_client_connect); the server listens only after opening its device (ib_write_bw.c: establish_connection
+    after ctx_open_device and create_comm_struct) and prints its banner before it, block-buffered. So the client is
+    tried again every SERVER_RETRY_SECONDS while the server runs, for up to $ML_DEV_FABRIC_SERVER_WAIT s (30): no
+    fixed wait that a slow device open outlasts."""
+    deadline = time.monotonic() + float(env("ML_DEV_FABRIC_SERVER_WAIT", "30"))
+    while True:
+        res = run(client, timeout=120)
+        if res.returncode == 0 or "Couldn't connect to" not in res.stderr:
+            return res
+        if server.poll() is not None or time.monotonic() >= deadline:
+            return res
+        time.sleep(SERVER_RETRY_SECONDS)
+
+
 def nic_bandwidth(cfg: dict, suspect: str, partner: str) -> list[dict]:
     """Per-HCA ib_write_bw from the suspect to a cleared partner: each HCA against the partner's HCA of the
     same name, at the address of the partner's own interface for that HCA."""
@@ -98,8 +118,7 @@ def nic_bandwidth(cfg: dict, suspect: str, partner: str) -> list[dict]:
         if gid is not None:
             base += ["-x", str(gid)]
         server = subprocess.Popen(remote(partner, base), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(float(env("ML_DEV_FABRIC_SERVER_WAIT", "2")))
-        client = run(remote(suspect, [*base, address]), timeout=120)
+        client = client_of(server, remote(suspect, [*base, address]))
         try:
             server.communicate(timeout=60)
         except subprocess.TimeoutExpired:

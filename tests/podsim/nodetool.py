@@ -170,17 +170,12 @@ def ib_write_bw(n: dict, args: list[str]) -> int:
     port = int(option(args, "-p", "--port", default="18515") or 18515)
     mine = {"pod": socket.gethostname(), "gbps": n["nic_gbps"].get(hca, 0.0)}
     line = "-" * 87
-    if positional:  # client
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                sock = socket.create_connection((positional[0], port), timeout=5)
-                break
-            except OSError as exc:
-                if time.monotonic() > deadline:
-                    sys.stderr.write(f" Couldn't connect to {positional[0]}:{port}: {exc}\n")
-                    return 1
-                time.sleep(0.1)
+    if positional:  # client: one try, as perftest's ethernet_client_connect (src/perftest_communication.c)
+        try:
+            sock = socket.create_connection((positional[0], port), timeout=5)
+        except OSError:
+            sys.stderr.write(f"Couldn't connect to {positional[0]}:{port}\n")
+            return 1
     else:
         server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -143,7 +143,9 @@ def test_slow_pod_is_localised_to_its_nic(fabric) -> None:
     assert "per-HCA ib_write_bw" in res.stdout and "LOW" in res.stdout
     # the client ran on the suspect, the server on a cleared partner, over the same NIC index; they met over TCP
     # on the partner's interface of that HCA
-    clients = [c for c in f.calls("ib_write_bw") if c["pod"] == "ml-dev-env-2"]
+    tries = [c for c in f.calls("ib_write_bw") if c["pod"] == "ml-dev-env-2"]
+    # a client tried before its server listened is tried again with the same arguments (localise.client_of)
+    clients = [c for k, c in enumerate(tries) if k == 0 or c["args"] != tries[k - 1]["args"]]
     assert [c["args"][c["args"].index("-d") + 1] for c in clients] == ["mlx5_6", "mlx5_7", "mlx5_8", "mlx5_9"]
     partner = f.names.index(result["nics"][2]["partner"].split(".")[0])
     assert partner != 2
