@@ -57,21 +57,30 @@ def suspects_from_pairs(n: int, pairs: list[dict]) -> tuple[list[int], list[int]
     return suspects, sorted(cleared)
 
 
-def hca_address(host: str, hca: str) -> tuple[str | None, str | None, str]:
-    """(netdev, IPv4, error) of the interface behind `hca` on `host`, as that pod's sysfs says
-    (`fabric_check.py netdev`): SR-IOV pods number their VF interfaces netN per pod, so the same index
-    in network.rdma.hcas and network.rdma.interfaces need not be the same NIC."""
-    res = run(remote(host, [env("ML_DEV_PYTHON", "python3"), str(PROGRAM), "netdev", hca]), timeout=60)
+def hca_addresses(host: str, hcas: list[str]) -> dict[str, tuple[str | None, str | None, str]]:
+    """{hca: (netdev, IPv4, error)} of the interface behind each HCA on `host`, as that pod's sysfs says
+    (`fabric_check.py netdev`, one SSH command for all of them): SR-IOV pods number their VF interfaces netN per
+    pod, so the same index in network.rdma.hcas and network.rdma.interfaces need not be the same NIC."""
+    res = run(remote(host, [env("ML_DEV_PYTHON", "python3"), str(PROGRAM), "netdev", *hcas]), timeout=60)
     try:
-        found = json.loads(res.stdout.strip().splitlines()[-1])[0]
-    except (ValueError, IndexError, KeyError):
-        return None, None, (res.stderr.strip() or f"`fabric_check.py netdev {hca}` on {host} gave no answer")[-300:]
-    inet = found.get("inet") or []
-    if not found.get("netdev"):
-        return None, None, f"{hca} on {host} has no network interface in sysfs (/sys/class/infiniband/{hca}/device/net/)"
-    if not inet:
-        return found["netdev"], None, f"{host} has no IPv4 address on {found['netdev']} (the interface of {hca})"
-    return found["netdev"], inet[0].split("/")[0], ""
+        listed = json.loads(res.stdout.strip().splitlines()[-1])
+        answers = {str(item["hca"]): item for item in listed}
+    except (ValueError, IndexError, KeyError, TypeError):
+        answers = {}
+    out: dict[str, tuple[str | None, str | None, str]] = {}
+    for hca in hcas:
+        found = answers.get(hca)
+        if found is None:
+            out[hca] = (None, None, (res.stderr.strip() or f"`fabric_check.py netdev {hca}` on {host} gave no answer")[-300:])
+            continue
+        inet = found.get("inet") or []
+        if not found.get("netdev"):
+            out[hca] = (None, None, f"{hca} on {host} has no network interface in sysfs (/sys/class/infiniband/{hca}/device/net/)")
+        elif not inet:
+            out[hca] = (found["netdev"], None, f"{host} has no IPv4 address on {found['netdev']} (the interface of {hca})")
+        else:
+            out[hca] = (found["netdev"], inet[0].split("/")[0], "")
+    return out
 
 
 SERVER_RETRY_SECONDS = 0.5
@@ -103,10 +112,12 @@ def nic_bandwidth(cfg: dict, suspect: str, partner: str) -> list[dict]:
     exp = cfg.get("expectation") or {}
     need = link * exp.get("efficiency", 1.0) * exp.get("threshold_fraction", 0.9) if link else None
     hcas = cfg.get("hcas") or [h for h in env("NCCL_IB_HCA").split(",") if h]  # hcaMode auto: what startup detected
+    names = [hca.partition(":")[0] for hca in hcas]
+    here, there = (hca_addresses(suspect, names), hca_addresses(partner, names)) if names else ({}, {})
     for i, hca in enumerate(hcas):
         name, _, ib_port = hca.partition(":")
-        local_if, _, _ = hca_address(suspect, name)
-        iface, address, error = hca_address(partner, name)
+        local_if = here[name][0]
+        iface, address, error = there[name]
         entry = {"pod": suspect, "partner": partner, "hca": name, "interface": local_if, "partnerInterface": iface, "gbps": None}
         entry["pass"] = False
         if not address:
