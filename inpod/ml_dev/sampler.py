@@ -262,7 +262,8 @@ def heartbeats(run: str | None) -> list[dict[str, Any]]:
 
 
 def sample_pod(run: str | None, samples: int, interval: float) -> dict[str, Any]:
-    """This pod's report: its ranks' processes sampled `samples` times, `interval` seconds apart (at least)."""
+    """This pod's report: its ranks' processes sampled `samples` times, `interval` seconds apart (at least); a pod
+    without any answers at once."""
     binary = py_spy()
     report: dict[str, Any] = {
         "pod": os.environ.get("POD_NAME") or socket.gethostname(),
@@ -304,7 +305,8 @@ def sample_pod(run: str | None, samples: int, interval: float) -> dict[str, Any]
             fr_threads.append(threading.Thread(target=ask, daemon=True))
     for t in fr_threads:
         t.start()
-    for k in range(max(1, samples)):
+    # no rank process here: nothing to sample, no interval to wait (the processes are found once, above)
+    for k in range(max(1, samples) if everyone else 0):
         began = time.monotonic()
         stamp = time.time()
 
