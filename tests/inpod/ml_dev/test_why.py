@@ -134,10 +134,27 @@ def stop(sim: PodSim, proc: subprocess.Popen[str]) -> str:
     return out
 
 
-def stalled_ranks_wait(proc: subprocess.Popen[str], stalled: int) -> list[str]:
-    """Output until the others finished round 1 (the stalled rank sleeps before round 2, they wait in the barrier)."""
+def barrier_port(sim: PodSim) -> int:
+    """The job's barrier port on pod 0 (rank 0 serves it): MASTER_PORT of the rank contract + the job's offset."""
+    res = sim.exec(0, f". {contract.STATE_DIR}/{contract.RANK_ENV_FILE} && echo $MASTER_PORT", timeout=30)
+    return int(res.stdout.strip() or "29500") + 7  # data/barrier_job.py PORT_OFFSET
+
+
+def connected_to(sim: PodSim, port: int) -> int:
+    """Established connections to `port` on pod 0 (its network namespace's /proc/net/tcp, state 01)."""
+    rows = Path(f"/proc/{sim.pods[0].pid}/net/tcp").read_text().splitlines()[1:]
+    return sum(1 for r in rows if r.split()[1].endswith(f":{port:04X}") and r.split()[3] == "01")
+
+
+def stalled_ranks_wait(sim: PodSim, proc: subprocess.Popen[str], stalled: int, timeout: float = 90) -> list[str]:
+    """Output until the others finished round 1, then until they wait in the barrier of round 2: every rank but 0
+    and the stalled one connected to rank 0's barrier (the stalled rank sleeps before it)."""
     seen = wait_rounds(proc, 2)
-    time.sleep(1.5)  # into the barrier of round 2
+    port, want = barrier_port(sim), len([r for r in range(1, COUNT) if r != stalled])
+    deadline = time.monotonic() + timeout
+    while connected_to(sim, port) < want:
+        assert time.monotonic() < deadline and proc.poll() is None, f"{connected_to(sim, port)} of {want} in the barrier"
+        time.sleep(0.1)
     return seen
 
 
@@ -167,7 +184,7 @@ def test_names_the_stalled_rank_from_another_pod_and_keeps_it(sim: PodSim) -> No
     proc = start_job(sim, f"--stall {stalled} --round 2")
     try:
         with LeakScan(sim, [VALUE]) as scan:
-            stalled_ranks_wait(proc, stalled)
+            stalled_ranks_wait(sim, proc, stalled)
             ranks_hold_the_secret(sim)
             asked = 1 if stalled != 1 else 2  # never the launching pod
             res = sim.exec(asked, "ml-dev why", timeout=120)
@@ -255,7 +272,7 @@ def test_watchdog_prints_the_verdict_once_per_stall(sim: PodSim) -> None:
     proc = start_job(sim, f"--stall {stalled} --round 2")
     try:
         with LeakScan(sim, [VALUE]) as scan:
-            seen = stalled_ranks_wait(proc, stalled)
+            seen = stalled_ranks_wait(sim, proc, stalled)
             assert proc.stdout is not None
             deadline = time.monotonic() + contract.STALL_MIN + 60
             while not any(line.startswith("ml-dev why: ") for line in seen):
