@@ -95,7 +95,7 @@ class UploadSessions:
     cancelled: int = 0  # DELETEs of sessions
 
 
-def upload_sessions(proxy: HttpProxy) -> UploadSessions:
+def blob_sessions(proxy: HttpProxy) -> UploadSessions:
     seen = UploadSessions()
     for method, target in proxy.requests:
         parts = urllib.parse.urlsplit(target)
@@ -119,7 +119,7 @@ def upload_sessions(proxy: HttpProxy) -> UploadSessions:
 
 def one_session_per_blob(proxy: HttpProxy, what: str) -> tuple[UploadSessions, dict[str, str]]:
     """Every session opened committed a blob, and no blob took two sessions: returns the sessions and digest -> id."""
-    seen = upload_sessions(proxy)
+    seen = blob_sessions(proxy)
     digests = Counter(seen.committed.values())
     assert seen.opened == len(seen.committed) and seen.cancelled == 0, f"{what}: a session was opened and not committed: {seen}"
     assert max(digests.values()) == 1, f"{what}: a blob took more than one session: {digests}"
