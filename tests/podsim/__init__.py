@@ -93,8 +93,9 @@ Platform rules (everything a pod gets is a rendered field or one of these), with
 * The node (`nodetools.Node`, `PodSim(..., node=Node())`; formats and sources in tests/inpod/fabric/data/SOURCES.md):
   nvidia-smi, ibv_devinfo (rdma-core libibverbs/examples/devinfo.c), ibstat (infiniband-diags ibstat.c),
   ib_write_bw (perftest; server and client meet over TCP on the address given, as perftest's out-of-band exchange
-  does; the client tries once, as perftest's ethernet_client_connect) and all_reduce_perf (nccl-tests src/common.cu report; its ranks are started by the REAL Open MPI mpirun
-  over the pods' real sshd and meet in a directory all pods share, the switch fabric) as stubs printing the real
+  does; the client tries once, as perftest's ethernet_client_connect) and all_reduce_perf (nccl-tests
+  src/common.cu report; its ranks are started by the REAL Open MPI mpirun over the pods' real sshd and meet in a
+  directory all pods share, the switch fabric) as stubs printing the real
   formats from the node's state (/run/podsim-node/node.json; the test changes it while pods run: `Node.gpu` sets
   the GPUs' utilisation, memory, compute processes and model, a failing or hung nvidia-smi, or a real capture
   replayed verbatim (tests/data/tool_output/nvidia-smi-h200: the layout nodetool.py is held to); `HostNode` gives
