@@ -6,7 +6,7 @@
     with sim.start():                               # startup.sh starts the idle agent on every pod, as rendered
         sim.node.gpu(sim, 1, util=97)               # pod 1's GPUs busy (tests/podsim/nodetools.py, live)
         sim.quicken(unreachableSeconds=4)           # the idle settings' ConfigMap updated (the kubelet's swap)
-        wait_for("stop", lambda: api.replicas == 0, 60, sim.agent_log)
+        wait_for("stop", api.stopped, 60, sim.agent_log)     # the scale, the record, the Event
         sim.decision()                              # pod 0's idle-status.json (what `ml-dev status` reads)
 
 The stack's bounds (stacks/config.py: interval >= 15 s, unreachableAfter >= 2 min) keep a rendered stack's values

@@ -244,7 +244,7 @@ class LeakScan:
 
     def holders_on(self, program: str) -> set[str]:
         """The pods on which a rank-side process whose cmdline names `program` was seen holding a value."""
-        return {pod for pod, cmdline in self.holders if program in cmdline}
+        return {pod for pod, cmdline in set(self.holders) if program in cmdline}  # a copy: the sampler adds meanwhile
 
     def render(self, result: Any, written: Path | None = None) -> None:
         """The program's objects and outputs (the mock engine's record), and `make render`'s files when given."""

@@ -101,6 +101,23 @@ def scanned(sim: PodSim) -> LeakScan:
     return LeakScan(sim, [VALUE], interval=0.1, environ=True).__enter__()
 
 
+def all_started(sim: PodSim, scan: LeakScan, program: str, log: Callable[[], str]) -> None:
+    """Every rank wrote its `started` file and the leak scan has seen `program` hold the value on every pod: a stop
+    right after the last rank started must not end a job before the sampler's next sweep of its pod (under load a
+    sweep of every pod's processes takes seconds)."""
+    for i in range(PODS):
+        started = sim.pods[i].path(f"{PROJECT}/ckpt/rank{i}.started")
+        wait_for(f"rank {i} started", started.exists, 90, log)
+    every = {p.name for p in sim.pods}
+    wait_for(f"the leak scan saw {program} on every pod", lambda: job_holders(scan, program) == every, 60, lambda: str(scan.holders))
+
+
+def job_holders(scan: LeakScan, program: str) -> set[str]:
+    """The pods where the job's own process (`python3 [-u] <program>`) was seen holding the value."""
+    job = re.compile(rf"\S*python3? (-u )?{re.escape(program)}\b")
+    return {pod for pod, cmdline in set(scan.holders) if job.match(cmdline)}
+
+
 def leak_check(scan: LeakScan, sim: PodSim, outputs: dict[str, str], program: str = "job.py") -> None:
     """At the scenario's end: the job's own processes (`python3 [-u] <program>`) held the value on every pod, nothing
     else did, and it is in no output, SSH command, file of a remaining pod, container log or workspace file."""
@@ -110,8 +127,7 @@ def leak_check(scan: LeakScan, sim: PodSim, outputs: dict[str, str], program: st
     files = scan.pods_state() + scan.pods_files() + scan.container_logs()
     files += scan.files("workspace of", [sim.volume_dir(i, "/workspace") for i in range(PODS)])
     assert scan.hits == [], "\n".join(scan.hits)
-    job = re.compile(rf"\S*python3? (-u )?{re.escape(program)}\b")
-    assert {pod for pod, cmdline in scan.holders if job.match(cmdline)} == {p.name for p in sim.pods}, scan.holders
+    assert job_holders(scan, program) == {p.name for p in sim.pods}, scan.holders
     assert scan.samples > 0 and files >= PODS, (scan.samples, files)
 
 
@@ -155,9 +171,7 @@ class Cell:
         self.scan = scanned(self.sim)
         self.launcher = self.sim.popen(0, self.launcher_cmd, cwd=PROJECT)
         try:
-            for i in range(PODS):
-                started = self.sim.pods[i].path(f"{PROJECT}/ckpt/rank{i}.started")
-                wait_for(f"rank {i} started", started.exists, 90, self.log)
+            all_started(self.sim, self.scan, "job.py", self.log)
         except BaseException as exc:  # `with` calls no __exit__ when __enter__ fails: the sampler and pods end here
             self.__exit__(type(exc), exc, None)
             raise
@@ -354,9 +368,7 @@ def test_ctrl_c_leaves_nothing_behind_a_wrapper_or_torchrun(render: Any, command
         scan = scanned(sim)
         launcher = sim.popen(0, command, cwd=PROJECT)
         try:
-            for i in range(PODS):
-                started = sim.pods[i].path(f"{PROJECT}/ckpt/rank{i}.started")
-                wait_for(f"rank {i} started", started.exists, 90, lambda: sim.pods[0].log.read_text())
+            all_started(sim, scan, "stubborn.py", lambda: sim.pods[0].log.read_text())
             t0 = time.monotonic()
             sim.interrupt(launcher)
             time.sleep(2)
@@ -408,9 +420,7 @@ def test_deepspeed_hostfile_ranks_get_no_signal(render: Any) -> None:
         launcher = sim.popen(0, f". /tmp/ml-dev-env/rank.env; {script}", cwd=PROJECT)
         out = ""
         try:
-            for i in range(PODS):
-                started = sim.pods[i].path(f"{PROJECT}/ckpt/rank{i}.started")
-                wait_for(f"rank {i} started", started.exists, 90, lambda: sim.pods[0].log.read_text())
+            all_started(sim, scan, "job.py", lambda: sim.pods[0].log.read_text())
             outcomes: dict[int, str] = {}
             threads = [threading.Thread(target=lambda i=i: outcomes.update({i: sim.terminate(i)})) for i in range(PODS)]
             for t in threads:

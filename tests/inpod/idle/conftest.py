@@ -184,6 +184,12 @@ class FakeApiServer:
             return 201, body
         return 404, {"kind": "Status", "code": 404}
 
+    def stopped(self) -> bool:
+        """The agent's stop is whole: its three writes, in their order (inpod/idle/decider.py `stop`): the scale to 0,
+        the record on the ConfigMap, then the IdleStop Event. A wait for the first alone raced the others (seen in CI:
+        the record without idleSeconds; under load: no IdleStop Event yet)."""
+        return self.replicas == 0 and "idleSeconds" in self.configmap["data"] and any(e.get("reason") == "IdleStop" for e in self.events)
+
     def write_bodies(self, directory: Path) -> int:
         """Every Scale the agent sent and the resulting ConfigMap, as files for validate_manifests.py."""
         directory.mkdir(parents=True, exist_ok=True)

@@ -58,13 +58,6 @@ def idle_render() -> Any:
     return render_stack("barcelona", idle_stop_on)
 
 
-def stopped(api: FakeApiServer) -> bool:
-    """The agent scaled to 0 and wrote its record: it PUTs the scale first, then PATCHes the record
-    (inpod/idle/decider.py), and the pods are killed once the test sees the stop, so waiting for the scale alone
-    raced the record (seen once in CI: the record without idleSeconds)."""
-    return api.scales != [] and "idleSeconds" in api.configmap["data"]
-
-
 @pytest.fixture(scope="module")
 def untouched(idle_render: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[IdleSim, FakeApiServer, float, float]]:
     """Two pods nobody touches, from their start until pod 0's agent has scaled to 0 and the worker shows the warning."""
@@ -73,7 +66,7 @@ def untouched(idle_render: Any, tmp_path_factory: pytest.TempPathFactory) -> Ite
     try:
         started = time.time()
         sim.start()
-        wait_for("pod 0's agent scales to 0 and records why", lambda: stopped(api), 60, sim.agent_log)
+        wait_for("pod 0's agent scales to 0 and records why", api.stopped, 60, sim.agent_log)
         stopped_at = time.time()
         wait_for("the worker mirrors the warning", sim.pods[1].path(f"{STATE}/idle-warning").exists, 30, lambda: sim.agent_log(1))
         yield sim, api, started, stopped_at
@@ -160,7 +153,7 @@ def test_busy_gpu_that_prints_nothing_is_never_stopped_then_idle_stops_in_time(t
         wait_for("pod 0 warns", sim.pods[0].path(f"{STATE}/idle-warning").exists, 60, sim.agent_log)
         wait_for("the worker warns", sim.pods[1].path(f"{STATE}/idle-warning").exists, 30, lambda: sim.agent_log(1))
         warned_at = time.time()
-        wait_for("pod 0's agent scales to 0 and records why", lambda: stopped(api), 60, sim.agent_log)
+        wait_for("pod 0's agent scales to 0 and records why", api.stopped, 60, sim.agent_log)
         stopped_at = time.time()
         warning = sim.pods[0].path(f"{STATE}/idle-warning").read_text()
     finally:

@@ -282,7 +282,7 @@ def test_the_idle_stop_scales_to_zero_from_the_pod_and_the_pods_end_in_time(idle
         try:
             subprocess.run(["ip", "-n", sim.cluster_ns, "link", "set", "v1", "down"], check=True, timeout=30)
             sim.quicken(intervalSeconds=1, idleTimeoutSeconds=6, warningLeadSeconds=3, unreachableSeconds=2)
-            wait_for("the idle agent scales to 0", lambda: api.replicas == 0, 90, sim.agent_log)
+            wait_for("the idle agent scales to 0 and records why", api.stopped, 90, sim.agent_log)
             assert api.denied == [], api.denied
             assert [s["spec"]["replicas"] for s in api.scales] == [0]
             (unreachable,) = [e for e in api.events if e["reason"] == "IdleAgentPodUnreachable"]

@@ -394,8 +394,10 @@ def make_status(tmp_path: Path, *variables: str, forbidden: str = "") -> tuple[s
     oc.chmod(0o755)
     log = tmp_path / "oc.log"
     log.unlink(missing_ok=True)
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "STUB_OC_LOG": str(log),
-           "STUB_OC_LIVE": str(live_list(tmp_path)), "STUB_OC_FORBIDDEN": forbidden}  # fmt: skip
+    # as a user's shell runs it: no flags of a make this suite runs under (`make test`, `make bench-tests`)
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    env.update({"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "STUB_OC_LOG": str(log),
+                "STUB_OC_LIVE": str(live_list(tmp_path)), "STUB_OC_FORBIDDEN": forbidden})  # fmt: skip
     proc = subprocess.run(["make", "-s", "status", *variables], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
     return proc, log.read_text().splitlines() if log.exists() else []
 
