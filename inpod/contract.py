@@ -283,8 +283,9 @@ ACTIVITY_FETCH_SECONDS = 15
 
 ACTIVITY_CONNECT_SECONDS = 5
 """How long pod 0 waits for a worker to accept the connection for /activity: a pod whose node is gone fails within
-it (Linux sends the SYN again after 1 s and 3 s: net/ipv4/tcp_timer.c, TCP_TIMEOUT_INIT doubling), not after the
-whole ACTIVITY_FETCH_SECONDS, so one round of pod 0 is not held up by it."""
+it (Linux sends the SYN again 1 s and 3 s after the first: include/net/tcp.h TCP_TIMEOUT_INIT, 1 s, set by
+net/ipv4/tcp_output.c tcp_connect_init and doubled per retry by net/ipv4/tcp_timer.c tcp_retransmit_timer), not
+after the whole ACTIVITY_FETCH_SECONDS, so one round of pod 0 is not held up by it."""
 
 GPU_DEVICE_PREFIX = "/dev/nvidia"
 """The GPU device files (`/dev/nvidia<N>`) whose holders the idle rule reads: a GPU held only by Jupyter kernels
