@@ -123,3 +123,15 @@ def test_render_example_matches_a_real_render(tmp_path: Path) -> None:
             continue
         pattern = re.compile(".*".join(re.escape(part) for part in line.split("...")) + ("" if line.endswith("...") else "$"))
         assert any(pattern.match(out) for out in report), f"docs/getting-started.md render example line not in the report: {line!r}"
+
+
+def test_the_tools_box_names_the_pulumi_cli_the_program_is_tested_with() -> None:
+    """docs/operate/deploy.md's tools box: the Pulumi CLI version is the locked Python SDK's (released together), and
+    the backend choices and the passphrase variable of a self-managed backend are there."""
+    sdk = re.search(r"^pulumi==([0-9.]+)", (ROOT / "requirements.txt").read_text(), re.M)
+    assert sdk, "requirements.txt pins pulumi"
+    box = (DOCS / "operate" / "deploy.md").read_text().split("## Tools", 1)[1].split("\n## ", 1)[0]
+    versions = set(re.findall(r"\b3\.\d+\.\d+\b", box))
+    assert versions == {sdk[1]}, f"the tools box names {versions}, the lock pulumi=={sdk[1]}"
+    for needed in ("--version " + sdk[1], "`oc`", "pulumi login --local", "s3://", "PULUMI_CONFIG_PASSPHRASE"):
+        assert needed in box, needed
