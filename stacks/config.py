@@ -338,7 +338,8 @@ class MemlockConfig(Model):
     scc_name: DnsSubdomain | None = Field(None, description="SCC granting the capabilities (mode scc).")
     create_scc: bool = Field(False, description="Create the SCC (cluster-admin) instead of binding to an existing one.")
     capabilities: list[Capability] = Field(
-        default_factory=lambda: list(MEMLOCK_CAPABILITIES), description="Capabilities the main container adds (mode scc)."
+        default_factory=lambda: list(MEMLOCK_CAPABILITIES),
+        description="Capabilities the main container adds (mode scc); with createScc also SYS_CHROOT (root sshd), which the SCC allows.",
     )
 
     @rule
