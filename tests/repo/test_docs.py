@@ -154,3 +154,12 @@ def test_day_in_the_life_is_day_one_on_one_screen() -> None:
     for quoted in ("ml-dev: synced ", "is on shared storage: nothing to sync", "; stopping every rank", "ml-dev: FAILED: ",
                    "runs under debugpy on 127.0.0.1:", "then attach to localhost:"):  # fmt: skip
         assert quoted in page and quoted in shipped, quoted
+
+
+def test_reference_defaults_are_written_as_a_stack_file_writes_them() -> None:
+    """Defaults read as YAML (`false`, `["IPC_LOCK", "SYS_RESOURCE"]`), never as a Python repr (`False`, `['IPC_LOCK']`)."""
+    block = config_reference.generate()
+    defaults = [row.split(" | ")[2] for row in block.splitlines() if row.startswith("| `")]
+    reprs = [d for d in defaults if re.search(r"`(True|False|None)`|\['|\{'|': '", d)]
+    assert not reprs, reprs
+    assert "`false`" in defaults and '`["IPC_LOCK", "SYS_RESOURCE"]`' in defaults
