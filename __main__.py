@@ -101,7 +101,8 @@ check_statefulset()
 
 
 def check_scc() -> None:
-    """An SCC the stack only binds (createScc: false) must leave root's sshd SETUID/SETGID; see components/preflight.py."""
+    """An SCC the stack only binds (createScc: false) must leave root's sshd SETUID/SETGID and allow what the pods add;
+    see components/preflight.py."""
     memlock = cfg.security.memlock
     if memlock.mode != "scc" or memlock.create_scc or not memlock.scc_name:
         return
@@ -116,6 +117,7 @@ def check_scc() -> None:
         )
         return
     problem = preflight.scc_drops_needed(live, memlock.scc_name, SSHD_NEEDS)
+    problem = problem or preflight.scc_capabilities_refused(live, memlock.scc_name, list(memlock.pod_capabilities))
     if problem:
         raise pulumi.RunError(problem)
 

@@ -175,7 +175,7 @@ def network_policy_spec(selector: dict[str, str], router_ports: tuple[int, ...])
     NetworkPolicies add up: in a namespace that denies by default, this policy opens exactly the above. It
     covers the pod network only: torch's TCPStore (29500) binds every interface, SR-IOV ones included
     (pytorch torch/csrc/distributed/c10d/TCPStoreLibUvBackend.cpp, UvTcpServer::makeWithPort binds "::" or
-    "0.0.0.0"; there is no bind-address option), which only a MultiNetworkPolicy restricts (docs/use/day-in-the-life.md).
+    "0.0.0.0"; there is no bind-address option), which only a MultiNetworkPolicy restricts (docs/ref/dev-loop.md).
     """
     own = {"podSelector": {"matchLabels": dict(selector)}}
     rules: list[dict[str, Any]] = [{"from": [own]}]

@@ -235,9 +235,15 @@ class GpuCluster(pulumi.ComponentResource):
                 metadata=k8s.meta.v1.ObjectMetaArgs(
                     name=scc,
                     labels=self._labels,
-                    annotations={"kubernetes.io/description": "ml-dev-env: unlimited memlock for NCCL/RDMA (IPC_LOCK, SYS_RESOURCE)"},
+                    annotations={
+                        "kubernetes.io/description": "ml-dev-env: unlimited memlock for NCCL/RDMA and root's sshd "
+                        f"({', '.join(memlock.pod_capabilities)})"
+                    },
                 ),
-                fields=crds.SccFields(allowed_capabilities=list(memlock.capabilities)).dump(),
+                # What the pods add, SYS_CHROOT for their sshd included: admission refuses a pod adding a capability
+                # the SCC does not allow (apiserver-library-go pkg/securitycontextconstraints/capabilities/mustrunas.go
+                # Validate: "capability may not be added").
+                fields=crds.SccFields(allowed_capabilities=list[str](memlock.pod_capabilities)).dump(),
                 # Kept on destroy, with its Role: every environment's new pod (a resume, a reschedule) is admitted
                 # through them (openshift/apiserver-library-go pkg/securitycontextconstraints/sccadmission/admission.go
                 # Admit: no SCC the pod's ServiceAccount may use admits it, the pod is refused). docs/use/teams.md.

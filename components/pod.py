@@ -154,7 +154,7 @@ def main_security_context(config: StackConfig) -> k8s.core.v1.SecurityContextArg
         return k8s.core.v1.SecurityContextArgs(privileged=True)
     if memlock.mode == "scc":
         # Capabilities an SCC grants are only effective for UID 0 (the SCC's RunAsAny admits it).
-        return k8s.core.v1.SecurityContextArgs(run_as_user=0, capabilities=k8s.core.v1.CapabilitiesArgs(add=list(memlock.capabilities)))
+        return k8s.core.v1.SecurityContextArgs(run_as_user=0, capabilities=k8s.core.v1.CapabilitiesArgs(add=memlock.pod_capabilities))
     return RESTRICTED_CONTAINER
 
 

@@ -230,6 +230,33 @@ def scc_drops_needed(live: dict[str, Any] | None, name: str, needed: tuple[str, 
     )
 
 
+def scc_capabilities_refused(live: dict[str, Any] | None, name: str, adds: list[str]) -> str | None:
+    """One line when the existing SCC `name` does not allow a capability the pods add (security.memlock.capabilities),
+    naming the `oc patch` that allows it, else None: admission refuses a container adding a capability that is in
+    neither the SCC's allowedCapabilities nor its defaultAddCapabilities, `*` allowing any
+    (openshift/apiserver-library-go pkg/securitycontextconstraints/capabilities/mustrunas.go Validate: "capability may
+    not be added"), so no pod of the StatefulSet would be created."""
+    if live is None:
+        return None  # missing: reported with the prerequisites
+    listed = live.get("allowedCapabilities")
+    allowed = {str(c).upper().removeprefix("CAP_") for c in [*(listed or []), *(live.get("defaultAddCapabilities") or [])]}
+    missing = [c for c in adds if c not in allowed]
+    if "*" in allowed or not missing:
+        return None
+    ops = (
+        [{"op": "add", "path": "/allowedCapabilities/-", "value": c} for c in missing]
+        if listed
+        else [{"op": "add", "path": "/allowedCapabilities", "value": missing}]
+    )
+    patch = json.dumps(ops, separators=(",", ":"))
+    return (
+        f"ml-dev-env: SecurityContextConstraints {name} does not allow {', '.join(missing)}, which the pods add "
+        f"(security.memlock.capabilities): admission would refuse every pod (capability may not be added); its admin "
+        f"runs `oc patch scc {name} --type=json -p '{patch}'`, or remove {', '.join(missing)} from "
+        "ml-dev-env:security.memlock.capabilities"
+    )
+
+
 # ------------------------------------------------------------------------------------- GPU capacity
 
 

@@ -251,7 +251,7 @@ FANOUT_DEFAULTS: dict[str, int] = {
     "patchBytes": 4 << 20,
 }
 """When `ml-dev sync` (and `ml-dev run`'s sync) passes the tree on through pods that hold it (inpod/ml_dev/fanout.py;
-docs/use/day-in-the-life.md). The launching pod pushes to every pod that needs the tree at once (one round) unless
+docs/ref/dev-loop.md). The launching pod pushes to every pod that needs the tree at once (one round) unless
 at least `minPods` pods need it and that push would send at least `minBytes` from it in all (the estimate: the
 changed files' sizes for a pod that holds the tree the launching pod sent last, the whole tree for any other);
 then the copy goes in rounds: the launching pod sends once, to a first relay, and from then on every pod that

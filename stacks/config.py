@@ -327,6 +327,9 @@ Capability = Literal["IPC_LOCK", "SYS_RESOURCE", "SYS_CHROOT"]
 
 MEMLOCK_CAPABILITIES: tuple[Capability, ...] = ("IPC_LOCK", "SYS_RESOURCE")
 
+SSHD_CAPABILITIES: tuple[Capability, ...] = ("SYS_CHROOT",)
+"""What the pods' root sshd needs beyond CRI-O's default capabilities; an SCC the stack writes allows it, its pods add it."""
+
 
 class MemlockConfig(Model):
     """How RDMA pods get unlimited locked memory (registering GPU memory with the NIC needs it)."""
@@ -335,7 +338,8 @@ class MemlockConfig(Model):
     scc_name: DnsSubdomain | None = Field(None, description="SCC granting the capabilities (mode scc).")
     create_scc: bool = Field(False, description="Create the SCC (cluster-admin) instead of binding to an existing one.")
     capabilities: list[Capability] = Field(
-        default_factory=lambda: list(MEMLOCK_CAPABILITIES), description="Capabilities the main container adds (mode scc)."
+        default_factory=lambda: list(MEMLOCK_CAPABILITIES),
+        description="Capabilities the main container adds (mode scc); with createScc also SYS_CHROOT (root sshd), which the SCC allows.",
     )
 
     @rule
@@ -346,6 +350,12 @@ class MemlockConfig(Model):
             yield ConfigProblem("createScc", self.create_scc, "only valid with mode 'scc'")
         if self.mode == "scc" and not self.capabilities:
             yield ConfigProblem("capabilities", self.capabilities, "mode 'scc' needs IPC_LOCK and/or SYS_RESOURCE")
+
+    @property
+    def pod_capabilities(self) -> list[Capability]:
+        """What the main container adds (mode scc): the configured capabilities and, where the stack writes the SCC
+        (createScc), what its own root sshd needs, so SSH between pods works with the defaults."""
+        return list(dict.fromkeys([*self.capabilities, *(SSHD_CAPABILITIES if self.create_scc else ())]))
 
 
 class SecurityConfig(Model):

@@ -20,6 +20,7 @@ from pydantic.alias_generators import to_camel
 from core import naming
 from core.servers import DEV_SERVERS, longest_routed_name
 from stacks.base import Model
+from stacks.config import MEMLOCK_CAPABILITIES, SSHD_CAPABILITIES
 
 ENVIRONMENT_KEYS = ("environment", "nodes", "access", "ssh", "lifecycle", "env")
 """The only `ml-dev-env:` keys an environment stack sets (at most 15 lines of config)."""
@@ -226,6 +227,10 @@ def environment_config(cluster_raw: Mapping[str, Any], env_raw: Mapping[str, Any
         # The cluster stack owns the SCC (cluster-scoped, named per stack); the environment only uses it.
         memlock["sccName"] = naming.stack_scc_name(str(memlock["sccName"]), str(cluster_ns), cluster_app)
         memlock["createScc"] = False
+        # That SCC allows what the cluster's own pods add (MemlockConfig.pod_capabilities): root's sshd's SYS_CHROOT.
+        caps = memlock.get("capabilities", list(MEMLOCK_CAPABILITIES))
+        if isinstance(caps, list):
+            memlock["capabilities"] = list(dict.fromkeys([*caps, *SSHD_CAPABILITIES]))
     security["memlock"] = memlock
     raw["security"] = security
     network = copy.deepcopy(raw.get("network") or {})

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from core.servers import DEV_SERVERS
 from stacks import stackfile
 from stacks.base import ConfigProblems
-from stacks.config import PIPELINE_CREDENTIALS, StackConfig
+from stacks.config import PIPELINE_CREDENTIALS, SSHD_CAPABILITIES, StackConfig
 from stacks.environment import environment_config, is_environment
 from stacks.errors import PREFIX, _clean_loc, _path, format_errors, format_problems, problem_lines
 
@@ -367,10 +367,17 @@ def warnings_for(config: StackConfig) -> list[str]:
             "environment that names them"
             + (" (createAttachments on two stacks would fight over them)" if net.rdma.create_attachments else "")
         )
-    if net.effective_mode == "rdma" and config.security.memlock.mode == "scc" and "SYS_CHROOT" not in config.security.memlock.capabilities:
+    memlock = config.security.memlock
+    lacking = [c for c in SSHD_CAPABILITIES if c not in memlock.pod_capabilities]
+    if net.effective_mode == "rdma" and memlock.mode == "scc" and lacking:
+        # Only an SCC the admin owns (createScc false): the stack's own allows SYS_CHROOT and its pods add it.
+        scc, cap = memlock.scc_name, lacking[0]
         out.append(
-            "RDMA pods of an SCC run as root, and root's sshd (the dev loop's SSH fabric) needs SYS_CHROOT, which CRI-O "
-            "does not grant by default: add it to security.memlock.capabilities (the SCC must allow it), else no SSH between pods"
+            f"security.memlock.capabilities lacks {cap}: the RDMA pods run as root and root's sshd (SSH between pods) "
+            f"needs it, CRI-O does not grant it by default, so there is no SSH between pods; if SCC {scc} allows it "
+            f"(`oc get scc {scc} -o jsonpath='{{.allowedCapabilities}}'`) add {cap} to security.memlock.capabilities, else "
+            f'its admin runs `oc patch scc {scc} --type=json -p \'[{{"op":"add","path":"/allowedCapabilities/-",'
+            f'"value":"{cap}"}}]\'` first (or set security.memlock.createScc true)'
         )
     product = config.nodes.gpu_product
     if product and "-" not in product:

@@ -65,6 +65,7 @@ from lib.runtime import (
     EXIT_AUTH,
     EXIT_INTEGRITY,
     EXIT_NOT_FOUND,
+    EXIT_REFUSED,
     EXIT_REMOTE,
     Progress,
     StepError,
@@ -241,7 +242,7 @@ class BlobPusher:
                         f"upload of {name}: the registry refuses requests of {human(chunk)} (HTTP 413) and the chunk cannot "
                         f"shrink further (minimum {human(max(up.min_chunk, 1 << 20))}); lower --chunk-size "
                         "(modelPipeline.chunkSize) if a proxy limits request bodies",
-                        EXIT_REMOTE,
+                        EXIT_REFUSED,
                     ) from exc
                 log(f"{name}: registry refused a {human(chunk)} request (HTTP 413); continuing in chunks of {human(smaller)}")
                 chunk, recover = smaller, True
@@ -263,7 +264,8 @@ class BlobPusher:
                             f"; the registry (or a proxy in front of it) keeps refusing {human(chunk)} requests with HTTP 416: "
                             "lower --chunk-size (modelPipeline.chunkSize)"
                         )
-                    raise StepError(f"upload of {name} failed after {self.settings.retries} retries: {exc}{hint}", EXIT_REMOTE) from exc
+                    code = EXIT_REFUSED if hint else EXIT_REMOTE  # the same refusal again, until --chunk-size changes
+                    raise StepError(f"upload of {name} failed after {self.settings.retries} retries: {exc}{hint}", code) from exc
                 delay = 0.0 if isinstance(exc, AuthExpired) and auth_failures == 1 else backoff(failures, self.settings.retry_delay)
                 log(f"{name}: {exc}; retry {failures}/{self.settings.retries} in {delay:.1f}s")
                 time.sleep(delay)

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lib.runtime import EXIT_AUTH, EXIT_REMOTE, StepError, log, run_step, write_result
+from lib.runtime import EXIT_AUTH, EXIT_REMOTE, StepError, http_exit, log, run_step, write_result
 
 ARTIFACT_TYPE = "model-artifact"
 
@@ -60,8 +60,8 @@ class RegistryApi:
                     return None
                 if exc.code in (401, 403):
                     raise StepError(f"model registry refused {method} {path}: HTTP {exc.code} {detail}", EXIT_AUTH) from exc
-                if exc.code < 500 or attempt >= self.retries:
-                    raise StepError(f"model registry {method} {path}: HTTP {exc.code} {detail}", EXIT_REMOTE) from exc
+                if http_exit(exc.code) != EXIT_REMOTE or attempt >= self.retries:  # 408, 429, 5xx are retried
+                    raise StepError(f"model registry {method} {path}: HTTP {exc.code} {detail}", http_exit(exc.code)) from exc
             except (urllib.error.URLError, OSError) as exc:
                 if isinstance(getattr(exc, "reason", exc), ssl.SSLCertVerificationError):
                     raise StepError(

@@ -28,7 +28,7 @@ from typing import Any
 
 from lib.images import ImageRef
 from lib.registry import RegistryClient, TransientError
-from lib.runtime import EXIT_AUTH, EXIT_FAILED, EXIT_NOT_FOUND, EXIT_REMOTE, StepError, log, run_step
+from lib.runtime import EXIT_AUTH, EXIT_FAILED, EXIT_NOT_FOUND, StepError, http_exit, log, run_step
 
 ACCEPT = ", ".join(
     (
@@ -63,7 +63,7 @@ def manifest_exists(ref: ImageRef, user: str, secret: str, plain_http: bool, con
         return False
     if reply.status == 403:
         raise StepError(f"{ref}: access denied (HTTP 403); the service account needs pull rights", EXIT_AUTH)
-    raise StepError(f"{ref}: unexpected HTTP {reply.status} from the registry", EXIT_REMOTE)
+    raise StepError(f"{ref}: unexpected HTTP {reply.status} from the registry", http_exit(reply.status))
 
 
 FAILED_PHASES = ("Failed", "Error", "Cancelled")

@@ -7,6 +7,7 @@ a test checks that they contain exactly what this prints, so the reference canno
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import types
@@ -89,6 +90,9 @@ def _default(field: Any) -> str:
         return ""
     if isinstance(value, list) and value and isinstance(value[0], BaseModel):
         return f"{len(value)} item(s)"
+    if isinstance(value, bool | list | tuple | dict):
+        # as a stack file writes it (YAML flow style, which JSON is): `false`, `["IPC_LOCK"]`, never a Python repr
+        return f"`{json.dumps(value, default=str)}`"
     return f"`{value}`"
 
 

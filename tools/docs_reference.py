@@ -96,11 +96,32 @@ def outputs_table() -> str:
 # What each step exit code means (steps/lib/runtime.py holds only the numbers: its text is inlined into
 # every step script, and the scripts travel as Tekton args, which have a size limit).
 EXIT_HELP = {
-    "EXIT_FAILED": "any other failure (a local error: disk, permissions, an unexpected state); 2 is a usage error",
-    "EXIT_INTEGRITY": "data does not match what was promised (size, checksum, digest): the file or upload is dropped",
-    "EXIT_AUTH": "the source or the registry refused the credentials (or a token file is missing or empty)",
-    "EXIT_NOT_FOUND": "the repository, revision, object or image does not exist (or nothing matches the include patterns)",
-    "EXIT_REMOTE": "a remote service failed or timed out (after its retries); running the Task again may succeed",
+    "EXIT_FAILED": (
+        "no: fix what it names",
+        "any other failure (a local error: disk, permissions, an unexpected state); 2 is a usage error",
+    ),
+    "EXIT_INTEGRITY": (
+        "may: the bad file or upload is dropped",
+        "data does not match what was promised (size, checksum, digest): the file or upload is dropped",
+    ),
+    "EXIT_AUTH": (
+        "no: fix the credentials",
+        "the source or the registry refused the credentials (HTTP 401 after a renewed token, 403; or a token file is missing or empty)",
+    ),
+    "EXIT_NOT_FOUND": (
+        "no: fix the name",
+        "the repository, revision, object or image does not exist (HTTP 404, or nothing matches the include patterns)",
+    ),
+    "EXIT_REMOTE": (
+        "**yes**",
+        "a remote service failed for now, after its retries: the network, a timeout, HTTP 5xx, 429 (too many requests), "
+        "408 (request timeout)",
+    ),
+    "EXIT_REFUSED": (
+        "no: fix what it names",
+        "a remote service refused the request as sent: any other HTTP 4xx (400, 405, 409, 412, 413, a persistent 416, …), "
+        "e.g. `MANIFEST_BLOB_UNKNOWN` naming the blob a manifest refers to that the registry lacks",
+    ),
 }
 
 
@@ -113,8 +134,9 @@ def exit_codes_table() -> str:
             if isinstance(target, ast.Name) and target.id.startswith("EXIT_"):
                 if target.id not in EXIT_HELP:
                     raise SystemExit(f"error: {target.id} has no description in tools/docs_reference.py EXIT_HELP")
-                rows.append(f"| {node.value.value} | `{target.id}` | {EXIT_HELP[target.id]} |")
-    lines = [EXITS[0], "", "| code | name (steps/lib/runtime.py) | note |", "|---:|---|---|", *rows]
+                again, note = EXIT_HELP[target.id]
+                rows.append(f"| {node.value.value} | `{target.id}` | {again} | {note} |")
+    lines = [EXITS[0], "", "| code | name (steps/lib/runtime.py) | running again may succeed | note |", "|---:|---|---|---|", *rows]
     return "\n".join([*lines, "", EXITS[1]])
 
 

@@ -128,6 +128,30 @@ def needs_report(stack_file: Path, config: dict[str, Any], written: list[tuple[R
     return "\n".join(lines)
 
 
+def format_outputs(outputs: dict[str, Any], secret: set[str] | frozenset[str] = frozenset()) -> str:
+    """The stack outputs as a person reads them: one YAML document, indented under the heading (a mapping or list
+    as a nested block, a multi-line string as a literal block), secrets as `[secret]`: never a Python repr.
+    `pulumi stack output --json` gives the same values as JSON."""
+    shown = {key: "[secret]" if key in secret else value for key, value in sorted(outputs.items())}
+    text = yaml.dump(shown, Dumper=_OutputDumper, sort_keys=False, default_flow_style=False, allow_unicode=True, width=1000)
+    return "\n".join(f"  {line}" if line else "" for line in text.rstrip("\n").splitlines())
+
+
+class _OutputDumper(yaml.SafeDumper):
+    """Multi-line strings (ssh_config, the known-hosts lines) as literal blocks: readable, and pasteable as they are."""
+
+
+def _str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
+    if "\n" in data:
+        # a literal block cannot keep trailing spaces on a line: those (none in our outputs) are dumped quoted
+        if not any(line != line.rstrip() for line in data.splitlines()):
+            return dumper.represent_scalar("tag:yaml.org,2002:str", data, style="|")
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data)
+
+
+_OutputDumper.add_representer(str, _str)
+
+
 def stacks_in(config_dir: Path) -> list[str]:
     return sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in config_dir.glob("Pulumi.*.yaml"))
 
@@ -155,9 +179,7 @@ def render(stack: str, out_root: Path, validate: bool = True, config_dir: Path =
     out_dir = out_root / stack
     written = write(result, out_dir)
     print(f"\n== outputs ({stack})")
-    for key, value in sorted(result.outputs.items()):
-        shown = "[secret]" if key in result.secret_outputs else value
-        print(f"  {key}: {shown}")
+    print(format_outputs(result.outputs, result.secret_outputs))
     violations = evaluate((r.typ, r.inputs, r.options) for r in result.resources)
     print(f"\n== policies ({len(POLICIES)} guard rails, policy/rules/)")
     print(format_report(violations))

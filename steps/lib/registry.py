@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .runtime import EXIT_AUTH, EXIT_INTEGRITY, EXIT_NOT_FOUND, EXIT_REMOTE, StepError, backoff, human, log
+from .runtime import EXIT_AUTH, EXIT_INTEGRITY, EXIT_REMOTE, StepError, backoff, http_exit, human, log
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -24,7 +24,7 @@ DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
 MANIFEST_ACCEPT = ", ".join((OCI_MANIFEST, OCI_INDEX, DOCKER_MANIFEST, DOCKER_LIST))
 STREAM_READ = 1 << 20
-RETRY_STATUSES = (429, 500, 502, 503, 504)
+RETRY_STATUSES = (408, 429, 500, 502, 503, 504)
 
 
 # --- the distribution API client ------------------------------------------------------------
@@ -57,10 +57,20 @@ class Reply:
         return self.headers.get(name) or ""
 
     def error_text(self) -> str:
+        """The answer's errors, each code and message once, with the objects they name: distribution answers one
+        MANIFEST_BLOB_UNKNOWN per missing blob, its digest as the detail (registry/handlers/manifests.go PutManifest:
+        ErrorCodeManifestBlobUnknown.WithDetail(verificationError.Digest))."""
         try:
             errors = json.loads(self.body)["errors"]
-            return "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errors)
-        except (ValueError, KeyError, TypeError):
+            named: dict[str, list[str]] = {}
+            for e in errors:
+                objects = named.setdefault(f"{e.get('code')}: {e.get('message')}", [])
+                detail = e.get("detail")
+                text = detail if isinstance(detail, str) else json.dumps(detail, sort_keys=True) if detail else ""
+                if text and text not in objects:
+                    objects.append(text[:200])
+            return "; ".join(f"{what} ({', '.join(objects)})" if objects else what for what, objects in named.items())
+        except (ValueError, KeyError, TypeError, AttributeError):
             return self.body[:200].decode("utf-8", "replace").strip() or f"HTTP {self.status}"
 
 
@@ -356,7 +366,7 @@ class RegistryClient:
                     headers = {k: v for k, v in headers.items() if k != "Authorization"}
                     continue
                 if resp.status not in (200, 206):
-                    raise StepError(f"GET {url}: HTTP {resp.status}", EXIT_REMOTE)
+                    raise StepError(f"GET {url}: HTTP {resp.status}", http_exit(resp.status))
                 skip = offset if resp.status == 200 else 0
                 buf = bytearray(STREAM_READ)
                 view = memoryview(buf)
@@ -460,8 +470,7 @@ class RegistryClient:
             return reply
         if reply.status >= 500:
             raise TransientError(f"{what}: HTTP {reply.status} {reply.error_text()}")
-        code = {401: EXIT_AUTH, 403: EXIT_AUTH, 404: EXIT_NOT_FOUND}.get(reply.status, EXIT_REMOTE)
-        raise StepError(f"{what}: HTTP {reply.status} {reply.error_text()}", code)
+        raise StepError(f"{what}: HTTP {reply.status} {reply.error_text()}", http_exit(reply.status))
 
     def blob_exists(self, repo: str, digest: str) -> bool:
         reply = self.check(self.request("HEAD", f"/v2/{repo}/blobs/{digest}"), f"HEAD blob {digest}", (200, 404))

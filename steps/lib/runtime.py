@@ -24,6 +24,21 @@ EXIT_INTEGRITY = 3
 EXIT_AUTH = 4
 EXIT_NOT_FOUND = 5
 EXIT_REMOTE = 6
+EXIT_REFUSED = 7
+
+
+def http_exit(status: int) -> int:
+    """The exit code of a final HTTP answer `status`: whether running the Task again may succeed. 401/403: the
+    credentials (EXIT_AUTH); 404: absent (EXIT_NOT_FOUND); 408, 429, 5xx: the service, for now (EXIT_REMOTE: may
+    succeed); any other 4xx: the service refuses this request as sent, and the same request gets the same answer (EXIT_REFUSED)."""
+    if status in (401, 403):
+        return EXIT_AUTH
+    if status == 404:
+        return EXIT_NOT_FOUND
+    if status in (408, 429) or status >= 500:
+        return EXIT_REMOTE
+    return EXIT_REFUSED if 400 <= status < 500 else EXIT_REMOTE
+
 
 MiB = 1 << 20
 READ_SIZE = 8 * MiB

@@ -257,10 +257,28 @@ def test_launcher_runs_with_plain_python3_and_explains_outside_a_pod(tmp_path: P
     assert "rank.env has no ML_DEV_HOSTS: is this an ml-dev-env pod" in res.stderr
 
 
-def test_root_pods_without_sys_chroot_get_a_warning() -> None:
-    def drop(objects: dict[str, Any]) -> None:
-        objects["security"]["memlock"]["capabilities"] = ["IPC_LOCK", "SYS_RESOURCE"]
+def test_the_stacks_own_scc_allows_what_its_pods_add_and_only_an_admins_scc_warns() -> None:
+    """Default capabilities (IPC_LOCK, SYS_RESOURCE): with createScc the stack's SCC allows SYS_CHROOT and its pods add it
+    (root's sshd), no warning; with an admin's SCC the pods cannot add what it may not allow: one warning, with the `oc`
+    commands that check and fix the SCC."""
 
-    assert not any("SYS_CHROOT" in w for w in render("barcelona").warnings)
-    warned = [w for w in render("barcelona", drop).warnings if "SYS_CHROOT" in w]
-    assert len(warned) == 1 and "add it to security.memlock.capabilities" in warned[0]
+    def defaults(objects: dict[str, Any]) -> None:
+        objects["security"]["memlock"].pop("capabilities")
+
+    def admins(objects: dict[str, Any]) -> None:
+        defaults(objects)
+        objects["security"]["memlock"]["createScc"] = False
+
+    own = render("barcelona", defaults)
+    added = pod_spec(own)["containers"][0]["securityContext"]["capabilities"]["add"]
+    assert added == ["IPC_LOCK", "SYS_RESOURCE", "SYS_CHROOT"]
+    assert own.one("kubernetes:security.openshift.io/v1:SecurityContextConstraints").inputs["allowedCapabilities"] == added
+    assert not any("SYS_CHROOT" in w for w in own.warnings + render("barcelona").warnings)
+    theirs = render("barcelona", admins)
+    assert "SYS_CHROOT" not in pod_spec(theirs)["containers"][0]["securityContext"]["capabilities"]["add"]
+    warned = [w for w in theirs.warnings if "SYS_CHROOT" in w]
+    assert len(warned) == 1, theirs.warnings
+    assert "`oc get scc nccl-rdma-scc -o jsonpath='{.allowedCapabilities}'`" in warned[0]
+    assert (
+        """`oc patch scc nccl-rdma-scc --type=json -p '[{"op":"add","path":"/allowedCapabilities/-","value":"SYS_CHROOT"}]'`""" in warned[0]
+    )

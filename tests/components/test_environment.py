@@ -614,3 +614,17 @@ def test_preview_compares_gpus_per_pod_with_the_nodes_allocatable() -> None:
         "ml-dev-env:nodes.gpusPerPod: got 8; the nodes' allocatable nvidia.com/gpu is lower on a (4), b (0): such a pod stays "
         "Pending; ask for at most that many, or choose other nodes.gpuNodes"
     )
+
+
+def test_an_environment_on_its_clusters_scc_adds_what_that_scc_allows() -> None:
+    """The cluster stack's SCC (createScc) allows root's sshd's SYS_CHROOT also when the cluster file lists the default
+    capabilities only: its environments' pods add it too, and no warning says otherwise."""
+    from stacks.environment import environment_config
+    from stacks.loader import warnings_for
+
+    cluster = stack_objects("barcelona")
+    cluster["security"]["memlock"].pop("capabilities")
+    raw, problems = environment_config(cluster, stack_objects("barcelona-alice"))
+    memlock = raw["security"]["memlock"]
+    assert problems == [] and memlock["createScc"] is False and memlock["capabilities"] == ["IPC_LOCK", "SYS_RESOURCE", "SYS_CHROOT"]
+    assert not [w for w in warnings_for(StackConfig.model_validate(raw)) if "SYS_CHROOT" in w]

@@ -235,3 +235,33 @@ def test_reader_reports_an_unreachable_cluster_and_a_missing_kubeconfig(tmp_path
         monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "config", f"http://127.0.0.1:{port}", {"token": "t"})))
         with pytest.raises(preflight.LiveReadError, match="GET /apis/apps/v1/"):
             preflight.read_statefulset(None, "nccl-test", "ml-dev-env")
+
+
+@pytest.mark.parametrize(
+    ("scc", "refused"),
+    [
+        ({"allowedCapabilities": ["IPC_LOCK", "SYS_RESOURCE"]}, '[{"op":"add","path":"/allowedCapabilities/-","value":"SYS_CHROOT"}]'),
+        ({"allowedCapabilities": None}, '[{"op":"add","path":"/allowedCapabilities","value":["IPC_LOCK","SYS_RESOURCE","SYS_CHROOT"]}]'),
+        ({"allowedCapabilities": ["IPC_LOCK", "SYS_RESOURCE", "SYS_CHROOT"]}, None),
+        ({"allowedCapabilities": ["CAP_IPC_LOCK", "sys_resource"], "defaultAddCapabilities": ["SYS_CHROOT"]}, None),
+        ({"allowedCapabilities": ["*"]}, None),
+    ],
+    ids=["lacks-sys-chroot", "allows-nothing", "allows-all-three", "default-add", "wildcard"],
+)
+def test_an_admins_scc_must_allow_what_the_pods_add(monkeypatch: pytest.MonkeyPatch, scc: dict[str, Any], refused: str | None) -> None:
+    """createScc false: preview reads the admin's SCC; one that neither allows nor adds by default a capability the pods
+    add would have admission refuse every pod (mustrunas.go Validate): the program stops with the `oc patch` that
+    allows it. The render alone cannot know, so it warns whenever SYS_CHROOT is not listed."""
+    objects = stack_objects("barcelona")
+    objects["security"]["memlock"]["createScc"] = False  # barcelona lists IPC_LOCK, SYS_RESOURCE, SYS_CHROOT
+    live = {"metadata": {"name": "nccl-rdma-scc"}, "requiredDropCapabilities": ["KILL", "MKNOD"], **scc}
+    monkeypatch.setattr(preflight, "live_reads_enabled", lambda render_dir: True)
+    monkeypatch.setattr(preflight, "read_statefulset", lambda *args: None)
+    monkeypatch.setattr(preflight, "read_scc", lambda context, name: live if name == "nccl-rdma-scc" else None)
+    result = run_objects("barcelona", objects)
+    if refused is None:
+        assert result.error is None, result.error
+        return
+    assert result.error is not None and "SecurityContextConstraints nccl-rdma-scc does not allow" in result.error
+    assert f"`oc patch scc nccl-rdma-scc --type=json -p '{refused}'`" in result.error, result.error
+    assert not result.of_type("kubernetes:apps/v1:StatefulSet"), "nothing may be applied after the stop"

@@ -34,20 +34,24 @@ class Identity:
         return args
 
 
+class AdmissionRefused(Exception):
+    """The pod is refused: the API server answers the StatefulSet controller's create with this message."""
+
+
 def _by_kind(resources: Iterable[Any], kind: str) -> list[Mapping[str, Any]]:
     return [r.inputs for r in resources if r.kind == kind]
 
 
 def granted_scc(resources: Iterable[Any], service_account: str) -> Mapping[str, Any] | None:
-    """The SCC the stack creates and grants `use` of to the pod's service account through a Role + RoleBinding
+    """The SCC granted to the pod's service account through a Role (or an admin's ClusterRole) + RoleBinding
     (openshift/apiserver-library-go pkg/securitycontextconstraints/sccadmission: the SCCs a service account may
-    use, highest priority first; we only ever see the stack's own and restricted-v2)."""
+    use, highest priority first; we only ever see the stack's own, an admin's a test adds, and restricted-v2)."""
     resources = list(resources)
     for scc in _by_kind(resources, "SecurityContextConstraints"):
         name = scc["metadata"]["name"]
         roles = {
             r["metadata"]["name"]
-            for r in _by_kind(resources, "Role")
+            for r in [*_by_kind(resources, "Role"), *_by_kind(resources, "ClusterRole")]
             if any("use" in rule.get("verbs", []) and name in rule.get("resourceNames", []) for rule in r.get("rules", []))
         }
         for binding in _by_kind(resources, "RoleBinding"):
@@ -77,6 +81,15 @@ def admit(resources: Iterable[Any], pod_spec: Mapping[str, Any], container: Mapp
     # added to the container's drop list; CRI-O then removes `drop` from its defaults + `add`).
     # Generate: add = (defaultAddCapabilities - container drop) + container add; drop = required + container drop.
     required = [c.upper() for c in scc.get("requiredDropCapabilities") or []]
+    # mustrunas.go Validate: a capability the container adds that the SCC neither allows nor adds by default is refused
+    # ("capability may not be added"); `*` in allowedCapabilities allows any.
+    allowed = {c.upper() for c in [*(scc.get("allowedCapabilities") or []), *(scc.get("defaultAddCapabilities") or [])]}
+    refused = [c for c in add if c not in allowed and "*" not in allowed]
+    if refused:
+        raise AdmissionRefused(
+            f"unable to validate against any security context constraint: capabilities.add: {', '.join(refused)}: "
+            f"capability may not be added (SCC {scc['metadata']['name']})"
+        )
     default_add = [c.upper() for c in scc.get("defaultAddCapabilities") or [] if c.upper() not in drop]
     gone = set(drop) | set(required)
     base = [] if "ALL" in gone else list(CRIO_DEFAULT_CAPABILITIES)

@@ -13,6 +13,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -231,14 +232,55 @@ def test_a_laptop_key_logs_in_to_a_pod_ip(sim: PodSim, tmp_path: Path) -> None:
         assert refused.returncode == 255 and "Permission denied (publickey)" in refused.stderr, refused.stderr
 
 
-def test_root_without_sys_chroot_is_not_ready_and_says_what_to_configure() -> None:
-    """barcelona without SYS_CHROOT in security.memlock.capabilities: root's sshd cannot run; the pod is not Ready."""
+def default_capabilities(objects: dict[str, Any]) -> None:
+    """barcelona's memlock as a newcomer writes it: the stack's own SCC, the default capabilities (no SYS_CHROOT)."""
+    objects["security"]["memlock"].pop("capabilities", None)
 
-    def no_chroot(objects: dict[str, Any]) -> None:
-        objects["security"]["memlock"]["capabilities"] = ["IPC_LOCK", "SYS_RESOURCE"]
 
-    s = PodSim(render("barcelona", no_chroot), count=1)
+def test_the_stacks_own_scc_with_default_capabilities_gives_ssh_between_pods() -> None:
+    """createScc with the default capabilities (IPC_LOCK, SYS_RESOURCE): the SCC the stack writes allows what its pods
+    add, SYS_CHROOT for root's sshd included, admission admits them (tests/podsim/admission.py: defaults + add - drops),
+    and rank 0 reaches rank 1 over SSH. On the code before issue 52 the pods lacked SYS_CHROOT: no sshd, not Ready."""
+    result = render("barcelona", default_capabilities)
+    assert not [w for w in result.warnings if "SYS_CHROOT" in w]
+    before = set(leftovers())
+    s = PodSim(result, count=2)
     try:
+        assert "SYS_CHROOT" in s.identity.capabilities and s.identity.uid == 0
+        s.start()
+        res = s.exec(0, "ml-dev exec -- hostname", timeout=120)
+        want = [f"[{p.index}] {p.name}" for p in s.pods]  # rank 1 answers through its sshd
+        assert res.returncode == 0 and res.stdout.splitlines() == want, res.stdout + res.stderr + s.sshd_log(1)
+    finally:
+        s.stop()
+        assert not [x for x in set(leftovers()) - before if f"{PREFIX}{s.run_id}-" in x]
+
+
+def admins_scc(result: Any, allowed: list[str]) -> Any:
+    """`result` with an SCC the admin made (createScc false): `nccl-rdma-scc` allowing `allowed`, usable through
+    OpenShift's per-SCC ClusterRole the stack's RoleBinding names, required drops as the stack's own would have."""
+    name = "nccl-rdma-scc"
+    scc: dict[str, Any] = {"metadata": {"name": name}, "allowedCapabilities": allowed, "requiredDropCapabilities": ["KILL", "MKNOD"]}
+    scc |= {"runAsUser": {"type": "RunAsAny"}, "allowPrivilegeEscalation": True}
+    role = {"metadata": {"name": f"system:openshift:scc:{name}"}, "rules": [{"verbs": ["use"], "resourceNames": [name]}]}
+    extra = [SimpleNamespace(kind="SecurityContextConstraints", inputs=scc), SimpleNamespace(kind="ClusterRole", inputs=role)]
+    return SimpleNamespace(resources=[*result.resources, *extra])
+
+
+def test_an_admins_scc_without_sys_chroot_warns_and_the_pod_says_what_to_configure() -> None:
+    """An admin's SCC (createScc false) and capabilities without SYS_CHROOT: the render warns with the `oc` commands
+    that fix it; root's sshd cannot run, the pod is not Ready and its log says the same."""
+
+    def admins(objects: dict[str, Any]) -> None:
+        default_capabilities(objects)
+        objects["security"]["memlock"]["createScc"] = False
+
+    result = render("barcelona", admins)
+    warned = [w for w in result.warnings if "SYS_CHROOT" in w]
+    assert len(warned) == 1 and "oc patch scc nccl-rdma-scc" in warned[0] and "oc get scc nccl-rdma-scc" in warned[0], warned
+    s = PodSim(admins_scc(result, ["IPC_LOCK", "SYS_RESOURCE"]), count=1)
+    try:
+        assert s.identity.scc == "nccl-rdma-scc" and "SYS_CHROOT" not in s.identity.capabilities
         s.start(wait=False)
         deadline = time.monotonic() + 30
         while "add SYS_CHROOT to ml-dev-env:security.memlock.capabilities" not in s.sshd_log(0):

@@ -123,3 +123,43 @@ def test_render_example_matches_a_real_render(tmp_path: Path) -> None:
             continue
         pattern = re.compile(".*".join(re.escape(part) for part in line.split("...")) + ("" if line.endswith("...") else "$"))
         assert any(pattern.match(out) for out in report), f"docs/getting-started.md render example line not in the report: {line!r}"
+
+
+def test_the_tools_box_names_the_pulumi_cli_the_program_is_tested_with() -> None:
+    """docs/operate/deploy.md's tools box: the Pulumi CLI version is the locked Python SDK's (released together), and
+    the backend choices and the passphrase variable of a self-managed backend are there."""
+    sdk = re.search(r"^pulumi==([0-9.]+)", (ROOT / "requirements.txt").read_text(), re.M)
+    assert sdk, "requirements.txt pins pulumi"
+    box = (DOCS / "operate" / "deploy.md").read_text().split("## Tools", 1)[1].split("\n## ", 1)[0]
+    versions = set(re.findall(r"\b3\.\d+\.\d+\b", box))
+    assert versions == {sdk[1]}, f"the tools box names {versions}, the lock pulumi=={sdk[1]}"
+    for needed in ("--version " + sdk[1], "`oc`", "pulumi login --local", "s3://", "PULUMI_CONFIG_PASSPHRASE"):
+        assert needed in box, needed
+
+
+def test_day_in_the_life_is_day_one_on_one_screen() -> None:
+    """docs/use/day-in-the-life.md: at most 60 lines, edit -> run -> watch -> debug -> stop, each step one command (one
+    line in one bash block) and what it shows; the internals are a linked Reference page; the messages it quotes
+    are the ones `ml-dev` prints."""
+    page = (DOCS / "use" / "day-in-the-life.md").read_text()
+    assert len(page.splitlines()) <= 60, len(page.splitlines())
+    steps = re.findall(r"^\*\*(\d)\. (\w+)\*\*", page, re.M)
+    assert steps == [("1", "Edit"), ("2", "Run"), ("3", "Watch"), ("4", "Debug"), ("5", "Stop")], steps
+    for part in re.split(r"^\*\*\d\. ", page, flags=re.M)[1:]:
+        blocks = re.findall(r"```bash\n(.*?)```", part, re.S)
+        assert len(blocks) == 1 and len(blocks[0].strip().splitlines()) == 1, part
+        assert "You see" in part or "You edit" in part, part
+    assert "(../ref/dev-loop.md)" in page and (DOCS / "ref" / "dev-loop.md").exists()
+    shipped = " ".join(p.read_text() for p in (ROOT / "inpod" / "ml_dev").glob("*.py"))
+    for quoted in ("ml-dev: synced ", "is on shared storage: nothing to sync", "; stopping every rank", "ml-dev: FAILED: ",
+                   "runs under debugpy on 127.0.0.1:", "then attach to localhost:"):  # fmt: skip
+        assert quoted in page and quoted in shipped, quoted
+
+
+def test_reference_defaults_are_written_as_a_stack_file_writes_them() -> None:
+    """Defaults read as YAML (`false`, `["IPC_LOCK", "SYS_RESOURCE"]`), never as a Python repr (`False`, `['IPC_LOCK']`)."""
+    block = config_reference.generate()
+    defaults = [row.split(" | ")[2] for row in block.splitlines() if row.startswith("| `")]
+    reprs = [d for d in defaults if re.search(r"`(True|False|None)`|\['|\{'|': '", d)]
+    assert not reprs, reprs
+    assert "`false`" in defaults and '`["IPC_LOCK", "SYS_RESOURCE"]`' in defaults

@@ -5,7 +5,9 @@ test counts the request body bytes that reach the registry."""
 from __future__ import annotations
 
 import http.server
+import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -341,7 +343,7 @@ def test_a_persistent_416_names_the_chunk_size_setting(
     )
     args = package_args(tmp_path, quay, quay_proxy.host, via(quay_proxy, quay, base_image), repo_name, model, "--jobs", 1, "--retries", 2)
     step = run_step("package", *args)
-    assert step.returncode == 6, step.stderr
+    assert step.returncode == 7, step.stderr  # the same refusal again until --chunk-size changes
     assert "HTTP 416" in step.error and "--chunk-size" in step.error and "modelPipeline.chunkSize" in step.error
 
 
@@ -481,3 +483,84 @@ def test_a_refused_mount_is_dropped_like_any_upload_url(
     assert "cancelling the upload session answered HTTP" in step.stdout or "could not cancel" in step.stdout, step.stdout
     assert step.stderr == "", step.stderr
     assert_image_holds(quay, f"{quay.host}/{repo_name}:v1", files, tmp_path / "pulled")
+
+
+def registry_answer(status: int, reason: str, *errors: tuple[str, str, str]) -> bytes:
+    """A complete answer of a distribution registry: `status` with its JSON error body (code, message, detail)."""
+    body = json.dumps({"errors": [{"code": c, "message": m, "detail": d} for c, m, d in errors]}).encode()
+    head = f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    return head.encode() + body
+
+
+BLOB_A, BLOB_B = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+
+
+@pytest.mark.parametrize(
+    ("status", "reason", "errors", "code"),
+    [
+        (400, "Bad Request", [("MANIFEST_BLOB_UNKNOWN", "blob unknown to registry", d) for d in (BLOB_A, BLOB_B, BLOB_A)], 7),
+        (400, "Bad Request", [("MANIFEST_INVALID", "manifest invalid", "")], 7),
+        (409, "Conflict", [("DENIED", "tag is immutable", "")], 7),
+        (405, "Method Not Allowed", [("UNSUPPORTED", "The operation is unsupported.", "")], 7),
+        (404, "Not Found", [("NAME_UNKNOWN", "repository name not known to registry", "")], 5),
+        (403, "Forbidden", [("DENIED", "requested access to the resource is denied", "")], 4),
+        (429, "Too Many Requests", [("TOOMANYREQUESTS", "too many requests", "")], 6),
+        (408, "Request Timeout", [], 6),
+        (503, "Service Unavailable", [], 6),
+    ],
+    ids=["blob-unknown", "invalid", "409", "405", "404", "403", "429", "408", "503"],
+)
+def test_the_exit_code_says_whether_running_again_may_succeed(
+    tmp_path: Path,
+    run_step: StepRunner,
+    quay: Registry,
+    quay_proxy: HttpProxy,
+    base_image: str,
+    model_dir: tuple[Path, dict[str, bytes]],
+    repo_name: str,
+    status: int,
+    reason: str,
+    errors: list[tuple[str, str, str]],
+    code: int,
+) -> None:
+    """The registry answers the manifest PUT (the last request) with each class of status, every time: 408, 429 and
+    5xx are retried and end in 6 (running the Task again may succeed); any other 4xx ends at once in 7 (it will not,
+    docs/ref/exit-codes.md), 401/403 in 4, 404 in 5. The one ERROR line names what was refused, each error once, with
+    the objects it names (MANIFEST_BLOB_UNKNOWN's blob digests). Before issue 52 every 4xx but 401/403/404 exited 6 and
+    the blob line read `MANIFEST_BLOB_UNKNOWN: blob unknown to registry` three times without a digest."""
+    model, _ = model_dir
+    quay_proxy.add_fault("reject_request", "PUT", "/manifests/", times=100, reply=registry_answer(status, reason, *errors))
+    args = package_args(tmp_path, quay, quay_proxy.host, via(quay_proxy, quay, base_image), repo_name, model, "--retries", 1)
+    step = run_step("package", *args)
+    assert step.returncode == code, step.stdout + step.stderr
+    puts = [p for m, p in quay_proxy.requests if m == "PUT" and "/manifests/" in p]
+    assert len(puts) == (2 if code == 6 else 1), puts  # retried once (--retries 1) only where it may succeed
+    assert step.stderr.count("ERROR:") == 1 and f"PUT manifest {repo_name}:v1: HTTP {status}" in step.error, step.stderr
+    for error_code, message, _ in errors:
+        assert step.error.count(f"{error_code}: {message}") == 1, step.error
+    if errors and errors[0][0] == "MANIFEST_BLOB_UNKNOWN":
+        assert f"({BLOB_A}, {BLOB_B})" in step.error, step.error
+    assert "Traceback" not in step.stderr and not tag_exists(quay, f"{quay.host}/{repo_name}:v1")
+
+
+def test_a_blob_the_registry_lacks_is_named_and_not_worth_a_retry(
+    tmp_path: Path,
+    run_step: StepRunner,
+    quay: Registry,
+    quay_proxy: HttpProxy,
+    base_image: str,
+    model_dir: tuple[Path, dict[str, bytes]],
+    repo_name: str,
+) -> None:
+    """The real registry's own refusal: a proxy says the destination holds a base layer it lacks (HEAD 200), so the step
+    neither mounts nor sends it, and distribution refuses the manifest with 400 MANIFEST_BLOB_UNKNOWN naming that
+    layer (registry/handlers/manifests.go PutManifest). Exit 7, the digest in the one ERROR line."""
+    model, _ = model_dir
+    lie = b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: 100\r\n\r\n"
+    quay_proxy.add_fault("replace_response", "HEAD", f"/v2/{repo_name}/blobs/sha256:", reply=lie)
+    step = run_step("package", *package_args(tmp_path, quay, quay_proxy.host, via(quay_proxy, quay, base_image), repo_name, model))
+    assert step.returncode == 7, step.stdout + step.stderr
+    heads = [p for m, p in quay_proxy.requests if m == "HEAD" and f"/v2/{repo_name}/blobs/sha256:" in p]
+    lacking = heads[0].rsplit("/", 1)[1]
+    assert re.search(rf"HTTP 400 MANIFEST_BLOB_UNKNOWN: [^;]*\({lacking}\)$", step.error), step.error
+    assert step.stderr.count("ERROR:") == 1 and step.stderr.count("MANIFEST_BLOB_UNKNOWN") == 1, step.stderr

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import http.server
+import threading
 from pathlib import Path
 
 import pytest
@@ -118,3 +120,39 @@ def test_unreachable_registry(run_step: StepRunner) -> None:
     step = run_step("register", "--registry-url", "http://127.0.0.1:9", "--model-name", "m", "--version", "1",
                     "--image", f"{IMAGE}@{DIGEST_A}", "--timeout", "2", "--retries", "1", "--retry-delay", "0")  # fmt: skip
     assert step.returncode == 6 and "unreachable" in step.error
+
+
+@pytest.mark.parametrize(("status", "code", "requests"), [(400, 7, 1), (409, 7, 1), (403, 4, 1), (408, 6, 2), (429, 6, 2), (503, 6, 2)])
+def test_the_exit_code_says_whether_running_again_may_succeed(run_step: StepRunner, status: int, code: int, requests: int) -> None:
+    """A model registry answering every request with `status`: 408, 429 and 5xx are retried and exit 6 (running the
+    Task again may succeed), any other 4xx exits 7 at once (it will not), 403 exits 4. Before issue 52 every 4xx but
+    401/403 exited 6, and 408/429 were not retried."""
+    seen: list[str] = []
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(f"{self.command} {self.path}")
+            body = b'{"code": "refused", "message": "as asked"}'
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_POST = do_PATCH = do_GET
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        step = run_step("register", "--registry-url", url, "--model-name", "m", "--version", "1",
+                        "--image", f"{IMAGE}@{DIGEST_A}", "--timeout", "5", "--retries", "1", "--retry-delay", "0")  # fmt: skip
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert step.returncode == code, step.stderr
+    assert len(seen) == requests, seen
+    assert f"HTTP {status}" in step.error and step.stderr.count("ERROR:") == 1, step.stderr

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import ast
+import json
 import re
 import shlex
 import subprocess
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,7 +18,7 @@ import yaml
 
 from core.naming import stack_scc_name
 from stacks.config import StackConfig
-from tests.conftest import ROOT, VALIDATOR, run_objects, stack_objects
+from tests.conftest import ROOT, STACKS, VALIDATOR, run_objects, stack_objects
 from tools import render
 from tools.prerequisites import Need, admin_needs, image_needs, prerequisites, secret_status
 
@@ -271,3 +274,50 @@ def test_attachments_in_another_namespace_are_listed_there() -> None:
     [nads] = find(prerequisites(config, objects), "NetworkAttachmentDefinitions")
     assert nads.what == f"NetworkAttachmentDefinitions in namespace sriov-networks: {', '.join(config.network.rdma.attachments)}"
     assert nads.check == "oc get network-attachment-definitions -n sriov-networks"
+
+
+def python_reprs(value: Any, where: str = "") -> list[str]:
+    """Where a value (walked through mappings and lists) holds a string that is a Python repr of a dict or list:
+    `ast.literal_eval` reads it as one and JSON does not (a stringified dict, a list printed with str())."""
+    if isinstance(value, dict):
+        return [hit for k, v in value.items() for hit in python_reprs(v, f"{where}.{k}")]
+    if isinstance(value, list):
+        return [hit for i, v in enumerate(value) for hit in python_reprs(v, f"{where}[{i}]")]
+    if isinstance(value, str) and value.lstrip()[:1] in ("{", "["):
+        try:
+            parsed = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            return []
+        try:
+            json.loads(value)
+        except ValueError:
+            return [where] if isinstance(parsed, dict | list | tuple) else []
+    return []
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_no_output_of_a_committed_stack_is_a_python_repr(stack: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`make render`'s outputs section is YAML that reads back as the outputs themselves (nested mappings and lists as
+    blocks, multi-line strings as literal blocks); no output value is a stringified Python dict or list. Before issue 52
+    the section printed `environment_facts: {'version': 1, ...}`, which YAML reads as a flow mapping only by luck and
+    `model_runs`' values (`'{.status…}{"\\n"}'`) not at all."""
+    result = run_objects(stack, stack_objects(stack))
+    assert result.error is None, result.error
+    assert python_reprs(result.outputs, stack) == []
+    assert render.render(stack, tmp_path, validate=False) == 0
+    out = capsys.readouterr().out
+    section = out.split(f"\n== outputs ({stack})\n", 1)[1].split("\n\n== ", 1)[0]
+    assert not re.search(r"[{\[]'", section), section  # no `{'key': …}` / `['a', …]` anywhere
+    shown = yaml.safe_load(textwrap.dedent(section))
+    secret = {k: "[secret]" for k in result.secret_outputs}
+    assert shown == {**flatten_outputs(result.outputs), **secret}
+
+
+def flatten_outputs(outputs: dict[str, Any]) -> dict[str, Any]:
+    """The outputs as plain data (what `pulumi stack output --json` prints)."""
+    return json.loads(json.dumps(outputs))
+
+
+def test_a_python_repr_is_found_where_json_is_not() -> None:
+    assert python_reprs({"a": {"b": ["x", "{'version': 1}"]}, "c": "['p', 'q']"}, "s") == ["s.a.b[1]", "s.c"]
+    assert python_reprs({"ok": '{"version": 1}', "cmd": "oc get x -o jsonpath='{.status}'", "list": ["[1]"]}) == []
