@@ -68,6 +68,11 @@ class ClusterConfig(Model):
         if len(self.app_name) > 40:
             yield ConfigProblem("appName", self.app_name, "at most 40 characters (pod and route names derive from it)")
             return
+        if not self.app_name[:1].isalpha():
+            # Services are named after it: kubernetes pkg/apis/core/validation/validation.go ValidateServiceName
+            # (apimachinery IsDNS1035Label) wants a leading letter where a DNS label takes a digit.
+            yield ConfigProblem("appName", self.app_name, "must start with a letter: the Services named after it are DNS-1035 labels")
+            return
         longest = f"{self.app_name}-{longest_routed_name()}-{self.namespace}"
         if len(longest) > 63:
             yield ConfigProblem(
@@ -425,7 +430,7 @@ class VolumeConfig(Model):
     name: DnsLabel = Field(description="Volume name; the PVC is `<appName>-<name>` (per-pod: `<name>-<appName>-<ordinal>`).")
     mount_path: AbsPath = Field(description="Where the volume is mounted in the main container.")
     size: Size = Field(description="Requested size (a Kubernetes quantity, e.g. 500Gi).")
-    storage_class: str | None = Field(None, description="StorageClass of the claim; unset = the cluster's default.")
+    storage_class: DnsSubdomain | None = Field(None, description="StorageClass of the claim; unset = the cluster's default.")
     scope: Literal["shared", "per-pod"] | None = Field(
         None, description="shared = one RWX PVC for all pods; per-pod = a volumeClaimTemplate (hybrid mode needs it)."
     )
@@ -820,7 +825,7 @@ class ModelPipelineConfig(Model):
         description="Opt-in: bind the pipeline's service account to the registry's `registry-user-<name>` Role "
         "(a RoleBinding in the registry's namespace; needs admin rights there).",
     )
-    storage_class: str | None = Field(None, description="Storage class of the per-run workspace PVC.")
+    storage_class: DnsSubdomain | None = Field(None, description="Storage class of the per-run workspace PVC.")
     node_ephemeral_free: Quantity = Field(
         "13Gi", description="Smallest free node ephemeral storage on build nodes (preflight: step scratch must fit)."
     )

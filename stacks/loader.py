@@ -109,6 +109,17 @@ def unknown_key_line(full_key: str, key: str, text: Any, known: set[str]) -> str
             f"{full_key}: unknown key wrapping {', '.join(sorted(inner))}; each object is a key of its own under `config:`: "
             + ", ".join(f"{PREFIX}{k}" for k in sorted(inner))
         )
+    head, dot, rest = key.partition(".")
+    if dot and head in known:
+        # `ml-dev-env:nodes.count: 2`, as the configuration reference names the key: a path, which a stack file
+        # nests (only `pulumi config set --path` reads the dots)
+        shown = json.dumps(value) if not isinstance(value, str) else value
+        first, _, deeper = rest.partition(".")
+        nested = f"{first}: {{{deeper.replace('.', ': {')}: {shown}{'}' * (deeper.count('.') + 1)}" if deeper else f"{first}: {shown}"
+        return (
+            f"{full_key}: a dotted key is a path, not a key: write `{nested}` under `{PREFIX}{head}:` "
+            f"(or run pulumi config set --path '{PREFIX}{key}' {shown})"
+        )
     path = _sub_keys().get(key)
     if path:
         return (
