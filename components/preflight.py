@@ -39,9 +39,27 @@ class LiveReadError(Exception):
     """The live object could not be read (reported as a warning)."""
 
 
+class ApiSilent(LiveReadError):
+    """Not read: the API did not answer an earlier read of this run (already warned about; nothing more is said)."""
+
+
+READ_CAP = 8.0
+"""The most seconds any one read waits for the API (connection and answer). The first read the API leaves unanswered
+(a timeout, a refused or reset connection) marks it silent for the rest of the run (`UNANSWERED`): every later read is
+skipped without waiting or warning, so an API that never answers costs one read, at most READ_CAP s, ≤ 10 s in all."""
+
+UNANSWERED: list[str] = []
+"""The read the API left unanswered in this process (one Pulumi run), if any: then no check reads anything more."""
+
+
+def _offline(render_yaml_to_directory: str | None) -> bool:
+    return bool(render_yaml_to_directory) or isinstance(pulumi.runtime.settings.get_monitor(), MockMonitor)
+
+
 def live_reads_enabled(render_yaml_to_directory: str | None) -> bool:
-    """False under the offline mock engine (`make render`, tests) and in GitOps mode (no cluster)."""
-    return not render_yaml_to_directory and not isinstance(pulumi.runtime.settings.get_monitor(), MockMonitor)
+    """False under the offline mock engine (`make render`, tests), in GitOps mode (no cluster), and once the API left a
+    read of this run unanswered (its one warning said so: the other live checks then stay quiet)."""
+    return not _offline(render_yaml_to_directory) and not UNANSWERED
 
 
 # ----------------------------------------------------------------------------------- kubeconfig
@@ -144,18 +162,24 @@ class KubeClient:
             basic = base64.b64encode(f"{user['username']}:{user.get('password', '')}".encode()).decode()
             self.headers["Authorization"] = f"Basic {basic}"
 
-    def get(self, path: str, timeout: float = 20) -> dict[str, Any] | None:
-        """GET an API path; None when the object does not exist."""
+    def get(self, path: str, timeout: float = READ_CAP) -> dict[str, Any] | None:
+        """GET an API path; None when the object does not exist. Waits at most READ_CAP s; after an unanswered read of
+        this run, raises ApiSilent at once (see READ_CAP)."""
+        if UNANSWERED:
+            raise ApiSilent(f"GET {path}: not read, the API left {UNANSWERED[0]} unanswered")
         request = urllib.request.Request(self.server + path, headers=self.headers)
         context = self.ssl if self.server.startswith("https://") else None
         try:
-            with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
+            with urllib.request.urlopen(request, timeout=min(timeout, READ_CAP), context=context) as response:
                 return json.loads(response.read())
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
                 return None
             raise LiveReadError(f"GET {path}: HTTP {exc.code}") from None
-        except (urllib.error.URLError, OSError, ValueError) as exc:
+        except (urllib.error.URLError, OSError) as exc:
+            UNANSWERED.append(f"GET {path}")  # no answer at all (timeout, refused, reset): read nothing more this run
+            raise LiveReadError(f"GET {path}: {getattr(exc, 'reason', None) or exc}") from None
+        except ValueError as exc:
             raise LiveReadError(f"GET {path}: {exc}") from None
 
 

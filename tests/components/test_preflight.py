@@ -3,6 +3,7 @@ StatefulSet that server-side apply cannot adopt (immutable selector / claim temp
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import stat
@@ -16,7 +17,8 @@ import pytest
 import yaml
 
 from components import preflight
-from tests.conftest import STACKS, run_objects, stack_objects
+from tests.conftest import PLACEHOLDER_SECRETS, STACKS, run_objects, stack_objects
+from tools import mock_engine
 
 # The original tool's StatefulSet: another selector, a different headless Service, no claim templates.
 ORIGINAL = {
@@ -235,3 +237,52 @@ def test_reader_reports_an_unreachable_cluster_and_a_missing_kubeconfig(tmp_path
         monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "config", f"http://127.0.0.1:{port}", {"token": "t"})))
         with pytest.raises(preflight.LiveReadError, match="GET /apis/apps/v1/"):
             preflight.read_statefulset(None, "nccl-test", "ml-dev-env")
+
+
+# ------------------------------------------------------------------------ an API that never answers
+
+
+@pytest.mark.parametrize("stack", ["barcelona", "barcelona-alice"])
+def test_a_silent_api_costs_one_read_and_one_warning_in_all(stack: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A preview against an API that accepts connections and never answers: the first read waits READ_CAP, warns once,
+    and no live check (guard, StatefulSet, SCC, attachments, GPU nodes) reads or warns again."""
+    import socket
+    import time
+
+    assert preflight.READ_CAP <= 8.0  # one read, connection included: ≤ 10 s in all with the run's own work
+    config = {f"ml-dev-env:{k}": v for k, v in stack_objects(stack).items()}
+    secrets = {k: v for k, v in PLACEHOLDER_SECRETS.items() if v is not None}
+    # an environment's preview reads its cluster stack's outputs; the mock engine would run that stack in this process
+    outputs = mock_engine.cluster_outputs(config, secrets, mock_engine.ROOT / "__main__.py")
+    monkeypatch.setattr(preflight, "READ_CAP", 0.5)  # the test's own bound; the count of reads is what it measures
+    monkeypatch.setattr(preflight, "_offline", lambda render_dir: False)
+    waited: list[float] = []
+    real_get = preflight.KubeClient.get
+
+    def timed(self: preflight.KubeClient, path: str, timeout: float = 8.0) -> dict[str, Any] | None:
+        start = time.monotonic()
+        try:
+            return real_get(self, path, timeout)
+        finally:
+            waited.append(time.monotonic() - start)
+
+    monkeypatch.setattr(preflight.KubeClient, "get", timed)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(64)
+        monkeypatch.setenv(
+            "KUBECONFIG", str(kubeconfig(tmp_path / "config", f"http://127.0.0.1:{server.getsockname()[1]}", {"token": "t"}))
+        )
+        result = mock_engine.run_program(stack, config, secrets, stack_outputs=outputs)
+        server.setblocking(False)
+        connections = 0
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                server.accept()[0].close()
+                connections += 1
+    assert result.error is None, result.error
+    api_warnings = [w for w in result.warnings if "GET " in w or "API" in w or "could not" in w]
+    assert len(api_warnings) == 1, api_warnings
+    assert "could not reach the cluster's API" in api_warnings[0] and "timed out" in api_warnings[0]
+    assert connections == 1 and len([w for w in waited if w > 0.1]) == 1, (connections, waited)
+    assert sum(waited) < 0.5 + 0.5  # one capped read; the skipped ones cost nothing
