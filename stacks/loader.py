@@ -20,11 +20,12 @@ import yaml
 from pydantic import ValidationError
 
 from core.servers import DEV_SERVERS
-from stacks import stackfile
+from stacks import gpus, stackfile
 from stacks.base import ConfigProblems
 from stacks.config import PIPELINE_CREDENTIALS, StackConfig
 from stacks.environment import environment_config, is_environment
 from stacks.errors import PREFIX, _clean_loc, _path, format_errors, format_problems, problem_lines
+from stacks.gpus import Tally
 
 # Secret config keys (always `pulumi config set --secret ml-dev-env:<key> …`) and what needs them.
 SECRET_KEYS: dict[str, str] = {
@@ -40,6 +41,8 @@ class LoadedStack:
     warnings: list[str] = field(default_factory=list)
     cluster: StackConfig | None = None
     """An environment stack: its cluster stack's config (from `Pulumi.<cluster>.yaml`)."""
+    gpus: Tally | None = None
+    """The GPUs of its cluster against what every stack of the checkout on it asks (stacks/gpus.py)."""
 
 
 def object_keys() -> list[str]:
@@ -423,7 +426,9 @@ def load(source: str, config_dir: Path | None = None) -> LoadedStack:
         cluster = validate_all(base)[0] if base is not None else None
         if cluster is None:
             raise pulumi.RunError(format_problems(base_problems or [f"{PREFIX}environment.cluster: its stack file does not load"], source))
-    return LoadedStack(config=config, secrets=secrets, warnings=warnings_for(config), cluster=cluster)
+    stack_name = Path(source).name.removeprefix("Pulumi.").removesuffix(".yaml")
+    fit = gpus.tally(config_dir or Path.cwd(), stack_name, own=config)
+    return LoadedStack(config=config, secrets=secrets, warnings=warnings_for(config), cluster=cluster, gpus=fit)
 
 
 def required_secrets(config: StackConfig) -> set[str]:

@@ -35,6 +35,7 @@ if __name__ == "__main__" and not __package__:
     )
 
 from policy.rules import POLICIES, evaluate, format_report, has_mandatory
+from stacks import gpus
 from stacks.config import StackConfig
 from stacks.loader import SECRET_KEYS, stack_raw
 from tools.mock_engine import REDACTED, ROOT, Recorded, RunResult, StackFileError, flatten, run_program, stack_config
@@ -198,6 +199,9 @@ def render(stack: str, out_root: Path, validate: bool = True, config_dir: Path =
     if validate and not schema_section(stack, stack_file, config, written):
         print(f"error: rendered objects of stack {stack} fail the schema check (the API server would refuse them)", file=sys.stderr)
         return 1
+    fit = gpus.tally(config_dir, stack)
+    if fit is not None:
+        print(f"\n== GPUs (nodes.gpuNodes × nodes.gpusPerNode of the cluster stack; preview also reads the live nodes)\n  {fit.line}")
     print(needs_report(stack_file, config, written))
     return 0
 
