@@ -290,9 +290,10 @@ def cluster_stack_raw(config_dir: Path, cluster: str) -> tuple[dict[str, Any] | 
     where = f"{PREFIX}environment.cluster"
     try:
         text = path.read_text()
-    except FileNotFoundError:
+    except OSError:  # absent, or no file name at all (a name longer than the file system takes)
         found = sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in config_dir.glob("Pulumi.*.yaml"))
-        return None, [f"{where}: got {cluster!r}; no cluster stack file {path.name} in this project (stacks: {', '.join(found)})"]
+        shown = cluster if len(cluster) <= 70 else cluster[:67] + "..."
+        return None, [f"{where}: got {shown!r}; no cluster stack file Pulumi.{shown}.yaml in this project (stacks: {', '.join(found)})"]
     key = (text, path.name)
     if key not in _cluster_files:
         _cluster_files[key] = _read_cluster_file(text, path.name)

@@ -48,3 +48,58 @@ def test_a_stack_name_the_stack_label_cannot_carry(tmp_path: Path) -> None:
         path.write_text("config: {}\n")
         [line] = file_problems(path)
         assert line.startswith(f"Pulumi.{name}.yaml: the stack name {name!r}") and "ml-dev-env/stack label" in line
+
+
+def barcelona_with(edit: Any) -> list[str]:
+    objects = stack_objects("barcelona")
+    edit(objects)
+    return lines(objects)
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("model-registry.svc:8080", "with its scheme: did you mean 'https://model-registry.svc:8080'"),
+        ("http://model registry:8080", "without spaces"),
+        ("http://model-registry:70000", "port is 1 to 65535, not 70000"),
+        ("", "with its scheme (http:// or https://)"),
+    ],
+)
+def test_a_registry_url_is_one_the_register_step_can_open(value: str, says: str) -> None:
+    [line] = barcelona_with(lambda o: o["modelPipeline"].update(registryUrl=value))
+    assert line.startswith(f"ml-dev-env:modelPipeline.registryUrl: got {value!r}; ") and says in line
+
+
+@pytest.mark.parametrize("value", ["main branch", "main~1", "", "a..b", "v1.lock", "HEAD^", "refs/heads/"])
+def test_a_hub_revision_is_a_git_ref(value: str) -> None:
+    [line] = barcelona_with(lambda o: o["models"][0]["source"]["huggingFace"].update(revision=value))
+    assert line.startswith(f"ml-dev-env:models[0].source.huggingFace.revision: got {value!r}; a branch, tag or commit as git names them")
+
+
+def test_hub_revisions_git_accepts_stay_accepted() -> None:
+    for value in ("main", "v1.0", "refs/pr/1", "release/2.0", "0" * 40):
+        assert barcelona_with(lambda o, v=value: o["models"][0]["source"]["huggingFace"].update(revision=v)) == [], value
+
+
+def test_a_chunk_size_below_the_floor_says_why() -> None:
+    [line] = barcelona_with(lambda o: o["modelPipeline"].update(chunkSize="256"))
+    assert line.startswith("ml-dev-env:modelPipeline.chunkSize: got '256'; at least 1Mi (each chunk is one PATCH")
+    assert barcelona_with(lambda o: o["modelPipeline"].update(chunkSize="1Mi")) == []
+
+
+@pytest.mark.parametrize("key", ["chunkThreshold", "maxLayerSize"])
+def test_a_size_beyond_int64_is_refused(key: str) -> None:
+    [line] = barcelona_with(lambda o: o["modelPipeline"].update({key: "1e309"}))
+    assert line.startswith(f"ml-dev-env:modelPipeline.{key}: got '1e309'; ") and "beyond 2^63-1" in line
+
+
+def test_the_default_https_port_names_the_same_registry() -> None:
+    """quay.io:443/org/m is quay.io/org/m: two models pushing one tag there would overwrite each other."""
+
+    def same_image(o: dict[str, Any]) -> None:
+        o["models"][1].update(
+            quayRepository=o["models"][0]["quayRepository"].replace("quay.io/", "quay.io:443/"), tag=o["models"][0]["tag"]
+        )
+
+    [line] = barcelona_with(same_image)
+    assert line.startswith("ml-dev-env:models[1].tag: got ") and "pushes quay.io/" in line and "too" in line
