@@ -165,6 +165,7 @@ def check_gpu_capacity() -> None:
 
 
 check_gpu_capacity()
+preflight.report_gpu_fit(stack.gpus, cfg.cluster.kube_context, cfg.cluster.render_yaml_to_directory)
 
 labels = naming.stack_labels(cfg.cluster.name)
 image: pulumi.Input[str] | None

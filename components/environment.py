@@ -18,7 +18,7 @@ import pulumi_kubernetes as k8s
 
 from components.gpu_cluster import scc_role_name
 from components.image_build import runtime_tag
-from components.preflight import LiveReadError
+from components.preflight import READ_CAP, ApiSilent, LiveReadError
 from components.storage import claim_name
 from core import naming
 from inpod import contract
@@ -140,8 +140,9 @@ LiveReader = Callable[[str], "dict[str, Any] | None"]
 
 PROBE_PATH = "/version"
 """The guard's first read: any authenticated user may GET it (the API server's system:public-info-viewer role)."""
-READ_TIMEOUT = 10.0
-"""Seconds one guard read waits: the probe and at most one failed read bound a run against a silent API to 20 s."""
+READ_TIMEOUT = READ_CAP
+"""Seconds one guard read waits (components/preflight.py READ_CAP): the first unanswered read ends every live read of the
+run, the probe's included, so a silent API costs one read in all."""
 
 
 def guarded_reader(connect: Callable[[], Any], warn: Callable[[str], None], timeout: float = READ_TIMEOUT) -> LiveReader | None:
@@ -156,7 +157,8 @@ def guarded_reader(connect: Callable[[], Any], warn: Callable[[str], None], time
         client.get(PROBE_PATH, timeout=timeout)
     except LiveReadError as exc:
         warn(
-            f"could not reach the cluster's API ({exc}); the ownership guard reads nothing this run (another stack's objects go unnoticed)"
+            f"could not reach the cluster's API ({exc}); no live check reads anything this run: the ownership guard (another "
+            "stack's objects go unnoticed), an existing StatefulSet, the SCC, the attachments and the GPU nodes are not checked"
         )
         return None
     failed: list[str] = []
@@ -167,6 +169,9 @@ def guarded_reader(connect: Callable[[], Any], warn: Callable[[str], None], time
         try:
             result: dict[str, Any] | None = client.get(path, timeout=timeout)
             return result
+        except ApiSilent:
+            failed.append("silent")  # another live check met the silent API and warned: nothing more to say
+            return None
         except LiveReadError as exc:
             failed.append(str(exc))
             warn(f"could not check who owns the objects of this stack ({exc}); the guard reads nothing more this run")

@@ -34,14 +34,34 @@ import pulumi
 import yaml
 from pulumi.runtime.mocks import MockMonitor
 
+from stacks.gpus import Tally
+
 
 class LiveReadError(Exception):
     """The live object could not be read (reported as a warning)."""
 
 
+class ApiSilent(LiveReadError):
+    """Not read: the API did not answer an earlier read of this run (already warned about; nothing more is said)."""
+
+
+READ_CAP = 8.0
+"""The most seconds any one read waits for the API (connection and answer). The first read the API leaves unanswered
+(a timeout, a refused or reset connection) marks it silent for the rest of the run (`UNANSWERED`): every later read is
+skipped without waiting or warning, so an API that never answers costs one read, at most READ_CAP s, ≤ 10 s in all."""
+
+UNANSWERED: list[str] = []
+"""The read the API left unanswered in this process (one Pulumi run), if any: then no check reads anything more."""
+
+
+def _offline(render_yaml_to_directory: str | None) -> bool:
+    return bool(render_yaml_to_directory) or isinstance(pulumi.runtime.settings.get_monitor(), MockMonitor)
+
+
 def live_reads_enabled(render_yaml_to_directory: str | None) -> bool:
-    """False under the offline mock engine (`make render`, tests) and in GitOps mode (no cluster)."""
-    return not render_yaml_to_directory and not isinstance(pulumi.runtime.settings.get_monitor(), MockMonitor)
+    """False under the offline mock engine (`make render`, tests), in GitOps mode (no cluster), and once the API left a
+    read of this run unanswered (its one warning said so: the other live checks then stay quiet)."""
+    return not _offline(render_yaml_to_directory) and not UNANSWERED
 
 
 # ----------------------------------------------------------------------------------- kubeconfig
@@ -144,18 +164,24 @@ class KubeClient:
             basic = base64.b64encode(f"{user['username']}:{user.get('password', '')}".encode()).decode()
             self.headers["Authorization"] = f"Basic {basic}"
 
-    def get(self, path: str, timeout: float = 20) -> dict[str, Any] | None:
-        """GET an API path; None when the object does not exist."""
+    def get(self, path: str, timeout: float = READ_CAP) -> dict[str, Any] | None:
+        """GET an API path; None when the object does not exist. Waits at most READ_CAP s; after an unanswered read of
+        this run, raises ApiSilent at once (see READ_CAP)."""
+        if UNANSWERED:
+            raise ApiSilent(f"GET {path}: not read, the API left {UNANSWERED[0]} unanswered")
         request = urllib.request.Request(self.server + path, headers=self.headers)
         context = self.ssl if self.server.startswith("https://") else None
         try:
-            with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
+            with urllib.request.urlopen(request, timeout=min(timeout, READ_CAP), context=context) as response:
                 return json.loads(response.read())
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
                 return None
             raise LiveReadError(f"GET {path}: HTTP {exc.code}") from None
-        except (urllib.error.URLError, OSError, ValueError) as exc:
+        except (urllib.error.URLError, OSError) as exc:
+            UNANSWERED.append(f"GET {path}")  # no answer at all (timeout, refused, reset): read nothing more this run
+            raise LiveReadError(f"GET {path}: {getattr(exc, 'reason', None) or exc}") from None
+        except ValueError as exc:
             raise LiveReadError(f"GET {path}: {exc}") from None
 
 
@@ -285,3 +311,83 @@ def gpu_capacity_problem(get: Callable[[str], dict[str, Any] | None], nodes: lis
         f"ml-dev-env:nodes.gpusPerPod: got {gpus_per_pod}; the nodes' allocatable nvidia.com/gpu is lower on "
         f"{', '.join(short)}: such a pod stays Pending; ask for at most that many, or choose other nodes.gpuNodes"
     )
+
+
+# ------------------------------------------------------------------------- GPUs that fit, read live
+
+GPU = "nvidia.com/gpu"
+_DONE = ("Succeeded", "Failed")
+
+
+def _pod_gpus(pod: dict[str, Any]) -> int:
+    """A pod's nvidia.com/gpu request as the scheduler counts it (kubernetes pkg/api/v1/resource/helpers.go
+    PodRequests: the sum of the containers', or the largest init container's when larger)."""
+    spec = pod.get("spec") or {}
+
+    def of(container: dict[str, Any]) -> int:
+        resources = container.get("resources") or {}
+        value = (resources.get("requests") or {}).get(GPU) or (resources.get("limits") or {}).get(GPU) or 0
+        try:
+            return int(str(value))
+        except ValueError:
+            return 0
+
+    return max(sum(of(c) for c in spec.get("containers") or []), max((of(c) for c in spec.get("initContainers") or []), default=0))
+
+
+def gpu_fit_line(get: Callable[[str], dict[str, Any] | None], fit: Tally) -> tuple[str, bool]:
+    """The live half of stacks/gpus.py's tally: the GPU nodes' allocatable `nvidia.com/gpu` and what pods other than
+    this checkout's stacks' hold on them. (line, fits now). Reads the listed gpuNodes (else every node labelled
+    nvidia.com/gpu.present=true) and the pods on each; a failed read raises LiveReadError."""
+    if fit.nodes:
+        nodes = [n for n in (get(f"/api/v1/nodes/{name}") for name in fit.nodes) if n is not None]
+    else:
+        nodes = list((get("/api/v1/nodes?labelSelector=nvidia.com%2Fgpu.present%3Dtrue") or {}).get("items") or [])
+    ours = {(a.namespace, a.app) for a in fit.asks}
+    allocatable, held = 0, []
+    for node in nodes:
+        name = (node.get("metadata") or {}).get("name", "")
+        try:
+            allocatable += int(str(((node.get("status") or {}).get("allocatable") or {}).get(GPU, 0)))
+        except ValueError:
+            pass
+        pods = (get(f"/api/v1/pods?fieldSelector=spec.nodeName%3D{name}") or {}).get("items") or []
+        for pod in pods:
+            meta = pod.get("metadata") or {}
+            owners = {(meta.get("namespace"), o.get("name")) for o in meta.get("ownerReferences") or [] if o.get("kind") == "StatefulSet"}
+            gpus = _pod_gpus(pod)
+            if gpus and (pod.get("status") or {}).get("phase") not in _DONE and not owners & ours:
+                held.append((f"{meta.get('namespace')}/{meta.get('name')}", gpus))
+    others = sum(g for _, g in held)
+    free = allocatable - others
+    head = f"GPUs on cluster {fit.cluster} (live): {fit.asked} asked by this checkout's stacks"
+    head += f", {allocatable} allocatable on {len(nodes)} GPU nodes"
+    if fit.asked <= free:
+        return f"{head}, {others} held by other pods: fits", True
+    if fit.asked <= allocatable:
+        holders = ", ".join(f"{name} ({gpus})" for name, gpus in sorted(held, key=lambda h: -h[1])[:8])
+        more = f" and {len(held) - 8} more" if len(held) > 8 else ""
+        return (
+            f"{head}: fits once {fit.asked - free} GPUs free; other pods hold {others}: {holders}{more} "
+            "(list them: oc get pods -A --field-selector spec.nodeName=<node> -o custom-columns="
+            "NS:.metadata.namespace,POD:.metadata.name,GPUS:.spec.containers[*].resources.requests.nvidia\\.com/gpu)"
+        ), False
+    return f"{head}: never fits, {fit.asked - allocatable} more than the nodes have", False
+
+
+def report_gpu_fit(fit: Tally | None, context: str | None, render_yaml_to_directory: str | None) -> None:
+    """At preview and up: one line on whether the cluster's GPUs fit every stack of the checkout (info when they do,
+    a warning when not), from the live nodes and pods when the API answers, else from the stack files alone.
+    Offline (`make render` prints the tally itself) and without a tally: nothing."""
+    if fit is None or _offline(render_yaml_to_directory):
+        return
+    line, fits = fit.line, fit.fits
+    if live_reads_enabled(render_yaml_to_directory):
+        try:
+            client = KubeClient(context)
+            line, fits = gpu_fit_line(client.get, fit)
+        except ApiSilent:
+            pass
+        except LiveReadError as exc:
+            line = f"{line} (the live nodes and pods could not be read: {exc})"
+    (pulumi.log.info if fits else pulumi.log.warn)(line)

@@ -97,8 +97,27 @@ def stack_policy(spec: rules.PolicySpec) -> StackValidationPolicy:
     )
 
 
+def api_server_policy() -> ResourceValidationPolicy:
+    """The schema check (`rules.kube_api`): every object against its vendored upstream schema and upstream's rules."""
+    spec = rules.API_SERVER_ACCEPTS
+
+    def validate(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
+        res = rules.Resource(0, args.resource_type, plain(args.props), options(args.opts, args.name, args.urn))
+        for message in rules.kube_api.check_api_server_accepts(res):
+            report_violation(f"{res.label}: {message}", None)
+
+    return ResourceValidationPolicy(
+        name=spec.name,
+        description=spec.description,
+        validate=validate,
+        enforcement_level=LEVELS[spec.level],
+        remediation_steps=spec.remediation,
+    )
+
+
 def build_policies() -> list[ResourceValidationPolicy | StackValidationPolicy]:
-    return [resource_policy(s) if s.scope == "resource" else stack_policy(s) for s in rules.POLICIES]
+    """The catalogue's rules, then the schema check (what `make render` prints as its schema check)."""
+    return [*(resource_policy(s) if s.scope == "resource" else stack_policy(s) for s in rules.POLICIES), api_server_policy()]
 
 
 def main() -> None:

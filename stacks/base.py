@@ -133,7 +133,15 @@ def _check_quantity(value: str) -> str:
         raise ValueError(str(exc) + (f"; did you mean {hint!r}? (suffixes are case-sensitive)" if hint else "")) from None
     if amount <= 0:
         raise ValueError(f"{value!r} must be greater than zero")
+    if amount > INT64_MAX:
+        # The API server keeps it (resource.Quantity scales it), but every reader of a size takes an int64 (Quantity.Value,
+        # kubernetes staging/src/k8s.io/apimachinery/pkg/api/resource/quantity.go) and the steps a Python float: above
+        # 2^63-1 the first overflows and the second dies with OverflowError.
+        raise ValueError(f"{value!r} is beyond 2^63-1 (about 8Ei): sizes are read as 64-bit integers")
     return value
+
+
+INT64_MAX = 2**63 - 1
 
 
 _SUFFIXES = ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "k", "M", "G", "T", "P", "E", "m")

@@ -62,11 +62,25 @@ class ClusterConfig(Model):
     )
 
     @rule
+    def _apps_domain_is_a_host(self) -> Iterator[ConfigProblem]:
+        # Route hosts end in it: OpenShift's route validation (openshift/api route/v1 Route `spec.host` pattern, and
+        # openshift/router's host admission) wants every DNS label of a host at most 63 characters (RFC 1123), which a
+        # Kubernetes DNS subdomain (IsDNS1123Subdomain) does not limit.
+        long = [label for label in self.apps_domain.split(".") if len(label) > 63]
+        if long:
+            yield ConfigProblem("appsDomain", self.apps_domain, "a host name: each '.'-separated label at most 63 characters")
+
+    @rule
     def _app_name_fits(self) -> Iterator[ConfigProblem]:
         # pod names `<app>-<ordinal>` and `<app>-<server>-<namespace>` hosts must stay DNS labels (the
         # longest server name of core/servers.py makes the longest host).
         if len(self.app_name) > 40:
             yield ConfigProblem("appName", self.app_name, "at most 40 characters (pod and route names derive from it)")
+            return
+        if not self.app_name[:1].isalpha():
+            # Services are named after it: kubernetes pkg/apis/core/validation/validation.go ValidateServiceName
+            # (apimachinery IsDNS1035Label) wants a leading letter where a DNS label takes a digit.
+            yield ConfigProblem("appName", self.app_name, "must start with a letter: the Services named after it are DNS-1035 labels")
             return
         longest = f"{self.app_name}-{longest_routed_name()}-{self.namespace}"
         if len(longest) > 63:
@@ -435,7 +449,7 @@ class VolumeConfig(Model):
     name: DnsLabel = Field(description="Volume name; the PVC is `<appName>-<name>` (per-pod: `<name>-<appName>-<ordinal>`).")
     mount_path: AbsPath = Field(description="Where the volume is mounted in the main container.")
     size: Size = Field(description="Requested size (a Kubernetes quantity, e.g. 500Gi).")
-    storage_class: str | None = Field(None, description="StorageClass of the claim; unset = the cluster's default.")
+    storage_class: DnsSubdomain | None = Field(None, description="StorageClass of the claim; unset = the cluster's default.")
     scope: Literal["shared", "per-pod"] | None = Field(
         None, description="shared = one RWX PVC for all pods; per-pod = a volumeClaimTemplate (hybrid mode needs it)."
     )
@@ -629,13 +643,31 @@ def _check_hf_repo(value: str) -> str:
     return value
 
 
+# Hub revisions are git refs or commit ids: git's refs.c check_refname_component (Documentation/git-check-ref-format.txt):
+# no control characters, space, ~ ^ : ? * [ \, no '..' or '@{', no component starting with '.' or ending in '.lock',
+# no empty component, not ending in '/' or '.'; the Hub resolves `/resolve/<revision>/` by that name.
+_GIT_REF_BAD = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]|\.\.|@\{|//|^/|/$|\.$|^@$")
+
+
+def _check_revision(value: str) -> str:
+    if not value or _GIT_REF_BAD.search(value) or any(p.startswith(".") or p.endswith(".lock") for p in value.split("/")):
+        hint = re.sub(r"[\s~^:?*\[\\]+", "-", value.strip()).strip("-/.")
+        raise ValueError(
+            "a branch, tag or commit as git names them (no spaces, '~', '^', ':', '?', '*', '[', '\\', '..' or '@{'; "
+            "e.g. main, v1.0 or a commit id)" + (f": did you mean {hint!r}?" if hint and hint != value else "")
+        )
+    return value
+
+
 class HuggingFaceSource(Model):
     """Download the weights from Hugging Face (secret hfToken)."""
 
     repo: Annotated[str, AfterValidator(_check_hf_repo)] = Field(
         description="Hugging Face repository `<owner>/<name>`, e.g. mistralai/Mistral-Small-24B-Instruct-2501."
     )
-    revision: str = Field("main", description="Branch, tag or commit (pin a commit for reproducible runs).")
+    revision: Annotated[str, AfterValidator(_check_revision)] = Field(
+        "main", description="Branch, tag or commit (pin a commit for reproducible runs)."
+    )
     gated: bool = Field(False, description="The repository needs an accepted license / token: the hfToken secret is then required.")
 
 
@@ -643,13 +675,23 @@ _ENDPOINT = re.compile(r"^https?://(\[[0-9a-fA-F:]+\]|[A-Za-z0-9]([A-Za-z0-9.-]*
 
 
 def _check_endpoint(value: str) -> str:
-    if not re.match(r"^https?://", value):
-        raise ValueError(f"an endpoint URL with its scheme: did you mean 'https://{value}' (or 'http://{value}')?")
-    if not _ENDPOINT.match(value):
+    if not re.match(r"^https?://", value, re.IGNORECASE):
+        bare = value.strip().split("://", 1)[-1]
+        hint = f": did you mean 'https://{bare}' (or 'http://{bare}')?" if bare else " (http:// or https://)"
+        raise ValueError(f"an endpoint URL with its scheme{hint}")
+    match = _ENDPOINT.match(value[: value.index("://")].lower() + value[value.index("://") :])
+    if not match:
         raise ValueError(
             "an endpoint URL 'http(s)://<host>[:<port>]': the host is a DNS name or an IP address, without spaces or other characters"
         )
+    port = re.search(r"^https?://[^/]*?:([0-9]+)(/|$)", value, re.IGNORECASE)
+    if port and not 1 <= int(port.group(1)) <= 65535:
+        raise ValueError(f"an endpoint URL whose port is 1 to 65535, not {port.group(1)}")
     return value
+
+
+HttpUrl = Annotated[str, AfterValidator(_check_endpoint)]
+"""An http(s) URL as the steps open it (urllib): scheme, host, an optional port 1-65535 and path, no spaces."""
 
 
 # S3 bucket names (AWS's rules; MinIO's client applies the same: minio/minio-go pkg/s3utils/utils.go
@@ -666,6 +708,13 @@ def _check_bucket(value: str) -> str:
 
 
 Bucket = Annotated[str, AfterValidator(_check_bucket)]
+
+
+def same_registry(repository: str) -> str:
+    """The repository as the registry sees it: `quay.io:443/org/m` is `quay.io/org/m` (registries are reached over
+    HTTPS, whose port is 443: distribution/reference keeps the port in the name, but it is the same registry and image)."""
+    host, slash, rest = repository.partition("/")
+    return (host.removesuffix(":443") + slash + rest) if slash else repository
 
 
 def _check_quay_repository(value: str) -> str:
@@ -807,6 +856,10 @@ class ModelRegistryAccess(Model):
     name: DnsLabel = Field(description="Name of the ModelRegistry (its Service), e.g. modelregistry-public.")
 
 
+CHUNK_FLOOR = 1 << 20
+"""The smallest modelPipeline.chunkSize (1 MiB): the package step's own floor when a registry refuses a chunk."""
+
+
 class ModelPipelineConfig(Model):
     """Shared settings of the model-packaging pipeline."""
 
@@ -817,7 +870,7 @@ class ModelPipelineConfig(Model):
     tools_base_image: ImageRef = Field(
         "registry.access.redhat.com/ubi9/python-311:9.6", description="Base of the step tools image (Python + skopeo)."
     )
-    registry_url: str = Field(
+    registry_url: HttpUrl = Field(
         "http://model-registry.rhoai-model-registries.svc.cluster.local:8080", description="Model registry REST endpoint."
     )
     registry_ca_file: str = Field(
@@ -830,7 +883,7 @@ class ModelPipelineConfig(Model):
         description="Opt-in: bind the pipeline's service account to the registry's `registry-user-<name>` Role "
         "(a RoleBinding in the registry's namespace; needs admin rights there).",
     )
-    storage_class: str | None = Field(None, description="Storage class of the per-run workspace PVC.")
+    storage_class: DnsSubdomain | None = Field(None, description="Storage class of the per-run workspace PVC.")
     node_ephemeral_free: Quantity = Field(
         "13Gi", description="Smallest free node ephemeral storage on build nodes (preflight: step scratch must fit)."
     )
@@ -857,8 +910,16 @@ class ModelPipelineConfig(Model):
         # What `steps/package.py` (parse_args) refuses, refused here by key: the steps take whole bytes
         # (components/model_pipeline.py renders each size as its integer byte count).
         chunk, threshold = int(parse_quantity(self.chunk_size)), int(parse_quantity(self.chunk_threshold))
-        if chunk < 1:
-            yield ConfigProblem("chunkSize", self.chunk_size, "at least 1 byte (a size such as 256Mi or 1Gi)")
+        if chunk < CHUNK_FLOOR:
+            # The API server has no say here; the package step does: each chunk is a PATCH and a record rewrite, so
+            # chunkSize 256 took 107 s for a 256 KiB file (1,083 PATCHes; 1.3 s at 64 KiB), and the step itself never
+            # shrinks a refused chunk below 1 MiB (steps/package.py, on HTTP 413).
+            yield ConfigProblem(
+                "chunkSize",
+                self.chunk_size,
+                "at least 1Mi (each chunk is one PATCH and one record rewrite: 256 bytes made a 256 KiB file take 107 s; "
+                "the package step never shrinks a chunk below 1 MiB); a size such as 256Mi or 1Gi",
+            )
         elif chunk > threshold:
             yield ConfigProblem(
                 "chunkSize", self.chunk_size, f"at most chunkThreshold ({self.chunk_threshold}): only blobs above it are chunked"
@@ -1347,7 +1408,7 @@ class StackConfig(Model):
             yield ConfigProblem("models[].name", duplicates(names), "model names must be unique")
         pushed: dict[str, int] = {}
         for i, model in enumerate(self.models):
-            image = f"{model.quay_repository}:{model.tag}"
+            image = f"{same_registry(model.quay_repository)}:{model.tag}"
             if image in pushed and model.name not in duplicates(names):  # a model given twice is reported above
                 yield ConfigProblem(
                     f"models[{i}].tag",

@@ -20,11 +20,12 @@ import yaml
 from pydantic import ValidationError
 
 from core.servers import DEV_SERVERS
-from stacks import stackfile
+from stacks import gpus, stackfile
 from stacks.base import ConfigProblems
 from stacks.config import PIPELINE_CREDENTIALS, SSHD_CAPABILITIES, StackConfig
 from stacks.environment import environment_config, is_environment
 from stacks.errors import PREFIX, _clean_loc, _path, format_errors, format_problems, problem_lines
+from stacks.gpus import Tally
 
 # Secret config keys (always `pulumi config set --secret ml-dev-env:<key> …`) and what needs them.
 SECRET_KEYS: dict[str, str] = {
@@ -40,6 +41,8 @@ class LoadedStack:
     warnings: list[str] = field(default_factory=list)
     cluster: StackConfig | None = None
     """An environment stack: its cluster stack's config (from `Pulumi.<cluster>.yaml`)."""
+    gpus: Tally | None = None
+    """The GPUs of its cluster against what every stack of the checkout on it asks (stacks/gpus.py)."""
 
 
 def object_keys() -> list[str]:
@@ -108,6 +111,17 @@ def unknown_key_line(full_key: str, key: str, text: Any, known: set[str]) -> str
         return (
             f"{full_key}: unknown key wrapping {', '.join(sorted(inner))}; each object is a key of its own under `config:`: "
             + ", ".join(f"{PREFIX}{k}" for k in sorted(inner))
+        )
+    head, dot, rest = key.partition(".")
+    if dot and head in known:
+        # `ml-dev-env:nodes.count: 2`, as the configuration reference names the key: a path, which a stack file
+        # nests (only `pulumi config set --path` reads the dots)
+        shown = json.dumps(value) if not isinstance(value, str) else value
+        first, _, deeper = rest.partition(".")
+        nested = f"{first}: {{{deeper.replace('.', ': {')}: {shown}{'}' * (deeper.count('.') + 1)}" if deeper else f"{first}: {shown}"
+        return (
+            f"{full_key}: a dotted key is a path, not a key: write `{nested}` under `{PREFIX}{head}:` "
+            f"(or run pulumi config set --path '{PREFIX}{key}' {shown})"
         )
     path = _sub_keys().get(key)
     if path:
@@ -276,9 +290,10 @@ def cluster_stack_raw(config_dir: Path, cluster: str) -> tuple[dict[str, Any] | 
     where = f"{PREFIX}environment.cluster"
     try:
         text = path.read_text()
-    except FileNotFoundError:
+    except OSError:  # absent, or no file name at all (a name longer than the file system takes)
         found = sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in config_dir.glob("Pulumi.*.yaml"))
-        return None, [f"{where}: got {cluster!r}; no cluster stack file {path.name} in this project (stacks: {', '.join(found)})"]
+        shown = cluster if len(cluster) <= 70 else cluster[:67] + "..."
+        return None, [f"{where}: got {shown!r}; no cluster stack file Pulumi.{shown}.yaml in this project (stacks: {', '.join(found)})"]
     key = (text, path.name)
     if key not in _cluster_files:
         _cluster_files[key] = _read_cluster_file(text, path.name)
@@ -419,7 +434,9 @@ def load(source: str, config_dir: Path | None = None) -> LoadedStack:
         cluster = validate_all(base)[0] if base is not None else None
         if cluster is None:
             raise pulumi.RunError(format_problems(base_problems or [f"{PREFIX}environment.cluster: its stack file does not load"], source))
-    return LoadedStack(config=config, secrets=secrets, warnings=warnings_for(config), cluster=cluster)
+    stack_name = Path(source).name.removeprefix("Pulumi.").removesuffix(".yaml")
+    fit = gpus.tally(config_dir or Path.cwd(), stack_name, own=config)
+    return LoadedStack(config=config, secrets=secrets, warnings=warnings_for(config), cluster=cluster, gpus=fit)
 
 
 def required_secrets(config: StackConfig) -> set[str]:

@@ -110,8 +110,25 @@ def _text_problems(text: str, name: str) -> list[str]:
     return out
 
 
+# A label value (k8s.io/apimachinery pkg/util/validation/validation.go IsValidLabelValue): every object carries the
+# stack name as its `ml-dev-env/stack` label (components/environment.py stack_label_transformation).
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+
+
+def stack_name_problem(path: Path) -> str | None:
+    """A stack name the objects' `ml-dev-env/stack` label cannot carry (Pulumi allows up to 100 characters)."""
+    name = path.name.removeprefix("Pulumi.").removesuffix(".yaml")
+    if len(name) <= 63 and _LABEL_VALUE.match(name):
+        return None
+    return (
+        f"{path.name}: the stack name {name!r} ({len(name)} characters) is no label value: every object carries it as "
+        "its ml-dev-env/stack label, at most 63 letters, digits, '-', '_' and '.', starting and ending with a letter or digit"
+    )
+
+
 def file_problems(path: Path) -> list[str]:
+    name_problem = stack_name_problem(path)
     try:
-        return problems(path.read_text(), path.name)
+        return ([name_problem] if name_problem else []) + problems(path.read_text(), path.name)
     except OSError:
-        return []
+        return [name_problem] if name_problem else []

@@ -6,12 +6,13 @@ import copy
 import os
 import re
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from components import preflight
 from stacks.loader import SECRET_KEYS
 
 # the suite leaves nothing behind: subreaper, per-module notes, the session-end check (tests/fixtures/leftovers.py)
@@ -28,7 +29,16 @@ from tools.mock_engine import RunResult, run_program, stack_config
 ROOT = Path(__file__).resolve().parent.parent
 
 STACKS = sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in ROOT.glob("Pulumi.*.yaml"))
-VALIDATOR = ROOT.parent / "shared" / "tools" / "validate_manifests.py"
+VALIDATOR = ROOT / "tools" / "schema_check.py"
+"""The project's strict schema check (schemas/ and upstream's rules; tests/fixtures/schema_check.py runs it in-process)."""
+
+
+@pytest.fixture(autouse=True)
+def _each_test_meets_an_answering_api() -> Iterator[None]:
+    """components/preflight.py remembers an unanswered API read for the rest of its process (one Pulumi run): each test
+    is a run of its own."""
+    yield
+    preflight.UNANSWERED.clear()
 
 
 def stack_objects(stack: str) -> dict[str, Any]:

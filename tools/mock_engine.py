@@ -24,6 +24,7 @@ from pulumi.runtime import rpc, settings
 from pulumi.runtime.mocks import MockMonitor
 from pulumi.runtime.stack import run_pulumi_func
 
+from components import preflight
 from stacks import stackfile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -282,6 +283,7 @@ def _run_program(
 ) -> RunResult:
     if stack_outputs is None:
         stack_outputs = cluster_outputs(config, secrets, main)
+    preflight.UNANSWERED.clear()  # each program run is a process of its own (what the API left unanswered is per run)
     flat, secret_keys = flatten(config)
     for key, value in (secrets or {}).items():
         full = key if ":" in key else f"{PROJECT}:{key}"

@@ -1,8 +1,9 @@
 """`make render STACK=<name>`: run the program offline and tell what `pulumi preview` would.
 
 Writes `rendered/<stack>/<kind>-<name>.yaml` and prints a short report: the stack outputs, the policy
-check, the object counts per kind, the schema check of `../shared/tools/validate_manifests.py` (its
-per-object detail only on failure; the render fails when it fails), the secrets the stack needs (set
+check, the object counts per kind, the project's schema check (`tools/schema_check.py`: each object against its
+kind's vendored upstream schema in `schemas/`, strictly, and upstream's rules beyond it; the detail, with the config
+key that made each refused value, only on failure; the render fails when it fails), the secrets the stack needs (set
 or missing, with the command to set each), the cluster prerequisites it assumes and the objects that
 need more than namespace-admin rights. Secret values never reach the files: they are redacted before
 anything is written.
@@ -14,7 +15,6 @@ import argparse
 import os
 import re
 import shutil
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -35,12 +35,12 @@ if __name__ == "__main__" and not __package__:
     )
 
 from policy.rules import POLICIES, evaluate, format_report, has_mandatory
+from stacks import gpus
 from stacks.config import StackConfig
 from stacks.loader import SECRET_KEYS, stack_raw
 from tools.mock_engine import REDACTED, ROOT, Recorded, RunResult, StackFileError, flatten, run_program, stack_config
 from tools.prerequisites import admin_needs, prerequisites, secret_status
-
-VALIDATOR = ROOT.parent / "shared" / "tools" / "validate_manifests.py"
+from tools.schema_check import Leaf, check_objects, key_hint, leaves
 
 
 def manifest(resource: Recorded) -> dict[str, Any] | None:
@@ -152,6 +152,36 @@ def _str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
 _OutputDumper.add_representer(str, _str)
 
 
+def config_sources(stack_file: Path, config: dict[str, Any]) -> list[Leaf]:
+    """Every scalar of the stack file's config, then of its cluster's stack file (an environment stack's)."""
+    found = leaves(stack_file.name, config)
+    env = config.get("ml-dev-env:environment")
+    cluster = env.get("cluster") if isinstance(env, dict) else None
+    cluster_file = stack_file.parent / f"Pulumi.{cluster}.yaml"
+    if isinstance(cluster, str) and cluster_file.is_file() and cluster_file != stack_file:
+        try:
+            found += leaves(cluster_file.name, stack_config(cluster_file))
+        except StackFileError:
+            pass
+    return found
+
+
+def schema_section(stack: str, stack_file: Path, config: dict[str, Any], written: list[tuple[Recorded, dict[str, Any], Path]]) -> bool:
+    """The project's schema check of the written objects (tools/schema_check.py); False when one fails."""
+    report = check_objects((obj, resource.typ.endswith("Patch")) for resource, obj, _ in written)
+    what = "schemas/ strictly, and upstream's rules beyond them"
+    if report.passed:
+        print(f"\n== schema check: {report.summary} ({what})")
+        return True
+    print(f"\n== schema check ({what}): FAILED, {report.summary}")
+    sources = config_sources(stack_file, config)
+    for label, problems in report.invalid:
+        for problem in problems:
+            hint = key_hint(problem.value, sources, stack, stack_file.name)
+            print(f"  {label}: {problem.text}" + (f" — {hint}" if hint else ""))
+    return False
+
+
 def stacks_in(config_dir: Path) -> list[str]:
     return sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in config_dir.glob("Pulumi.*.yaml"))
 
@@ -188,18 +218,12 @@ def render(stack: str, out_root: Path, validate: bool = True, config_dir: Path =
     if has_mandatory(violations):
         print(f"error: stack {stack} violates a mandatory policy (see above)", file=sys.stderr)
         return 1
-    if validate and VALIDATOR.exists():
-        # -q: the validator prints only problems and its summary line; the detail only matters on failure.
-        proc = subprocess.run([sys.executable, str(VALIDATOR), "-q", str(out_dir)], capture_output=True, text=True, check=False)
-        lines = (proc.stdout + proc.stderr).strip().splitlines()
-        if proc.returncode != 0:
-            print(f"\n== schema check ({VALIDATOR}): FAILED")
-            print("\n".join(lines))
-            print(f"error: rendered objects of stack {stack} fail the schema check", file=sys.stderr)
-            return 1
-        print(f"\n== schema check: {lines[-1].removeprefix('summary: ') if lines else 'ok'} ({VALIDATOR.name})")
-    elif validate:
-        print(f"\nnote: {VALIDATOR} not found; schema check skipped")
+    if validate and not schema_section(stack, stack_file, config, written):
+        print(f"error: rendered objects of stack {stack} fail the schema check (the API server would refuse them)", file=sys.stderr)
+        return 1
+    fit = gpus.tally(config_dir, stack)
+    if fit is not None:
+        print(f"\n== GPUs (nodes.gpuNodes × nodes.gpusPerNode of the cluster stack; preview also reads the live nodes)\n  {fit.line}")
     print(needs_report(stack_file, config, written))
     return 0
 

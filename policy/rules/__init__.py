@@ -18,6 +18,7 @@ anyway is **advisory** (`route-tls-redirect`).
 from __future__ import annotations
 
 from .catalogue import POLICIES, POLICY_NAMES, evaluate, format_report, has_mandatory
+from .kube_api import API_SERVER_ACCEPTS
 from .query import (
     ADVISORY,
     MANDATORY,
@@ -36,6 +37,7 @@ from .query import (
 
 __all__ = [
     "ADVISORY",
+    "API_SERVER_ACCEPTS",
     "MANDATORY",
     "PACK_NAME",
     "POLICIES",

@@ -14,7 +14,7 @@ from typing import Any
 
 from .query import ADVISORY, MANDATORY, PACK_NAME, PolicySpec, Resource, Violation, _m
 
-NOT_RULES = frozenset({"query", "catalogue"})
+NOT_RULES = frozenset({"query", "catalogue", "kube_api"})  # kube_api: the pack adds its API_SERVER_ACCEPTS
 
 
 def _discover() -> tuple[PolicySpec, ...]:

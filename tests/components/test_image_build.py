@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from components import image_build
-from tests.conftest import VALIDATOR, run_objects, stack_objects, tcp_shared_variant
+from tests.conftest import run_objects, stack_objects, tcp_shared_variant
 from tests.fixtures import schema_check
 from tests.repo.test_locks import locked
 from tools import render
@@ -69,10 +69,9 @@ def test_preset_renders_two_stage_build(preset: str, tmp_path: Path) -> None:
     pod = result.one("kubernetes:apps/v1:StatefulSet").inputs["spec"]["template"]["spec"]
     assert pod["containers"][0]["image"] == expected == result.outputs["runtime_image"] == result.outputs["image"]
     assert result.outputs["base_image"].endswith(f"ml-dev-env:{base_tag}")
-    if VALIDATOR.exists():
-        render.write(result, tmp_path)
-        proc = schema_check.check(str(tmp_path))
-        assert proc.returncode == 0, proc.stdout
+    render.write(result, tmp_path)
+    proc = schema_check.check(str(tmp_path))
+    assert proc.returncode == 0, proc.stdout
 
 
 CM = "kubernetes:core/v1:ConfigMap"

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import VALIDATOR, run_objects, stack_objects
+from tests.conftest import run_objects, stack_objects
 from tests.fixtures import schema_check
 from tools.mock_engine import RunResult
 
@@ -176,7 +176,6 @@ def test_lifecycle_config_errors(lifecycle: dict[str, Any], message: str) -> Non
     assert result.error is not None and message in result.error, result.error
 
 
-@pytest.mark.skipif(not VALIDATOR.exists(), reason="../shared/tools/validate_manifests.py is not beside the repository")
 @pytest.mark.parametrize("stack", ["barcelona", "nerc-production"])
 def test_rendered_lifecycle_objects_pass_the_schema_check(stack: str, tmp_path: Path) -> None:
     from tools import render as render_tool

@@ -3,6 +3,7 @@ StatefulSet that server-side apply cannot adopt (immutable selector / claim temp
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import stat
@@ -16,7 +17,8 @@ import pytest
 import yaml
 
 from components import preflight
-from tests.conftest import STACKS, run_objects, stack_objects
+from tests.conftest import PLACEHOLDER_SECRETS, ROOT, STACKS, run_objects, stack_objects
+from tools import mock_engine
 
 # The original tool's StatefulSet: another selector, a different headless Service, no claim templates.
 ORIGINAL = {
@@ -265,3 +267,122 @@ def test_an_admins_scc_must_allow_what_the_pods_add(monkeypatch: pytest.MonkeyPa
     assert result.error is not None and "SecurityContextConstraints nccl-rdma-scc does not allow" in result.error
     assert f"`oc patch scc nccl-rdma-scc --type=json -p '{refused}'`" in result.error, result.error
     assert not result.of_type("kubernetes:apps/v1:StatefulSet"), "nothing may be applied after the stop"
+
+
+# ------------------------------------------------------------------------ an API that never answers
+
+
+@pytest.mark.parametrize("stack", ["barcelona", "barcelona-alice"])
+def test_a_silent_api_costs_one_read_and_one_warning_in_all(stack: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A preview against an API that accepts connections and never answers: the first read waits READ_CAP, warns once,
+    and no live check (guard, StatefulSet, SCC, attachments, GPU nodes) reads or warns again."""
+    import socket
+    import time
+
+    assert preflight.READ_CAP <= 8.0  # one read, connection included: ≤ 10 s in all with the run's own work
+    config = {f"ml-dev-env:{k}": v for k, v in stack_objects(stack).items()}
+    secrets = {k: v for k, v in PLACEHOLDER_SECRETS.items() if v is not None}
+    # an environment's preview reads its cluster stack's outputs; the mock engine would run that stack in this process
+    outputs = mock_engine.cluster_outputs(config, secrets, mock_engine.ROOT / "__main__.py")
+    monkeypatch.setattr(preflight, "READ_CAP", 0.5)  # the test's own bound; the count of reads is what it measures
+    monkeypatch.setattr(preflight, "_offline", lambda render_dir: False)
+    waited: list[float] = []
+    real_get = preflight.KubeClient.get
+
+    def timed(self: preflight.KubeClient, path: str, timeout: float = 8.0) -> dict[str, Any] | None:
+        start = time.monotonic()
+        try:
+            return real_get(self, path, timeout)
+        finally:
+            waited.append(time.monotonic() - start)
+
+    monkeypatch.setattr(preflight.KubeClient, "get", timed)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(64)
+        monkeypatch.setenv(
+            "KUBECONFIG", str(kubeconfig(tmp_path / "config", f"http://127.0.0.1:{server.getsockname()[1]}", {"token": "t"}))
+        )
+        result = mock_engine.run_program(stack, config, secrets, stack_outputs=outputs)
+        server.setblocking(False)
+        connections = 0
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                server.accept()[0].close()
+                connections += 1
+    assert result.error is None, result.error
+    api_warnings = [w for w in result.warnings if "GET " in w or "API" in w or "could not" in w]
+    assert len(api_warnings) == 1, api_warnings
+    assert "could not reach the cluster's API" in api_warnings[0] and "timed out" in api_warnings[0]
+    assert connections == 1 and len([w for w in waited if w > 0.1]) == 1, (connections, waited)
+    assert sum(waited) < 0.5 + 0.5  # one capped read; the skipped ones cost nothing
+
+
+# ------------------------------------------------------------------------------ GPUs that fit, live
+
+
+def _node(name: str, gpus: int) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "status": {"allocatable": {"nvidia.com/gpu": str(gpus)}}}
+
+
+def _gpu_pod(ns: str, name: str, gpus: int, owner: str | None = None, phase: str = "Running") -> dict[str, Any]:
+    meta: dict[str, Any] = {"namespace": ns, "name": name}
+    if owner:
+        meta["ownerReferences"] = [{"kind": "StatefulSet", "name": owner}]
+    return {
+        "metadata": meta,
+        "spec": {"containers": [{"resources": {"requests": {"nvidia.com/gpu": str(gpus)}}}]},
+        "status": {"phase": phase},
+    }
+
+
+def test_the_live_gpu_line_names_the_pods_that_hold_them() -> None:
+    from stacks import gpus
+
+    fit = gpus.tally(ROOT, "barcelona")
+    assert fit is not None and fit.asked == 16 and len(fit.nodes) == 5
+    pods: dict[str, list[dict[str, Any]]] = {name: [] for name in fit.nodes}
+    pods[fit.nodes[0]] = [_gpu_pod("nccl-test", "ml-dev-env-0", 4, owner="ml-dev-env")]  # ours: counted in the ask
+    pods[fit.nodes[1]] = [_gpu_pod("team-b", "trainer-0", 4), _gpu_pod("team-b", "done", 4, phase="Succeeded")]
+    pods[fit.nodes[2]] = [_gpu_pod("team-c", "notebook", 2)]
+    reads: list[str] = []
+
+    def get(path: str) -> dict[str, Any] | None:
+        reads.append(path)
+        if path.startswith("/api/v1/nodes/"):
+            return _node(path.rsplit("/", 1)[1], 4)
+        node = path.rsplit("%3D", 1)[1]
+        return {"items": pods[node]}
+
+    line, fits = preflight.gpu_fit_line(get, fit)
+    assert not fits and len(reads) == 10
+    assert line.startswith("GPUs on cluster barcelona (live): 16 asked by this checkout's stacks, 20 allocatable on 5 GPU nodes: ")
+    assert "fits once 2 GPUs free; other pods hold 6: team-b/trainer-0 (4), team-c/notebook (2) (list them: oc get pods -A" in line
+    pods[fit.nodes[2]] = []
+    assert preflight.gpu_fit_line(get, fit) == (
+        "GPUs on cluster barcelona (live): 16 asked by this checkout's stacks, 20 allocatable on 5 GPU nodes, 4 held by other pods: fits",
+        True,
+    )
+    few = {name: 2 for name in fit.nodes}
+    line, fits = preflight.gpu_fit_line(
+        lambda p: _node(p.rsplit("/", 1)[1], few[p.rsplit("/", 1)[1]]) if "/nodes/" in p else {"items": []}, fit
+    )
+    assert line.endswith("10 allocatable on 5 GPU nodes: never fits, 6 more than the nodes have") and not fits
+
+
+def test_a_preview_tells_whether_the_gpus_fit_from_the_live_nodes(api: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the program against the local API: the GPU nodes' allocatable and what other pods hold, in one warning."""
+    nodes = stack_objects("barcelona")["nodes"]["gpuNodes"]
+    FakeApi.objects = {f"/api/v1/nodes/{name}": _node(name, 4) for name in nodes}
+    FakeApi.objects["/version"] = {"major": "1", "minor": "33"}
+    for name in nodes:
+        FakeApi.objects[f"/api/v1/pods?fieldSelector=spec.nodeName%3D{name}"] = {"items": []}
+    FakeApi.objects[f"/api/v1/pods?fieldSelector=spec.nodeName%3D{nodes[0]}"] = {"items": [_gpu_pod("team-b", "trainer-0", 4)]}
+    FakeApi.objects[f"/api/v1/pods?fieldSelector=spec.nodeName%3D{nodes[1]}"] = {"items": [_gpu_pod("team-b", "trainer-1", 4)]}
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "config", api, {"token": "sha256~token"})))
+    monkeypatch.setattr(preflight, "_offline", lambda render_dir: False)
+    result = run_objects("barcelona", stack_objects("barcelona"))
+    assert result.error is None, result.error
+    [line] = [w for w in result.warnings if w.startswith("GPUs on cluster barcelona (live)")]
+    assert "16 asked by this checkout's stacks, 20 allocatable on 5 GPU nodes: fits once 4 GPUs free; other pods hold 8: " in line
+    assert "team-b/trainer-0 (4), team-b/trainer-1 (4)" in line

@@ -17,7 +17,7 @@ from inpod.lib import usersecrets
 from policy.rules import evaluate
 from policy.rules import user_secrets_stay_the_users as rule
 from stacks.config import StackConfig
-from tests.conftest import VALIDATOR, run_objects, stack_objects
+from tests.conftest import run_objects, stack_objects
 from tests.fixtures import schema_check
 from tools.mock_engine import RunResult
 
@@ -84,7 +84,6 @@ def test_no_secrets_renders_no_volume_and_an_empty_list() -> None:
     assert f"{contract.SECRETS_ENV}=''" in data["devloop.env"].splitlines()
 
 
-@pytest.mark.skipif(not VALIDATOR.exists(), reason="../shared/tools/validate_manifests.py is not beside the repository")
 @pytest.mark.parametrize("stack", STACKS)
 def test_rendered_objects_pass_the_schema_check(stack: str, tmp_path: Path) -> None:
     from tools import render as render_tool

@@ -49,14 +49,14 @@ def test_pack_project_file_is_a_python_pack() -> None:
 
 def test_policies_mirror_the_rules_catalogue() -> None:
     policies = PACK.build_policies()
-    assert [p.name for p in policies] == list(rules.POLICY_NAMES)
-    for policy, spec in zip(policies, rules.POLICIES, strict=True):
+    assert [p.name for p in policies] == [*rules.POLICY_NAMES, "api-server-accepts"]
+    for policy, spec in zip(policies, (*rules.POLICIES, rules.API_SERVER_ACCEPTS), strict=True):
         assert isinstance(policy, StackValidationPolicy if spec.scope == "stack" else ResourceValidationPolicy)
         assert policy.enforcement_level == (EnforcementLevel.MANDATORY if spec.level == "mandatory" else EnforcementLevel.ADVISORY)
         assert policy.description == spec.description and policy.remediation_steps
     levels = {p.name: p.enforcement_level for p in policies}
     assert levels["route-tls-redirect"] == EnforcementLevel.ADVISORY
-    assert sum(level == EnforcementLevel.MANDATORY for level in levels.values()) == 12
+    assert sum(level == EnforcementLevel.MANDATORY for level in levels.values()) == 13
     assert {p.name for p in policies if isinstance(p, StackValidationPolicy)} == {
         "routes-require-authentication",
         "privileges-require-scc-binding",
@@ -72,7 +72,7 @@ def test_main_builds_the_named_pack(monkeypatch: pytest.MonkeyPatch) -> None:
     PACK.main()
     assert built["name"] == "ml-dev-env-guardrails"
     assert built["enforcement_level"] == EnforcementLevel.MANDATORY and "| `route-tls-redirect` | advisory |" in built["readme"]
-    assert [p.name for p in built["policies"]] == list(rules.POLICY_NAMES)
+    assert [p.name for p in built["policies"]] == [*rules.POLICY_NAMES, "api-server-accepts"]
 
 
 def test_plain_unwraps_proxies_and_keeps_unknowns() -> None:
@@ -162,7 +162,8 @@ def test_served_pack_describes_its_policies(analyzer: analyzer_pb2_grpc.Analyzer
     info = analyzer.GetAnalyzerInfo(empty_pb2.Empty(), timeout=30)
     assert info.name == "ml-dev-env-guardrails" and "guard rails" in info.readme
     served = {p.name: (p.enforcementLevel, p.policy_type) for p in info.policies}
-    assert set(served) == set(rules.POLICY_NAMES)
+    assert set(served) == {*rules.POLICY_NAMES, "api-server-accepts"}
+    assert served["api-server-accepts"] == (analyzer_pb2.MANDATORY, analyzer_pb2.POLICY_TYPE_RESOURCE)
     assert served["routes-require-authentication"] == (analyzer_pb2.MANDATORY, analyzer_pb2.POLICY_TYPE_STACK)
     assert served["route-tls-redirect"] == (analyzer_pb2.ADVISORY, analyzer_pb2.POLICY_TYPE_RESOURCE)
 
@@ -175,6 +176,24 @@ def test_served_pack_analyzes_a_resource_with_unknowns(analyzer: analyzer_pb2_gr
     response = analyzer.Analyze(request, timeout=30)
     assert [(d.policyName, d.enforcementLevel) for d in response.diagnostics] == [("images-pinned", analyzer_pb2.MANDATORY)]
     assert "image 'busybox' has no tag" in response.diagnostics[0].message
+
+
+def test_served_pack_refuses_what_the_api_server_refuses(analyzer: analyzer_pb2_grpc.AnalyzerStub) -> None:
+    """The schema check runs at preview: an unknown field and a name the API server refuses; unknowns pass."""
+    typ, inputs, _ = statefulset("app", [container(image="busybox:1@sha256:" + "0" * 64)])
+    inputs["spec"]["replicaz"] = 2
+    inputs["spec"]["serviceName"] = UNKNOWN
+    claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "data"}, "spec": {"storageClassName": "NFS_Client"}}
+    diagnostics = []
+    for i, (t, props) in enumerate([(typ, inputs), ("kubernetes:core/v1:PersistentVolumeClaim", claim)]):
+        request = analyzer_pb2.AnalyzeRequest(
+            type=t, properties=_struct(props), urn=f"urn:{i}", name=f"r{i}", options=analyzer_pb2.AnalyzerResourceOptions()
+        )
+        diagnostics += [d for d in analyzer.Analyze(request, timeout=30).diagnostics if d.policyName == "api-server-accepts"]
+    messages = [d.message for d in diagnostics]
+    assert len(messages) == 2, messages
+    assert "spec.replicaz: unknown field" in messages[0]
+    assert 'spec.storageClassName: "NFS_Client": storage class name: a lowercase RFC 1123 subdomain' in messages[1]
 
 
 def test_served_pack_analyzes_the_stack(analyzer: analyzer_pb2_grpc.AnalyzerStub) -> None:
@@ -196,7 +215,7 @@ def test_served_pack_analyzes_the_stack(analyzer: analyzer_pb2_grpc.AnalyzerStub
 def test_readme_documents_every_policy_with_its_level() -> None:
     readme = (ROOT / "policy" / "README.md").read_text()
     rows = dict(re.findall(r"^\| `([a-z0-9-]+)` \| (mandatory|advisory)", readme, flags=re.M))
-    assert rows == {spec.name: spec.level for spec in rules.POLICIES}
+    assert rows == {spec.name: spec.level for spec in (*rules.POLICIES, rules.API_SERVER_ACCEPTS)}
 
 
 @pytest.mark.parametrize("stack", ["barcelona", "nerc-production"])

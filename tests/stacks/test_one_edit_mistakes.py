@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from stacks.loader import SECRET_KEYS, check
-from tests.conftest import ROOT, VALIDATOR, run_objects, stack_objects
+from tests.conftest import ROOT, run_objects, stack_objects
 from tests.fixtures import schema_check
 from tools.mock_engine import flatten
 from tools.render import write
@@ -123,7 +123,6 @@ def test_through_carol_a_cluster_file_mistake_names_the_cluster_file(tmp_path: P
             one_line_each(problems, "ml-dev-env:", label)  # accepted as a cluster; carol's own rules may still speak
 
 
-@pytest.mark.skipif(not VALIDATOR.exists(), reason="needs ../shared/tools/validate_manifests.py")
 def test_accepted_edits_render_objects_the_schemas_accept(tmp_path: Path) -> None:
     accepted = [(label, objects) for label, objects, problems in verdicts("barcelona") if not problems]
     assert len(accepted) > 100

@@ -191,7 +191,7 @@ class FakeApiServer:
         return self.replicas == 0 and "idleSeconds" in self.configmap["data"] and any(e.get("reason") == "IdleStop" for e in self.events)
 
     def write_bodies(self, directory: Path) -> int:
-        """Every Scale the agent sent and the resulting ConfigMap, as files for validate_manifests.py."""
+        """Every Scale the agent sent and the resulting ConfigMap, as files for tools/schema_check.py."""
         directory.mkdir(parents=True, exist_ok=True)
         objects = [*self.scales, self.configmap]
         for i, obj in enumerate(objects):

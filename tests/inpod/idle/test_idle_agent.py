@@ -19,7 +19,6 @@ import pytest
 
 from inpod import contract
 from inpod.lib import http
-from tests.conftest import VALIDATOR
 from tests.fixtures import schema_check
 from tests.inpod.idle.conftest import APP, NS, AgentInputs, FakeApiServer, Jupyter, load_agent, write_settings
 
@@ -103,7 +102,7 @@ def decide(
     return agent.tick(agent.load_settings(), decider), decider
 
 
-# core/v1 Event fields (k8s.io/api/core/v1 types.go `Event`); ../shared/schemas has no Event schema.
+# core/v1 Event fields (k8s.io/api/core/v1 types.go `Event`); schemas/ has no Event schema.
 EVENT_FIELDS = {
     "apiVersion",
     "kind",
@@ -137,7 +136,6 @@ def assert_event_shape(event: dict[str, Any]) -> None:
         time.strptime(event[key], "%Y-%m-%dT%H:%M:%SZ")
 
 
-@pytest.mark.skipif(not VALIDATOR.exists(), reason="../shared/tools/validate_manifests.py is not beside the repository")
 def test_scale_request_and_record_pass_the_official_schemas(
     pod0: AgentInputs, api: FakeApiServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
