@@ -10,7 +10,7 @@ from inpod import contract
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
-MASTER_PORT = 29500
+MASTER_PORT = contract.MASTER_PORT
 DEBUG_PORT = 5678
 """debugpy's port in the main container (`oc port-forward` target)."""
 INTERNAL_REGISTRY = "image-registry.openshift-image-registry.svc:5000"
@@ -80,12 +80,12 @@ def idle_record_configmap(app: str) -> str:
 
 
 def usage_configmap(app: str) -> str:
-    """The environment's GPU-hours record (written by its usage CronJob, inpod/usage.py; read by the home page)."""
+    """The environment's GPU-hours record (written by its usage Deployment, inpod/usage.py; read by the home page)."""
     return contract.usage_configmap(app)
 
 
 def usage_recorder(app: str) -> str:
-    """The usage CronJob and the Role/RoleBinding it (and `ml-dev status --all`) reads and writes with."""
+    """The usage Deployment and the Role/RoleBinding it (and `ml-dev status --all`) reads and writes with."""
     return f"{app}-usage"
 
 

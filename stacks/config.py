@@ -4,6 +4,9 @@ Keys are camelCase in `Pulumi.<stack>.yaml` (`pulumi config set --path 'ml-dev-e
 Every model is frozen and rejects unknown keys; cross-field rules (`@rule` methods) yield a
 `ConfigProblem` per mistake, naming the exact key path, and all of them are reported in one run
 (a `@model_validator` that raises one `ConfigProblem` also works, but stops that model at the first).
+
+Why one module: the stack's schema is one pydantic model tree whose validators cross-reference each other's fields
+(a rule reads several sections); the generated reference (docs/ref/configuration.md) is read in its order.
 """
 
 from __future__ import annotations
@@ -414,7 +417,9 @@ class AccessConfig(_ServerToggles):
         "registry.redhat.io/openshift4/ose-oauth-proxy-rhel9:v4.20",
         description="OpenShift OAuth proxy image (the cluster's global pull secret covers registry.redhat.io).",
     )
-    tensorboard_log_dir: AbsPath = Field("/workspace/tensorboard", description="Directory TensorBoard reads its event files from.")
+    tensorboard_log_dir: AbsPath = Field(
+        f"{contract.WORKSPACE_DEFAULT}/tensorboard", description="Directory TensorBoard reads its event files from."
+    )
 
     @rule
     def _servers_without_auth_need_proxy(self) -> Iterator[ConfigProblem]:
@@ -1226,7 +1231,7 @@ class FabricCheckConfig(Model):
 
 # ------------------------------------------------------------------------------------------- env
 
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME = re.compile(f"^{contract.ENV_NAME_PATTERN}$")  # the one rule (config, pod library, shell)
 RESERVED_ENV = (
     *contract.CONTAINER_ENV,
     *contract.SERVER_ENV,
