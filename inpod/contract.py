@@ -51,15 +51,29 @@ IDLE_STATUS_FILE = "idle-status.json"
 FABRIC_LATEST = "fabric/latest.json"
 """The fabric gate's latest result."""
 WORKSPACE_RECORDS_DIR = ".ml-dev-env"
-"""`$ML_DEV_WORKSPACE/.ml-dev-env/`: what a pod keeps in the workspace of its own (the launching pod's runs, the home
-page's utilisation history on pod 0, the fabric gate's results). With a per-pod workspace it is that pod's alone: the
-dev loop never syncs it (components/devloop.py per_pod_paths), and pod 0's page rewrites its history there while a
-tree is being copied and hashed."""
-RUNS_DIR = f"{WORKSPACE_RECORDS_DIR}/runs"
-"""`$ML_DEV_WORKSPACE/.ml-dev-env/runs/<run>/` on the launching pod: what `ml-dev why` and the run's watchdog kept
-(`why/<UTC time>.json`, each with the per-rank stacks and dumps it used, and `why/latest.json`)."""
+"""`$ML_DEV_WORKSPACE/.ml-dev-env/`: what the programs keep in the workspace, each environment in a folder of its own
+(`records_dir`). With a per-pod workspace it is that pod's alone: the dev loop never syncs it (components/devloop.py
+per_pod_paths), and pod 0's page rewrites its history there while a tree is being copied and hashed."""
+ENV_RECORDS_DIR = "env"
+"""`.ml-dev-env/env/<app>/`: one environment's records (the launching pod's runs, the home page's utilisation history
+on pod 0, the fabric gate's results). A workspace claim may be mounted by several environments (docs/use/teams.md):
+nothing one writes there carries another's name, so each page shows its own."""
+LEGACY_RECORDS = ("runs", "home", "fabric")
+"""What `.ml-dev-env/` held directly before records were kept per environment: moved once, into the folder of the
+first environment whose program looks (inpod/lib/pod.py records_dir), never overwriting one (a name both hold keeps
+the older as `<name>.before-<time>`)."""
+RUNS_SUBDIR = "runs"
+"""`<records_dir>/runs/<run>/` on the launching pod: what `ml-dev why` and the run's watchdog kept (`why/<UTC
+time>.json`, each with the per-rank stacks and dumps it used, and `why/latest.json`)."""
+
+
+def records_dir(workspace: str, app: str) -> str:
+    """The environment's own records folder in the workspace (`<workspace>/.ml-dev-env/env/<app>`)."""
+    return f"{workspace}/{WORKSPACE_RECORDS_DIR}/{ENV_RECORDS_DIR}/{app}"
+
+
 WHY_LATEST = "why/latest.json"
-"""The last verdict of a run, under its RUNS_DIR directory (the home page shows it while the run is alive)."""
+"""The last verdict of a run, under its run directory (the home page shows it while the run is alive)."""
 RUN_STATE_DIR = "runs"
 """`$ML_DEV_STATE_DIR/runs/<run>/` on every pod running a rank: the progress file and Flight Recorder's pipe and dumps."""
 HOME_ADDR = "home.addr"
@@ -116,7 +130,7 @@ STALL_MIN = 10
 """The shortest stall time the setting accepts (the verdict itself takes a few seconds)."""
 
 RUN_ID_ENV = "ML_DEV_RUN_ID"
-"""Set by `ml-dev run` on every rank: the run's id (its directory under RUNS_DIR)."""
+"""Set by `ml-dev run` on every rank: the run's id (its directory under RUNS_SUBDIR)."""
 PROGRESS_FILE_ENV = "ML_DEV_PROGRESS_FILE"
 """Set by `ml-dev run` on every rank: a path the job may touch to tell the watchdog it progresses without printing."""
 

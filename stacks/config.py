@@ -390,7 +390,11 @@ class AccessConfig(_ServerToggles):
         "registry.redhat.io/openshift4/ose-oauth-proxy-rhel9:v4.20",
         description="OpenShift OAuth proxy image (the cluster's global pull secret covers registry.redhat.io).",
     )
-    tensorboard_log_dir: AbsPath = Field("/workspace/tensorboard", description="Directory TensorBoard reads its event files from.")
+    tensorboard_log_dir: AbsPath | None = Field(
+        None,
+        description="Directory TensorBoard reads its event files from (default: `<workspace>/tensorboard/<appName>`, the "
+        "environment's own: another environment may mount the same workspace claim).",
+    )
 
     @rule
     def _servers_without_auth_need_proxy(self) -> Iterator[ConfigProblem]:
