@@ -156,7 +156,8 @@ def test_laptop_aliases_are_unique_per_cluster_and_environment_and_every_oc_name
     outputs = {name: render(name).outputs for name in ("barcelona", "nerc-production", "barcelona-alice", "barcelona-bob")}
     aliases = [a for out in outputs.values() for line in host_lines(out["ssh_config"]) for a in line.split()[1:]]
     assert len(aliases) == len(set(aliases)), aliases
-    assert host_lines(outputs["nerc-production"]["ssh_config"]) == ["Host nerc-production-ml-dev-env-0", "Host nerc-production-ml-dev-env-1"]
+    nerc = ["Host nerc-production-ml-dev-env-0", "Host nerc-production-ml-dev-env-1"]
+    assert host_lines(outputs["nerc-production"]["ssh_config"]) == nerc
     assert host_lines(outputs["barcelona-alice"]["ssh_config"]) == ["Host barcelona-alice-0 ml-dev-env-alice-0"]
     known = [n for out in outputs.values() for n in out["ssh_known_hosts"].split(" ", 1)[0].split(",")]
     assert sorted(known) == sorted(aliases)
