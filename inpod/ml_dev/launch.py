@@ -94,22 +94,41 @@ def _ml_dev_debug():
     sys.stderr.flush()
     if os.environ.get("ML_DEV_DEBUG_WAIT", "1") == "1":
         debugpy.wait_for_client()
+def _ml_dev_interface_of(host):
+    # the interface that holds `host` (inpod/lib/http.py interface_of: this file runs where inpod is not importable)
+    import fcntl, ipaddress, socket, struct
+    ip = ipaddress.ip_address(host.split("%")[0])
+    if ip.version == 6:
+        with open("/proc/net/if_inet6") as f:
+            return next((w[5] for w in (line.split() for line in f) if len(w) == 6 and w[0] == ip.packed.hex()), None)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for _, name in socket.if_nameindex():
+            try:
+                if fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))[20:24] == ip.packed:
+                    return name
+            except OSError:
+                pass
+    return None
 def _ml_dev_adapter_on_pod_interface():
     # debugpy's adapter (started by debugpy.listen with this env: debugpy/server/api.py, `--for-server`) owns the
-    # listener. On the pod IP it is bound to the pod network's interface (SO_BINDTODEVICE), as sshd and the agents
-    # are: a peer on net1..N routing the pod IP via its secondary network is refused.
+    # listener. On the pod IP it is bound to the interface that holds that IP (SO_BINDTODEVICE), as sshd and the
+    # agents are: a peer on net1..N routing the pod IP via its secondary network is refused. It cannot be: the bind
+    # fails, naming the address (debugpy.listen then fails in the debugged process), never an unbound listener.
     host = os.environ.get("ML_DEV_DEBUG_HOST", "")
     argv = getattr(sys, "orig_argv", sys.argv)
-    if "--for-server" not in argv or not host or host.startswith("127.") or not os.path.exists("/sys/class/net/eth0"):
+    if "--for-server" not in argv or not host or host.startswith("127.") or host == "::1":
         return
     import socket
     plain = socket.socket.bind
     def bind(self, address):
         if isinstance(address, tuple) and address and address[0] == host:
+            device = _ml_dev_interface_of(host)
+            if device is None:
+                raise OSError("ml-dev: no interface of this pod holds %s: the debugger does not listen there" % host)
             try:
-                self.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_BINDTODEVICE", 25), b"eth0")
+                self.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_BINDTODEVICE", 25), device.encode())
             except OSError as exc:
-                sys.stderr.write("ml-dev: the debugger is not bound to eth0 (%s): net1..N peers reach it\\n" % exc)
+                raise OSError("ml-dev: the debugger cannot bind to %s, which holds %s (%s)" % (device, host, exc))
         return plain(self, address)
     socket.socket.bind = bind
 _ml_dev_adapter_on_pod_interface()

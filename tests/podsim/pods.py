@@ -184,6 +184,7 @@ class PodSim:
         image_paths: Sequence[Path] = (),
         namespace_secrets: Mapping[str, Mapping[str, str]] | None = None,
         claims: Path | None = None,
+        pod_interface: str = "eth0",
     ) -> None:
         """`read_only_passwd`: pods whose image leaves /etc/passwd read-only (not the stack's base image: the
         programs fall back to nss_wrapper); `python_packages`: modules of this interpreter the image has
@@ -197,7 +198,8 @@ class PodSim:
         user made them with `oc create secret generic`); a Secret volume naming one that exists nowhere is empty when
         `optional` (kubernetes pkg/volume/secret/secret.go SetUpAt), else the pod does not start; `claims`: the
         namespace's claims (another PodSim's `claims`: two environments of one namespace mount one claim by name;
-        that PodSim outlives this one)."""
+        that PodSim outlives this one); `pod_interface`: the name of each pod's pod-network interface (the runtime's
+        default is eth0, cri-o/ocicni pkg/ocicni/types.go DefaultInterfaceName; a CNI may name it otherwise)."""
         self.result = result
         self.resources = list(result.resources)
         sts = next(r.inputs for r in self.resources if r.kind == "StatefulSet")
@@ -227,6 +229,7 @@ class PodSim:
         self.base = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{self.run_id}-", dir="/var/tmp"))
         self.base.chmod(0o755)
         self.claims = claims if claims is not None else self.base / "pvc"
+        self.pod_interface = pod_interface
         self.cluster_ns = f"{PREFIX}{self.run_id}-c"
         self.dns: subprocess.Popen[str] | None = None
         self.keys = self.base / "keys"
@@ -396,11 +399,12 @@ class PodSim:
         run(["ip", "-n", c, "addr", "add", f"{DNS_IP}/32", "dev", "br0"])
         for pod in self.pods:
             run(["ip", "netns", "add", pod.netns])
-            run(["ip", "-n", c, "link", "add", f"v{pod.index}", "type", "veth", "peer", "name", "eth0", "netns", pod.netns])
+            dev = self.pod_interface
+            run(["ip", "-n", c, "link", "add", f"v{pod.index}", "type", "veth", "peer", "name", dev, "netns", pod.netns])
             run(["ip", "-n", c, "link", "set", f"v{pod.index}", "master", "br0", "up"])
             run(["ip", "-n", pod.netns, "link", "set", "lo", "up"])
-            run(["ip", "-n", pod.netns, "addr", "add", f"{pod.ip}/{POD_PREFIX}", "dev", "eth0"])
-            run(["ip", "-n", pod.netns, "link", "set", "eth0", "up"])
+            run(["ip", "-n", pod.netns, "addr", "add", f"{pod.ip}/{POD_PREFIX}", "dev", dev])
+            run(["ip", "-n", pod.netns, "link", "set", dev, "up"])
             run(["ip", "-n", pod.netns, "route", "add", "default", "via", GATEWAY])
         records = self.base / "dns-records.json"
         records.write_text(json.dumps(self._records(), indent=1))
