@@ -379,7 +379,9 @@ def test_a_cluster_destroy_keeps_the_network_attachments_and_teams_md_lists_ever
         o["network"]["rdma"]["createAttachments"] = True
         o["network"]["rdma"]["subnets"] = ["10.0.103.0/24", "10.0.104.0/24", "10.0.105.0/24", "10.0.106.0/24"]
 
-    cluster = run_objects("barcelona", (o := stack_objects("barcelona"), attachments(o))[0])
+    objects = stack_objects("barcelona")
+    attachments(objects)
+    cluster = run_objects("barcelona", objects)
     assert cluster.error is None, cluster.error
     kept = {key(r.inputs) for r in cluster.resources if r.options.get("retain_on_delete") and "kind" in r.inputs}
     sts = next(r.inputs for r in cluster.resources if r.inputs.get("kind") == "StatefulSet")
