@@ -92,6 +92,17 @@ SA_DIR_ENV = "ML_DEV_SA_DIR"
 """Overrides SA_DIR (tests)."""
 SECRETS_DIR_ENV = "ML_DEV_SECRETS_DIR"
 """Overrides SECRETS_MOUNT (tests)."""
+SECRET_VALUE_MAX = 65536
+"""The most bytes one env.secrets value may have (as the Secret holds it). Each value becomes one `KEY=value` string
+of a process's environment, and Linux refuses an execve(2) any one of whose strings is longer than MAX_ARG_STRLEN,
+32 pages (include/uapi/linux/binfmts.h; fs/exec.c copy_strings, E2BIG): a 140,000-byte value made every command of
+an SSH session fail (bash: Argument list too long, exit 126). Half of that leaves room for the name and the rest of
+the environment (ARG_MAX, a quarter of the stack limit, bounds all strings together). A longer value, one with a
+NUL byte (an environment string ends at the first) or one that is not UTF-8 text is refused, naming Secret and key,
+the same words at the launch, in `_rank` and in the SSH session hook (inpod/lib/usersecrets.py refusal_line,
+inpod/sh/ssh-session.sh); the key is then unset, everything else works."""
+SECRET_VALUE_MAX_ENV = "ML_DEV_SECRET_VALUE_MAX"
+"""Overrides SECRET_VALUE_MAX (tests)."""
 SECRETS_ENV = "ML_DEV_SECRETS"
 """`devloop.env`: the listed Secret keys, `<secret>/<KEY>` separated by spaces (names only, never a value)."""
 
@@ -195,6 +206,7 @@ SHELL_DEFAULTS = {
     CHECKPOINT_GRACE_ENV: str(GRACE_DEFAULT),
     CHECKPOINT_SIGNAL_ENV: SIGNAL_DEFAULT,
     SECRETS_DIR_ENV: SECRETS_MOUNT,
+    SECRET_VALUE_MAX_ENV: str(SECRET_VALUE_MAX),
 }
 """The defaults the shell files spell as `${NAME:-default}` (a shell file cannot import this module):
 tests/core/test_pod_contract.py holds every such copy equal to this table."""

@@ -165,7 +165,10 @@ def cmd_rank(args: argparse.Namespace) -> int:
     if run:  # `ml-dev run`: the run id, the progress file (watched here), Flight Recorder's pipe (ml-dev why)
         env.update(rank_env(run, sent.get("launcher", ""), env))
         ProgressRelay(env[contract.PROGRESS_FILE_ENV]).start()
-    env.update(usersecrets.values())  # env.secrets' keys from this pod's own mount, last (never sent on stdin)
+    values, refused = usersecrets.read_values()  # env.secrets' keys from this pod's own mount (never sent on stdin)
+    if refused:  # `ml-dev run` stopped at the gate already; `ml-dev exec` and others stop here, in the same words
+        die("no rank started:\n  " + "\n  ".join(refused))
+    env.update(values)
     env["PYTHONUNBUFFERED"] = "1"
     if args.debug_port:
         site = STATE_DIR / "debug-site"
@@ -592,6 +595,7 @@ def open_gate(
     deadline = started + timeout
     answers: dict[int, str] = {}
     found: dict[int, usersecrets.Presence | None] = {}
+    unusable: dict[int, list[str]] = {}
     width = len(str(len(cluster.hosts) - 1))
 
     def first(rank: int) -> str:
@@ -602,6 +606,7 @@ def open_gate(
             if got is not None:
                 answers[rank] = str(got.get("tree") or "")
                 found[rank] = got.get("secrets") if isinstance(got.get("secrets"), dict) else None
+                unusable[rank] = [str(line) for line in got.get("refused_secrets") or []]
                 return ""
             code = proc.wait()
             err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
@@ -666,6 +671,7 @@ def open_gate(
             die("\n  ".join(f"{cluster.label(r)}: tree {answers[r][:12]} differs from {tree.hash[:12]} here" for r in differs))
     if listed_secrets():
         lines = usersecrets.missing_lines({cluster.pods[r]: found.get(r) for r in sorted(procs)})
+        lines += sorted({line for r in sorted(procs) for line in unusable.get(r, [])})  # one line per Secret key
         if lines:
             die("no rank started:\n  " + "\n  ".join(lines))
     for proc in procs.values():
