@@ -29,9 +29,11 @@ from .common import (
     PY,
     STATE_DIR,
     Cluster,
+    at_home,
     die,
     launch_env,
     listed_secrets,
+    own_home,
     parallel,
     read_line,
     stop_grace,
@@ -155,7 +157,8 @@ def cmd_rank(args: argparse.Namespace) -> int:
             sent = json.loads(read_line(0, 30) or b"{}")
         except ValueError:
             die("the launch environment on stdin is not JSON")
-        env.update({str(k): str(v) for k, v in sent.get("env", {}).items()})
+        home = own_home(env)  # a carried value's parts under the launching pod's HOME are this pod's own (home_relative)
+        env.update({str(k): at_home(str(v), home) for k, v in sent.get("env", {}).items()})
         if sent.get("per_pod"):
             env.update(RANK=env.get("NODE_RANK", "0"), LOCAL_RANK="0", WORLD_SIZE=env.get("NNODES", "1"))
     gate = sent.get("gate") if args.env_stdin else None
