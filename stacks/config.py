@@ -1303,16 +1303,38 @@ class StackConfig(Model):
                     "nodeRacks maps each listed GPU node to its rack",
                 )
 
+    def stack_secrets(self) -> dict[str, str]:
+        """{name or glob: what it is} of the Secrets the stacks create in this namespace: this stack's, its cluster
+        stack's (an environment stack's cluster) and every other environment's of that cluster, and the model
+        pipeline's (components/devloop.py, gpu_cluster.py _dev_credentials, model_pipeline.py)."""
+        app = self.cluster.app_name
+        cluster_app = app.removesuffix(f"-{self.environment.name}") if self.environment else app
+        out: dict[str, str] = {}
+        for name, what in (
+            (naming.ssh_secret, "SSH keys"),
+            (naming.oauth_cookie_secret, "OAuth cookie"),
+            (naming.dev_tokens_secret, "dev server tokens"),
+        ):
+            out[name(app)] = f"this stack's {what}"
+            if cluster_app != app:
+                out[name(cluster_app)] = f"the cluster stack's {what}"
+            out[name(f"{cluster_app}-*")] = f"another environment's {what}"
+        for cred in PIPELINE_CREDENTIALS.values():
+            out[cred.secret] = "the model pipeline's (made from the cluster stack's secrets)"
+        return out
+
     @rule
     def _user_secrets_not_ours(self) -> Iterator[ConfigProblem]:
-        app = self.cluster.app_name
-        ours = {naming.ssh_secret(app), naming.oauth_cookie_secret(app), naming.dev_tokens_secret(app)}
+        owned = self.stack_secrets()
         for i, ref in enumerate(self.env.secrets):
-            if ref.secret in ours:
+            what = next((w for pattern, w in owned.items() if fnmatch.fnmatchcase(ref.secret, pattern)), None)
+            if what:
                 yield ConfigProblem(
                     f"env.secrets[{i}].secret",
                     ref.secret,
-                    f"a Secret this stack creates ({', '.join(sorted(ours))}): name your own (`oc create secret generic`)",
+                    f"a Secret the stacks create ({what}), not yours: its keys are never a rank's. Make your own with "
+                    f"`oc create secret generic <name> --from-literal=<KEY>=...` and list that one (a value you need from "
+                    f"{ref.secret}: copy it into your Secret)",
                 )
 
     @rule
