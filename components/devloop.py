@@ -25,7 +25,7 @@ import pulumi_kubernetes as k8s
 import pulumi_tls as tls
 
 import inpod
-from components import storage
+from components import crds, storage
 from components.pod import HOME_DIRNAME, workspace_path
 from core import naming, servers
 from inpod import contract
@@ -228,6 +228,43 @@ def _policy_args(spec: dict[str, Any]) -> k8s.networking.v1.NetworkPolicySpecArg
     )
 
 
+POLICY_FOR_ANNOTATION = "k8s.v1.cni.cncf.io/policy-for"
+"""The attachments (NetworkAttachmentDefinitions) a MultiNetworkPolicy applies to, comma-separated, each
+`<namespace>/<name>` (k8snetworkplumbingwg/multi-networkpolicy README.md, "'policy-for' annotation")."""
+
+
+def multi_network_policy_spec(selector: dict[str, str]) -> dict[str, Any]:
+    """On one secondary network: ingress from the stack's own pods only, every port and protocol (NCCL over RDMA's
+    TCP bootstrap, TCPStore on 29500 that binds every interface, perftest), nothing from another pod of the network.
+    The same shape as NetworkPolicy's (multi-networkpolicy pkg/apis/k8s.cni.cncf.io/v1beta1/types.go
+    MultiNetworkPolicySpec, NetworkPolicy's fields); its peers are matched on the policy's network."""
+    return {
+        "podSelector": {"matchLabels": dict(selector)},
+        "policyTypes": ["Ingress"],
+        "ingress": [{"from": [{"podSelector": {"matchLabels": dict(selector)}}]}],
+    }
+
+
+def multi_network_policies(config: StackConfig, labels: dict[str, str], selector: dict[str, str], opts: pulumi.ResourceOptions) -> None:
+    """network.rdma.multiNetworkPolicy: one MultiNetworkPolicy per attachment the pods name (`<app>-<attachment>`)."""
+    rdma = config.network.rdma
+    if config.network.effective_mode != "rdma" or not rdma.multi_network_policy:
+        return
+    app, ns = config.cluster.app_name, config.cluster.namespace
+    for attachment in rdma.attachments:
+        where = rdma.attachment_namespace or ns
+        crds.custom_resource(
+            f"{app}-mnp-{attachment}",
+            "k8s.cni.cncf.io/v1beta1",
+            "MultiNetworkPolicy",
+            k8s.meta.v1.ObjectMetaArgs(
+                name=f"{app}-{attachment}", namespace=ns, labels=labels, annotations={POLICY_FOR_ANNOTATION: f"{where}/{attachment}"}
+            ),
+            multi_network_policy_spec(selector),
+            opts,
+        )
+
+
 class SshFabric(pulumi.ComponentResource):
     """Keys, the key Secret and the NetworkPolicy of one stack; `volume`/`mount` go into the pod template."""
 
@@ -266,6 +303,7 @@ class SshFabric(pulumi.ComponentResource):
             spec=_policy_args(network_policy_spec(selector, router)),
             opts=child,
         )
+        multi_network_policies(config, labels, selector, child)
         # 0440: readable by the pod's group: kubelet chgrps a Secret volume's files to the pod's fsGroup
         # (restricted-v2 always assigns one) and ORs 0440 into read-only volumes (kubernetes
         # pkg/volume/volume_linux.go SetVolumeOwnership, roMask); UID-0 pods read it anyway. sshd.sh copies

@@ -212,6 +212,12 @@ class RdmaConfig(Model):
     create_attachments: bool = Field(False, description="Create the NetworkAttachmentDefinitions in the namespace.")
     subnets: list[Cidr] = Field(default_factory=list, description="Whereabouts range per NIC (with createAttachments).")
     mtu: int = Field(9000, ge=1280, le=9216, description="MTU of the created NetworkAttachmentDefinitions (with createAttachments).")
+    multi_network_policy: bool = Field(
+        False,
+        description="The cluster enforces MultiNetworkPolicy on secondary networks (OpenShift: `useMultiNetworkPolicy: "
+        "true` in networks.operator.openshift.io `cluster`): one per attachment admits only the stack's own pods on "
+        "net1..N. Unset: any pod on the same SR-IOV network reaches the pods there (docs/use/teams.md).",
+    )
 
     @rule
     def _shapes(self) -> Iterator[ConfigProblem]:
