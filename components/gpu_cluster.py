@@ -329,6 +329,7 @@ class GpuCluster(pulumi.ComponentResource):
         return {
             "startup.sh": script,
             **inpod.group("package"),
+            **inpod.group("servers"),  # forward.py (its code is the package's inpod/lib/forward.py)
             **devloop.scripts(self._cfg),
             **lifecycle.scripts(),
             **fabric.configmap_files(self._cfg),

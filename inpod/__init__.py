@@ -38,7 +38,8 @@ class Shipped:
     """The file in this package."""
     group: str
     """Which part of the stack ships it: package (the package's common modules; always), startup (PID 1), devloop
-    (SSH fabric, launcher), lifecycle, fabric, usage, home (the home page and the SVG plots it and the fabric gate
+    (SSH fabric, launcher), servers (forward.py: the token-mode servers on the pod IP), lifecycle, fabric, usage,
+    home (the home page and the SVG plots it and the fabric gate
     draw; always shipped)."""
 
     @property
@@ -67,6 +68,7 @@ def _root(group: str, *names: str) -> tuple[Shipped, ...]:
 SHIPPED: tuple[Shipped, ...] = (
     *_package("package", "__init__.py", "contract.py", "lib"),
     *_root("startup", "startup.sh"),
+    *_root("servers", "forward.py"),
     *_root("devloop", "sshd.sh", "ssh-session.sh", "ml-dev", "ml-dev-why"),
     *_package("devloop", "ml_dev"),
     *_root("lifecycle", "idle_agent.py", "idle-warning.sh", "checkpoint_stop.sh"),

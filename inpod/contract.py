@@ -60,7 +60,7 @@ on pod 0, the fabric gate's results). A workspace claim may be mounted by severa
 nothing one writes there carries another's name, so each page shows its own."""
 LEGACY_RECORDS = ("runs", "home", "fabric")
 """What `.ml-dev-env/` held directly before records were kept per environment: moved once, into the folder of the
-first environment whose program looks (inpod/lib/pod.py records_dir), never overwriting one (a name both hold keeps
+first environment whose program looks (inpod/lib/pod.py env_records_dir), never overwriting one (a name both hold keeps
 the older as `<name>.before-<time>`)."""
 RUNS_SUBDIR = "runs"
 """`<records_dir>/runs/<run>/` on the launching pod: what `ml-dev why` and the run's watchdog kept (`why/<UTC

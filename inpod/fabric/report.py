@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..lib.pod import records_dir
+from ..lib.pod import env_records_dir
 from .util import GIB, ensure, state_dir
 
 try:  # shipped with the home group; a ConfigMap without it draws no curve (the gate never fails for a plot)
@@ -67,7 +67,7 @@ def human(n: int) -> str:
 
 
 def result_dirs() -> list[Path]:
-    return [records_dir() / "fabric", state_dir() / "fabric"]
+    return [env_records_dir() / "fabric", state_dir() / "fabric"]
 
 
 def write_result(result: dict) -> list[Path]:

@@ -58,7 +58,7 @@ from typing import Any
 from .. import contract, usage
 from ..lib import http, kube, usersecrets
 from ..lib.http import fetch_json
-from ..lib.pod import ago, app_name, clock, env, idle_settings, read_json, read_rank_env, records_dir, state_dir
+from ..lib.pod import ago, app_name, clock, env, env_records_dir, idle_settings, read_json, read_rank_env, state_dir
 from .why_view import why_html
 
 HISTORY_SECONDS = 3600
@@ -109,7 +109,7 @@ def agents(settings: dict[str, Any]) -> list[tuple[str, str]]:
 def history_file() -> Path:
     """Where the page keeps the GPU utilisation it sampled (the workspace: it outlives the page's process and the
     container, as the fabric gate's results do)."""
-    return records_dir() / "home" / "history.json"
+    return env_records_dir() / "home" / "history.json"
 
 
 class Collector:
@@ -423,7 +423,7 @@ def running_html(v: View) -> tuple[str, str]:
 
 
 def fabric_result() -> dict[str, Any] | None:
-    for d in (state_dir() / "fabric", records_dir() / "fabric"):
+    for d in (state_dir() / "fabric", env_records_dir() / "fabric"):
         found = read_json(d / "latest.json")
         if isinstance(found, dict):
             return found
@@ -431,7 +431,7 @@ def fabric_result() -> dict[str, Any] | None:
 
 
 def fabric_svg(result: dict[str, Any], plots: Any) -> str | None:
-    for d in (state_dir() / "fabric", records_dir() / "fabric"):
+    for d in (state_dir() / "fabric", env_records_dir() / "fabric"):
         with contextlib.suppress(OSError):
             if (d / "latest.json").exists() and (d / "latest.svg").exists():
                 return (d / "latest.svg").read_text()

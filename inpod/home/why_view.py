@@ -15,7 +15,7 @@ from html import escape
 from typing import Any, Callable
 
 from .. import contract
-from ..lib.pod import ago, records_dir, state_dir
+from ..lib.pod import ago, env_records_dir, state_dir
 
 ALIVE_SECONDS = 60
 """A run heartbeat older than this is a run that ended without removing it."""
@@ -35,7 +35,7 @@ def live_runs(now: float) -> list[str]:
 
 
 def last_verdict(run: str) -> dict[str, Any] | None:
-    path = records_dir(migrate=False) / contract.RUNS_SUBDIR / run / contract.WHY_LATEST
+    path = env_records_dir(migrate=False) / contract.RUNS_SUBDIR / run / contract.WHY_LATEST
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError):

@@ -37,7 +37,7 @@ def app_name() -> str:
     return app if ordinal.isdigit() else ""
 
 
-def records_dir(migrate: bool = True) -> Path:
+def env_records_dir(migrate: bool = True) -> Path:
     """This environment's records in the workspace (contract.records_dir): `$ML_DEV_WORKSPACE/.ml-dev-env/env/<app>`.
     Records written before they were kept per environment (`.ml-dev-env/{runs,home,fabric}`) move here once, the first
     time a program of this environment looks (`migrate`); nothing is lost (see move_legacy)."""

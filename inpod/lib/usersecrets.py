@@ -66,7 +66,7 @@ def value_max() -> int:
         return contract.SECRET_VALUE_MAX
 
 
-def refusal(data: bytes, size: int | None = None) -> str | None:
+def value_refusal(data: bytes, size: int | None = None) -> str | None:
     """Why a value cannot travel as an environment variable (None: it can), in the words every path uses."""
     size = len(data) if size is None else size
     if size > value_max():
@@ -105,7 +105,7 @@ def _mounted(root: Path) -> list[tuple[str, Path]]:
 
 def read_values(root: Path | None = None) -> tuple[dict[str, str], list[str]]:
     """({KEY: value} of every key mounted under `root` (the listed ones: the volumes hold only those), the refusal
-    lines of the values that cannot travel (`refusal`; those keys are left out)). A value loses its trailing
+    lines of the values that cannot travel (`value_refusal`; those keys are left out)). A value loses its trailing
     newlines, as the shell's `$(<file)` in ssh-session.sh does (a Secret made `--from-file` of a file that ends in a
     newline). A file too large is not read beyond the bound."""
     root = secrets_dir() if root is None else root
@@ -119,7 +119,7 @@ def read_values(root: Path | None = None) -> tuple[dict[str, str], list[str]]:
                 size = os.fstat(f.fileno()).st_size if len(data) > limit else len(data)
         except OSError:  # not a file, or not readable by this UID: missing for this pod
             continue
-        why = refusal(data, size)
+        why = value_refusal(data, size)
         if why:
             refused.append(refusal_line(secret, path.name, why))
             continue

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import contract
-from ..lib.pod import records_dir
+from ..lib.pod import env_records_dir
 from .collectives import merge_fr, ras_words
 from .common import HERE, PY, Cluster, die, parallel
 from .sampler import sample_pod
@@ -324,7 +324,7 @@ def only_run(reports: list[dict[str, Any]], run: str) -> list[dict[str, Any]]:
 def run_dir(run: str) -> Path:
     if not RUN_ID.match(run):
         die(f"--run {run!r}: a run id is letters, digits, '.', '_' and '-' (as `ml-dev run` makes them)", 2)
-    return records_dir() / contract.RUNS_SUBDIR / run
+    return env_records_dir() / contract.RUNS_SUBDIR / run
 
 
 def keep_local(run: str, record: dict[str, Any]) -> Path:

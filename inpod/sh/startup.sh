@@ -305,10 +305,17 @@ if command -v nvidia-smi >/dev/null 2>&1; then
 fi
 
 # --- 4. dev servers (pod 0 only: the dev Service selects the pod named <app>-0) ------------------
-# Behind the OAuth proxy a server needs only loopback; in token mode the router dials the pod IP. Never a
-# wildcard: nothing of ours answers on the SR-IOV interfaces (net1..N), which NetworkPolicy does not cover.
-if [ "$AUTH" = "token" ]; then BIND="${POD_IP:-127.0.0.1}"; else BIND=127.0.0.1; fi
-if [[ "$BIND" == *:* ]]; then BIND_HOSTPORT="[$BIND]"; else BIND_HOSTPORT="$BIND"; fi
+# Behind the OAuth proxy a server needs only loopback. In token mode the router dials the pod IP: the servers still
+# listen on loopback, and forward.py listens on the pod IP bound to the interface that holds it (code-server and
+# Jupyter cannot bind to an interface) and copies each connection there. Never a wildcard: nothing of ours answers
+# on the SR-IOV interfaces (net1..N), which NetworkPolicy does not cover.
+BIND=127.0.0.1 BIND_HOSTPORT=127.0.0.1
+FORWARD=()
+forward() {  # forward <port>: token mode, the pod IP's <port> to loopback's
+  if [ "$AUTH" = "token" ] && [ -n "${POD_IP:-}" ]; then
+    if [[ "$POD_IP" == *:* ]]; then FORWARD+=("[$POD_IP]:$1"); else FORWARD+=("$POD_IP:$1"); fi
+  fi
+}
 # the idle agent asks Jupyter whether it is in use where Jupyter listens
 export ML_DEV_JUPYTER_URL="${ML_DEV_JUPYTER_URL:-http://$BIND_HOSTPORT:8888}"
 PIDS=()
@@ -414,6 +421,7 @@ if [ "$ORDINAL" -eq 0 ]; then
         if [ "$AUTH" = "token" ]; then
           : "${PASSWORD:?token mode needs PASSWORD for code-server}"
           start vscode code-server --bind-addr "$BIND_HOSTPORT:8080" --auth password --disable-telemetry "${dirs[@]}" "$WORKSPACE"
+          forward 8080
         else
           # Only reachable through the OAuth proxy sidecar on this pod's loopback.
           start vscode code-server --bind-addr "$BIND_HOSTPORT:8080" --auth none --disable-telemetry "${dirs[@]}" "$WORKSPACE"
@@ -431,8 +439,11 @@ if [ "$ORDINAL" -eq 0 ]; then
         fi
         if [ "$AUTH" = "token" ]; then
           : "${JUPYTER_TOKEN:?token mode needs JUPYTER_TOKEN}"
+          # allow_remote_access: the router's Host header, through forward.py (jupyter_server serverapp.py
+          # ServerApp.allow_remote_access: a loopback-bound server refuses other Host names without it)
           start jupyter jupyter lab --no-browser --allow-root --ip="$BIND" --port=8888 --ServerApp.root_dir="$WORKSPACE" \
-            --IdentityProvider.token="$JUPYTER_TOKEN" ${cull[@]+"${cull[@]}"}
+            --IdentityProvider.token="$JUPYTER_TOKEN" --ServerApp.allow_remote_access=True ${cull[@]+"${cull[@]}"}
+          forward 8888
         else
           # --allow-root: RDMA pods run as UID 0 (SCC capabilities only apply to root)
           start jupyter jupyter lab --no-browser --allow-root --ip="$BIND" --port=8888 --ServerApp.root_dir="$WORKSPACE" \
@@ -445,6 +456,7 @@ if [ "$ORDINAL" -eq 0 ]; then
           warn "cannot create $logdir (is the workspace writable?); TensorBoard shows runs once it exists"
         fi
         start tensorboard tensorboard --logdir "$logdir" --host "$BIND" --port 6006
+        forward 6006
         ;;
       home)
         # the environment's home page (home_page.py, next to this script); behind its OAuth proxy. It binds
@@ -462,6 +474,9 @@ if [ "$ORDINAL" -eq 0 ]; then
       *) warn "unknown dev server '$server' ignored" ;;
     esac
   done
+  if [ "${#FORWARD[@]}" -gt 0 ]; then
+    start forward python3 "$(dirname "${BASH_SOURCE[0]}")/forward.py" "${FORWARD[@]}"
+  fi
 else
   log "worker pod: no dev servers (they run on the pod named ${C_APP_NAME:-${APP_NAME:-<app>}}-0)"
 fi
