@@ -69,7 +69,7 @@ SHIPPED: tuple[Shipped, ...] = (
     *_package("package", "__init__.py", "contract.py", "lib"),
     *_root("startup", "startup.sh"),
     *_root("servers", "forward.py"),
-    *_root("devloop", "sshd.sh", "ssh-session.sh", "ml-dev", "ml-dev-why"),
+    *_root("devloop", "sshd.sh", "ssh-session.sh", "user-secrets.sh", "ml-dev", "ml-dev-why"),
     *_package("devloop", "ml_dev"),
     *_root("lifecycle", "idle_agent.py", "idle-warning.sh", "checkpoint_stop.sh"),
     *_package("lifecycle", "idle"),

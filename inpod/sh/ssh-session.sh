@@ -30,38 +30,9 @@ if [ -r "$STATE_DIR/rank.env" ]; then
   # shellcheck disable=SC1091
   . "$STATE_DIR/rank.env"
 fi
-# env.secrets: each listed key from this pod's own mount (the volumes hold only the listed keys), for every
-# connection (ml-dev's ranks, pdsh/DeepSpeed, mpirun's daemons, a plain `ssh <pod> cmd`). `$(<file)` and `export` are
-# bash builtins: the value is in no argv and no file; trailing newlines go, as in inpod/lib/usersecrets.py values().
-# A value that cannot travel in an environment (longer than ML_DEV_SECRET_VALUE_MAX bytes, a NUL byte, not UTF-8;
-# inpod/contract.py SECRET_VALUE_MAX) is left unset with one line on stderr, the words of inpod/lib/usersecrets.py
-# refusal_line: the session and every command in it still work.
-SECRETS_DIR="${ML_DEV_SECRETS_DIR:-/etc/ml-dev-env/secrets}"
-max="${ML_DEV_SECRET_VALUE_MAX:-65536}"
-for f in "$SECRETS_DIR"/*/*; do
-  k="${f##*/}"
-  case "$k" in [A-Za-z_]*) ;; *) continue ;; esac
-  case "$k" in *[!A-Za-z0-9_]*) continue ;; esac
-  if [ -f "$f" ] && [ -r "$f" ]; then
-    size="$(wc -c < "$f")" why=""
-    if [ "$size" -gt "$max" ]; then
-      why="is $size bytes"
-    elif [ "$(LC_ALL=C tr -d '\000' < "$f" | wc -c)" -ne "$size" ]; then
-      why="holds a NUL byte"
-    elif ! iconv -f UTF-8 -t UTF-8 < "$f" > /dev/null 2>&1; then
-      why="is not UTF-8 text"
-    fi
-    if [ -n "$why" ]; then
-      s="${f%/*}" s="${s##*/}"
-      # shellcheck disable=SC2016  # the backquotes are text of the message
-      printf 'Secret %s key %s %s: refused, the key is not set (env.secrets values are UTF-8 text without NUL bytes, at most %s bytes each); fix the value in the Secret (`oc edit secret %s`)\n' \
-        "$s" "$k" "$why" "$max" "$s" >&2
-      continue
-    fi
-    export "$k=$(<"$f")"
-  fi
-done
-unset f k s size why max SECRETS_DIR
+# env.secrets: each listed key from this pod's own mount, for every connection (user-secrets.sh, next to this script).
+# shellcheck source=user-secrets.sh
+. "$HERE/user-secrets.sh"
 cd "$HOME" 2>/dev/null || true
 cmd="${SSH_ORIGINAL_COMMAND:-}"
 case "$cmd" in

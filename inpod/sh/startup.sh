@@ -255,6 +255,10 @@ if ! {
   done
   # shellcheck disable=SC2016  # expanded by the sourcing shell
   printf 'case ":$PATH:" in *":$HOME/.local/bin:"*) ;; *) export PATH="$HOME/.local/bin:$PATH" ;; esac\n'
+  # env.secrets' keys, read from the mount when the shell starts (a rotated Secret reaches the next terminal); the
+  # mount path, never the resolved one (the kubelet's ..<timestamp> directory goes at the next ConfigMap update)
+  # shellcheck disable=SC2016  # expanded by the sourcing shell
+  printf 'if [ -r "${ML_DEV_DIR:-%s}/user-secrets.sh" ]; then . "${ML_DEV_DIR:-%s}/user-secrets.sh"; fi\n' "$SCRIPT_DIR" "$SCRIPT_DIR"
   env | { grep -E '^(NCCL|TORCH_NCCL|UCX)_' || true; } | sort | while IFS='=' read -r key value; do printf 'export %s=%s\n' "$key" "$(q "$value")"; done
 } 2>/dev/null > "$STATE_DIR/env.sh"; then
   warn "cannot write $STATE_DIR/env.sh; shells will not see rank.env"
@@ -268,7 +272,8 @@ for rc in "$HOME/.bashrc" "$HOME/.profile" "$HOME/.bash_profile"; do
 done
 
 # Kernels: IPython runs the files of $IPYTHONDIR/profile_default/startup/ in every new kernel (also on a
-# kernel restart). This one loads the current rank.env, so a kernel started after a count change sees it.
+# kernel restart). This one loads the current rank.env, so a kernel started after a count change sees it, and
+# env.secrets' keys from the mount.
 IPY_STARTUP="$IPYTHONDIR/profile_default/startup/00-ml-dev-env-rank.py"
 IPY_CODE="$(cat <<'PY'
 # ml-dev-env: written by the pod startup script at every pod start (edits are overwritten).
@@ -296,6 +301,35 @@ def _ml_dev_env_load_rank():
 
 _ml_dev_env_load_rank()
 del _ml_dev_env_load_rank
+
+
+# env.secrets' keys from this pod's own mount (never the server's env, which has none): read when the kernel
+# starts, so a rotated Secret reaches the next kernel. The startup ConfigMap's inpod/lib/usersecrets.py reads them
+# (the same rules and refusal words as SSH sessions and ranks); the package leaves the kernel's modules again.
+def _ml_dev_env_load_secrets():
+    import os
+    import sys
+
+    mount = os.environ.get("ML_DEV_DIR", "/opt/ml-dev-env")
+    sys.path.insert(0, mount)
+    try:
+        from inpod.lib import usersecrets
+
+        values, refused = usersecrets.read_values()
+    except Exception as exc:  # an older mount, an unreadable one: the kernel starts without them
+        print("ml-dev-env: env.secrets not loaded: %s" % exc, file=sys.stderr)
+        return
+    finally:
+        sys.path.remove(mount)
+        for name in [m for m in sys.modules if m == "inpod" or m.startswith("inpod.")]:
+            del sys.modules[name]
+    os.environ.update(values)
+    for line in refused:
+        print(line, file=sys.stderr)
+
+
+_ml_dev_env_load_secrets()
+del _ml_dev_env_load_secrets
 PY
 )"
 write_file "$IPY_STARTUP" "$IPY_CODE"$'\n' || warn "cannot write $IPY_STARTUP; Jupyter kernels will not see rank.env (in a notebook: %env or os.environ)"
