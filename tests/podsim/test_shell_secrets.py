@@ -119,7 +119,8 @@ def kernel(s: PodSim, scan: LeakScan) -> str:
 def terminals(s: PodSim, scan: LeakScan) -> dict[str, str]:
     out = {}
     for name, argv in SHELLS.items():
-        res = s.exec(0, [*argv, f"python3 -c {json.dumps(DIGEST)}"], timeout=60)
+        # `; true`: the shell stays the digest's parent (bash execs a lone last command in its own place)
+        res = s.exec(0, [*argv, f"python3 -c {json.dumps(DIGEST)}; true"], timeout=60)
         scan.text(f"{name}'s output", res.stdout + res.stderr)
         assert res.returncode == 0, (name, res.stdout + res.stderr)
         [out[name]] = digests(res.stdout)
@@ -141,7 +142,7 @@ def test_kernels_and_terminals_have_the_key_and_a_rotation_reaches_the_next(sim:
     s, value = sim
     rotated = pysecrets.token_urlsafe(24)[:32]
     try:
-        with LeakScan(s, [value, rotated]) as scan:
+        with LeakScan(s, [value, rotated], environ=True) as scan:  # only the shells and kernels hold them
             assert kernel(s, scan) == sha(value), "a JupyterLab kernel has the key (its start-up hook reads the mount)"
             assert terminals(s, scan) == dict.fromkeys(SHELLS, sha(value))
             assert KEY.encode() not in server_environ(s), "the server's env never holds it"
