@@ -103,6 +103,7 @@ elif cfg.image.build is not None:
             build=cfg.image.build,
             build_nodes=cfg.build_nodes,
             wait_image=cfg.model_pipeline.tools_base_image,
+            kube_context=cfg.cluster.kube_context,
         ),
         opts=opts,
     )
@@ -133,6 +134,7 @@ if cfg.models and environment is None:
             models=cfg.models,
             build_nodes=cfg.build_nodes,
             secrets=stack.secrets,
+            kube_context=cfg.cluster.kube_context,
         ),
         opts=opts,
     )
@@ -148,13 +150,20 @@ pulumi.export("world_size", cluster.world_size)
 pulumi.export("network_mode", cluster.network_mode)
 pulumi.export("lifecycle", cluster.lifecycle)
 pulumi.export("image", image)
-pulumi.export("shell_command", f"oc rsh -n {ns} -c {naming.MAIN_CONTAINER} {naming.pod_name(app, 0)}")
-pulumi.export("port_forward_command", f"oc port-forward -n {ns} pod/{naming.pod_name(app, 0)} {naming.DEBUG_PORT}:{naming.DEBUG_PORT}")
+oc = naming.oc(cfg.cluster.kube_context)  # every printed `oc` names cluster.kubeContext when it is set
+pulumi.export("shell_command", f"{oc} rsh -n {ns} -c {naming.MAIN_CONTAINER} {naming.pod_name(app, 0)}")
+pulumi.export("port_forward_command", f"{oc} port-forward -n {ns} pod/{naming.pod_name(app, 0)} {naming.DEBUG_PORT}:{naming.DEBUG_PORT}")
 
 # --- dev loop (components/devloop.py): laptop SSH into every pod through `oc exec`, per-pod shells and debugger ports
 count = cfg.nodes.count
-known_hosts_file = devloop.laptop_known_hosts_file(app, ns)
-pulumi.export("ssh_config", devloop.ssh_config(app, ns, count, devloop.login_user(cfg), known_hosts_file))
-pulumi.export("ssh_known_hosts", cluster.ssh.host_public_key.apply(lambda key: devloop.known_hosts(app, ns, count, key)))
-pulumi.export("shell_commands", devloop.shell_commands(app, ns, count))
-pulumi.export("port_forward_commands", devloop.port_forward_commands(app, ns, count))
+laptop = devloop.Laptop(
+    cluster=cfg.cluster.name,
+    environment=cfg.environment.name if cfg.environment else app,
+    short=loader.app_name_unique(Path(__file__).resolve().parent, pulumi.get_stack(), app),
+    context=cfg.cluster.kube_context,
+)
+known_hosts_file = devloop.laptop_known_hosts_file(app, ns, cfg.cluster.name)
+pulumi.export("ssh_config", devloop.ssh_config(app, ns, count, devloop.login_user(cfg), known_hosts_file, laptop))
+pulumi.export("ssh_known_hosts", cluster.ssh.host_public_key.apply(lambda key: devloop.known_hosts(app, ns, count, key, laptop)))
+pulumi.export("shell_commands", devloop.shell_commands(app, ns, count, cfg.cluster.kube_context))
+pulumi.export("port_forward_commands", devloop.port_forward_commands(app, ns, count, cfg.cluster.kube_context))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import shlex
+from dataclasses import dataclass
 from typing import Any
 
 import pulumi
@@ -24,7 +25,7 @@ import pulumi_kubernetes as k8s
 import pulumi_tls as tls
 
 import inpod
-from components import storage
+from components import crds, storage
 from components.pod import HOME_DIRNAME, workspace_path
 from core import naming, servers
 from inpod import contract
@@ -88,30 +89,51 @@ def authorized_keys(stack_public_key: str, user_keys: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def known_hosts(app: str, namespace: str, count: int, host_public_key: str) -> str:
+@dataclass(frozen=True)
+class Laptop:
+    """What a laptop's outputs name: the cluster and environment (its host aliases), whether the pod names stay aliases
+    too (`short`: no other stack of the project has this appName), the kubeconfig context every `oc` names."""
+
+    cluster: str
+    environment: str
+    short: bool = True
+    context: str | None = None
+
+    def aliases(self, app: str, ordinal: int) -> list[str]:
+        long = naming.laptop_alias(self.cluster, self.environment, ordinal)
+        pod = naming.pod_name(app, ordinal)
+        return [long, pod] if self.short and pod != long else [long]
+
+
+def known_hosts(app: str, namespace: str, count: int, host_public_key: str, laptop: Laptop | None = None) -> str:
     """Laptop known_hosts lines: the ssh_config's host aliases (the in-pod client writes its own, by port)."""
     key = " ".join(host_public_key.split()[:2])
-    names = ",".join(naming.pod_names(app, count))
+    names = ",".join(a for i in range(count) for a in (laptop.aliases(app, i) if laptop else [naming.pod_name(app, i)]))
     return f"{names} {key}\n" if count else ""
 
 
-def proxy_command(namespace: str, pod: str) -> str:
+def proxy_command(namespace: str, pod: str, context: str | None = None) -> str:
     """stdin/stdout of a fresh `sshd -i` in the pod (inetd mode, the pod's own sshd_config) through `oc exec`."""
-    return f"oc exec -i -n {namespace} -c {naming.MAIN_CONTAINER} {pod} -- /bin/bash {STARTUP_MOUNT}/sshd.sh --inetd"
+    oc = naming.oc(context)
+    return f"{oc} exec -i -n {namespace} -c {naming.MAIN_CONTAINER} {pod} -- /bin/bash {STARTUP_MOUNT}/sshd.sh --inetd"
 
 
-def ssh_config(app: str, namespace: str, count: int, user: str, known_hosts_file: str) -> str:
+def ssh_config(app: str, namespace: str, count: int, user: str, known_hosts_file: str, laptop: Laptop | None = None) -> str:
+    """One `Host` block per pod: its aliases (Laptop.aliases; the pod name alone without a `laptop`), `HostName` the
+    first (what known_hosts lists), the ProxyCommand through `oc exec` with the stack's context."""
     blocks = [
-        f"# ml-dev-env: pods of {app} in {namespace} (needs `oc login` to the cluster; save the `ssh_known_hosts` output "
-        f"as {known_hosts_file})"
+        f"# ml-dev-env: pods of {app} in {namespace}"
+        + (f" on {laptop.cluster}" if laptop else "")
+        + f" (needs `oc login` to the cluster; save the `ssh_known_hosts` output as {known_hosts_file})"
     ]
     for i in range(count):
         pod = naming.pod_name(app, i)
+        aliases = laptop.aliases(app, i) if laptop else [pod]
         blocks.append(
-            f"Host {pod}\n"
-            f"    HostName {pod}\n"
+            f"Host {' '.join(aliases)}\n"
+            f"    HostName {aliases[0]}\n"
             f"    User {user}\n"
-            f"    ProxyCommand {proxy_command(namespace, pod)}\n"
+            f"    ProxyCommand {proxy_command(namespace, pod, laptop.context if laptop else None)}\n"
             f"    UserKnownHostsFile {known_hosts_file}\n"
             f"    StrictHostKeyChecking yes\n"
             f"    ServerAliveInterval 30\n"
@@ -119,23 +141,22 @@ def ssh_config(app: str, namespace: str, count: int, user: str, known_hosts_file
     return "\n".join(blocks)
 
 
-def laptop_known_hosts_file(app: str, namespace: str) -> str:
-    return f"~/.ssh/ml-dev-env-{namespace}-{app}.known_hosts"
+def laptop_known_hosts_file(app: str, namespace: str, cluster: str = "") -> str:
+    return f"~/.ssh/ml-dev-env-{cluster + '-' if cluster else ''}{namespace}-{app}.known_hosts"
 
 
-def shell_commands(app: str, namespace: str, count: int) -> dict[str, str]:
+def shell_commands(app: str, namespace: str, count: int, context: str | None = None) -> dict[str, str]:
+    oc = naming.oc(context)
     return {
-        naming.pod_name(app, i): f"oc exec -it -n {namespace} -c {naming.MAIN_CONTAINER} {naming.pod_name(app, i)} -- bash -l"
+        naming.pod_name(app, i): f"{oc} exec -it -n {namespace} -c {naming.MAIN_CONTAINER} {naming.pod_name(app, i)} -- bash -l"
         for i in range(count)
     }
 
 
-def port_forward_commands(app: str, namespace: str, count: int) -> dict[str, str]:
+def port_forward_commands(app: str, namespace: str, count: int, context: str | None = None) -> dict[str, str]:
     """The debugger port of every pod (`ml-dev run --debug <rank>` listens on the rank's pod)."""
-    return {
-        naming.pod_name(app, i): f"oc port-forward -n {namespace} pod/{naming.pod_name(app, i)} {naming.DEBUG_PORT}:{naming.DEBUG_PORT}"
-        for i in range(count)
-    }
+    oc, port = naming.oc(context), naming.DEBUG_PORT
+    return {naming.pod_name(app, i): f"{oc} port-forward -n {namespace} pod/{naming.pod_name(app, i)} {port}:{port}" for i in range(count)}
 
 
 ROUTER_NAMESPACE_LABEL = "policy-group.network.openshift.io/ingress"
@@ -208,6 +229,43 @@ def _policy_args(spec: dict[str, Any]) -> k8s.networking.v1.NetworkPolicySpecArg
     )
 
 
+POLICY_FOR_ANNOTATION = "k8s.v1.cni.cncf.io/policy-for"
+"""The attachments (NetworkAttachmentDefinitions) a MultiNetworkPolicy applies to, comma-separated, each
+`<namespace>/<name>` (k8snetworkplumbingwg/multi-networkpolicy README.md, "'policy-for' annotation")."""
+
+
+def multi_network_policy_spec(selector: dict[str, str]) -> dict[str, Any]:
+    """On one secondary network: ingress from the stack's own pods only, every port and protocol (NCCL over RDMA's
+    TCP bootstrap, TCPStore on 29500 that binds every interface, perftest), nothing from another pod of the network.
+    The same shape as NetworkPolicy's (multi-networkpolicy pkg/apis/k8s.cni.cncf.io/v1beta1/types.go
+    MultiNetworkPolicySpec, NetworkPolicy's fields); its peers are matched on the policy's network."""
+    return {
+        "podSelector": {"matchLabels": dict(selector)},
+        "policyTypes": ["Ingress"],
+        "ingress": [{"from": [{"podSelector": {"matchLabels": dict(selector)}}]}],
+    }
+
+
+def multi_network_policies(config: StackConfig, labels: dict[str, str], selector: dict[str, str], opts: pulumi.ResourceOptions) -> None:
+    """network.rdma.multiNetworkPolicy: one MultiNetworkPolicy per attachment the pods name (`<app>-<attachment>`)."""
+    rdma = config.network.rdma
+    if config.network.effective_mode != "rdma" or not rdma.multi_network_policy:
+        return
+    app, ns = config.cluster.app_name, config.cluster.namespace
+    for attachment in rdma.attachments:
+        where = rdma.attachment_namespace or ns
+        crds.custom_resource(
+            f"{app}-mnp-{attachment}",
+            "k8s.cni.cncf.io/v1beta1",
+            "MultiNetworkPolicy",
+            k8s.meta.v1.ObjectMetaArgs(
+                name=f"{app}-{attachment}", namespace=ns, labels=labels, annotations={POLICY_FOR_ANNOTATION: f"{where}/{attachment}"}
+            ),
+            multi_network_policy_spec(selector),
+            opts,
+        )
+
+
 class SshFabric(pulumi.ComponentResource):
     """Keys, the key Secret and the NetworkPolicy of one stack; `volume`/`mount` go into the pod template."""
 
@@ -246,6 +304,7 @@ class SshFabric(pulumi.ComponentResource):
             spec=_policy_args(network_policy_spec(selector, router)),
             opts=child,
         )
+        multi_network_policies(config, labels, selector, child)
         # 0440: readable by the pod's group: kubelet chgrps a Secret volume's files to the pod's fsGroup
         # (restricted-v2 always assigns one) and ORs 0440 into read-only volumes (kubernetes
         # pkg/volume/volume_linux.go SetVolumeOwnership, roMask); UID-0 pods read it anyway. sshd.sh copies

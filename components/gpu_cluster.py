@@ -290,7 +290,10 @@ class GpuCluster(pulumi.ComponentResource):
         )
 
     def _sriov_attachments(self) -> None:
-        """RDMA with createAttachments: one NetworkAttachmentDefinition per SR-IOV network."""
+        """RDMA with createAttachments: one NetworkAttachmentDefinition per SR-IOV network. Retained on destroy: the
+        environment stacks' pods name them (`k8s.v1.cni.cncf.io/networks`) and never get net1..N without them (Multus
+        fails the pod sandbox when a named attachment is missing), so the cluster's destroy leaves them as it leaves the
+        image stream, the SCC and the shared claims (docs/use/teams.md)."""
         r = self._cfg.network.rdma
         if not (self._rdma and r.create_attachments):
             return
@@ -307,7 +310,7 @@ class GpuCluster(pulumi.ComponentResource):
                         annotations={"k8s.v1.cni.cncf.io/resourceName": resource},
                     ),
                     crds.NadSpec(config=crds.sriov_nad_config(attachment, subnet, r.mtu)),
-                    self._child,
+                    pulumi.ResourceOptions(parent=self, retain_on_delete=True),
                 )
             )
 
@@ -342,6 +345,7 @@ class GpuCluster(pulumi.ComponentResource):
         return {
             "startup.sh": script,
             **inpod.group("package"),
+            **inpod.group("servers"),  # forward.py (its code is the package's inpod/lib/forward.py)
             **devloop.scripts(self._cfg),
             **lifecycle.scripts(),
             **fabric.configmap_files(self._cfg),

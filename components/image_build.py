@@ -294,6 +294,8 @@ class ImageBuildArgs(BaseModel):
     build_nodes: BuildNodesConfig
     wait_image: str | None = None
     """Python image for the wait Job (`runtime_ready`); None: no Job, `runtime_ready` is the plain reference."""
+    kube_context: str | None = None
+    """cluster.kubeContext: named by the printed `oc` commands."""
 
 
 SA_DIR = contract.SA_DIR  # token + service-ca.crt (the internal registry's CA)
@@ -480,8 +482,9 @@ class ImageBuild(pulumi.ComponentResource):
             # The URN is known in a preview (the pods' new tag shows in the diff) and, in an update, resolves only
             # when the Job's registration returns, i.e. after its await.
             self.runtime_ready = job.urn.apply(lambda _: image)
-        self.start_build_command = f"oc start-build {self.base_build_config} -n {ns} --follow"
-        self.logs_command = f"oc logs -f bc/{self.base_build_config} -n {ns}; oc logs -f bc/{self.runtime_build_config} -n {ns}"
+        oc = naming.oc(args.kube_context)
+        self.start_build_command = f"{oc} start-build {self.base_build_config} -n {ns} --follow"
+        self.logs_command = f"{oc} logs -f bc/{self.base_build_config} -n {ns}; {oc} logs -f bc/{self.runtime_build_config} -n {ns}"
         self.register_outputs({"base_image": self.base_image, "runtime_image": self.runtime_image})
 
 

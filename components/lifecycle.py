@@ -239,7 +239,7 @@ def summary(config: StackConfig) -> dict[str, object]:
         "replicas": replicas(config),
         "idle_stop": lc.idle_stop.enabled,
         "kueue_queue": lc.kueue.queue_name or "",
-        "stop_record": f"oc get configmap {naming.idle_record_configmap(app)} -n {ns} -o yaml",
+        "stop_record": f"{naming.oc(config.cluster.kube_context)} get configmap {naming.idle_record_configmap(app)} -n {ns} -o yaml",
     }
     if lc.suspended:
         out["frees"] = frees(config)

@@ -12,6 +12,7 @@ each other by name; apart, every name would cross a module boundary.
 from __future__ import annotations
 
 import json
+import shlex
 from typing import Any
 
 import pulumi
@@ -556,17 +557,21 @@ def run_name(model: ModelConfig, inputs_digest: str) -> str:
     return f"modelcar-{model.name[:40].rstrip('-')}-{inputs_digest}"
 
 
-def run_commands(run: str, namespace: str, model: ModelConfig) -> dict[str, str]:
-    """What a user pastes to follow, inspect and retry a model's run (the `model_runs` stack output)."""
+def run_commands(run: str, namespace: str, model: ModelConfig, context: str | None = None) -> dict[str, str]:
+    """What a user pastes to follow, inspect and retry a model's run (the `model_runs` stack output); with a kubeconfig
+    `context` every command names it (`tkn` takes the same `--context` flag: tektoncd/cli pkg/flags/flags.go
+    AddTektonOptions)."""
     label = f"tekton.dev/pipelineRun={run}"
+    oc = naming.oc(context)
+    tkn = f"tkn --context {shlex.quote(context)}" if context else "tkn"
     return {
         "run": run,
         "namespace": namespace,
-        "follow": f"tkn pipelinerun logs -f {run} -n {namespace}",
-        "describe": f"tkn pipelinerun describe {run} -n {namespace}",
-        "status": f"oc get pipelinerun {run} -n {namespace} -o jsonpath='{{.status.conditions[0].reason}}{{\"\\n\"}}'",
-        "taskruns": f"oc get taskrun -n {namespace} -l {label}",
-        "logs": f"oc logs -n {namespace} -l {label} --all-containers --prefix --tail=50",
+        "follow": f"{tkn} pipelinerun logs -f {run} -n {namespace}",
+        "describe": f"{tkn} pipelinerun describe {run} -n {namespace}",
+        "status": f"{oc} get pipelinerun {run} -n {namespace} -o jsonpath='{{.status.conditions[0].reason}}{{\"\\n\"}}'",
+        "taskruns": f"{oc} get taskrun -n {namespace} -l {label}",
+        "logs": f"{oc} logs -n {namespace} -l {label} --all-containers --prefix --tail=50",
         "retry": f"raise models[name={model.name}].retry (now {model.retry}) to {model.retry + 1} and run `pulumi up`: a new run; "
         "blobs already in the registry are not sent again",
     }
@@ -615,6 +620,8 @@ class ModelPipelineArgs(BaseModel):
     build_nodes: BuildNodesConfig
     secrets: dict[str, Any]
     """Pulumi secrets by config key: quayDockerConfigJson (required), hfToken, s3AccessKeyId/s3SecretAccessKey."""
+    kube_context: str | None = None
+    """cluster.kubeContext: named by the printed commands (`model_runs`)."""
 
 
 class ModelPipeline(pulumi.ComponentResource):
@@ -741,5 +748,5 @@ class ModelPipeline(pulumi.ComponentResource):
             )
             self.run_names[model.name] = run
             self.internal_images[model.name] = naming.internal_image(ns, stream, model.tag)
-            self.runs[model.name] = run_commands(run, ns, model)
+            self.runs[model.name] = run_commands(run, ns, model, args.kube_context)
         self.register_outputs({"run_names": self.run_names, "internal_images": self.internal_images, "runs": self.runs})

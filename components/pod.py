@@ -121,7 +121,7 @@ def server_env(config: StackConfig, tokens_secret: str | None) -> list[k8s.core.
     env = [
         _plain("ML_DEV_SERVERS", " ".join(access.servers)),
         _plain("ML_DEV_AUTH", access.auth),
-        _plain("TENSORBOARD_LOGDIR", access.tensorboard_log_dir),
+        _plain("TENSORBOARD_LOGDIR", access.tensorboard_log_dir or f"{workspace_path(config)}/tensorboard/{config.cluster.app_name}"),
         _plain("ML_DEV_MEMLOCK", config.security.memlock.mode if config.network.effective_mode == "rdma" else "none"),
         _plain("ML_DEV_HCA_MODE", config.network.rdma.hca_mode if config.network.effective_mode == "rdma" else "explicit"),
     ]

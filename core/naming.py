@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import shlex
 
 from inpod import contract
 
@@ -100,6 +101,18 @@ def image_wait(image_stream: str) -> str:
 
 def headless_service(app: str) -> str:
     return f"{app}-headless"
+
+
+def oc(context: str | None) -> str:
+    """The `oc` every printed command starts with: `oc --context <cluster.kubeContext>` when it is set (a laptop with
+    several clusters in its kubeconfig runs the command against this stack's, whatever its current context)."""
+    return f"oc --context {shlex.quote(context)}" if context else "oc"
+
+
+def laptop_alias(cluster: str, environment: str, ordinal: int) -> str:
+    """A pod's SSH host alias on a laptop: `<cluster>-<environment>-<ordinal>`, unique per cluster and environment (a
+    pod name alone, `<appName>-<ordinal>`, repeats on every cluster whose appName is the default)."""
+    return f"{cluster}-{environment}-{ordinal}"
 
 
 def pod_name(app: str, ordinal: int) -> str:

@@ -40,7 +40,8 @@ class Shipped:
     """The file in this package."""
     group: str
     """Which part of the stack ships it: package (the package's common modules; always), startup (PID 1), devloop
-    (SSH fabric, launcher), lifecycle, fabric, usage, home (the home page and the SVG plots it and the fabric gate
+    (SSH fabric, launcher), servers (forward.py: the token-mode servers on the pod IP), lifecycle, fabric, usage,
+    home (the home page and the SVG plots it and the fabric gate
     draw; always shipped)."""
 
     @property
@@ -71,7 +72,8 @@ SHIPPED: tuple[Shipped, ...] = (
     *_package("package", "__init__.py", "contract.py", "lib"),
     *_root("package", contract.CONTRACT_ENV_FILE),  # contract.py's facts for the shell files (tools/contract_env.py writes it)
     *_root("startup", "startup.sh"),
-    *_root("devloop", "sshd.sh", "ssh-session.sh", "ml-dev", "ml-dev-why"),
+    *_root("servers", "forward.py"),
+    *_root("devloop", "sshd.sh", "ssh-session.sh", "user-secrets.sh", "ml-dev", "ml-dev-why"),
     *_package("devloop", "ml_dev"),
     *_root("lifecycle", "idle_agent.py", "idle-warning.sh", "checkpoint_stop.sh"),
     *_package("lifecycle", "idle"),

@@ -52,15 +52,29 @@ IDLE_STATUS_FILE = "idle-status.json"
 FABRIC_LATEST = "fabric/latest.json"
 """The fabric gate's latest result."""
 WORKSPACE_RECORDS_DIR = ".ml-dev-env"
-"""`$ML_DEV_WORKSPACE/.ml-dev-env/`: what a pod keeps in the workspace of its own (the launching pod's runs, the home
-page's utilisation history on pod 0, the fabric gate's results). With a per-pod workspace it is that pod's alone: the
-dev loop never syncs it (components/devloop.py per_pod_paths), and pod 0's page rewrites its history there while a
-tree is being copied and hashed."""
-RUNS_DIR = f"{WORKSPACE_RECORDS_DIR}/runs"
-"""`$ML_DEV_WORKSPACE/.ml-dev-env/runs/<run>/` on the launching pod: what `ml-dev why` and the run's watchdog kept
-(`why/<UTC time>.json`, each with the per-rank stacks and dumps it used, and `why/latest.json`)."""
+"""`$ML_DEV_WORKSPACE/.ml-dev-env/`: what the programs keep in the workspace, each environment in a folder of its own
+(`records_dir`). With a per-pod workspace it is that pod's alone: the dev loop never syncs it (components/devloop.py
+per_pod_paths), and pod 0's page rewrites its history there while a tree is being copied and hashed."""
+ENV_RECORDS_DIR = "env"
+"""`.ml-dev-env/env/<app>/`: one environment's records (the launching pod's runs, the home page's utilisation history
+on pod 0, the fabric gate's results). A workspace claim may be mounted by several environments (docs/use/teams.md):
+nothing one writes there carries another's name, so each page shows its own."""
+LEGACY_RECORDS = ("runs", "home", "fabric")
+"""What `.ml-dev-env/` held directly before records were kept per environment: moved once, into the folder of the
+first environment whose program looks (inpod/lib/pod.py env_records_dir), never overwriting one (a name both hold keeps
+the older as `<name>.before-<time>`)."""
+RUNS_SUBDIR = "runs"
+"""`<records_dir>/runs/<run>/` on the launching pod: what `ml-dev why` and the run's watchdog kept (`why/<UTC
+time>.json`, each with the per-rank stacks and dumps it used, and `why/latest.json`)."""
+
+
+def records_dir(workspace: str, app: str) -> str:
+    """The environment's own records folder in the workspace (`<workspace>/.ml-dev-env/env/<app>`)."""
+    return f"{workspace}/{WORKSPACE_RECORDS_DIR}/{ENV_RECORDS_DIR}/{app}"
+
+
 WHY_LATEST = "why/latest.json"
-"""The last verdict of a run, under its RUNS_DIR directory (the home page shows it while the run is alive)."""
+"""The last verdict of a run, under its run directory (the home page shows it while the run is alive)."""
 RUN_STATE_DIR = "runs"
 """`$ML_DEV_STATE_DIR/runs/<run>/` on every pod running a rank: the progress file and Flight Recorder's pipe and dumps."""
 HOME_ADDR = "home.addr"
@@ -79,6 +93,17 @@ SA_DIR_ENV = "ML_DEV_SA_DIR"
 """Overrides SA_DIR (tests)."""
 SECRETS_DIR_ENV = "ML_DEV_SECRETS_DIR"
 """Overrides SECRETS_MOUNT (tests)."""
+SECRET_VALUE_MAX = 65536
+"""The most bytes one env.secrets value may have (as the Secret holds it). Each value becomes one `KEY=value` string
+of a process's environment, and Linux refuses an execve(2) any one of whose strings is longer than MAX_ARG_STRLEN,
+32 pages (include/uapi/linux/binfmts.h; fs/exec.c copy_strings, E2BIG): a 140,000-byte value made every command of
+an SSH session fail (bash: Argument list too long, exit 126). Half of that leaves room for the name and the rest of
+the environment (ARG_MAX, a quarter of the stack limit, bounds all strings together). A longer value, one with a
+NUL byte (an environment string ends at the first) or one that is not UTF-8 text is refused, naming Secret and key,
+the same words at the launch, in `_rank` and in the SSH session hook (inpod/lib/usersecrets.py refusal_line,
+inpod/sh/ssh-session.sh); the key is then unset, everything else works."""
+SECRET_VALUE_MAX_ENV = "ML_DEV_SECRET_VALUE_MAX"
+"""Overrides SECRET_VALUE_MAX (tests)."""
 SECRETS_ENV = "ML_DEV_SECRETS"
 """`devloop.env`: the listed Secret keys, `<secret>/<KEY>` separated by spaces (names only, never a value)."""
 
@@ -117,7 +142,7 @@ STALL_MIN = 10
 """The shortest stall time the setting accepts (the verdict itself takes a few seconds)."""
 
 RUN_ID_ENV = "ML_DEV_RUN_ID"
-"""Set by `ml-dev run` on every rank: the run's id (its directory under RUNS_DIR)."""
+"""Set by `ml-dev run` on every rank: the run's id (its directory under RUNS_SUBDIR)."""
 PROGRESS_FILE_ENV = "ML_DEV_PROGRESS_FILE"
 """Set by `ml-dev run` on every rank: a path the job may touch to tell the watchdog it progresses without printing."""
 
@@ -332,6 +357,7 @@ SHELL_DEFAULTS = {
     SECRETS_DIR_ENV: SECRETS_MOUNT,
     SSH_SECRET_DIR_ENV: SSH_SECRET_MOUNT,
     WORKSPACE_ENV: WORKSPACE_DEFAULT,
+    SECRET_VALUE_MAX_ENV: str(SECRET_VALUE_MAX),
 }
 """The defaults of these names in the shell files: `${NAME:-$CONTRACT_<fact>}`, the fact read from contract.env
 (`shell_env()`); tests/core/test_pod_contract.py holds each to this table."""

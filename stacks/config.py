@@ -229,6 +229,12 @@ class RdmaConfig(Model):
     create_attachments: bool = Field(False, description="Create the NetworkAttachmentDefinitions in the namespace.")
     subnets: list[Cidr] = Field(default_factory=list, description="Whereabouts range per NIC (with createAttachments).")
     mtu: int = Field(9000, ge=1280, le=9216, description="MTU of the created NetworkAttachmentDefinitions (with createAttachments).")
+    multi_network_policy: bool = Field(
+        False,
+        description="The cluster enforces MultiNetworkPolicy on secondary networks (OpenShift: `useMultiNetworkPolicy: "
+        "true` in networks.operator.openshift.io `cluster`): one per attachment admits only the stack's own pods on "
+        "net1..N. Unset: any pod on the same SR-IOV network reaches the pods there (docs/use/teams.md).",
+    )
 
     @rule
     def _shapes(self) -> Iterator[ConfigProblem]:
@@ -417,8 +423,10 @@ class AccessConfig(_ServerToggles):
         "registry.redhat.io/openshift4/ose-oauth-proxy-rhel9:v4.20",
         description="OpenShift OAuth proxy image (the cluster's global pull secret covers registry.redhat.io).",
     )
-    tensorboard_log_dir: AbsPath = Field(
-        f"{contract.WORKSPACE_DEFAULT}/tensorboard", description="Directory TensorBoard reads its event files from."
+    tensorboard_log_dir: AbsPath | None = Field(
+        None,
+        description="Directory TensorBoard reads its event files from (default: `<workspace>/tensorboard/<appName>`, the "
+        "environment's own: another environment may mount the same workspace claim).",
     )
 
     @rule
@@ -1375,16 +1383,38 @@ class StackConfig(Model):
                     "nodeRacks maps each listed GPU node to its rack",
                 )
 
+    def stack_secrets(self) -> dict[str, str]:
+        """{name or glob: what it is} of the Secrets the stacks create in this namespace: this stack's, its cluster
+        stack's (an environment stack's cluster) and every other environment's of that cluster, and the model
+        pipeline's (components/devloop.py, gpu_cluster.py _dev_credentials, model_pipeline.py)."""
+        app = self.cluster.app_name
+        cluster_app = app.removesuffix(f"-{self.environment.name}") if self.environment else app
+        out: dict[str, str] = {}
+        for name, what in (
+            (naming.ssh_secret, "SSH keys"),
+            (naming.oauth_cookie_secret, "OAuth cookie"),
+            (naming.dev_tokens_secret, "dev server tokens"),
+        ):
+            out[name(app)] = f"this stack's {what}"
+            if cluster_app != app:
+                out[name(cluster_app)] = f"the cluster stack's {what}"
+            out[name(f"{cluster_app}-*")] = f"another environment's {what}"
+        for cred in PIPELINE_CREDENTIALS.values():
+            out[cred.secret] = "the model pipeline's (made from the cluster stack's secrets)"
+        return out
+
     @rule
     def _user_secrets_not_ours(self) -> Iterator[ConfigProblem]:
-        app = self.cluster.app_name
-        ours = {naming.ssh_secret(app), naming.oauth_cookie_secret(app), naming.dev_tokens_secret(app)}
+        owned = self.stack_secrets()
         for i, ref in enumerate(self.env.secrets):
-            if ref.secret in ours:
+            what = next((w for pattern, w in owned.items() if fnmatch.fnmatchcase(ref.secret, pattern)), None)
+            if what:
                 yield ConfigProblem(
                     f"env.secrets[{i}].secret",
                     ref.secret,
-                    f"a Secret this stack creates ({', '.join(sorted(ours))}): name your own (`oc create secret generic`)",
+                    f"a Secret the stacks create ({what}), not yours: its keys are never a rank's. Make your own with "
+                    f"`oc create secret generic <name> --from-literal=<KEY>=...` and list that one (a value you need from "
+                    f"{ref.secret}: copy it into your Secret)",
                 )
 
     @rule

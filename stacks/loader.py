@@ -22,8 +22,8 @@ from pydantic import ValidationError
 from core.servers import DEV_SERVERS
 from stacks import gpus, stackfile
 from stacks.base import ConfigProblems
-from stacks.config import PIPELINE_CREDENTIALS, SSHD_CAPABILITIES, StackConfig
-from stacks.environment import environment_config, is_environment
+from stacks.config import PIPELINE_CREDENTIALS, SSHD_CAPABILITIES, ClusterConfig, StackConfig
+from stacks.environment import app_name, environment_config, is_environment
 from stacks.errors import PREFIX, _clean_loc, _path, format_errors, format_problems, problem_lines
 from stacks.gpus import Tally
 
@@ -309,6 +309,42 @@ def cluster_stack_raw(config_dir: Path, cluster: str) -> tuple[dict[str, Any] | 
     if problems:
         return None, [f"{path.name}: {line}" for line in problems]
     return raw, []
+
+
+def app_names(config_dir: Path) -> dict[str, str]:
+    """The appName of every stack file of the project (`Pulumi.<stack>.yaml`): a cluster stack's `cluster.appName`
+    (default `ml-dev-env`), an environment stack's `<its cluster's appName>-<environment.name>`. A file that does not
+    read is left out (its own render says why)."""
+    default = str(ClusterConfig.model_fields["app_name"].default)
+    raw: dict[str, dict[str, Any]] = {}
+    for path in sorted(config_dir.glob("Pulumi.*.yaml")):
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            continue
+        flat = (data.get("config") if isinstance(data, dict) else None) or {}
+        raw[path.name[len("Pulumi.") : -len(".yaml")]] = flat if isinstance(flat, dict) else {}
+
+    def own(flat: dict[str, Any]) -> str:
+        cluster = flat.get("ml-dev-env:cluster")
+        return str(cluster.get("appName", default)) if isinstance(cluster, dict) else default
+
+    out: dict[str, str] = {}
+    for name, flat in raw.items():
+        env = flat.get("ml-dev-env:environment")
+        if isinstance(env, dict):
+            base = raw.get(str(env.get("cluster", "")))
+            if base is not None and env.get("name"):
+                out[name] = app_name(own(base), str(env["name"]))
+        else:
+            out[name] = own(flat)
+    return out
+
+
+def app_name_unique(config_dir: Path, stack: str, app: str) -> bool:
+    """No other stack file of the project has this appName: its pod names (`<app>-<ordinal>`) may stay laptop SSH
+    aliases beside `<cluster>-<environment>-<ordinal>` (components/devloop.py Laptop)."""
+    return all(other != app for name, other in app_names(config_dir).items() if name != stack)
 
 
 def stack_raw(raw_config: Mapping[str, Any], config_dir: Path | None) -> tuple[dict[str, Any], list[str]]:

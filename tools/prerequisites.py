@@ -304,6 +304,16 @@ def prerequisites(config: StackConfig, objects: Sequence[Mapping[str, Any]], pat
                 "oc get sriovnetworknodepolicies -n openshift-sriov-network-operator",
             )
         )
+    if config.network.effective_mode == "rdma" and config.network.rdma.multi_network_policy:
+        needs.append(
+            Need(
+                "MultiNetworkPolicy enforced on secondary networks (the CRD, and `true` from the check)",
+                "network.rdma.multiNetworkPolicy: the stack renders one per attachment, admitting only its own pods on "
+                "net1..N; without enforcement the objects exist and admit everyone",
+                "oc get crd multi-networkpolicies.k8s.cni.cncf.io && "
+                "oc get networks.operator.openshift.io cluster -o jsonpath='{.spec.useMultiNetworkPolicy}'",
+            )
+        )
 
     rendered_accounts = _rendered(objects, "ServiceAccount", ns)
     patched = {(p.get("kind"), p.get("metadata", {}).get("name")) for p in patches}

@@ -11,6 +11,7 @@ import re
 import shlex
 from pathlib import Path
 
+from ..lib.http import interface_of
 from .parse import parse_nccl_tests
 from .util import GIB, env, run
 
@@ -27,6 +28,9 @@ def mpirun_cmd(hostfile: Path, nprocs: int, per_node: int, min_bytes: int, max_b
     remote ranks, `--mca plm_rsh_agent` replaces `ssh` for starting the remote daemons; the base image's
     OpenMPI (NGC's, or Ubuntu's openmpi-bin 4.1) is 4.1.x."""
     rsh = env("ML_DEV_SSH")
+    # the pod network's interface is the one that holds POD_IP (inpod/lib/http.py interface_of), whatever its name;
+    # the pods of one stack share their CNI, hence the name
+    pod_if = interface_of(env("POD_IP")) or "eth0"
     cmd = [
         env("ML_DEV_MPIRUN", "mpirun"),
         "--allow-run-as-root",
@@ -38,7 +42,7 @@ def mpirun_cmd(hostfile: Path, nprocs: int, per_node: int, min_bytes: int, max_b
         str(per_node),
         "--bind-to",
         "none",
-        # MPI itself only bootstraps; keep its own traffic on the pod network (eth0). The BTL settings bind
+        # MPI itself only bootstraps; keep its own traffic on the pod network (`pod_if`). The BTL settings bind
         # only the ob1 PML: stock Open MPI 4.1 also builds pml ucx at a higher priority (51 against ob1's 20)
         # and selects it whenever an mlx* device is present (pml_ucx_devices), and HPC-X's Open MPI prefers
         # UCX too, which would carry MPI over the RDMA VFs: so pml ob1 is named (tests/data/tool_output/
@@ -52,10 +56,10 @@ def mpirun_cmd(hostfile: Path, nprocs: int, per_node: int, min_bytes: int, max_b
         "tcp,self",
         "--mca",
         "btl_tcp_if_include",
-        "eth0",
+        pod_if,
         "--mca",
         "oob_tcp_if_include",
-        "eth0",
+        pod_if,
         "--mca",
         "coll",
         "^hcoll,ucc",

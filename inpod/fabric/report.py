@@ -9,8 +9,8 @@ import json
 import sys
 from pathlib import Path
 
-from .. import contract
-from .util import GIB, ensure, env, state_dir
+from ..lib.pod import env_records_dir
+from .util import GIB, ensure, state_dir
 
 try:  # shipped with the home group; a ConfigMap without it draws no curve (the gate never fails for a plot)
     from ..home import svgplot
@@ -67,8 +67,7 @@ def human(n: int) -> str:
 
 
 def result_dirs() -> list[Path]:
-    workspace = env(contract.WORKSPACE_ENV, contract.WORKSPACE_DEFAULT)
-    return [Path(workspace) / contract.WORKSPACE_RECORDS_DIR / "fabric", state_dir() / "fabric"]
+    return [env_records_dir() / "fabric", state_dir() / "fabric"]
 
 
 def write_result(result: dict) -> list[Path]:

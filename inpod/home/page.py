@@ -11,7 +11,8 @@ and Jupyter. Its data is what the environment already collects:
 * what it counts: a pod's SSH figure is people's connections (one per client connection, whatever sessions it
   carries; ml-dev's own connections belong to their run), its ml-dev figure the ranks running on it; *Running*
   lists the runs and the connections;
-* the last hour of GPU utilisation it sampled, kept in the workspace (`.ml-dev-env/home/history.json`): a
+* the last hour of GPU utilisation it sampled, kept in the environment's records folder of the workspace
+  (`.ml-dev-env/env/<app>/home/history.json`): a
   restarted page keeps it; each pod's plot spans the samples held and says since when;
 * GPU-hours: the environment's usage record (`<app>-usage`, the last 7 days, inpod/usage.py `week_hours`), read
   with the pods' ServiceAccount;
@@ -60,7 +61,7 @@ from typing import Any
 from .. import contract, usage
 from ..lib import http, kube, usersecrets
 from ..lib.http import fetch_json
-from ..lib.pod import ago, clock, env, idle_settings, read_json, read_rank_env, state_dir
+from ..lib.pod import ago, app_name, clock, env, env_records_dir, idle_settings, read_json, read_rank_env, state_dir
 from .why_view import why_html
 
 HISTORY_SECONDS = 3600
@@ -108,14 +109,10 @@ def agents(settings: dict[str, Any]) -> list[tuple[str, str]]:
 # ------------------------------------------------------------------------------------ collection
 
 
-def workspace_dir() -> Path:
-    return Path(env(contract.WORKSPACE_ENV, contract.WORKSPACE_DEFAULT)) / contract.WORKSPACE_RECORDS_DIR
-
-
 def history_file() -> Path:
     """Where the page keeps the GPU utilisation it sampled (the workspace: it outlives the page's process and the
     container, as the fabric gate's results do)."""
-    return workspace_dir() / "home" / "history.json"
+    return env_records_dir() / "home" / "history.json"
 
 
 class Collector:
@@ -286,15 +283,6 @@ def num(key: str, value: object) -> str:
     return f'<span data-k="{esc(key)}">{esc(value)}</span>'
 
 
-def app_name() -> str:
-    """The stack's app name: APP_NAME when set, else from the pod's name `<app>-<ordinal>` (a StatefulSet's
-    pods; the rendered env carries POD_NAME and POD_NAMESPACE, the app name only cluster.env)."""
-    if env("APP_NAME"):
-        return env("APP_NAME")
-    app, _, ordinal = env("POD_NAME").rpartition("-")
-    return app if ordinal.isdigit() else ""
-
-
 def links_html(settings: dict[str, Any]) -> str:
     app, ns = app_name(), env("POD_NAMESPACE")
     enabled = env("ML_DEV_SERVERS").split()  # the pod's enabled dev servers (components/pod.py); unset: all
@@ -438,7 +426,7 @@ def running_html(v: View) -> tuple[str, str]:
 
 
 def fabric_result() -> dict[str, Any] | None:
-    for d in (state_dir() / "fabric", workspace_dir() / "fabric"):
+    for d in (state_dir() / "fabric", env_records_dir() / "fabric"):
         found = read_json(d / "latest.json")
         if isinstance(found, dict):
             return found
@@ -446,7 +434,7 @@ def fabric_result() -> dict[str, Any] | None:
 
 
 def fabric_svg(result: dict[str, Any], plots: Any) -> str | None:
-    for d in (state_dir() / "fabric", workspace_dir() / "fabric"):
+    for d in (state_dir() / "fabric", env_records_dir() / "fabric"):
         with contextlib.suppress(OSError):
             if (d / "latest.json").exists() and (d / "latest.svg").exists():
                 return (d / "latest.svg").read_text()

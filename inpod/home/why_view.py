@@ -2,7 +2,7 @@
 no verdict yet is not listed; no such run, no card).
 
 A live run is a fresh `heartbeat/run-<pid>.json` of this pod's state directory (the launcher rewrites it every 10 s);
-its verdict is `$ML_DEV_WORKSPACE/.ml-dev-env/runs/<run>/why/latest.json` (inpod/ml_dev/why.py keep_local). Shown:
+its verdict is `$ML_DEV_WORKSPACE/.ml-dev-env/env/<app>/runs/<run>/why/latest.json` (inpod/ml_dev/why.py keep_local). Shown:
 the verdict's rank, pod, node, frame and age; everything HTML-escaped (frames and pod names come from users' code and
 stacks), every value marked by the page's `num` (handed in: the page imports this module). Standard library only,
 Python 3.8+.
@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import json
 from html import escape
-from pathlib import Path
 from typing import Any, Callable
 
 from .. import contract
-from ..lib.pod import ago, env, state_dir
+from ..lib.pod import ago, env_records_dir, state_dir
 
 ALIVE_SECONDS = 60
 """A run heartbeat older than this is a run that ended without removing it."""
@@ -36,7 +35,7 @@ def live_runs(now: float) -> list[str]:
 
 
 def last_verdict(run: str) -> dict[str, Any] | None:
-    path = Path(env(contract.WORKSPACE_ENV, contract.WORKSPACE_DEFAULT)) / contract.RUNS_DIR / run / contract.WHY_LATEST
+    path = env_records_dir(migrate=False) / contract.RUNS_SUBDIR / run / contract.WHY_LATEST
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError):

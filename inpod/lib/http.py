@@ -10,35 +10,77 @@ import ipaddress
 import json
 import os
 import socket
-import sys
 import threading
 import urllib.parse
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-POD_INTERFACE = "eth0"
-"""The pod network's interface: the name the runtime gives it (cri-o/ocicni pkg/ocicni/types.go DefaultInterfaceName)."""
+SIOCGIFADDR = 0x8915
+"""include/uapi/linux/sockios.h: an interface's IPv4 address (struct ifreq; any process may ask)."""
+
+
+def interface_of(address: str) -> str | None:
+    """The name of the interface that holds `address` (None: none does). The pod network's interface is whichever
+    holds POD_IP: the runtime names it (cri-o/ocicni pkg/ocicni/types.go DefaultInterfaceName, `eth0`) but a CNI may
+    name it otherwise (`ens3`), so the name is never assumed. IPv4: SIOCGIFADDR per interface
+    (net/ipv4/devinet.c devinet_ioctl); IPv6: /proc/net/if_inet6 (net/ipv6/addrconf.c if6_seq_show)."""
+    try:
+        ip = ipaddress.ip_address(address.split("%")[0])
+    except ValueError:
+        return None
+    if ip.version == 6:
+        try:
+            with open("/proc/net/if_inet6") as f:
+                for line in f:
+                    words = line.split()
+                    if len(words) == 6 and words[0] == ip.packed.hex():
+                        return words[5]
+        except OSError:
+            return None
+        return None
+    import fcntl
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for _, name in socket.if_nameindex():
+            try:
+                answer = fcntl.ioctl(probe.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue  # no IPv4 address
+            if answer[20:24] == ip.packed:
+                return name
+    return None
+
+
+def bind_to_interface(sock: socket.socket, host: str) -> str | None:
+    """Bind `sock` to the interface that holds `host` (SO_BINDTODEVICE, which an unprivileged process may set since
+    Linux 5.7: net/core/sock.c sock_bindtoindex_locked); loopback and names: left as given (None). Linux accepts a
+    packet for any local address on any interface (net/ipv4/route.c ip_route_input_slow, RTN_LOCAL): unbound, a pod on
+    net1..N that routes this pod's IP via its secondary network would reach the listener; bound, it is refused. Raises
+    OSError naming the address when no interface holds it or the kernel refuses: never a listener that answers on
+    every interface without saying so."""
+    try:
+        loopback = ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return None  # a name: left as given
+    if loopback:
+        return None
+    device = interface_of(host)
+    if device is None:
+        raise OSError(f"{host}: no interface of this pod holds this address; refusing to listen on it unbound")
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_BINDTODEVICE", 25), device.encode())
+    except OSError as exc:
+        raise OSError(f"{host}: cannot bind the listener to {device}, the interface that holds it ({exc})") from exc
+    return device
 
 
 class Server(ThreadingHTTPServer):
-    """Bound to the pod network's interface when the address is not loopback (SO_BINDTODEVICE, which an unprivileged
-    process may set since Linux 5.7: net/core/sock.c sock_bindtoindex_locked). Linux accepts a packet for any local
-    address on any interface (net/ipv4/route.c ip_route_input_slow, RTN_LOCAL): without it a pod on net1..N that
-    routes this pod's IP via its secondary network would reach the pod-IP listener; bound, it is refused."""
+    """Bound to the interface that holds its address when that is not loopback (bind_to_interface)."""
 
     def server_bind(self) -> None:
-        host = str(self.server_address[0])
-        try:
-            loopback = ipaddress.ip_address(host.split("%")[0]).is_loopback
-        except ValueError:
-            loopback = True  # a name: left as given
-        if not loopback and os.path.exists(f"/sys/class/net/{POD_INTERFACE}"):
-            try:
-                self.socket.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_BINDTODEVICE", 25), POD_INTERFACE.encode())
-            except OSError as exc:
-                warning = f"WARNING: {host}: not bound to {POD_INTERFACE} ({exc}); net1..N peers routing this IP reach it"
-                print(warning, file=sys.stderr, flush=True)
+        bind_to_interface(self.socket, str(self.server_address[0]))
         super().server_bind()
 
 

@@ -28,6 +28,65 @@ def state_dir() -> Path:
     return Path(env(contract.STATE_DIR_ENV, contract.STATE_DIR))
 
 
+def app_name() -> str:
+    """The environment's name: APP_NAME when set, else from the pod's name `<app>-<ordinal>` (a StatefulSet's pods;
+    the rendered env carries POD_NAME, the app name only cluster.env)."""
+    if env("APP_NAME"):
+        return env("APP_NAME")
+    app, _, ordinal = env("POD_NAME").rpartition("-")
+    return app if ordinal.isdigit() else ""
+
+
+def env_records_dir(migrate: bool = True) -> Path:
+    """This environment's records in the workspace (contract.records_dir): `$ML_DEV_WORKSPACE/.ml-dev-env/env/<app>`.
+    Records written before they were kept per environment (`.ml-dev-env/{runs,home,fabric}`) move here once, the first
+    time a program of this environment looks (`migrate`); nothing is lost (see move_legacy)."""
+    workspace = env(contract.WORKSPACE_ENV, contract.WORKSPACE_DEFAULT)
+    app = app_name() or "unnamed"
+    mine = Path(contract.records_dir(workspace, app))
+    if migrate:
+        move_legacy(Path(workspace) / contract.WORKSPACE_RECORDS_DIR, mine)
+    return mine
+
+
+def move_legacy(top: Path, mine: Path) -> list[str]:
+    """Move `top/<name>` (contract.LEGACY_RECORDS) into `mine/<name>`, each by one rename (atomic: of two programs or
+    two environments that try at once, one moves it and the other finds nothing). Where `mine/<name>` exists already,
+    the entries of the old folder move into it one by one, and an entry both hold keeps the old one beside it as
+    `<entry>.before-<time>`. Returns what was moved (empty: nothing left to move, the usual case: one stat per name)."""
+    moved: list[str] = []
+    for name in contract.LEGACY_RECORDS:
+        old = top / name
+        if not old.is_dir() or old.is_symlink():
+            continue
+        target = mine / name
+        try:
+            mine.mkdir(parents=True, exist_ok=True)
+            try:
+                os.rename(old, target)  # fails when target exists and is not empty (or exists, on some systems)
+                moved.append(name)
+                continue
+            except OSError:
+                pass
+            stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+            for entry in sorted(old.iterdir()):
+                dest = target / entry.name
+                if dest.exists() or dest.is_symlink():
+                    dest = target / f"{entry.name}.before-{stamp}"
+                try:
+                    os.rename(entry, dest)
+                    moved.append(f"{name}/{entry.name}")
+                except FileNotFoundError:
+                    continue  # another program moved it first
+            try:
+                old.rmdir()
+            except OSError:
+                pass  # not empty: something was written there meanwhile; the next look moves it
+        except OSError:
+            continue  # a workspace we cannot write: the records stay where they are
+    return moved
+
+
 def mount_dir(*launchers: str) -> Path:
     """The startup ConfigMap's mount path, to hand other pods: $ML_DEV_DIR, else the directory of the running launcher
     (one of `launchers`) as called. Never resolve()d: behind the mount's symlinks lies the kubelet's `..<timestamp>`

@@ -59,12 +59,37 @@ def listed_keys(listed: Listed) -> list[str]:
     return [key for _, key in listed]
 
 
-def values(root: Path | None = None) -> dict[str, str]:
-    """{KEY: value} of every key mounted under `root` (the listed ones: the volumes hold only those). A value loses its
-    trailing newlines, as the shell's `$(<file)` in ssh-session.sh does (a Secret made `--from-file` of a file that
-    ends in a newline)."""
-    root = secrets_dir() if root is None else root
-    out: dict[str, str] = {}
+def value_max() -> int:
+    try:
+        return int(os.environ.get(contract.SECRET_VALUE_MAX_ENV) or contract.SECRET_VALUE_MAX)
+    except ValueError:
+        return contract.SECRET_VALUE_MAX
+
+
+def value_refusal(data: bytes, size: int | None = None) -> str | None:
+    """Why a value cannot travel as an environment variable (None: it can), in the words every path uses."""
+    size = len(data) if size is None else size
+    if size > value_max():
+        return f"is {size} bytes"
+    if b"\0" in data:
+        return "holds a NUL byte"
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return "is not UTF-8 text"
+    return None
+
+
+def refusal_line(secret: str, key: str, why: str) -> str:
+    """The one line a refused value gets, on every path (ssh-session.sh prints the same words)."""
+    return (
+        f"Secret {secret} key {key} {why}: refused, the key is not set (env.secrets values are UTF-8 text without NUL "
+        f"bytes, at most {value_max()} bytes each); fix the value in the Secret (`oc edit secret {secret}`)"
+    )
+
+
+def _mounted(root: Path) -> list[tuple[str, Path]]:
+    out: list[tuple[str, Path]] = []
     try:
         secrets = sorted(p for p in root.iterdir() if not p.name.startswith("."))
     except OSError:
@@ -74,14 +99,42 @@ def values(root: Path | None = None) -> dict[str, str]:
             files = sorted(p for p in secret.iterdir() if not p.name.startswith("."))
         except OSError:
             continue
-        for path in files:
-            if not ENV_NAME.match(path.name):
-                continue
-            try:
-                out[path.name] = path.read_bytes().decode(errors="replace").rstrip("\n")
-            except OSError:  # not a file, or not readable by this UID: missing for this pod
-                continue
+        out += [(secret.name, path) for path in files if ENV_NAME.match(path.name)]
     return out
+
+
+def read_values(root: Path | None = None) -> tuple[dict[str, str], list[str]]:
+    """({KEY: value} of every key mounted under `root` (the listed ones: the volumes hold only those), the refusal
+    lines of the values that cannot travel (`value_refusal`; those keys are left out)). A value loses its trailing
+    newlines, as the shell's `$(<file)` in ssh-session.sh does (a Secret made `--from-file` of a file that ends in a
+    newline). A file too large is not read beyond the bound."""
+    root = secrets_dir() if root is None else root
+    out: dict[str, str] = {}
+    refused: list[str] = []
+    limit = value_max()
+    for secret, path in _mounted(root):
+        try:
+            with open(path, "rb") as f:
+                data = f.read(limit + 1)
+                size = os.fstat(f.fileno()).st_size if len(data) > limit else len(data)
+        except OSError:  # not a file, or not readable by this UID: missing for this pod
+            continue
+        why = value_refusal(data, size)
+        if why:
+            refused.append(refusal_line(secret, path.name, why))
+            continue
+        out[path.name] = data.decode("utf-8").rstrip("\n")
+    return out, refused
+
+
+def values(root: Path | None = None) -> dict[str, str]:
+    """The values that can travel (read_values), refused ones left out."""
+    return read_values(root)[0]
+
+
+def refused(root: Path | None = None) -> list[str]:
+    """The refusal lines of this pod's mounted values (read_values)."""
+    return read_values(root)[1]
 
 
 def presence(listed: Listed, root: Path | None = None) -> Presence:

@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 from .. import contract
 from ..lib import ssh, usersecrets
@@ -109,13 +109,46 @@ def listed_secrets() -> usersecrets.Listed:
     return usersecrets.read_listed(Path(os.environ.get("ML_DEV_DEVLOOP_ENV", HERE / contract.DEVLOOP_ENV_FILE)))
 
 
+HOME_MARK = "\0home\0"
+"""Stands for the receiving pod's own HOME in a carried value (an environment value never holds a NUL byte)."""
+
+
+def own_home(env: Mapping[str, str]) -> str:
+    return env.get("ML_DEV_HOME") or env.get("HOME") or ""
+
+
+def home_relative(value: str, homes: list[str]) -> str:
+    """`value` with each `:`-separated part that is one of `homes` (this pod's HOME) or under it written relative to
+    HOME_MARK: a login shell's PATH (`~/.local/bin` first: ~/.profile, env.sh) and the caches env.sh sets
+    (XDG_CACHE_HOME, PIP_CACHE_DIR, IPYTHONDIR...) name this pod's own HOME, which no other pod has; each rank reads
+    them as its own pod's (`at_home`)."""
+    parts = value.split(":")
+    for i, part in enumerate(parts):
+        for home in homes:
+            if part == home or part.startswith(home + "/"):
+                parts[i] = HOME_MARK + part[len(home) :]
+                break
+    return ":".join(parts)
+
+
+def at_home(value: str, home: str) -> str:
+    return value.replace(HOME_MARK, home) if home else value
+
+
 def launch_env(extra: list[str]) -> dict[str, str]:
     """What travels to every rank: this shell's variables that differ from the container env (except the
     per-pod set, the rank keys, FROM_RANK_FILE, and env.secrets' keys, which each rank reads from its own pod's
-    mount), then `--env K=V` (any key, rank keys included; never a listed Secret key: argv is world-readable)."""
+    mount), then `--env K=V` (any key, rank keys included; never a listed Secret key: argv is world-readable).
+    A carried value's parts under this pod's HOME are each pod's own there (home_relative): only what the user chose
+    travels, never a path of this pod."""
     base = container_env()
     secret = set(usersecrets.listed_keys(listed_secrets()))
-    carried = {k: v for k, v in os.environ.items() if base.get(k) != v and not per_pod(k) and k not in FROM_RANK_FILE and k not in secret}
+    homes = sorted({h for h in (os.environ.get("HOME", ""), os.environ.get("ML_DEV_HOME", "")) if h.strip("/")}, key=len, reverse=True)
+    carried = {
+        k: home_relative(v, homes)
+        for k, v in os.environ.items()
+        if base.get(k) != v and not per_pod(k) and k not in FROM_RANK_FILE and k not in secret
+    }
     for item in extra:
         if "=" not in item or not item.split("=", 1)[0]:
             die(f"--env {item!r}: expected NAME=value")

@@ -32,9 +32,11 @@ from .common import (
     PY,
     STATE_DIR,
     Cluster,
+    at_home,
     die,
     launch_env,
     listed_secrets,
+    own_home,
     parallel,
     read_line,
     stop_grace,
@@ -97,22 +99,41 @@ def _ml_dev_debug():
     sys.stderr.flush()
     if os.environ.get("ML_DEV_DEBUG_WAIT", "1") == "1":
         debugpy.wait_for_client()
+def _ml_dev_interface_of(host):
+    # the interface that holds `host` (inpod/lib/http.py interface_of: this file runs where inpod is not importable)
+    import fcntl, ipaddress, socket, struct
+    ip = ipaddress.ip_address(host.split("%")[0])
+    if ip.version == 6:
+        with open("/proc/net/if_inet6") as f:
+            return next((w[5] for w in (line.split() for line in f) if len(w) == 6 and w[0] == ip.packed.hex()), None)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for _, name in socket.if_nameindex():
+            try:
+                if fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))[20:24] == ip.packed:
+                    return name
+            except OSError:
+                pass
+    return None
 def _ml_dev_adapter_on_pod_interface():
     # debugpy's adapter (started by debugpy.listen with this env: debugpy/server/api.py, `--for-server`) owns the
-    # listener. On the pod IP it is bound to the pod network's interface (SO_BINDTODEVICE), as sshd and the agents
-    # are: a peer on net1..N routing the pod IP via its secondary network is refused.
+    # listener. On the pod IP it is bound to the interface that holds that IP (SO_BINDTODEVICE), as sshd and the
+    # agents are: a peer on net1..N routing the pod IP via its secondary network is refused. It cannot be: the bind
+    # fails, naming the address (debugpy.listen then fails in the debugged process), never an unbound listener.
     host = os.environ.get("ML_DEV_DEBUG_HOST", "")
     argv = getattr(sys, "orig_argv", sys.argv)
-    if "--for-server" not in argv or not host or host.startswith("127.") or not os.path.exists("/sys/class/net/eth0"):
+    if "--for-server" not in argv or not host or host.startswith("127.") or host == "::1":
         return
     import socket
     plain = socket.socket.bind
     def bind(self, address):
         if isinstance(address, tuple) and address and address[0] == host:
+            device = _ml_dev_interface_of(host)
+            if device is None:
+                raise OSError("ml-dev: no interface of this pod holds %s: the debugger does not listen there" % host)
             try:
-                self.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_BINDTODEVICE", 25), b"eth0")
+                self.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_BINDTODEVICE", 25), device.encode())
             except OSError as exc:
-                sys.stderr.write("ml-dev: the debugger is not bound to eth0 (%s): net1..N peers reach it\\n" % exc)
+                raise OSError("ml-dev: the debugger cannot bind to %s, which holds %s (%s)" % (device, host, exc))
         return plain(self, address)
     socket.socket.bind = bind
 _ml_dev_adapter_on_pod_interface()
@@ -142,7 +163,8 @@ def cmd_rank(args: argparse.Namespace) -> int:
             sent = json.loads(read_line(0, 30) or b"{}")
         except ValueError:
             die("the launch environment on stdin is not JSON")
-        env.update({str(k): str(v) for k, v in sent.get("env", {}).items()})
+        home = own_home(env)  # a carried value's parts under the launching pod's HOME are this pod's own (home_relative)
+        env.update({str(k): at_home(str(v), home) for k, v in sent.get("env", {}).items()})
         if sent.get("per_pod"):
             env.update(RANK=env.get("NODE_RANK", "0"), LOCAL_RANK="0", WORLD_SIZE=env.get("NNODES", "1"))
     gate = sent.get("gate") if args.env_stdin else None
@@ -152,7 +174,10 @@ def cmd_rank(args: argparse.Namespace) -> int:
     if run:  # `ml-dev run`: the run id, the progress file (watched here), Flight Recorder's pipe (ml-dev why)
         env.update(rank_env(run, sent.get("launcher", ""), env))
         ProgressRelay(env[contract.PROGRESS_FILE_ENV]).start()
-    env.update(usersecrets.values())  # env.secrets' keys from this pod's own mount, last (never sent on stdin)
+    values, refused = usersecrets.read_values()  # env.secrets' keys from this pod's own mount (never sent on stdin)
+    if refused:  # `ml-dev run` stopped at the gate already; `ml-dev exec` and others stop here, in the same words
+        die("no rank started:\n  " + "\n  ".join(refused))
+    env.update(values)
     env["PYTHONUNBUFFERED"] = "1"
     if args.debug_port:
         site = STATE_DIR / "debug-site"
@@ -586,6 +611,7 @@ def open_gate(
     deadline = started + timeout
     answers: dict[int, str] = {}
     found: dict[int, usersecrets.Presence | None] = {}
+    unusable: dict[int, list[str]] = {}
     width = len(str(len(cluster.hosts) - 1))
 
     def first(rank: int) -> str:
@@ -596,6 +622,7 @@ def open_gate(
             if got is not None:
                 answers[rank] = str(got.get("tree") or "")
                 found[rank] = got.get("secrets") if isinstance(got.get("secrets"), dict) else None
+                unusable[rank] = [str(line) for line in got.get("refused_secrets") or []]
                 return ""
             code = proc.wait()
             err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
@@ -660,6 +687,7 @@ def open_gate(
             die("\n  ".join(f"{cluster.label(r)}: tree {answers[r][:12]} differs from {tree.hash[:12]} here" for r in differs))
     if listed_secrets():
         lines = usersecrets.missing_lines({cluster.pods[r]: found.get(r) for r in sorted(procs)})
+        lines += sorted({line for r in sorted(procs) for line in unusable.get(r, [])})  # one line per Secret key
         if lines:
             die("no rank started:\n  " + "\n  ".join(lines))
     for proc in procs.values():

@@ -259,9 +259,12 @@ def serve_gate(spec: dict[str, object]) -> bool:
     raw = spec.get("secrets")
     listed = [(str(pair[0]), str(pair[1])) for pair in raw] if isinstance(raw, list) else []
     found = usersecrets.presence(listed) if listed else {}
+    unusable = usersecrets.refused() if listed else []  # values that cannot travel (usersecrets.value_refusal)
 
     def answer(refused: str = "") -> None:
         said: dict[str, object] = {"tree": held, "secrets": found}
+        if unusable:
+            said["refused_secrets"] = unusable
         if refused:
             said["refused"] = refused
         os.write(1, (GATE_MARK + json.dumps(said) + "\n").encode())

@@ -1,7 +1,7 @@
 """`ml-dev why`: which rank is stuck, and where — every rank's stack from every pod merged into one verdict.
 
 From any pod: fans out over the SSH fabric, runs `ml-dev _why-sample` (sampler.py) on every pod at once, merges the
-reports (`merge`), prints the verdict, keeps it with the run under `$ML_DEV_WORKSPACE/.ml-dev-env/runs/<run>/why/` on the
+reports (`merge`), prints the verdict, keeps it with the run under `$ML_DEV_WORKSPACE/.ml-dev-env/env/<app>/runs/<run>/why/` on the
 run's launching pod. `ml-dev run`'s watchdog (watchdog.py) calls the same `verdict_for`.
 
 A straggler is named only when it holds in every sample (at least two, at least 1 s apart): the other ranks agree on
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import contract
-from ..lib.pod import env
+from ..lib.pod import env_records_dir
 from .collectives import merge_fr, ras_words
 from .common import HERE, PY, Cluster, die, parallel
 from .sampler import sample_pod
@@ -324,7 +324,7 @@ def only_run(reports: list[dict[str, Any]], run: str) -> list[dict[str, Any]]:
 def run_dir(run: str) -> Path:
     if not RUN_ID.match(run):
         die(f"--run {run!r}: a run id is letters, digits, '.', '_' and '-' (as `ml-dev run` makes them)", 2)
-    return Path(env(contract.WORKSPACE_ENV, contract.WORKSPACE_DEFAULT)) / contract.RUNS_DIR / run
+    return env_records_dir() / contract.RUNS_SUBDIR / run
 
 
 def keep_local(run: str, record: dict[str, Any]) -> Path:

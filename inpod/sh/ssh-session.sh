@@ -32,20 +32,9 @@ if [ -r "$STATE_DIR/$CONTRACT_RANK_ENV_FILE" ]; then
   # shellcheck disable=SC1090
   . "$STATE_DIR/$CONTRACT_RANK_ENV_FILE"
 fi
-# env.secrets: each listed key from this pod's own mount (the volumes hold only the listed keys), for every
-# connection (ml-dev's ranks, pdsh/DeepSpeed, mpirun's daemons, a plain `ssh <pod> cmd`). `$(<file)` and `export` are
-# bash builtins: the value is in no argv and no file; trailing newlines go, as in inpod/lib/usersecrets.py values().
-SECRETS_DIR="${ML_DEV_SECRETS_DIR:-$CONTRACT_SECRETS_MOUNT}"
-for f in "$SECRETS_DIR"/*/*; do
-  k="${f##*/}"
-  # contract.ENV_NAME_PATTERN as globs: the classes unquoted, so that their ranges are ranges
-  # shellcheck disable=SC2254
-  case "$k" in [$CONTRACT_ENV_NAME_FIRST]*) ;; *) continue ;; esac
-  # shellcheck disable=SC2254
-  case "$k" in *[!$CONTRACT_ENV_NAME_REST]*) continue ;; esac
-  if [ -f "$f" ] && [ -r "$f" ]; then export "$k=$(<"$f")"; fi
-done
-unset f k SECRETS_DIR
+# env.secrets: each listed key from this pod's own mount, for every connection (user-secrets.sh, next to this script).
+# shellcheck source=user-secrets.sh
+. "$HERE/user-secrets.sh"
 cd "$HOME" 2>/dev/null || true
 cmd="${SSH_ORIGINAL_COMMAND:-}"
 case "$cmd" in

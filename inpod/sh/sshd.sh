@@ -14,8 +14,9 @@
 #   A variable of the same name in the environment is the fallback where a file lacks the key.
 #   ML_DEV_SSH_LISTEN (listen addresses, space-separated) from the environment only; default $POD_IP and
 #   127.0.0.1, never a wildcard: nothing answers on the SR-IOV interfaces net1..N, which NetworkPolicy does
-#   not cover. A non-loopback address is also bound to the pod network's interface (eth0: the name the
-#   runtime gives it, cri-o/ocicni pkg/ocicni/types.go DefaultInterfaceName), so a peer on net1..N that
+#   not cover. A non-loopback address is also bound to the interface that holds it (`ip -o addr`; the runtime
+#   calls the pod network's eth0, cri-o/ocicni pkg/ocicni/types.go DefaultInterfaceName, but a CNI may name it
+#   otherwise; no interface holds it: sshd does not start, saying so), so a peer on net1..N that
 #   routes the pod IP via net1 is refused too (Linux accepts a packet for any local address on any
 #   interface, net/ipv4/route.c ip_route_input_slow RTN_LOCAL): OpenSSH's `ListenAddress ... rdomain`
 #   is SO_BINDTODEVICE on Linux (openssh-portable openbsd-compat/port-net.c sys_set_rdomain), which an
@@ -221,18 +222,24 @@ sftp=""
 for candidate in /usr/lib/openssh/sftp-server /usr/libexec/openssh/sftp-server /usr/lib/ssh/sftp-server; do
   if [ -x "$candidate" ]; then sftp="Subsystem sftp $candidate"; break; fi
 done
-POD_IFACE=eth0
-BIND_IFACE=""
-if [ -e "/sys/class/net/$POD_IFACE" ]; then BIND_IFACE="$POD_IFACE"; fi
-listen_lines() {  # loopback: lo only by nature (a packet for 127/8 from outside is a martian); others: the pod network
-  local a
-  for a in $LISTEN; do
-    case "$a" in
-      127.*|::1|\[::1\]*) printf 'ListenAddress %s\n' "$a" ;;
-      *) printf 'ListenAddress %s%s\n' "$a" "${BIND_IFACE:+ rdomain $BIND_IFACE}" ;;
-    esac
-  done
+holder() {  # the interface that holds address $1 (`ip -o addr`: "2: ens3    inet 10.128.0.10/23 ..."), never a name assumed
+  ip -o addr show 2>/dev/null | awk -v a="$1" '{ split($4, p, "/"); if (p[1] == a) { print $2; exit } }'
 }
+LISTEN_LINES=""
+for a in $LISTEN; do  # loopback: lo only by nature (a packet for 127/8 from outside is a martian); others: their interface
+  case "$a" in
+    127.*|::1|\[::1\]*) LISTEN_LINES+="ListenAddress $a"$'\n' ;;
+    *)
+      addr="${a#[}" addr="${addr%%]*}"
+      iface="$(holder "$addr")"
+      if [ -z "$iface" ]; then
+        log "ERROR: no interface of this pod holds $addr (ML_DEV_SSH_LISTEN/POD_IP): sshd does not listen on an address it cannot bind to its interface"
+        exit 1
+      fi
+      LISTEN_LINES+="ListenAddress $a rdomain ${iface%%@*}"$'\n' ;;
+  esac
+done
+listen_lines() { printf '%s' "$LISTEN_LINES"; }
 write_sshd_config() {
 cat > "$D/sshd_config" <<CONF
 # written by sshd.sh (ml-dev-env SSH fabric); unprivileged: no PAM, no privilege separation user
@@ -263,14 +270,10 @@ CONF
 chmod 0600 "$D/sshd_config"
 }
 write_sshd_config
-if [ -n "$BIND_IFACE" ] && ! "$SSHD" -t -f "$D/sshd_config" >/dev/null 2>&1; then
+if ! checked="$("$SSHD" -t -f "$D/sshd_config" 2>&1)"; then
   # a kernel before 5.7 refuses SO_BINDTODEVICE without CAP_NET_RAW; an sshd built without rdomain support
-  BIND_IFACE=""
-  write_sshd_config
-  if "$SSHD" -t -f "$D/sshd_config" >/dev/null 2>&1; then
-    log "WARNING: sshd cannot bind its listener to $POD_IFACE (ListenAddress ... rdomain); it answers on the pod IP" \
-        "over any interface: a pod on net1..N that routes this pod's IP via its secondary network reaches it"
-  fi
+  log "ERROR: sshd refuses its config (ListenAddress ... rdomain <the interface that holds the address>): $checked"
+  exit 1
 fi
 # Keys added to ml-dev-env:ssh.authorizedKeys reach the pods without a restart: kubelet updates the
 # mounted Secret in place, this loop copies authorized_keys again when it changed (sshd reads the file

@@ -257,6 +257,11 @@ if ! {
   done
   # shellcheck disable=SC2016  # expanded by the sourcing shell
   printf 'case ":$PATH:" in *":$HOME/.local/bin:"*) ;; *) export PATH="$HOME/.local/bin:$PATH" ;; esac\n'
+  # env.secrets' keys, read from the mount when the shell starts (a rotated Secret reaches the next terminal); the
+  # mount path, never the resolved one (the kubelet's ..<timestamp> directory goes at the next ConfigMap update)
+  # shellcheck disable=SC2016  # expanded by the sourcing shell
+  printf 'if [ -r "${ML_DEV_DIR:-%s}/user-secrets.sh" ]; then . "${ML_DEV_DIR:-%s}/contract.env"; . "${ML_DEV_DIR:-%s}/user-secrets.sh"; fi\n' \
+    "$SCRIPT_DIR" "$SCRIPT_DIR" "$SCRIPT_DIR"
   env | { grep -E '^(NCCL|TORCH_NCCL|UCX)_' || true; } | sort | while IFS='=' read -r key value; do printf 'export %s=%s\n' "$key" "$(q "$value")"; done
 } 2>/dev/null > "$STATE_DIR/$CONTRACT_SHELL_ENV_FILE"; then
   warn "cannot write $STATE_DIR/$CONTRACT_SHELL_ENV_FILE; shells will not see rank.env"
@@ -270,7 +275,8 @@ for rc in "$HOME/.bashrc" "$HOME/.profile" "$HOME/.bash_profile"; do
 done
 
 # Kernels: IPython runs the files of $IPYTHONDIR/profile_default/startup/ in every new kernel (also on a
-# kernel restart). This one loads the current rank.env, so a kernel started after a count change sees it.
+# kernel restart). This one loads the current rank.env, so a kernel started after a count change sees it, and
+# env.secrets' keys from the mount.
 IPY_STARTUP="$IPYTHONDIR/profile_default/startup/00-ml-dev-env-rank.py"
 IPY_CODE="$(cat <<'PY'
 # ml-dev-env: written by the pod startup script at every pod start (edits are overwritten).
@@ -298,6 +304,35 @@ def _ml_dev_env_load_rank():
 
 _ml_dev_env_load_rank()
 del _ml_dev_env_load_rank
+
+
+# env.secrets' keys from this pod's own mount (never the server's env, which has none): read when the kernel
+# starts, so a rotated Secret reaches the next kernel. The startup ConfigMap's inpod/lib/usersecrets.py reads them
+# (the same rules and refusal words as SSH sessions and ranks); the package leaves the kernel's modules again.
+def _ml_dev_env_load_secrets():
+    import os
+    import sys
+
+    mount = os.environ.get("ML_DEV_DIR", "/opt/ml-dev-env")
+    sys.path.insert(0, mount)
+    try:
+        from inpod.lib import usersecrets
+
+        values, refused = usersecrets.read_values()
+    except Exception as exc:  # an older mount, an unreadable one: the kernel starts without them
+        print("ml-dev-env: env.secrets not loaded: %s" % exc, file=sys.stderr)
+        return
+    finally:
+        sys.path.remove(mount)
+        for name in [m for m in sys.modules if m == "inpod" or m.startswith("inpod.")]:
+            del sys.modules[name]
+    os.environ.update(values)
+    for line in refused:
+        print(line, file=sys.stderr)
+
+
+_ml_dev_env_load_secrets()
+del _ml_dev_env_load_secrets
 PY
 )"
 IPY_CODE="${IPY_CODE//@CONTRACT_STATE_DIR@/$CONTRACT_STATE_DIR}"  # the contract's facts into the kernel's Python
@@ -309,10 +344,17 @@ if command -v nvidia-smi >/dev/null 2>&1; then
 fi
 
 # --- 4. dev servers (pod 0 only: the dev Service selects the pod named <app>-0) ------------------
-# Behind the OAuth proxy a server needs only loopback; in token mode the router dials the pod IP. Never a
-# wildcard: nothing of ours answers on the SR-IOV interfaces (net1..N), which NetworkPolicy does not cover.
-if [ "$AUTH" = "token" ]; then BIND="${POD_IP:-127.0.0.1}"; else BIND=127.0.0.1; fi
-if [[ "$BIND" == *:* ]]; then BIND_HOSTPORT="[$BIND]"; else BIND_HOSTPORT="$BIND"; fi
+# Behind the OAuth proxy a server needs only loopback. In token mode the router dials the pod IP: the servers still
+# listen on loopback, and forward.py listens on the pod IP bound to the interface that holds it (code-server and
+# Jupyter cannot bind to an interface) and copies each connection there. Never a wildcard: nothing of ours answers
+# on the SR-IOV interfaces (net1..N), which NetworkPolicy does not cover.
+BIND=127.0.0.1 BIND_HOSTPORT=127.0.0.1
+FORWARD=()
+forward() {  # forward <port>: token mode, the pod IP's <port> to loopback's
+  if [ "$AUTH" = "token" ] && [ -n "${POD_IP:-}" ]; then
+    if [[ "$POD_IP" == *:* ]]; then FORWARD+=("[$POD_IP]:$1"); else FORWARD+=("$POD_IP:$1"); fi
+  fi
+}
 # the idle agent asks Jupyter whether it is in use where Jupyter listens
 export ML_DEV_JUPYTER_URL="${ML_DEV_JUPYTER_URL:-http://$BIND_HOSTPORT:8888}"
 PIDS=()
@@ -418,6 +460,7 @@ if [ "$ORDINAL" -eq 0 ]; then
         if [ "$AUTH" = "token" ]; then
           : "${PASSWORD:?token mode needs PASSWORD for code-server}"
           start vscode code-server --bind-addr "$BIND_HOSTPORT:8080" --auth password --disable-telemetry "${dirs[@]}" "$WORKSPACE"
+          forward 8080
         else
           # Only reachable through the OAuth proxy sidecar on this pod's loopback.
           start vscode code-server --bind-addr "$BIND_HOSTPORT:8080" --auth none --disable-telemetry "${dirs[@]}" "$WORKSPACE"
@@ -435,8 +478,11 @@ if [ "$ORDINAL" -eq 0 ]; then
         fi
         if [ "$AUTH" = "token" ]; then
           : "${JUPYTER_TOKEN:?token mode needs JUPYTER_TOKEN}"
+          # allow_remote_access: the router's Host header, through forward.py (jupyter_server serverapp.py
+          # ServerApp.allow_remote_access: a loopback-bound server refuses other Host names without it)
           start jupyter jupyter lab --no-browser --allow-root --ip="$BIND" --port=8888 --ServerApp.root_dir="$WORKSPACE" \
-            --IdentityProvider.token="$JUPYTER_TOKEN" ${cull[@]+"${cull[@]}"}
+            --IdentityProvider.token="$JUPYTER_TOKEN" --ServerApp.allow_remote_access=True ${cull[@]+"${cull[@]}"}
+          forward 8888
         else
           # --allow-root: RDMA pods run as UID 0 (SCC capabilities only apply to root)
           start jupyter jupyter lab --no-browser --allow-root --ip="$BIND" --port=8888 --ServerApp.root_dir="$WORKSPACE" \
@@ -449,6 +495,7 @@ if [ "$ORDINAL" -eq 0 ]; then
           warn "cannot create $logdir (is the workspace writable?); TensorBoard shows runs once it exists"
         fi
         start tensorboard tensorboard --logdir "$logdir" --host "$BIND" --port 6006
+        forward 6006
         ;;
       home)
         # the environment's home page (home_page.py, next to this script); behind its OAuth proxy. It binds
@@ -466,6 +513,9 @@ if [ "$ORDINAL" -eq 0 ]; then
       *) warn "unknown dev server '$server' ignored" ;;
     esac
   done
+  if [ "${#FORWARD[@]}" -gt 0 ]; then
+    start forward python3 "$(dirname "${BASH_SOURCE[0]}")/forward.py" "${FORWARD[@]}"
+  fi
 else
   log "worker pod: no dev servers (they run on the pod named ${C_APP_NAME:-${APP_NAME:-<app>}}-0)"
 fi

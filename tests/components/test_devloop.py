@@ -134,15 +134,50 @@ def test_outputs_give_laptops_ssh_shells_and_debugger_ports() -> None:
     out = result.outputs
     cfg = out["ssh_config"]
     for i in range(2):
-        assert f"Host ml-dev-env-{i}\n" in cfg
+        # nerc-production's pods are ml-dev-env-<i> too: the alias names the cluster and the environment
+        assert f"Host barcelona-ml-dev-env-{i}\n    HostName barcelona-ml-dev-env-{i}\n" in cfg
         assert f"ProxyCommand oc exec -i -n nccl-test -c ml-dev ml-dev-env-{i} -- /bin/bash /opt/ml-dev-env/sshd.sh --inetd" in cfg
     assert "User root" in cfg  # barcelona: RDMA with an SCC runs as UID 0 (keys only)
     assert "Route" not in cfg and "NodePort" not in cfg
-    assert out["ssh_known_hosts"] == f"ml-dev-env-0,ml-dev-env-1 {MOCK_SSH_PUBLIC_KEY}\n"
+    assert out["ssh_known_hosts"] == f"barcelona-ml-dev-env-0,barcelona-ml-dev-env-1 {MOCK_SSH_PUBLIC_KEY}\n"
     assert out["shell_commands"]["ml-dev-env-1"] == "oc exec -it -n nccl-test -c ml-dev ml-dev-env-1 -- bash -l"
     assert out["port_forward_commands"]["ml-dev-env-1"] == "oc port-forward -n nccl-test pod/ml-dev-env-1 5678:5678"
     tcp = render("barcelona", tcp_shared_variant).outputs["ssh_config"]
     assert "User ml-dev" in tcp
+
+
+def host_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("Host ")]
+
+
+def test_laptop_aliases_are_unique_per_cluster_and_environment_and_every_oc_names_the_context() -> None:
+    """Every stack of the project on one laptop: no `Host` alias, known_hosts name or known_hosts file twice; the pod
+    name stays an alias only where no other stack has that appName (an environment stack's `<app>-<env>`)."""
+    outputs = {name: render(name).outputs for name in ("barcelona", "nerc-production", "barcelona-alice", "barcelona-bob")}
+    aliases = [a for out in outputs.values() for line in host_lines(out["ssh_config"]) for a in line.split()[1:]]
+    assert len(aliases) == len(set(aliases)), aliases
+    nerc = ["Host nerc-production-ml-dev-env-0", "Host nerc-production-ml-dev-env-1"]
+    assert host_lines(outputs["nerc-production"]["ssh_config"]) == nerc
+    assert host_lines(outputs["barcelona-alice"]["ssh_config"]) == ["Host barcelona-alice-0 ml-dev-env-alice-0"]
+    known = [n for out in outputs.values() for n in out["ssh_known_hosts"].split(" ", 1)[0].split(",")]
+    assert sorted(known) == sorted(aliases)
+    files = {line.split()[1] for out in outputs.values() for line in out["ssh_config"].splitlines() if "UserKnownHostsFile" in line}
+    assert len(files) == len(outputs)
+    # cluster.kubeContext: every printed oc (and tkn) command names it
+    ctx = "admin/api-barcelona:6443"
+    out = render("barcelona", lambda o: o["cluster"].update(kubeContext=ctx)).outputs
+    printed = [
+        *(line.split("ProxyCommand ", 1)[1] for line in out["ssh_config"].splitlines() if "ProxyCommand" in line),
+        out["shell_command"],
+        out["port_forward_command"],
+        *out["shell_commands"].values(),
+        *out["port_forward_commands"].values(),
+        out["lifecycle"]["stop_record"],
+        *(c for k in ("build_command", "build_logs_command") if k in out for c in out[k].split("; ")),
+        *(v for run in out.get("model_runs", {}).values() for k, v in run.items() if k not in ("run", "namespace", "retry")),
+    ]
+    assert len(printed) >= 10 and all(c.startswith(("oc --context admin/api-barcelona:6443 ", "tkn --context ")) for c in printed), printed
+    assert all(c.count(" oc ") == 0 for c in printed)
 
 
 def test_user_keys_from_config_reach_authorized_keys() -> None:

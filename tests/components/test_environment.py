@@ -371,6 +371,33 @@ def test_a_cluster_destroy_keeps_what_its_environments_use(renders: dict[str, Ru
     assert {("PersistentVolumeClaim", facts["namespace"], c) for c in facts["sharedClaims"].values()} <= set(kept)
 
 
+def test_a_cluster_destroy_keeps_the_network_attachments_and_teams_md_lists_every_kept_kind() -> None:
+    """With createAttachments the cluster stack creates the NetworkAttachmentDefinitions its environments' pods name
+    (`k8s.v1.cni.cncf.io/networks`): retained too, and docs/use/teams.md's destroy section names every kept kind."""
+
+    def attachments(o: dict[str, Any]) -> None:
+        o["network"]["rdma"]["createAttachments"] = True
+        o["network"]["rdma"]["subnets"] = ["10.0.103.0/24", "10.0.104.0/24", "10.0.105.0/24", "10.0.106.0/24"]
+
+    objects = stack_objects("barcelona")
+    attachments(objects)
+    cluster = run_objects("barcelona", objects)
+    assert cluster.error is None, cluster.error
+    kept = {key(r.inputs) for r in cluster.resources if r.options.get("retain_on_delete") and "kind" in r.inputs}
+    sts = next(r.inputs for r in cluster.resources if r.inputs.get("kind") == "StatefulSet")
+    named = sts["spec"]["template"]["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"]
+    used = {n.split("@")[0].split("/")[-1] for n in named.replace(" ", "").split(",")}
+    nads = {name for kind, _, name in kept if kind == "NetworkAttachmentDefinition"}
+    assert used and used <= nads, (used, kept)
+    teams = (ROOT / "docs" / "use" / "teams.md").read_text()
+    section = teams.split("## Destroying the cluster stack", 1)[1].split("\n## ", 1)[0].lower()
+    words = {"ImageStream": "imagestream", "SecurityContextConstraints": "scc", "Role": "role", "PersistentVolumeClaim": "pvc"}
+    words["NetworkAttachmentDefinition"] = "network-attachment-definitions"
+    assert set(words) <= {k for k, _, _ in kept}  # what an environment uses (the PipelineRuns are the cluster's own)
+    for kind, word in words.items():
+        assert word in section, f"teams.md does not say a cluster destroy keeps the {kind}s"
+
+
 CLUSTER_FILE_MISTAKES: list[tuple[str, str, str, str]] = [
     ("a size", "size: 500Gi", "size: 100GB", "Pulumi.barcelona.yaml: ml-dev-env:storage.volumes[2].size: got '100GB'"),
     ("a key twice", "    count: 2\n", "    count: 2\n    count: 3\n", "Pulumi.barcelona.yaml:"),

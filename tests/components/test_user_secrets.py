@@ -112,7 +112,15 @@ def test_rendered_objects_pass_the_schema_check(stack: str, tmp_path: Path) -> N
         ),
         (
             [{"secret": "ml-dev-env-ssh", "keys": ["K"]}],
-            "ml-dev-env:env.secrets[0].secret: got 'ml-dev-env-ssh'; a Secret this stack creates",
+            "ml-dev-env:env.secrets[0].secret: got 'ml-dev-env-ssh'; a Secret the stacks create (this stack's SSH keys)",
+        ),
+        (
+            [{"secret": "model-pipeline-hf", "keys": ["HF_TOKEN"]}],
+            "ml-dev-env:env.secrets[0].secret: got 'model-pipeline-hf'; a Secret the stacks create (the model pipeline's",
+        ),
+        (
+            [{"secret": "ml-dev-env-bob-oauth-cookie", "keys": ["K"]}],
+            "got 'ml-dev-env-bob-oauth-cookie'; a Secret the stacks create (another environment's OAuth cookie)",
         ),
         ([{"secret": "w", "keys": ["K"], "value": "x"}], "ml-dev-env:env.secrets[0].value: unknown key"),
     ],
@@ -123,6 +131,17 @@ def test_each_mistake_is_one_line_naming_key_value_and_what_is_allowed(secrets: 
     result = run_objects("nerc-production", objects)
     assert result.error is not None and line in result.error, result.error
     assert "Traceback" not in result.error
+
+
+@pytest.mark.parametrize(
+    ("secret", "what"), [("ml-dev-env-ssh", "the cluster stack's SSH keys"), ("model-pipeline-s3", "the model pipeline's")]
+)
+def test_an_environment_stack_may_not_list_its_clusters_secrets(secret: str, what: str) -> None:
+    objects = stack_objects("barcelona-alice")
+    objects["env"] = {"secrets": [{"secret": secret, "keys": ["K"]}]}
+    error = run_objects("barcelona-alice", objects).error or ""
+    assert f"ml-dev-env:env.secrets[0].secret: got '{secret}'; a Secret the stacks create ({what}" in error, error
+    assert "oc create secret generic" in error and "Traceback" not in error
 
 
 def test_all_mistakes_of_a_run_together() -> None:
@@ -193,6 +212,58 @@ def test_the_guard_rail_refuses_a_created_or_read_secret_and_a_world_readable_or
     assert any("envFrom.secretRef takes the user's Secret hf.user" in m for m in messages)
     assert any("world-readable" in m for m in messages)
     assert any("uses subPath" in m for m in messages) and any("is not readOnly" in m for m in messages)
+
+
+def _without_annotation(items: list[tuple[str, dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
+    sts = next(i[1] for i in items if i[0].endswith("StatefulSet"))
+    sts["spec"]["template"]["metadata"]["annotations"].pop(pod.USER_SECRETS_ANNOTATION)
+    spec: dict[str, Any] = sts["spec"]["template"]["spec"]
+    return spec
+
+
+@pytest.mark.parametrize(
+    ("what", "edit", "said"),
+    RAIL_CASES := [
+        (
+            "envFrom in the main container",
+            lambda spec: spec["containers"][0].setdefault("envFrom", []).append({"secretRef": {"name": "wandb"}}),
+            "envFrom.secretRef takes the user's Secret wandb",
+        ),
+        (
+            "env in an init container",
+            lambda spec: spec.setdefault("initContainers", []).append(
+                {"name": "init", "image": "x", "env": [{"name": "T", "valueFrom": {"secretKeyRef": {"name": "other-team", "key": "T"}}}]}
+            ),
+            "valueFrom.secretKeyRef takes the user's Secret other-team",
+        ),
+        (
+            "a projected volume in a sidecar",
+            lambda spec: (
+                spec["volumes"].append({"name": "p", "projected": {"sources": [{"secret": {"name": "wandb"}}]}}),
+                spec["containers"][1].setdefault("volumeMounts", []).append({"name": "p", "mountPath": "/p", "readOnly": True}),
+            ),
+            "volume p projects the user's Secret wandb",
+        ),
+        (
+            "the env.secrets volume in a sidecar",
+            lambda spec: (
+                spec["containers"][1].setdefault("volumeMounts", []).append({"name": "user-secret-0", "mountPath": "/s", "readOnly": True})
+            ),
+            f"container {'{'}sidecar{'}'} mounts user-secret-0, the user's Secret wandb",
+        ),
+    ],
+    ids=[c[0] for c in RAIL_CASES],
+)
+def test_the_guard_rail_reads_the_objects_whatever_the_annotation_says(what: str, edit: Any, said: str) -> None:
+    """The annotation removed: a Secret the stack refers to and does not create is the user's all the same."""
+    items = _items(with_secrets("nerc-production"))
+    spec = _without_annotation(items)
+    assert rule_messages(items) == [], "the rendered volumes, main container only, pass without the annotation too"
+    edit(spec)
+    sidecar = spec["containers"][1]["name"]
+    messages = rule_messages(items)
+    assert any(said.replace("{sidecar}", sidecar) in m for m in messages), (what, messages)
+    assert all("Fix:" in m for m in messages)
 
 
 def test_an_environment_stack_never_inherits_the_clusters_secrets() -> None:

@@ -82,6 +82,7 @@ COMMON = {
     contract.SIGNAL_DEFAULT: "`SIGTERM`: a signal's name, in the config's Literal and torchrun's signal list",
     contract.ENV_NAME_FIRST: "a character class, not a name",
     contract.ENV_NAME_REST: "a character class, not a name",
+    contract.ENV_RECORDS_DIR: "`env`: also a dict key, a parameter's name and the policy pack's container field",
 }
 FACTS = {name: value for name, value in vars(contract).items() if name.isupper() and isinstance(value, str)}
 PATHS = {value for value in FACTS.values() if value.startswith("/")}
@@ -170,13 +171,28 @@ def test_contract_env_is_generated_from_the_contract_and_ships() -> None:
     assert scalar <= set(defined), f"facts the shell cannot read: {scalar - set(defined)}"
 
 
+# A POSIX sh fragment other files source (no BASH_SOURCE to find its own folder): each sourcer sources contract.env
+# before it. (sourcer, the contract.env line, the fragment's line)
+SOURCED_AFTER_CONTRACT = {
+    "user-secrets.sh": (
+        ("ssh-session.sh", '. "$(dirname "${BASH_SOURCE[0]}")/contract.env"', '. "$HERE/user-secrets.sh"'),
+        ("startup.sh", '. "${ML_DEV_DIR:-%s}/contract.env"', '. "${ML_DEV_DIR:-%s}/user-secrets.sh"'),
+    ),
+}
+
+
 def test_every_shell_file_reads_the_contract_it_names() -> None:
     """Each shell file sources contract.env from beside itself, and every CONTRACT_* fact it reads is defined there."""
     defined = set(re.findall(r"^CONTRACT_([A-Z_]+)=", contract.shell_env(), re.M))
     for s in inpod.SHIPPED:
         if s.source.endswith(".sh"):
             text = inpod.text(s.key)
-            assert '. "$(dirname "${BASH_SOURCE[0]}")/contract.env"' in text, f"{s.source} does not source contract.env"
+            if s.key in SOURCED_AFTER_CONTRACT:
+                for sourcer, before, after in SOURCED_AFTER_CONTRACT[s.key]:
+                    code = inpod.text(sourcer)
+                    assert before in code and after in code and code.index(before) < code.index(after), (s.key, sourcer)
+            else:
+                assert '. "$(dirname "${BASH_SOURCE[0]}")/contract.env"' in text, f"{s.source} does not source contract.env"
             used = {a or b for a, b in READ.findall(text)}
             assert used and used <= defined, f"{s.source}: {used - defined}"
 
@@ -223,16 +239,16 @@ def test_the_detector_sees_a_fact_spelled_in_the_shell(monkeypatch: pytest.Monke
 @pytest.mark.parametrize("name", ["A", "_x", "WANDB_API_KEY", "a1", "1A", "A-B", "A.B", "", "É", "A B", "x=y"])
 def test_one_rule_for_env_names(name: str, tmp_path: Path) -> None:
     """contract.ENV_NAME_PATTERN serves the config (stacks/config.py), the pod library (inpod/lib/usersecrets.py) and
-    ssh-session.sh (its two `case` lines, run here in bash with contract.env): each accepts exactly the same names."""
+    user-secrets.sh (its two `case` lines, run here in bash with contract.env): each accepts exactly the same names."""
     from inpod.lib import usersecrets
     from stacks import config
 
     python = bool(re.fullmatch(contract.ENV_NAME_PATTERN, name))
     assert bool(config.ENV_NAME.match(name)) == python and bool(usersecrets.ENV_NAME.match(name)) == python
-    lines = [line for line in inpod.text("ssh-session.sh").splitlines() if line.strip().startswith('case "$k" in')]
+    lines = [line for line in inpod.text("user-secrets.sh").splitlines() if line.strip().startswith('case "$_mde_k" in')]
     assert len(lines) == 2, lines
     (tmp_path / "contract.env").write_text(contract.shell_env())
-    script = f'. "{tmp_path}/contract.env"\nk="$1"\nfor _ in once; do\n' + "\n".join(lines) + "\necho yes\ndone\n"
+    script = f'. "{tmp_path}/contract.env"\n_mde_k="$1"\nfor _ in once; do\n' + "\n".join(lines) + "\necho yes\ndone\n"
     out = subprocess.run(["bash", "-c", script, "bash", name], capture_output=True, text=True, timeout=30, check=True).stdout
     assert (out.strip() == "yes") == python, (name, out)
 

@@ -101,7 +101,7 @@ def test_the_table_covers_the_package() -> None:
     files = package_files()
     assert not unshipped(files), f"not shipped: {sorted(unshipped(files))}"
     assert set(sources) <= files, f"missing: {sorted(set(sources) - files)}"
-    assert {s.group for s in inpod.SHIPPED} == {"package", "startup", "devloop", "lifecycle", "fabric", "usage", "home"}
+    assert {s.group for s in inpod.SHIPPED} == {"package", "startup", "devloop", "lifecycle", "fabric", "usage", "home", "servers"}
     for s in inpod.SHIPPED:
         assert inpod.path(s.key) == inpod.HERE / s.source and inpod.text(s.key) == Path(inpod.HERE / s.source).read_text()
         assert CONFIGMAP_KEY.fullmatch(s.key), s
@@ -123,7 +123,8 @@ def test_every_launcher_is_three_lines_importing_its_package() -> None:
     """bin/: `#!/usr/bin/env python3`, one absolute import of the package's `main`, `raise SystemExit(main())`;
     no sys.path edit (Python puts the launcher's real directory, which holds inpod/, first on sys.path)."""
     launchers = [s for s in inpod.SHIPPED if s.source.startswith("bin/")]
-    assert {s.path for s in launchers} == {"ml-dev", "ml-dev-why", "fabric_check.py", "idle_agent.py", "home_page.py", "usage.py"}
+    paths = {"ml-dev", "ml-dev-why", "fabric_check.py", "idle_agent.py", "home_page.py", "usage.py", "forward.py"}
+    assert {s.path for s in launchers} == paths
     for s in launchers:
         lines = inpod.text(s.key).splitlines()
         assert len(lines) == 3 and lines[0] == "#!/usr/bin/env python3" and lines[2] == "raise SystemExit(main())", s

@@ -23,10 +23,13 @@ Scenarios that start launches, agents and stops (their pods from a render listin
     scan.container_logs()    # each pod's container output (`oc logs`), which outlives the pod
     assert scan.hits == [] and len(scan.holders_on("job.py")) == len(sim.pods)   # it reached every rank, only ranks
 
-A process may hold a value in its environment only on the rank side: below an SSH session (inpod/sh/ssh-session.sh
-exports the listed keys for every connection) or a rank agent (`ml-dev _rank` sets them for its rank only,
-inpod/ml_dev/launch.py cmd_rank). Anything else holding it (PID 1 and the agents startup.sh starts, the stop hook,
-an `oc exec` shell, the launcher itself) is a hit: that is where container env would put it.
+A process may hold a value in its environment only where the value is read from the mount for it: below an SSH
+session (inpod/sh/ssh-session.sh exports the listed keys for every connection), a rank agent (`ml-dev _rank` sets
+them for its rank only, inpod/ml_dev/launch.py cmd_rank), a shell a person opens (an interactive or login shell:
+`bash -i`, `bash -l`, `sh -i`, a login shell's `-bash`; env.sh sources inpod/sh/user-secrets.sh) or a Jupyter
+kernel (its IPython start-up file loads them). Anything else holding it (PID 1 and the agents and servers
+startup.sh starts, the JupyterLab server among them, the stop hook, a plain `oc exec -- cmd`, the launcher itself)
+is a hit: that is where container env would put it.
 """
 
 from __future__ import annotations
@@ -52,6 +55,16 @@ SSH_ARGV_PROGRAM = {
     )
 }
 """`PodSim(image_programs=...)`: an `ssh` in the image that records the command of every SSH connection."""
+
+
+def opened(argv: list[bytes]) -> bool:
+    """A shell a person opens (interactive or login: its start files source env.sh) or a Jupyter kernel."""
+    name = os.path.basename(argv[0]) if argv else b""
+    if name.startswith(b"-"):
+        return True  # a login shell (argv[0] `-bash`: login(1), sshd, `exec -l`)
+    if name in (b"bash", b"sh", b"dash") and any(a[:1] == b"-" and a[1:2] != b"-" and (b"i" in a or b"l" in a) for a in argv[1:2]):
+        return True
+    return any(b"ipykernel_launcher" in a or a == b"ipykernel" for a in argv[1:4])
 
 
 class LeakScan:
@@ -163,7 +176,7 @@ class LeakScan:
             except (OSError, IndexError):
                 return None
             identity = (current, stat[19])  # the pid and its start time (stat field 22): a pid reused is another process
-            if identity in self._rank_processes or b"_rank" in argv[1:4] or (current != pid and comm.startswith("sshd")):
+            if identity in self._rank_processes or b"_rank" in argv[1:4] or (current != pid and comm.startswith("sshd")) or opened(argv):
                 verdict = True
                 break
             chain.append(identity)

@@ -183,6 +183,8 @@ class PodSim:
         image_programs: Mapping[str, str | Path] | None = None,
         image_paths: Sequence[Path] = (),
         namespace_secrets: Mapping[str, Mapping[str, str]] | None = None,
+        claims: Path | None = None,
+        pod_interface: str = "eth0",
     ) -> None:
         """`read_only_passwd`: pods whose image leaves /etc/passwd read-only (not the stack's base image: the
         programs fall back to nss_wrapper); `python_packages`: modules of this interpreter the image has
@@ -194,7 +196,10 @@ class PodSim:
         may record what they see under /run/podsim-image (mode 1777, the stubs' own directory); `namespace_secrets`:
         {name: {key: value}} of Secrets that exist in the namespace without the stack rendering them (env.secrets: the
         user made them with `oc create secret generic`); a Secret volume naming one that exists nowhere is empty when
-        `optional` (kubernetes pkg/volume/secret/secret.go SetUpAt), else the pod does not start."""
+        `optional` (kubernetes pkg/volume/secret/secret.go SetUpAt), else the pod does not start; `claims`: the
+        namespace's claims (another PodSim's `claims`: two environments of one namespace mount one claim by name;
+        that PodSim outlives this one); `pod_interface`: the name of each pod's pod-network interface (the runtime's
+        default is eth0, cri-o/ocicni pkg/ocicni/types.go DefaultInterfaceName; a CNI may name it otherwise)."""
         self.result = result
         self.resources = list(result.resources)
         sts = next(r.inputs for r in self.resources if r.kind == "StatefulSet")
@@ -223,6 +228,8 @@ class PodSim:
         RUN_IDS.append(self.run_id)
         self.base = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{self.run_id}-", dir="/var/tmp"))
         self.base.chmod(0o755)
+        self.claims = claims if claims is not None else self.base / "pvc"
+        self.pod_interface = pod_interface
         self.cluster_ns = f"{PREFIX}{self.run_id}-c"
         self.dns: subprocess.Popen[str] | None = None
         self.keys = self.base / "keys"
@@ -392,11 +399,12 @@ class PodSim:
         run(["ip", "-n", c, "addr", "add", f"{DNS_IP}/32", "dev", "br0"])
         for pod in self.pods:
             run(["ip", "netns", "add", pod.netns])
-            run(["ip", "-n", c, "link", "add", f"v{pod.index}", "type", "veth", "peer", "name", "eth0", "netns", pod.netns])
+            dev = self.pod_interface
+            run(["ip", "-n", c, "link", "add", f"v{pod.index}", "type", "veth", "peer", "name", dev, "netns", pod.netns])
             run(["ip", "-n", c, "link", "set", f"v{pod.index}", "master", "br0", "up"])
             run(["ip", "-n", pod.netns, "link", "set", "lo", "up"])
-            run(["ip", "-n", pod.netns, "addr", "add", f"{pod.ip}/{POD_PREFIX}", "dev", "eth0"])
-            run(["ip", "-n", pod.netns, "link", "set", "eth0", "up"])
+            run(["ip", "-n", pod.netns, "addr", "add", f"{pod.ip}/{POD_PREFIX}", "dev", dev])
+            run(["ip", "-n", pod.netns, "link", "set", dev, "up"])
             run(["ip", "-n", pod.netns, "route", "add", "default", "via", GATEWAY])
         records = self.base / "dns-records.json"
         records.write_text(json.dumps(self._records(), indent=1))
@@ -445,7 +453,7 @@ class PodSim:
         for v in self.pod_spec.get("volumes") or []:
             name = v["name"]
             if "persistentVolumeClaim" in v:
-                out[name] = ("pvc", self._pvc_dir(self.base / "pvc" / v["persistentVolumeClaim"]["claimName"]))
+                out[name] = ("pvc", self._pvc_dir(self.claims / v["persistentVolumeClaim"]["claimName"]))
             elif "emptyDir" in v:
                 kind = "tmpfs" if (v["emptyDir"] or {}).get("medium") == "Memory" else "emptyDir"
                 d = vdir / name
@@ -885,6 +893,12 @@ class PodSim:
             self.restart(index, timeout)
         return outcomes
 
+    def records(self, index: int, path: str = "", workspace: str = "/workspace") -> Path:
+        """Pod `index`'s view of this environment's records folder in the workspace (inpod/contract.py records_dir)."""
+        from inpod import contract
+
+        return self.pods[index].path(f"{contract.records_dir(workspace, self.app)}/{path}".rstrip("/"))
+
     def volume_dir(self, index: int, mount_path: str) -> Path:
         """The directory on this machine behind pod `index`'s volume mounted at `mount_path` (a PVC or emptyDir):
         it outlives the pod's processes (read a terminated pod's files here), until `stop()`."""
@@ -892,7 +906,7 @@ class PodSim:
         claims = {t["metadata"]["name"] for t in self.statefulset["spec"].get("volumeClaimTemplates") or []}
         volume: dict[str, Any] = next((v for v in self.pod_spec.get("volumes") or [] if v["name"] == mount["name"]), {})
         if "persistentVolumeClaim" in volume and mount["name"] not in claims:
-            return self.base / "pvc" / volume["persistentVolumeClaim"]["claimName"]
+            return self.claims / volume["persistentVolumeClaim"]["claimName"]
         return self.pods[index].host_dir / "volumes" / mount["name"]
 
     def stop(self) -> None:

@@ -222,3 +222,40 @@ def test_the_launch_rule_is_in_the_help(sim: PodSim) -> None:
     text = " ".join(res.stdout.split())
     assert "rank.env" in text and all(k in text for k in (*pod_contract.RANK_ENV, "NCCL_IB_HCA")), text
     assert "--per-pod" in text and "--env" in text
+
+
+TOOL = """#!/bin/sh
+printf 'TOOL pod=%s owner=%s home=%s path=%s cache=%s\\n' "$POD_NAME" OWNER "$HOME" "$PATH" "${XDG_CACHE_HOME:-}"
+"""
+
+
+@pytest.mark.parametrize("shell", ["bash -lic", "bash -ic"])
+def test_per_pod_values_stay_each_pods_own(sim: PodSim, shell: str) -> None:
+    """`mytool` in each pod's own ~/.local/bin (HOME is per pod): a login shell puts pod 0's ~/.local/bin first in
+    PATH and env.sh sets the caches under pod 0's HOME; each rank gets its own pod's instead, and the tool runs
+    everywhere (before: rank 1 exited 127, its PATH naming pod 0's home)."""
+    if rank_env(sim, 0).get("NNODES") != "2":
+        resize(sim, 2)
+    homes = [pod.env["ML_DEV_HOME"] for pod in sim.pods]
+    assert homes[0] != homes[1]
+    for pod in sim.pods:
+        sim.write(pod.index, f"{homes[pod.index]}/.local/bin/mytool", TOOL.replace("OWNER", pod.name), mode=0o755)
+    try:
+        res = sim.exec(0, [*shell.split(), f"cd /tmp && {LAUNCH} -- mytool"], timeout=120)
+        assert res.returncode == 0, res.stdout + res.stderr
+        seen = {}
+        for line in res.stdout.splitlines():
+            _, _, rest = line.partition("TOOL ")
+            if rest:
+                fields = dict(word.split("=", 1) for word in rest.split())
+                seen[fields["pod"]] = fields
+        assert sorted(seen) == [pod.name for pod in sim.pods], res.stdout
+        for i, pod in enumerate(sim.pods):
+            got = seen[pod.name]
+            assert got["home"] == homes[i] and got["owner"] == pod.name, got  # its own pod's tool ran
+            assert f"{homes[i]}/.local/bin" in got["path"].split(":"), got["path"]
+            assert not any(homes[j] in got["path"] or homes[j] in got["cache"] for j in range(len(homes)) if j != i), got
+            assert got["cache"] in ("", f"{homes[i]}/.cache"), got
+    finally:
+        for pod in sim.pods:
+            pod.path(f"{homes[pod.index]}/.local/bin/mytool").unlink()

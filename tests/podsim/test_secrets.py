@@ -293,6 +293,41 @@ def test_a_missing_key_stops_the_launch_before_a_rank_starts(sim: PodSim, value:
     assert sim.exec(0, f"{ML_DEV} exec -- true", cwd=PROJECT, timeout=120).returncode == 0
 
 
+UNUSABLE: list[tuple[str, str | bytes, str]] = [
+    ("140,000 bytes", "x" * 140_000, "is 140000 bytes"),  # over MAX_ARG_STRLEN: execve fails, E2BIG (exit 126 before)
+    ("a NUL byte", "ab\0cd", "holds a NUL byte"),
+    ("not UTF-8", b"\xff\xfe-latin-1-\xe9", "is not UTF-8 text"),
+]
+
+
+@pytest.mark.parametrize(("what", "bad", "why"), UNUSABLE, ids=[u[0] for u in UNUSABLE])
+def test_a_value_that_cannot_travel_is_refused_in_one_line_and_ssh_keeps_working(
+    sim: PodSim, value: str, what: str, bad: str | bytes, why: str
+) -> None:
+    """At the launch (`ml-dev run`, its gate; `ml-dev exec`) and in the SSH session hook the same one line names
+    Secret and key; `ssh <pod> echo` still works (the key is not set there), nothing else breaks."""
+    from inpod.lib import usersecrets
+
+    line = usersecrets.refusal_line(SECRET, KEY, why)
+    assert str(contract.SECRET_VALUE_MAX) in line
+    try:
+        sim.swap_configmap(SECRET, {KEY: bad})  # type: ignore[dict-item]  # bytes: the Secret's data as it is
+        clear(sim)
+        hello = sim.exec(
+            0, f'. {STATE}/rank.env && set -- $ML_DEV_HOSTS && ssh -o BatchMode=yes "$2" "echo hello; env | grep -c ^{KEY}= || true"'
+        )
+        assert hello.returncode == 0 and hello.stdout.split() == ["hello", "0"], hello.stdout + hello.stderr
+        assert hello.stderr.count(line) == 1, hello.stderr
+        for cmd in (f"{ML_DEV} run --no-sync -- python3 worker.py refused", f"{ML_DEV} exec -- python3 {PROJECT}/worker.py refused"):
+            res = sim.exec(0, cmd, cwd=PROJECT, timeout=120)
+            assert res.returncode != 0 and line in res.stderr, res.stdout + res.stderr
+            assert "Argument list too long" not in res.stderr and "Traceback" not in res.stderr, res.stderr
+            assert records(sim, "refused") == {}, "no rank started"
+    finally:
+        sim.swap_configmap(SECRET, {KEY: value})
+    assert sim.exec(0, f"{ML_DEV} exec -- true", cwd=PROJECT, timeout=120).returncode == 0
+
+
 def test_a_uid_0_pod_without_fs_group_reads_it_as_owner(value: str) -> None:
     """barcelona (RDMA, the stack's SCC: UID 0, no fsGroup): SetVolumeOwnership does nothing without an fsGroup
     (pkg/volume/volume_linux.go), so the files stay root:root 0440; root reads them as owner, an SSH session gets the

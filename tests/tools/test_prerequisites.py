@@ -63,3 +63,42 @@ def test_pods_ready_timeout_shorter_than_pull_plus_hold_is_refused() -> None:
     line = next(x for x in result.error.splitlines() if "waitForPodsReadyTimeout" in x)
     assert "ml-dev-env:lifecycle.kueue.waitForPodsReadyTimeout: got '5m'; Kueue evicts a workload" in line
     assert "(300s)" in line and "imagePullSeconds (600) + fabricCheck.onDeployTimeoutSeconds (1800) = 2400s" in line
+
+
+def multi_network_policy(objects: dict[str, Any]) -> None:
+    objects["network"]["rdma"]["multiNetworkPolicy"] = True
+
+
+def test_multi_network_policy_per_attachment_against_the_upstream_schema_with_its_prerequisite() -> None:
+    """network.rdma.multiNetworkPolicy: one MultiNetworkPolicy per attachment the pods name, admitting the stack's own
+    pods only, valid against the vendored upstream CRD schema (schemas/k8s.cni.cncf.io/v1beta1); the cluster's
+    enforcement is a prerequisite. Off (the default): none, and no such prerequisite."""
+    import json
+    from pathlib import Path
+
+    import jsonschema
+
+    config, objects = rendered("barcelona")
+    assert not [o for o in objects if o["kind"] == "MultiNetworkPolicy"]
+    assert not [n for n in prerequisites(config, objects) if "MultiNetworkPolicy" in n.what]
+    config, objects = rendered("barcelona", multi_network_policy)
+    policies = [o for o in objects if o["kind"] == "MultiNetworkPolicy"]
+    sts = next(o for o in objects if o["kind"] == "StatefulSet")
+    named = sts["spec"]["template"]["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"]
+    attachments = [n.split("@")[0] for n in named.replace(" ", "").split(",")]
+    ns = sts["metadata"]["namespace"]
+    assert sorted(p["metadata"]["annotations"]["k8s.v1.cni.cncf.io/policy-for"] for p in policies) == sorted(
+        a if "/" in a else f"{ns}/{a}" for a in attachments
+    )
+    selector = sts["spec"]["selector"]["matchLabels"]
+    schema = json.loads((Path(__file__).resolve().parents[2] / "schemas/k8s.cni.cncf.io/v1beta1/MultiNetworkPolicy.json").read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    for p in policies:
+        assert p["apiVersion"] == "k8s.cni.cncf.io/v1beta1"
+        assert list(validator.iter_errors(p)) == [], p
+        assert p["spec"]["podSelector"]["matchLabels"] == selector and p["spec"]["policyTypes"] == ["Ingress"]
+        assert p["spec"]["ingress"] == [{"from": [{"podSelector": {"matchLabels": selector}}]}]
+    broken = {**policies[0], "spec": {**policies[0]["spec"], "ingress": [{"from": "everyone"}]}}
+    assert list(validator.iter_errors(broken)), "the schema checks the spec (not an empty schema)"
+    [need] = [n for n in prerequisites(config, objects) if "MultiNetworkPolicy" in n.what]
+    assert "multi-networkpolicies.k8s.cni.cncf.io" in need.check and "useMultiNetworkPolicy" in need.check

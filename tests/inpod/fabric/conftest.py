@@ -84,13 +84,14 @@ class Fabric:
         return self.node.calls(self.sim, tool)
 
     def result(self, host: int = 0, where: str = "workspace") -> dict:
-        base = f"{WORKSPACE}/.ml-dev-env/fabric" if where == "workspace" else f"{STATE}/fabric"
-        return json.loads(self.sim.pods[host].path(f"{base}/latest.json").read_text())
+        if where == "workspace":
+            return json.loads(self.sim.records(host, "fabric/latest.json", WORKSPACE).read_text())
+        return json.loads(self.sim.pods[host].path(f"{STATE}/fabric/latest.json").read_text())
 
     def reset(self) -> None:
         self.node.reset(self.sim)
         for i in range(self.sim.count):
-            self.sim.exec(i, f"rm -rf {WORKSPACE}/.ml-dev-env/fabric {STATE}/fabric /tmp/fabric-test.json", timeout=60)
+            self.sim.exec(i, f"rm -rf {WORKSPACE}/.ml-dev-env {STATE}/fabric /tmp/fabric-test.json", timeout=60)
 
 
 def start_fabric(stack: str, n: int, mutate: Callable[[dict], None] | None = None, **kw: Any) -> Fabric:

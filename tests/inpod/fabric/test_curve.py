@@ -18,7 +18,7 @@ def test_gate_writes_its_curve_next_to_its_json(fabric) -> None:
     f.apply()
     res = f.run("gate")
     assert res.returncode == 1, res.stdout + res.stderr
-    for d in (f.sim.pods[0].path("/workspace/.ml-dev-env/fabric"), f.sim.pods[0].path("/tmp/ml-dev-env/fabric")):
+    for d in (f.sim.records(0, "fabric"), f.sim.pods[0].path("/tmp/ml-dev-env/fabric")):
         result = json.loads((d / "latest.json").read_text())
         stamp = result["time"].replace(":", "").replace("-", "")
         assert (d / f"gate-{stamp}.svg").read_text() == (d / "latest.svg").read_text()

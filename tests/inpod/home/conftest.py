@@ -6,7 +6,7 @@ fed only by the real programs that write its data.
   (tests/podsim/nodetools.py) prints the real CSV;
 * the fabric gate's result and curve come from the real `fabric_check.py gate` on pod 0, the real `mpirun`
   starting the node's all_reduce_perf on both pods at a slow plateau (HomePods.gate), written where the gate
-  writes them (the workspace's `.ml-dev-env/fabric/`);
+  writes them (the environment's records folder of the workspace, `.ml-dev-env/env/<app>/fabric/`);
 * an `ml-dev run` record is written by a real `ml-dev run` on pod 0, an SSH session record by the real
   `ssh-session.sh` (its ForceCommand, run with the session's environment), so the files have exactly the
   launcher's and the fabric's shape;
@@ -115,4 +115,4 @@ def environment() -> Iterator[Environment]:
 
 def fabric_result(env: Environment) -> dict[str, Any]:
     """The gate's latest.json as pod 0's workspace holds it."""
-    return dict(json.loads(env.pods.pods[0].path("/workspace/.ml-dev-env/fabric/latest.json").read_text()))
+    return dict(json.loads(env.pods.records(0, "fabric/latest.json").read_text()))

@@ -80,7 +80,7 @@ class HomePods(PodSim):
         """The real fabric gate on pod 0 (`oc exec`), as `fabric_check.py gate` runs there; its latest.json."""
         res = self.exec(0, "python3 /opt/ml-dev-env/fabric_check.py gate", timeout=120)
         assert res.returncode == 1, res.stdout + res.stderr
-        return json.loads(self.pods[0].path("/workspace/.ml-dev-env/fabric/latest.json").read_text())
+        return json.loads(self.records(0, "fabric/latest.json").read_text())
 
     def gpu(self, index: int, util: int) -> None:
         """GPU 0 of pod `index` at `util` % (the node's nvidia-smi, tests/podsim/nodetools.py)."""

@@ -150,7 +150,7 @@ def layout_problems(browser: Any, first_screen: bool) -> list[str]:
 def test_home_page_in_chromium_on_the_rendered_pods(pods: HomePods, tmp_path: Path) -> None:
     result = pods.gate()  # the real gate on pod 0: slow everywhere, so it fails and localises
     assert result["status"] == "fail" and result["plateauBusbw"] < result["expectation"]["pass_busbw_gbs"], result
-    latest_svg = pods.pods[0].path("/workspace/.ml-dev-env/fabric/latest.svg").read_text()
+    latest_svg = pods.records(0, "fabric/latest.svg").read_text()
     assert latest_svg.lstrip().startswith("<svg") and result["sizes"], "the gate wrote its curve next to its JSON"
     # the API where the pods reach it, under the render's RBAC of the pods' ServiceAccount, with a usage record
     truth = PageTruth(pods, result)

@@ -22,7 +22,6 @@ from tests.podsim.idlestop import serve_api
 from tests.podsim.render import pod_rules
 
 FETCH = "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())"
-HISTORY = "/workspace/.ml-dev-env/home/history.json"
 
 
 class PageTruth:
@@ -99,7 +98,7 @@ class PageTruth:
         def ok(shown: list[str]) -> bool:
             # not yet (settle asks again): the page shows a pod's samples before its next write of the file holds them
             try:
-                history = json.loads(self.pods.pods[0].path(HISTORY).read_text()).get("samples", {}).get(pod)
+                history = json.loads(self.pods.records(0, "home/history.json").read_text()).get("samples", {}).get(pod)
             except (OSError, ValueError):
                 return False
             return bool(history) and shown == [clock(history[0][0])]

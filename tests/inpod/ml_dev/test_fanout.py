@@ -239,7 +239,8 @@ def test_per_pod_and_relay_only_files_spread_nowhere_and_deletions_pass_through_
     own = {i: sim.write(i, f"{WORKSPACE}/.home/{naming.pod_name(APP, i)}/mine.txt", f"pod {i}\n") for i in range(1, PODS)}
     sim.write(1, f"{WORKSPACE}/relay-only.txt", "made on the first relay\n")
     # pod 0's own records in the workspace (a run's verdicts, the page's history): rendered per pod, never synced
-    records = [f"{WORKSPACE}/{contract.RUNS_DIR}/r1/why/verdict.json", f"{WORKSPACE}/{contract.WORKSPACE_RECORDS_DIR}/home/history.json"]
+    mine = contract.records_dir(WORKSPACE, APP)
+    records = [f"{mine}/{contract.RUNS_SUBDIR}/r1/why/verdict.json", f"{mine}/home/history.json"]
     for path in records:
         sim.write(0, path, "{}\n")
     sim.pods[0].path(f"{WORKSPACE}/gone-later.txt").unlink()

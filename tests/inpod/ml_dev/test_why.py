@@ -74,6 +74,12 @@ for path in glob.glob("/proc/[0-9]*/cmdline"):
 """On a pod: the digest of the Secret's value in each rank process's environment (never the value itself)."""
 
 
+def runs_dir(pod_env: dict[str, str]) -> str:
+    """Where a pod of this environment keeps its runs (the environment's own records folder)."""
+    app = pod_env["POD_NAME"].rpartition("-")[0]
+    return f"{contract.records_dir(pod_env['ML_DEV_WORKSPACE'], app)}/{contract.RUNS_SUBDIR}"
+
+
 def four_pods(objects: dict[str, Any]) -> None:
     """4 pods, one GPU each, no dev servers (the machine has 2 CPUs), the watchdog at its shortest, a Secret for every
     rank (the leak scan's value)."""
@@ -172,7 +178,7 @@ def scan_after(scan: LeakScan, sim: PodSim) -> None:
     for pod in sim.pods:
         for sub in (contract.HEARTBEAT_DIR, contract.RUN_STATE_DIR):
             scan.files(f"{pod.name} {sub}/", [pod.path(f"{contract.STATE_DIR}/{sub}")])
-    kept = scan.files("kept verdict", [sim.pods[0].path(f"{sim.pods[0].env['ML_DEV_WORKSPACE']}/{contract.RUNS_DIR}")])
+    kept = scan.files("kept verdict", [sim.pods[0].path(runs_dir(sim.pods[0].env))])
     scan.pods_state()
     assert scan.hits == [], "\n".join(scan.hits)
     assert scan.samples > 0 and kept > 0, (scan.samples, kept)
@@ -210,10 +216,9 @@ def check_stalled(sim: PodSim, stalled: int, res: subprocess.CompletedProcess[st
     # kept on the launching pod (pod 0), with every rank's stacks
     kept = re.search(r"kept: (\S+):(\S+\.json)", res.stdout)
     assert kept and kept.group(1) == sim.pods[0].name, res.stdout
-    workspace = sim.pods[0].env["ML_DEV_WORKSPACE"]
     run = re.search(r"run (\S+); kept", res.stdout)
     assert run, res.stdout
-    latest = sim.pods[0].path(f"{workspace}/{contract.RUNS_DIR}/{run.group(1)}/{contract.WHY_LATEST}")
+    latest = sim.pods[0].path(f"{runs_dir(sim.pods[0].env)}/{run.group(1)}/{contract.WHY_LATEST}")
     record = json.loads(latest.read_text())
     assert record["verdict"]["straggler"]["ranks"] == [str(stalled)] and record["verdict"]["straggler"]["pod"] == pod
     stacks = [

@@ -311,6 +311,8 @@ def test_home_page_card_shows_the_live_runs_last_verdict_escaped(tmp_path: Path,
     state, workspace = tmp_path / "state", tmp_path / "ws"
     monkeypatch.setenv(contract.STATE_DIR_ENV, str(state))
     monkeypatch.setenv("ML_DEV_WORKSPACE", str(workspace))
+    monkeypatch.setenv("POD_NAME", "env-0")
+    runs = Path(contract.records_dir(str(workspace), "env")) / contract.RUNS_SUBDIR
     now = time.time()
     (state / contract.HEARTBEAT_DIR).mkdir(parents=True)
     (state / contract.HEARTBEAT_DIR / "run-1.json").write_text(json.dumps({"run": "r-live", "alive_at": now}))
@@ -320,8 +322,8 @@ def test_home_page_card_shows_the_live_runs_last_verdict_escaped(tmp_path: Path,
     straggler = {"ranks": ["2"], "pod": "env-2", "node": evil, "frame": evil}
     verdict = {"kind": "straggler", "time": now - 90, "text": f"rank 2 in {evil}", "straggler": straggler}
     for run in ("r-live", "r-ended"):
-        (workspace / contract.RUNS_DIR / run / "why").mkdir(parents=True)
-        (workspace / contract.RUNS_DIR / run / contract.WHY_LATEST).write_text(json.dumps({"verdict": verdict}))
+        (runs / run / "why").mkdir(parents=True)
+        (runs / run / contract.WHY_LATEST).write_text(json.dumps({"verdict": verdict}))
     html = why_view.why_html(now, num)
     assert "<script>" not in html and "&lt;script&gt;" in html
     assert '<span class="why-rank"><span data-k="why-rank">2</span></span>' in html

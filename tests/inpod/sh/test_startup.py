@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -45,6 +47,13 @@ if grep -qxF "[ml-dev-env] ready" /proc/1/fd/1 2>/dev/null; then echo logged > {
 exec /usr/bin/touch "$@"
 """
 IMAGE_PROGRAMS = {**dict.fromkeys(SERVERS.values(), SERVER_STUB), "/usr/local/bin/touch": TOUCH}
+ECHO = """
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(4)
+print("up", flush=True)
+c, _ = s.accept(); c.sendall(b"jupyter on loopback\\n"); c.close()
+"""
+ASK = "import socket, sys; print(socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10).recv(100).decode().strip())"
 RANK_KEYS = pod_contract.RANK_ENV  # what rank.env holds: the one contract (inpod/contract.py)
 
 
@@ -341,12 +350,30 @@ def test_token_mode_binds_the_pod_ip_with_auth(started: Callable[..., PodSim]) -
     result = render_stack("nerc-production", token_auth)
     refs = token_secrets(result)
     assert {"PASSWORD", "JUPYTER_TOKEN"} <= set(refs), refs
-    s = started(result, secrets={refs["JUPYTER_TOKEN"]["name"]: {refs["JUPYTER_TOKEN"]["key"]: "tok"}})
+    s = started(result, count=2, secrets={refs["JUPYTER_TOKEN"]["name"]: {refs["JUPYTER_TOKEN"]["key"]: "tok"}})
     wait_until(lambda: len(calls(s, 0)) >= 2, 30, lambda: log(s, 0))
     servers = {line.split()[0]: line for line in calls(s, 0)}
     assert set(servers) == {"code-server", "jupyter"}
-    assert f"--bind-addr {s.pods[0].ip}:8080 --auth password" in servers["code-server"]
-    assert f"--ip={s.pods[0].ip} " in servers["jupyter"] and "--IdentityProvider.token=tok" in servers["jupyter"]
+    # the servers listen on loopback; forward.py on the pod IP, bound to the interface that holds it (never net1..N)
+    assert "--bind-addr 127.0.0.1:8080 --auth password" in servers["code-server"]
+    assert "--ip=127.0.0.1 " in servers["jupyter"] and "--IdentityProvider.token=tok" in servers["jupyter"]
+    assert "--ServerApp.allow_remote_access=True" in servers["jupyter"]
+    ip = s.pods[0].ip
+
+    def forwarded() -> set[str]:
+        out = subprocess.run(["ip", "netns", "exec", s.pods[0].netns, "ss", "-ltnpH"], capture_output=True, text=True, timeout=30)
+        return {line.split()[3] for line in out.stdout.splitlines() if "forward.py" in line or "python3" in line}
+
+    wait_until(lambda: {f"{ip}%eth0:8080", f"{ip}%eth0:8888"} <= forwarded(), 30, lambda: log(s, 0))
+    # a connection from the other pod to the pod IP reaches the server on loopback
+    server = s.popen(0, ["python3", "-c", ECHO, "8888"])
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "up"
+        got = s.exec(1, ["python3", "-c", ASK, ip, "8888"], timeout=30)
+        assert got.stdout.strip() == "jupyter on loopback", got.stdout + got.stderr
+    finally:
+        s.interrupt(server, signal.SIGKILL)
+        server.wait(timeout=30)
     assert recorded_env(s, 0, "code-server")["PASSWORD"] == s.secrets[refs["PASSWORD"]["name"]][refs["PASSWORD"]["key"]]
 
 
