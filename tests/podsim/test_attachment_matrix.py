@@ -191,9 +191,9 @@ class Attached:
 
     def finish(self) -> int:
         code = self.proc.wait(timeout=GRACE + 40)
-        for r in (self.out, self.err):
-            if r is not None and not r.halt.is_set():
-                r.join(timeout=5)
+        for reader in (self.out, self.err):
+            if reader is not None and not reader.halt.is_set():
+                reader.join(timeout=5)
         return code
 
     def kill(self) -> None:
@@ -258,11 +258,11 @@ def test_every_attachment_keeps_every_checkpoint(sim: PodSim, attachment: str, l
         for i in range(PODS):
             if i in drained:
                 continue
-            left = wait_for(
-                f"nothing of the job on pod {i}",
-                lambda i=i: job_processes(sim, i) == [] or time.time() - since > GRACE + 15,
-                GRACE + 20,
-            )
+
+            def quiet(i: int = i) -> bool:
+                return job_processes(sim, i) == [] or time.time() - since > GRACE + 15
+
+            left = wait_for(f"nothing of the job on pod {i}", quiet, GRACE + 20)
             assert left and job_processes(sim, i) == [], (i, job_processes(sim, i), cell.log())
         # (a) every rank saved, within the grace, at one step
         got = records(sim)
@@ -294,9 +294,9 @@ def test_every_attachment_keeps_every_checkpoint(sim: PodSim, attachment: str, l
             assert "rank 0 step 1" in tee, tee[-2000:]  # tee got the output until Ctrl-C
     finally:
         cell.kill()
-        for r in (cell.out, cell.err):
-            if r is not None and not r.halt.is_set():
-                r.close()
+        for reader in (cell.out, cell.err):
+            if reader is not None and not reader.halt.is_set():
+                reader.close()
 
 
 @pytest.mark.timeout(300)
@@ -328,16 +328,15 @@ def test_an_agent_whose_pipe_is_gone_still_kills_a_stubborn_rank(sim: PodSim, at
             sim.interrupt(cell.proc, signal.SIGTERM)
         cell.finish()
         for i in range(PODS):
-            wait_for(
-                f"nothing of the job on pod {i}",
-                lambda i=i: sim.exec(i, "pgrep -af '[s]tubborn|[r]un[.]sh|ml-dev [_]rank' || true", timeout=30).stdout == "",
-                GRACE + 15 - (time.time() - since),
-                cell.log,
-            )
+
+            def gone(i: int = i) -> bool:
+                return sim.exec(i, "pgrep -af '[s]tubborn|[r]un[.]sh|ml-dev [_]rank' || true", timeout=30).stdout == ""
+
+            wait_for(f"nothing of the job on pod {i}", gone, GRACE + 15 - (time.time() - since), cell.log)
             text = run_log(sim, i).read_text()
             assert f"still running after {GRACE} s: killed" in text and text.splitlines()[-1].startswith(contract.RUN_LOG_END), text
     finally:
         cell.kill()
-        for r in (cell.out, cell.err):
-            if r is not None and not r.halt.is_set():
-                r.close()
+        for reader in (cell.out, cell.err):
+            if reader is not None and not reader.halt.is_set():
+                reader.close()
