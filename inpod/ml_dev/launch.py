@@ -39,7 +39,7 @@ from .common import (
     unreachable,
     wait_reachable,
 )
-from .sync import GATE_MARK, Tree, copy, serve_gate, sync, tree_root
+from .sync import GATE_MARK, POD_STOP_MARK, Tree, copy, serve_gate, sync, tree_root
 from .watchdog import PROGRESS_MARK, ProgressRelay, Watchdog, new_run_id, rank_env, stall_seconds, verdict_now
 
 
@@ -301,8 +301,6 @@ def quiet_say(line: str) -> None:
         pass
 
 
-POD_STOP_MARK = "ml-dev: STOP: "
-"""A rank agent's line (stderr) when its pod stops it; `ml-dev run` reads it and stops every other rank at once."""
 LEFT_RUNNING_MARK = "may not signal: left running"
 """The end of a rank agent's last line when it leaves processes it may not signal (RankGroup.wait). They hold the
 agent's output (the SSH session's), so that session would stay open as long as they run: `ml-dev run` reads the line
@@ -606,10 +604,15 @@ def run_everywhere(
     for rank in range(len(cluster.hosts)):
         procs[rank] = spawn(rank)
     if tree is not None:
+        heard: list[str] = []  # the gate agents' stderr, as open_gate read it
         try:
-            open_gate(cluster, procs, spawn, tree, timeout)
+            open_gate(cluster, procs, spawn, tree, timeout, heard)
         except BaseException:  # a refusal (die), Ctrl-C: EOF at every gate, no rank starts
             stop_all(procs, grace=0)
+            stop = gate_stop(procs, heard)
+            if stop:  # a pod stopping during the tree copy: its agent said so before its pod's sshd went
+                say_err(f"ml-dev: STOPPED: {stop}")
+                raise SystemExit(STOPPED_STATUS) from None
             raise
     for rank, proc in sorted(procs.items()):
         prefix = f"[{rank:>{width}}] "
@@ -736,12 +739,28 @@ def gate_answer(proc: subprocess.Popen, prefix: str) -> dict | None:
     return None
 
 
+def gate_stop(procs: dict[int, subprocess.Popen], heard: list[str]) -> str:
+    """The first POD_STOP_MARK line the gate agents said (every one has ended: stop_all), else ""."""
+    for proc in procs.values():
+        try:
+            if proc.stderr is not None and proc.poll() is not None:
+                heard.append(proc.stderr.read().decode(errors="replace"))
+        except (OSError, ValueError):
+            continue
+    for text in heard:
+        for line in text.splitlines():
+            if POD_STOP_MARK in line:
+                return line.split(POD_STOP_MARK, 1)[1]
+    return ""
+
+
 def open_gate(
     cluster: Cluster,
     procs: dict[int, subprocess.Popen],
     spawn: Callable[[int], subprocess.Popen],
     tree: Tree,
     timeout: float,
+    heard: list[str] | None = None,
 ) -> None:
     """Every agent answers at its gate (an SSH failure, exit 255 (ssh(1)), is tried again each second until
     `timeout`: the same wait and words as wait_reachable); the pods whose tree differs get a copy; every listed
@@ -749,6 +768,7 @@ def open_gate(
     pods that never answered or never got the tree, or the missing keys."""
     started = time.monotonic()
     deadline = started + timeout
+    said = heard if heard is not None else []
     answers: dict[int, str] = {}
     found: dict[int, usersecrets.Presence | None] = {}
     width = len(str(len(cluster.hosts) - 1))
@@ -764,6 +784,7 @@ def open_gate(
                 return ""
             code = proc.wait()
             err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+            said.append(err)
             if rank == cluster.me or code != 255:  # the agent's own words (255 is ssh's own failure)
                 return "!" + ((err.strip().splitlines() or [f"exited {code}"])[-1])
             last = cluster.explain(rank, err, code)
@@ -787,7 +808,8 @@ def open_gate(
             procs[rank] = proc = spawn(rank)
             if gate_answer(proc, f"[{rank:>{width}}] ") is None:
                 code = proc.wait()
-                return "", cluster.explain(rank, proc.stderr.read().decode(errors="replace") if proc.stderr else "", code)
+                said.append(proc.stderr.read().decode(errors="replace") if proc.stderr else "")
+                return "", cluster.explain(rank, said[-1], code)
         try:
             assert proc.stdin is not None
             proc.stdin.write(f"{word} {len(data)}\n".encode() + data)
@@ -797,7 +819,8 @@ def open_gate(
         got = gate_answer(proc, f"[{rank:>{width}}] ")
         if got is None:
             code = proc.wait()
-            return "", cluster.explain(rank, proc.stderr.read().decode(errors="replace") if proc.stderr else "", code)
+            said.append(proc.stderr.read().decode(errors="replace") if proc.stderr else "")
+            return "", cluster.explain(rank, said[-1], code)
         if got.get("refused"):
             return str(got.get("tree") or ""), f"refused: {got['refused']}"
         return str(got.get("tree") or ""), ""

@@ -340,3 +340,95 @@ def test_an_agent_whose_pipe_is_gone_still_kills_a_stubborn_rank(sim: PodSim, at
         for reader in (cell.out, cell.err):
             if reader is not None and not reader.halt.is_set():
                 reader.close()
+
+
+# ------------------------------------------------------------------------------ exit statuses (issue 45, item 4)
+
+
+def launch(sim: PodSim, command: str) -> subprocess.Popen[str]:
+    return sim.popen(0, f"exec {command}", cwd=PROJECT)  # no step lines: the output is read at the end
+
+
+@pytest.mark.timeout(300)
+def test_a_failed_rank_then_a_drain_reports_both_the_failure_deciding(sim: PodSim) -> None:
+    """Rank 1 exits 3 at step 40, pod 2 is drained 0.5 s later (during the others' grace): the status is 3 (the first
+    event), the last lines name the failed rank and its status, then the stop (pod, signal)."""
+    reset(sim)
+    launcher = launch(sim, f"{LAUNCHERS['python']} {SAVE_SECONDS} 1 40")
+    drained: dict[int, str] = {}
+    try:
+        wait_for("rank 1 failed", lambda: records(sim).get(1, {}).get("exit") == "failed", 90, lambda: sim.pods[0].log.read_text())
+        time.sleep(0.5)
+        drained[DRAINED] = sim.terminate(DRAINED)
+        out, _ = launcher.communicate(timeout=GRACE + 40)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.communicate(timeout=30)
+    assert launcher.returncode == 3, out
+    lines = out.splitlines()
+    failed = [
+        i for i, line in enumerate(lines) if line.startswith("ml-dev: FAILED: rank 1 (ml-dev-env-1) on ") and line.endswith("status 3")
+    ]
+    then = [
+        i
+        for i, line in enumerate(lines)
+        if line.startswith("ml-dev: then STOPPED: pod ml-dev-env-2 is stopping (SIGTERM from its stop hook)")
+    ]
+    assert failed and then and failed[0] < then[0], out
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_to_ml_dev_run_is_named_and_exits_143(sim: PodSim) -> None:
+    """`kill <ml-dev run>` (SIGTERM): every rank saves one step, the status is 143 and the line names the signal."""
+    reset(sim)
+    launcher = launch(sim, f"{LAUNCHERS['python']} {SAVE_SECONDS}")
+    try:
+        for i in range(PODS):
+            wait_for(f"rank {i} started", (ckpt_dir(sim, i) / f"rank{i}.started").exists, 90, lambda: sim.pods[0].log.read_text())
+        since = time.time()
+        os.kill(launcher_pid(launcher.pid), signal.SIGTERM)
+        out, _ = launcher.communicate(timeout=GRACE + 40)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.communicate(timeout=30)
+    assert launcher.returncode == 143, out
+    assert "ml-dev: got SIGTERM; stopping every rank" not in out  # the cause reads as the final line does
+    assert "ml-dev: ml-dev run got SIGTERM; stopping every rank" in out and out.rstrip().endswith(
+        "ml-dev: INTERRUPTED: ml-dev run got SIGTERM"
+    ), out
+    got = records(sim)
+    assert {got[r]["exit"] for r in range(PODS)} == {"saved"} and len({got[r]["step"] for r in range(PODS)}) == 1, got
+    assert max(got[r]["at"] for r in range(PODS)) - since <= GRACE, got
+
+
+@pytest.mark.timeout(300)
+def test_a_drain_during_the_tree_copy_is_named_a_stop(sim: PodSim) -> None:
+    """Pod 2 drained while the launch copies a changed tree to it (a large file on the way): no rank starts anywhere,
+    the status is 143 and the last line names the pod's stop, said by its agent at the gate before its sshd went."""
+    reset(sim)
+    big = sim.pods[0].path(f"{PROJECT}/data.bin")
+    with open(big, "wb") as f:
+        f.write(os.urandom(1 << 20) * 400)  # 400 MiB: the copy to each pod takes a while
+    os.chown(big, sim.identity.uid, sim.identity.gid)
+    launcher = launch(sim, f"{LAUNCHERS['python']} {SAVE_SECONDS}")
+    try:
+
+        def copying() -> bool:
+            return sim.exec(DRAINED, "pgrep -af '[r]sync' || true", timeout=30).stdout != ""
+
+        wait_for("the copy to pod 2", copying, 90, lambda: sim.pods[0].log.read_text(), step=0.05)
+        outcome = sim.terminate(DRAINED)
+        out, _ = launcher.communicate(timeout=GRACE + 60)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.communicate(timeout=30)
+        big.unlink()
+    assert outcome == "exited"
+    assert launcher.returncode == 143, out
+    assert out.rstrip().endswith(
+        f"ml-dev: STOPPED: pod ml-dev-env-{DRAINED} is stopping (its stop hook ran during the tree copy); no rank started"
+    ), out
+    assert records(sim) == {}, records(sim)
