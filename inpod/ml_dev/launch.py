@@ -675,6 +675,56 @@ OUTPUT_GONE_STATUS = 128 + signal.SIGPIPE
 """`ml-dev run`'s status when its output's reader went away (141, as a shell reports a SIGPIPE death)."""
 
 
+RUN_EXIT_STATUSES = (
+    ("0", "every rank exited 0", "tests/podsim/test_rank_start.py::test_the_secret_reached_every_rank_and_nothing_else"),
+    (
+        "the failed rank's",
+        "the first rank that failed, when that came first (every other rank stopped); 1 when its status is not 1–255. "
+        "A stop that follows is named on the next line (`then STOPPED: …`)",
+        "tests/podsim/test_attachment_matrix.py::test_a_failed_rank_then_a_drain_reports_both_the_failure_deciding",
+    ),
+    (
+        "1",
+        "`ml-dev` itself refused before any rank started: not an ml-dev-env pod (no `rank.env`), nothing to run, a pod "
+        "unreachable, a sync problem",
+        "tests/podsim/test_rank_start.py::test_no_sshd_listening_is_connection_refused",
+    ),
+    ("2", "a usage mistake (argparse)", "tests/inpod/ml_dev/test_run_status.py::test_a_usage_mistake_exits_2"),
+    (
+        "129",
+        "`ml-dev run` got SIGHUP (its terminal or SSH session closed): every rank got the checkpoint signal and the grace",
+        "tests/podsim/test_attachment_matrix.py::test_every_attachment_keeps_every_checkpoint",
+    ),
+    (
+        "130",
+        "interrupted (Ctrl-C, SIGINT): every rank got the checkpoint signal and the grace",
+        "tests/podsim/test_stop_matrix.py::test_every_stop_every_launcher",
+    ),
+    (
+        "137",
+        "`ml-dev run` was SIGKILLed (the shell's status; it prints nothing): every rank agent saw its stdin end and stopped "
+        "its rank with the checkpoint signal and the grace all the same (`ml-dev logs` shows how)",
+        "tests/podsim/test_attachment_matrix.py::test_every_attachment_keeps_every_checkpoint",
+    ),
+    (
+        "141",
+        "its output's reader went away (a `head` or `tee` it was piped to ended): every rank got the checkpoint signal and the grace "
+        "(as a shell reports a SIGPIPE death; the rest of the output is in the run log)",
+        "tests/podsim/test_attachment_matrix.py::test_every_attachment_keeps_every_checkpoint",
+    ),
+    (
+        "143",
+        "a pod's stop (drain, eviction, rolling update, scale to 0; during the tree copy too) reached a rank, or `ml-dev "
+        "run` got SIGTERM: every rank got the checkpoint signal and the grace at once; the last line names the pod or "
+        "the signal",
+        "tests/podsim/test_attachment_matrix.py::test_sigterm_to_ml_dev_run_is_named_and_exits_143",
+    ),
+)
+"""Every status `ml-dev run` returns (docs/ref/exit-codes.md's table), each with the test that pins it. When several
+events end a run (a failed rank, a pod's stop, a signal to `ml-dev run`, its output gone) the first decides and each
+is named, in order."""
+
+
 class Event:
     def __init__(self, kind: str, cause: str, words: str, status: int) -> None:
         self.kind, self.cause, self.words, self.status = kind, cause, words, status
