@@ -75,6 +75,13 @@ def records_dir(workspace: str, app: str) -> str:
 
 WHY_LATEST = "why/latest.json"
 """The last verdict of a run, under its run directory (the home page shows it while the run is alive)."""
+RUN_LOG_DIR = "logs"
+"""Under a run's directory (`<records_dir>/runs/<run>/`) on every pod running one of its ranks: `rank<N>.log`, every line of rank N's output
+and of its agent, written by the agent whatever became of the launcher (`ml-dev logs` reads it back)."""
+RUN_LOG_PREFIX = "rank"
+RUN_LOG_SUFFIX = ".log"
+RUN_LOG_END = "ml-dev: END: status "
+"""A run log's last line once the rank's agent has stopped its group: the rank's exit status follows."""
 RUN_STATE_DIR = "runs"
 """`$ML_DEV_STATE_DIR/runs/<run>/` on every pod running a rank: the progress file and Flight Recorder's pipe and dumps."""
 HOME_ADDR = "home.addr"

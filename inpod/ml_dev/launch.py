@@ -22,7 +22,7 @@ from typing import IO, Callable, Container, TextIO
 
 from .. import contract
 from ..lib import usersecrets
-from ..lib.pod import read_rank_env
+from ..lib.pod import env_records_dir, read_rank_env
 from . import secrets
 from .common import (
     DEBUG_PORT,
@@ -44,7 +44,7 @@ from .common import (
     unreachable,
     wait_reachable,
 )
-from .sync import GATE_MARK, Tree, copy, serve_gate, sync, tree_root
+from .sync import GATE_MARK, POD_STOP_MARK, Tree, copy, serve_gate, sync, tree_root
 from .watchdog import PROGRESS_MARK, ProgressRelay, Watchdog, new_run_id, rank_env, stall_seconds, verdict_now
 
 
@@ -188,7 +188,7 @@ def cmd_rank(args: argparse.Namespace) -> int:
         # debugpy has no authentication: loopback unless `--debug-host pod` (oc port-forward dials localhost
         # inside the pod: cri-o internal/oci/runtime_oci_linux.go, runtimeOCI.PortForwardContainer)
         if args.debug_host == "pod" and not os.environ.get("POD_IP"):
-            print("ml-dev: --debug-host pod needs $POD_IP (downward-API env); listening on 127.0.0.1", file=sys.stderr, flush=True)
+            quiet_say("ml-dev: --debug-host pod needs $POD_IP (downward-API env); listening on 127.0.0.1")
         env["ML_DEV_DEBUG_HOST"] = os.environ.get("POD_IP", "") if args.debug_host == "pod" else "127.0.0.1"
     grace, first = stop_grace(env), stop_signal(env)
     if first.name not in TORCHRUN_SIGNALS and "TORCHELASTIC_SIGNALS_TO_HANDLE" not in env:
@@ -199,16 +199,28 @@ def cmd_rank(args: argparse.Namespace) -> int:
         env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = ",".join((*TORCHRUN_SIGNALS, first.name))
     cwd = args.cwd if os.path.isdir(args.cwd) else None
     if cwd is None:
-        print(f"ml-dev: {args.cwd} does not exist on this pod; running in {os.getcwd()}", file=sys.stderr, flush=True)
+        quiet_say(f"ml-dev: {args.cwd} does not exist on this pod; running in {os.getcwd()}")
     # the rank is its whole process tree: a member whose parent exits (bash after SIGTERM, torchrun's workers in
     # sessions of their own when torchrun dies) is re-parented to this agent, which waits for it and kills it
     # (prctl(2) PR_SET_CHILD_SUBREAPER)
     subreaper()
-    # stdin is the launcher's channel (its EOF stops the rank), never the program's
+    # stdin is the launcher's channel (its EOF stops the rank), never the program's. In a run the rank's output goes
+    # through this agent (RankOutput): to the run log, then on to the launcher while it reads; the rank never writes
+    # to the SSH session itself, so a launcher gone (terminal closed, `| tee` ended, SIGKILL) cannot kill it with
+    # SIGPIPE/EPIPE in the middle of its save
+    out = RankOutput(run_log(run, env.get("NODE_RANK", "0")) if run else None)
+    piped = subprocess.PIPE if run else None
     proc = subprocess.Popen(
-        ["bash", "-c", 'exec "$@"', "_", *args.command], cwd=cwd, env=env, start_new_session=True, stdin=subprocess.DEVNULL
+        ["bash", "-c", 'exec "$@"', "_", *args.command],
+        cwd=cwd,
+        env=env,
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=piped,
+        stderr=piped,
     )
-    group = RankGroup(proc, first, grace, leave_rest=getattr(args, "leave_rest", False))
+    pumps = [out.pump(proc.stdout, 1), out.pump(proc.stderr, 2)] if run else []
+    group = RankGroup(proc, first, grace, leave_rest=getattr(args, "leave_rest", False), say=out.say)
 
     def watch_stdin() -> None:
         try:  # raw reads: a buffered reader would hold its lock at interpreter shutdown
@@ -227,8 +239,8 @@ def cmd_rank(args: argparse.Namespace) -> int:
             why = f"pod {os.environ.get('POD_NAME') or os.environ.get('HOSTNAME', '?')} is stopping ({name} from its stop hook)"
         else:
             why = f"rank agent on {os.environ.get('POD_NAME') or os.environ.get('HOSTNAME', '?')} got {name}"
-        os.write(2, f"{POD_STOP_MARK}{why}; its rank gets {first.name} and {grace} s to save\n".encode())
-        threading.Thread(target=group.stop, daemon=True).start()
+        threading.Thread(target=group.stop, daemon=True).start()  # first: the line below may meet a closed pipe
+        out.say(f"{POD_STOP_MARK}{why}; its rank gets {first.name} and {grace} s to save")
 
     if not args.no_stdin_watch:
         threading.Thread(target=watch_stdin, daemon=True).start()
@@ -237,12 +249,90 @@ def cmd_rank(args: argparse.Namespace) -> int:
     info = {"command": args.command, "cwd": args.cwd, "pgid": proc.pid, "run": run, "launcher": sent.get("launcher") if run else None}
     with Heartbeat("rank", info):
         code = group.wait()
+    for pump in pumps:  # the rank's last lines; what it left running (LEFT_RUNNING_MARK) may hold its pipes for ever
+        pump.join(timeout=0.5 if group.left else 5)
     # a rank killed by a signal reports 128+N like a shell
-    return code if code >= 0 else 128 - code
+    status = code if code >= 0 else 128 - code
+    out.close(status)
+    return status
 
 
-POD_STOP_MARK = "ml-dev: STOP: "
-"""A rank agent's line (stderr) when its pod stops it; `ml-dev run` reads it and stops every other rank at once."""
+def run_log(run: str, rank: str) -> Path:
+    """This rank's log of `run` on its pod's workspace, the environment's own records folder (contract.records_dir):
+    `$ML_DEV_WORKSPACE/.ml-dev-env/env/<app>/runs/<run>/logs/rank<N>.log`."""
+    base = env_records_dir() / contract.RUNS_SUBDIR / run / contract.RUN_LOG_DIR
+    return base / f"{contract.RUN_LOG_PREFIX}{rank}{contract.RUN_LOG_SUFFIX}"
+
+
+class RankOutput:
+    """(in the rank agent) The rank's output and the agent's own lines: each line to the run log, then to the agent's
+    stdout/stderr (the SSH session's, read by `ml-dev run`). A write that fails there (EPIPE: the reader is gone;
+    EIO) ends only the forwarding to that fd: the log still gets every line and the rank never sees the failure.
+    Python ignores SIGPIPE (it sets SIG_IGN at startup), so the failure is an OSError here, never a signal."""
+
+    def __init__(self, log: Path | None) -> None:
+        self.lock = threading.Lock()
+        self.gone: set[int] = set()
+        self.log: IO[bytes] | None = None
+        self.path = log
+        if log is not None:
+            try:
+                log.parent.mkdir(parents=True, exist_ok=True)
+                self.log = open(log, "ab")
+            except OSError as exc:
+                self.say(f"ml-dev: no run log at {log} ({exc.strerror}): the output goes to the launcher only")
+
+    def write(self, fd: int, data: bytes, log: bool = True) -> None:
+        with self.lock:
+            if self.log is not None and log:
+                try:
+                    self.log.write(data)
+                    self.log.flush()
+                except OSError:
+                    pass
+            if fd in self.gone:
+                return
+            try:
+                while data:
+                    data = data[os.write(fd, data) :]
+            except OSError:
+                self.gone.add(fd)
+
+    def say(self, line: str) -> None:
+        """The agent's own line (stderr): never fatal, whatever became of the launcher."""
+        self.write(2, (line + "\n").encode(), log=not line.startswith(PROGRESS_MARK))
+
+    def pump(self, pipe: IO[bytes] | None, fd: int) -> threading.Thread:
+        def run() -> None:
+            if pipe is None:
+                return
+            for raw in iter(pipe.readline, b""):
+                self.write(fd, raw)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread
+
+    def close(self, status: int) -> None:
+        """The log's last line: how the rank ended (`ml-dev logs -f` stops there)."""
+        with self.lock:
+            if self.log is not None:
+                try:
+                    self.log.write(f"{contract.RUN_LOG_END}{status}\n".encode())
+                    self.log.close()
+                except OSError:
+                    pass
+                self.log = None
+
+
+def quiet_say(line: str) -> None:
+    """A line to stderr that a closed pipe or a hung-up terminal cannot make fatal (the line is lost)."""
+    try:
+        os.write(2, (line + "\n").encode())
+    except OSError:
+        pass
+
+
 LEFT_RUNNING_MARK = "may not signal: left running"
 """The end of a rank agent's last line when it leaves processes it may not signal (RankGroup.wait). They hold the
 agent's output (the SSH session's), so that session would stay open as long as they run: `ml-dev run` reads the line
@@ -284,8 +374,17 @@ class RankGroup:
     the container lacks CAP_KILL, as barcelona's SCC drops it) are named and left running as soon as only they are
     left: neither the signal nor SIGKILL reaches them, so waiting out the grace would change nothing."""
 
-    def __init__(self, proc: subprocess.Popen, first: signal.Signals, grace: float, leave_rest: bool = False) -> None:
+    def __init__(
+        self,
+        proc: subprocess.Popen,
+        first: signal.Signals,
+        grace: float,
+        leave_rest: bool = False,
+        say: Callable[[str], None] | None = None,
+    ) -> None:
         self.proc, self.first, self.grace, self.leave_rest = proc, first, grace, leave_rest
+        self.say = say or quiet_say
+        self.left = False  # it returned leaving members it may not signal
         self.stopping = threading.Lock()
         self.deadline: float | None = None
 
@@ -374,19 +473,16 @@ class RankGroup:
             refused = self.refused(left) if self.deadline is not None and left else {}
             if refused and len(refused) == len(left):
                 uids = ", ".join(sorted(set(refused.values())))
-                print(
+                self.left = True
+                self.say(
                     f"ml-dev: {len(left)} process(es) of the rank (pids {' '.join(map(str, sorted(refused)))}) run as "
-                    f"UID {uids}, which this agent (UID {os.getuid()}, without CAP_KILL) {LEFT_RUNNING_MARK}",
-                    file=sys.stderr,
-                    flush=True,
+                    f"UID {uids}, which this agent (UID {os.getuid()}, without CAP_KILL) {LEFT_RUNNING_MARK}"
                 )
                 return code if code is not None else 1
             if self.deadline is not None and time.monotonic() >= self.deadline:
-                print(
-                    f"ml-dev: {len(left)} process(es) of the rank still running after {self.grace} s: killed", file=sys.stderr, flush=True
-                )
-                self.send(signal.SIGKILL)
+                self.send(signal.SIGKILL)  # before the line: a write never delays (or, failing, skips) the kill
                 self.deadline = time.monotonic() + 1  # again until they are gone
+                self.say(f"ml-dev: {len(left)} process(es) of the rank still running after {self.grace} s: killed")
             time.sleep(0.05)
 
 
@@ -410,13 +506,46 @@ class Stream(threading.Thread):
     def run(self) -> None:
         if self.pipe is None:
             return
+        # drained to the end whatever becomes of `out`: an agent whose pipe filled would block its rank's writes
         for raw in iter(self.pipe.readline, b""):
             line = raw.decode(errors="replace").rstrip("\n")
             if self.on_line is not None and self.on_line(line):
                 continue  # the launcher's own marks (watchdog.PROGRESS_MARK) are not the job's output
-            with Stream.lock:
-                self.out.write(f"{self.prefix}{line}\n")
-                self.out.flush()
+            emit(self.out, f"{self.prefix}{line}\n")
+
+
+OUTPUT_GONE: list[str] = []
+"""Why the launcher's stdout or stderr took a write no more (its first failure): `ml-dev run` stops the job then."""
+OUTPUT_CHANGED = threading.Event()
+
+
+def emit(out: TextIO, text: str) -> bool:
+    """`text` to the launcher's stdout or stderr. A write that fails there (EPIPE: its pipe's reader is gone, `| tee`
+    after Ctrl-C; EIO: its terminal hung up) never raises: that fd becomes /dev/null (dup2), so no later write, the
+    interpreter's last flush included, fails again, and the failure is kept in OUTPUT_GONE."""
+    with Stream.lock:
+        try:
+            out.write(text)
+            out.flush()
+            return True
+        except (OSError, ValueError) as exc:
+            name = "stdout" if out is sys.stdout else "stderr" if out is sys.stderr else "output"
+            errno_name = getattr(exc, "errno", None)
+            OUTPUT_GONE.append(f"its {name} took no more output ({os.strerror(errno_name) if errno_name else exc})")
+            OUTPUT_CHANGED.set()
+            try:
+                null = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(null, out.fileno())
+                os.close(null)
+                out.flush()  # what the failed write left in the buffer goes to /dev/null now
+            except (OSError, ValueError):
+                pass
+            return False
+
+
+def say_err(line: str) -> None:
+    """One of the launcher's own lines (stderr), never fatal."""
+    emit(sys.stderr, line + "\n")
 
 
 def debug_line(cluster: Cluster, rank: int, host: str) -> str:
@@ -510,10 +639,15 @@ def run_everywhere(
     for rank in range(len(cluster.hosts)):
         procs[rank] = spawn(rank)
     if tree is not None:
+        heard: list[str] = []  # the gate agents' stderr, as open_gate read it
         try:
-            open_gate(cluster, procs, spawn, tree, timeout)
+            open_gate(cluster, procs, spawn, tree, timeout, heard)
         except BaseException:  # a refusal (die), Ctrl-C: EOF at every gate, no rank starts
             stop_all(procs, grace=0)
+            stop = gate_stop(procs, heard)
+            if stop:  # a pod stopping during the tree copy: its agent said so before its pod's sshd went
+                say_err(f"ml-dev: STOPPED: {stop}")
+                raise SystemExit(STOPPED_STATUS) from None
             raise
     for rank, proc in sorted(procs.items()):
         prefix = f"[{rank:>{width}}] "
@@ -524,53 +658,153 @@ def run_everywhere(
     if dog is not None:
         dog.start()
     if debug_rank is not None:
-        print(debug_line(cluster, debug_rank, debug_host), flush=True)
+        emit(sys.stdout, debug_line(cluster, debug_rank, debug_host) + "\n")
 
-    interrupted = threading.Event()
+    signals: list[signal.Signals] = []
 
     def on_signal(signum: int, _frame: object) -> None:
-        interrupted.set()
+        signals.append(signal.Signals(signum))
 
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    failed: tuple[int, int] | None = None
+    old = {s: signal.signal(s, on_signal) for s in LAUNCHER_SIGNALS}
+    events = Events()
     try:
-        while True:
-            if interrupted.is_set() or pod_stop.is_set():
-                break
+        while not (signals or pod_stop.is_set() or OUTPUT_GONE):
             running = [r for r, p in procs.items() if p.poll() is None]
             for rank, p in sorted(procs.items()):
-                if p.returncode not in (None, 0) and failed is None:
-                    failed = (rank, p.returncode)
-            if failed or not running:
+                if p.returncode not in (None, 0) and events.failed is None:
+                    events.failure(rank, p.returncode, f"{cluster.label(rank)} on {cluster.hosts[rank]}")
+            if events.failed or not running:
                 break
             time.sleep(0.1)
     finally:
+        # whatever ended the wait (a signal, a stop, a failure, the output gone; an exception, even), every rank is
+        # stopped before this returns, and nothing here may raise on the way: every line goes through emit
         if dog is not None:
             dog.stop.set()
-        if pod_stop.is_set():
+        events.note(signals, stopped, OUTPUT_GONE)
+        if events.first is not None:
             # one pod's stop is the job's stop: every other rank gets the checkpoint signal and the grace now,
             # not when its own pod stops (a rolling update replaces one pod at a time; a rank left running would
             # block in its next collective)
-            print(f"ml-dev: {stopped[0]}; stopping every rank", file=sys.stderr, flush=True)
-            stop_all(procs, left_running)
-        elif failed or interrupted.is_set():
-            why = f"{cluster.label(failed[0])} exited with status {failed[1]}" if failed else "interrupted"
-            print(f"ml-dev: {why}; stopping every rank", file=sys.stderr, flush=True)
+            say_err(f"ml-dev: {events.first.cause}; stopping every rank")
             stop_all(procs, left_running)
         for s in streams:  # the output of what an agent left running never ends: no wait for it
             s.join(timeout=0 if s.rank in left_running else 2)
+        events.note(signals, stopped, OUTPUT_GONE)  # what came during the grace: named, the first still decides
         for sig, handler in old.items():
             signal.signal(sig, handler)
-    if stopped:  # a stopped job never reads as success, even when every rank saved and exited 0
-        print(f"ml-dev: STOPPED: {stopped[0]}", file=sys.stderr, flush=True)
-        return STOPPED_STATUS
-    if failed:
-        rank, code = failed
-        print(f"ml-dev: FAILED: {cluster.label(rank)} on {cluster.hosts[rank]} exited with status {code}", file=sys.stderr, flush=True)
-        return code if 0 < code < 256 else 1
-    if interrupted.is_set():
-        return 130
-    return 0
+    for line in events.lines():
+        say_err(line)
+    return events.status()
+
+
+LAUNCHER_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""What `ml-dev run` turns into a stop of every rank (checkpoint signal, grace): Ctrl-C, a kill, a terminal closed (the
+kernel's SIGHUP to the session leader when its pty hangs up: drivers/tty/tty_jobctrl.c tty_signal_session_leader)."""
+SIGNAL_WORDS = {
+    signal.SIGINT: "SIGINT (Ctrl-C)",
+    signal.SIGTERM: "SIGTERM",
+    signal.SIGHUP: "SIGHUP (its terminal or SSH session closed)",
+}
+OUTPUT_GONE_STATUS = 128 + signal.SIGPIPE
+"""`ml-dev run`'s status when its output's reader went away (141, as a shell reports a SIGPIPE death)."""
+
+
+RUN_EXIT_STATUSES = (
+    ("0", "every rank exited 0", "tests/podsim/test_rank_start.py::test_the_secret_reached_every_rank_and_nothing_else"),
+    (
+        "the failed rank's",
+        "the first rank that failed, when that came first (every other rank stopped); 1 when its status is not 1–255. "
+        "A stop that follows is named on the next line (`then STOPPED: …`)",
+        "tests/podsim/test_attachment_matrix.py::test_a_failed_rank_then_a_drain_reports_both_the_failure_deciding",
+    ),
+    (
+        "1",
+        "`ml-dev` itself refused before any rank started: not an ml-dev-env pod (no `rank.env`), nothing to run, a pod "
+        "unreachable, a sync problem",
+        "tests/podsim/test_rank_start.py::test_no_sshd_listening_is_connection_refused",
+    ),
+    ("2", "a usage mistake (argparse)", "tests/inpod/ml_dev/test_run_status.py::test_a_usage_mistake_exits_2"),
+    (
+        "129",
+        "`ml-dev run` got SIGHUP (its terminal or SSH session closed): every rank got the checkpoint signal and the grace",
+        "tests/podsim/test_attachment_matrix.py::test_every_attachment_keeps_every_checkpoint",
+    ),
+    (
+        "130",
+        "interrupted (Ctrl-C, SIGINT): every rank got the checkpoint signal and the grace",
+        "tests/podsim/test_stop_matrix.py::test_every_stop_every_launcher",
+    ),
+    (
+        "137",
+        "`ml-dev run` was SIGKILLed (the shell's status; it prints nothing): every rank agent saw its stdin end and stopped "
+        "its rank with the checkpoint signal and the grace all the same (`ml-dev logs` shows how)",
+        "tests/podsim/test_attachment_matrix.py::test_every_attachment_keeps_every_checkpoint",
+    ),
+    (
+        "141",
+        "its output's reader went away (a `head` or `tee` it was piped to ended): every rank got the checkpoint signal and the grace "
+        "(as a shell reports a SIGPIPE death; the rest of the output is in the run log)",
+        "tests/podsim/test_attachment_matrix.py::test_every_attachment_keeps_every_checkpoint",
+    ),
+    (
+        "143",
+        "a pod's stop (drain, eviction, rolling update, scale to 0; during the tree copy too) reached a rank, or `ml-dev "
+        "run` got SIGTERM: every rank got the checkpoint signal and the grace at once; the last line names the pod or "
+        "the signal",
+        "tests/podsim/test_attachment_matrix.py::test_sigterm_to_ml_dev_run_is_named_and_exits_143",
+    ),
+)
+"""Every status `ml-dev run` returns (docs/ref/exit-codes.md's table), each with the test that pins it. When several
+events end a run (a failed rank, a pod's stop, a signal to `ml-dev run`, its output gone) the first decides and each
+is named, in order."""
+
+
+class Event:
+    def __init__(self, kind: str, cause: str, words: str, status: int) -> None:
+        self.kind, self.cause, self.words, self.status = kind, cause, words, status
+
+
+class Events:
+    """What ended a run, in the order `ml-dev run` saw it: a failed rank, a pod's stop, a signal to `ml-dev run`, its
+    output gone. The first decides the exit status; every one is named (issue 45: a stop after a failure never hides
+    the failure, nor a failure the stop)."""
+
+    def __init__(self) -> None:
+        self.seen: list[Event] = []
+        self.failed: tuple[int, int] | None = None
+
+    @property
+    def first(self) -> Event | None:
+        return self.seen[0] if self.seen else None
+
+    def _add(self, kind: str, cause: str, words: str, status: int) -> None:
+        if all(e.kind != kind for e in self.seen):
+            self.seen.append(Event(kind, cause, words, status))
+
+    def failure(self, rank: int, code: int, where: str) -> None:
+        self.failed = (rank, code)
+        label = where.split(" on ")[0]
+        self._add("FAILED", f"{label} exited with status {code}", f"{where} exited with status {code}", code if 0 < code < 256 else 1)
+
+    def note(self, signals: list[signal.Signals], stopped: list[str], gone: list[str]) -> None:
+        if stopped:  # a stopped job never reads as success, even when every rank saved and exited 0
+            self._add("STOPPED", stopped[0], stopped[0], STOPPED_STATUS)
+        if signals:
+            sig = signals[0]
+            words = f"ml-dev run got {SIGNAL_WORDS.get(sig, sig.name)}"
+            self._add("INTERRUPTED", "interrupted" if sig == signal.SIGINT else words, words, 128 + int(sig))
+        if gone:
+            self._add("INTERRUPTED", gone[0], f"ml-dev run: {gone[0]}", OUTPUT_GONE_STATUS)
+
+    def lines(self) -> list[str]:
+        out = []
+        for i, e in enumerate(self.seen):
+            out.append(f"ml-dev: {e.kind}: {e.words}" if i == 0 else f"ml-dev: then {e.kind}: {e.words} (the status is the first's)")
+        return out
+
+    def status(self) -> int:
+        return self.first.status if self.first is not None else 0
 
 
 def gate_answer(proc: subprocess.Popen, prefix: str) -> dict | None:
@@ -586,10 +820,23 @@ def gate_answer(proc: subprocess.Popen, prefix: str) -> dict | None:
                 got = None
             if isinstance(got, dict):
                 return got
-        with Stream.lock:
-            sys.stdout.write(f"{prefix}{line}\n")
-            sys.stdout.flush()
+        emit(sys.stdout, f"{prefix}{line}\n")
     return None
+
+
+def gate_stop(procs: dict[int, subprocess.Popen], heard: list[str]) -> str:
+    """The first POD_STOP_MARK line the gate agents said (every one has ended: stop_all), else ""."""
+    for proc in procs.values():
+        try:
+            if proc.stderr is not None and proc.poll() is not None:
+                heard.append(proc.stderr.read().decode(errors="replace"))
+        except (OSError, ValueError):
+            continue
+    for text in heard:
+        for line in text.splitlines():
+            if POD_STOP_MARK in line:
+                return line.split(POD_STOP_MARK, 1)[1]
+    return ""
 
 
 def open_gate(
@@ -598,6 +845,7 @@ def open_gate(
     spawn: Callable[[int], subprocess.Popen],
     tree: Tree,
     timeout: float,
+    heard: list[str] | None = None,
 ) -> None:
     """Every agent answers at its gate (an SSH failure, exit 255 (ssh(1)), is tried again each second until
     `timeout`: the same wait and words as wait_reachable); the pods whose tree differs get a copy; every listed
@@ -609,6 +857,7 @@ def open_gate(
     """
     started = time.monotonic()
     deadline = started + timeout
+    said = heard if heard is not None else []
     answers: dict[int, str] = {}
     found: dict[int, usersecrets.Presence | None] = {}
     unusable: dict[int, list[str]] = {}
@@ -626,6 +875,7 @@ def open_gate(
                 return ""
             code = proc.wait()
             err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+            said.append(err)
             if rank == cluster.me or code != 255:  # the agent's own words (255 is ssh's own failure)
                 return "!" + ((err.strip().splitlines() or [f"exited {code}"])[-1])
             last = cluster.explain(rank, err, code)
@@ -649,7 +899,8 @@ def open_gate(
             procs[rank] = proc = spawn(rank)
             if gate_answer(proc, f"[{rank:>{width}}] ") is None:
                 code = proc.wait()
-                return "", cluster.explain(rank, proc.stderr.read().decode(errors="replace") if proc.stderr else "", code)
+                said.append(proc.stderr.read().decode(errors="replace") if proc.stderr else "")
+                return "", cluster.explain(rank, said[-1], code)
         try:
             assert proc.stdin is not None
             proc.stdin.write(f"{word} {len(data)}\n".encode() + data)
@@ -659,7 +910,8 @@ def open_gate(
         got = gate_answer(proc, f"[{rank:>{width}}] ")
         if got is None:
             code = proc.wait()
-            return "", cluster.explain(rank, proc.stderr.read().decode(errors="replace") if proc.stderr else "", code)
+            said.append(proc.stderr.read().decode(errors="replace") if proc.stderr else "")
+            return "", cluster.explain(rank, said[-1], code)
         if got.get("refused"):
             return str(got.get("tree") or ""), f"refused: {got['refused']}"
         return str(got.get("tree") or ""), ""
@@ -677,7 +929,7 @@ def open_gate(
     # cost a retry) is started again and answers again, now with the verified tree
     gone = [r for r, p in sorted(procs.items()) if r != cluster.me and p.poll() is not None]
     if gone:
-        print(f"ml-dev: {', '.join(cluster.label(r) for r in gone)}: its session ended while it waited; starting it again", flush=True)
+        emit(sys.stdout, f"ml-dev: {', '.join(cluster.label(r) for r in gone)}: its session ended while it waited; starting it again\n")
         deadline = time.monotonic() + timeout
         for r in gone:
             procs[r] = spawn(r)
@@ -761,7 +1013,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         die("nothing to run: ml-dev run -- <command>")
     warning = launcher_cap_warning(args.command, stop_grace(cluster.rank_env))
     if warning:
-        print(warning, file=sys.stderr, flush=True)
+        say_err(warning)
     cwd = Path.cwd()
     tree = None if args.no_sync else Tree(cluster, tree_root(cwd))
     if tree is None or tree.shared:

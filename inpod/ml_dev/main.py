@@ -53,9 +53,12 @@ ENV_RULE = (
 )
 
 EXIT_RULE = (
-    "Exit status: 0 when every rank exited 0; a failed rank's status (every other rank stopped); 130 after Ctrl-C;\n"
-    "143 when a pod's stop (drain, eviction, rolling update, scale to 0) reached a rank: every rank got the\n"
-    "checkpoint signal and the grace at once, and the last line names the pod."
+    "Exit status: 0 when every rank exited 0; a failed rank's status (every other rank stopped); 129 after SIGHUP\n"
+    "(terminal closed), 130 after Ctrl-C, 143 after SIGTERM or when a pod's stop (drain, eviction, rolling update,\n"
+    "scale to 0) reached a rank, 141 when its output's reader went away: each time every rank got the checkpoint\n"
+    "signal and the grace. Several events: the first decides, each is named. A SIGKILLed `ml-dev run` (137) stops\n"
+    "nothing itself: the rank agents stop their ranks the same way. Each rank's output is also in its run log on\n"
+    "its pod's workspace: `ml-dev logs`, so nohup or a background launch is never needed."
 )
 
 

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from .. import contract
 from ..lib import usersecrets
 from . import fanout
 from .common import HERE, IGNORE_FILE, PY, STATE_DIR, SYNC_MANIFEST, Cluster, die, parallel, wait_reachable
@@ -223,6 +224,47 @@ GATE_MARK = "ml-dev: GATE "
 `secrets` (env.secrets' keys present on its pod, {secret: {KEY: present}}, names only)."""
 
 
+POD_STOP_MARK = "ml-dev: STOP: "
+"""A rank agent's line (stderr) when its pod stops it; `ml-dev run` reads it and stops every other rank at once (at the
+gate: no rank starts, and the launch is named a stop)."""
+
+
+def watch_stop_at_gate(interval: float = 0.1) -> Callable[[], None]:
+    """(the agent at its gate) The pod's stop hook writes its `stopping` marker first (checkpoint_stop.sh), before
+    SIGTERM reaches PID 1 and the pod's processes go: the line names the stop while the launcher can still read it,
+    so a drain during the tree copy reads as a stop, not as a copy that failed."""
+    import threading
+
+    marker = STATE_DIR / contract.STOPPING_MARKER
+    pod = os.environ.get("POD_NAME") or os.environ.get("HOSTNAME", "?")
+
+    gate = threading.Lock()  # held by the gate; the watcher ends the agent only while it is
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(interval):
+            if not marker.exists():
+                continue
+            with gate:
+                if done.is_set():
+                    return
+                try:
+                    os.write(
+                        2, f"{POD_STOP_MARK}pod {pod} is stopping (its stop hook ran during the tree copy); no rank started\n".encode()
+                    )
+                except OSError:
+                    pass
+                os._exit(0)
+
+    def leave() -> None:
+        """The gate is over (`go`, EOF): from here the rank agent's own signal handling stops the rank."""
+        with gate:
+            done.set()
+
+    threading.Thread(target=watch, daemon=True).start()
+    return leave
+
+
 def raw_line(fd: int) -> bytes | None:
     """One line from a raw fd, no deadline (the launcher may copy to other pods first); None at EOF."""
     data = b""
@@ -269,30 +311,38 @@ def serve_gate(spec: dict[str, object]) -> bool:
             said["refused"] = refused
         os.write(1, (GATE_MARK + json.dumps(said) + "\n").encode())
 
-    answer()
-    while True:
-        line = raw_line(0)
-        if line is None:
-            return False
-        word, _, arg = line.decode(errors="replace").partition(" ")
-        if word == "go":
-            if root and expect and held != expect:
-                held = recorded_hash(root)
-                if held != expect:
-                    die(f"tree {root} here is {held[:12]}, not the launching pod's {expect[:12]}: the rank does not start", code=3)
-            return True
-        if word in ("apply", "patch") and root and arg.isdigit():
-            data = read_exact(0, int(arg))
-            if data is None:
+    def words() -> bool:
+        nonlocal held
+        while True:
+            line = raw_line(0)
+            if line is None:
                 return False
-            if word == "apply":
-                held = apply_listing(root, listed_files(data))
-                answer()
+            word, _, arg = line.decode(errors="replace").partition(" ")
+            if word == "go":
+                if root and expect and held != expect:
+                    held = recorded_hash(root)
+                    if held != expect:
+                        die(f"tree {root} here is {held[:12]}, not the launching pod's {expect[:12]}: the rank does not start", code=3)
+                return True
+            if word in ("apply", "patch") and root and arg.isdigit():
+                data = read_exact(0, int(arg))
+                if data is None:
+                    return False
+                if word == "apply":
+                    held = apply_listing(root, listed_files(data))
+                    answer()
+                    continue
+                held, refused = apply_patch(root, data)
+                answer(refused)
                 continue
-            held, refused = apply_patch(root, data)
-            answer(refused)
-            continue
-        die(f"unexpected word from the launcher at the gate: {line[:40]!r}", code=2)
+            die(f"unexpected word from the launcher at the gate: {line[:40]!r}", code=2)
+
+    leave = watch_stop_at_gate()
+    try:
+        answer()
+        return words()
+    finally:
+        leave()
 
 
 # ------------------------------------------------------------------ a small change through the gate (ml-dev run)

@@ -737,7 +737,7 @@ class PodSim:
         )
 
     @staticmethod
-    def interrupt(proc: subprocess.Popen[str], sig: int = signal.SIGINT) -> None:
+    def interrupt(proc: subprocess.Popen[Any], sig: int = signal.SIGINT) -> None:
         """A terminal's Ctrl-C to a `popen`ed command: `sig` to its process group inside the pod (the nsenter on
         this machine, which `oc` would be, only waits for it)."""
         for entry in os.listdir("/proc"):

@@ -7,7 +7,7 @@
   gloo does when a peer's connection closes, instead of blocking for ever: a rank then saves the last step every
   rank completed. Each rank writes `ckpt/rank<R>.json`: `running` at its start, then its exit path (`saved`,
   `saved-after-peer-lost`, `failed`) with the step and the time; a rank killed keeps `running`.
-  argv: save seconds [failing rank, failing step].
+  argv: save seconds [failing rank, failing step]; JOB_PRINT_STEPS=1: a line per step on stdout.
 * TRAIN_SH: a wrapper script as users write them (`cd`, then python as a child, no exec).
 * TORCHRUN: a stand-in for `torchrun` where torch is not installed, doing what upstream does at a stop (pytorch
   torch/distributed/run.py, torch/distributed/elastic): options default to `PET_<FLAG>` (run.py's `env` action);
@@ -28,6 +28,7 @@ import json, os, signal, socket, sys, threading, time
 SAVE = float(sys.argv[1])
 FAIL_RANK = int(sys.argv[2]) if len(sys.argv) > 2 else -1
 FAIL_STEP = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+PRINT_STEPS = os.environ.get("JOB_PRINT_STEPS") == "1"  # a line per step, as jobs print their loss
 stop = False
 def on_signal(signum, frame):
     global stop
@@ -115,6 +116,8 @@ step = 0
 while True:
     time.sleep(0.05)  # the step's work
     step += 1
+    if PRINT_STEPS:
+        print("rank", rank, "step", step, flush=True)
     if rank == FAIL_RANK and step == FAIL_STEP:
         record(exit="failed", step=step)
         sys.exit(3)
