@@ -116,14 +116,11 @@ lint: venv
 	$(PY) -m ruff format --check .
 
 # The in-pod programs again against Python 3.10's standard library (the oldest mypy 2 targets; their
-# minimum, inpod.MIN_PYTHON, is held by tests/inpod running them on each interpreter). The step programs again
-# as they run, from steps/ with `lib` importable (in the repository's pass `from lib.registry import …` is
-# unresolved, so Any under ignore_missing_imports); tests/repo/test_typecheck.py holds the list to steps.embed.STEPS.
-STEP_PROGRAMS := download.py package.py mirror.py register.py upload_s3.py wait_image.py
+# minimum, inpod.MIN_PYTHON, is held by tests/inpod running them on each interpreter). The step programs are a
+# package with relative imports: the repository's pass resolves their `lib` (tests/repo/test_typecheck.py).
 typecheck: venv
 	$(PY) -m mypy
 	$(PY) -m mypy --python-version 3.10 inpod
-	cd steps && MYPYPATH=. ../$(PY) -m mypy --config-file ../pyproject.toml $(STEP_PROGRAMS)
 
 # Re-lock after editing a *.in file (or steps/requirements*.txt): every transitive pin, with hashes.
 lock: venv

@@ -28,8 +28,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from lib.model import DEFAULT_INCLUDE, DigestCache, Expected, LayerLayout, check_layer_sizes, default_digest_cache, s3_expected, select
-from lib.runtime import (
+from .lib.model import DEFAULT_INCLUDE, DigestCache, Expected, LayerLayout, check_layer_sizes, default_digest_cache, s3_expected, select
+from .lib.runtime import (
     DISK_ERRORS,
     EXIT_AUTH,
     EXIT_FAILED,
@@ -44,11 +44,10 @@ from lib.runtime import (
     human,
     log,
     parse_size,
-    run_step,
     write_result,
     writing,
 )
-from lib.s3 import add_s3_args, s3_client, s3_error, s3_exceptions
+from .lib.s3 import add_s3_args, s3_client, s3_error, s3_exceptions
 
 HF_DEFAULT_INCLUDE = DEFAULT_INCLUDE
 
@@ -346,7 +345,3 @@ def main(argv: Sequence[str] | None = None) -> None:
     # Always written (empty when unknown): a result another task references must exist.
     write_result(args.result_revision, args.found_revision)
     write_result(args.result_license, args.found_license)
-
-
-if __name__ == "__main__":
-    run_step(main)

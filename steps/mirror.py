@@ -27,8 +27,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from lib.images import ImageRef
-from lib.runtime import EXIT_AUTH, EXIT_INTEGRITY, EXIT_NOT_FOUND, EXIT_REMOTE, StepError, backoff, log, run_step, write_result, writing
+from .lib.images import ImageRef
+from .lib.runtime import EXIT_AUTH, EXIT_INTEGRITY, EXIT_NOT_FOUND, EXIT_REMOTE, StepError, backoff, log, write_result, writing
 
 # Words of skopeo's auth failures; status codes as whole numbers only (a port such as :59403 is no 403).
 AUTH_HINTS = re.compile(r"unauthorized|authentication required|denied|\b40[13]\b")
@@ -164,7 +164,3 @@ def main(argv: Sequence[str] | None = None) -> None:
     log(f"{dest} verified: {digest}")
     write_result(args.result_digest, digest)
     write_result(args.result_image, f"{dest.registry}/{dest.repository}@{digest}")
-
-
-if __name__ == "__main__":
-    run_step(main)

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lib.images import ImageRef, registry_credentials
-from lib.model import (
+from .lib.images import ImageRef, registry_credentials
+from .lib.model import (
     DEFAULT_INCLUDE,
     LAYER_MEDIA_TYPE,
     MODEL_ROOT,
@@ -48,7 +48,7 @@ from lib.model import (
     s3_expected,
     select,
 )
-from lib.registry import (
+from .lib.registry import (
     DOCKER_LIST,
     DOCKER_MANIFEST,
     OCI_CONFIG,
@@ -61,7 +61,7 @@ from lib.registry import (
     TransientError,
     sha256_digest,
 )
-from lib.runtime import (
+from .lib.runtime import (
     EXIT_AUTH,
     EXIT_INTEGRITY,
     EXIT_NOT_FOUND,
@@ -72,10 +72,9 @@ from lib.runtime import (
     human,
     log,
     parse_size,
-    run_step,
     write_result,
 )
-from lib.s3 import s3_error, s3_exceptions
+from .lib.s3 import s3_error, s3_exceptions
 
 # Base-image layers keep their bytes (and digests); Docker media types get their OCI names.
 LAYER_TYPES = {
@@ -1435,7 +1434,3 @@ def package(
     if pusher.verified:
         log(f"source bytes read to check the layers a record or the tag named: {pusher.verified} ({human(pusher.verified)})")
     return digest
-
-
-if __name__ == "__main__":
-    run_step(main)

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lib.runtime import EXIT_AUTH, EXIT_REMOTE, StepError, log, run_step, write_result
+from .lib.runtime import EXIT_AUTH, EXIT_REMOTE, StepError, log, write_result
 
 ARTIFACT_TYPE = "model-artifact"
 
@@ -216,7 +216,3 @@ def main(argv: Sequence[str] | None = None) -> None:
     write_result(args.result_model_id, str(model["id"]))
     write_result(args.result_version_id, str(version["id"]))
     write_result(args.result_version_name, version_name)
-
-
-if __name__ == "__main__":
-    run_step(main)

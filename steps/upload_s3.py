@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lib.model import DigestCache, default_digest_cache, matches, model_files
-from lib.runtime import EXIT_NOT_FOUND, MiB, Progress, StepError, human, log, parse_size, run_step, write_result
-from lib.s3 import add_s3_args, s3_client, s3_error, s3_exceptions
+from .lib.model import DigestCache, default_digest_cache, matches, model_files
+from .lib.runtime import EXIT_NOT_FOUND, MiB, Progress, StepError, human, log, parse_size, write_result
+from .lib.s3 import add_s3_args, s3_client, s3_error, s3_exceptions
 
 DIGEST_META = "modelcar-layer-digest"
 
@@ -86,7 +86,3 @@ def main(argv: Sequence[str] | None = None) -> None:
     progress.finish()
     log(f"{human(total)} in {uri} after {time.monotonic() - started:.1f}s")
     write_result(args.result_uri, uri)
-
-
-if __name__ == "__main__":
-    run_step(main)

@@ -26,9 +26,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lib.images import ImageRef
-from lib.registry import RegistryClient, TransientError
-from lib.runtime import EXIT_AUTH, EXIT_FAILED, EXIT_NOT_FOUND, EXIT_REMOTE, StepError, log, run_step
+from .lib.images import ImageRef
+from .lib.registry import RegistryClient, TransientError
+from .lib.runtime import EXIT_AUTH, EXIT_FAILED, EXIT_NOT_FOUND, EXIT_REMOTE, StepError, log
 
 ACCEPT = ", ".join(
     (
@@ -161,7 +161,3 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise StepError(f"{ref} did not appear within {args.timeout:.0f} s (is its BuildConfig failing?)", EXIT_NOT_FOUND)
         log(f"waiting for {ref} ({waited:.0f} s of {args.timeout:.0f} s)")
         time.sleep(min(args.interval, max(args.timeout - waited, 0.1)))
-
-
-if __name__ == "__main__":
-    run_step(main)

@@ -10,6 +10,7 @@ and are torn down after use; tests skip only when a required binary is absent.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import random
@@ -85,29 +86,32 @@ def run_step(scripts: dict[str, Path]) -> StepRunner:
 
 @pytest.fixture(scope="session")
 def deployed(scripts: dict[str, Path]) -> Callable[[str], types.ModuleType]:
-    """The deployed text of a step loaded as a module (for unit checks of its pure helpers)."""
+    """The deployed text of a step loaded as a module (for unit checks of its pure helpers); `lib.<module>` names one
+    of the image's lib modules."""
 
     def load(name: str) -> types.ModuleType:
-        module_name = f"deployed_step_{name}"
-        if module_name not in sys.modules:
-            module = types.ModuleType(module_name)
-            sys.modules[module_name] = module  # dataclasses resolve annotations through sys.modules
-            if name in EMBEDDED:
+        if name in EMBEDDED:
+            module_name = f"deployed_step_{name}"
+            if module_name not in sys.modules:
+                module = types.ModuleType(module_name)
+                sys.modules[module_name] = module  # dataclasses resolve annotations through sys.modules
                 exec(compile(step_script(name), f"<step_script({name!r})>", "exec"), module.__dict__)
-            else:  # the image's file; its `lib` is the image tree's package (as `python3 <file>` finds it)
-                path = scripts[name]
-                if "lib" not in sys.modules:
-                    init = path.parent / "lib" / "__init__.py"
-                    spec = importlib.util.spec_from_file_location("lib", init, submodule_search_locations=[str(init.parent)])
-                    assert spec is not None and spec.loader is not None
-                    sys.modules["lib"] = importlib.util.module_from_spec(spec)
-                    spec.loader.exec_module(sys.modules["lib"])
-                assert Path(sys.modules["lib"].__file__ or "").parent == path.parent / "lib", "one image tree per session"
-                module.__file__ = str(path)
-                exec(compile(path.read_text(), str(path), "exec"), module.__dict__)
-        return sys.modules[module_name]
+            return sys.modules[module_name]
+        # The image's package (as its launcher `python3 <file>` finds it), under a name of its own: `steps` is this
+        # repository's package here. Inside it every import is relative, so the name is free.
+        package = scripts["package"].parent / "steps"
+        if DEPLOYED not in sys.modules:
+            spec = importlib.util.spec_from_file_location(DEPLOYED, package / "__init__.py", submodule_search_locations=[str(package)])
+            assert spec is not None and spec.loader is not None
+            sys.modules[DEPLOYED] = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(sys.modules[DEPLOYED])
+        assert Path(sys.modules[DEPLOYED].__file__ or "").parent == package, "one image tree per session"
+        return importlib.import_module(f"{DEPLOYED}.{name}")
 
     return load
+
+
+DEPLOYED = "deployed_steps"
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from steps.embed import EMBEDDED, IMAGE_STEPS_DIR, LIB, SHIPPED_DIRS, STEPS, lib_modules, shipped, step_command, step_script, write_tree
+from steps.embed import (
+    EMBEDDED,
+    IMAGE_STEPS_DIR,
+    LIB,
+    SHIPPED_DIRS,
+    SOURCE_DIRS,
+    STEPS,
+    lib_modules,
+    shipped,
+    step_command,
+    step_script,
+    write_tree,
+)
 from tests.steps.conftest import StepRunner
 
 # Tekton writes every step script of a Task, base64-encoded, into ONE `sh -c` argument of its
@@ -46,10 +58,11 @@ def test_the_tools_image_ships_the_step_files_as_they_are(tmp_path: Path) -> Non
     for part, data in files.items():
         assert sum(len(k) + len(v.encode()) for k, v in data.items()) < CONFIG_MAP_LIMIT // 2, part  # room to grow
         for name, text in data.items():
-            assert text == (steps_dir / SHIPPED_DIRS[part] / name).read_text(), name
+            assert text == (steps_dir / SOURCE_DIRS[part][0] / name).read_text(), name
     tree = write_tree(tmp_path)
     for name in STEPS:
-        assert (tree / f"{name}.py").read_text() == (steps_dir / f"{name}.py").read_text()
+        assert (tree / f"{name}.py").read_text() == (steps_dir / "bin" / f"{name}.py").read_text()  # the launcher
+        assert (tree / "steps" / f"{name}.py").read_text() == (steps_dir / f"{name}.py").read_text()  # the package's module
         if name not in EMBEDDED:
             assert step_command(name) == ["python3", f"{IMAGE_STEPS_DIR}/{name}.py"]
     with pytest.raises(ValueError, match="not a step of the tools image"):
@@ -74,11 +87,7 @@ def _top_level_names(source: str) -> list[str]:
 
 def _lib_imports(source: str) -> set[str]:
     tree = ast.parse(source)
-    return {
-        n.module.removeprefix("lib.") if n.level == 0 else n.module
-        for n in tree.body
-        if isinstance(n, ast.ImportFrom) and n.module and (n.level == 1 or n.module.startswith("lib."))
-    }
+    return {n.module.removeprefix("lib.") for n in tree.body if isinstance(n, ast.ImportFrom) and n.module and n.level == 1}
 
 
 @pytest.mark.parametrize("name", STEPS)
