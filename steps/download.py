@@ -16,40 +16,29 @@ same read), so a re-run skips them and the package step can HEAD-check without r
 from __future__ import annotations
 
 import argparse
-import base64
-import glob
-import hashlib
 import json
 import os
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from .lib.model import DEFAULT_INCLUDE, DigestCache, Expected, LayerLayout, check_layer_sizes, default_digest_cache, s3_expected, select
+from .lib.checksum import SourceHasher
+from .lib.model import DigestCache, Expected, LayerLayout, check_layer_sizes, default_digest_cache
 from .lib.runtime import (
-    DISK_ERRORS,
-    EXIT_AUTH,
     EXIT_FAILED,
     EXIT_INTEGRITY,
-    EXIT_NOT_FOUND,
-    EXIT_REMOTE,
     READ_SIZE,
-    MiB,
     Progress,
     StepError,
-    env_secret,
     human,
     log,
     parse_size,
     write_result,
-    writing,
 )
-from .lib.s3 import add_s3_args, s3_client, s3_error, s3_exceptions
-
-HF_DEFAULT_INCLUDE = DEFAULT_INCLUDE
+from .lib.s3 import add_s3_args, s3_client
+from .lib.source import ModelSource, SourceSettings, Wanted, open_source, uri_problem
 
 
 def check_remote_code(dest: Path, chosen: Sequence[str]) -> None:
@@ -78,49 +67,21 @@ def verify(path: Path, rel: str, expected: Expected) -> dict[str, Any]:
         path.unlink()
         raise StepError(f"{rel}: size {size} != expected {expected.size} (partial download); file removed", EXIT_INTEGRITY)
     layout = LayerLayout.for_file(rel, size)
-    layer = hashlib.sha256(layout.head)
-    check: Any = None
-    parts: list[bytes] = []
-    if expected.kind == "git-sha1":
-        check = hashlib.sha1(f"blob {size}\0".encode(), usedforsecurity=False)  # git's object id
-    elif expected.kind in ("md5", "md5-multipart"):
-        check = hashlib.md5(usedforsecurity=False)  # S3 ETag
-    elif expected.kind in ("sha256", "sha256-base64"):
-        check = hashlib.sha256()
-    in_part = 0
+    state = SourceHasher(len(layout.head), expected)  # the layer's sha256 and the source's checksum, one read
+    state.update(layout.head)
     with open(path, "rb", buffering=0) as fh:
         buf = bytearray(READ_SIZE)
         view = memoryview(buf)
         while got := fh.readinto(buf):
-            data = view[:got]
-            layer.update(data)
-            if expected.kind != "md5-multipart":
-                if check is not None:
-                    check.update(data)
-                continue
-            while len(data):  # split the read at part boundaries
-                take = min(len(data), expected.part_size - in_part)
-                check.update(data[:take])
-                in_part += take
-                data = data[take:]
-                if in_part == expected.part_size:
-                    parts.append(check.digest())
-                    check, in_part = hashlib.md5(usedforsecurity=False), 0
-    layer.update(layout.tail)
-    if expected.kind == "md5-multipart":
-        if in_part or not parts:
-            parts.append(check.digest())
-        actual = f"{hashlib.md5(b''.join(parts), usedforsecurity=False).hexdigest()}-{len(parts)}"
-    elif expected.kind == "sha256-base64":
-        actual = base64.b64encode(check.digest()).decode()
-    else:
-        actual = check.hexdigest() if check is not None else ""
-    if expected.kind and actual != expected.value:
+            state.update(view[:got])
+    state.update(layout.tail)
+    actual = state.actual()
+    if actual is not None and actual != expected.value:
         path.unlink()
         raise StepError(
             f"{rel}: checksum mismatch, expected {expected.describe()}, got {actual} (corrupt download); file removed", EXIT_INTEGRITY
         )
-    return {"layer_digest": "sha256:" + layer.hexdigest(), "layer_size": layout.size}
+    return {"layer_digest": "sha256:" + state.hexdigest(), "layer_size": layout.size}
 
 
 class Verifier:
@@ -153,151 +114,27 @@ class Verifier:
         self.pool.shutdown()
 
 
-# --- S3 ----------------------------------------------------------------------------------------
-
-
-def download_s3(args: argparse.Namespace, cache: DigestCache) -> int:
-    from boto3.s3.transfer import TransferConfig
-
-    bucket, _, prefix = args.source[len("s3://") :].partition("/")
-    prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
-    client = s3_client(args)
-    where = f"s3://{bucket}/{prefix}"
-    try:
-        keys: dict[str, str] = {}
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-            for obj in page.get("Contents", []):
-                rel = obj["Key"][len(prefix) :]
-                if rel and not rel.endswith("/"):
-                    keys[rel] = obj["Key"]
-    except s3_exceptions() as exc:
-        raise s3_error(exc, f"listing {where}") from exc
-    chosen = select(list(keys), args.include or ["*"], args.exclude)
-    if not chosen:
-        raise StepError(f"no objects to download under {where} (include={args.include or ['*']})", EXIT_NOT_FOUND)
-    try:
-        heads = {rel: client.head_object(Bucket=bucket, Key=keys[rel], ChecksumMode="ENABLED") for rel in chosen}
-        expected = {rel: s3_expected(client, bucket, keys[rel], heads[rel]) for rel in chosen}
-    except s3_exceptions() as exc:
-        raise s3_error(exc, f"reading object metadata under {where}") from exc
+def fetch(source: ModelSource, args: argparse.Namespace, cache: DigestCache) -> int:
+    """Every listed file not yet downloaded and verified against the same source version, fetched by the source and
+    verified here (the next file downloads meanwhile); returns the bytes of all listed files."""
+    expected = {rel: f.expected for rel, f in source.files.items()}
     check_layer_sizes({rel: e.size for rel, e in expected.items()}, args.max_layer_size)
-    total = sum(e.size for e in expected.values())
-    log(f"downloading {len(chosen)} files ({human(total)}) from {where} to {args.dest}")
-    progress = Progress("download", total, args.progress_interval)
-    transfer = TransferConfig(max_concurrency=args.max_workers, multipart_threshold=64 * MiB, multipart_chunksize=64 * MiB)
-    verifier = Verifier(cache, workers=2)
-    for rel in chosen:
-        final = args.dest / rel
-        source = f"s3:{heads[rel].get('ETag', '')}:{expected[rel].size}"
-        if final.exists() and (cache.get(rel, final) or {}).get("source") == source:
+    todo = []
+    for rel in sorted(expected):
+        if (args.dest / rel).exists() and (cache.get(rel, args.dest / rel) or {}).get("source") == source.tag(rel):
             log(f"{rel}: already downloaded and verified, skipped")
-            progress.advance(expected[rel].size)
-            continue
-        partial = final.with_name(f".{final.name}.partial")
-        try:
-            with writing(final, "download destination"):
-                final.parent.mkdir(parents=True, exist_ok=True)
-                client.download_file(bucket, keys[rel], str(partial), Callback=progress.advance, Config=transfer)
-        except StepError:
-            partial.unlink(missing_ok=True)
-            raise
-        except s3_exceptions() as exc:
-            partial.unlink(missing_ok=True)
-            raise s3_error(exc, f"downloading s3://{bucket}/{keys[rel]}") from exc
-        verifier.submit(partial, final, rel, expected[rel], source)
+        else:
+            todo.append(rel)
+    total = sum(e.size for e in expected.values())
+    at = f"{source.where}@{source.revision}" if source.revision else source.where
+    log(f"downloading {len(todo)} of {len(expected)} files ({human(total)}) from {at} to {args.dest}")
+    progress = Progress("download", sum(expected[r].size for r in todo), args.progress_interval)
+    verifier = Verifier(cache, workers=2)
+    for rel, written in source.fetch(todo, args.dest, args.max_workers, progress):
+        verifier.submit(written, args.dest / rel, rel, expected[rel], source.tag(rel))
     verifier.wait()
     progress.finish()
-    check_remote_code(args.dest, chosen)
-    return total
-
-
-# --- Hugging Face ------------------------------------------------------------------------------
-
-
-def _bytes_under(directory: Path) -> int:
-    total = 0
-    for path in directory.rglob("*"):
-        try:
-            total += path.stat().st_size if path.is_file() else 0
-        except FileNotFoundError:  # renamed from .incomplete while we looked
-            pass
-    return total
-
-
-def _watch(dest: Path, progress: Progress, stop: threading.Event) -> None:
-    """Report download progress from the bytes arriving on disk (huggingface_hub has no byte callback)."""
-    start = _bytes_under(dest)
-    while not stop.wait(progress.interval):
-        progress.advance(min(_bytes_under(dest) - start, progress.total) - progress.done)
-
-
-def download_hf(args: argparse.Namespace, cache: DigestCache) -> int:
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    from huggingface_hub import HfApi, snapshot_download
-    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
-    from huggingface_hub.hf_api import RepoFile
-
-    repo_id = args.source[len("hf://") :].strip("/")
-    token = env_secret("HF_TOKEN")
-    api = HfApi(endpoint=args.hf_endpoint, token=token)
-    try:
-        info = api.repo_info(repo_id, revision=args.revision or None)
-        commit = info.sha
-        card = getattr(info, "card_data", None) or getattr(info, "cardData", None) or {}
-        license_id = card.get("license") if hasattr(card, "get") else getattr(card, "license", None)
-        args.found_revision, args.found_license = commit or "", str(license_id or "")
-        tree = {f.path: f for f in api.list_repo_tree(repo_id, revision=commit, recursive=True) if isinstance(f, RepoFile)}
-    except (GatedRepoError, RepositoryNotFoundError) as exc:
-        hint = "HF_TOKEN is set" if token else "HF_TOKEN is not set"
-        raise StepError(f"hf://{repo_id}: repository not found or not accessible ({hint})", EXIT_AUTH) from exc
-    except RevisionNotFoundError as exc:
-        raise StepError(f"hf://{repo_id}: revision {args.revision!r} not found", EXIT_NOT_FOUND) from exc
-    except Exception as exc:  # huggingface_hub raises HTTP-library errors for network failures
-        raise StepError(f"hf://{repo_id}: {type(exc).__name__}: {exc}", EXIT_REMOTE) from exc
-    chosen = select(list(tree), args.include or HF_DEFAULT_INCLUDE, args.exclude)
-    if not chosen:
-        raise StepError(f"hf://{repo_id}@{commit}: no files match the include patterns", EXIT_NOT_FOUND)
-    expected = {}
-    for rel in chosen:
-        entry = tree[rel]
-        lfs = entry.lfs
-        expected[rel] = Expected(entry.size, "sha256", lfs.sha256) if lfs else Expected(entry.size, "git-sha1", entry.blob_id)
-    check_layer_sizes({rel: e.size for rel, e in expected.items()}, args.max_layer_size)
-    sources = {rel: f"hf:{commit}:{expected[rel].value}" for rel in chosen}
-    todo = [r for r in chosen if not ((args.dest / r).exists() and (cache.get(r, args.dest / r) or {}).get("source") == sources[r])]
-    total = sum(e.size for e in expected.values())
-    log(f"downloading {len(todo)} of {len(chosen)} files ({human(total)}) from hf://{repo_id}@{commit} to {args.dest}")
-    if todo:
-        progress = Progress("download", sum(expected[r].size for r in todo), args.progress_interval)
-        stop = threading.Event()
-        watcher = threading.Thread(target=_watch, args=(args.dest, progress, stop), daemon=True)
-        watcher.start()
-        try:
-            snapshot_download(
-                repo_id,
-                revision=commit,
-                local_dir=args.dest,
-                allow_patterns=[glob.escape(r) for r in todo],
-                token=token,
-                max_workers=args.max_workers,
-                endpoint=args.hf_endpoint,
-            )
-        except Exception as exc:  # see above: network and HTTP failures surface as library-specific types
-            if isinstance(exc, OSError) and exc.errno in DISK_ERRORS:
-                raise StepError(f"cannot write download destination {exc.filename or args.dest}: {exc.strerror}") from exc
-            raise StepError(f"hf://{repo_id}: download failed: {type(exc).__name__}: {exc}", EXIT_REMOTE) from exc
-        finally:
-            stop.set()
-            watcher.join()
-        progress.advance(progress.total - progress.done)
-        progress.finish()
-    for rel in todo:
-        path = args.dest / rel
-        if not path.is_file():
-            raise StepError(f"{rel}: missing after download", EXIT_INTEGRITY)
-        cache.put(rel, path, source=sources[rel], **verify(path, rel, expected[rel]))
-        log(f"{rel}: verified ({expected[rel].describe()})")
-    check_remote_code(args.dest, chosen)
+    check_remote_code(args.dest, list(expected))
     return total
 
 
@@ -324,8 +161,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--result-revision", help="file to write the resolved Hugging Face commit to (empty for S3)")
     p.add_argument("--result-license", help="file to write the model card's license to (empty when unknown)")
     args = p.parse_args(argv)
-    if not args.source.startswith(("s3://", "hf://")) or len(args.source) <= len("s3://"):
-        p.error("--source must be s3://bucket[/prefix] or hf://org/name")
+    if problem := uri_problem(args.source):
+        p.error(f"--source {problem}")
     return args
 
 
@@ -337,11 +174,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise StepError(f"cannot create {args.dest}: {exc}", EXIT_FAILED) from exc
     cache = DigestCache(args.digest_cache or default_digest_cache(args.dest))
     started = time.monotonic()
-    fetch: Callable[[argparse.Namespace, DigestCache], int] = download_s3 if args.source.startswith("s3://") else download_hf
-    args.found_revision = args.found_license = ""
-    total = fetch(args, cache)
+    settings = SourceSettings(
+        s3_client=lambda: (s3_client(args), None), s3_ca_file=args.ca_file, hf_endpoint=args.hf_endpoint, hf_revision=args.revision
+    )
+    source = open_source(args.source, Wanted(args.include, args.exclude, "download"), settings)
+    total = fetch(source, args, cache)
     log(f"{human(total)} in {args.dest}, verified, in {time.monotonic() - started:.1f}s")
     write_result(args.result_size, str(total))
     # Always written (empty when unknown): a result another task references must exist.
-    write_result(args.result_revision, args.found_revision)
-    write_result(args.result_license, args.found_license)
+    write_result(args.result_revision, source.revision)
+    write_result(args.result_license, source.license)

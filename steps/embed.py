@@ -26,7 +26,7 @@ from pathlib import Path
 STEPS_DIR = Path(__file__).resolve().parent
 STEPS = ("download", "package", "mirror", "register", "upload_s3", "wait_image")
 # Inlined in this order; a module may import only the ones before it.
-LIB = ("runtime", "s3", "images", "registry", "model")
+LIB = ("runtime", "s3", "images", "registry", "model", "layout", "pusher", "checksum", "source", "resume")
 EMBEDDED = ("wait_image",)  # run as inlined scripts (before the tools image exists); the rest from the image
 IMAGE_STEPS_DIR = "/opt/ml-dev-env/steps"  # where images/tools.Containerfile puts `shipped()`
 # ConfigMap (name suffix) -> directory under IMAGE_STEPS_DIR: ConfigMap keys cannot hold a `/`. The launchers at

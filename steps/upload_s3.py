@@ -15,7 +15,8 @@ from typing import Any
 
 from .lib.model import DigestCache, default_digest_cache, matches, model_files
 from .lib.runtime import EXIT_NOT_FOUND, MiB, Progress, StepError, human, log, parse_size, write_result
-from .lib.s3 import add_s3_args, s3_client, s3_error, s3_exceptions
+from .lib.s3 import add_s3_args, bucket_and_prefix, s3_client, s3_error, s3_exceptions
+from .lib.source import split_uri
 
 DIGEST_META = "modelcar-layer-digest"
 
@@ -46,7 +47,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--progress-interval", type=float, default=5.0)
     p.add_argument("--result-uri", help="file to write s3://bucket/prefix/ to (Tekton result)")
     args = p.parse_args(argv)
-    if not args.dest.startswith("s3://") or len(args.dest) <= len("s3://"):
+    try:
+        scheme, args.location = split_uri(args.dest)
+    except ValueError:
+        scheme = ""
+    if scheme != "s3":
         p.error("--dest must be s3://bucket[/prefix]")
     if not 5 * MiB <= args.part_size <= 5 * 1024 * MiB:
         p.error("--part-size must be between 5MiB and 5GiB (S3 limits)")
@@ -57,8 +62,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from boto3.s3.transfer import TransferConfig
 
     args = parse_args(argv)
-    bucket, _, prefix = args.dest[len("s3://") :].partition("/")
-    prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+    bucket, prefix = bucket_and_prefix(args.location)
     files = [(rel, path) for rel, path in model_files(args.src) if matches(rel, args.include or ["*"]) and not matches(rel, args.exclude)]
     if not files:
         raise StepError(f"no files to upload in {args.src}", EXIT_NOT_FOUND)

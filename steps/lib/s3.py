@@ -17,6 +17,12 @@ def add_s3_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ca-file", help="CA bundle for the S3 endpoint")
 
 
+def bucket_and_prefix(location: str) -> tuple[str, str]:
+    """`bucket[/prefix]` (an s3:// URI without its scheme) as (bucket, prefix ending in `/`, or empty)."""
+    bucket, _, prefix = location.partition("/")
+    return bucket, prefix.strip("/") + "/" if prefix.strip("/") else ""
+
+
 def s3_exceptions() -> tuple[type[Exception], ...]:
     """What boto3/botocore raise for S3 failures (to catch and turn into `s3_error`)."""
     from boto3.exceptions import Boto3Error
@@ -58,3 +64,18 @@ def s3_client(args: argparse.Namespace) -> Any:
     verify: bool | str = args.ca_file or args.tls_verify
     # Empty strings (unset Tekton params) mean "use the default", as if the flag were absent.
     return boto3.client("s3", endpoint_url=args.endpoint_url or None, region_name=args.region or None, verify=verify, config=config)
+
+
+def botocore_client(endpoint_url: str | None, region: str | None, ca_file: str | None) -> tuple[Any, Any]:
+    """(S3 client, its botocore session) for streamed reads: boto3's own layer (its resource model, s3transfer) is not
+    needed for a list, heads and signed GETs; a botocore session gives the same credential chain, endpoint and signer
+    for ~0.1 CPU-s less per run. Path-style addressing; empty strings (unset Tekton params) mean the default."""
+    import botocore.session
+    from botocore.config import Config
+
+    config = Config(retries={"max_attempts": 5, "mode": "standard"}, s3={"addressing_style": "path"})
+    session = botocore.session.get_session()
+    client = session.create_client(
+        "s3", endpoint_url=endpoint_url or None, region_name=region or None, verify=ca_file or True, config=config
+    )
+    return client, session

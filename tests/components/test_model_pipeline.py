@@ -399,7 +399,7 @@ def test_default_include_is_what_the_download_step_accepts(pvc: RunResult) -> No
     params = {p["name"]: p["value"] for p in run_for(pvc, "mistral-small-24b-fp16")["spec"]["params"]}
     assert params["include"] == list(DEFAULT_INCLUDE)
     assert "*.bin" in params["include"] and "*.py" in params["include"]  # bin-only and remote-code repositories
-    assert "HF_DEFAULT_INCLUDE = DEFAULT_INCLUDE" in step_script("download")
+    assert "    DOWNLOAD_INCLUDE = DEFAULT_INCLUDE" in step_script("download")  # HfSource's, inlined from lib/source.py
 
 
 def test_streaming_is_the_default_barcelona_reserves_no_volume_for_weights(barcelona: RunResult) -> None:

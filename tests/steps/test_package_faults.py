@@ -348,7 +348,7 @@ def test_a_persistent_416_names_the_chunk_size_setting(
 def test_path_rule_serves_every_source(
     tmp_path: Path, run_step: StepRunner, deployed: Deployed, s3: S3Server, quay: Registry, base_image: str, repo_name: str
 ) -> None:
-    rule = deployed("package").path_rule
+    rule = deployed("lib.model").path_rule
     assert [rule(p) for p in ("a/b.json", ".cache/x.json", "a/.git/c", "a//b.json", "/a.json", "a/../b.json", "./a.json")] == [
         "ok", "hidden", "hidden", "unsafe", "unsafe", "unsafe", "unsafe",
     ]  # fmt: skip

@@ -43,6 +43,7 @@ class Setup:
     ) -> None:
         self.tmp, self.run_step, self.package, self.s3, self.quay, self.proxy = tmp_path, run_step, package, s3, quay, proxy
         self.base_image = via(proxy, quay, base)
+        self.resume: types.ModuleType = package  # set by the fixture: the step's steps/lib/resume.py
         self.files = {REL: os.urandom(SIZE), "config.json": b'{"architectures": ["X"]}'}
         self.bucket = f"trust-{os.getpid()}-{tmp_path.name[-12:].lower().replace('_', '-')}".strip("-")
         upload(s3, self.bucket, {f"m/{k}": v for k, v in self.files.items()})
@@ -88,7 +89,8 @@ class Setup:
         package = self.package
         config = package.build_config(record.base_config, [])
         self.client.put_blob(self.repo, config)
-        notes = {package.RECORD_ANNOTATION: record.dest.tag, package.UPLOADS_ANNOTATION: uploads_text}
+        resume = self.resume  # steps/lib/resume.py
+        notes = {resume.RECORD_ANNOTATION: record.dest.tag, resume.UPLOADS_ANNOTATION: uploads_text}
         manifest = package.build_manifest(config, record.base_manifest["layers"], [], record.base, record.base_digest, notes, {})
         self.client.put_manifest(self.repo, record.tag, manifest, package.OCI_MANIFEST)
 
@@ -114,7 +116,9 @@ class Setup:
 def setup(
     tmp_path: Path, run_step: StepRunner, deployed: Deployed, s3: S3Server, quay: Registry, quay_proxy: HttpProxy, base_image: str
 ) -> Iterator[Setup]:
-    yield Setup(tmp_path, run_step, deployed("package"), s3, quay, quay_proxy, base_image)
+    setup = Setup(tmp_path, run_step, deployed("package"), s3, quay, quay_proxy, base_image)
+    setup.resume = deployed("lib.resume")
+    yield setup
 
 
 def warnings(step: StepRun) -> list[str]:

@@ -80,7 +80,7 @@ def test_file_windows_cover_the_file_and_name_each_slice_offset(
         b"".join(bytes(c) for c in layout.read(path, head))
 
 
-def test_one_source_get_serves_successive_chunks(package: types.ModuleType) -> None:
+def test_one_source_get_serves_successive_chunks(package: types.ModuleType, deployed: Deployed) -> None:
     """`Continued`, the streaming reader under every chunked upload, fed by a fake source: reads that follow each
     other share one GET, a read elsewhere (a resume) opens a new one, a GET that breaks after giving bytes is
     replaced from the byte it stopped at within the same read, and one that breaks before its first byte raises
@@ -96,21 +96,21 @@ def test_one_source_get_serves_successive_chunks(package: types.ModuleType) -> N
             yield memoryview(data)[pos : min(pos + 4096, end)]
 
     def read(reader: object, start: int, stop: int) -> bytes:
-        return b"".join(bytes(piece) for piece in package._limit(reader(start, stop), stop - start))  # type: ignore[operator]
+        return b"".join(bytes(piece) for piece in deployed("lib.pusher").limit_bytes(reader(start, stop), stop - start))  # type: ignore[operator]
 
-    cursor = package.Continued(open_from, len(data), "f")
+    cursor = deployed("lib.source").Continued(open_from, len(data), "f")
     assert read(cursor, 0, 3000) + read(cursor, 3000, 7000) + read(cursor, 7000, len(data)) == data
     assert opened == [0] and cursor.pieces is None, "one GET for three chunks, closed at the object's end"
 
     opened.clear()
-    cursor = package.Continued(open_from, len(data), "f")
+    cursor = deployed("lib.source").Continued(open_from, len(data), "f")
     assert read(cursor, 0, 3000) == data[:3000]
     assert read(cursor, 1000, 5000) == data[1000:5000], "a resume at an earlier offset"
     assert opened == [0, 1000]
 
     opened.clear()
     breaks[1] = 5000  # the first GET ends in the middle of the second read
-    cursor = package.Continued(open_from, len(data), "f")
+    cursor = deployed("lib.source").Continued(open_from, len(data), "f")
     assert read(cursor, 0, 3000) + read(cursor, 3000, len(data)) == data
     assert opened == [0, 5000], "the broken GET was replaced from byte 5000 inside the same read"
 
@@ -118,7 +118,7 @@ def test_one_source_get_serves_successive_chunks(package: types.ModuleType) -> N
     breaks.clear()
     breaks[2] = 5000  # the replacement GET gives nothing
     breaks[1] = 5000
-    cursor = package.Continued(open_from, len(data), "f")
+    cursor = deployed("lib.source").Continued(open_from, len(data), "f")
     with pytest.raises(package.TransientError, match="the source ended at byte 5000"):
         read(cursor, 0, len(data))
     assert opened == [0, 5000] and cursor.pieces is None
@@ -132,24 +132,25 @@ def test_header_for_files_over_8_gib_is_gnu(package: types.ModuleType) -> None:
     assert tarfile.TarInfo.frombuf(header, "utf-8", "surrogateescape").size == size
 
 
-def test_source_crc32_runs_apart_from_the_hashing_thread(package: types.ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_source_crc32_runs_apart_from_the_hashing_thread(deployed: Deployed, monkeypatch: pytest.MonkeyPatch) -> None:
     """ISA-L's CRC leaves the vector registers' upper state dirty, which slows SHA-256 in that thread: it runs in a
     thread of its own; the composite (per-part) CRC32 still equals zlib's over the same parts."""
-    if not package._ISAL:
+    checksum = deployed("lib.checksum")  # where the CRC runs (steps/lib/checksum.py)
+    if not checksum._ISAL:
         pytest.skip("isal is not installed (steps/requirements.txt has it): zlib's CRC runs inline")
     threads: list[str] = []
-    real = package.crc32
+    real = checksum.crc32
 
     def spy(data: memoryview, value: int) -> int:
         threads.append(threading.current_thread().name)
         return real(data, value)
 
-    monkeypatch.setattr(package, "crc32", spy)
+    monkeypatch.setattr(checksum, "crc32", spy)
     data = bytes(range(256)) * 40  # 10240 bytes in parts of 4096
     parts = [data[i : i + 4096] for i in range(0, len(data), 4096)]
     combined = zlib.crc32(b"".join(zlib.crc32(p).to_bytes(4, "big") for p in parts))
     value = f"{base64.b64encode(combined.to_bytes(4, 'big')).decode()}-{len(parts)}"
-    hasher = package.SourceHasher(512, package.Expected(len(data), "crc32-multipart", value, 4096))
+    hasher = checksum.SourceHasher(512, checksum.Expected(len(data), "crc32-multipart", value, 4096))
     for start in range(0, 512 + len(data), 3000):  # pieces across the header and the part boundaries
         hasher.update(memoryview(bytes(512) + data)[start : start + 3000])
     hasher.verify("model.bin")
@@ -222,7 +223,7 @@ def test_digest_cache_entries_follow_the_file(package: types.ModuleType, tmp_pat
 
 
 def test_download_selection_drops_consolidated_only_when_sharded(deployed: Deployed) -> None:
-    select = deployed("download").select
+    select = deployed("lib.model").select
     sharded = ["consolidated.safetensors", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "config.json"]
     assert select(sharded, ["*"], []) == sorted(sharded[1:])
     assert select(["consolidated.safetensors", "params.json"], ["*"], []) == ["consolidated.safetensors", "params.json"]
@@ -233,7 +234,7 @@ def test_download_selection_drops_consolidated_only_when_sharded(deployed: Deplo
 
 
 def test_upload_range_forms(deployed: Deployed) -> None:
-    parse = deployed("package").parse_range
+    parse = deployed("lib.pusher").parse_range
     assert parse("0-1048575") == (1048576, 1048575)  # distribution: last byte index
     assert parse("bytes=0-1048576") == (1048577, 1048576)  # Quay's status: the byte count
     assert parse("0-0") == (1, 0)  # a fresh session (or one byte)
