@@ -143,7 +143,7 @@ def agent_rules(app: str) -> list[k8s.rbac.v1.PolicyRuleArgs]:
 
 USAGE_LABEL = contract.USAGE_LABEL
 USAGE_PERIOD = 600
-"""Seconds between two GPU-hours records (the usage CronJob's schedule: every 10 minutes)."""
+"""Seconds between two GPU-hours records (the usage Deployment's loop: every 10 minutes)."""
 
 
 def usage_rules(app: str) -> list[k8s.rbac.v1.PolicyRuleArgs]:

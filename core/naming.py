@@ -80,12 +80,12 @@ def idle_record_configmap(app: str) -> str:
 
 
 def usage_configmap(app: str) -> str:
-    """The environment's GPU-hours record (written by its usage CronJob, inpod/usage.py; read by the home page)."""
+    """The environment's GPU-hours record (written by its usage Deployment, inpod/usage.py; read by the home page)."""
     return contract.usage_configmap(app)
 
 
 def usage_recorder(app: str) -> str:
-    """The usage CronJob and the Role/RoleBinding it (and `ml-dev status --all`) reads and writes with."""
+    """The usage Deployment and the Role/RoleBinding it (and `ml-dev status --all`) reads and writes with."""
     return f"{app}-usage"
 
 
