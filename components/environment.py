@@ -26,7 +26,6 @@ from stacks.config import StackConfig
 from stacks.environment import ENVIRONMENT_KEY, FACTS_VERSION, ClusterFacts, read_facts
 
 STACK_LABEL = contract.STACK_LABEL
-ENVIRONMENT_LABEL = "ml-dev-env/environment"
 
 
 def stack_label(stack: str) -> dict[str, str]:

@@ -41,13 +41,11 @@ from core import naming
 from inpod import contract
 from stacks.config import StackConfig, duration_seconds
 
-AGENT_SCRIPT = inpod.path("idle_agent.py")
 WARNING_SNIPPET = inpod.path("idle-warning.sh")
 SETTINGS_MOUNT = contract.SETTINGS_MOUNT
 SETTINGS_KEY = contract.SETTINGS_KEY
 SETTINGS_VOLUME = "lifecycle"
 ACTIVITY_PORT = contract.ACTIVITY_PORT
-AGENT_NAME = "ml-dev-env-idle-agent"
 PATCH_FORCE = "pulumi.com/patchForce"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 STOP_SCRIPT = "checkpoint_stop.sh"

@@ -34,8 +34,6 @@ class DevServer:
     """What the secret is ("password", "token")."""
     routed: bool = True
     """Reached through the pod-0 Service and an https Route (with an OAuth proxy in front)."""
-    activity_probe: str | None = None
-    """How an idle check can tell it is in use (HTTP GET on `port`), None when it cannot."""
     on_under_token_auth: bool = True
     """False: off under `access.auth: token` unless its key is set explicitly (then the config is refused,
     as for any server without its own authentication); for a server every stack gets by default."""
@@ -66,7 +64,6 @@ DEV_SERVERS: tuple[DevServer, ...] = (
         credential_env="PASSWORD",
         secret_key="vscodePassword",
         credential="password",
-        activity_probe="/healthz",
         program="code-server",
     ),
     # jupyter_server: services/api/handlers.py, APIStatusHandler answers /api/status with "last_activity".
@@ -78,7 +75,6 @@ DEV_SERVERS: tuple[DevServer, ...] = (
         credential_env="JUPYTER_TOKEN",
         secret_key="jupyterToken",
         credential="token",
-        activity_probe="/api/status",
         program="jupyter",
     ),
     DevServer("tensorboard", "TensorBoard", 6006, 16006, program="tensorboard"),

@@ -195,6 +195,9 @@ CLUSTER_LABEL = "ml-dev-env/cluster"
 """Every environment's objects of one cluster (`make status`, `usage.py status`)."""
 USAGE_LABEL = "ml-dev-env/usage"
 """The GPU-hours record ConfigMap."""
+IDLE_AGENT_MANAGER = "ml-dev-env-idle-agent"
+"""The idle agent's field manager (and Event component): the scale PUT it stops with is recorded under it, which is
+how the usage recorder tells an idle stop from another (inpod/usage.py)."""
 
 
 def usage_configmap(app: str) -> str:

@@ -171,8 +171,7 @@ def _gpus(sts: dict[str, Any]) -> int:
     return sum(int(((c.get("resources") or {}).get("limits") or {}).get(GPU, 0)) for c in containers)
 
 
-IDLE_AGENT = "ml-dev-env-idle-agent"
-"""The idle agent's field manager (inpod/idle/probes.py AGENT): the scale PUT it stops with is recorded under it."""
+IDLE_AGENT = contract.IDLE_AGENT_MANAGER
 NOTE = (
     "note: each record is the ConfigMap <environment>-usage, written by the recorder's own ServiceAccount; "
     "whoever may edit ConfigMaps in its namespace (its admins and editors) can change it too"

@@ -23,7 +23,7 @@ from .. import contract
 from ..lib import pod, usersecrets
 from ..lib.pod import env, pid_alive, read_rank_env, state_dir
 
-AGENT = "ml-dev-env-idle-agent"
+AGENT = contract.IDLE_AGENT_MANAGER
 GPU_QUERY = "index,uuid,utilization.gpu,utilization.memory,memory.used"
 APPS_QUERY = "gpu_uuid,pid,process_name,used_memory"
 LAUNCHER_FRESH_SECONDS = 60  # the launcher touches its heartbeat at least every 15 s
