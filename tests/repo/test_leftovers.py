@@ -1,5 +1,6 @@
 """The suite leaves nothing behind (tests/fixtures/leftovers.py): a run whose test orphans a process fails, names the
-process and the module that started it, and kills it."""
+process and the module that started it, and kills it; a run whose test writes a file outside its temporary folders
+(the product's default paths, the repository) fails and names the file."""
 
 from __future__ import annotations
 
@@ -25,10 +26,19 @@ def test_waits_for_its_child():
 """
 
 
-def run(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
+WRITES = """import os
+def test_writes_where_the_product_would(tmp_path):
+    (tmp_path / "fine.json").write_text("{}")  # its own temporary folder: allowed
+    os.makedirs(os.environ["WATCHED"] + "/.ml-dev-env/home", exist_ok=True)
+    with open(os.environ["WATCHED"] + "/.ml-dev-env/home/history.json", "w") as f:
+        f.write('{"samples": {}}')
+"""
+
+
+def run(tmp_path: Path, body: str, **env_extra: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "conftest.py").write_text(CONFTEST)
     (tmp_path / "test_case.py").write_text(body)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **env_extra}
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", str(tmp_path)],
         cwd=tmp_path,
@@ -63,3 +73,22 @@ def test_a_run_that_waits_for_its_children_passes(tmp_path: Path) -> None:
     res = run(tmp_path, CLEAN)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "left behind" not in res.stdout
+
+
+def test_a_file_written_outside_the_temporary_folders_fails_the_run(tmp_path: Path) -> None:
+    """As a page given no workspace did (`/workspace/.ml-dev-env/home/history.json`): here the watched folder is one of
+    the test's own (ML_DEV_TEST_WATCH), standing in for /workspace."""
+    watched = tmp_path / "watched"
+    watched.mkdir()
+    (tmp_path / "case").mkdir()
+    res = run(tmp_path / "case", WRITES, ML_DEV_TEST_WATCH=str(watched), WATCHED=str(watched))
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "1 passed" in res.stdout, "the test itself passed: the file fails the run"
+    assert f"file left outside the temporary folders: {watched}/.ml-dev-env/home/history.json" in res.stdout, res.stdout
+    assert "fine.json" not in res.stdout
+
+
+def test_the_product_paths_are_watched() -> None:
+    from tests.fixtures import leftovers
+
+    assert {"/workspace", "/opt/ml-dev-env", "/etc/ml-dev-env"} <= {str(p) for p in leftovers.watched()}

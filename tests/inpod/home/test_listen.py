@@ -23,7 +23,9 @@ PROGRAM = mount.shipped() / "home_page.py"
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    return {"PATH": os.environ["PATH"], "ML_DEV_STATE_DIR": str(tmp_path), "ML_DEV_HOME_INTERVAL": "60", **extra}
+    # a workspace of its own: the page keeps its history there (by default under /workspace, the product's path)
+    workspace = {"ML_DEV_WORKSPACE": str(tmp_path / "workspace")}
+    return {"PATH": os.environ["PATH"], "ML_DEV_STATE_DIR": str(tmp_path), "ML_DEV_HOME_INTERVAL": "60", **workspace, **extra}
 
 
 @pytest.mark.parametrize("listen", ["0.0.0.0:0", ":8090", "[::]:8090", "127.0.0.1:0,0.0.0.0:0"])
