@@ -145,6 +145,7 @@ docs-generate: venv system-deps
 	$(PY) -m tools.config_reference --write docs/ref/configuration.md docs/operate/images.md
 	$(PY) -m tools.docs_reference --write docs/ref/outputs.md docs/ref/exit-codes.md docs/operate/prerequisites.md
 	$(PY) -m tools.diagram --write docs/ref/architecture.md
+	$(PY) -m tools.contract_env --write
 
 # The home page screenshot the docs show (docs/img/home-page.png), taken by the browser test on pods started from
 # the render (tests/inpod/home/test_browser.py: root, like every podsim test).

@@ -30,8 +30,8 @@ from core import naming, servers
 from inpod import contract
 from stacks.config import StackConfig
 
-SSH_PORT = 2222
-SECRET_MOUNT = "/etc/ml-dev-env/ssh"
+SSH_PORT = contract.SSH_PORT
+SECRET_MOUNT = contract.SSH_SECRET_MOUNT
 STARTUP_MOUNT = naming.STARTUP_MOUNT
 LAUNCHER = "ml-dev"
 TCP_USER = "ml-dev"
@@ -71,14 +71,15 @@ def scripts(config: StackConfig) -> dict[str, str]:
     )
     return {
         **inpod.group("devloop"),
-        "devloop.env": env,
+        contract.DEVLOOP_ENV_FILE: env,
     }
 
 
 def restart_hash(config: StackConfig) -> str:
     """What sshd reads once at start (a change rolls the pods); `ml-dev` itself updates in place with the ConfigMap."""
-    data = scripts(config)
-    return hashlib.sha256("\0".join(data[k] for k in ("sshd.sh", "ssh-session.sh", "devloop.env")).encode()).hexdigest()[:16]
+    data = {**scripts(config), **inpod.group("package")}  # the shell files source contract.env (package group)
+    keys = ("sshd.sh", "ssh-session.sh", contract.DEVLOOP_ENV_FILE, contract.CONTRACT_ENV_FILE)
+    return hashlib.sha256("\0".join(data[k] for k in keys).encode()).hexdigest()[:16]
 
 
 def authorized_keys(stack_public_key: str, user_keys: list[str]) -> str:

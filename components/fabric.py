@@ -28,11 +28,12 @@ import json
 from dataclasses import asdict, dataclass
 
 import inpod
+from inpod import contract
 from stacks.config import StackConfig
 
 PROGRAM = inpod.path("fabric_check.py")
 RANK_ORDER = inpod.path("rank_order.sh")
-CONFIG_KEY = "fabric.json"
+CONFIG_KEY = contract.FABRIC_SETTINGS_FILE
 PROGRAM_KEY = "fabric_check.py"
 
 # Calibration point (see the module docstring).

@@ -14,6 +14,7 @@ import inpod
 from components import crds, devloop, fabric, fabric_rbac, lifecycle, pod
 from components.storage import WorkspaceStorage, WorkspaceStorageArgs
 from core import naming
+from inpod import contract
 from stacks.config import StackConfig
 from stacks.environment import ClusterFacts
 
@@ -353,7 +354,7 @@ class GpuCluster(pulumi.ComponentResource):
         cluster_cm = k8s.core.v1.ConfigMap(
             f"{name}-cluster",
             metadata=self._meta(naming.cluster_configmap(app)),
-            data={"cluster.env": pod.cluster_env(self._cfg)},
+            data={contract.CLUSTER_ENV_FILE: pod.cluster_env(self._cfg)},
             opts=self._child,
         )
         # Updated before the StatefulSet (dependency order), so new pods of a scale-up read the new count.

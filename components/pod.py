@@ -24,7 +24,7 @@ COOKIE_MOUNT = "/etc/oauth-proxy"
 
 
 READINESS = (
-    f"test -f {STATE_DIR}/ready && "
+    f"test -f {STATE_DIR}/{contract.READY_FILE} && "
     f'{{ test ! -f {STATE_DIR}/ssh/wanted || kill -0 "$(cat {STATE_DIR}/ssh/sshd.pid 2>/dev/null)" 2>/dev/null; }}'
 )
 """The main container's readiness: the startup script's ready file, and sshd alive where the image has one
@@ -102,7 +102,7 @@ def pod_env(config: StackConfig) -> list[k8s.core.v1.EnvVarArgs]:
         _field_env("POD_NAMESPACE", "metadata.namespace"),
         _field_env("POD_IP", "status.podIP"),
         _field_env("NODE_NAME", "spec.nodeName"),  # fabric check: rack-aware ranks and failure lines name the node
-        _plain("ML_DEV_WORKSPACE", workspace),
+        _plain(contract.WORKSPACE_ENV, workspace),
         _plain(contract.STATE_DIR_ENV, STATE_DIR),
         _plain(contract.CLUSTER_DIR_ENV, CLUSTER_MOUNT),
         # `$(VAR)` refers to a variable defined earlier in this list (the kubelet expands it).

@@ -10,7 +10,7 @@ from inpod import contract
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
-MASTER_PORT = 29500
+MASTER_PORT = contract.MASTER_PORT
 DEBUG_PORT = 5678
 """debugpy's port in the main container (`oc port-forward` target)."""
 INTERNAL_REGISTRY = "image-registry.openshift-image-registry.svc:5000"

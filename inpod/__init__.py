@@ -21,6 +21,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import contract
+
 HERE = Path(os.path.dirname(os.path.abspath(__file__)))
 
 MIN_PYTHON = (3, 8)
@@ -60,12 +62,14 @@ def _package(group: str, *sources: str) -> tuple[Shipped, ...]:
 
 
 def _root(group: str, *names: str) -> tuple[Shipped, ...]:
-    """Files at the mount root, where the docs and the image call them: shell files from sh/, launchers from bin/."""
-    return tuple(Shipped(name, f"{'sh' if name.endswith('.sh') else 'bin'}/{name}", group) for name in names)
+    """Files at the mount root, where the docs and the image call them: shell files (and the contract they source,
+    contract.env) from sh/, launchers from bin/."""
+    return tuple(Shipped(name, f"{'sh' if name.endswith(('.sh', '.env')) else 'bin'}/{name}", group) for name in names)
 
 
 SHIPPED: tuple[Shipped, ...] = (
     *_package("package", "__init__.py", "contract.py", "lib"),
+    *_root("package", contract.CONTRACT_ENV_FILE),  # contract.py's facts for the shell files (tools/contract_env.py writes it)
     *_root("startup", "startup.sh"),
     *_root("devloop", "sshd.sh", "ssh-session.sh", "ml-dev", "ml-dev-why"),
     *_package("devloop", "ml_dev"),

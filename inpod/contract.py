@@ -2,9 +2,10 @@
 
 Defined here once, on the ground floor: the components render from it (components/pod.py: the container env and
 `cluster.env`; components/devloop.py: `devloop.env`; components/lifecycle.py: `idle.json`, the stop env) and the
-programs read it (`from ..contract import …`). tests/core/test_pod_contract.py holds both sides: every name a program reads is
-rendered or written by another program, every rendered name is listed here, and the shell files' copies of these
-facts (`${NAME:-default}`) equal them; a literal of this module spelled again in Python elsewhere fails the test.
+programs read it (`from ..contract import …`; the shell files from contract.env, `shell_env()`, shipped beside them).
+tests/core/test_pod_contract.py holds both sides: every name a program reads is rendered or written by another
+program, every rendered name is listed here, the shell files read every fact from contract.env and spell none; a
+literal of this module spelled again in Python or a shell file elsewhere fails the test.
 Standard library only, Python 3.8+: it ships with the programs (inpod.SHIPPED, group package).
 """
 
@@ -174,17 +175,6 @@ PER_POD_ENV = (
 """Names `ml-dev run` never carries from the launching pod to the others (glob patterns): what differs per pod by
 nature (`ml-dev run --help` prints them)."""
 
-SHELL_DEFAULTS = {
-    STATE_DIR_ENV: STATE_DIR,
-    CLUSTER_DIR_ENV: CLUSTER_MOUNT,
-    IDLE_SETTINGS_ENV: IDLE_SETTINGS,
-    CHECKPOINT_GRACE_ENV: str(GRACE_DEFAULT),
-    CHECKPOINT_SIGNAL_ENV: SIGNAL_DEFAULT,
-    SECRETS_DIR_ENV: SECRETS_MOUNT,
-}
-"""The defaults the shell files spell as `${NAME:-default}` (a shell file cannot import this module):
-tests/core/test_pod_contract.py holds every such copy equal to this table."""
-
 # ------------------------------------------------------------------------------------------ ports and labels
 
 ACTIVITY_PORT = 9099
@@ -300,3 +290,71 @@ STOPPING_MARKER = "stopping"
 
 RUN_STOPPED_STATUS = 143
 """`ml-dev run`'s exit status when a pod's stop ended the job (inpod/ml_dev/launch.py STOPPED_STATUS)."""
+
+# ------------------------------------------------------------------------------------------ files the shell reads too
+
+SSH_SECRET_MOUNT = "/etc/ml-dev-env/ssh"
+"""The `<app>-ssh` Secret (host keys, the fabric's key pair) in every pod of the stack (components/devloop.py)."""
+SSH_SECRET_DIR_ENV = "ML_DEV_SSH_SECRET_DIR"
+"""Overrides SSH_SECRET_MOUNT (sshd.sh; tests)."""
+SSH_PORT = 2222
+"""sshd's port in every pod (unprivileged); devloop.env's ML_DEV_SSH_PORT says it, this is sshd.sh's fallback."""
+MASTER_PORT = 29500
+"""torch's TCPStore on pod 0 (`MASTER_PORT` in cluster.env; startup.sh's fallback)."""
+CLUSTER_ENV_FILE = "cluster.env"
+"""The key of the `<app>-cluster` ConfigMap under CLUSTER_MOUNT (CLUSTER_ENV)."""
+DEVLOOP_ENV_FILE = "devloop.env"
+"""The rendered dev-loop settings (DEVLOOP_ENV) next to the programs in the startup ConfigMap."""
+FABRIC_SETTINGS_FILE = "fabric.json"
+"""The fabric gate's settings next to the programs in the startup ConfigMap (components/fabric.py)."""
+READY_FILE = "ready"
+"""`$ML_DEV_STATE_DIR/ready`: startup.sh's ready file, which the main container's readiness probe tests."""
+SHELL_ENV_FILE = "env.sh"
+"""`$ML_DEV_STATE_DIR/env.sh`: sources rank.env and sets the HOME caches; every shell's ~/.bashrc sources it."""
+SSH_SESSION_ENV_FILE = "ssh/session.env"
+"""`$ML_DEV_STATE_DIR/ssh/session.env`: the container env every SSH session gets (sshd.sh writes it)."""
+IDLE_WARNING_FILE = "idle-warning"
+"""`$ML_DEV_STATE_DIR/idle-warning`: the pending idle stop's warning, shown by idle-warning.sh in interactive shells."""
+ENV_NAME_FIRST = "A-Za-z_"
+ENV_NAME_REST = "A-Za-z0-9_"
+ENV_NAME_PATTERN = f"[{ENV_NAME_FIRST}][{ENV_NAME_REST}]*"
+"""A valid environment variable name, the one rule (stacks/config.py for env.secrets' keys, inpod/lib/usersecrets.py,
+and ssh-session.sh as the glob classes `[$CONTRACT_ENV_NAME_FIRST]` / `[!$CONTRACT_ENV_NAME_REST]`)."""
+WORKSPACE_ENV = "ML_DEV_WORKSPACE"
+WORKSPACE_DEFAULT = "/workspace"
+"""$ML_DEV_WORKSPACE: the shared workspace volume's mount (components/pod.py sets it; this is the programs' fallback)."""
+SHELL_DEFAULTS = {
+    STATE_DIR_ENV: STATE_DIR,
+    CLUSTER_DIR_ENV: CLUSTER_MOUNT,
+    IDLE_SETTINGS_ENV: IDLE_SETTINGS,
+    CHECKPOINT_GRACE_ENV: str(GRACE_DEFAULT),
+    CHECKPOINT_SIGNAL_ENV: SIGNAL_DEFAULT,
+    SECRETS_DIR_ENV: SECRETS_MOUNT,
+    SSH_SECRET_DIR_ENV: SSH_SECRET_MOUNT,
+    WORKSPACE_ENV: WORKSPACE_DEFAULT,
+}
+"""The defaults of these names in the shell files: `${NAME:-$CONTRACT_<fact>}`, the fact read from contract.env
+(`shell_env()`); tests/core/test_pod_contract.py holds each to this table."""
+CONTRACT_ENV_FILE = "contract.env"
+"""This module's facts for the shell files (they cannot import it): `shell_env()`, shipped beside them."""
+
+
+def shell_env() -> str:
+    """contract.env: every string and integer fact of this module as `CONTRACT_<NAME>='<value>'`, a tuple of names as
+    its words; the shell files source it from beside themselves (a shell file spells no path, default or state-
+    directory name of its own: tests/core/test_pod_contract.py). Generated into inpod/sh/contract.env
+    (`python -m tools.contract_env --write`); a stale copy fails the contract gate."""
+    lines = [
+        "# shellcheck shell=sh",
+        "# Generated from inpod/contract.py by `python -m tools.contract_env --write`; edit that file, not this one.",
+    ]
+    for name, value in globals().items():
+        if not name.isupper() or name.startswith("_"):
+            continue
+        if isinstance(value, tuple) and all(isinstance(v, str) for v in value):
+            value = " ".join(value)
+        if type(value) in (str, int):
+            text = str(value)
+            assert "'" not in text and "\n" not in text, f"{name}: a fact the shell reads needs no quoting"
+            lines.append(f"CONTRACT_{name}='{text}'")
+    return "\n".join(lines) + "\n"

@@ -14,6 +14,7 @@ from pydantic.alias_generators import to_camel
 
 from core.naming import DNS_LABEL, DNS_SUBDOMAIN
 from core.quantity import QuantityError, parse_quantity, size_problem
+from inpod import contract
 
 
 class ConfigProblem(ValueError):
@@ -250,7 +251,7 @@ def _check_cidr(value: str) -> str:
 
 def _check_abs_path(value: str) -> str:
     if not value.startswith("/") or "//" in value or (value != value.rstrip("/") and value != "/"):
-        raise ValueError(f"{value!r} must be an absolute path without a trailing '/', e.g. '/workspace'")
+        raise ValueError(f"{value!r} must be an absolute path without a trailing '/', e.g. '{contract.WORKSPACE_DEFAULT}'")
     return value
 
 

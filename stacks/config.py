@@ -390,7 +390,9 @@ class AccessConfig(_ServerToggles):
         "registry.redhat.io/openshift4/ose-oauth-proxy-rhel9:v4.20",
         description="OpenShift OAuth proxy image (the cluster's global pull secret covers registry.redhat.io).",
     )
-    tensorboard_log_dir: AbsPath = Field("/workspace/tensorboard", description="Directory TensorBoard reads its event files from.")
+    tensorboard_log_dir: AbsPath = Field(
+        f"{contract.WORKSPACE_DEFAULT}/tensorboard", description="Directory TensorBoard reads its event files from."
+    )
 
     @rule
     def _servers_without_auth_need_proxy(self) -> Iterator[ConfigProblem]:
@@ -1155,7 +1157,7 @@ class FabricCheckConfig(Model):
 
 # ------------------------------------------------------------------------------------------- env
 
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME = re.compile(f"^{contract.ENV_NAME_PATTERN}$")  # the one rule (config, pod library, shell)
 RESERVED_ENV = (
     *contract.CONTAINER_ENV,
     *contract.SERVER_ENV,

@@ -67,7 +67,7 @@ def human(n: int) -> str:
 
 
 def result_dirs() -> list[Path]:
-    workspace = env("ML_DEV_WORKSPACE", "/workspace")
+    workspace = env(contract.WORKSPACE_ENV, contract.WORKSPACE_DEFAULT)
     return [Path(workspace) / contract.WORKSPACE_RECORDS_DIR / "fabric", state_dir() / "fabric"]
 
 

@@ -10,6 +10,7 @@ import json
 import socket
 from pathlib import Path
 
+from .. import contract
 from ..lib import pod, ssh
 from ..lib.pod import env, mount_dir, read_rank_env, read_text, run, state_dir, utc_now
 
@@ -29,7 +30,7 @@ def sys_root() -> Path:
 
 
 def load_config(path: str | None = None) -> dict:
-    path = path or env("ML_DEV_FABRIC_CONFIG") or str(PROGRAM.parent / "fabric.json")
+    path = path or env("ML_DEV_FABRIC_CONFIG") or str(PROGRAM.parent / contract.FABRIC_SETTINGS_FILE)
     return json.loads(Path(path).read_text())
 
 

@@ -106,7 +106,7 @@ def agents(settings: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def workspace_dir() -> Path:
-    return Path(env("ML_DEV_WORKSPACE", "/workspace")) / contract.WORKSPACE_RECORDS_DIR
+    return Path(env(contract.WORKSPACE_ENV, contract.WORKSPACE_DEFAULT)) / contract.WORKSPACE_RECORDS_DIR
 
 
 def history_file() -> Path:

@@ -36,7 +36,7 @@ def live_runs(now: float) -> list[str]:
 
 
 def last_verdict(run: str) -> dict[str, Any] | None:
-    path = Path(env("ML_DEV_WORKSPACE", "/workspace")) / contract.RUNS_DIR / run / contract.WHY_LATEST
+    path = Path(env(contract.WORKSPACE_ENV, contract.WORKSPACE_DEFAULT)) / contract.RUNS_DIR / run / contract.WHY_LATEST
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError):

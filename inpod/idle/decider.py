@@ -168,7 +168,7 @@ def warning_text(stop_at: float, idle: float) -> str:
 
 def show_warning(text: str | None) -> None:
     """The warning file the shells print at each prompt; a banner to open terminals when it first appears."""
-    path = state_dir() / "idle-warning"
+    path = state_dir() / contract.IDLE_WARNING_FILE
     if text is None:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()

@@ -21,7 +21,7 @@ from typing import Dict, List, Mapping, Tuple
 
 from .. import contract
 
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME = re.compile(f"^{contract.ENV_NAME_PATTERN}$")
 """A key a shell can export (POSIX: a name of letters, digits and underscores, not starting with a digit)."""
 
 Listed = List[Tuple[str, str]]
@@ -174,7 +174,7 @@ def local_presence() -> Presence:
     """This pod's {secret: {KEY: present}} from devloop.env in the startup mount ($ML_DEV_DIR); {} when none is listed
     (the idle agent's /activity carries it: the home page shows every pod's)."""
     mount = os.environ.get(contract.STARTUP_DIR_ENV) or contract.STARTUP_MOUNT
-    return presence(read_listed(Path(mount) / "devloop.env"))
+    return presence(read_listed(Path(mount) / contract.DEVLOOP_ENV_FILE))
 
 
 def reports_section(pods: list[str], reports: Mapping[str, Mapping[str, object]]) -> str:

@@ -106,7 +106,7 @@ def per_pod(name: str) -> bool:
 
 def listed_secrets() -> usersecrets.Listed:
     """env.secrets' keys (devloop.env ML_DEV_SECRETS): each rank reads them from its own pod's mount."""
-    return usersecrets.read_listed(Path(os.environ.get("ML_DEV_DEVLOOP_ENV", HERE / "devloop.env")))
+    return usersecrets.read_listed(Path(os.environ.get("ML_DEV_DEVLOOP_ENV", HERE / contract.DEVLOOP_ENV_FILE)))
 
 
 def launch_env(extra: list[str]) -> dict[str, str]:
@@ -145,7 +145,7 @@ def read_line(fd: int, limit: float) -> bytes:
 
 class Cluster:
     def __init__(self) -> None:
-        self.devloop = read_env_file(Path(os.environ.get("ML_DEV_DEVLOOP_ENV", HERE / "devloop.env")))
+        self.devloop = read_env_file(Path(os.environ.get("ML_DEV_DEVLOOP_ENV", HERE / contract.DEVLOOP_ENV_FILE)))
         rank_file = STATE_DIR / contract.RANK_ENV_FILE
         self.rank_env = read_rank_env(rank_file, missing_ok=True)
         if not self.rank_env.get("ML_DEV_HOSTS"):

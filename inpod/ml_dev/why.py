@@ -324,7 +324,7 @@ def only_run(reports: list[dict[str, Any]], run: str) -> list[dict[str, Any]]:
 def run_dir(run: str) -> Path:
     if not RUN_ID.match(run):
         die(f"--run {run!r}: a run id is letters, digits, '.', '_' and '-' (as `ml-dev run` makes them)", 2)
-    return Path(env("ML_DEV_WORKSPACE", "/workspace")) / contract.RUNS_DIR / run
+    return Path(env(contract.WORKSPACE_ENV, contract.WORKSPACE_DEFAULT)) / contract.RUNS_DIR / run
 
 
 def keep_local(run: str, record: dict[str, Any]) -> Path:

@@ -13,9 +13,11 @@
 # killContainer: `gracePeriod = gracePeriod - m.executePreStopHook(...)`, then StopContainer with the rest,
 # at least minimumGracePeriodInSeconds = 2). The stack sets that period to the checkpoint grace plus a margin.
 set -u
-STATE_DIR="${ML_DEV_STATE_DIR:-/tmp/ml-dev-env}"
-GRACE="${ML_DEV_CHECKPOINT_GRACE_SECONDS:-30}"
-case "$GRACE" in '' | *[!0-9]*) GRACE=30 ;; esac
+# shellcheck source=contract.env
+. "$(dirname "${BASH_SOURCE[0]}")/contract.env"  # the facts of inpod/contract.py (CONTRACT_*), shipped beside this file
+STATE_DIR="${ML_DEV_STATE_DIR:-$CONTRACT_STATE_DIR}"
+GRACE="${ML_DEV_CHECKPOINT_GRACE_SECONDS:-$CONTRACT_GRACE_DEFAULT}"
+case "$GRACE" in '' | *[!0-9]*) GRACE=$CONTRACT_GRACE_DEFAULT ;; esac
 log() { printf '[ml-dev-env] %s\n' "$*"; }
 running() { # running PID: alive and not a zombie (field 3 of /proc/PID/stat, after the command in parentheses)
   local stat
@@ -26,9 +28,9 @@ running() { # running PID: alive and not a zombie (field 3 of /proc/PID/stat, af
 }
 
 # The marker tells `ml-dev status` that this pod is stopping (its ranks are saving).
-date +%s >"$STATE_DIR/stopping" 2>/dev/null || true
+date +%s >"$STATE_DIR/$CONTRACT_STOPPING_MARKER" 2>/dev/null || true
 agents=()
-for record in "$STATE_DIR"/heartbeat/rank-*.json; do
+for record in "$STATE_DIR/$CONTRACT_HEARTBEAT_DIR"/rank-*.json; do
   [ -e "$record" ] || continue
   pid="${record##*/rank-}"
   pid="${pid%.json}"
@@ -36,7 +38,7 @@ for record in "$STATE_DIR"/heartbeat/rank-*.json; do
   if running "$pid"; then agents+=("$pid"); fi
 done
 if [ "${#agents[@]}" -eq 0 ]; then exit 0; fi
-log "stop: ${#agents[@]} rank(s) of ml-dev run get ${ML_DEV_CHECKPOINT_SIGNAL:-SIGTERM} and up to ${GRACE}s to save a checkpoint"
+log "stop: ${#agents[@]} rank(s) of ml-dev run get ${ML_DEV_CHECKPOINT_SIGNAL:-$CONTRACT_SIGNAL_DEFAULT} and up to ${GRACE}s to save a checkpoint"
 kill -TERM "${agents[@]}" 2>/dev/null || true
 deadline=$((SECONDS + GRACE + 1))
 while [ "$SECONDS" -lt "$deadline" ]; do

@@ -12,32 +12,37 @@
 # it; empty: a person's session; inpod/contract.py RUN_ENV). The home page counts people's connections, not ml-dev's.
 OPENED_BY="${ML_DEV_RUN:-}"
 unset ML_DEV_RUN
-STATE_DIR="${ML_DEV_STATE_DIR:-/tmp/ml-dev-env}"
-if [ -r "$STATE_DIR/ssh/session.env" ]; then
-  # shellcheck disable=SC1091
-  . "$STATE_DIR/ssh/session.env"
+# shellcheck source=contract.env
+. "$(dirname "${BASH_SOURCE[0]}")/contract.env"  # the facts of inpod/contract.py (CONTRACT_*), shipped beside this file
+STATE_DIR="${ML_DEV_STATE_DIR:-$CONTRACT_STATE_DIR}"
+if [ -r "$STATE_DIR/$CONTRACT_SSH_SESSION_ENV_FILE" ]; then
+  # shellcheck disable=SC1090
+  . "$STATE_DIR/$CONTRACT_SSH_SESSION_ENV_FILE"
 fi
 STATE_DIR="${ML_DEV_STATE_DIR:-$STATE_DIR}"
 # the launcher (`ml-dev`) and its helpers, next to this script in the startup ConfigMap
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 case ":$PATH:" in *":$HERE:"*) ;; *) export PATH="$PATH:$HERE" ;; esac
-sessions="$STATE_DIR/ssh-sessions"
+sessions="$STATE_DIR/$CONTRACT_SSH_SESSIONS_DIR"
 if [ -d "$sessions" ]; then
   read -r -a stat < "/proc/$$/stat" || stat=()
   printf '%s\n%s\n%s\n%s\n' "${stat[21]:-}" "${USER:-}" "${SSH_CLIENT:-}" "$OPENED_BY" > "$sessions/$$" 2>/dev/null || true
 fi
-if [ -r "$STATE_DIR/rank.env" ]; then
-  # shellcheck disable=SC1091
-  . "$STATE_DIR/rank.env"
+if [ -r "$STATE_DIR/$CONTRACT_RANK_ENV_FILE" ]; then
+  # shellcheck disable=SC1090
+  . "$STATE_DIR/$CONTRACT_RANK_ENV_FILE"
 fi
 # env.secrets: each listed key from this pod's own mount (the volumes hold only the listed keys), for every
 # connection (ml-dev's ranks, pdsh/DeepSpeed, mpirun's daemons, a plain `ssh <pod> cmd`). `$(<file)` and `export` are
 # bash builtins: the value is in no argv and no file; trailing newlines go, as in inpod/lib/usersecrets.py values().
-SECRETS_DIR="${ML_DEV_SECRETS_DIR:-/etc/ml-dev-env/secrets}"
+SECRETS_DIR="${ML_DEV_SECRETS_DIR:-$CONTRACT_SECRETS_MOUNT}"
 for f in "$SECRETS_DIR"/*/*; do
   k="${f##*/}"
-  case "$k" in [A-Za-z_]*) ;; *) continue ;; esac
-  case "$k" in *[!A-Za-z0-9_]*) continue ;; esac
+  # contract.ENV_NAME_PATTERN as globs: the classes unquoted, so that their ranges are ranges
+  # shellcheck disable=SC2254
+  case "$k" in [$CONTRACT_ENV_NAME_FIRST]*) ;; *) continue ;; esac
+  # shellcheck disable=SC2254
+  case "$k" in *[!$CONTRACT_ENV_NAME_REST]*) continue ;; esac
   if [ -f "$f" ] && [ -r "$f" ]; then export "$k=$(<"$f")"; fi
 done
 unset f k SECRETS_DIR

@@ -44,7 +44,9 @@ set -euo pipefail
 log() { printf '[ml-dev-env sshd] %s\n' "$*"; }
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"  # logical: the mount path, not the kubelet's ..data target
-CLUSTER_FILE="${ML_DEV_CLUSTER_DIR:-/etc/ml-dev-env/cluster}/cluster.env"
+# shellcheck source=contract.env
+. "$(dirname "${BASH_SOURCE[0]}")/contract.env"  # the facts of inpod/contract.py (CONTRACT_*), shipped beside this file
+CLUSTER_FILE="${ML_DEV_CLUSTER_DIR:-$CONTRACT_CLUSTER_MOUNT}/$CONTRACT_CLUSTER_ENV_FILE"
 fact() {  # fact KEY FILE: KEY's value in a KEY=value file, else $KEY from the environment, else empty
   local key="$1" line value="${!1:-}"
   if [ -r "$2" ]; then
@@ -55,12 +57,12 @@ fact() {  # fact KEY FILE: KEY's value in a KEY=value file, else $KEY from the e
   value="${value%\"}" value="${value#\"}" value="${value%\'}" value="${value#\'}"
   printf '%s' "$value"
 }
-STATE_DIR="${ML_DEV_STATE_DIR:-/tmp/ml-dev-env}"
-SECRET_DIR="${ML_DEV_SSH_SECRET_DIR:-/etc/ml-dev-env/ssh}"
-PORT="$(fact ML_DEV_SSH_PORT "$HERE/devloop.env")"
-PORT="${PORT:-2222}"
+STATE_DIR="${ML_DEV_STATE_DIR:-$CONTRACT_STATE_DIR}"
+SECRET_DIR="${ML_DEV_SSH_SECRET_DIR:-$CONTRACT_SSH_SECRET_MOUNT}"
+PORT="$(fact ML_DEV_SSH_PORT "$HERE/$CONTRACT_DEVLOOP_ENV_FILE")"
+PORT="${PORT:-$CONTRACT_SSH_PORT}"
 LISTEN="${ML_DEV_SSH_LISTEN:-${POD_IP:+$POD_IP }127.0.0.1}"
-LOGIN="$(fact ML_DEV_SSH_USER "$HERE/devloop.env")"
+LOGIN="$(fact ML_DEV_SSH_USER "$HERE/$CONTRACT_DEVLOOP_ENV_FILE")"
 LOGIN="${LOGIN:-ml-dev}"
 D="$STATE_DIR/ssh"
 
@@ -95,9 +97,9 @@ for v in APP HEADLESS NS; do
   esac
 done
 umask 077
-mkdir -p "$D" "$STATE_DIR/ssh-sessions"
+mkdir -p "$D" "$STATE_DIR/$CONTRACT_SSH_SESSIONS_DIR"
 chmod 0700 "$D"
-chmod 1777 "$STATE_DIR/ssh-sessions" 2>/dev/null || true
+chmod 1777 "$STATE_DIR/$CONTRACT_SSH_SESSIONS_DIR" 2>/dev/null || true
 # Private keys must be owned by us with mode 0600 (sshd/ssh refuse others); Secret files are not.
 install -m 0600 "$SECRET_DIR/host_ed25519_key" "$D/host_ed25519_key"
 install -m 0600 "$SECRET_DIR/id_ed25519" "$D/id_ed25519"
@@ -182,8 +184,8 @@ fi
 
 # --- the environment SSH sessions get (what `oc exec` would give: the container's env) ---------
 export -p | grep -Ev '^declare -x (HOME|PWD|OLDPWD|SHLVL|_|TERM|USER|LOGNAME|SHELL|MAIL|SSH_[A-Z_]*|LD_PRELOAD|NSS_WRAPPER_[A-Z]*)=' \
-  > "$D/session.env" || true
-chmod 0644 "$D/session.env"
+  > "$STATE_DIR/$CONTRACT_SSH_SESSION_ENV_FILE" || true
+chmod 0644 "$STATE_DIR/$CONTRACT_SSH_SESSION_ENV_FILE"
 
 # --- sshd -------------------------------------------------------------------------------------
 # sshd applies only its first SetEnv line: one line for everything

@@ -38,9 +38,11 @@ set -euo pipefail
 log() { printf '[ml-dev-env] %s\n' "$*"; }
 warn() { log "WARNING: $*"; }
 
-WORKSPACE="${ML_DEV_WORKSPACE:-/workspace}"
-STATE_DIR="${ML_DEV_STATE_DIR:-/tmp/ml-dev-env}"
-CLUSTER_FILE="${ML_DEV_CLUSTER_DIR:-/etc/ml-dev-env/cluster}/cluster.env"
+# shellcheck source=contract.env
+. "$(dirname "${BASH_SOURCE[0]}")/contract.env"  # the facts of inpod/contract.py (CONTRACT_*), shipped beside this file
+WORKSPACE="${ML_DEV_WORKSPACE:-$CONTRACT_WORKSPACE_DEFAULT}"
+STATE_DIR="${ML_DEV_STATE_DIR:-$CONTRACT_STATE_DIR}"
+CLUSTER_FILE="${ML_DEV_CLUSTER_DIR:-$CONTRACT_CLUSTER_MOUNT}/$CONTRACT_CLUSTER_ENV_FILE"
 # a file read every 2 s costs next to nothing; the rack-aware order asks the API server (every pod), so less often
 POLL="${ML_DEV_POLL_SECONDS:-2}"
 RACK_POLL="${ML_DEV_RACK_POLL_SECONDS:-10}"
@@ -58,7 +60,7 @@ if ! mkdir -p "$STATE_DIR/logs" 2>/dev/null || [ ! -w "$STATE_DIR" ]; then
   fi
 fi
 export ML_DEV_STATE_DIR="$STATE_DIR"  # the dev servers' kernels find rank.env through it
-rm -f "$STATE_DIR/ready" 2>/dev/null || true
+rm -f "$STATE_DIR/$CONTRACT_READY_FILE" 2>/dev/null || true
 
 POD="${POD_NAME:-${HOSTNAME:-}}"
 ORDINAL="${POD##*-}"
@@ -122,7 +124,7 @@ fi
 
 # Values from the environment, used where cluster.env lacks a key.
 ENV_NNODES="${NNODES:-}" ENV_GPUS_PER_NODE="${GPUS_PER_NODE:-}" ENV_APP_NAME="${APP_NAME:-}"
-ENV_HEADLESS_SERVICE="${HEADLESS_SERVICE:-}" ENV_POD_NAMESPACE="${POD_NAMESPACE:-}" ENV_MASTER_PORT="${MASTER_PORT:-29500}"
+ENV_HEADLESS_SERVICE="${HEADLESS_SERVICE:-}" ENV_POD_NAMESPACE="${POD_NAMESPACE:-}" ENV_MASTER_PORT="${MASTER_PORT:-$CONTRACT_MASTER_PORT}"
 
 read_cluster_env() {  # sets C_<KEY> from the environment, then cluster.env; fails (CLUSTER_PROBLEM) on a bad value
   local line key value
@@ -157,8 +159,8 @@ read_cluster_env() {  # sets C_<KEY> from the environment, then cluster.env; fai
 FABRIC_DIR="$(dirname "${BASH_SOURCE[0]}")"
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"  # logical: the mount path (the stop trap needs it early)
 RACK_AWARE=""
-if [ -r "$FABRIC_DIR/rank_order.sh" ] && [ -r "$FABRIC_DIR/fabric.json" ] && command -v python3 >/dev/null 2>&1 \
-  && python3 -c 'import json, sys; sys.exit(not json.load(open(sys.argv[1])).get("nodeRacks"))' "$FABRIC_DIR/fabric.json" 2>/dev/null; then
+if [ -r "$FABRIC_DIR/rank_order.sh" ] && [ -r "$FABRIC_DIR/$CONTRACT_FABRIC_SETTINGS_FILE" ] && command -v python3 >/dev/null 2>&1 \
+  && python3 -c 'import json, sys; sys.exit(not json.load(open(sys.argv[1])).get("nodeRacks"))' "$FABRIC_DIR/$CONTRACT_FABRIC_SETTINGS_FILE" 2>/dev/null; then
   # shellcheck source=rank_order.sh
   . "$FABRIC_DIR/rank_order.sh" && RACK_AWARE=1
 fi
@@ -232,14 +234,14 @@ refresh_rank() {  # read cluster.env, write the hostfile and rank.env, export th
     printf 'export ML_DEV_PODS=%s\n' "$(q "${pods[*]}")"
     if [ -n "${DETECTED_HCA:-}" ]; then printf 'export NCCL_IB_HCA=%s\n' "$(q "$DETECTED_HCA")"; fi
   )"
-  if ! write_file "$STATE_DIR/rank.env" "$content"$'\n'; then
-    warn "cannot write $STATE_DIR/rank.env"
+  if ! write_file "$STATE_DIR/$CONTRACT_RANK_ENV_FILE" "$content"$'\n'; then
+    warn "cannot write $STATE_DIR/$CONTRACT_RANK_ENV_FILE"
     return 1
   fi
   # shellcheck source=/dev/null
-  . "$STATE_DIR/rank.env"  # for the log lines below; the dev servers are started without these (see start)
+  . "$STATE_DIR/$CONTRACT_RANK_ENV_FILE"  # for the log lines below; the dev servers are started without these (see start)
   log "pod $POD: NODE_RANK=$NODE_RANK of NNODES=$NNODES, $GPUS_PER_NODE GPUs each, WORLD_SIZE=$WORLD_SIZE"
-  log "master: $MASTER_ADDR:$MASTER_PORT; hostfile: $HOSTFILE; rank.env: $STATE_DIR/rank.env"
+  log "master: $MASTER_ADDR:$MASTER_PORT; hostfile: $HOSTFILE; rank.env: $STATE_DIR/$CONTRACT_RANK_ENV_FILE"
 }
 
 LAST_CLUSTER="$(cat "$CLUSTER_FILE" 2>/dev/null || true)"
@@ -248,7 +250,7 @@ refresh_rank || true
 # Shells: env.sh sources rank.env (so every new shell sees the current values) and sets the HOME caches.
 if ! {
   printf '# ml-dev-env: written by the pod startup script; sourced by login and interactive shells.\n'
-  printf 'if [ -r %s ]; then . %s; fi\n' "$(q "$STATE_DIR/rank.env")" "$(q "$STATE_DIR/rank.env")"
+  printf 'if [ -r %s ]; then . %s; fi\n' "$(q "$STATE_DIR/$CONTRACT_RANK_ENV_FILE")" "$(q "$STATE_DIR/$CONTRACT_RANK_ENV_FILE")"
   for key in HOME XDG_CACHE_HOME XDG_CONFIG_HOME XDG_DATA_HOME PIP_CACHE_DIR JUPYTER_CONFIG_DIR JUPYTER_DATA_DIR IPYTHONDIR \
              JUPYTER_RUNTIME_DIR; do
     printf 'export %s=%s\n' "$key" "$(q "${!key}")"
@@ -256,15 +258,15 @@ if ! {
   # shellcheck disable=SC2016  # expanded by the sourcing shell
   printf 'case ":$PATH:" in *":$HOME/.local/bin:"*) ;; *) export PATH="$HOME/.local/bin:$PATH" ;; esac\n'
   env | { grep -E '^(NCCL|TORCH_NCCL|UCX)_' || true; } | sort | while IFS='=' read -r key value; do printf 'export %s=%s\n' "$key" "$(q "$value")"; done
-} 2>/dev/null > "$STATE_DIR/env.sh"; then
-  warn "cannot write $STATE_DIR/env.sh; shells will not see rank.env"
+} 2>/dev/null > "$STATE_DIR/$CONTRACT_SHELL_ENV_FILE"; then
+  warn "cannot write $STATE_DIR/$CONTRACT_SHELL_ENV_FILE; shells will not see rank.env"
 fi
-HOOK="if [ -r $(q "$STATE_DIR/env.sh") ]; then . $(q "$STATE_DIR/env.sh"); fi  # ml-dev-env: rank.env and HOME caches"
+HOOK="if [ -r $(q "$STATE_DIR/$CONTRACT_SHELL_ENV_FILE") ]; then . $(q "$STATE_DIR/$CONTRACT_SHELL_ENV_FILE"); fi  # ml-dev-env: rank.env and HOME caches"
 for rc in "$HOME/.bashrc" "$HOME/.profile" "$HOME/.bash_profile"; do
   # bash login shells read only the first of .bash_profile/.bash_login/.profile: hook an existing .bash_profile too
   if [ "$rc" = "$HOME/.bash_profile" ] && [ ! -e "$rc" ]; then continue; fi
   if grep -qxF "$HOOK" "$rc" 2>/dev/null; then continue; fi
-  printf '%s\n' "$HOOK" >> "$rc" 2>/dev/null || warn "cannot add the rank.env line to $rc; in shells run: . $STATE_DIR/env.sh"
+  printf '%s\n' "$HOOK" >> "$rc" 2>/dev/null || warn "cannot add the rank.env line to $rc; in shells run: . $STATE_DIR/$CONTRACT_SHELL_ENV_FILE"
 done
 
 # Kernels: IPython runs the files of $IPYTHONDIR/profile_default/startup/ in every new kernel (also on a
@@ -278,7 +280,7 @@ def _ml_dev_env_load_rank():
     import os
     import shlex
 
-    path = os.path.join(os.environ.get("ML_DEV_STATE_DIR", "/tmp/ml-dev-env"), "rank.env")
+    path = os.path.join(os.environ.get("ML_DEV_STATE_DIR", "@CONTRACT_STATE_DIR@"), "@CONTRACT_RANK_ENV_FILE@")
     try:
         with open(path, encoding="utf-8") as f:
             lines = f.read().splitlines()
@@ -298,6 +300,8 @@ _ml_dev_env_load_rank()
 del _ml_dev_env_load_rank
 PY
 )"
+IPY_CODE="${IPY_CODE//@CONTRACT_STATE_DIR@/$CONTRACT_STATE_DIR}"  # the contract's facts into the kernel's Python
+IPY_CODE="${IPY_CODE//@CONTRACT_RANK_ENV_FILE@/$CONTRACT_RANK_ENV_FILE}"
 write_file "$IPY_STARTUP" "$IPY_CODE"$'\n' || warn "cannot write $IPY_STARTUP; Jupyter kernels will not see rank.env (in a notebook: %env or os.environ)"
 
 if command -v nvidia-smi >/dev/null 2>&1; then
@@ -383,7 +387,7 @@ fi
 # Started when its settings are mounted (/etc/ml-dev-env/lifecycle/idle.json, updated in place; the agent
 # only reports while idleStop is off). It ships next to this script in the startup ConfigMap. Started
 # before the fabric hold: idle stop must work whatever the hold does (it may wait without end).
-export ML_DEV_IDLE_SETTINGS="${ML_DEV_IDLE_SETTINGS:-/etc/ml-dev-env/lifecycle/idle.json}"
+export ML_DEV_IDLE_SETTINGS="${ML_DEV_IDLE_SETTINGS:-$CONTRACT_IDLE_SETTINGS}"
 if [ -f "$ML_DEV_IDLE_SETTINGS" ] && [ -f "$SCRIPT_DIR/idle_agent.py" ] && command -v python3 >/dev/null 2>&1; then
   start idle-agent python3 "$SCRIPT_DIR/idle_agent.py" run
   # interactive shells print the pending idle-stop warning at each prompt
@@ -468,7 +472,7 @@ fi
 
 # --- 5. ready, then follow the cluster ConfigMap -------------------------------------------------
 log "ready"  # before the ready file: whoever sees the file also finds this line in the log
-touch "$STATE_DIR/ready" 2>/dev/null || warn "cannot create $STATE_DIR/ready"
+touch "$STATE_DIR/$CONTRACT_READY_FILE" 2>/dev/null || warn "cannot create $STATE_DIR/$CONTRACT_READY_FILE"
 while true; do
   sleep "$POLL" &
   SLEEP_PID=$!

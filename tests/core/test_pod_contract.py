@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -71,40 +72,20 @@ def test_programs_hand_other_pods_the_mount_path(key: str) -> None:
 
 # ------------------------------------------------------------------------------------------ one contract, no copies
 
-# Facts of inpod/contract.py that Python elsewhere must take from it, never spell again: exact strings (env names,
-# file names of the state directory, labels), paths (also inside longer strings: `<SA_DIR>/service-ca.crt`) and
-# the activity port. Docstrings may name them.
-EXACT = {
-    contract.STATE_DIR_ENV,
-    contract.CLUSTER_DIR_ENV,
-    contract.IDLE_SETTINGS_ENV,
-    contract.SA_DIR_ENV,
-    contract.SECRETS_DIR_ENV,
-    contract.SECRETS_ENV,
-    contract.STARTUP_DIR_ENV,
-    contract.CHECKPOINT_GRACE_ENV,
-    contract.CHECKPOINT_SIGNAL_ENV,
-    contract.SETTINGS_KEY,
-    contract.RANK_ENV_FILE,
-    contract.IDLE_STOP_FILE,
-    contract.IDLE_STATUS_FILE,
-    contract.HOME_ADDR,
-    contract.SSH_SESSIONS_DIR,
-    contract.RUN_ENV,
-    contract.FABRIC_LATEST,
-    contract.STACK_LABEL,
-    contract.CLUSTER_LABEL,
-    contract.USAGE_LABEL,
-    contract.PART_OF_LABEL,
+# Facts of inpod/contract.py that Python elsewhere must take from it, never spell again: every string fact (env
+# names, file names of the state directory, labels; a path also inside longer strings: `<SA_DIR>/service-ca.crt`) and
+# the activity port. Docstrings may name them. COMMON: the facts that are also ordinary words of other meaning.
+COMMON = {
+    contract.PART_OF: "the product's name: the Pulumi project, the config namespace, log prefixes",
+    contract.RUN_STATE_DIR: "`runs`: also a JSON key of the launcher's report and a component's output",
+    contract.HEARTBEAT_DIR: "`heartbeat`: also code-server's own heartbeat file",
+    contract.SIGNAL_DEFAULT: "`SIGTERM`: a signal's name, in the config's Literal and torchrun's signal list",
+    contract.ENV_NAME_FIRST: "a character class, not a name",
+    contract.ENV_NAME_REST: "a character class, not a name",
 }
-PATHS = {
-    contract.STARTUP_MOUNT,
-    contract.CLUSTER_MOUNT,
-    contract.SETTINGS_MOUNT,
-    contract.SA_DIR,
-    contract.STATE_DIR,
-    contract.SECRETS_MOUNT,
-}
+FACTS = {name: value for name, value in vars(contract).items() if name.isupper() and isinstance(value, str)}
+PATHS = {value for value in FACTS.values() if value.startswith("/")}
+EXACT = set(FACTS.values()) - PATHS - set(COMMON)
 CHECKED = ("inpod", "components", "core", "stacks", "tools", "policy")
 
 
@@ -161,28 +142,99 @@ def test_no_python_spells_the_contract_again() -> None:
 
 
 # `${NAME:-default}`, and the same in the Python that startup.sh writes for the kernels: `environ.get("NAME", "default")`
-DEFAULTED = re.compile(r"\$\{([A-Z_]+):-([^}$]*)\}|environ\.get\(\"([A-Z_]+)\", \"([^\"]*)\"\)")
+DEFAULTED = re.compile(r"\$\{([A-Z_]+):-([^}]*)\}|environ\.get\(\"([A-Z_]+)\", \"([^\"]*)\"\)")
+# a fact of contract.env: `$CONTRACT_X` / `${CONTRACT_X}` in the shell, `@CONTRACT_X@` in a template startup.sh fills in
+READ = re.compile(r"\$\{?CONTRACT_([A-Z_]+)\}?|@CONTRACT_([A-Z_]+)@")
 
 
-def test_the_shell_copies_equal_the_contract() -> None:
-    """A shell file cannot import the contract: each `${NAME:-default}` of a contract name holds its value, and no
-    contract path appears in a shell file otherwise (outside comments); checkpoint_stop.sh's fallback is the grace."""
-    seen: set[str] = set()
+def shell_code() -> list[tuple[str, int, str]]:
+    """(file, line, code) of every shipped shell file, comments left out."""
+    return [
+        (s.source, number, line.split(" #", 1)[0] if not line.lstrip().startswith("#") else "")
+        for s in inpod.SHIPPED
+        if s.source.endswith(".sh")
+        for number, line in enumerate(inpod.text(s.key).splitlines(), 1)
+    ]
+
+
+def test_contract_env_is_generated_from_the_contract_and_ships() -> None:
+    """inpod/sh/contract.env is `shell_env()`'s text (`python -m tools.contract_env --write` after a change), shipped at
+    the mount root beside the shell files, in the group every stack ships."""
+    assert inpod.text(contract.CONTRACT_ENV_FILE) == contract.shell_env(), "stale: run `python -m tools.contract_env --write`"
+    row = next(s for s in inpod.SHIPPED if s.key == contract.CONTRACT_ENV_FILE)
+    assert row.path == contract.CONTRACT_ENV_FILE and row.group == "package"
+    defined = dict(re.findall(r"^CONTRACT_([A-Z_]+)='([^']*)'$", contract.shell_env(), re.M))
+    assert defined["STATE_DIR"] == contract.STATE_DIR and defined["GRACE_DEFAULT"] == str(contract.GRACE_DEFAULT)
+    assert defined["CLUSTER_ENV"] == " ".join(contract.CLUSTER_ENV)
+    scalar = {n for n, v in vars(contract).items() if n.isupper() and type(v) in (str, int)}
+    assert scalar <= set(defined), f"facts the shell cannot read: {scalar - set(defined)}"
+
+
+def test_every_shell_file_reads_the_contract_it_names() -> None:
+    """Each shell file sources contract.env from beside itself, and every CONTRACT_* fact it reads is defined there."""
+    defined = set(re.findall(r"^CONTRACT_([A-Z_]+)=", contract.shell_env(), re.M))
     for s in inpod.SHIPPED:
-        if not s.source.startswith("sh/"):
-            continue
-        for number, line in enumerate(inpod.text(s.key).splitlines(), 1):
-            code = line.split(" #", 1)[0] if not line.lstrip().startswith("#") else ""
-            for found in DEFAULTED.finditer(code):
-                name, value = found.group(1) or found.group(3), found.group(2) if found.group(1) else found.group(4)
-                if name in contract.SHELL_DEFAULTS:
-                    seen.add(name)
-                    assert value == contract.SHELL_DEFAULTS[name], f"{s.source}:{number}: {name} defaults to {value!r}"
-            rest = DEFAULTED.sub("", code)
-            assert not [p for p in PATHS if p in rest], f"{s.source}:{number}: a contract path outside ${{NAME:-…}}: {line.strip()}"
-            fallback = re.search(r"\bGRACE=(\d+)", rest)
-            assert not fallback or int(fallback.group(1)) == contract.GRACE_DEFAULT, f"{s.source}:{number}: {line.strip()}"
+        if s.source.endswith(".sh"):
+            text = inpod.text(s.key)
+            assert '. "$(dirname "${BASH_SOURCE[0]}")/contract.env"' in text, f"{s.source} does not source contract.env"
+            used = {a or b for a, b in READ.findall(text)}
+            assert used and used <= defined, f"{s.source}: {used - defined}"
+
+
+def spelled_pattern(value: str, path_only: bool = True) -> re.Pattern[str]:
+    """`value` used as a path (a path component: `/heartbeat`, `heartbeat/`) or, unless `path_only`, as a value (a whole
+    word quoted or assigned: `"ready"`, `=2222`); in prose (`no rank.env, env.sh, …`, `this pod ready`) it is a word."""
+    v = re.escape(value)
+    path = rf"/{v}(?![\w.-])|(?<![\w.-]){v}/"
+    return re.compile(path if path_only else rf"{path}|([\"']){v}\1|={v}(?=[\s;)]|$)|^{v}$")
+
+
+def test_the_shell_spells_no_fact_of_the_contract() -> None:
+    """A shell file spells no path, default or state-directory name of the contract: each `${NAME:-…}` of a contract
+    name defaults to the fact SHELL_DEFAULTS names, read from contract.env, and no fact's value appears in the code
+    otherwise (comments aside; used as a path or a value: `spelled_pattern`)."""
+    seen: set[str] = set()
+    facts = {v for v in FACTS.values() if v not in (contract.PART_OF, contract.CONTRACT_ENV_FILE)}  # the one name it spells
+    for source, number, code in shell_code():
+        for found in DEFAULTED.finditer(code):
+            name, value = found.group(1) or found.group(3), found.group(2) if found.group(1) else found.group(4)
+            if name in contract.SHELL_DEFAULTS and not re.fullmatch(r"\$\{?(?!CONTRACT_)[A-Za-z_]+\}?", value):
+                seen.add(name)  # (a default that is another variable of the script, set from the contract before, is no copy)
+                read = READ.fullmatch(value)
+                assert read, f"{source}:{number}: {name} defaults to {value!r}, not a fact of contract.env"
+                fact = getattr(contract, read.group(1) or read.group(2))
+                assert str(fact) == contract.SHELL_DEFAULTS[name], f"{source}:{number}: {name} defaults to {fact!r}"
+        rest = READ.sub("", DEFAULTED.sub("", code))
+        said = re.sub(r"\b(?:log|warn)\s+\"[^\"]*\"", "", rest)  # a log line's words: `log "stopping"` is no marker
+        spelled = [v for v in facts if spelled_pattern(v).search(rest) or spelled_pattern(v, path_only=False).search(said)]
+        assert not spelled, f"{source}:{number}: spells {spelled}: {code.strip()}"
     assert seen == set(contract.SHELL_DEFAULTS), f"never checked: {set(contract.SHELL_DEFAULTS) - seen}"
+
+
+def test_the_detector_sees_a_fact_spelled_in_the_shell(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Renaming HEARTBEAT_DIR in the contract while checkpoint_stop.sh keeps `heartbeat/` fails the gate."""
+    text = inpod.text("checkpoint_stop.sh").replace('"$STATE_DIR/$CONTRACT_HEARTBEAT_DIR"', '"$STATE_DIR"/heartbeat')
+    real = inpod.text
+    monkeypatch.setattr(inpod, "text", lambda key: text if key == "checkpoint_stop.sh" else real(key))
+    with pytest.raises(AssertionError, match=r"checkpoint_stop\.sh.*heartbeat"):
+        test_the_shell_spells_no_fact_of_the_contract()
+
+
+@pytest.mark.parametrize("name", ["A", "_x", "WANDB_API_KEY", "a1", "1A", "A-B", "A.B", "", "É", "A B", "x=y"])
+def test_one_rule_for_env_names(name: str, tmp_path: Path) -> None:
+    """contract.ENV_NAME_PATTERN serves the config (stacks/config.py), the pod library (inpod/lib/usersecrets.py) and
+    ssh-session.sh (its two `case` lines, run here in bash with contract.env): each accepts exactly the same names."""
+    from inpod.lib import usersecrets
+    from stacks import config
+
+    python = bool(re.fullmatch(contract.ENV_NAME_PATTERN, name))
+    assert bool(config.ENV_NAME.match(name)) == python and bool(usersecrets.ENV_NAME.match(name)) == python
+    lines = [line for line in inpod.text("ssh-session.sh").splitlines() if line.strip().startswith('case "$k" in')]
+    assert len(lines) == 2, lines
+    (tmp_path / "contract.env").write_text(contract.shell_env())
+    script = f'. "{tmp_path}/contract.env"\nk="$1"\nfor _ in once; do\n' + "\n".join(lines) + "\necho yes\ndone\n"
+    out = subprocess.run(["bash", "-c", script, "bash", name], capture_output=True, text=True, timeout=30, check=True).stdout
+    assert (out.strip() == "yes") == python, (name, out)
 
 
 def test_the_whole_container_env(result: RunResult) -> None:
