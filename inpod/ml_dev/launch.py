@@ -676,7 +676,7 @@ def stop_all(procs: dict[int, subprocess.Popen], left_running: Container[int] = 
                 p.stdin.close()
         except OSError:
             pass
-    deadline = time.monotonic() + (stop_grace(read_rank_env(missing_ok=True)) if grace is None else grace) + 5
+    deadline = time.monotonic() + (stop_grace() if grace is None else grace) + 5  # the container env's (STOP_ENV)
     waiting = dict(procs)
     while waiting:
         for rank, p in list(waiting.items()):

@@ -315,3 +315,26 @@ def test_ml_dev_status_shows_a_pod_that_got_its_stop(tmp_path: Path) -> None:
     shown = line().split(" STOPPING since ", 1)[1]
     stamp = calendar.timegm(time.strptime(shown, "%Y-%m-%d %H:%M:%S UTC"))
     assert before - 1 <= stamp <= time.time() + 1, shown
+
+
+def test_the_launchers_stop_takes_the_grace_from_the_container_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ml-dev run`'s stop of its clients waits the checkpoint grace the container env holds (contract.STOP_ENV);
+    rank.env never holds it (contract.RANK_ENV), so a value there is not what it reads."""
+    from inpod import contract
+    from inpod.ml_dev import launch
+
+    assert contract.CHECKPOINT_GRACE_ENV not in contract.RANK_ENV
+    (tmp_path / contract.RANK_ENV_FILE).write_text(f"export {contract.CHECKPOINT_GRACE_ENV}=999\n")
+    monkeypatch.setenv(contract.STATE_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(contract.CHECKPOINT_GRACE_ENV, "0")
+    asked: list[object] = []
+    real = launch.stop_grace
+
+    def spy(values: dict[str, str] | None = None) -> int:
+        asked.append(values)
+        return real(values)
+
+    monkeypatch.setattr(launch, "stop_grace", spy)
+    launch.stop_all({})
+    assert asked == [None], "the grace is looked up in the environment, not in rank.env"
+    assert real() == 0
