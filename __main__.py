@@ -6,13 +6,11 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components import devloop, preflight
+from components import devloop, live_checks
 from components import environment as layers
-from components.crds import SSHD_NEEDS
-from components.gpu_cluster import GpuCluster, GpuClusterArgs, rollout_timeout, selector_labels
+from components.gpu_cluster import GpuCluster, GpuClusterArgs
 from components.image_build import ImageBuild, ImageBuildArgs
 from components.model_pipeline import ModelPipeline, ModelPipelineArgs
-from components.storage import claim_template_names
 from core import naming
 from core.servers import routed_servers
 from stacks import loader
@@ -52,18 +50,9 @@ provider = k8s.Provider(
 )
 opts = pulumi.ResourceOptions(providers=[provider])
 
-
-def live_reader() -> Any:
-    """GET one object (None: absent or unreadable) with one client; None when there is no cluster to read, or when it
-    does not answer its first check (one warning, no more reads: components/environment.py guarded_reader)."""
-    if not preflight.live_reads_enabled(cfg.cluster.render_yaml_to_directory):
-        return None
-    return layers.guarded_reader(lambda: preflight.KubeClient(cfg.cluster.kube_context), pulumi.log.warn)
-
-
 # Every object this stack creates carries `ml-dev-env/stack: <stack>` in its own metadata (pod templates unchanged);
 # at preview and up, one that exists with another stack's label stops the run (components/environment.py).
-pulumi.runtime.register_stack_transformation(layers.stack_label_transformation(pulumi.get_stack(), live_reader()))
+pulumi.runtime.register_stack_transformation(layers.stack_label_transformation(pulumi.get_stack(), live_checks.live_reader(cfg)))
 
 if cfg.cluster.create_namespace:
     namespace = k8s.core.v1.Namespace(
@@ -75,94 +64,8 @@ if cfg.cluster.create_namespace:
     opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(depends_on=[namespace]))
 
 app, ns = cfg.cluster.app_name, cfg.cluster.namespace
-
-
-def check_statefulset() -> None:
-    """Stop (one line) before a foreign StatefulSet of our name that the apply could not adopt; see components/preflight.py."""
-    if not preflight.live_reads_enabled(cfg.cluster.render_yaml_to_directory):
-        return  # offline render / tests, or GitOps: no cluster to read
-    try:
-        live = preflight.read_statefulset(cfg.cluster.kube_context, ns, app)
-    except preflight.LiveReadError as exc:
-        pulumi.log.warn(f"could not check for an existing StatefulSet {ns}/{app} ({exc}); continuing")
-        return
-    problem = preflight.statefulset_conflict(
-        live,
-        owner_labels=naming.owner_labels(cfg.cluster.name),
-        selector=selector_labels(cfg),
-        service_name=naming.headless_service(app),
-        claim_templates=claim_template_names(cfg.storage),
-    )
-    if problem:
-        raise pulumi.RunError(problem)
-
-
-check_statefulset()
-
-
-def check_scc() -> None:
-    """An SCC the stack only binds (createScc: false) must leave root's sshd SETUID/SETGID; see components/preflight.py."""
-    memlock = cfg.security.memlock
-    if memlock.mode != "scc" or memlock.create_scc or not memlock.scc_name:
-        return
-    if not preflight.live_reads_enabled(cfg.cluster.render_yaml_to_directory):
-        return
-    try:
-        live = preflight.read_scc(cfg.cluster.kube_context, memlock.scc_name)
-    except preflight.LiveReadError as exc:
-        pulumi.log.warn(
-            f"could not read SecurityContextConstraints {memlock.scc_name} ({exc}); check that its requiredDropCapabilities "
-            f"lack SETUID and SETGID: oc get scc {memlock.scc_name} -o jsonpath='{{.requiredDropCapabilities}}'"
-        )
-        return
-    problem = preflight.scc_drops_needed(live, memlock.scc_name, SSHD_NEEDS)
-    if problem:
-        raise pulumi.RunError(problem)
-
-
-check_scc()
-
-
-def check_attachments() -> None:
-    """An RDMA environment in its own namespace: the attachments its pods name must exist there (components/environment.py)."""
-    rdma = cfg.network.rdma
-    if environment is None or not environment.namespace or cfg.network.effective_mode != "rdma" or rdma.create_attachments:
-        return
-    if not preflight.live_reads_enabled(cfg.cluster.render_yaml_to_directory):
-        return
-    namespace = rdma.attachment_namespace or ns
-    try:
-        client = preflight.KubeClient(cfg.cluster.kube_context)
-        problem = layers.attachments_problem(
-            lambda path: client.get(path, timeout=layers.READ_TIMEOUT), namespace, list(rdma.attachments), rollout_timeout(cfg)
-        )
-    except preflight.LiveReadError as exc:
-        pulumi.log.warn(f"could not check the NetworkAttachmentDefinitions of {namespace} ({exc}); continuing")
-        return
-    if problem:
-        raise pulumi.RunError(problem)
-
-
-check_attachments()
-
-
-def check_gpu_capacity() -> None:
-    """Listed GPU nodes must have at least gpusPerPod allocatable GPUs (components/preflight.py gpu_capacity_problem)."""
-    if not cfg.nodes.gpu_nodes or not preflight.live_reads_enabled(cfg.cluster.render_yaml_to_directory):
-        return
-    try:
-        client = preflight.KubeClient(cfg.cluster.kube_context)
-        problem = preflight.gpu_capacity_problem(
-            lambda path: client.get(path, timeout=layers.READ_TIMEOUT), list(cfg.nodes.gpu_nodes), cfg.nodes.gpus_per_pod
-        )
-    except preflight.LiveReadError as exc:
-        pulumi.log.warn(f"could not read the GPU nodes' allocatable nvidia.com/gpu ({exc}); nodes.gpusPerPod not checked against them")
-        return
-    if problem:
-        raise pulumi.RunError(problem)
-
-
-check_gpu_capacity()
+# what the cluster holds that the apply could not adopt or the pods need (components/live_checks.py)
+live_checks.check_all(cfg)
 
 labels = naming.stack_labels(cfg.cluster.name)
 image: pulumi.Input[str] | None

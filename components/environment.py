@@ -199,7 +199,7 @@ def stack_label_transformation(stack: str, reader: LiveReader | None) -> Callabl
     """A stack transformation: label every object this stack owns; with a live `reader`, stop before another stack's object.
 
     Patches (`…Patch` types) only annotate objects they do not own: neither labelled nor checked. The reader raises
-    nothing: it returns the live object or None (a failed read is a warning in `__main__.py`'s reader).
+    nothing: it returns the live object or None (a failed read is a warning in components/live_checks.py's reader).
     """
 
     def transform(args: pulumi.ResourceTransformationArgs) -> pulumi.ResourceTransformationResult | None:

@@ -1,0 +1,115 @@
+"""The live reads a `pulumi preview`/`up` makes before it declares anything: what the cluster already holds that the
+apply could not adopt or that the pods need (components/preflight.py reads; components/environment.py guards).
+
+Each check reads only where there is a cluster to read (`preflight.live_reads_enabled`: not in an offline render, the
+tests or GitOps), warns with one line and goes on when the read fails, and stops the run with one line (a
+`pulumi.RunError`) on a conflict. Moved here from __main__.py as they were: the program is config -> components ->
+exports, and these are the components' checks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+
+from components import environment as layers
+from components import preflight
+from components.crds import SSHD_NEEDS
+from components.gpu_cluster import rollout_timeout, selector_labels
+from components.storage import claim_template_names
+from core import naming
+from stacks.config import StackConfig
+
+
+def live_reader(cfg: StackConfig) -> Any:
+    """GET one object (None: absent or unreadable) with one client; None when there is no cluster to read, or when it
+    does not answer its first check (one warning, no more reads: components/environment.py guarded_reader)."""
+    if not preflight.live_reads_enabled(cfg.cluster.render_yaml_to_directory):
+        return None
+    return layers.guarded_reader(lambda: preflight.KubeClient(cfg.cluster.kube_context), pulumi.log.warn)
+
+
+def check_statefulset(cfg: StackConfig) -> None:
+    """Stop (one line) before a foreign StatefulSet of our name that the apply could not adopt; see components/preflight.py."""
+    app, ns = cfg.cluster.app_name, cfg.cluster.namespace
+    if not preflight.live_reads_enabled(cfg.cluster.render_yaml_to_directory):
+        return  # offline render / tests, or GitOps: no cluster to read
+    try:
+        live = preflight.read_statefulset(cfg.cluster.kube_context, ns, app)
+    except preflight.LiveReadError as exc:
+        pulumi.log.warn(f"could not check for an existing StatefulSet {ns}/{app} ({exc}); continuing")
+        return
+    problem = preflight.statefulset_conflict(
+        live,
+        owner_labels=naming.owner_labels(cfg.cluster.name),
+        selector=selector_labels(cfg),
+        service_name=naming.headless_service(app),
+        claim_templates=claim_template_names(cfg.storage),
+    )
+    if problem:
+        raise pulumi.RunError(problem)
+
+
+def check_scc(cfg: StackConfig) -> None:
+    """An SCC the stack only binds (createScc: false) must leave root's sshd SETUID/SETGID; see components/preflight.py."""
+    memlock = cfg.security.memlock
+    if memlock.mode != "scc" or memlock.create_scc or not memlock.scc_name:
+        return
+    if not preflight.live_reads_enabled(cfg.cluster.render_yaml_to_directory):
+        return
+    try:
+        live = preflight.read_scc(cfg.cluster.kube_context, memlock.scc_name)
+    except preflight.LiveReadError as exc:
+        pulumi.log.warn(
+            f"could not read SecurityContextConstraints {memlock.scc_name} ({exc}); check that its requiredDropCapabilities "
+            f"lack SETUID and SETGID: oc get scc {memlock.scc_name} -o jsonpath='{{.requiredDropCapabilities}}'"
+        )
+        return
+    problem = preflight.scc_drops_needed(live, memlock.scc_name, SSHD_NEEDS)
+    if problem:
+        raise pulumi.RunError(problem)
+
+
+def check_attachments(cfg: StackConfig) -> None:
+    """An RDMA environment in its own namespace: the attachments its pods name must exist there (components/environment.py)."""
+    rdma, environment, ns = cfg.network.rdma, cfg.environment, cfg.cluster.namespace
+    if environment is None or not environment.namespace or cfg.network.effective_mode != "rdma" or rdma.create_attachments:
+        return
+    if not preflight.live_reads_enabled(cfg.cluster.render_yaml_to_directory):
+        return
+    namespace = rdma.attachment_namespace or ns
+    try:
+        client = preflight.KubeClient(cfg.cluster.kube_context)
+        problem = layers.attachments_problem(
+            lambda path: client.get(path, timeout=layers.READ_TIMEOUT), namespace, list(rdma.attachments), rollout_timeout(cfg)
+        )
+    except preflight.LiveReadError as exc:
+        pulumi.log.warn(f"could not check the NetworkAttachmentDefinitions of {namespace} ({exc}); continuing")
+        return
+    if problem:
+        raise pulumi.RunError(problem)
+
+
+def check_gpu_capacity(cfg: StackConfig) -> None:
+    """Listed GPU nodes must have at least gpusPerPod allocatable GPUs (components/preflight.py gpu_capacity_problem)."""
+    if not cfg.nodes.gpu_nodes or not preflight.live_reads_enabled(cfg.cluster.render_yaml_to_directory):
+        return
+    try:
+        client = preflight.KubeClient(cfg.cluster.kube_context)
+        problem = preflight.gpu_capacity_problem(
+            lambda path: client.get(path, timeout=layers.READ_TIMEOUT), list(cfg.nodes.gpu_nodes), cfg.nodes.gpus_per_pod
+        )
+    except preflight.LiveReadError as exc:
+        pulumi.log.warn(f"could not read the GPU nodes' allocatable nvidia.com/gpu ({exc}); nodes.gpusPerPod not checked against them")
+        return
+    if problem:
+        raise pulumi.RunError(problem)
+
+
+def check_all(cfg: StackConfig) -> None:
+    """Every check above, in the order the program ran them."""
+    check_statefulset(cfg)
+    check_scc(cfg)
+    check_attachments(cfg)
+    check_gpu_capacity(cfg)
