@@ -36,6 +36,9 @@ larger); no server ever shares the packager's cores. The report names the split 
 start and end. Each run gets a fresh registry storage and
 repository. A sampler polls the disk usage of the approach's scratch locations every 0.2 s; "peak
 scratch" is the largest growth seen (node-ephemeral space needed besides the model directory).
+
+Why one module: one benchmark, one command; its approaches share the registry, S3 and scratch rigs and the
+round-robin runner, and a split would hand all of them through every function.
 """
 
 from __future__ import annotations
@@ -728,6 +731,8 @@ def write_report(out: Path, size_label: str, model_bytes: int, floors: list[floa
 
 
 def main() -> None:
+    """The benchmark's command. Why one function: the rounds, the table and the CPU report are one run's output,
+    printed as it goes."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", default="2GiB", help="model size, e.g. 2GiB or 8GiB")
     p.add_argument("--files", type=int, default=0, help="weight shards (default: one per started GiB, at least 2)")

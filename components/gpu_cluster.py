@@ -1,4 +1,9 @@
-"""GPU cluster: the StatefulSet (one pod per GPU node), its Services and Routes, RBAC/SCC and dev-server access."""
+"""GPU cluster: the StatefulSet (one pod per GPU node), its Services and Routes, RBAC/SCC and dev-server access.
+
+Why one module: one Pulumi component, the StatefulSet and the objects only it needs (Services, Routes, RBAC, SCC),
+declared together so that one reading shows what a pod gets; the parts with logic of their own live in pod.py,
+devloop.py, lifecycle.py, fabric.py.
+"""
 
 from __future__ import annotations
 
@@ -177,7 +182,11 @@ class GpuCluster(pulumi.ComponentResource):
             )
 
     def _memlock_privileges(self) -> None:
-        """RDMA only: the SCC (created per stack, or an existing one) and the binding that lets the pods use it."""
+        """RDMA only: the SCC (created per stack, or an existing one) and the binding that lets the pods use it.
+
+        Why one function: the SCC and its binding are one decision per memlock mode (created, an existing
+        one bound, none) over the same names and labels.
+        """
         cfg, name, app, ns = self._cfg, self._name, self._app, self._ns
         memlock = cfg.security.memlock
         if not (self._rdma and memlock.mode in ("scc", "privileged")):
@@ -491,6 +500,8 @@ class GpuCluster(pulumi.ComponentResource):
     def _statefulset(
         self, script: str, credential_volumes: list[k8s.core.v1.VolumeArgs], tokens_secret: str | None, headless: k8s.core.v1.Service
     ) -> k8s.apps.v1.StatefulSet:
+        """The StatefulSet. Why one function: its body is the object's shape (containers, volumes, probes,
+        annotations) in manifest order; the parts with logic are helpers of pod.py."""
         cfg, app, args = self._cfg, self._app, self._args
         volumes = [
             *self.storage.volumes,

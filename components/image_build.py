@@ -25,6 +25,9 @@ reference; an unchanged stage keeps its BuildConfig and tag untouched.
 
 An old BuildConfig is deleted at the end of the `up` that replaced it (with its Builds and their logs);
 the ImageStream keeps the old tags.
+
+Why one module: the base, runtime and tools images share the hash, the BuildConfig shape and the wait for a tag;
+each image is one component of it.
 """
 
 from __future__ import annotations
@@ -374,6 +377,8 @@ class ImageBuild(pulumi.ComponentResource):
     logs_command: str
 
     def __init__(self, name: str, args: ImageBuildArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        """Declares the image builds. Why one function: a component declares its children in its constructor,
+        in the order they depend on each other; their specs come from this module's functions."""
         super().__init__("ml-dev-env:image:ImageBuild", name, None, opts)
         build, ns, stream = args.build, args.namespace, args.build.image_stream
         child = pulumi.ResourceOptions(parent=self)

@@ -4,6 +4,9 @@ Tekton v1 Tasks run the step programs of `steps/` from a small tools image the s
 steps' files are part of it: `steps.embed.shipped`); only the wait for that image runs as an inlined
 script. One PipelineRun per configured model, named from a hash of its inputs
 (unchanged config re-creates nothing; a change starts a new run) and not awaited by Pulumi.
+
+Why one module: the Tasks, the Pipeline and the PipelineRuns of one pipeline, whose params and results are wired to
+each other by name; apart, every name would cross a module boundary.
 """
 
 from __future__ import annotations
@@ -84,7 +87,11 @@ def task_specs(
     chunk_size: str = "1Gi",
 ) -> dict[str, tekton.TaskSpec]:
     """The six Tasks; `secrets` says which optional Secrets exist (hf, s3). Sizes are Kubernetes quantities
-    (`modelPipeline.*`), rendered as whole bytes: the steps' size parser has no Kubernetes suffixes."""
+    (`modelPipeline.*`), rendered as whole bytes: the steps' size parser has no Kubernetes suffixes.
+
+    Why one function: it is the table of the six Tasks, one entry each, sharing the params, sizes and Secrets;
+    read as one table.
+    """
     layer_limit = str(int(parse_quantity(max_layer_size)))
     chunks = ["--chunk-threshold", str(int(parse_quantity(chunk_threshold))), "--chunk-size", str(int(parse_quantity(chunk_size)))]
     model_ws = tekton.WorkspaceDeclaration(name="model", description="PVC holding the downloaded weights")
@@ -364,7 +371,11 @@ PIPELINE_PARAMS = [
 
 
 def pipeline_spec(size_gi_for_timeouts: float) -> tekton.PipelineSpec:
-    """Download → package → mirror → register (+ optional S3 upload); digests flow through results."""
+    """Download → package → mirror → register (+ optional S3 upload); digests flow through results.
+
+    Why one function: the task graph as one literal; the results that flow between the tasks are read where they
+    are wired.
+    """
 
     def ref(task: str) -> dict[str, str]:
         return {"kind": "Task", "name": STEP[task].task}
@@ -616,6 +627,8 @@ class ModelPipeline(pulumi.ComponentResource):
     """Per model: run name, namespace and ready-to-paste commands (`run_commands`)."""
 
     def __init__(self, name: str, args: ModelPipelineArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        """Declares the pipeline's objects. Why one function: a component declares its children in its
+        constructor, in dependency order; the specs come from this module's functions."""
         super().__init__("ml-dev-env:models:ModelPipeline", name, None, opts)
         ns, cfg = args.namespace, args.pipeline
         child = pulumi.ResourceOptions(parent=self)

@@ -4,6 +4,9 @@ Keys are camelCase in `Pulumi.<stack>.yaml` (`pulumi config set --path 'ml-dev-e
 Every model is frozen and rejects unknown keys; cross-field rules (`@rule` methods) yield a
 `ConfigProblem` per mistake, naming the exact key path, and all of them are reported in one run
 (a `@model_validator` that raises one `ConfigProblem` also works, but stops that model at the first).
+
+Why one module: the stack's schema is one pydantic model tree whose validators cross-reference each other's fields
+(a rule reads several sections); the generated reference (docs/ref/configuration.md) is read in its order.
 """
 
 from __future__ import annotations

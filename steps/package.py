@@ -184,6 +184,9 @@ def package(
     source: RegistryClient,
     s3: ModelSource | None = None,
 ) -> str:
+    """Why one function: its helpers (`push_one`, `push_streamed`, `verify_source`) are closures over one run's
+    state (client, pusher, cache, record, listing); the order of the run (base layers, model layers, config,
+    manifest, record) reads top to bottom."""
     listed = {rel: os.lstat(path) for rel, path in files if path is not None}  # what the reads must find again
     base_manifest, base_digest = resolve_base(source, base, args.platform)
     for layer in base_manifest["layers"]:

@@ -17,6 +17,9 @@ carries its source's sha256, so `--check` needs no Graphviz.
     python tools/diagram.py [STACK ...]               print the DOT sources (default: every stack's pictures)
     python tools/diagram.py --write docs/ref/architecture.md   draw the pictures, replace the block between the markers
     python tools/diagram.py --check docs/ref/architecture.md   exit 1 if the block, a source or a picture is stale
+
+Why one module: one command that measures the imports and draws the pictures of docs/ref/architecture.md; its parts
+(graph, layout, SVG) are only ever used together.
 """
 
 from __future__ import annotations

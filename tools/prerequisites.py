@@ -4,6 +4,9 @@ Pure functions of the validated config and the rendered objects (plain dicts), u
 and tested directly. Everything is derived from what the program would apply — a new component that
 mounts a new storage class, requests a new extended resource or creates an object in another
 namespace shows up here without a change to this file.
+
+Why one module: one reading of the rendered objects (what they reference that the stack does not create) with its
+table of kinds; the kinds' rules share the walk.
 """
 
 from __future__ import annotations
@@ -195,6 +198,8 @@ def prerequisites(config: StackConfig, objects: Sequence[Mapping[str, Any]], pat
 
     `objects` are what the stack creates; `patches` what it patches (server-side apply of a few fields
     of an object someone else created), which must therefore exist.
+
+    Why one function: one walk over the objects, one `Need` per kind of thing referenced, as a table of cases.
     """
     ns = config.cluster.namespace
     needs: list[Need] = []

@@ -82,6 +82,8 @@ def roce_v2_ipv4_gids(root: Path, hca: str, port_number: int = 1) -> list[int]:
 
 
 def preflight(cfg: dict) -> Findings:
+    """This pod's fabric facts, each check one finding. Why one function: the checks run in order and each later
+    one reads what an earlier found (the HCAs, their ports, the links); one pass over one `Findings`."""
     root = sys_root()
     f = Findings(this_pod(), this_node())
     rdma = cfg.get("mode") == "rdma"

@@ -33,6 +33,9 @@ $ML_DEV_STATE_DIR/home.addr, one a line)
        home_page.py render                       (the page once, to stdout)
 Test overrides: ML_DEV_HOME_AGENTS "pod=host:port ..." (every pod's agent, rank order),
 ML_DEV_HOME_INTERVAL (sampling seconds while no page asks, default 30), ML_DEV_HOME_REFRESH (page refresh seconds, default 10).
+
+Why one module: the page's sampler, its HTTP handler and its HTML are one program that ships as one file of its
+family; the views with logic of their own are modules of the family (why_view.py, svgplot.py).
 """
 
 from __future__ import annotations

@@ -137,7 +137,11 @@ def line_chart(
     (points outside it are clipped to its edges); `y_max` fixes the y axis' top, else it ends at most 25 % above
     the largest value drawn (`y_axis`). `width` x `height` is the chart with its axes; the legend (a row per
     few series and reference lines, with their colour and marker) goes below it, outside the plotting
-    rectangle, and makes the SVG taller. Without a legend the reference lines are labelled in the plot."""
+    rectangle, and makes the SVG taller. Without a legend the reference lines are labelled in the plot.
+
+    Why one function: one SVG document drawn over one coordinate system, which the axes, the series, the
+    reference lines and the legend all share.
+    """
     left, right, top, bottom = 52, 12, 26 if title else 10, 40
     plot_w, plot_h = width - left - right, height - top - bottom
     xs = [float(p[0]) for s in series for p in _points(s)]

@@ -254,7 +254,10 @@ def fan_out(
 
     With `verify` (`ml-dev run`: the rank agent waiting at each pod's gate) a relay only rsyncs, and this pod has the
     receiver's agent apply the launching pod's list and answer the hash: no `_apply` process and SSH session of
-    its own per hop. A receiver whose hash still differs gets its next copy with --checksum."""
+    its own per hop. A receiver whose hash still differs gets its next copy with --checksum.
+
+    Why one function: the rounds are one loop over shared state (holders, tries per pod, stalled relays).
+    """
     me, stall = cluster.me, max(1, cfg["stallSeconds"])
     holders: list[int] = []
     pending = list(stale)

@@ -1,6 +1,9 @@
 """ml-dev run / exec and `_rank` (what runs on every pod): heartbeats, the debugger hook, streaming output, stop-all on failure.
 
 Shipped next to ml-dev (inpod.SHIPPED); Python 3.8+, standard library only.
+
+Why one module: `ml-dev run`'s launcher and the rank agent it talks to are the two ends of one protocol (markers,
+gate, stop); kept in one file, both ends of each message are read together.
 """
 
 from __future__ import annotations
@@ -124,7 +127,10 @@ TORCHRUN_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 
 
 def cmd_rank(args: argparse.Namespace) -> int:
-    """(on every pod) run one rank: the pod's rank.env, own process group, stopped when stdin closes."""
+    """(on every pod) run one rank: the pod's rank.env, own process group, stopped when stdin closes.
+
+    Why one function: the rank agent's life in order (gate, start, stream, stop), one process's state.
+    """
     # the rank keys come from this pod's current rank.env only: on the launching pod this process inherits the
     # launching shell's env, whose rank values are those of when the shell started (stale after a count change)
     env = {k: v for k, v in os.environ.items() if k not in FROM_RANK_FILE}
@@ -419,7 +425,10 @@ def run_everywhere(
     it answers the hash of the tree it holds, the pods whose answer differs get a copy (sync.copy; a direct hop's
     `_apply` goes to the waiting agent), the listed Secret keys are checked (the
     same answers), and only then does every agent start its rank: one SSH
-    session per pod when nothing changed, and no rank starts before every pod's tree is verified."""
+    session per pod when nothing changed, and no rank starts before every pod's tree is verified.
+
+    Why one function: the launcher's one event loop over every agent's stream (markers, exits, stops).
+    """
     procs: dict[int, subprocess.Popen] = {}
     streams: list[Stream] = []
     launcher = cluster.pods[cluster.me] if 0 <= cluster.me < len(cluster.pods) else ""
@@ -568,7 +577,11 @@ def open_gate(
     """Every agent answers at its gate (an SSH failure, exit 255 (ssh(1)), is tried again each second until
     `timeout`: the same wait and words as wait_reachable); the pods whose tree differs get a copy; every listed
     Secret key must be on every pod (their answers say; secrets.require's words); then `go` to all. Dies naming the
-    pods that never answered or never got the tree, or the missing keys."""
+    pods that never answered or never got the tree, or the missing keys.
+
+    Why one function: one exchange with every agent at its gate, in protocol order (answers, copies, Secret
+    keys, go).
+    """
     started = time.monotonic()
     deadline = started + timeout
     answers: dict[int, str] = {}

@@ -263,7 +263,10 @@ def heartbeats(run: str | None) -> list[dict[str, Any]]:
 
 def sample_pod(run: str | None, samples: int, interval: float) -> dict[str, Any]:
     """This pod's report: its ranks' processes sampled `samples` times, `interval` seconds apart (at least); a pod
-    without any answers at once."""
+    without any answers at once.
+
+    Why one function: one sampling loop over this pod's ranks, each round reading what the last one found.
+    """
     binary = py_spy()
     report: dict[str, Any] = {
         "pod": os.environ.get("POD_NAME") or socket.gethostname(),

@@ -1,6 +1,9 @@
 """ml-dev sync: the synced tree (git + .ml-devignore rules), its hash and cache, and the sync to every pod (`_apply` on the receiving pod).
 
 Shipped next to ml-dev (inpod.SHIPPED); Python 3.8+, standard library only.
+
+Why one module: the tree's listing, its hash and its copy are one definition of `the synced tree`; the hash a pod
+answers and the files the copy sends must come from the same rules.
 """
 
 from __future__ import annotations

@@ -110,6 +110,9 @@ class BlobPusher:
         `new_hasher` makes the hash state (default sha256; `SourceHasher` also checks the source's own
         checksum) and `check(state)` runs on the complete state before the final PUT: an exception
         there cancels the session, so a blob whose source bytes fail verification is never committed.
+
+        Why one function: the upload loop is one state machine (session, offset, hash states, failure
+        budget) whose branches each answer one registry reply.
         """
         blob = (new_hasher, check)  # per push: the pusher is shared by the upload threads
         chunk = size if size <= self.settings.chunk_threshold else self.settings.chunk_size

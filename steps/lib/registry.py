@@ -1,4 +1,8 @@
-"""A small OCI distribution client on http.client: auth challenges, streaming bodies, retries."""
+"""A small OCI distribution client on http.client: auth challenges, streaming bodies, retries.
+
+Why one module: the OCI distribution client (auth challenges, token renewal, retries, streaming bodies) is one
+object's behaviour: every request goes through the same auth and retry path.
+"""
 
 from __future__ import annotations
 
