@@ -35,7 +35,7 @@ Test overrides: ML_DEV_HOME_AGENTS "pod=host:port ..." (every pod's agent, rank 
 ML_DEV_HOME_INTERVAL (sampling seconds while no page asks, default 30), ML_DEV_HOME_REFRESH (page refresh seconds, default 10).
 
 Why one module: the page's sampler, its HTTP handler and its HTML are one program that ships as one file of its
-family; the views with logic of their own are modules of the family (why_view.py, svgplot.py).
+family; the views with logic of their own are modules of the family (why_view.py) or the package's lib (lib/svgplot.py).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def esc(value: object) -> str:
 
 try:  # imported at start, never later: the kubelet removes the old `..<timestamp>` directory after a `..data`
     # swap (kubernetes pkg/volume/util/atomic_writer.go, AtomicWriter.Write); without it the page shows no plot
-    from . import svgplot as SVGPLOT
+    from ..lib import svgplot as SVGPLOT
 except ImportError:  # pragma: no cover
     SVGPLOT = None  # type: ignore[assignment]
 

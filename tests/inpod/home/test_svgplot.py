@@ -12,7 +12,7 @@ import pytest
 
 from bench import bench_package
 from bench.bench_package import Result
-from inpod.home import svgplot
+from inpod.lib import svgplot
 
 SVG = "{http://www.w3.org/2000/svg}"
 
