@@ -292,9 +292,15 @@ def size_label(n: float) -> str:
     return f"{n:g}"
 
 
-def gate_curve(result: dict[str, Any]) -> str | None:
+NARROW = 330
+"""The width of a chart a phone shows at its own size (a 390 px screen's card: about 338 px): drawn any wider, it is
+scaled down and its 12 px text drawn under 11 px."""
+
+
+def gate_curve(result: dict[str, Any], width: int = 520) -> str | None:
     """The fabric gate's bus bandwidth against message size, with the expectation and the pass line
-    (fabric_check.py's result JSON: `sizes` rows, `expectation`). None when the gate measured nothing."""
+    (fabric_check.py's result JSON: `sizes` rows, `expectation`), `width` px wide. None when the gate measured
+    nothing."""
     rows = result.get("sizes") or []
     if not rows:
         return None
@@ -319,4 +325,5 @@ def gate_curve(result: dict[str, Any]) -> str | None:
         x_log2=True,
         x_format=size_label,
         hlines=hlines,
+        width=width,
     )
