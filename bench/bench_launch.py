@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import inpod
-from inpod.home import svgplot
+from inpod.lib import svgplot
 from tests.conftest import run_objects, stack_objects
 from tests.podsim.pods import PodSim, missing_requirements
 

@@ -64,7 +64,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from inpod.home import svgplot
+from inpod.lib import svgplot
 from steps.embed import write_tree
 from tests.fixtures.images import push_base
 from tests.fixtures.registry import Registry, registry_available, run_registry

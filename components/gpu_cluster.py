@@ -341,7 +341,7 @@ class GpuCluster(pulumi.ComponentResource):
         """The startup ConfigMap's keys: the package (inpod.SHIPPED), the launchers and shell files, the settings files.
         + the fabric check (fabric_check.py, fabric.json, rank_order.sh; docs/operate/fabric-check.md),
         + usage.py (`ml-dev status --all`): not hashed into the pod template, like ml-dev it updates in place
-        + the home page and the SVG plots (home_page.py, svgplot.py; always: the fabric gate draws with svgplot)"""
+        + the home page (home_page.py; always: its SVG plots, lib/svgplot.py, ship with the package, the fabric gate draws with them)"""
         return {
             "startup.sh": script,
             **inpod.group("package"),

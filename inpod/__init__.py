@@ -39,10 +39,9 @@ class Shipped:
     source: str
     """The file in this package."""
     group: str
-    """Which part of the stack ships it: package (the package's common modules; always), startup (PID 1), devloop
-    (SSH fabric, launcher), servers (forward.py: the token-mode servers on the pod IP), lifecycle, fabric, usage,
-    home (the home page and the SVG plots it and the fabric gate
-    draw; always shipped)."""
+    """Which part of the stack ships it: package (the package's common modules, the SVG plots the home page and the
+    fabric gate draw among them, and contract.env; always), startup (PID 1), devloop (SSH fabric, launcher), servers
+    (forward.py: the token-mode servers on the pod IP), lifecycle, fabric, usage, home (the home page; always shipped)."""
 
     @property
     def key(self) -> str:

@@ -13,7 +13,7 @@ from ..lib.pod import env_records_dir
 from .util import GIB, ensure, state_dir
 
 try:  # shipped with the home group; a ConfigMap without it draws no curve (the gate never fails for a plot)
-    from ..home import svgplot
+    from ..lib import svgplot
 except ImportError:  # pragma: no cover - exercised by tests/inpod/fabric/test_curve.py on a pod
     svgplot = None  # type: ignore[assignment]
 

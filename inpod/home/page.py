@@ -36,7 +36,7 @@ Test overrides: ML_DEV_HOME_AGENTS "pod=host:port ..." (every pod's agent, rank 
 ML_DEV_HOME_INTERVAL (sampling seconds while no page asks, default 30), ML_DEV_HOME_REFRESH (page refresh seconds, default 10).
 
 Why one module: the page's sampler, its HTTP handler and its HTML are one program that ships as one file of its
-family; the views with logic of their own are modules of the family (why_view.py, svgplot.py).
+family; the views with logic of their own are modules of the family (why_view.py) or the package's lib (lib/svgplot.py).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def esc(value: object) -> str:
 
 try:  # imported at start, never later: the kubelet removes the old `..<timestamp>` directory after a `..data`
     # swap (kubernetes pkg/volume/util/atomic_writer.go, AtomicWriter.Write); without it the page shows no plot
-    from . import svgplot as SVGPLOT
+    from ..lib import svgplot as SVGPLOT
 except ImportError:  # pragma: no cover
     SVGPLOT = None  # type: ignore[assignment]
 
@@ -454,7 +454,10 @@ def fabric_html(v: View) -> tuple[str, str]:
     if exp.get("pass_busbw_gbs"):
         text += f", pass at {num('pass', exp['pass_busbw_gbs'])} GB/s"
     diagnosis = "".join(f"<li>{num('diagnosis', d)}</li>" for d in result.get("diagnosis", []))
-    plot = '<img id="fabric-curve" src="fabric.svg" alt="bus bandwidth against message size">' if result.get("sizes") else ""
+    # a phone gets the curve drawn at its width (text drawn at its own size, never scaled under 11 px)
+    narrow = f'<source media="(max-width: 600px)" srcset="fabric.svg?width={v.plots.NARROW}">' if v.plots is not None else ""
+    img = '<img id="fabric-curve" src="fabric.svg" alt="bus bandwidth against message size">'
+    plot = f"<picture>{narrow}{img}</picture>" if result.get("sizes") else ""
     return f'<p id="fabric-status" class="{cls}">{text}</p>{plot}<ul class="diagnosis">{diagnosis}</ul>', cls
 
 
@@ -592,7 +595,9 @@ class Handler(BaseHTTPRequestHandler):
             self.reply(APP_JS, "text/javascript; charset=utf-8")
         elif path == "/fabric.svg":
             result = fabric_result()
-            svg = fabric_svg(result, svgplot()) if result else None
+            width = self.path.partition("?width=")[2]
+            narrow = result is not None and width.isdigit() and svgplot() is not None and 240 <= int(width) <= 1200
+            svg = svgplot().gate_curve(result, width=int(width)) if narrow else fabric_svg(result, svgplot()) if result else None
             if svg is None:
                 self.send_error(404)
                 return

@@ -15,7 +15,7 @@ def test_barcelona_renders_the_home_page(run: Callable[..., RunResult]) -> None:
     result = run("barcelona")
     assert result.error is None, result.error
     data = result.one("kubernetes:core/v1:ConfigMap", "startup").inputs["data"]
-    for key in ("home_page.py", "inpod.home.page.py", "inpod.home.svgplot.py"):
+    for key in ("home_page.py", "inpod.home.page.py", "inpod.lib.svgplot.py"):
         assert data[key] == inpod.path(key).read_text(), f"{key} ships verbatim"
     route = result.one("kubernetes:route.openshift.io/v1:Route", "home").inputs
     assert route["metadata"]["name"] == "ml-dev-env-home" and route["spec"]["tls"]["termination"] in ("edge", "reencrypt")

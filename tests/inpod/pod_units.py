@@ -335,7 +335,7 @@ class Plots(unittest.TestCase):
     def test_a_chart_is_svg_and_its_text_is_escaped(self) -> None:
         import xml.etree.ElementTree as ET
 
-        svgplot = load("inpod.home.svgplot")
+        svgplot = load("inpod.lib.svgplot")
         label = "<script>alert(1)</script> & 'q'"
         root = ET.fromstring(svgplot.line_chart([{"label": label, "points": [(1, 2), (4, 8)]}], title=label, hlines=[(5, "<x>", "#000")]))
         self.assertEqual(root.tag, self.SVG + "svg")
@@ -349,11 +349,11 @@ class Plots(unittest.TestCase):
         rows = parse((ROOT / "tests" / "inpod" / "fabric" / "data" / "all_reduce_perf-2x8-h100.txt").read_text())["rows"]
         result = {"status": "pass", "time": "t", "hosts": ["a", "b"], "gpusPerNode": 8, "sizes": rows,
                   "expectation": {"expected_busbw_gbs": 194.6, "pass_busbw_gbs": 175.14}}  # fmt: skip
-        root = ET.fromstring(load("inpod.home.svgplot").gate_curve(result))
+        root = ET.fromstring(load("inpod.lib.svgplot").gate_curve(result))
         line = next(root.iter(self.SVG + "polyline")).get("points", "").split()
         self.assertEqual(len(line), len(rows))
         self.assertIn("pass at 175.1 GB/s", [t.text for t in root.iter(self.SVG + "text")])
-        self.assertIsNone(load("inpod.home.svgplot").gate_curve({"status": "error"}))
+        self.assertIsNone(load("inpod.lib.svgplot").gate_curve({"status": "error"}))
 
     def test_home_page_escapes_what_users_write(self) -> None:
         home = load("inpod.home.page")

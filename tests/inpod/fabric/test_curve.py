@@ -40,7 +40,7 @@ def test_gate_without_svgplot_still_writes_its_json(fabric) -> None:
     f: Fabric = fabric(2)
     key = next(name for name, data in f.sim.configmaps.items() if "fabric_check.py" in data)
     original = dict(f.sim.configmaps[key])
-    older = {**original, "inpod.home.svgplot.py": "raise ImportError('no svgplot in this ConfigMap')\n"}
+    older = {**original, "inpod.lib.svgplot.py": "raise ImportError('no svgplot in this ConfigMap')\n"}
     assert set(inpod.group("fabric")) <= set(older), "the fabric check's files, with an svgplot that does not import"
     f.sim.swap_configmap(key, older)  # the kubelet swaps ..data on every pod
     try:

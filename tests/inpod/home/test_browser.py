@@ -108,7 +108,12 @@ REFRESHES = """
   }).observe(document, {childList: true, subtree: true});
 })();
 """
-LAYOUT = """
+MIN_DRAWN = 11
+"""The smallest text drawn on the screen, in CSS px at the viewport's scale: in an SVG (inline or an image) the font
+size times the scale the picture is drawn at, at 1280 px and at 390 px."""
+LAYOUT = (
+    f"var MIN_DRAWN = {MIN_DRAWN};\n"
+    + r"""
 var out = {overflow: [], small: [], boxes: {}, viewport: [window.innerWidth, window.innerHeight]};
 document.querySelectorAll('body *').forEach(function (e) {
   if (e.closest('svg') && e.tagName.toLowerCase() !== 'text') { return; }
@@ -120,12 +125,39 @@ document.querySelectorAll('body *').forEach(function (e) {
   var text = Array.from(e.childNodes).some(function (n) { return n.nodeType === 3 && n.textContent.trim(); });
   if (text && parseFloat(getComputedStyle(e).fontSize) < 12) { out.small.push(name + ' ' + getComputedStyle(e).fontSize); }
 });
+// drawn text: an SVG text's font size times the scale its screen matrix applies (getScreenCTM), inline or inside an
+// <img> (its document read again and scaled by the image's drawn width over the SVG's own)
+out.drawn = [];
+function drawn(where, text, px) {
+  if (px < MIN_DRAWN) { out.drawn.push(where + ' "' + text.trim().slice(0, 40) + '" ' + px.toFixed(1) + 'px'); }
+}
+document.querySelectorAll('svg text').forEach(function (t) {
+  var m = t.getScreenCTM();
+  if (!t.textContent.trim() || !m) { return; }
+  drawn('svg', t.textContent, parseFloat(getComputedStyle(t).fontSize) * Math.sqrt(m.a * m.a + m.b * m.b));
+});
+document.querySelectorAll('img').forEach(function (img) {
+  var src = img.currentSrc || img.src;
+  var box = img.getBoundingClientRect();
+  if (!/\.svg(\?|$)/.test(src) || !box.width) { return; }
+  var x = new XMLHttpRequest();
+  x.open('GET', src, false);
+  x.send();
+  var svg = new DOMParser().parseFromString(x.responseText, 'image/svg+xml').documentElement;
+  var own = (svg.viewBox && svg.viewBox.baseVal && svg.viewBox.baseVal.width) || parseFloat(svg.getAttribute('width'));
+  svg.querySelectorAll('text').forEach(function (t) {
+    var sized = t.closest('[font-size]');
+    var size = parseFloat((sized && sized.getAttribute('font-size')) || '16');
+    if (t.textContent.trim()) { drawn('img#' + img.id, t.textContent, size * box.width / own); }
+  });
+});
 ['card-idle', 'pods', 'fabric-curve'].forEach(function (id) {
   var r = document.getElementById(id).getBoundingClientRect();
   out.boxes[id] = [r.left, r.top, r.right, r.bottom];
 });
 return out;
 """
+)
 
 
 def viewport(browser: Any, width: int, height: int, mobile: bool = False) -> None:
@@ -135,11 +167,12 @@ def viewport(browser: Any, width: int, height: int, mobile: bool = False) -> Non
 
 
 def layout_problems(browser: Any, first_screen: bool) -> list[str]:
-    """Elements wider than their box, text under 12 px, and (first screen) the idle card, the pods table and the
-    whole fabric curve outside the viewport."""
+    """Elements wider than their box, text under 12 px, text drawn under MIN_DRAWN px (SVG text and images included),
+    and (first screen) the idle card, the pods table and the whole fabric curve outside the viewport."""
     found = js(browser, LAYOUT)
     problems = [f"wider than its box: {found['overflow']}"] if found["overflow"] else []
     problems += [f"text under 12 px: {found['small']}"] if found["small"] else []
+    problems += [f"text drawn under {MIN_DRAWN} px: {found['drawn']}"] if found["drawn"] else []
     width, height = found["viewport"]
     for name, (left, top, right, bottom) in found["boxes"].items() if first_screen else ():
         if left < 0 or top < 0 or right > width or bottom > height:

@@ -100,7 +100,7 @@ def test_full_page_loads_nothing_from_elsewhere(environment: Environment) -> Non
 
 
 def test_plot_escapes_its_text() -> None:
-    svgplot = load("inpod.home.svgplot_under_test", ROOT / "inpod" / "home" / "svgplot.py")
+    svgplot = load("inpod.lib.svgplot_under_test", ROOT / "inpod" / "lib" / "svgplot.py")
     out = svgplot.line_chart([{"label": INJECTED, "points": [(1, 2), (2, 3)]}], title='a "b" <c>', hlines=[(2.5, "<i>x</i>", "#000")])
     root = ET.fromstring(out)
     assert not list(root.iter(f"{SVG}script")) and not list(root.iter("script"))
@@ -124,7 +124,7 @@ def test_page_runs_on_the_oldest_python(environment: Environment) -> None:
     assert "ml-dev-env-1" in rendered.stdout and 'id="fabric-status" class="bad">FAIL' in rendered.stdout
     curve = env.pods.exec(
         0,
-        [python, "-c", "import json, sys; from inpod.home import svgplot; sys.stdout.write(svgplot.gate_curve(json.load(sys.stdin)))"],
+        [python, "-c", "import json, sys; from inpod.lib import svgplot; sys.stdout.write(svgplot.gate_curve(json.load(sys.stdin)))"],
         cwd="/opt/ml-dev-env",
         input=json.dumps(fabric_result(env)),
         timeout=60,

@@ -70,4 +70,4 @@ def test_home_page_as_the_render_starts_it(pods: HomePods) -> None:
         assert time.monotonic() < deadline, pods.log_of(0, "home")
         time.sleep(0.2)
     assert get(pods, "healthz") == "ok\n"
-    assert inpod.text("inpod.home.svgplot.py") == pods.pods[0].path("/opt/ml-dev-env/inpod/home/svgplot.py").read_text()
+    assert inpod.text("inpod.lib.svgplot.py") == pods.pods[0].path("/opt/ml-dev-env/inpod/lib/svgplot.py").read_text()

@@ -5,6 +5,7 @@ site's browser test (tests/repo/test_docs_site.py) measures the shipped plots wi
 
 from __future__ import annotations
 
+import math
 import re
 import xml.etree.ElementTree as ET
 
@@ -12,7 +13,7 @@ import pytest
 
 from bench import bench_package
 from bench.bench_package import Result
-from inpod.home import svgplot
+from inpod.lib import svgplot
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -153,3 +154,19 @@ def test_shipped_plots_follow_the_rules() -> None:
             assert ys and min(ys) >= top, f"{name}: a value above the axis' top"
             assert (bottom - min(ys)) / (bottom - top) >= 0.8 - 0.01, f"{name}: the axis ends over 25 % above the largest value"
             assert [g for g in chart.iter(f"{SVG}g") if g.get("class") == "legend"], f"{name}: a legend"
+
+
+def test_time_axis_ticks_are_round_values() -> None:
+    """The home page's last hour (minutes before now, -13.7 .. 0): ticks at -10, -5, 0, not the span's quarters
+    (-13.7 -10.3 -6.8 ...); any span gets multiples of one 1/2/2.5/5 x 10^k step inside it."""
+    pts = [(-13.7, 40.0), (-6.0, 55.0), (0.0, 60.0)]
+    root = ET.fromstring(svgplot.line_chart([{"label": "GPU 0", "points": pts}], legend=False))
+    plot_bottom = max(float(r.attrib["y"]) + float(r.attrib["height"]) for r in root.iter(f"{SVG}rect") if r.get("class") == "plot-area")
+    labels = [t.text for t in root.iter(f"{SVG}text") if float(t.attrib["y"]) > plot_bottom and t.get("text-anchor") == "middle"]
+    assert labels[:3] == ["-10", "-5", "0"], labels
+    for lo, hi in ((-13.7, 0), (0.3, 7.9), (120, 4000), (-0.07, 0.21)):
+        ticks = svgplot.round_ticks(lo, hi)
+        step = ticks[1] - ticks[0]
+        assert 3 <= len(ticks) <= 6 and all(lo - 1e-9 <= t <= hi + 1e-9 for t in ticks), (lo, hi, ticks)
+        assert any(abs(step - m * 10 ** math.floor(math.log10(step))) < 1e-9 for m in (1, 2, 2.5, 5)), (lo, hi, step)
+        assert all(abs(t / step - round(t / step)) < 1e-9 for t in ticks), (lo, hi, ticks)

@@ -40,6 +40,16 @@ def nice_max(value: float) -> float:
     return 10 * power
 
 
+def round_ticks(lo: float, hi: float) -> list[float]:
+    """Ticks of an axis from `lo` to `hi` at round values: the multiples of the smallest 1/2/2.5/5 x 10^k step at or
+    above a fifth of the span that lie in it (-13.7 .. 0 reads -10, -5, 0; not the span's quarters -13.7 -10.3 ...)."""
+    if hi <= lo:
+        return [lo]
+    step = nice_max((hi - lo) / 5)
+    first, last = math.ceil(lo / step - 1e-9), math.floor(hi / step + 1e-9)
+    return [k * step + 0.0 for k in range(first, last + 1)]
+
+
 def y_axis(largest: float) -> tuple[float, float]:
     """(top, step) of a y axis from 0 that shows `largest`: the step is the smallest 1/2/2.5/5 x 10^k at or above
     largest / 8, the top the first multiple of it at or above `largest`, so the axis ends less than one step (at
@@ -194,7 +204,7 @@ def line_chart(
     if not x_log2 and x_range is None and every_x and len(every_x) <= 12 and all(x == int(x) for x in every_x):
         ticks = every_x  # run numbers, rounds: whole numbers only
     if not ticks:
-        ticks = [x_lo + (x_hi - x_lo) * i / 4 for i in range(5)]
+        ticks = round_ticks(x_lo, x_hi)
     stride = max(1, math.ceil(len(ticks) / 8))
     for x in ticks[::stride]:
         out.append(f'<text x="{px(x):.1f}" y="{top + plot_h + 15}" text-anchor="middle" fill="#555">{xml_text(x_format(x))}</text>')
@@ -282,9 +292,15 @@ def size_label(n: float) -> str:
     return f"{n:g}"
 
 
-def gate_curve(result: dict[str, Any]) -> str | None:
+NARROW = 330
+"""The width of a chart a phone shows at its own size (a 390 px screen's card: about 338 px): drawn any wider, it is
+scaled down and its 12 px text drawn under 11 px."""
+
+
+def gate_curve(result: dict[str, Any], width: int = 520) -> str | None:
     """The fabric gate's bus bandwidth against message size, with the expectation and the pass line
-    (fabric_check.py's result JSON: `sizes` rows, `expectation`). None when the gate measured nothing."""
+    (fabric_check.py's result JSON: `sizes` rows, `expectation`), `width` px wide. None when the gate measured
+    nothing."""
     rows = result.get("sizes") or []
     if not rows:
         return None
@@ -309,4 +325,5 @@ def gate_curve(result: dict[str, Any]) -> str | None:
         x_log2=True,
         x_format=size_label,
         hlines=hlines,
+        width=width,
     )
