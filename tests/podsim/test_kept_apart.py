@@ -123,7 +123,7 @@ def test_two_environments_on_one_workspace_claim_keep_their_records_apart(two: t
         assert not any(p.name in fragment for p in other.pods), f"{sim.app}'s page shows {other.app}'s pods"
     # DeepSpeed's hostfile (rank.env's DEEPSPEED_HOSTFILE, written by startup.sh) is the environment's own too
     for sim, other in ((first, second), (second, first)):
-        rank = sim.exec(0, "set -a; . /tmp/ml-dev-env/rank.env; printf %s \"$DEEPSPEED_HOSTFILE\"", timeout=30).stdout
+        rank = sim.exec(0, 'set -a; . /tmp/ml-dev-env/rank.env; printf %s "$DEEPSPEED_HOSTFILE"', timeout=30).stdout
         hosts = sim.pods[0].path(rank).read_text()
         assert all(p.name in hosts for p in sim.pods) and not any(f"{p.name}." in hosts for p in other.pods), (rank, hosts)
     # TensorBoard's default folder is the environment's own

@@ -220,9 +220,7 @@ def test_worker_starts_no_dev_servers(sim: PodSim) -> None:
     out = log(sim, 1)
     assert "worker pod: no dev servers" in out and "NODE_RANK=1 of NNODES=2" in out
     _, values = cluster(sim)
-    assert sim.pods[1].path(hostfile_of(sim)).read_text() == naming.hostfile(
-        sim.app, sim.namespace, 2, int(values["GPUS_PER_NODE"])
-    )
+    assert sim.pods[1].path(hostfile_of(sim)).read_text() == naming.hostfile(sim.app, sim.namespace, 2, int(values["GPUS_PER_NODE"]))
     rank = rank_env(sim, 1)
     assert rank == expected_rank(sim, 1)
     # the rank the pod computes from the rendered cluster ConfigMap is the one the program reports in its outputs
@@ -427,7 +425,11 @@ def test_refused_memlock_cannot_kill_the_pod(started: Callable[..., PodSim]) -> 
 
 
 def unwritable_warnings(pod: str) -> list[str]:
-    warnings = [f"WARNING: cannot write {WORKSPACE}/.deepspeed/{pod.rpartition('-')[0]}/hostfile", f"WARNING: cannot create or write HOME {WORKSPACE}/.home/{pod}"]
+    app = pod.rpartition("-")[0]
+    warnings = [
+        f"WARNING: cannot write {WORKSPACE}/.deepspeed/{app}/hostfile",
+        f"WARNING: cannot create or write HOME {WORKSPACE}/.home/{pod}",
+    ]
     if pod.endswith("-0"):
         warnings.append(f"WARNING: cannot create {WORKSPACE}/tensorboard")
     return warnings
