@@ -23,7 +23,10 @@ PROGRAM = mount.shipped() / "home_page.py"
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    return {"PATH": os.environ["PATH"], "ML_DEV_STATE_DIR": str(tmp_path), "ML_DEV_HOME_INTERVAL": "60", **extra}
+    # the workspace too: the page keeps its history there (never the machine's /workspace)
+    workspace = str(tmp_path / "workspace")
+    state = str(tmp_path)
+    return {"PATH": os.environ["PATH"], "ML_DEV_STATE_DIR": state, "ML_DEV_WORKSPACE": workspace, "ML_DEV_HOME_INTERVAL": "60", **extra}
 
 
 @pytest.mark.parametrize("listen", ["0.0.0.0:0", ":8090", "[::]:8090", "127.0.0.1:0,0.0.0.0:0"])
