@@ -49,13 +49,19 @@ def day(ts: float) -> str:
 
 
 def add_usage(
-    data: dict[str, str], pods: int, gpus_per_pod: int, now: float, period: float, bound_at: list[float] | None = None
+    data: dict[str, str],
+    pods: int,
+    gpus_per_pod: int,
+    now: float,
+    period: float,
+    bound_at: list[float] | None = None,
+    until: list[float] | None = None,
 ) -> dict[str, str]:
     """The usage ConfigMap's new data: GPU-seconds since the last record added to today's bucket.
 
-    `bound_at` (the recorder): when each pod holding GPUs was bound; each adds GPUs × (now − the later of its binding and
-    the last record), a gap of the recorder included. Without it: `pods` × GPUs × the time since the last record, at most
-    two periods.
+    `bound_at` (the recorder): when each pod holding GPUs was bound; each adds GPUs × (the end − the later of its binding
+    and the last record), a gap of the recorder included; the end is now, or the pod's entry of `until` (a lost pod:
+    its node's last heartbeat, `lost`). Without it: `pods` × GPUs × the time since the last record, at most two periods.
     """
     out = dict(data)
     try:
@@ -66,7 +72,8 @@ def add_usage(
     if bound_at is None:
         seconds = pods * gpus_per_pod * min(max(now - last, 0.0), 2 * period)
     else:
-        seconds = sum(gpus_per_pod * max(now - max(last, bound), 0.0) for bound in bound_at)
+        ends = until if until is not None else [now] * len(bound_at)
+        seconds = sum(gpus_per_pod * max(min(now, end) - max(last, bound), 0.0) for bound, end in zip(bound_at, ends))
     out[key] = str(int(float(out.get(key, "0") or 0) + seconds))
     out[LAST] = str(int(now))
     oldest = day(now - KEEP_DAYS * 86400)
@@ -104,6 +111,45 @@ def holds_gpus(pod: dict[str, Any]) -> bool:
     return bool((pod.get("spec") or {}).get("nodeName")) and phase not in ("Succeeded", "Failed")
 
 
+LOST_MARGIN = 60
+"""Seconds past a pod's deletion grace after which, its node unreadable, a pod still there is lost (a live kubelet
+kills it within the grace: kubernetes pkg/kubelet/kuberuntime/kuberuntime_container.go killContainer)."""
+
+
+def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("type") == kind), {})
+
+
+def lost(pod: dict[str, Any], nodes: dict[str, dict[str, Any]] | None, now: float) -> tuple[float, str] | None:
+    """(until when it is charged, why) for a pod holding GPUs whose node is lost; None while its node is up.
+
+    With the nodes (`nodes`, by name; None: this reader may not list them): a node whose Ready condition is not True
+    (False, or Unknown: the node lifecycle controller's word when the kubelet stopped posting, kubernetes
+    pkg/controller/nodelifecycle/node_lifecycle_controller.go tryUpdateNodeHealth) ends the charge at the node's last
+    heartbeat (that condition's lastHeartbeatTime); a node that is gone ends it at the pod's Ready condition's last
+    transition (the kubelet's last word; pod GC removes such a pod soon: pkg/controller/podgc gcOrphaned). Without the
+    nodes: a pod deleted longer ago than its grace plus LOST_MARGIN is lost since its deletion (a kubelet alive would
+    have ended it; the taint manager deletes the pods of a NotReady node after their toleration,
+    pkg/controller/tainteviction/taint_eviction.go), so the charge may run past the heartbeat by at most that time."""
+    node = str((pod.get("spec") or {}).get("nodeName") or "")
+    meta = pod.get("metadata") or {}
+    if nodes is not None and node:
+        found = nodes.get(node)
+        if found is None:
+            ready = _condition(pod, "Ready")
+            return (rfc3339_seconds(ready.get("lastTransitionTime")) or now, f"on {node}, which is gone")
+        cond = _condition(found, "Ready")
+        if cond and cond.get("status") != "True":
+            beat = rfc3339_seconds(cond.get("lastHeartbeatTime"))
+            return (beat if beat is not None else now, f"on {node}, NotReady")
+        return None
+    deleted = rfc3339_seconds(meta.get("deletionTimestamp"))
+    grace = float(meta.get("deletionGracePeriodSeconds") or 0)
+    if deleted is not None and now > deleted + grace + LOST_MARGIN:
+        return (deleted, f"on {node}, not ended {int(now - deleted)} s after its deletion")
+    return None
+
+
 def bound_at(pod: dict[str, Any], default: float) -> float:
     """When the pod was bound: its PodScheduled condition's transition to True (else its start, else `default`)."""
     status = pod.get("status") or {}
@@ -129,10 +175,13 @@ def record(
     query = "?labelSelector=" + urllib.parse.quote(selector) if selector else ""
     pods = own_pods(api.call("GET", f"/api/v1/namespaces/{namespace}/pods{query}").get("items") or [], statefulset)
     now = time.time() if now is None else now
-    held = [bound_at(pod, now - period) for pod in pods if holds_gpus(pod)]
+    nodes = read_nodes(api)
+    holding = [pod for pod in pods if holds_gpus(pod)]
+    held = [bound_at(pod, now - period) for pod in holding]
+    until = [(lost(pod, nodes, now) or (now, ""))[0] for pod in holding]
     path = f"/api/v1/namespaces/{namespace}/configmaps/{configmap}"
     current = api.call("GET", path).get("data") or {}
-    data = add_usage(current, len(held), gpus_per_pod, now, period, bound_at=held)
+    data = add_usage(current, len(held), gpus_per_pod, now, period, bound_at=held, until=until)
     # A merge patch: keys it drops (older than KEEP_DAYS) are sent as null, which removes them.
     api.call("PATCH", path, {"data": {**{k: None for k in current if k not in data}, **data}}, "application/merge-patch+json")
     waiting = len(pods) - len(held)
@@ -141,6 +190,16 @@ def record(
         + (f", {waiting} not holding any" if waiting else "")
         + f"; today {int(data[BUCKET + day(now)]) / 3600:.2f} GPU-hours"
     )
+
+
+def read_nodes(api: Client) -> dict[str, dict[str, Any]] | None:
+    """The cluster's nodes by name, or None where this reader may not list them (cluster-scoped: `lost` then reads
+    the pods alone)."""
+    try:
+        items = api.call("GET", "/api/v1/nodes").get("items") or []
+    except (OSError, ValueError):
+        return None
+    return {str((n.get("metadata") or {}).get("name")): n for n in items}
 
 
 def run_loop(
@@ -223,6 +282,8 @@ def environments(items: list[dict[str, Any]], now: float) -> list[dict[str, Any]
     """
     maps = {((o["metadata"].get("namespace")), o["metadata"]["name"]): o for o in items if o.get("kind") == "ConfigMap"}
     pods_listed = any(o.get("kind") == "Pod" for o in items)
+    listed_nodes = [o for o in items if o.get("kind") == "Node"]
+    nodes = {str(o["metadata"].get("name")): o for o in listed_nodes} if listed_nodes else None
     rows = []
     for sts in (o for o in items if o.get("kind") == "StatefulSet"):
         meta = sts["metadata"]
@@ -233,13 +294,16 @@ def environments(items: list[dict[str, Any]], now: float) -> list[dict[str, Any]
             state = "running"
             if pods_listed:
                 own = own_pods([o for o in items if o.get("kind") == "Pod" and o["metadata"].get("namespace") == ns], name)
-                held = sum(1 for p in own if holds_gpus(p))
-                problems = [p for p in (pod_problem(pod) for pod in own) if p]
+                gone = {str(p["metadata"].get("name")): why for p in own if holds_gpus(p) and (why := lost(p, nodes, now)) is not None}
+                held = sum(1 for p in own if holds_gpus(p) and str(p["metadata"].get("name")) not in gone)
+                problems = [f"{pod} lost ({why[1]}; charged until {clock(why[0])})" for pod, why in sorted(gone.items())]
+                problems += [p for p in (pod_problem(x) for x in own if str(x["metadata"].get("name")) not in gone) if p]
                 missing = replicas - len(own)
                 if missing > 0:
                     problems.append(f"{missing} pod(s) not created (oc describe statefulset {name})")
                 if problems:
-                    state = f"{'running' if held else 'pending'} {held}/{replicas}: " + "; ".join(problems)
+                    word = "lost" if gone else ("running" if held else "pending")
+                    state = f"{word} {held}/{replicas}: " + "; ".join(problems)
         else:
             by_agent = replicas_set_by_idle_agent(sts)
             stopped = record.get("stoppedAt")
@@ -260,6 +324,10 @@ def environments(items: list[dict[str, Any]], now: float) -> list[dict[str, Any]
             }
         )
     return sorted(rows, key=lambda r: (-r["gpuHoursWeek"], r["namespace"] or "", r["environment"]))
+
+
+def clock(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(ts))
 
 
 def table(rows: list[dict[str, Any]]) -> str:

@@ -75,6 +75,14 @@ def read(cluster: str, namespaces: Sequence[str] | None, oc: Oc = run_oc) -> tup
             items += json.loads(proc.stdout).get("items") or []
         except ValueError:
             failed.append(f"{where}: not read: oc printed no JSON list")
+    # the nodes, where this login may list them: a pod on a NotReady or gone node is `lost` since the node's last
+    # heartbeat (inpod/usage.py lost); without them the pods alone say it (a deletion no kubelet ends)
+    proc = oc(["get", "nodes", "-o", "json"])
+    if proc.returncode == 0:
+        try:
+            items += [{**n, "kind": "Node"} for n in json.loads(proc.stdout).get("items") or []]
+        except ValueError:
+            pass
     return items, failed
 
 

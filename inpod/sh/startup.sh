@@ -186,7 +186,9 @@ write_file() {  # write_file PATH CONTENT: atomically (temporary file in the sam
   return 1
 }
 
-HOSTFILE="${DEEPSPEED_HOSTFILE:-$WORKSPACE/.deepspeed/hostfile}"
+# under the environment's name (`<app>`, the pod's name without its ordinal): environments that mount one workspace
+# claim each write their own
+HOSTFILE="${DEEPSPEED_HOSTFILE:-$WORKSPACE/.deepspeed/${POD%-*}/hostfile}"
 refresh_rank() {  # read cluster.env, write the hostfile and rank.env, export the values; fails with a warning
   local pod hosts=() pods=() lines="" master
   if ! read_cluster_env; then

@@ -5,7 +5,7 @@ running at once with the idle stop on (pod 0's home page samples its own agents)
 * records written before records were kept per environment (`/workspace/.ml-dev-env/{home,fabric,runs}`) move once,
   into the first environment that looks, byte for byte; the second finds nothing left to take;
 * each page keeps its history under its own name and draws only its own pods; neither rewrites the other's file;
-* each environment's TensorBoard folder (the render's TENSORBOARD_LOGDIR) is its own.
+* each environment's DeepSpeed hostfile and TensorBoard folder (the render's TENSORBOARD_LOGDIR) are its own.
 """
 
 from __future__ import annotations
@@ -121,6 +121,11 @@ def test_two_environments_on_one_workspace_claim_keep_their_records_apart(two: t
         fragment = page(sim)
         assert all(f"{p.name}<" in fragment for p in sim.pods), fragment
         assert not any(p.name in fragment for p in other.pods), f"{sim.app}'s page shows {other.app}'s pods"
+    # DeepSpeed's hostfile (rank.env's DEEPSPEED_HOSTFILE, written by startup.sh) is the environment's own too
+    for sim, other in ((first, second), (second, first)):
+        rank = sim.exec(0, 'set -a; . /tmp/ml-dev-env/rank.env; printf %s "$DEEPSPEED_HOSTFILE"', timeout=30).stdout
+        hosts = sim.pods[0].path(rank).read_text()
+        assert all(p.name in hosts for p in sim.pods) and not any(f"{p.name}." in hosts for p in other.pods), (rank, hosts)
     # TensorBoard's default folder is the environment's own
     logdirs = {sim.pods[0].env["TENSORBOARD_LOGDIR"] for sim in two}
     assert logdirs == {f"/workspace/tensorboard/{first.app}", f"/workspace/tensorboard/{second.app}"}

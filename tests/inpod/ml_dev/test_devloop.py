@@ -473,7 +473,7 @@ print("deepspeed stub rank", a.node_rank, "on", socket.gethostname())
     )
     res = cluster.exec(0, script, cwd=PROJECT, timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
-    hostfile = cluster.pods[0].path(f"{WORKSPACE}/.deepspeed/hostfile").read_text()
+    hostfile = cluster.pods[0].path(f"{WORKSPACE}/.deepspeed/{APP}/hostfile").read_text()
     assert hostfile == naming.hostfile(APP, NS, 4, 2)
     for i in range(4):
         rec = json.loads(cluster.pods[i].path(f"{PROJECT}/out/ds-{i}.json").read_text())

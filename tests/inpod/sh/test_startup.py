@@ -73,8 +73,14 @@ def swap_count(sim: PodSim, nnodes: int) -> None:
     sim.swap_configmap(name, {"cluster.env": "".join(f"{k}={v}\n" for k, v in values.items())})
 
 
-def expected_rank(sim: PodSim, index: int, hostfile: str = f"{WORKSPACE}/.deepspeed/hostfile", nnodes: int = 2) -> dict[str, str]:
+def hostfile_of(sim: PodSim) -> str:
+    """DeepSpeed's hostfile: under the environment's name in the workspace (another environment may mount it)."""
+    return f"{WORKSPACE}/.deepspeed/{sim.app}/hostfile"
+
+
+def expected_rank(sim: PodSim, index: int, hostfile: str | None = None, nnodes: int = 2) -> dict[str, str]:
     """The rank contract for pod `index`, from the naming helpers the Pulumi program uses and the rendered cluster.env."""
+    hostfile = hostfile or hostfile_of(sim)
     _, values = cluster(sim)
     gpus, master = int(values["GPUS_PER_NODE"]), naming.pod_dns(sim.app, sim.namespace, 0)
     return {
@@ -185,7 +191,7 @@ def sim(request: pytest.FixtureRequest) -> Iterator[PodSim]:
 
 def test_pod0_computes_rank_writes_hostfile_and_starts_servers_on_loopback(sim: PodSim) -> None:
     _, values = cluster(sim)
-    hostfile = sim.pods[0].path(f"{WORKSPACE}/.deepspeed/hostfile").read_text()
+    hostfile = sim.pods[0].path(hostfile_of(sim)).read_text()
     assert hostfile == naming.hostfile(sim.app, sim.namespace, 2, int(values["GPUS_PER_NODE"]))
     assert hostfile.splitlines()[1] == f"{sim.fqdn(1)} slots={values['GPUS_PER_NODE']}"
     assert rank_env(sim, 0) == expected_rank(sim, 0)
@@ -214,9 +220,7 @@ def test_worker_starts_no_dev_servers(sim: PodSim) -> None:
     out = log(sim, 1)
     assert "worker pod: no dev servers" in out and "NODE_RANK=1 of NNODES=2" in out
     _, values = cluster(sim)
-    assert sim.pods[1].path(f"{WORKSPACE}/.deepspeed/hostfile").read_text() == naming.hostfile(
-        sim.app, sim.namespace, 2, int(values["GPUS_PER_NODE"])
-    )
+    assert sim.pods[1].path(hostfile_of(sim)).read_text() == naming.hostfile(sim.app, sim.namespace, 2, int(values["GPUS_PER_NODE"]))
     rank = rank_env(sim, 1)
     assert rank == expected_rank(sim, 1)
     # the rank the pod computes from the rendered cluster ConfigMap is the one the program reports in its outputs
@@ -257,7 +261,7 @@ def test_count_change_rewrites_rank_files_in_place_and_new_kernels_and_terminals
     try:
         swap_count(sim, 3)
         wait_until(lambda: rank_env(sim, 0).get("NNODES") == "3", 40, lambda: log(sim, 0))
-        assert sim.pods[0].path(f"{WORKSPACE}/.deepspeed/hostfile").read_text() == naming.hostfile(sim.app, sim.namespace, 3, gpus)
+        assert sim.pods[0].path(hostfile_of(sim)).read_text() == naming.hostfile(sim.app, sim.namespace, 3, gpus)
         assert rank_env(sim, 0) == expected_rank(sim, 0, nnodes=3)
 
         server_env = recorded_env(sim, 0, "jupyter")  # what the server hands to every kernel and terminal
@@ -273,7 +277,7 @@ def test_count_change_rewrites_rank_files_in_place_and_new_kernels_and_terminals
     finally:
         swap_count(sim, 2)
         wait_until(lambda: rank_env(sim, 0).get("NNODES") == "2", 40, lambda: log(sim, 0))
-    assert sim.pods[0].path(f"{WORKSPACE}/.deepspeed/hostfile").read_text() == naming.hostfile(sim.app, sim.namespace, 2, gpus)
+    assert sim.pods[0].path(hostfile_of(sim)).read_text() == naming.hostfile(sim.app, sim.namespace, 2, gpus)
     assert calls(sim, 0) == servers_before and sim.pods[0].pid == pid1
     assert {name: sim.pods[0].path(f"{STUBS}/{name}.pid").read_text() for name in SERVERS} == pids
     out = log(sim, 0)
@@ -421,7 +425,11 @@ def test_refused_memlock_cannot_kill_the_pod(started: Callable[..., PodSim]) -> 
 
 
 def unwritable_warnings(pod: str) -> list[str]:
-    warnings = [f"WARNING: cannot write {WORKSPACE}/.deepspeed/hostfile", f"WARNING: cannot create or write HOME {WORKSPACE}/.home/{pod}"]
+    app = pod.rpartition("-")[0]
+    warnings = [
+        f"WARNING: cannot write {WORKSPACE}/.deepspeed/{app}/hostfile",
+        f"WARNING: cannot create or write HOME {WORKSPACE}/.home/{pod}",
+    ]
     if pod.endswith("-0"):
         warnings.append(f"WARNING: cannot create {WORKSPACE}/tensorboard")
     return warnings

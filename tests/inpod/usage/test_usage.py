@@ -95,7 +95,9 @@ def api(alice: Any, tmp_path: Path) -> Iterator[tuple[dict[str, Any], str, Path]
             role = {"Bearer recorder-token": recorder, "Bearer sa-token": reader}[self.headers["Authorization"]]
             url = urlsplit(self.path)
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"null")
-            if url.path == f"/api/v1/namespaces/{ns}/pods" and allowed(role["rules"], "", "pods", "list", None):
+            if url.path == "/api/v1/nodes" and state.get("nodes") is not None:  # a cluster that grants reading nodes
+                self.answer(200, {"kind": "NodeList", "items": state["nodes"]})
+            elif url.path == f"/api/v1/namespaces/{ns}/pods" and allowed(role["rules"], "", "pods", "list", None):
                 state["pod_selector"] = parse_qs(url.query)["labelSelector"][0]
                 self.answer(200, {"kind": "PodList", "items": state["pods"]})
             elif url.path == f"/api/v1/namespaces/{ns}/configmaps/{app}-usage":
@@ -174,7 +176,8 @@ def test_the_recorder_writes_its_record_with_the_rendered_role(api: tuple[dict[s
     selector = "app.kubernetes.io/name=ml-dev-env,app.kubernetes.io/instance=" + state["app"]
     state["data"] = {usage.LAST: str(int(NOW - 600))}
     line = usage.record(client, state["ns"], state["app"], f"{state['app']}-usage", state["gpus"], 600, now=NOW, selector=selector)
-    assert f"{state['app']}: 1 pod(s) holding 4 GPU(s) each" in line and not state["denied"]
+    # the nodes are cluster-scoped: the rendered Role cannot grant them; the recorder reads the pods alone then
+    assert f"{state['app']}: 1 pod(s) holding 4 GPU(s) each" in line and state["denied"] == ["/api/v1/nodes"]
     assert state["pod_selector"] == selector
     assert state["data"][usage.BUCKET + usage.day(NOW)] == str(4 * 600)
     state["pods"] = []  # suspended: nothing more
@@ -315,7 +318,7 @@ def test_the_recorder_runs_the_program_its_volume_mounts(api: tuple[dict[str, An
     finally:
         remove(mount)
     assert done.returncode == 0, done.stderr
-    assert usage.BUCKET + usage.day(time.time()) in state["data"] and not state["denied"], done.stdout
+    assert usage.BUCKET + usage.day(time.time()) in state["data"] and state["denied"] == ["/api/v1/nodes"], done.stdout
 
 
 def test_status_in_a_pod_lists_the_namespace_with_the_pods_token(api: tuple[dict[str, Any], str, Path]) -> None:
@@ -372,6 +375,9 @@ args = sys.argv[1:]
 with open(os.environ["STUB_OC_LOG"], "a") as log:
     log.write(" ".join(args) + "\\n")
 items = json.load(open(os.environ["STUB_OC_LIVE"]))["items"]
+if args[:2] == ["get", "nodes"]:  # a team member: no right to list the cluster's nodes
+    sys.stderr.write('Error from server (Forbidden): nodes is forbidden: User "carol" cannot list resource "nodes"\\n')
+    sys.exit(1)
 if "-n" in args:
     ns = args[args.index("-n") + 1]
     if ns in os.environ.get("STUB_OC_FORBIDDEN", "").split():
@@ -420,6 +426,7 @@ def test_make_status_reads_only_the_namespaces_of_the_clusters_stacks(tmp_path: 
     assert calls == [
         f"get statefulsets,configmaps,pods -n bob-dev {selector} --show-managed-fields",
         f"get statefulsets,configmaps,pods -n nccl-test {selector} --show-managed-fields",
+        "get nodes -o json",  # where the login may list them: a pod on a lost node shows `lost`
     ]
     assert proc.stdout.splitlines()[-1] == usage.NOTE
     rows = rows_of(proc.stdout)
@@ -446,11 +453,92 @@ def test_make_status_shows_what_it_can_read_and_names_what_it_cannot(tmp_path: P
 def test_make_status_all_namespaces_or_named_ones(tmp_path: Path) -> None:
     proc, calls = make_status(tmp_path, "CLUSTER=barcelona", "ALL=1")
     assert proc.returncode == 0, proc.stderr
-    assert calls == ["get statefulsets,configmaps,pods --all-namespaces -l ml-dev-env/cluster=barcelona -o json --show-managed-fields"]
+    assert calls == [
+        "get statefulsets,configmaps,pods --all-namespaces -l ml-dev-env/cluster=barcelona -o json --show-managed-fields",
+        "get nodes -o json",
+    ]
     assert len(rows_of(proc.stdout)) == 3
     proc, calls = make_status(tmp_path, "CLUSTER=barcelona", "NAMESPACES=bob-dev")
     assert proc.returncode == 0, proc.stderr
-    assert [c.split()[2:4] for c in calls] == [["-n", "bob-dev"]] and set(rows_of(proc.stdout)) == {"ml-dev-env-bob"}
+    assert [c.split()[2:4] for c in calls] == [["-n", "bob-dev"], ["-o", "json"]] and set(rows_of(proc.stdout)) == {"ml-dev-env-bob"}
     proc, calls = make_status(tmp_path, "CLUSTER=cairo")
     assert proc.returncode != 0 and calls == []
     assert "ERROR: no stack file in" in proc.stderr and "has cluster.name 'cairo'" in proc.stderr
+
+
+# ------------------------------------------------------------------------------- a lost node
+
+
+def node(name: str, ready: str, heartbeat: float) -> dict[str, Any]:
+    """A Node as the API lists it: its Ready condition (Unknown: the node lifecycle controller's word for a kubelet
+    that stopped posting) and the kubelet's last heartbeat."""
+    cond = {"type": "Ready", "status": ready, "lastHeartbeatTime": stamp(heartbeat), "lastTransitionTime": stamp(heartbeat)}
+    return {"kind": "Node", "metadata": {"name": name}, "status": {"conditions": [cond]}}
+
+
+def stuck(name: str, deleted: float, grace: int = 30, node_name: str = "moc-r4pcc02u25-nairr") -> dict[str, Any]:
+    """A pod the taint manager deleted on a NotReady node: Terminating for ever (no kubelet confirms it)."""
+    pod = bound_pod(name)
+    pod["spec"]["nodeName"] = node_name
+    pod["metadata"].update(deletionTimestamp=stamp(deleted), deletionGracePeriodSeconds=grace)
+    return pod
+
+
+def test_a_pod_on_a_lost_node_is_charged_until_the_nodes_last_heartbeat(api: tuple[dict[str, Any], str, Path]) -> None:
+    """A pod stuck Terminating on a NotReady node for a day: GPU-hours stop at the node's last heartbeat (before: 96
+    GPU-hours a day for a 4-GPU pod, shown running); a node that is gone stops them at the pod's last Ready change."""
+    state, url, _ = api
+    client = usage.Api(url, state["recorder_sa"])
+    app, ns, gpus = state["app"], state["ns"], state["gpus"]
+    sel = "app.kubernetes.io/name=ml-dev-env,app.kubernetes.io/instance=" + app
+    beat = NOW - 20 * 60
+    state["nodes"] = [node("moc-r4pcc02u25-nairr", "Unknown", beat)]
+    state["pods"] = [stuck(f"{app}-0", deleted=beat + 5 * 60)]
+    state["data"] = {usage.LAST: str(int(NOW - 3600))}
+    usage.record(client, ns, app, f"{app}-usage", gpus, 600, now=NOW, selector=sel)
+    assert state["data"][usage.BUCKET + usage.day(NOW)] == str(int(gpus * 40 * 60)), "charged to the heartbeat only"
+    for hour in range(1, 25):  # a day later the pod is still there: nothing more
+        usage.record(client, ns, app, f"{app}-usage", gpus, 600, now=NOW + hour * 3600, selector=sel)
+    assert (
+        int(state["data"][usage.BUCKET + usage.day(NOW)]) + int(state["data"].get(usage.BUCKET + usage.day(NOW + DAY), "0"))
+        == gpus * 40 * 60
+    )
+    # a Ready node charges as before
+    state["nodes"] = [node("moc-r4pcc02u25-nairr", "True", NOW + DAY)]
+    state["pods"] = [bound_pod(f"{app}-0", namespace=ns)]
+    state["data"] = {usage.LAST: str(int(NOW - 600))}
+    usage.record(client, ns, app, f"{app}-usage", gpus, 600, now=NOW, selector=sel)
+    assert state["data"][usage.BUCKET + usage.day(NOW)] == str(gpus * 600)
+    # the node is gone (deleted): charged until the pod's last Ready change
+    ready_until = NOW - 300
+    pod = bound_pod(f"{app}-0", namespace=ns)
+    pod["status"]["conditions"].append({"type": "Ready", "status": "True", "lastTransitionTime": stamp(ready_until)})
+    state["nodes"], state["pods"], state["data"] = [], [pod], {usage.LAST: str(int(NOW - 600))}
+    usage.record(client, ns, app, f"{app}-usage", gpus, 600, now=NOW, selector=sel)
+    assert state["data"][usage.BUCKET + usage.day(NOW)] == str(gpus * 300)
+
+
+def test_without_the_nodes_a_pod_deleted_past_its_grace_is_lost_since_its_deletion() -> None:
+    deleted = NOW - 3600
+    assert usage.lost(stuck("x-0", deleted), None, NOW) == (deleted, "on moc-r4pcc02u25-nairr, not ended 3600 s after its deletion")
+    assert usage.lost(stuck("x-0", NOW - 30, grace=30), None, NOW) is None, "still inside its grace (+ margin): a live kubelet ends it"
+    assert usage.lost(bound_pod("x-0"), None, NOW) is None
+
+
+def test_status_shows_a_pod_on_a_lost_node_as_lost_never_running() -> None:
+    sts = {
+        "kind": "StatefulSet",
+        "metadata": {"name": "x", "namespace": "ns", "labels": {usage.STACK_LABEL: "c-x"}},
+        "spec": {"replicas": 2, "template": {"spec": {"containers": [{"resources": {"limits": {usage.GPU: "4"}}}]}}},
+    }
+    beat = NOW - 7200
+    pods = [
+        {**p, "kind": "Pod", "metadata": {**p["metadata"], "namespace": "ns"}}
+        for p in (stuck("x-0", beat + 300, node_name="n0"), bound_pod("x-1"))
+    ]
+    pods[1]["spec"]["nodeName"] = "n1"
+    nodes = [node("n0", "Unknown", beat), node("n1", "True", NOW)]
+    (row,) = usage.environments([sts, *pods, *nodes], NOW)
+    assert row["state"].startswith("lost 1/2: x-0 lost (on n0, NotReady; charged until ") and "running" not in row["state"], row
+    (row,) = usage.environments([sts, *pods], NOW)  # `oc` may not list the nodes: the pods alone say it
+    assert row["state"].startswith("lost 1/2: x-0 lost (on n0, not ended 6900 s after its deletion") and "running" not in row["state"], row
