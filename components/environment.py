@@ -18,7 +18,7 @@ import pulumi_kubernetes as k8s
 
 from components.gpu_cluster import scc_role_name
 from components.image_build import runtime_tag
-from components.preflight import READ_CAP, ApiSilent, LiveReadError
+from components.preflight import READ_CAP, UNANSWERED, ApiSilent, LiveReadError
 from components.storage import claim_name
 from core import naming
 from inpod import contract
@@ -155,10 +155,16 @@ def guarded_reader(connect: Callable[[], Any], warn: Callable[[str], None], time
         client = connect()
         client.get(PROBE_PATH, timeout=timeout)
     except LiveReadError as exc:
-        warn(
-            f"could not reach the cluster's API ({exc}); no live check reads anything this run: the ownership guard (another "
-            "stack's objects go unnoticed), an existing StatefulSet, the SCC, the attachments and the GPU nodes are not checked"
-        )
+        if UNANSWERED:  # no answer at all: every live check of the run is off (components/preflight.py READ_CAP)
+            warn(
+                f"could not reach the cluster's API ({exc}); no live check reads anything this run: the ownership guard (another "
+                "stack's objects go unnoticed), an existing StatefulSet, the SCC, the attachments and the GPU nodes are not checked"
+            )
+        else:  # an answer that refuses (401, 403): the other checks read and say what they could not
+            warn(
+                f"could not reach the cluster's API ({exc}); the ownership guard reads nothing this run "
+                "(another stack's objects go unnoticed)"
+            )
         return None
     failed: list[str] = []
 

@@ -357,6 +357,9 @@ def prerequisites(config: StackConfig, objects: Sequence[Mapping[str, Any]], pat
                     )
                 )
 
+    needs += claim_needs(config, objects, creator)
+    needs += registry_needs(objects)
+    needs += api_needs(objects)
     tekton = sorted({o["kind"] for o in objects if str(o.get("apiVersion", "")).startswith("tekton.dev/")})
     if tekton:
         needs.append(
@@ -377,6 +380,91 @@ def prerequisites(config: StackConfig, objects: Sequence[Mapping[str, Any]], pat
             )
         )
     return needs
+
+
+def claim_needs(config: StackConfig, objects: Sequence[Mapping[str, Any]], creator: str) -> list[Need]:
+    """Claims the pods mount that the stack does not create (an environment's shared volumes: its cluster stack's)."""
+    ns = config.cluster.namespace
+    made = _rendered(objects, "PersistentVolumeClaim", ns)
+    templates = {
+        str((t.get("metadata") or {}).get("name"))
+        for o in objects
+        if o.get("kind") == "StatefulSet"
+        for t in (o.get("spec") or {}).get("volumeClaimTemplates") or []
+    }
+    used: dict[str, list[str]] = {}
+    for obj in objects:
+        for pod in _pod_specs(obj):
+            for volume in pod.get("volumes") or []:
+                claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+                if claim and claim not in made and volume.get("name") not in templates:
+                    used.setdefault(claim, []).append(_name(obj))
+    if not used:
+        return []
+    return [
+        Need(
+            f"PersistentVolumeClaims in namespace {ns}: {', '.join(sorted(used))} (created by {creator})",
+            f"{_users(sorted({u for users in used.values() for u in users}))} mount them (shared volumes the stack does not create)",
+            f"oc get pvc -n {ns} {' '.join(sorted(used))}",
+        )
+    ]
+
+
+INTERNAL_REGISTRY = "image-registry.openshift-image-registry.svc:5000"
+
+
+def registry_needs(objects: Sequence[Mapping[str, Any]]) -> list[Need]:
+    """Images pulled from, or built and pushed into, OpenShift's internal registry need it enabled (it is Removed on some
+    installs, e.g. bare metal without storage: openshift/cluster-image-registry-operator, spec.managementState)."""
+    users = []
+    for obj in objects:
+        images = [c.get("image", "") for pod in _pod_specs(obj) for c in [*pod.get("initContainers", []), *pod.get("containers", [])]]
+        output = ((obj.get("spec") or {}).get("output") or {}).get("to") or {}
+        if any(str(i).startswith(INTERNAL_REGISTRY) for i in images) or output.get("kind") == "ImageStreamTag":
+            users.append(_name(obj))
+    if not users and not any(o.get("kind") == "ImageStream" for o in objects):
+        return []
+    return [
+        Need(
+            f"OpenShift's internal image registry ({INTERNAL_REGISTRY}) is enabled (managementState Managed, with storage)",
+            f"{_users(users) if users else 'ImageStreams'} pull from or push to it",
+            "oc get configs.imageregistry.operator.openshift.io cluster -o jsonpath='{.spec.managementState}'",
+        )
+    ]
+
+
+# Who serves each API group a rendered object needs beyond Kubernetes' own (tekton.dev and Kueue have their own lines).
+API_PROVIDERS = {
+    "route.openshift.io": "openshift-apiserver",
+    "build.openshift.io": "openshift-apiserver (the Build capability)",
+    "image.openshift.io": "openshift-apiserver",
+    "security.openshift.io": "OpenShift's SecurityContextConstraints CRD",
+    "k8s.cni.cncf.io": "Multus (OpenShift's cluster network operator)",
+    "serving.kserve.io": "KServe (OpenShift AI)",
+    "machineconfiguration.openshift.io": "the machine config operator",
+}
+KUBERNETES_GROUPS = frozenset({"", "apps", "batch", "rbac.authorization.k8s.io", "networking.k8s.io", "autoscaling", "policy"})
+
+
+def api_needs(objects: Sequence[Mapping[str, Any]]) -> list[Need]:
+    """One line per API group (beyond Kubernetes' own) a rendered object is of: what serves it and its check."""
+    kinds: dict[str, set[str]] = {}
+    versions: dict[str, str] = {}
+    for obj in objects:
+        group, _, version = str(obj.get("apiVersion", "")).rpartition("/")
+        if group in KUBERNETES_GROUPS or group == "tekton.dev":
+            continue
+        kinds.setdefault(group, set()).add(str(obj.get("kind")))
+        versions[group] = version
+    return [
+        Need(
+            f"API {group}/{versions[group]} served by {API_PROVIDERS.get(group, 'its operator')}",
+            f"the stack creates {', '.join(sorted(names))}",
+            # every served group-version has an APIService, CRD-backed ones too (kube-aggregator's autoregister controller)
+            f"oc get apiservice {versions[group]}.{group}",
+        )
+        for group, names in sorted(kinds.items())
+    ]
 
 
 def image_programs(config: StackConfig) -> tuple[list[str], list[str]]:

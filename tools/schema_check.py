@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"INVALID {path}: {what}")
                         print("\n".join(f"  {p.text}" for p in found))
                 elif not args.quiet:
-                    print(f"OK {path}: {label(obj)}")
+                    print(f"OK {path}: {obj.get('apiVersion')} {label(obj)}")
     print(f"summary: {report.summary}")
     return 0 if report.passed else 1
 

@@ -106,10 +106,10 @@ def test_test_job_runs_the_suite_renders_and_uploads_the_manifests() -> None:
     assert setup["with"]["python-version"] == "3.11"
     upload = step(job, uses="actions/upload-artifact@")
     assert upload["with"]["path"] == "main/rendered/"
-    # shared/ is optional: fetched beside the checkout only when a repository variable names it.
-    checkout, shared = [s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/checkout@")]
-    assert checkout["with"]["path"] == "main" and shared["with"]["path"] == "shared"
-    assert shared["if"] == "vars.SHARED_REPOSITORY != ''"
+    # one checkout, alone: the schema check is the repository's own (nothing is fetched beside it)
+    [checkout] = [s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/checkout@")]
+    assert checkout["with"]["path"] == "main"
+    assert "SHARED_REPOSITORY" not in (ROOT / ".github" / "workflows" / "ci.yml").read_text()
     assert all(s.get("working-directory") == "main" for s in job["steps"] if str(s.get("run", "")).startswith("make"))
 
 

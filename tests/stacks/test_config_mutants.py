@@ -67,8 +67,14 @@ def label(path: tuple[Any, ...], value: Any) -> str:
     return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".") + f" = {shown}"
 
 
-def field(path: tuple[Any, ...]) -> tuple[Any, ...]:
-    return tuple(p for p in path if not isinstance(p, int))
+def clash(a: tuple[tuple[Any, ...], Any], b: tuple[tuple[Any, ...], Any]) -> bool:
+    """Two edits a batch cannot hold: of one key, or one value given to siblings (two gpuNodes, two models' tags made
+    equal: a duplicate the loader refuses)."""
+
+    def field(path: tuple[Any, ...]) -> tuple[Any, ...]:
+        return tuple(p for p in path if not isinstance(p, int))
+
+    return a[0] == b[0] or (field(a[0]) == field(b[0]) and a[1] == b[1])
 
 
 def lines_of(objects: dict[str, Any]) -> list[str]:
@@ -120,9 +126,7 @@ def test_every_mutant_is_refused_by_key_or_renders_valid_objects(stack: str) -> 
     objects = stack_objects(stack)
     batches: list[list[tuple[tuple[Any, ...], Any]]] = []
     for edit in accepted:
-        # one edit per field in a batch, list items counting as one field (sibling edits clash: two gpuNodes made equal,
-        # two volumes or models of one name)
-        room = next((b for b in batches if len(b) < BATCH and all(field(p) != field(edit[0]) for p, _ in b)), None)
+        room = next((b for b in batches if len(b) < BATCH and not any(clash(other, edit) for other in b)), None)
         if room is None:
             batches.append(room := [])
         room.append(edit)

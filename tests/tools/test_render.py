@@ -319,3 +319,39 @@ def flatten_outputs(outputs: dict[str, Any]) -> dict[str, Any]:
 def test_a_python_repr_is_found_where_json_is_not() -> None:
     assert python_reprs({"a": {"b": ["x", "{'version': 1}"]}, "c": "['p', 'q']"}, "s") == ["s.a.b[1]", "s.c"]
     assert python_reprs({"ok": '{"version": 1}', "cmd": "oc get x -o jsonpath='{.status}'", "list": ["[1]"]}) == []
+
+
+def test_an_environment_needs_its_clusters_shared_claims_and_every_api_it_uses() -> None:
+    result = run_objects("barcelona-alice", stack_objects("barcelona-alice"))
+    assert result.error is None, result.error
+    config = render.stack_settings({f"ml-dev-env:{k}": v for k, v in stack_objects("barcelona-alice").items()})
+    objects = [m for m in (render.manifest(r) for r in result.resources if not r.typ.endswith("Patch")) if m is not None]
+    needs = prerequisites(config, objects)
+    shared = [v for v in config.storage.volumes if v.scope == "shared"]
+    assert shared
+    [claims] = find(needs, "PersistentVolumeClaims in namespace ")
+    names = sorted(f"ml-dev-env-{v.name}" for v in shared)
+    assert (
+        claims.what
+        == f"PersistentVolumeClaims in namespace {config.cluster.namespace}: {', '.join(names)} (created by the cluster stack barcelona)"
+    )
+    assert claims.check == f"oc get pvc -n {config.cluster.namespace} {' '.join(names)}"
+    [registry] = find(needs, "OpenShift's internal image registry")
+    assert "managementState" in registry.check
+    assert [n.what for n in find(needs, "API ")] == ["API route.openshift.io/v1 served by openshift-apiserver"]
+
+
+def test_every_api_group_beyond_kubernetes_has_its_line() -> None:
+    config, objects = rendered("barcelona")
+    groups = {str(o["apiVersion"]).rpartition("/")[0] for o in objects} - {
+        "",
+        "apps",
+        "batch",
+        "rbac.authorization.k8s.io",
+        "networking.k8s.io",
+        "tekton.dev",
+    }
+    lines = {n.what.split()[1].split("/")[0]: n for n in find(prerequisites(config, objects), "API ")}
+    assert set(lines) == groups and groups >= {"route.openshift.io", "build.openshift.io", "image.openshift.io", "security.openshift.io"}
+    assert all(n.check == f"oc get apiservice v1.{g}" for g, n in lines.items())
+    assert not find(prerequisites(config, objects), "PersistentVolumeClaims in namespace ")  # the cluster stack makes its own
