@@ -238,7 +238,7 @@ class Cluster:
 
     def sshd_log_command(self, rank: int) -> str:
         ns = f" -n {self.namespace}" if self.namespace else ""
-        return f"oc exec{ns} {self.pods[rank]} -c ml-dev -- cat {STATE_DIR}/logs/sshd.log"
+        return f"oc exec{ns} {self.pods[rank]} -c ml-dev -- cat {STATE_DIR}/{contract.STATE_LOGS_DIR}/sshd.log"
 
     def explain(self, rank: int, stderr: str, code: int) -> str:
         """What the SSH client saw when it could not reach `rank`, in words, and where that pod's sshd log is."""

@@ -49,8 +49,8 @@ RACK_POLL="${ML_DEV_RACK_POLL_SECONDS:-10}"
 RACK_POLL="${RACK_POLL%%.*}"  # whole seconds ($SECONDS)
 SERVERS="${ML_DEV_SERVERS:-}"
 AUTH="${ML_DEV_AUTH:-oauth-proxy}"
-if ! mkdir -p "$STATE_DIR/logs" 2>/dev/null || [ ! -w "$STATE_DIR" ]; then
-  if fallback="$(mktemp -d "${TMPDIR:-/tmp}/ml-dev-env.XXXXXX" 2>/dev/null)" && mkdir -p "$fallback/logs"; then
+if ! mkdir -p "$STATE_DIR/$CONTRACT_STATE_LOGS_DIR" 2>/dev/null || [ ! -w "$STATE_DIR" ]; then
+  if fallback="$(mktemp -d "${TMPDIR:-/tmp}/ml-dev-env.XXXXXX" 2>/dev/null)" && mkdir -p "$fallback/$CONTRACT_STATE_LOGS_DIR"; then
     warn "cannot write $STATE_DIR; using $fallback (the readiness probe will not see this pod ready)"
     STATE_DIR="$fallback"
   else
@@ -371,8 +371,8 @@ for key in "${RANK_KEYS[@]}"; do UNSET_RANK+=(-u "$key"); done
 start() {  # start <name> <command...>
   local name="$1"; shift
   log "starting $name: $*"
-  if [ -w "$STATE_DIR/logs" ]; then
-    env "${UNSET_RANK[@]}" "$@" >"$STATE_DIR/logs/$name.log" 2>&1 &
+  if [ -w "$STATE_DIR/$CONTRACT_STATE_LOGS_DIR" ]; then
+    env "${UNSET_RANK[@]}" "$@" >"$STATE_DIR/$CONTRACT_STATE_LOGS_DIR/$name.log" 2>&1 &
   else
     env "${UNSET_RANK[@]}" "$@" 2>&1 &
   fi
@@ -419,8 +419,8 @@ if [ -r "$SCRIPT_DIR/sshd.sh" ]; then
   fi
   log "starting sshd (supervised): bash $SCRIPT_DIR/sshd.sh"
   # without the rank values (sshd.sh snapshots its env as the sessions' container env)
-  if [ -w "$STATE_DIR/logs" ]; then
-    (unset "${RANK_KEYS[@]}"; supervise_sshd) >"$STATE_DIR/logs/sshd.log" 2>&1 &
+  if [ -w "$STATE_DIR/$CONTRACT_STATE_LOGS_DIR" ]; then
+    (unset "${RANK_KEYS[@]}"; supervise_sshd) >"$STATE_DIR/$CONTRACT_STATE_LOGS_DIR/sshd.log" 2>&1 &
   else
     (unset "${RANK_KEYS[@]}"; supervise_sshd) 2>&1 &
   fi

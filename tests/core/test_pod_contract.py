@@ -82,6 +82,9 @@ COMMON = {
     contract.SIGNAL_DEFAULT: "`SIGTERM`: a signal's name, in the config's Literal and torchrun's signal list",
     contract.ENV_NAME_FIRST: "a character class, not a name",
     contract.ENV_NAME_REST: "a character class, not a name",
+    contract.RUN_LOG_DIR: "`logs`: also `oc logs`, in the commands the outputs print",
+    contract.RUN_LOG_PREFIX: "`rank`: also a JSON key of every report, a heartbeat's kind and a column's title",
+    contract.RUN_LOG_SUFFIX: "`.log`: every log file's extension",
     contract.ENV_RECORDS_DIR: "`env`: also a dict key, a parameter's name and the policy pack's container field",
 }
 FACTS = {name: value for name, value in vars(contract).items() if name.isupper() and isinstance(value, str)}

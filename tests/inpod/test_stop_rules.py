@@ -87,7 +87,9 @@ def test_the_30_s_cap_is_one_number() -> None:
 def test_the_stop_facts_are_the_contracts() -> None:
     assert ml_dev_launch.STOPPED_STATUS == pod_contract.RUN_STOPPED_STATUS
     marker = pod_contract.STOPPING_MARKER
-    assert f'date +%s >"$STATE_DIR/{marker}"' in (REPO / "inpod" / "sh" / "checkpoint_stop.sh").read_text()
+    # the shell reads the marker's name from contract.env (inpod/contract.py shell_env), never spells it
+    assert 'date +%s >"$STATE_DIR/$CONTRACT_STOPPING_MARKER"' in (REPO / "inpod" / "sh" / "checkpoint_stop.sh").read_text()
+    assert f"CONTRACT_STOPPING_MARKER='{marker}'" in pod_contract.shell_env().splitlines()
     assert "(STATE_DIR / contract.STOPPING_MARKER).exists()" in (REPO / "inpod" / "ml_dev" / "launch.py").read_text()
 
 

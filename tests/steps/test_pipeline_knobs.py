@@ -59,9 +59,9 @@ def _parse_every_step(deployed: Deployed, rendered: Any) -> dict[str, Any]:
 
 ACCEPTED = [
     {},  # the defaults
-    {"chunkSize": "1"},  # the smallest chunk
+    {"chunkSize": "1Mi"},  # the smallest chunk (issue 46: the package step's own floor, 1 MiB)
     {"chunkSize": "2G", "chunkThreshold": "2G"},  # a chunk as large as the threshold
-    {"chunkSize": "1", "chunkThreshold": "1"},  # every blob above one byte chunked, one byte at a time
+    {"chunkSize": "1Mi", "chunkThreshold": "1Mi"},  # every blob above 1 MiB chunked, 1 MiB at a time
     {"chunkSize": "256Mi", "chunkThreshold": "512Mi"},  # the values the messages suggest
     {"chunkSize": "1.5Mi", "chunkThreshold": "1Ti", "maxLayerSize": "1"},  # fractions of a unit; the smallest layer limit
     {"chunkSize": "64Gi", "chunkThreshold": "64Gi", "maxLayerSize": "1Pi"},
@@ -86,7 +86,7 @@ def test_every_accepted_value_renders_and_the_steps_parse_it(deployed: Deployed,
 REFUSED = [
     ({"chunkSize": "0"}, "modelPipeline.chunkSize", "greater than zero"),
     ({"maxLayerSize": "500m"}, "modelPipeline.maxLayerSize", "at least 1 byte"),  # would render 0: no limit at all
-    ({"chunkSize": "500m"}, "modelPipeline.chunkSize", "at least 1 byte"),  # half a byte
+    ({"chunkSize": "500m"}, "modelPipeline.chunkSize", "at least 1Mi"),  # half a byte
     ({"chunkSize": "256Mi", "chunkThreshold": "128Mi"}, "modelPipeline.chunkSize", "at most chunkThreshold"),
     ({"chunkThreshold": "512Mi"}, "modelPipeline.chunkSize", "at most chunkThreshold"),  # the default chunk, 1Gi
     ({"chunkSize": "-1Gi"}, "modelPipeline.chunkSize", ""),
