@@ -135,6 +135,7 @@ VARIANTS: dict[str, tuple[str, Any]] = {
     "barcelona 6 h build deadline": ("barcelona", lambda o: o["image"]["build"].update(completionDeadlineSeconds=6 * 3600)),
     "barcelona token auth": ("barcelona", lambda o: o["access"].update(auth="token", tensorboard=False)),
     "barcelona 3600 s grace": ("barcelona", lambda o: o.setdefault("lifecycle", {}).update(checkpointGraceSeconds=3600)),
+    "barcelona prePull daemonSet": ("barcelona", lambda o: o["image"].update(prePull="daemonSet")),
 }
 SECRETS = {"vscodePassword": "p" * 16, "jupyterToken": "t" * 32}
 
