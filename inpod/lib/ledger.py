@@ -262,6 +262,27 @@ def mark(phase: str, state: Path | None = None, now: float | None = None) -> boo
     return True
 
 
+MARKS_SCRIPT = (
+    r"""
+for f in "${@STATE_ENV@:-@STATE@}/@MARKS@/"*; do [ -f "$f" ] && printf '%s %s\n' "${f##*/}" "$(cat "$f")"; done; true
+""".replace("@STATE_ENV@", contract.STATE_DIR_ENV)
+    .replace("@STATE@", contract.STATE_DIR)
+    .replace("@MARKS@", contract.START_MARKS_DIR)
+)
+"""Prints a pod's marks, `<phase> <time>` a line (`ml-dev status --start` runs it over SSH, `make status` by `oc exec`)."""
+
+
+def parse_marks(text: str) -> dict[str, float]:
+    found = {}
+    for line in text.splitlines():
+        phase, _, value = line.partition(" ")
+        try:
+            found[phase] = float(value)
+        except ValueError:
+            continue
+    return {k: v for k, v in found.items() if k in contract.START_IN_POD}
+
+
 def read_marks(state: Path | None = None) -> dict[str, float]:
     found = {}
     for phase in contract.START_IN_POD:

@@ -101,26 +101,6 @@ def idle_lines(view: dict[str, Any] | None, why: str, settings: dict[str, Any], 
     return lines, notes
 
 
-MARKS_SCRIPT = (
-    r"""
-for f in "${@STATE_ENV@:-@STATE@}/@MARKS@/"*; do [ -f "$f" ] && printf '%s %s\n' "${f##*/}" "$(cat "$f")"; done; true
-""".replace("@STATE_ENV@", contract.STATE_DIR_ENV)
-    .replace("@STATE@", contract.STATE_DIR)
-    .replace("@MARKS@", contract.START_MARKS_DIR)
-)
-
-
-def parse_marks(text: str) -> dict[str, float]:
-    found = {}
-    for line in text.splitlines():
-        phase, _, value = line.partition(" ")
-        try:
-            found[phase] = float(value)
-        except ValueError:
-            continue
-    return {k: v for k, v in found.items() if k in contract.START_IN_POD}
-
-
 def cmd_start(args: argparse.Namespace) -> int:
     """`ml-dev status --start`: the start ledger of this start of the environment (inpod/lib/ledger.py), kept with the
     environment's records (the last contract.START_LEDGER_KEEP starts), beside the previous start's."""
@@ -137,9 +117,9 @@ def cmd_start(args: argparse.Namespace) -> int:
     def marks_of(rank: int) -> dict[str, float]:
         if rank == cluster.me:
             return ledger.read_marks()
-        argv = cluster.ssh(rank, ["bash", "-c", MARKS_SCRIPT])
+        argv = cluster.ssh(rank, ["bash", "-c", ledger.MARKS_SCRIPT])
         res = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=args.timeout + 10, check=False)
-        return parse_marks(res.stdout) if res.returncode == 0 else {}
+        return ledger.parse_marks(res.stdout) if res.returncode == 0 else {}
 
     found: list[Any] = list(parallel(marks_of, list(range(len(names)))))  # an Exception where a pod failed
     marks: dict[str, dict[str, float]] = {names[i]: m for i, m in enumerate(found) if isinstance(m, dict)}

@@ -300,3 +300,40 @@ def test_the_home_page_shows_the_last_start_one_row_per_pod_and_the_previous(tmp
     assert body.count("<tr>") == 3  # the header and one row per pod
     assert f"slowest {APP}-1 (305 s), mostly image (305 s: pulled 68.9 MB in 7 s)" in body
     assert "previous start 19700112T134820Z: " in body and "105 s" in body
+
+
+def test_make_status_start_reads_the_ledger_with_oc_from_a_laptop(capsys: pytest.CaptureFixture[str]) -> None:
+    """`make status START=<app>`: `oc get` the pods, events and Workloads, `oc exec` each pod's marks; no Kueue is fine."""
+    import subprocess
+
+    from tools import status
+
+    fixtures = json.loads(DATA.read_text())
+    t0 = 1_000_000.0
+    pod = {
+        "metadata": {"name": f"{APP}-0", "namespace": NS, "uid": "u0", "creationTimestamp": rfc3339(t0)},
+        "spec": {"nodeName": "gpu-a"},
+        "status": {
+            "conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": rfc3339(t0 + 2)}],
+            "containerStatuses": [{"name": "ml-dev", "state": {"running": {"startedAt": rfc3339(t0 + 9)}}}],
+        },
+    }
+    event = {"reason": "Pulled", "message": fixtures["present"][1], "involvedObject": {"uid": "u0"}, "lastTimestamp": rfc3339(t0 + 8)}
+    calls: list[list[str]] = []
+
+    def oc(args: list[str]) -> subprocess.CompletedProcess[str]:
+        calls.append(args)
+        if args[:2] == ["get", "pods"]:
+            return subprocess.CompletedProcess(args, 0, json.dumps({"items": [pod]}), "")
+        if args[:2] == ["get", "events"]:
+            return subprocess.CompletedProcess(args, 0, json.dumps({"items": [event]}), "")
+        if args[0] == "exec":
+            assert args[1:5] == ["-n", NS, f"{APP}-0", "-c"] and args[-1] == ledger.MARKS_SCRIPT
+            return subprocess.CompletedProcess(args, 0, f"{contract.START_SSHD} {t0 + 10}\n{contract.START_RANK} {t0 + 30}\n", "")
+        return subprocess.CompletedProcess(args, 1, "", 'error: the server doesn\'t have a resource type "workloads"')
+
+    assert status.main(["barcelona", "--namespace", NS, "--start", APP], oc=oc) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].split()[:2] == [f"{APP}-0", "gpu-a"] and out[1].split()[-1] == "30s"
+    assert out[-1].endswith(f"slowest {APP}-0 (30 s), mostly first-rank (20 s)")
+    assert [c[:2] for c in calls] == [["get", "pods"], ["get", "events"], ["get", "workloads.kueue.x-k8s.io"], ["exec", "-n"]]
