@@ -130,3 +130,19 @@ def test_a_cluster_without_pinned_image_sets_gets_one_line_and_the_daemonset(
     else:
         assert lines == [prepull.NOT_SERVED] and not result.of_type(PIS)
         assert result.one(DS, "-prepull") and depends_on(result, result.one(STS), result.one(DS, "-prepull"))
+
+
+@pytest.mark.parametrize("variant", ["barcelona-prepull-daemonset", "nerc-production-pinned-image-set"])
+def test_the_policy_pack_passes_both_ways(variant: str) -> None:
+    from policy.rules import evaluate, has_mandatory
+    from tests.tools.test_render_schema import VARIANTS
+
+    stack, mutate = VARIANTS[variant]
+    objects = stack_objects(stack)
+    assert mutate is not None
+    mutate(objects)
+    result = run_objects(stack, objects)
+    assert result.error is None, result.error
+    assert result.of_type(DS) or result.of_type(PIS)
+    violations = list(evaluate((r.typ, r.inputs, r.options) for r in result.resources))
+    assert not has_mandatory(violations), violations
