@@ -20,6 +20,7 @@ help:
 	@echo "make render-all            render every Pulumi.<stack>.yaml"
 	@echo "make runs STACK=<name>     state of each model's packaging run (needs oc, logged in)"
 	@echo "make status CLUSTER=<name> every environment of a cluster: owner, size, state, GPU-hours (needs oc)"
+	@echo "       START=<appName>    that environment's start ledger: each pod's phases to its first rank"
 	@echo "make racks STACK=<name> LABEL=<node label>  fabricCheck.nodeRacks from a node topology label (needs oc)"
 	@echo "make test                  ruff check + format check, mypy, the whole test suite (installs what it needs)"
 	@echo "make test-fast             the inner loop: ruff, format, mypy, gates, units and renders (no root, no pods)"
@@ -103,7 +104,7 @@ CLUSTER ?= $(STACK)
 NAMESPACES ?=
 ALL ?=
 status: venv
-	$(PY) -m tools.status $(CLUSTER) $(if $(filter 1 yes true,$(ALL)),--all-namespaces) $(foreach ns,$(NAMESPACES),--namespace $(ns))
+	$(PY) -m tools.status $(CLUSTER) $(if $(filter 1 yes true,$(ALL)),--all-namespaces) $(foreach ns,$(NAMESPACES),--namespace $(ns)) $(if $(START),--start $(START))
 
 # fabricCheck.nodeRacks of a cluster stack from a node label (needs oc, logged in, `get nodes`): prints the
 # `pulumi config set --path` commands that write it.

@@ -120,7 +120,14 @@ if environment is None:
     pulumi.export(FACTS_OUTPUT, layers.cluster_facts(cfg).model_dump(by_alias=True))
 cluster = GpuCluster(
     "gpu",
-    GpuClusterArgs(config=cfg, image=image, secrets=stack.secrets, cluster=cluster_facts, deployed=deployed_facts),
+    GpuClusterArgs(
+        config=cfg,
+        image=image,
+        secrets=stack.secrets,
+        cluster=cluster_facts,
+        deployed=deployed_facts,
+        pinned_image_sets_served=live_checks.pinned_image_set_served(cfg),
+    ),
     opts=opts,
 )
 

@@ -99,7 +99,7 @@ def checked_facts(deployed: Any, expected: ClusterFacts, stack_ref: str) -> tupl
 
 # Kinds whose API resource name is not `<kind lowercased>s`.
 PLURALS = {"NetworkPolicy": "networkpolicies", "SecurityContextConstraints": "securitycontextconstraints", "Ingress": "ingresses"}
-CLUSTER_SCOPED = {"SecurityContextConstraints", "Namespace", "ClusterRole", "ClusterRoleBinding"}
+CLUSTER_SCOPED = {"SecurityContextConstraints", "Namespace", "ClusterRole", "ClusterRoleBinding", "PinnedImageSet"}
 
 
 def api_path(resource_type: str, namespace: str | None, name: str) -> str | None:

@@ -16,7 +16,7 @@ import pulumi_random as random
 from pydantic import BaseModel, ConfigDict
 
 import inpod
-from components import crds, devloop, fabric, fabric_rbac, lifecycle, pod
+from components import crds, devloop, fabric, fabric_rbac, lifecycle, pod, prepull
 from components.storage import WorkspaceStorage, WorkspaceStorageArgs
 from core import naming
 from inpod import contract
@@ -42,6 +42,8 @@ class GpuClusterArgs(BaseModel):
     deployed: Any = None
     """An environment stack: `pulumi.Output[ClusterFacts]`, what the cluster stack deployed (checked against `cluster`'s
     shape): the names of the SCC, Role and shared claims the environment's objects refer to."""
+    pinned_image_sets_served: bool | None = None
+    """image.prePull pinnedImageSet: whether the cluster serves PinnedImageSet (None: not read; False: the DaemonSet)."""
 
 
 def labels(config: StackConfig) -> dict[str, str]:
@@ -127,6 +129,7 @@ class GpuCluster(pulumi.ComponentResource):
         self._startup_and_cluster_config(script)
         self._lifecycle()
         self._usage()
+        self._pre_pull()
         credential_volumes, tokens_secret = self._dev_credentials()
         headless = self._headless_service()
         self.statefulset = self._statefulset(script, credential_volumes, tokens_secret, headless)
@@ -459,6 +462,13 @@ class GpuCluster(pulumi.ComponentResource):
             spec=lifecycle.usage_recorder_spec(cfg),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[binding, self._startup_configmap]),
         )
+
+    def _pre_pull(self) -> None:
+        """The pods' image on the GPU nodes before the StatefulSet needs it (image.prePull; components/prepull.py):
+        the StatefulSet depends on it, so a changed image is on the nodes before the pods roll to it."""
+        puller = prepull.pre_pull(self._name, self._cfg, self._args.image, self._labels, self._args.pinned_image_sets_served, self._child)
+        if puller is not None:
+            self._depends.append(puller)
 
     def _dev_credentials(self) -> tuple[list[k8s.core.v1.VolumeArgs], str | None]:
         """OAuth proxy cookie secret (oauth-proxy), or the per-server token Secret (token): volumes, token Secret name."""

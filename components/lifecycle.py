@@ -155,10 +155,12 @@ def usage_rules(app: str) -> list[k8s.rbac.v1.PolicyRuleArgs]:
 
 
 def usage_reader_rules() -> list[k8s.rbac.v1.PolicyRuleArgs]:
-    """`ml-dev status --all` in a pod (the pods' ServiceAccount): list the namespace's environments, records and pods."""
+    """`ml-dev status --all` in a pod (the pods' ServiceAccount): list the namespace's environments, records and pods;
+    `ml-dev status --start` (the start ledger, inpod/lib/ledger.py): the pods' events and Kueue's Workloads too."""
     return [
         k8s.rbac.v1.PolicyRuleArgs(api_groups=["apps"], resources=["statefulsets"], verbs=["list"]),
-        k8s.rbac.v1.PolicyRuleArgs(api_groups=[""], resources=["configmaps", "pods"], verbs=["list"]),
+        k8s.rbac.v1.PolicyRuleArgs(api_groups=[""], resources=["configmaps", "pods", "events"], verbs=["list"]),
+        k8s.rbac.v1.PolicyRuleArgs(api_groups=["kueue.x-k8s.io"], resources=["workloads"], verbs=["list"]),
     ]
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import pulumi
 
 from components import environment as layers
-from components import preflight
+from components import preflight, prepull
 from components.crds import SSHD_NEEDS
 from components.gpu_cluster import rollout_timeout, selector_labels
 from components.storage import claim_template_names
@@ -108,6 +108,24 @@ def check_gpu_capacity(cfg: StackConfig) -> None:
         return
     if problem:
         raise pulumi.RunError(problem)
+
+
+def pinned_image_set_served(cfg: StackConfig) -> bool | None:
+    """image.prePull pinnedImageSet: whether the cluster serves PinnedImageSet (None: not read); where it does not,
+    one line, and the stack pre-pulls with the DaemonSet (components/prepull.py)."""
+    if cfg.image.pre_pull != "pinnedImageSet" or cfg.environment is not None:
+        return None
+    if not preflight.live_reads_enabled(cfg.cluster.render_yaml_to_directory):
+        return None
+    try:
+        client = preflight.KubeClient(cfg.cluster.kube_context)
+        served = prepull.serves_pinned_image_sets(client.get(prepull.DISCOVERY_PATH, timeout=layers.READ_TIMEOUT))
+    except preflight.LiveReadError as exc:
+        pulumi.log.warn(f"could not read {prepull.DISCOVERY_PATH} ({exc}); rendering the PinnedImageSet as configured")
+        return None
+    if not served:
+        pulumi.log.warn(prepull.NOT_SERVED)
+    return served
 
 
 def check_all(cfg: StackConfig, gpus: Tally | None) -> None:

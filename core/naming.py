@@ -150,6 +150,16 @@ def route_host(app: str, server: str, namespace: str, apps_domain: str) -> str:
     return f"{route_name(app, server)}-{namespace}.{apps_domain}"
 
 
+def pre_pull_daemonset(app: str) -> str:
+    """The DaemonSet that pulls the pods' image on the GPU nodes (image.prePull daemonSet)."""
+    return f"{app}-prepull"
+
+
+def pinned_image_set(namespace: str, app: str) -> str:
+    """The PinnedImageSet of a stack (cluster-scoped: carries the namespace and app, like a created SCC)."""
+    return stack_scc_name("ml-dev-env-runtime", namespace, app)
+
+
 def stack_scc_name(base: str, namespace: str, app: str) -> str:
     """Name of an SCC a stack creates: SCCs are cluster-scoped, so the name carries the namespace and
     app, and two environments in one cluster never share (or delete) each other's SCC. A name over the

@@ -73,6 +73,27 @@ def records_dir(workspace: str, app: str) -> str:
     return f"{workspace}/{WORKSPACE_RECORDS_DIR}/{ENV_RECORDS_DIR}/{app}"
 
 
+START_LEDGER_DIR = "starts"
+"""`<records_dir>/starts/<start>.json`: the start ledger of one start or resume of the environment, every pod's phases
+(inpod/lib/ledger.py), the last START_LEDGER_KEEP kept."""
+START_LEDGER_KEEP = 20
+START_MARKS_DIR = "start-marks"
+"""`$ML_DEV_STATE_DIR/start-marks/<phase>`: the time (epoch seconds) an in-pod phase of this container's start was
+reached, written once by the program that reached it. The state directory is the container's own, so a restarted
+container starts a new record."""
+START_SSHD = "sshd-ready"
+"""sshd.sh: sshd listens (its PidFile is written)."""
+START_FABRIC = "fabric-gate"
+"""The fabric gate (inpod/fabric/check.py gate) passed."""
+START_RANK = "first-rank"
+"""The first rank of an `ml-dev run` started on this pod (inpod/ml_dev/launch.py cmd_rank)."""
+START_IN_POD = (START_SSHD, START_FABRIC, START_RANK)
+"""The phases the pod's own programs record (START_MARKS_DIR); the others come from the API."""
+START_PHASES = ("admitted", "scheduled", "volumes", "image", "started", *START_IN_POD)
+"""The phases of a pod's start, in the order the kubelet and the programs reach them; each ends at its boundary
+(inpod/lib/ledger.py says where each is read), the first begins at the pod's creation."""
+
+
 WHY_LATEST = "why/latest.json"
 """The last verdict of a run, under its run directory (the home page shows it while the run is alive)."""
 RUN_LOG_DIR = "logs"

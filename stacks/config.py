@@ -590,6 +590,17 @@ class ImageConfig(Model):
 
     reference: ImageRef | None = Field(None, description="Existing image for the pods (when the stack does not build).")
     build: ImageBuildConfig | None = Field(None, description="Build the image on the cluster; the pods use the runtime stage.")
+    pre_pull: Literal["off", "daemonSet", "pinnedImageSet"] = Field(
+        "off",
+        description="Put the pods' image on the GPU nodes before it is needed (cluster stack): daemonSet (a pre-pull "
+        "DaemonSet on the GPU nodes, no GPU, ~0 requests, awaited before the StatefulSet rolls), pinnedImageSet "
+        "(OpenShift's PinnedImageSet: CRI-O pins the digest; cluster-admin, image.reference by @sha256) or off.",
+    )
+    machine_config_pool: DnsLabel = Field(
+        "worker",
+        description="prePull pinnedImageSet: the MachineConfigPool holding the GPU nodes (the set carries its "
+        "`machineconfiguration.openshift.io/role` label; the pool's machineConfigSelector picks it).",
+    )
 
     @rule
     def _has_source(self) -> Iterator[ConfigProblem]:
@@ -597,6 +608,18 @@ class ImageConfig(Model):
             yield ConfigProblem("reference", None, "set image.reference (registry/repo:tag or @sha256 digest) or image.build")
         if self.reference is not None and self.build is not None:
             yield ConfigProblem("reference", self.reference, "set either image.reference or image.build, not both")
+
+    @rule
+    def _pinned_by_digest(self) -> Iterator[ConfigProblem]:
+        # A PinnedImageSet names images by digest only (openshift/api machineconfiguration/v1
+        # types_pinnedimageset.go, PinnedImageRef.Name: "must end with a valid '@sha256:<digest>'").
+        if self.pre_pull == "pinnedImageSet" and "@sha256:" not in (self.reference or ""):
+            shown = self.reference if self.reference is not None else "image.build"
+            yield ConfigProblem(
+                "prePull",
+                "pinnedImageSet",
+                f"pinnedImageSet needs image.reference by @sha256 digest (got {shown}); daemonSet pulls a tag or a built image",
+            )
 
 
 # ---------------------------------------------------------------------------------------- models

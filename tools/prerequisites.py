@@ -44,6 +44,7 @@ CLUSTER_SCOPED = frozenset(
         "MachineConfigPool",
         "Node",
         "ClusterTask",
+        "PinnedImageSet",
     }
 )
 # Container resources every cluster has; any other is an extended resource some operator must advertise.
@@ -370,6 +371,7 @@ def prerequisites(config: StackConfig, objects: Sequence[Mapping[str, Any]], pat
             )
         )
     needs += kueue_needs(config, objects)
+    needs += pre_pull_needs(config, objects)
     needs += image_needs(config)
     if config.models:
         needs.append(
@@ -500,6 +502,54 @@ def image_needs(config: StackConfig) -> list[Need]:
             check,
         )
     ]
+
+
+def pre_pull_needs(config: StackConfig, objects: Sequence[Mapping[str, Any]]) -> list[Need]:
+    """image.prePull (components/prepull.py): the rights and cluster features the object that pins or pre-pulls the
+    pods' image on the GPU nodes needs."""
+    ns = config.cluster.namespace
+    needs: list[Need] = []
+    for obj in objects:
+        kind, name = obj.get("kind"), _name(obj)
+        if kind == "DaemonSet":
+            needs.append(
+                Need(
+                    f"the right to create DaemonSets in {ns}",
+                    f"image.prePull daemonSet: {name} pulls the pods' image on every GPU node (a project admin or editor holds it)",
+                    f"oc auth can-i create daemonsets.apps -n {ns}",
+                )
+            )
+        elif kind == "PinnedImageSet":
+            pool = config.image.machine_config_pool
+            image = ((obj.get("spec") or {}).get("pinnedImages") or [{}])[0].get("name", "")
+            registry = image.split("/", 1)[0]
+            needs += [
+                Need(
+                    "PinnedImageSet served (machineconfiguration.openshift.io/v1; OpenShift 4.20: the PinnedImages feature gate)",
+                    f"image.prePull pinnedImageSet: {name}; where it is not served, `pulumi preview` says so in one "
+                    "line and the stack pre-pulls with a DaemonSet instead",
+                    "oc api-resources --api-group=machineconfiguration.openshift.io | grep pinnedimagesets",
+                ),
+                Need(
+                    "the right to create PinnedImageSets (cluster-scoped)",
+                    f"image.prePull pinnedImageSet: {name}",
+                    "oc auth can-i create pinnedimagesets.machineconfiguration.openshift.io",
+                ),
+                Need(
+                    f"MachineConfigPool {pool} holds the GPU nodes and selects machineconfiguration.openshift.io/role={pool}",
+                    "image.machineConfigPool: the pool's machineConfigSelector picks the set by that label (openshift/"
+                    "machine-config-operator pkg/controller/pinnedimageset/pinned_image_set.go, syncMachineConfigPool)",
+                    f"oc get mcp {pool} -o jsonpath='{{.spec.machineConfigSelector.matchLabels}} {{.status.machineCount}}'",
+                ),
+                Need(
+                    f"the nodes' pull secret can pull from {registry}",
+                    "the machine-config daemon pulls with the kubelet's auth file, the cluster pull secret, not the "
+                    "namespace's (pkg/daemon/pinned_image_set.go, newRegistryAuth)",
+                    "oc get secret pull-secret -n openshift-config -o jsonpath='{.data.\\.dockerconfigjson}' | base64 -d "
+                    f"| grep -c '\"{registry}\"'",
+                ),
+            ]
+    return needs
 
 
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"

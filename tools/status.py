@@ -10,6 +10,10 @@ namespace `oc` cannot read is named on stderr in one line and the table shows th
 also finds environments whose stack file is not in this checkout. The table is `inpod/usage.py`'s, the
 same one `ml-dev status --all` prints in a pod.
 
+`--start APP` (`make status START=<appName>`): the start ledger of that environment instead (inpod/lib/ledger.py,
+the table `ml-dev status --start` prints in a pod): its pods, their events and Kueue Workloads read with `oc get`,
+each pod's own marks with `oc exec`.
+
 Exit status: 0 when every namespace was read, 1 when some could not be, 2 when none could.
 """
 
@@ -24,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from inpod import usage
+from inpod.lib import ledger
 from stacks.loader import stack_raw, validate_all
 from tools.mock_engine import ROOT, StackFileError, flatten, stack_config
 from tools.oc import Oc, run_oc
@@ -86,6 +91,32 @@ def read(cluster: str, namespaces: Sequence[str] | None, oc: Oc = run_oc) -> tup
     return items, failed
 
 
+def start(namespace: str, app: str, oc: Oc = run_oc) -> tuple[dict[str, Any] | None, str]:
+    """The start ledger of environment `app` in `namespace` (None and one line when `oc` could not read its pods)."""
+
+    def get(*what: str) -> list[dict[str, Any]]:
+        proc = oc(["get", *what, "-n", namespace, "-o", "json"])
+        if proc.returncode != 0:
+            raise OSError(last_line(proc.stderr))
+        return list(json.loads(proc.stdout).get("items") or [])
+
+    try:
+        pods = get("pods", "-l", f"app.kubernetes.io/name=ml-dev-env,app.kubernetes.io/instance={app}")
+        events = get("events", "--field-selector", "involvedObject.kind=Pod")
+    except (OSError, ValueError) as exc:
+        return None, f"namespace {namespace}: not read: {exc}"
+    try:
+        workloads = get("workloads.kueue.x-k8s.io")
+    except (OSError, ValueError):
+        workloads = []  # no Kueue here, or no right to list its Workloads: no admission phase
+    marks = {}
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        proc = oc(["exec", "-n", namespace, name, "-c", ledger.MAIN_CONTAINER, "--", "sh", "-c", ledger.MARKS_SCRIPT])
+        marks[name] = ledger.parse_marks(proc.stdout) if proc.returncode == 0 else {}
+    return ledger.build(pods, events, workloads, marks), ""
+
+
 def main(argv: list[str] | None = None, oc: Oc = run_oc) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("cluster", help="the cluster's name (cluster.name of its stacks)")
@@ -93,6 +124,7 @@ def main(argv: list[str] | None = None, oc: Oc = run_oc) -> int:
     parser.add_argument("--all-namespaces", action="store_true", help="read every namespace (needs cluster-wide list rights)")
     parser.add_argument("--config-dir", default=str(ROOT), help="where the Pulumi.<stack>.yaml files are")
     parser.add_argument("--json", action="store_true", help="rows as JSON")
+    parser.add_argument("--start", metavar="APP", help="the start ledger of environment APP (its cluster.appName) instead")
     args = parser.parse_args(argv)
     namespaces: list[str] | None = None
     if not args.all_namespaces:
@@ -108,6 +140,8 @@ def main(argv: list[str] | None = None, oc: Oc = run_oc) -> int:
                     file=sys.stderr,
                 )
                 return 2
+    if args.start:
+        return start_main(args.start, namespaces, args.json, oc)
     items, failed = read(args.cluster, namespaces, oc)
     for line in failed:
         print(f"WARNING: {line}", file=sys.stderr)
@@ -117,6 +151,20 @@ def main(argv: list[str] | None = None, oc: Oc = run_oc) -> int:
     rows = usage.environments(items, time.time())
     sys.stdout.write(json.dumps(rows, indent=2) + "\n" if args.json else usage.table(rows) + usage.NOTE + "\n")
     return 1 if failed else 0
+
+
+def start_main(app: str, namespaces: list[str] | None, as_json: bool, oc: Oc) -> int:
+    """`--start`: the ledger of `app` in the first namespace that has its pods."""
+    problems = []
+    for namespace in namespaces or []:
+        found, problem = start(namespace, app, oc)
+        if found is not None and found.get("pods"):
+            sys.stdout.write(json.dumps(found, indent=1) + "\n" if as_json else "\n".join(ledger.table(found)) + "\n")
+            return 0
+        problems.append(problem or f"namespace {namespace}: no pods of {app}")
+    for line in problems or ["--start needs the namespaces (the stacks' or --namespace), not --all-namespaces"]:
+        print(f"WARNING: {line}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import contract, usage
-from ..lib import http, kube, usersecrets
+from ..lib import http, kube, ledger, usersecrets
 from ..lib.http import fetch_json
 from ..lib.pod import ago, app_name, clock, env, env_records_dir, idle_settings, read_json, read_rank_env, state_dir
 from .why_view import why_html
@@ -467,6 +467,35 @@ def secrets_html(v: View) -> tuple[str, str]:
     return usersecrets.reports_section(list(getattr(v.col, "pods", [])), v.col.reports), ""
 
 
+def start_html(v: View) -> tuple[str, str]:
+    """The last start's ledger (inpod/lib/ledger.py, kept by `ml-dev status --start` under the environment's records):
+    the slowest pod and its dominant phase in one line, one row per pod, and the previous start's wall time."""
+    starts = ledger.kept(env_records_dir(migrate=False))
+    if not starts:
+        return '<p id="start-summary" class="neutral">no start recorded yet: <code>ml-dev status --start</code></p>', ""
+    last = starts[-1]
+
+    def seconds(key: str, value: Any) -> str:
+        return num(key, "%.0f s" % float(value or 0))  # noqa: UP031 (no nested quotes in f-strings before 3.12)
+
+    head = "".join(f"<th>{esc(p)}</th>" for p in contract.START_PHASES)
+    rows = []
+    for pod in last.get("pods", []):
+        cells = "".join(
+            f"<td>{seconds('start-' + str(p.get('phase')), p.get('seconds'))}</td>" if p.get("at") is not None else "<td>-</td>"
+            for p in pod.get("phases", [])
+        )
+        wall = seconds("start-wall", pod.get("wall"))
+        rows.append(f"<tr><td>{esc(pod.get('pod'))}</td><td>{esc(pod.get('node'))}</td>{cells}<td>{wall}</td></tr>")
+    previous = ""
+    if len(starts) > 1:
+        before = starts[-2]
+        previous = f'<p class="small">previous start {esc(before.get("id"))}: {seconds("start-previous", before.get("wall"))}</p>'
+    summary = f'<p id="start-summary">{esc(ledger.summary(last))}</p>'
+    table = f'<table id="start"><tr><th>pod</th><th>node</th>{head}<th>wall</th></tr>{"".join(rows)}</table>'
+    return summary + table + previous, ""
+
+
 class Section:
     """One card of the page: `place` "main" (left of the first screen), "side" (right of it) or "wide" (below);
     `card` False: the builder's body is the whole card (or nothing)."""
@@ -480,6 +509,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("pods", "Pods", pods_html, "main"),
     Section("fabric", "Fabric check", fabric_html, "side"),
     Section("running", "Running", running_html, "wide"),
+    Section("start", "Last start", start_html, "wide"),
     Section("secrets", "Secrets", secrets_html, "wide", card=False),
     Section("why", "Stall verdicts", lambda v: (why_html(v.now, num), ""), "wide", card=False),  # inpod/home/why_view.py
 )

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO, Callable, Container, TextIO
 
 from .. import contract
-from ..lib import usersecrets
+from ..lib import ledger, usersecrets
 from ..lib.pod import env_records_dir, read_rank_env
 from . import secrets
 from .common import (
@@ -208,6 +208,8 @@ def cmd_rank(args: argparse.Namespace) -> int:
     # through this agent (RankOutput): to the run log, then on to the launcher while it reads; the rank never writes
     # to the SSH session itself, so a launcher gone (terminal closed, `| tee` ended, SIGKILL) cannot kill it with
     # SIGPIPE/EPIPE in the middle of its save
+    if run:
+        ledger.mark(contract.START_RANK)  # the start ledger's last phase: the first rank of a run this container started
     out = RankOutput(run_log(run, env.get("NODE_RANK", "0")) if run else None)
     piped = subprocess.PIPE if run else None
     proc = subprocess.Popen(

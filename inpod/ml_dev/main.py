@@ -7,6 +7,7 @@
     ml-dev exec -- nvidia-smi              run on every pod, output prefixed by rank
     ml-dev status                          pods, reachability, ranks, GPUs, RDMA devices, SSH sessions, idle agent's view
     ml-dev status --all                    every environment of the namespace: owner, size, state, GPU-hours 7 days
+    ml-dev status --start                  the start ledger: each pod's phases from creation to its first rank
     ml-dev why                             which rank of the running job is stuck, and where (every rank's stack)
 
 Delivered by the stack in the <app>-startup ConfigMap (mounted at /opt/ml-dev-env), so it works in any
@@ -94,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--timeout", type=float, default=60, help="seconds to wait for every pod to be reachable (60)")
         if p.prog.split()[-1] == "status":
             p.add_argument("--all", action="store_true", help="every environment of the namespace: owner, size, state, GPU-hours")
+            p.add_argument("--start", action="store_true", help="the start ledger: each pod's phases from creation to its first rank")
         if p.prog.split()[-1] in ("run", "exec"):
             p.add_argument("--env", action="append", default=[], metavar="K=V", help="set K=V on every rank (repeatable)")
             p.add_argument("command", nargs=argparse.REMAINDER)

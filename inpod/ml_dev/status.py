@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import contract
-from ..lib import usersecrets
-from ..lib.pod import idle_settings
+from ..lib import kube, ledger, usersecrets
+from ..lib.pod import app_name, env_records_dir, idle_settings
 from .common import HERE, PY, STATE_DIR, Cluster, parallel
 from .secrets import pod_presence
 
@@ -101,7 +101,45 @@ def idle_lines(view: dict[str, Any] | None, why: str, settings: dict[str, Any], 
     return lines, notes
 
 
+def cmd_start(args: argparse.Namespace) -> int:
+    """`ml-dev status --start`: the start ledger of this start of the environment (inpod/lib/ledger.py), kept with the
+    environment's records (the last contract.START_LEDGER_KEEP starts), beside the previous start's."""
+    namespace = os.environ.get("POD_NAMESPACE") or (Path(contract.SA_DIR) / "namespace").read_text().strip()
+    client = kube.Client("ml-dev-env-status")
+    try:
+        pods, events, workloads = ledger.read_api(lambda path: client.call("GET", path), namespace, app_name())
+    except (OSError, ValueError) as exc:
+        print(f"ml-dev status --start: cannot read the pods and events of {namespace} ({type(exc).__name__}: {exc})")
+        return 1
+    cluster = Cluster()
+    names = list(cluster.pods)
+
+    def marks_of(rank: int) -> dict[str, float]:
+        if rank == cluster.me:
+            return ledger.read_marks()
+        argv = cluster.ssh(rank, ["bash", "-c", ledger.MARKS_SCRIPT])
+        res = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=args.timeout + 10, check=False)
+        return ledger.parse_marks(res.stdout) if res.returncode == 0 else {}
+
+    found: list[Any] = list(parallel(marks_of, list(range(len(names)))))  # an Exception where a pod failed
+    marks: dict[str, dict[str, float]] = {names[i]: m for i, m in enumerate(found) if isinstance(m, dict)}
+    start = ledger.build(pods, events, workloads, marks)
+    records = env_records_dir()
+    before = [s for s in ledger.kept(records) if s.get("id") != start.get("id")]
+    ledger.keep(records, start)
+    for line in ledger.table(start):
+        print(line)
+    if before:
+        last = before[-1]
+        print(
+            f"previous start {last.get('id')}: {float(last.get('wall', 0)):.0f} s (slowest {(last.get('slowest') or {}).get('pod', '?')})"
+        )
+    return 0
+
+
 def cmd_status(args: argparse.Namespace) -> int:
+    if getattr(args, "start", False):
+        return cmd_start(args)
     if getattr(args, "all", False):
         # Every environment of this namespace (owner, size, state, GPU-hours this week) from the live objects,
         # read with the pod's ServiceAccount (its usage Role may list them): usage.py, shipped next to ml-dev.

@@ -289,5 +289,17 @@ REFRESH="${ML_DEV_SSH_REFRESH_SECONDS:-5}"
     fi
   done
 ) </dev/null &
+# The start ledger's `sshd` phase (inpod/lib/ledger.py): sshd writes its PidFile once it listens; the first sshd of
+# this container records the time, once (noclobber)
+(
+  mkdir -p "$STATE_DIR/$CONTRACT_START_MARKS_DIR"
+  for _ in $(seq 300); do
+    if [ -s "$D/sshd.pid" ]; then
+      (set -C; date +%s.%N >"$STATE_DIR/$CONTRACT_START_MARKS_DIR/$CONTRACT_START_SSHD") 2>/dev/null
+      break
+    fi
+    sleep 0.1
+  done
+) </dev/null >/dev/null 2>&1 &
 log "sshd for $LOGIN (UID $uid) on port $PORT${LISTEN:+ at $LISTEN}; home $PW_DIR"
 exec "$SSHD" -D -e -f "$D/sshd_config"

@@ -27,11 +27,26 @@ def _privileged_variant(o: dict[str, Any]) -> None:
     o["network"]["rdma"].update(createAttachments=True, subnets=["10.0.103.0/24", "10.0.104.0/24", "10.0.105.0/24", "10.0.106.0/24"])
 
 
+RUNTIME_DIGEST = "image-registry.openshift-image-registry.svc:5000/ml-dev/runtime@sha256:" + "ab" * 32
+
+
+def _pre_pull_daemonset_variant(o: dict[str, Any]) -> None:
+    """barcelona builds its image: the DaemonSet pulls the built runtime tag on the listed GPU nodes."""
+    o["image"]["prePull"] = "daemonSet"
+    o["nodes"]["gpuNodes"] = ["gpu-a", "gpu-b"]
+
+
+def _pinned_image_set_variant(o: dict[str, Any]) -> None:
+    o["image"] = {"reference": RUNTIME_DIGEST, "prePull": "pinnedImageSet", "machineConfigPool": "gpu"}
+
+
 VARIANTS: dict[str, tuple[str, Callable[[dict[str, Any]], None] | None]] = {
     **{stack: (stack, None) for stack in STACKS},
     "barcelona-tcp-shared": ("barcelona", tcp_shared_variant),
     "barcelona-token": ("barcelona", _token_variant),
     "barcelona-privileged-nads": ("barcelona", _privileged_variant),
+    "barcelona-prepull-daemonset": ("barcelona", _pre_pull_daemonset_variant),
+    "nerc-production-pinned-image-set": ("nerc-production", _pinned_image_set_variant),
 }
 SECRET = "s3cret-value-that-must-not-leak"
 

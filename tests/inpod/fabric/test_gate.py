@@ -6,12 +6,16 @@ from __future__ import annotations
 import json
 import math
 import shlex
+import shutil
+import time
 from pathlib import Path
 
 import pytest
 
+from inpod import contract
 from inpod.fabric import allreduce, check, localise, parse
-from tests.inpod.fabric.conftest import Fabric
+from inpod.lib import ledger
+from tests.inpod.fabric.conftest import STATE, Fabric
 from tests.podsim.nccl import nccl_report
 
 DATA = Path(__file__).parent / "data"
@@ -99,10 +103,15 @@ def mpirun_args(f: Fabric) -> list[str]:
 @pytest.mark.timeout(300)
 def test_gate_passes_on_a_healthy_fabric(fabric) -> None:
     f: Fabric = fabric(3)
+    marks = f.sim.pods[0].path(f"{STATE}/{contract.START_MARKS_DIR}")
+    shutil.rmtree(marks, ignore_errors=True)  # a new container's: no gate passed yet
+    before = time.time()
     res = f.run("gate")
     assert res.returncode == 0, res.stdout + res.stderr
     result = f.result()
     assert result["status"] == "pass"
+    # the start ledger's fabric-gate phase (inpod/lib/ledger.py): written by the gate that passed, on its pod
+    assert before <= ledger.read_marks(marks.parent)[contract.START_FABRIC] <= time.time()
     assert result == f.result(where="state"), "workspace and state dir hold the same result"
     assert [r["bytes"] for r in result["sizes"]] == [1 << k for k in range(20, 34)]
     assert result["plateauBusbw"] >= result["expectation"]["pass_busbw_gbs"] == 175.14

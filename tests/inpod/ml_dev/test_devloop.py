@@ -203,6 +203,19 @@ def test_run_starts_every_rank_with_its_rank_env_on_the_same_tree(cluster: Clust
     assert re.search(r"synced /workspace/proj \(\d+ files, tree [0-9a-f]{12}\) to 3 pods in [0-9.]+ s, \d+ bytes sent", res.stdout)
 
 
+def test_the_start_ledger_marks_of_every_pod_come_from_its_own_sshd_and_first_rank(cluster: Cluster) -> None:
+    """The in-pod phases of the start ledger (inpod/lib/ledger.py) are real: sshd.sh marked its sshd listening, the
+    first rank of the run above marked its start, once per container, on every pod, in that order."""
+    from inpod import contract
+    from inpod.lib import ledger
+
+    launch(cluster, "run -- true")  # a second run: the first-rank mark stays the first's
+    for i in range(4):
+        marks = ledger.read_marks(cluster.pods[i].path(STATE))
+        assert set(marks) == {contract.START_SSHD, contract.START_RANK}, (i, marks)
+        assert marks[contract.START_SSHD] < marks[contract.START_RANK] <= time.time()
+
+
 def test_edits_on_pod0_reach_every_pod_before_launch_20_times(cluster: Cluster) -> None:
     for n in range(1, 21):
         clear_records(cluster)
