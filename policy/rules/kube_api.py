@@ -2,7 +2,9 @@
 
 Not one of the catalogue's rules (`POLICIES`, whose tests feed them deliberately partial objects): the pack adds
 `API_SERVER_ACCEPTS` beside them (policy/__main__.py) and `make render` prints its own section for it
-(tools/schema_check.py, with the config key that made each refused value). Two halves:
+(tools/schema_check.py, with the config key that made each refused value). Why one module: the pack runs from its
+own directory and imports only this package (policy/__main__.py), and the two halves share the object walk and
+the problem type; split, each half would re-walk every object. Two halves:
 
 * **Schemas** — `schemas/<group>/<version>/<Kind>.json` (group `core` for `apiVersion: v1`), upstream schema data
   vendored with its provenance (`schemas/PROVENANCE.md`). Applied strictly: an object schema that lists `properties`
