@@ -377,11 +377,12 @@ def sample_everywhere(cluster: Cluster, run: str | None, samples: int, interval:
             try:
                 res = subprocess.run(cluster.ssh(rank, argv), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
             except subprocess.TimeoutExpired:
-                return {"pod": cluster.pods[rank], "agents": [], "failed": f"no report within {timeout:.0f} s"}
+                return {"pod": cluster.pods[rank], "agents": [], "failed": f"no report within {timeout:.0f} s", "node_rank": rank}
             try:
                 report = json.loads(res.stdout)
             except ValueError:
-                return {"pod": cluster.pods[rank], "agents": [], "failed": cluster.explain(rank, res.stderr, res.returncode)}
+                failed = cluster.explain(rank, res.stderr, res.returncode)
+                return {"pod": cluster.pods[rank], "agents": [], "failed": failed, "node_rank": rank}
         report["node_rank"] = rank
         return report
 
