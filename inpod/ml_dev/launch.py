@@ -39,6 +39,7 @@ from .common import (
     unreachable,
     wait_reachable,
 )
+from .logs import log_path
 from .sync import GATE_MARK, POD_STOP_MARK, Tree, copy, serve_gate, sync, tree_root
 from .watchdog import PROGRESS_MARK, ProgressRelay, Watchdog, new_run_id, rank_env, stall_seconds, verdict_now
 
@@ -227,9 +228,9 @@ def cmd_rank(args: argparse.Namespace) -> int:
 
 
 def run_log(run: str, rank: str) -> Path:
-    """This rank's log of `run` on its pod's workspace: `$ML_DEV_WORKSPACE/<RUNS_DIR>/<run>/<RUN_LOG_DIR>/rank<N>.log`."""
-    base = Path(os.environ.get("ML_DEV_WORKSPACE") or "/workspace") / contract.RUNS_DIR / run / contract.RUN_LOG_DIR
-    return base / f"{contract.RUN_LOG_PREFIX}{rank}{contract.RUN_LOG_SUFFIX}"
+    """This rank's log of `run` on its pod's workspace: `$ML_DEV_WORKSPACE/<RUNS_DIR>/<run>/<RUN_LOG_DIR>/rank<N>.log`
+    (`ml-dev logs` reads it back: logs.py)."""
+    return log_path(run, rank)
 
 
 class RankOutput:
