@@ -512,6 +512,17 @@ def emit(out: TextIO, text: str) -> bool:
             return False
 
 
+class SafeErr:
+    """The launcher's stderr for the watchdog and its verdict: every write through emit (never raises)."""
+
+    def write(self, text: str) -> int:
+        emit(sys.stderr, text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
 def say_err(line: str) -> None:
     """One of the launcher's own lines (stderr), never fatal."""
     emit(sys.stderr, line + "\n")
@@ -559,7 +570,8 @@ def run_everywhere(
     pod_stop = threading.Event()
     # no output and no progress mark for lifecycle.stallVerdictSeconds: `ml-dev why`, once per stall (watchdog.py)
     seconds = stall_seconds() if run_id else 0
-    dog = Watchdog(seconds, lambda: verdict_now(run_id, sys.stderr)) if seconds else None
+    safe_err = SafeErr()
+    dog = Watchdog(seconds, lambda: verdict_now(run_id, safe_err), out=safe_err) if seconds else None
 
     def on_line(line: str, rank: int) -> bool:
         if dog is not None:

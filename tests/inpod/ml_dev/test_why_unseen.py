@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from inpod import contract
 from inpod.ml_dev import why
 from tests.inpod.ml_dev.test_why import COUNT, JOB_DIR, PY_SPY, REASON, barrier_port, connected_to, pods_of, stalled_ranks_wait, stop
 from tests.podsim.pods import PodSim
@@ -139,3 +140,24 @@ def test_no_python_rank_at_all_is_undecided_naming_every_rank(sim: PodSim) -> No
     assert res.stdout.startswith("ml-dev why: undecided: no rank's stack could be sampled; not seen: rank 0 (not Python)"), res.stdout
     named = [x for x in res.stdout.splitlines() if x.startswith("  not seen: rank ")]
     assert len(named) == COUNT and all("not Python: bash" in x and "children: sleep" in x for x in named), res.stdout
+
+
+def test_the_watchdog_shows_an_undecided_verdict_with_the_rank_not_seen(sim: PodSim) -> None:
+    """lifecycle.stallVerdictSeconds (10 s here): a bash rank keeps the Python ranks in the barrier, nothing prints;
+    `ml-dev run`'s own verdict reads undecided and names the rank it could not see, as `ml-dev why` does."""
+    shell = 2
+    proc = launch(sim, f"""bash -c 'if [ "$NODE_RANK" = {shell} ]; then sleep 600; true; else exec python3 barrier_job.py; fi'""")
+    seen: list[str] = []
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + contract.STALL_MIN + 90
+        while not any("; kept: " in line for line in seen):
+            assert time.monotonic() < deadline and proc.poll() is None, "".join(seen)
+            seen.append(proc.stdout.readline())
+    finally:
+        out = stop(sim, proc)
+    text = "".join(seen) + out
+    verdicts = [line for line in text.splitlines() if line.startswith("ml-dev why: ")]
+    assert len(verdicts) == 1 and verdicts[0].startswith("ml-dev why: undecided: no straggler among ranks 0–1, 3"), text
+    assert verdicts[0].endswith("not seen: rank 2 (not Python)"), text
+    assert re.search(rf"^  not seen: rank 2 \({sim.pods[shell].name}\): not Python: bash ", text, re.M), text
