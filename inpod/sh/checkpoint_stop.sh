@@ -28,9 +28,11 @@ running() { # running PID: alive and not a zombie (field 3 of /proc/PID/stat, af
 # The marker tells `ml-dev status` that this pod is stopping (its ranks are saving).
 date +%s >"$STATE_DIR/stopping" 2>/dev/null || true
 agents=()
-for record in "$STATE_DIR"/heartbeat/rank-*.json; do
+# gate-<pid>.json: an agent still at its gate (the tree being copied): it names the stop to its launcher and ends
+for record in "$STATE_DIR"/heartbeat/rank-*.json "$STATE_DIR"/heartbeat/gate-*.json; do
   [ -e "$record" ] || continue
   pid="${record##*/rank-}"
+  pid="${pid##*/gate-}"
   pid="${pid%.json}"
   case "$pid" in '' | *[!0-9]*) continue ;; esac
   if running "$pid"; then agents+=("$pid"); fi
