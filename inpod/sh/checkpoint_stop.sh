@@ -6,7 +6,8 @@
 # $ML_DEV_CHECKPOINT_SIGNAL (default SIGTERM) to its rank's process group, so the job can save a
 # checkpoint, and kills the group only after $ML_DEV_CHECKPOINT_GRACE_SECONDS. This script waits until
 # every agent has exited or that grace has passed, then returns 0. A second run (the trap after the
-# preStop hook) finds no live agent and returns at once.
+# preStop hook) finds no live agent and returns at once. An agent still at its gate (heartbeat/gate-<pid>.json,
+# the tree being copied) gets the same SIGTERM: it tells its launcher this pod is stopping and ends at once.
 #
 # The kubelet runs the preStop hook first and only then sends SIGTERM to PID 1, both within the pod's
 # terminationGracePeriodSeconds (kubernetes pkg/kubelet/kuberuntime/kuberuntime_container.go,
