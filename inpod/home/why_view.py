@@ -3,9 +3,9 @@ no verdict yet is not listed; no such run, no card).
 
 A live run is a fresh `heartbeat/run-<pid>.json` of this pod's state directory (the launcher rewrites it every 10 s);
 its verdict is `$ML_DEV_WORKSPACE/.ml-dev-env/env/<app>/runs/<run>/why/latest.json` (inpod/ml_dev/why.py keep_local). Shown:
-the verdict's rank, pod, node, frame and age; everything HTML-escaped (frames and pod names come from users' code and
-stacks), every value marked by the page's `num` (handed in: the page imports this module). Standard library only,
-Python 3.8+.
+the verdict's kind (undecided as undecided), rank, pod, node, frame and age, and each rank it could not see and why;
+everything HTML-escaped (frames and pod names come from users' code and stacks), every value marked by the page's
+`num` (handed in: the page imports this module). Standard library only, Python 3.8+.
 """
 
 from __future__ import annotations
@@ -62,10 +62,15 @@ def why_html(now: float, mark: Callable[[str, object], str]) -> str:
             )
         else:
             what = escape(kind.replace("-", " "))
+        # the ranks the verdict could not see (not Python, py-spy refused or missing, a pod that did not answer): an
+        # undecided verdict reads as undecided, with who was not seen and why
+        unseen = [str(x) for x in v.get("not_seen") or []]
+        listed = "".join(f'<li class="why-unseen">{mark("why-unseen", line)}</li>' for line in unseen)
+        unseen_html = f'<br><span class="small">not seen:</span><ul class="small">{listed}</ul>' if unseen else ""
         items.append(
             f'<li class="why {cls}" data-run="{escape(run)}">run <code>{mark("why-run", run)}</code>: {what} '
             f'<span class="small why-age">({mark("why-age", ago(now - float(v.get("time", now))) + " ago")})</span><br>'
-            f'<span class="small">{mark("why-text", v.get("text", ""))}</span></li>'
+            f'<span class="small">{mark("why-text", v.get("text", ""))}</span>{unseen_html}</li>'
         )
     if not items:
         return ""

@@ -44,6 +44,7 @@ from .common import (
     unreachable,
     wait_reachable,
 )
+from .logs import log_path
 from .sync import GATE_MARK, POD_STOP_MARK, Tree, copy, serve_gate, sync, tree_root
 from .watchdog import PROGRESS_MARK, ProgressRelay, Watchdog, new_run_id, rank_env, stall_seconds, verdict_now
 
@@ -261,9 +262,8 @@ def cmd_rank(args: argparse.Namespace) -> int:
 
 def run_log(run: str, rank: str) -> Path:
     """This rank's log of `run` on its pod's workspace, the environment's own records folder (contract.records_dir):
-    `$ML_DEV_WORKSPACE/.ml-dev-env/env/<app>/runs/<run>/logs/rank<N>.log`."""
-    base = env_records_dir() / contract.RUNS_SUBDIR / run / contract.RUN_LOG_DIR
-    return base / f"{contract.RUN_LOG_PREFIX}{rank}{contract.RUN_LOG_SUFFIX}"
+    `$ML_DEV_WORKSPACE/.ml-dev-env/env/<app>/runs/<run>/logs/rank<N>.log` (`ml-dev logs` reads it back: logs.py)."""
+    return log_path(run, rank)
 
 
 class RankOutput:
@@ -545,6 +545,17 @@ def emit(out: TextIO, text: str) -> bool:
             return False
 
 
+class SafeErr:
+    """The launcher's stderr for the watchdog and its verdict: every write through emit (never raises)."""
+
+    def write(self, text: str) -> int:
+        emit(sys.stderr, text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
 def say_err(line: str) -> None:
     """One of the launcher's own lines (stderr), never fatal."""
     emit(sys.stderr, line + "\n")
@@ -595,7 +606,8 @@ def run_everywhere(
     pod_stop = threading.Event()
     # no output and no progress mark for lifecycle.stallVerdictSeconds: `ml-dev why`, once per stall (watchdog.py)
     seconds = stall_seconds() if run_id else 0
-    dog = Watchdog(seconds, lambda: verdict_now(run_id, sys.stderr)) if seconds else None
+    safe_err = SafeErr()
+    dog = Watchdog(seconds, lambda: verdict_now(run_id, safe_err), out=safe_err) if seconds else None
 
     def on_line(line: str, rank: int) -> bool:
         if dog is not None:
@@ -983,28 +995,123 @@ def stop_all(procs: dict[int, subprocess.Popen], left_running: Container[int] = 
         time.sleep(0.05)
 
 
-LAUNCHER_CAPS = (
-    (("torchrun", "torch.distributed.run", "torch.distributed.launch"), "torchrun"),
-    (("deepspeed.launcher.launch", "deepspeed.launcher.runner", "deepspeed"), "DeepSpeed's launcher"),
-)
 LAUNCHER_CAP_SECONDS = 30
 """What torchrun and DeepSpeed's per-node launcher give their workers after the stop signal before SIGKILL: pytorch
 torch/distributed/elastic/multiprocessing/api.py PContext.close(death_sig, timeout=30), called by
 LocalElasticAgent._shutdown; deepspeedai/DeepSpeed deepspeed/launcher/launch.py sigkill_handler ->
 terminate_process_tree (psutil.wait_procs(timeout=30), then kill)."""
+MPI_CAP_SECONDS = 1
+"""What Open MPI's mpirun gives its ranks: on a stop it sends SIGCONT, waits `odls_base_sigkill_timeout` (default 1 s),
+sends SIGTERM, waits again, then SIGKILL (open-mpi/ompi v4.1 orte/mca/odls/base/odls_base_default_fns.c
+orte_odls_base_default_kill_local_procs; the default registered in orte/mca/odls/base/odls_base_frame.c; Open MPI 5's
+PRRTE the same: 3rd-party/prrte/src/mca/odls/base/odls_base_frame.c prte_odls_base_register, timeout 1)."""
 
 
-def launcher_cap_warning(command: list[str], grace: int) -> str | None:
-    """The launch-time warning when the command runs a launcher that caps the grace below checkpointGraceSeconds."""
-    if grace <= LAUNCHER_CAP_SECONDS:
+class LauncherCap:
+    """A launcher that kills its workers on its own clock after the stop signal (one row per launcher)."""
+
+    def __init__(self, label: str, cap: int, source: str, remedy: str, match: Callable[[list[str]], bool]) -> None:
+        self.label, self.cap, self.source, self.remedy, self.match = label, cap, source, remedy, match
+
+
+def _has(*names: str) -> Callable[[list[str]], bool]:
+    return lambda words: any(w in names for w in words)
+
+
+def _accelerate(words: list[str]) -> bool:
+    return any(w == "accelerate" and words[i + 1 : i + 2] == ["launch"] for i, w in enumerate(words))
+
+
+PER_POD = "or run one process per pod: ml-dev run --per-pod -- python train.py"
+LAUNCHER_CAPS = (
+    LauncherCap(
+        "torchrun",
+        LAUNCHER_CAP_SECONDS,
+        "torch/distributed/elastic/multiprocessing/api.py PContext.close(death_sig, timeout=30)",
+        PER_POD,
+        _has("torchrun", "torch.distributed.run", "torch.distributed.launch"),
+    ),
+    LauncherCap(
+        "DeepSpeed's launcher",
+        LAUNCHER_CAP_SECONDS,
+        "deepspeed/launcher/launch.py sigkill_handler -> terminate_process_tree, psutil.wait_procs(timeout=30)",
+        PER_POD,
+        _has("deepspeed.launcher.launch", "deepspeed.launcher.runner", "deepspeed"),
+    ),
+    LauncherCap(
+        "accelerate launch (torchrun's launcher in-process)",
+        LAUNCHER_CAP_SECONDS,
+        "accelerate/commands/launch.py multi_gpu_launcher -> torch.distributed.run.run -> PContext.close(timeout=30)",
+        PER_POD,
+        _accelerate,
+    ),
+    LauncherCap(
+        "mpirun (Open MPI)",
+        MPI_CAP_SECONDS,
+        "Open MPI orte/mca/odls/base/odls_base_default_fns.c orte_odls_base_default_kill_local_procs, "
+        "odls_base_sigkill_timeout default 1 s (PRRTE: prte_odls_base_register)",
+        "or raise it: ml-dev run --env OMPI_MCA_odls_base_sigkill_timeout=<grace> (Open MPI 5: PRTE_MCA_odls_base_sigkill_timeout)",
+        _has("mpirun", "mpiexec", "orterun", "prterun"),
+    ),
+)
+"""Every launcher with a cap of its own, the cap, where upstream sets it, and what to do."""
+SCRIPT_LINES = 200
+"""How many lines of a script command (`./train.sh`, `bash train.sh`) are read for a launcher inside it."""
+
+
+def command_words(text: str) -> list[str]:
+    return [os.path.basename(w.strip("'\"();&|")) for w in text.split()]
+
+
+def script_of(command: list[str], cwd: Path | None = None) -> Path | None:
+    """The script a command runs, when it runs one: `./train.sh`, `bash train.sh`, `sh -e run.sh` (not `bash -c`)."""
+    args = list(command)
+    if args and os.path.basename(args[0]) in ("bash", "sh", "dash", "zsh"):
+        args = args[1:]
+        while args and args[0].startswith("-"):
+            if args[0] == "-c":
+                return None
+            args = args[1:]
+    if not args:
         return None
-    words = [os.path.basename(w) for w in " ".join(command).split()]  # `bash -c 'torchrun …'` too
-    for names, label in LAUNCHER_CAPS:
-        if any(w in names for w in words):
+    path = Path(args[0]) if os.path.isabs(args[0]) else (cwd or Path.cwd()) / args[0]
+    if ("/" in args[0] or os.path.basename(command[0]) in ("bash", "sh", "dash", "zsh")) and path.is_file():
+        return path
+    return None
+
+
+def script_words(path: Path) -> list[tuple[int, list[str]]]:
+    """(line number, words) of the script's first SCRIPT_LINES lines that are not comments."""
+    out = []
+    try:
+        with open(path, errors="replace") as f:
+            for number, line in enumerate(f, 1):
+                if number > SCRIPT_LINES:
+                    break
+                code = line.split("#", 1)[0] if not line.lstrip().startswith("#!") else ""
+                if code.strip():
+                    out.append((number, command_words(code)))
+    except OSError:
+        return []
+    return out
+
+
+def launcher_cap_warning(command: list[str], grace: int, cwd: Path | None = None) -> str | None:
+    """The launch-time warning when the command runs a launcher that caps the grace below checkpointGraceSeconds: the
+    command itself (`bash -c 'torchrun …'` too) or, when it runs a script, a line of the script."""
+    found: list[tuple[LauncherCap, str]] = []
+    words = command_words(" ".join(command))
+    found += [(cap, "") for cap in LAUNCHER_CAPS if cap.match(words)]
+    script = script_of(command, cwd)
+    if script is not None and not found:
+        for number, line in script_words(script):
+            found += [(cap, f" (in {script.name}, line {number})") for cap in LAUNCHER_CAPS if cap.match(line)]
+    for cap, where in found:
+        if grace > cap.cap:
             return (
-                f"ml-dev: warning: {label} gives its workers {LAUNCHER_CAP_SECONDS} s after the stop signal, then SIGKILL: "
-                f"checkpointGraceSeconds is {grace} s, so a save must finish within {LAUNCHER_CAP_SECONDS} s "
-                "(or run one process per pod: ml-dev run --per-pod -- python train.py)"
+                f"ml-dev: warning: {cap.label} gives its workers {cap.cap} s after the stop signal, then SIGKILL{where}: "
+                f"checkpointGraceSeconds is {grace} s, so a save must finish within {cap.cap} s ({cap.remedy}; "
+                f"upstream: {cap.source})"
             )
     return None
 
@@ -1013,7 +1120,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     cluster = Cluster()
     if not args.command:
         die("nothing to run: ml-dev run -- <command>")
-    warning = launcher_cap_warning(args.command, stop_grace(cluster.rank_env))
+    warning = launcher_cap_warning(args.command, stop_grace(cluster.rank_env), Path.cwd())
     if warning:
         say_err(warning)
     cwd = Path.cwd()

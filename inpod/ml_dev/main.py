@@ -9,6 +9,7 @@
     ml-dev status --all                    every environment of the namespace: owner, size, state, GPU-hours 7 days
     ml-dev status --start                  the start ledger: each pod's phases from creation to its first rank
     ml-dev why                             which rank of the running job is stuck, and where (every rank's stack)
+    ml-dev logs [RUN] [--rank N] [-f]      a run's output, kept by every rank's agent on its pod (no nohup needed)
 
 Delivered by the stack in the <app>-startup ConfigMap (mounted at /opt/ml-dev-env), so it works in any
 image with Python 3.8+, OpenSSH and rsync. Reads the rank contract only: $ML_DEV_STATE_DIR/rank.env
@@ -38,6 +39,7 @@ import sys
 from .common import DEBUG_PORT, FROM_RANK_FILE, HERE, PER_POD_ENV
 from .fanout import cmd_relay
 from .launch import cmd_exec, cmd_rank, cmd_run
+from .logs import cmd_log_here, cmd_logs
 from .status import cmd_status
 from .sync import cmd_apply, cmd_check, cmd_sync
 from .watchdog import WHY_LAUNCHER
@@ -116,6 +118,17 @@ def main(argv: list[str] | None = None) -> int:
     # ml-dev exec: what the command leaves running when it ends on its own (a daemon it started) is left alone
     rank.add_argument("--leave-rest", action="store_true")
     rank.add_argument("command", nargs=argparse.REMAINDER)
+    logs = sub.add_parser(
+        "logs",
+        help="a run's output from every rank's run log (kept on its pod's workspace whatever became of the terminal)",
+    )
+    logs.add_argument("run", nargs="?", help="the run's id (default: the newest run with a log on this pod)")
+    logs.add_argument("--rank", type=int, help="only this rank's log (unprefixed)")
+    logs.add_argument("-f", "--follow", action="store_true", help="follow until each rank's last line")
+    log_here = sub.add_parser("_log")
+    log_here.add_argument("--run", required=True)
+    log_here.add_argument("--rank", type=int, required=True)
+    log_here.add_argument("-f", "--follow", action="store_true")
     sub.add_parser("why", help="which rank is stuck, and where: every rank's stack from every pod, one verdict (ml-dev why -h)")
     given = sys.argv[1:] if argv is None else argv
     if given[:1] == ["why"]:  # its own program (why.py): run and the rank agents never load the sampler and the merge
@@ -124,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "command", None) and args.command[:1] == ["--"]:
         args.command = args.command[1:]
     handlers = {"run": cmd_run, "sync": cmd_sync, "exec": cmd_exec, "status": cmd_status, "_apply": cmd_apply, "_rank": cmd_rank}
-    handlers.update(_check=cmd_check, _relay=cmd_relay)
+    handlers.update(_check=cmd_check, _relay=cmd_relay, logs=cmd_logs, _log=cmd_log_here)
     return handlers[args.cmd](args)
 
 

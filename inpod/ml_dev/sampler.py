@@ -315,13 +315,16 @@ def sample_pod(run: str | None, samples: int, interval: float) -> dict[str, Any]
 
         def one(proc: dict[str, Any], stamp: float = stamp) -> None:
             if proc["samples"] and proc["samples"][-1].get("error") in ("not-python", "gone"):
-                proc["samples"].append(dict(proc["samples"][-1], at=stamp))
+                again = dict(proc["samples"][-1], at=stamp)
+                if again.get("error") == "not-python":  # py-spy once; its state and wait each time
+                    again["proc"] = proc_state(proc["pid"])
+                proc["samples"].append(again)
                 return
             result: dict[str, Any] = {"error": "missing", "detail": "py-spy is not installed in this image"}
             if binary:
                 result = dump(binary, proc["pid"])
-            if result.get("error") in ("refused", "missing", "failed", "timeout"):
-                result["proc"] = proc_state(proc["pid"])
+            if result.get("error") in ("refused", "missing", "failed", "timeout", "not-python"):
+                result["proc"] = proc_state(proc["pid"])  # what /proc tells anyone stands in for the stack
             result["at"] = stamp
             proc["samples"].append(result)
 

@@ -13,6 +13,7 @@ import fnmatch
 import hashlib
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -230,36 +231,54 @@ gate: no rank starts, and the launch is named a stop)."""
 
 
 def watch_stop_at_gate(interval: float = 0.1) -> Callable[[], None]:
-    """(the agent at its gate) The pod's stop hook writes its `stopping` marker first (checkpoint_stop.sh), before
-    SIGTERM reaches PID 1 and the pod's processes go: the line names the stop while the launcher can still read it,
-    so a drain during the tree copy reads as a stop, not as a copy that failed."""
+    """(the agent at its gate) Name a stop of this pod to the launcher while the tree is copied, so a drain during the
+    copy reads as a stop, not as a copy that failed. The agent's gate record (heartbeat/gate-<pid>.json) has the stop
+    hook (checkpoint_stop.sh) send it SIGTERM and wait for it, while the pod's sshd still carries the line; the
+    `stopping` marker the hook writes first is watched too. Returns what ends the watch (the gate is over)."""
     import threading
 
     marker = STATE_DIR / contract.STOPPING_MARKER
     pod = os.environ.get("POD_NAME") or os.environ.get("HOSTNAME", "?")
-
+    said = f"{POD_STOP_MARK}pod {pod} is stopping (its stop hook ran during the tree copy); no rank started\n".encode()
     gate = threading.Lock()  # held by the gate; the watcher ends the agent only while it is
     done = threading.Event()
+
+    def stop_here() -> None:
+        try:
+            os.write(2, said)
+        except OSError:
+            pass
+        os._exit(0)
+
+    def on_stop(_signum: int, _frame: object) -> None:
+        stop_here()
 
     def watch() -> None:
         while not done.wait(interval):
             if not marker.exists():
                 continue
             with gate:
-                if done.is_set():
-                    return
-                try:
-                    os.write(
-                        2, f"{POD_STOP_MARK}pod {pod} is stopping (its stop hook ran during the tree copy); no rank started\n".encode()
-                    )
-                except OSError:
-                    pass
-                os._exit(0)
+                if not done.is_set():
+                    stop_here()
+                return
+
+    record = STATE_DIR / contract.HEARTBEAT_DIR / f"{contract.GATE_RECORD_PREFIX}{os.getpid()}.json"
+    try:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps({"pid": os.getpid(), "gate": True, "at": time.time()}))
+    except OSError:
+        pass
+    before = signal.signal(signal.SIGTERM, on_stop)
 
     def leave() -> None:
         """The gate is over (`go`, EOF): from here the rank agent's own signal handling stops the rank."""
         with gate:
             done.set()
+        signal.signal(signal.SIGTERM, before)
+        try:
+            record.unlink()
+        except OSError:
+            pass
 
     threading.Thread(target=watch, daemon=True).start()
     return leave

@@ -118,7 +118,68 @@ def workers(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     keep = [p for p in group if not any(c["ppid"] == p["pid"] for c in group)]
                 for p in keep:
                     out.append({"label": name, "pod": report.get("pod", "?"), "node": report.get("node", ""), "proc": p})
+            # a rank none of whose processes could be sampled or refused: no Python process at all (`bash -c 'sleep
+            # 600'`, a compiled program), or py-spy missing or failing there. Its topmost process stands for it, with
+            # what /proc tells (state, kernel wait, children); its Python descendants, had it any, would be candidates
+            # above and sampled in their turn
+            rest = [p for p in procs if label[p["pid"]] not in groups and p["pid"] not in launchers]
+            rest_pids = {p["pid"] for p in rest}
+            for p in rest:
+                if p["ppid"] in rest_pids:
+                    continue
+                kids = [_proc_words(c) for c in procs if c["ppid"] == p["pid"]]
+                group = [q for q in rest if label[q["pid"]] == label[p["pid"]]]
+                python_said_no = all(any(x.get("error") == "not-python" for x in q["samples"]) for q in group if q["samples"])
+                out.append(
+                    {
+                        "label": label[p["pid"]],
+                        "pod": report.get("pod", "?"),
+                        "node": report.get("node", ""),
+                        "proc": p,
+                        "not_python": python_said_no and any(q["samples"] for q in group),
+                        "children": kids,
+                    }
+                )
     return out
+
+
+def _proc_words(p: dict[str, Any]) -> str:
+    """'sleep (pid 12, state S, waiting in hrtimer_nanosleep)': a process as /proc shows it (its last sample's)."""
+    st = next((s.get("proc") for s in reversed(p.get("samples") or []) if s.get("proc")), None) or {}
+    wait = f", waiting in {st['wchan']}" if st.get("wchan") else ""
+    return f"{p.get('name', '?')} (pid {p.get('pid', '?')}, state {st.get('state', '?')}{wait})"
+
+
+def unseen_reason(w: dict[str, Any]) -> tuple[str, str]:
+    """(short, long) why a rank's stack was not sampled: not Python, py-spy refused, missing, failed, gone."""
+    samples = w["proc"].get("samples") or []
+    last = samples[-1] if samples else {}
+    err = last.get("error")
+    if w.get("not_python") or err == "not-python":
+        kids = "; ".join(w.get("children") or []) or "none"
+        return "not Python", f"not Python: {_proc_words(w['proc'])}; children: {kids}; no Python process below it"
+    if err == "refused":
+        return "py-spy refused", f"py-spy was refused ({last.get('detail', '')}); {_proc_words(w['proc'])}"
+    if err == "missing":
+        return "no py-spy", f"py-spy is not installed on its pod; {_proc_words(w['proc'])}"
+    if err == "gone":
+        return "ended", "the process ended while it was sampled"
+    return "py-spy failed", f"py-spy failed ({last.get('detail', err or '?')}); {_proc_words(w['proc'])}"
+
+
+def not_seen(reports: list[dict[str, Any]], unsampled: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """(short, long) lines for every rank `ml-dev why` could not sample: each unsampled worker and the ranks of every
+    pod whose report never came (unreachable, no report in time)."""
+    short, long = [], []
+    for w in sorted(unsampled, key=lambda w: _key(w["label"])):
+        brief, words = unseen_reason(w)
+        short.append(f"rank {w['label']} ({brief})")
+        long.append(f"rank {w['label']} ({w['pod']}): {words}")
+    for r in reports:
+        if r.get("failed"):
+            short.append(f"the ranks of {r.get('pod', '?')} (its pod did not answer)")
+            long.append(f"the ranks of {r.get('pod', '?')} (node rank {r.get('node_rank', '?')}): its pod did not answer: {r['failed']}")
+    return short, long
 
 
 def merge(reports: list[dict[str, Any]], interval: float = INTERVAL) -> dict[str, Any]:
@@ -129,9 +190,21 @@ def merge(reports: list[dict[str, Any]], interval: float = INTERVAL) -> dict[str
     sources = source_lines(reports, ws)
     verdict: dict[str, Any] = {"time": time.time(), "ranks": len(ws), "sampled": len(sampled), "samples": samples, "sources": sources}
     fr = merge_fr({w["label"]: w["proc"]["fr"]["dump"] for w in ws if (w["proc"].get("fr") or {}).get("status") == "used"})
+    unsampled_ws = [w for w in ws if w not in sampled]
+    short, long = not_seen(reports, unsampled_ws)
+    if long:
+        verdict["not_seen"] = long
     if not sampled:
+        if any(w.get("not_python") for w in ws) or (short and not ws and any(r.get("agents") for r in reports)):
+            # ranks were seen, none of them Python (or the only ones were on pods that did not answer): the verdict
+            # cannot be "nothing", nor "no straggler": undecided, each rank named with what /proc tells
+            verdict.update(
+                kind="undecided", text=f"undecided: no rank's stack could be sampled; not seen: {', '.join(short)}", straggler=None
+            )
+            return _with_fr(verdict, fr, ws)
         why = "no rank process found" if not ws and not _failures(reports) else "no rank could be sampled"
-        verdict.update(kind="nothing-sampled", text=f"nothing could be sampled: {why}", straggler=None)
+        text = f"nothing could be sampled: {why}" + (f"; not seen: {', '.join(short)}" if short else "")
+        verdict.update(kind="nothing-sampled", text=text, straggler=None)
         return _with_fr(verdict, fr, ws)
     # per sample: the function each worker's main thread is in (innermost frame), and the agreed place
     places: list[dict[str, tuple[str, str]]] = []
@@ -156,7 +229,6 @@ def merge(reports: list[dict[str, Any]], interval: float = INTERVAL) -> dict[str
         odd = off if odd is None else odd & off
     by_label = {w["label"]: w for w in sampled}
     last = {w["label"]: _main_frames(w["proc"]["samples"][-1]) or [] for w in sampled}
-    unsampled = sorted((w["label"] for w in ws if w not in sampled), key=_key)
     # a straggler holds in every sample: one agreed place (a strict majority), the same ranks elsewhere each time
     holds = samples >= 2 and None not in majority and len(set(majority)) == 1 and bool(odd)
     if holds and odd:
@@ -177,8 +249,11 @@ def merge(reports: list[dict[str, Any]], interval: float = INTERVAL) -> dict[str
         )
     elif samples < 2:
         verdict.update(kind="undecided", text="undecided: one sample only (a straggler must hold in two)", straggler=None)
-    elif unsampled:
-        verdict.update(kind="undecided", text="undecided: no straggler among the ranks sampled, and not every rank was", straggler=None)
+    elif short:
+        # "no straggler" only when every rank was sampled: a rank not seen (not Python, refused, on a pod that did
+        # not answer) may be the one elsewhere
+        seen = ranks_text(sorted(by_label, key=_key))
+        verdict.update(kind="undecided", text=f"undecided: no straggler among {seen}, and not every rank was sampled", straggler=None)
     else:
         everyone = ranks_text(sorted(by_label, key=_key))
         still = all(
@@ -191,8 +266,8 @@ def merge(reports: list[dict[str, Any]], interval: float = INTERVAL) -> dict[str
         else:
             text = f"no straggler: no rank is apart from the others in every sample ({everyone} sampled {samples} times)"
         verdict.update(kind="no-straggler", text=text, straggler=None)
-    if unsampled:
-        verdict["text"] += f"; not sampled: {ranks_text(unsampled)}"
+    if short:
+        verdict["text"] += f"; not seen: {', '.join(short)}"
     return _with_fr(verdict, fr, ws)
 
 
@@ -237,7 +312,9 @@ def _failures(reports: list[dict[str, Any]]) -> list[tuple[int, str]]:
 def source_lines(reports: list[dict[str, Any]], ws: list[dict[str, Any]]) -> dict[str, str]:
     """Whether each source was used, and if not, why (missing, refused and what would allow it, no torch, RAS silent)."""
     out = {}
-    missing = sorted({r.get("pod", "?") for r in reports if not r.get("py_spy")})
+    # a pod whose report never came says nothing about its py-spy: it is "not asked", never "missing"
+    missing = sorted({r.get("pod", "?") for r in reports if not r.get("py_spy") and not r.get("failed")})
+    not_python = [w for w in ws if w.get("not_python")]
     refused = [w for w in ws if any(s.get("error") == "refused" for s in w["proc"]["samples"])]
     used = [w for w in ws if any("threads" in s for s in w["proc"]["samples"])]
     parts = []
@@ -250,6 +327,11 @@ def source_lines(reports: list[dict[str, Any]], ws: list[dict[str, Any]]) -> dic
         states = {w["label"]: (w["proc"]["samples"][-1].get("proc") or {}).get("state", "?") for w in refused}
         shown = ", ".join(f"{k} {v}" for k, v in sorted(states.items(), key=lambda kv: _key(kv[0])))
         parts.append(f"{detail} for {ranks_text(sorted(states, key=_key))}; stood in: process states from /proc ({shown}), no stacks")
+    if not_python:
+        parts.append(f"not used for {ranks_text(sorted({w['label'] for w in not_python}, key=_key))} (not Python)")
+    asked_not = sorted(r.get("pod", "?") for r in reports if r.get("failed"))
+    if asked_not:
+        parts.append(f"not asked on {', '.join(asked_not)} (the pod did not answer)")
     failed = _failures(reports)
     if failed:
         # py-spy ran and failed for another reason than the kernel's (it could not be executed, a crash): say so
@@ -295,11 +377,12 @@ def sample_everywhere(cluster: Cluster, run: str | None, samples: int, interval:
             try:
                 res = subprocess.run(cluster.ssh(rank, argv), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
             except subprocess.TimeoutExpired:
-                return {"pod": cluster.pods[rank], "agents": [], "failed": f"no report within {timeout:.0f} s"}
+                return {"pod": cluster.pods[rank], "agents": [], "failed": f"no report within {timeout:.0f} s", "node_rank": rank}
             try:
                 report = json.loads(res.stdout)
             except ValueError:
-                return {"pod": cluster.pods[rank], "agents": [], "failed": cluster.explain(rank, res.stderr, res.returncode)}
+                failed = cluster.explain(rank, res.stderr, res.returncode)
+                return {"pod": cluster.pods[rank], "agents": [], "failed": failed, "node_rank": rank}
         report["node_rank"] = rank
         return report
 
@@ -364,9 +447,6 @@ def verdict_for(
     run = run or current_run(reports)
     reports = only_run(reports, run or "")  # no run: an `ml-dev exec`'s processes are no run's ranks
     verdict = merge(reports, interval)
-    failed = [f"{r['pod']}: {r['failed']}" for r in reports if r.get("failed")]
-    if failed:
-        verdict["unreachable"] = failed
     record = {"run": run, "verdict": verdict, "reports": reports}
     launcher = next((a.get("launcher") for r in reports for a in r.get("agents", []) if a.get("launcher")), None)
     record["kept"] = keep(cluster, run, launcher, record) if run else "not kept: no run"
@@ -380,8 +460,8 @@ def print_verdict(record: dict[str, Any], out: Any = sys.stdout) -> None:
         out.write(f"  also: {line}\n")
     for name, words in v["sources"].items():
         out.write(f"  {name}: {words}\n")
-    for line in v.get("unreachable", []):
-        out.write(f"  not sampled: {line}\n")
+    for line in v.get("not_seen", []):
+        out.write(f"  not seen: {line}\n")
     out.write(f"  run {record['run'] or '-'}; kept: {record['kept']}\n")
     out.flush()
 

@@ -6,7 +6,8 @@
 # $ML_DEV_CHECKPOINT_SIGNAL (default SIGTERM) to its rank's process group, so the job can save a
 # checkpoint, and kills the group only after $ML_DEV_CHECKPOINT_GRACE_SECONDS. This script waits until
 # every agent has exited or that grace has passed, then returns 0. A second run (the trap after the
-# preStop hook) finds no live agent and returns at once.
+# preStop hook) finds no live agent and returns at once. An agent still at its gate (heartbeat/gate-<pid>.json,
+# the tree being copied) gets the same SIGTERM: it tells its launcher this pod is stopping and ends at once.
 #
 # The kubelet runs the preStop hook first and only then sends SIGTERM to PID 1, both within the pod's
 # terminationGracePeriodSeconds (kubernetes pkg/kubelet/kuberuntime/kuberuntime_container.go,
@@ -30,9 +31,11 @@ running() { # running PID: alive and not a zombie (field 3 of /proc/PID/stat, af
 # The marker tells `ml-dev status` that this pod is stopping (its ranks are saving).
 date +%s >"$STATE_DIR/$CONTRACT_STOPPING_MARKER" 2>/dev/null || true
 agents=()
-for record in "$STATE_DIR/$CONTRACT_HEARTBEAT_DIR"/rank-*.json; do
+# gate-<pid>.json: an agent still at its gate (the tree being copied): it names the stop to its launcher and ends
+for record in "$STATE_DIR/$CONTRACT_HEARTBEAT_DIR"/rank-*.json "$STATE_DIR/$CONTRACT_HEARTBEAT_DIR"/gate-*.json; do
   [ -e "$record" ] || continue
   pid="${record##*/rank-}"
+  pid="${pid##*/gate-}"
   pid="${pid%.json}"
   case "$pid" in '' | *[!0-9]*) continue ;; esac
   if running "$pid"; then agents+=("$pid"); fi

@@ -105,7 +105,9 @@ def test_ml_dev_run_help_names_every_exit_status(capsys: pytest.CaptureFixture[s
     with pytest.raises(SystemExit):
         ml_dev.main(["run", "--help"])
     shown = " ".join(capsys.readouterr().out.split())
-    assert "130 after Ctrl-C;" in shown and f"{ml_dev_launch.STOPPED_STATUS} when a pod's stop" in shown, shown
+    assert "130 after Ctrl-C," in shown and f"{ml_dev_launch.STOPPED_STATUS} after SIGTERM or when a pod's stop" in shown, shown
+    for code, _, _ in ml_dev_launch.RUN_EXIT_STATUSES:  # every status the docs' table has (issue 45)
+        assert not code.isdigit() or int(code) < 3 or re.search(rf"\b{code}\b", shown), (code, shown)
 
 
 def run_rank(tmp_path: Path, script: str, *flags: str) -> tuple[int, float, int, str]:
@@ -169,3 +171,41 @@ def test_ml_dev_exec_leaves_a_background_process_alone(tmp_path: Path) -> None:
         import os
 
         os.kill(pid, 9)
+
+
+@pytest.mark.parametrize(
+    "command, label, cap",
+    [
+        (["accelerate", "launch", "--multi_gpu", "train.py"], "accelerate launch", 30),
+        (["mpirun", "-np", "8", "python", "train.py"], "mpirun (Open MPI)", 1),
+        (["/usr/bin/mpiexec", "-n", "2", "./a.out"], "mpirun (Open MPI)", 1),
+        (["bash", "-c", "accelerate launch train.py"], "accelerate launch", 30),
+    ],
+)
+def test_every_launcher_with_a_cap_is_named_with_its_cap_and_source(command: list[str], label: str, cap: int) -> None:
+    warning = ml_dev_launch.launcher_cap_warning(command, 120)
+    assert warning is not None and warning.startswith(f"ml-dev: warning: {label}"), warning
+    assert f"gives its workers {cap} s after the stop signal, then SIGKILL" in warning and "upstream: " in warning, warning
+    assert ml_dev_launch.launcher_cap_warning(command, cap) is None
+
+
+@pytest.mark.parametrize(
+    "script, command, label, line",
+    [
+        ('#!/bin/bash\ncd "$(dirname "$0")"\ntorchrun --nproc-per-node=8 train.py "$@"\n', ["./train.sh"], "torchrun", 3),
+        ("#!/bin/sh\nexec deepspeed train.py --deepspeed ds.json\n", ["sh", "run.sh"], "DeepSpeed's launcher", 2),
+        ("#!/bin/bash\n# mpirun is not used here\npython3 -m torch.distributed.run train.py\n", ["bash", "-e", "go.sh"], "torchrun", 3),
+        ("#!/bin/bash\nmpirun -np 8 python train.py\n", ["./mpi.sh", "--fast"], "mpirun (Open MPI)", 2),
+    ],
+)
+def test_a_launcher_inside_a_script_is_named_with_its_line(tmp_path: Path, script: str, command: list[str], label: str, line: int) -> None:
+    name = next(c for c in command if c.endswith(".sh"))
+    (tmp_path / name).write_text(script)
+    warning = ml_dev_launch.launcher_cap_warning(command, 120, tmp_path)
+    assert warning is not None and warning.startswith(f"ml-dev: warning: {label} gives its workers"), warning
+    assert f"(in {Path(name).name}, line {line})" in warning, warning
+
+
+def test_a_script_without_a_launcher_and_a_comment_naming_one_do_not_warn(tmp_path: Path) -> None:
+    (tmp_path / "train.sh").write_text("#!/bin/bash\n# we used to run torchrun here\npython3 train.py\n")
+    assert ml_dev_launch.launcher_cap_warning(["./train.sh"], 3600, tmp_path) is None

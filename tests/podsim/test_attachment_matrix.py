@@ -432,3 +432,62 @@ def test_a_drain_during_the_tree_copy_is_named_a_stop(sim: PodSim) -> None:
         f"ml-dev: STOPPED: pod ml-dev-env-{DRAINED} is stopping (its stop hook ran during the tree copy); no rank started"
     ), out
     assert records(sim) == {}, records(sim)
+
+
+# ------------------------------------------------------------------------------ ml-dev logs (issue 45, item 2)
+
+
+@pytest.mark.timeout(300)
+def test_ml_dev_logs_reads_back_what_a_closed_terminal_lost(sim: PodSim) -> None:
+    """The terminal of `ml-dev run` closes (pty hangup): what the ranks printed afterwards, their saves included, is in
+    their run logs; `ml-dev logs` on the launching pod prints every rank's (prefixed), `--rank 2` one (read from its
+    pod over SSH), `-f` follows a live run until its rank's last line."""
+    reset(sim)
+    cell = Attached(sim, "pty", "python")
+    try:
+        for i in range(PODS):
+            wait_for(f"rank {i} started", (ckpt_dir(sim, i) / f"rank{i}.started").exists, 90, cell.log)
+        wait_for("a step line", lambda: "step 3" in cell.out.text(), 30, cell.log)
+        cell.event()
+        assert cell.finish() == 129
+    finally:
+        cell.kill()
+    for i in range(PODS):
+
+        def ended(i: int = i) -> bool:
+            return run_log(sim, i).read_text().splitlines()[-1].startswith(contract.RUN_LOG_END)
+
+        wait_for(f"rank {i}'s log ended", ended, 30)
+    steps = {rec["step"] for rec in records(sim).values()}
+    assert len(steps) == 1, records(sim)
+    step = steps.pop()
+    every = sim.exec(0, "ml-dev logs", cwd=PROJECT, timeout=60)
+    assert every.returncode == 0, every.stdout + every.stderr
+    for i in range(PODS):
+        assert f"[{i}] rank {i} step 1\n" in every.stdout and f"[{i}] rank {i} saved ckpt/step{step}-rank{i}.txt" in every.stdout, (
+            every.stdout
+        )
+    one = sim.exec(0, "ml-dev logs --rank 2", cwd=PROJECT, timeout=60)
+    assert one.returncode == 0 and one.stdout.startswith("rank 2 step 1\n"), one.stdout + one.stderr
+    assert one.stdout.splitlines()[-1].startswith(contract.RUN_LOG_END) and "[" not in one.stdout.splitlines()[0]
+    # -f on a live run: it ends by itself at the rank's last line, once the run stopped
+    reset(sim)
+    launcher = launch(sim, f"{LAUNCHERS['python']} {SAVE_SECONDS}")
+    follow = None
+    try:
+        for i in range(PODS):
+            wait_for(f"rank {i} started", (ckpt_dir(sim, i) / f"rank{i}.started").exists, 90)
+        follow = sim.popen(0, "ml-dev logs -f --rank 1", cwd=PROJECT)
+        time.sleep(1)
+        assert follow.poll() is None, follow.communicate()
+        sim.interrupt(launcher)
+        out, _ = follow.communicate(timeout=GRACE + 30)
+        assert follow.returncode == 0 and out.splitlines()[-1].startswith(contract.RUN_LOG_END), out
+        assert "rank 1 saved ckpt/step" in out, out
+    finally:
+        if follow is not None and follow.poll() is None:
+            follow.kill()
+            follow.communicate(timeout=30)
+        if launcher.poll() is None:
+            launcher.kill()
+        launcher.communicate(timeout=60)

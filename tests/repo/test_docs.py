@@ -149,9 +149,11 @@ def test_day_in_the_life_is_day_one_on_one_screen() -> None:
         assert "You see" in part or "You edit" in part, part
     assert "(../ref/dev-loop.md)" in page and (DOCS / "ref" / "dev-loop.md").exists()
     shipped = " ".join(p.read_text() for p in (ROOT / "inpod" / "ml_dev").glob("*.py"))
-    for quoted in ("ml-dev: synced ", "is on shared storage: nothing to sync", "; stopping every rank", "ml-dev: FAILED: ",
+    for quoted in ("ml-dev: synced ", "is on shared storage: nothing to sync", "; stopping every rank", " exited with status ",
                    "runs under debugpy on 127.0.0.1:", "then attach to localhost:"):  # fmt: skip
         assert quoted in page and quoted in shipped, quoted
+    # the run's closing line is `ml-dev: <kind>: <words>` (launch.py RunEvents.lines): a failed rank's kind is FAILED
+    assert "ml-dev: FAILED: rank " in page and 'f"ml-dev: {e.kind}: {e.words}"' in shipped and '"FAILED"' in shipped
 
 
 def test_reference_defaults_are_written_as_a_stack_file_writes_them() -> None:

@@ -85,7 +85,7 @@ def test_no_majority_without_a_straggler_is_no_straggler_and_an_unsampled_rank_u
     assert why.merge(split)["kind"] == "no-straggler"
     refused = [report(0, [WAIT, WAIT]), report(1, [WAIT, WAIT]), report(2, ["refused", "refused"]), report(3, [WAIT, WAIT])]
     v = why.merge(refused)
-    assert v["kind"] == "undecided" and v["text"].endswith("not sampled: rank 2")
+    assert v["kind"] == "undecided" and v["text"].endswith("not seen: rank 2 (py-spy refused)")
     assert "refused (test) for rank 2; stood in: process states from /proc (2 S), no stacks" in v["sources"]["py-spy"]
 
 
@@ -102,8 +102,72 @@ def test_py_spy_that_cannot_run_is_named_not_no_rank() -> None:
     """py-spy present but failing on every rank (not executable for the pod's UID, a crash): the rank processes were
     found, so the verdict says they could not be sampled and the py-spy line gives py-spy's own words."""
     v = why.merge([report(i, ["failed", "failed"]) for i in range(2)])
-    assert v["kind"] == "nothing-sampled" and v["text"] == "nothing could be sampled: no rank could be sampled"
+    assert v["kind"] == "nothing-sampled" and v["text"].startswith("nothing could be sampled: no rank could be sampled; not seen: ")
     assert v["sources"]["py-spy"] == "failed for 2 process(es) (failed (test))", v["sources"]
+
+
+def unreachable(pod: int) -> dict[str, Any]:
+    """A pod whose report never came (why.sample_everywhere's shape)."""
+    return {"pod": f"env-{pod}", "agents": [], "failed": "connection refused (no sshd listening on the pod)", "node_rank": pod}
+
+
+def shell_rank(pod: int, samples: int = 2) -> dict[str, Any]:
+    """A rank that is not Python: `bash -c '...; sleep 600'` (py-spy: not a Python process; /proc: state and wait)."""
+    r = report(pod, ["not-python"] * samples)
+    bash = r["agents"][0]["processes"][0]
+    bash.update(name="bash")
+    for x in bash["samples"]:
+        x["proc"] = {"state": "S", "wchan": "do_wait"}
+    sleep = json.loads(json.dumps(bash))
+    sleep.update(pid=bash["pid"] + 1000, ppid=bash["pid"], name="sleep")
+    for x in sleep["samples"]:
+        x["proc"] = {"state": "S", "wchan": "hrtimer_nanosleep"}
+    r["agents"][0]["processes"].append(sleep)
+    return r
+
+
+def test_a_pod_that_did_not_answer_makes_the_verdict_undecided_and_is_named() -> None:
+    """Issue 45: the stalled rank's pod refuses SSH; the three ranks seen agree in the barrier. Not "no straggler":
+    undecided (exit 4), the pod named with why, and py-spy is not said missing there (it was never asked)."""
+    reports = [report(0, [SERVE, SERVE]), report(1, [WAIT, WAIT]), report(2, [WAIT, WAIT]), unreachable(3)]
+    v = why.merge(reports)
+    assert v["kind"] == "undecided" and why.EXIT_CODES[v["kind"]] == why.EXIT_UNDECIDED, v["text"]
+    assert v["text"].endswith("not seen: the ranks of env-3 (its pod did not answer)"), v["text"]
+    assert v["not_seen"] == ["the ranks of env-3 (node rank 3): its pod did not answer: connection refused (no sshd listening on the pod)"]
+    assert "missing" not in v["sources"]["py-spy"] and "not asked on env-3 (the pod did not answer)" in v["sources"]["py-spy"]
+
+
+def test_a_rank_that_is_not_python_is_named_with_what_proc_tells() -> None:
+    reports = [report(0, [SERVE, SERVE]), report(1, [WAIT, WAIT]), shell_rank(2), report(3, [WAIT, WAIT])]
+    v = why.merge(reports)
+    assert v["kind"] == "undecided", v["text"]
+    assert v["text"].endswith("not seen: rank 2 (not Python)"), v["text"]
+    assert v["not_seen"] == [
+        "rank 2 (env-2): not Python: bash (pid 102, state S, waiting in do_wait); children: sleep (pid 1102, state S, "
+        "waiting in hrtimer_nanosleep); no Python process below it"
+    ]
+    assert "not used for rank 2 (not Python)" in v["sources"]["py-spy"]
+
+
+def test_no_python_rank_at_all_is_undecided_naming_each() -> None:
+    v = why.merge([shell_rank(i) for i in range(3)])
+    assert v["kind"] == "undecided" and v["text"].startswith("undecided: no rank's stack could be sampled; not seen: rank 0"), v["text"]
+    assert len(v["not_seen"]) == 3 and all("not Python: bash" in line for line in v["not_seen"])
+
+
+def test_a_straggler_among_the_ranks_seen_is_still_named() -> None:
+    reports = [report(0, [SERVE, SERVE]), report(1, [WAIT, WAIT]), report(2, [STALL, STALL]), report(3, [WAIT, WAIT]), unreachable(4)]
+    v = why.merge(reports)
+    assert v["kind"] == "straggler" and v["straggler"]["ranks"] == ["2"], v["text"]
+    assert v["text"].endswith("; not seen: the ranks of env-4 (its pod did not answer)"), v["text"]
+
+
+def test_py_spy_missing_on_one_pod_only_is_named_there_and_undecided() -> None:
+    missing = report(3, ["missing", "missing"])
+    missing["py_spy"] = ""
+    v = why.merge([report(0, [SERVE, SERVE]), report(1, [WAIT, WAIT]), report(2, [WAIT, WAIT]), missing])
+    assert v["kind"] == "undecided" and v["text"].endswith("not seen: rank 3 (no py-spy)"), v["text"]
+    assert "missing on env-3 (" in v["sources"]["py-spy"] and "env-0" not in v["sources"]["py-spy"].split("missing on")[1]
 
 
 def test_torchrun_launcher_processes_are_not_ranks() -> None:
@@ -335,6 +399,25 @@ def test_home_page_card_shows_the_live_runs_last_verdict_escaped(tmp_path: Path,
     assert why_view.why_html(now, num) == ""
     # the page's table carries the card
     assert any(s.name == "why" for s in page.SECTIONS)
+
+
+def test_home_page_card_shows_an_undecided_verdict_and_the_ranks_not_seen(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    state, workspace = tmp_path / "state", tmp_path / "ws"
+    monkeypatch.setenv(contract.STATE_DIR_ENV, str(state))
+    monkeypatch.setenv("ML_DEV_WORKSPACE", str(workspace))
+    now = time.time()
+    (state / contract.HEARTBEAT_DIR).mkdir(parents=True)
+    (state / contract.HEARTBEAT_DIR / "run-1.json").write_text(json.dumps({"run": "r-live", "alive_at": now}))
+    monkeypatch.setenv("POD_NAME", "env-0")  # the environment `env`: its records folder (contract.records_dir)
+    v = why.merge([report(0, [SERVE, SERVE]), report(1, [WAIT, WAIT]), shell_rank(2), unreachable(3)])
+    runs = Path(contract.records_dir(str(workspace), "env")) / contract.RUNS_SUBDIR
+    (runs / "r-live" / "why").mkdir(parents=True)
+    (runs / "r-live" / contract.WHY_LATEST).write_text(json.dumps({"verdict": v}))
+    html = why_view.why_html(now, num)
+    assert 'class="why neutral"' in html and "</code>: undecided <" in html, html
+    unseen = re.findall(r'<li class="why-unseen"><span data-k="why-unseen">([^<]*)</span></li>', html)
+    assert [u.split(":")[0] for u in unseen] == ["rank 2 (env-2)", "the ranks of env-3 (node rank 3)"], html
+    assert "not Python: bash" in unseen[0] and "its pod did not answer" in unseen[1]
 
 
 def test_stall_setting_renders_and_rejects_what_cannot_work() -> None:
