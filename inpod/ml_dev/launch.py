@@ -22,7 +22,7 @@ from typing import IO, Callable, Container, TextIO
 
 from .. import contract
 from ..lib import ledger, usersecrets
-from ..lib.pod import env_records_dir, read_rank_env
+from ..lib.pod import read_rank_env
 from . import secrets
 from .common import (
     DEBUG_PORT,

@@ -7,6 +7,9 @@ run's launching pod. `ml-dev run`'s watchdog (watchdog.py) calls the same `verdi
 A straggler is named only when it holds in every sample (at least two, at least 1 s apart): the other ranks agree on
 one place (a strict majority of the sampled ranks) and the named rank is elsewhere each time. Stacks only: no locals,
 no environment values. Python 3.8+, standard library only (shipped next to ml-dev).
+
+Why one module: the fan-out, the merge and the words all read one report shape and one verdict shape; what samples a
+pod (sampler.py), what reads the collectives (collectives.py) and the watchdog (watchdog.py) are already apart.
 """
 
 from __future__ import annotations
@@ -183,7 +186,10 @@ def not_seen(reports: list[dict[str, Any]], unsampled: list[dict[str, Any]]) -> 
 
 
 def merge(reports: list[dict[str, Any]], interval: float = INTERVAL) -> dict[str, Any]:
-    """One verdict from every pod's report (sampler.sample_pod): {"kind", "text", "straggler", "sources", ...}."""
+    """One verdict from every pod's report (sampler.sample_pod): {"kind", "text", "straggler", "sources", ...}.
+
+    Why one function: the rules (every rank seen, a straggler in every sample, undecided otherwise) are decided in one
+    pass over the same ranks, in the order the docs give them (docs/use/debugging.md)."""
     ws = workers(reports)
     sampled = [w for w in ws if any(_main_frames(s) for s in w["proc"]["samples"])]
     samples = max((len(w["proc"]["samples"]) for w in ws), default=0)

@@ -32,10 +32,10 @@ running() { # running PID: alive and not a zombie (field 3 of /proc/PID/stat, af
 date +%s >"$STATE_DIR/$CONTRACT_STOPPING_MARKER" 2>/dev/null || true
 agents=()
 # gate-<pid>.json: an agent still at its gate (the tree being copied): it names the stop to its launcher and ends
-for record in "$STATE_DIR/$CONTRACT_HEARTBEAT_DIR"/rank-*.json "$STATE_DIR/$CONTRACT_HEARTBEAT_DIR"/gate-*.json; do
+for record in "$STATE_DIR/$CONTRACT_HEARTBEAT_DIR"/rank-*.json "$STATE_DIR/$CONTRACT_HEARTBEAT_DIR/$CONTRACT_GATE_RECORD_PREFIX"*.json; do
   [ -e "$record" ] || continue
   pid="${record##*/rank-}"
-  pid="${pid##*/gate-}"
+  pid="${pid##*/"$CONTRACT_GATE_RECORD_PREFIX"}"
   pid="${pid%.json}"
   case "$pid" in '' | *[!0-9]*) continue ;; esac
   if running "$pid"; then agents+=("$pid"); fi

@@ -85,6 +85,7 @@ COMMON = {
     contract.RUN_LOG_DIR: "`logs`: also `oc logs`, in the commands the outputs print",
     contract.RUN_LOG_PREFIX: "`rank`: also a JSON key of every report, a heartbeat's kind and a column's title",
     contract.RUN_LOG_SUFFIX: "`.log`: every log file's extension",
+    contract.GATE_RECORD_PREFIX: "`gate-`: also the fabric gate's result files (`gate-<time>.json`)",
     contract.ENV_RECORDS_DIR: "`env`: also a dict key, a parameter's name and the policy pack's container field",
 }
 FACTS = {name: value for name, value in vars(contract).items() if name.isupper() and isinstance(value, str)}
