@@ -296,7 +296,7 @@ def environments(items: list[dict[str, Any]], now: float) -> list[dict[str, Any]
                 own = own_pods([o for o in items if o.get("kind") == "Pod" and o["metadata"].get("namespace") == ns], name)
                 gone = {str(p["metadata"].get("name")): why for p in own if holds_gpus(p) and (why := lost(p, nodes, now)) is not None}
                 held = sum(1 for p in own if holds_gpus(p) and str(p["metadata"].get("name")) not in gone)
-                problems = [f"{pod} lost ({why[1]}; charged until {clock(why[0])})" for pod, why in sorted(gone.items())]
+                problems = [f"{pod} lost ({why[1]}; charged until {charged_until_text(why[0])})" for pod, why in sorted(gone.items())]
                 problems += [p for p in (pod_problem(x) for x in own if str(x["metadata"].get("name")) not in gone) if p]
                 missing = replicas - len(own)
                 if missing > 0:
@@ -326,7 +326,7 @@ def environments(items: list[dict[str, Any]], now: float) -> list[dict[str, Any]
     return sorted(rows, key=lambda r: (-r["gpuHoursWeek"], r["namespace"] or "", r["environment"]))
 
 
-def clock(ts: float) -> str:
+def charged_until_text(ts: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(ts))
 
 

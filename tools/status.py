@@ -159,7 +159,7 @@ def start_main(app: str, namespaces: list[str] | None, as_json: bool, oc: Oc) ->
     for namespace in namespaces or []:
         found, problem = start(namespace, app, oc)
         if found is not None and found.get("pods"):
-            sys.stdout.write(json.dumps(found, indent=1) + "\n" if as_json else "\n".join(ledger.table(found)) + "\n")
+            sys.stdout.write(json.dumps(found, indent=1) + "\n" if as_json else "\n".join(ledger.start_table(found)) + "\n")
             return 0
         problems.append(problem or f"namespace {namespace}: no pods of {app}")
     for line in problems or ["--start needs the namespaces (the stacks' or --namespace), not --all-namespaces"]:

@@ -491,7 +491,7 @@ def start_html(v: View) -> tuple[str, str]:
     if len(starts) > 1:
         before = starts[-2]
         previous = f'<p class="small">previous start {esc(before.get("id"))}: {seconds("start-previous", before.get("wall"))}</p>'
-    summary = f'<p id="start-summary">{esc(ledger.summary(last))}</p>'
+    summary = f'<p id="start-summary">{esc(ledger.start_summary(last))}</p>'
     table = f'<table id="start"><tr><th>pod</th><th>node</th>{head}<th>wall</th></tr>{"".join(rows)}</table>'
     return summary + table + previous, ""
 

@@ -49,7 +49,7 @@ GO_DURATION = re.compile(r"(?P<value>[0-9.]+)(?P<unit>ns|us|µs|ms|s|m|h)")
 GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
-def parse_time(value: Any) -> float | None:
+def api_time(value: Any) -> float | None:
     """An API timestamp (RFC 3339, `Z`, with or without a fraction) as epoch seconds; None when absent."""
     if not isinstance(value, str) or not value:
         return None
@@ -80,10 +80,10 @@ def event_time(event: dict[str, Any]) -> float | None:
     """When an event (core/v1 or events.k8s.io) happened last: lastTimestamp, eventTime, series, firstTimestamp."""
     series = (event.get("series") or {}).get("lastObservedTime")
     for value in (event.get("lastTimestamp"), series, event.get("eventTime"), event.get("firstTimestamp")):
-        at = parse_time(value)
+        at = api_time(value)
         if at is not None:
             return at
-    return parse_time((event.get("metadata") or {}).get("creationTimestamp"))
+    return api_time((event.get("metadata") or {}).get("creationTimestamp"))
 
 
 def size_text(size: int) -> str:
@@ -119,14 +119,14 @@ def image_boundary(events: list[dict[str, Any]], uid: str, container: str = MAIN
 def condition_time(pod: dict[str, Any], kind: str) -> float | None:
     for condition in (pod.get("status") or {}).get("conditions") or []:
         if condition.get("type") == kind and condition.get("status") == "True":
-            return parse_time(condition.get("lastTransitionTime"))
+            return api_time(condition.get("lastTransitionTime"))
     return None
 
 
 def container_started(pod: dict[str, Any], container: str = MAIN_CONTAINER) -> float | None:
     for status in (pod.get("status") or {}).get("containerStatuses") or []:
         if status.get("name") == container:
-            return parse_time(((status.get("state") or {}).get("running") or {}).get("startedAt"))
+            return api_time(((status.get("state") or {}).get("running") or {}).get("startedAt"))
     return None
 
 
@@ -142,12 +142,12 @@ def workload_of(pod: dict[str, Any], workloads: list[dict[str, Any]]) -> dict[st
 def admission(pod: dict[str, Any], workload: dict[str, Any] | None, namespace: str) -> tuple:
     """(time, detail) of the pod's admission: Kueue's Admitted condition, what blocks it while it waits, or no queue."""
     if workload is None:
-        return parse_time((pod.get("metadata") or {}).get("creationTimestamp")), "no queue"
+        return api_time((pod.get("metadata") or {}).get("creationTimestamp")), "no queue"
     queue = (workload.get("spec") or {}).get("queueName", "?")
     conditions = {c.get("type"): c for c in (workload.get("status") or {}).get("conditions") or []}
     admitted = conditions.get("Admitted") or {}
     if admitted.get("status") == "True":
-        return parse_time(admitted.get("lastTransitionTime")), f"queue {queue}"
+        return api_time(admitted.get("lastTransitionTime")), f"queue {queue}"
     waiting = (conditions.get("QuotaReserved") or {}).get("message") or "pending"
     where = f"/apis/visibility.kueue.x-k8s.io/v1beta1/namespaces/{namespace}/localqueues/{queue}/pendingworkloads"
     return None, f"queue {queue}: {waiting} (position: oc get --raw {where})"
@@ -158,7 +158,7 @@ def pod_ledger(
 ) -> dict[str, Any]:
     """One pod's start: every phase with its boundary (`at`), its seconds and what was read, and the wall time."""
     meta = pod.get("metadata") or {}
-    created = parse_time(meta.get("creationTimestamp"))
+    created = api_time(meta.get("creationTimestamp"))
     if created is None:
         raise ValueError(f"pod {meta.get('name')}: no creationTimestamp")
     ns = meta.get("namespace", "")
@@ -216,7 +216,7 @@ def phase_seconds(pod: dict[str, Any], phase: str) -> float:
     return next((p["seconds"] for p in pod["phases"] if p["phase"] == phase), 0.0)
 
 
-def summary(start: dict[str, Any]) -> str:
+def start_summary(start: dict[str, Any]) -> str:
     """One line: the start's wall time, the slowest pod and its dominant phase with what was read there."""
     if not start.get("pods"):
         return "start ledger: no pods"
@@ -232,14 +232,14 @@ def summary(start: dict[str, Any]) -> str:
     )
 
 
-def table(start: dict[str, Any]) -> list[str]:
+def start_table(start: dict[str, Any]) -> list[str]:
     """One row per pod: node, seconds per phase, wall; the summary line last."""
     head = f"  {'pod':<22} {'node':<20} " + " ".join(f"{p:>11}" for p in contract.START_PHASES) + f" {'wall':>7}"
     rows = [head]
     for pod in start.get("pods", []):
         cells = " ".join(f"{p['seconds']:>10.0f}s" if p["at"] is not None else f"{'-':>11}" for p in pod["phases"])
         rows.append(f"  {pod['pod']:<22} {pod['node'][:20]:<20} {cells} {pod['wall']:>6.0f}s")
-    return [*rows, summary(start)]
+    return [*rows, start_summary(start)]
 
 
 # ------------------------------------------------------------------------------------------ the pod's own marks
@@ -318,7 +318,7 @@ def build(
     return start_ledger(ledgers)
 
 
-def keep(records: Path, start: dict[str, Any], last: int = contract.START_LEDGER_KEEP) -> Path | None:
+def keep_start(records: Path, start: dict[str, Any], last: int = contract.START_LEDGER_KEEP) -> Path | None:
     """Write the start under `<records>/starts/<id>.json` (rewritten while the start goes on) and keep the last `last`."""
     if not start.get("id"):
         return None

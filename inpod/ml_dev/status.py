@@ -126,8 +126,8 @@ def cmd_start(args: argparse.Namespace) -> int:
     start = ledger.build(pods, events, workloads, marks)
     records = env_records_dir()
     before = [s for s in ledger.kept(records) if s.get("id") != start.get("id")]
-    ledger.keep(records, start)
-    for line in ledger.table(start):
+    ledger.keep_start(records, start)
+    for line in ledger.start_table(start):
         print(line)
     if before:
         last = before[-1]

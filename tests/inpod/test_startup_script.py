@@ -197,7 +197,7 @@ def test_no_writable_state_dir_nor_tmpdir_still_runs(tmp_path: Path, stubs: tupl
     assert f"WARNING: cannot create {blocked}/state/ready" in text
     assert sorted(set(started) - {"nvidia-smi"}) == sorted(SERVERS)
     # the rank is still computed and the hostfile (on the workspace) written
-    assert (tmp_path / "workspace" / ".deepspeed" / "hostfile").read_text() == naming.hostfile(APP, NAMESPACE, 2, 4)
+    assert (tmp_path / "workspace" / ".deepspeed" / APP / "hostfile").read_text() == naming.hostfile(APP, NAMESPACE, 2, 4)
 
 
 def test_no_settings_no_agent(tmp_path: Path, stubs: tuple[Path, Path]) -> None:

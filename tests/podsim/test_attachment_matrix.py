@@ -214,7 +214,8 @@ def records(sim: PodSim) -> dict[int, dict[str, Any]]:
 
 
 def run_log(sim: PodSim, index: int) -> Path:
-    runs = sim.records(index, contract.RUNS_SUBDIR)
+    # the workspace volume as this machine holds it: a drained pod's own view (/proc/<pid>/root) is gone
+    runs = Path(contract.records_dir(str(workspace(sim, index)), sim.app)) / contract.RUNS_SUBDIR
     latest = sorted(runs.iterdir())[-1]
     return latest / contract.RUN_LOG_DIR / f"{contract.RUN_LOG_PREFIX}{index}{contract.RUN_LOG_SUFFIX}"
 
@@ -226,7 +227,7 @@ def reset(sim: PodSim) -> None:
         if pod.proc is None or pod.proc.poll() is not None:
             sim.restart(i)
         sim.exec(i, f"pkill -KILL -f '{JOB_PROCESSES}' || true", timeout=30)
-        for d in (ckpt_dir(sim, i), sim.records(i, contract.RUNS_SUBDIR)):
+        for d in (ckpt_dir(sim, i), Path(contract.records_dir(str(workspace(sim, i)), sim.app)) / contract.RUNS_SUBDIR):
             if d.exists():
                 subprocess.run(["rm", "-rf", str(d)], check=True)
 

@@ -94,7 +94,7 @@ def test_marks_are_written_once_per_container(tmp_path: Path) -> None:
 def test_the_records_keep_the_last_starts(tmp_path: Path) -> None:
     for i in range(5):
         start = {"id": f"2026120{i}T000000Z", "wall": float(i), "pods": []}
-        ledger.keep(tmp_path, start, last=3)
+        ledger.keep_start(tmp_path, start, last=3)
     assert [s["id"] for s in ledger.kept(tmp_path)] == ["20261202T000000Z", "20261203T000000Z", "20261204T000000Z"]
     assert not list((tmp_path / contract.START_LEDGER_DIR).glob(".*.tmp"))
 
@@ -258,7 +258,7 @@ def test_the_table_names_the_slowest_pod_and_its_dominant_phase() -> None:
     sshd, rank = contract.START_SSHD, contract.START_RANK
     marks = {f"{APP}-0": {sshd: 1_000_010.0, rank: 1_000_020.0}, f"{APP}-1": {sshd: 1_000_130.0, rank: 1_000_140.0}}
     start = ledger.build(pods, events, [], marks)
-    rows = ledger.table(start)
+    rows = ledger.start_table(start)
     assert len(rows) == 4 and rows[1].split()[:2] == [f"{APP}-0", "node-0"]
     assert rows[-1].endswith(f"slowest {APP}-1 (140 s), mostly image (120 s: pulled 68.9 MB in 7 s)")
     assert contract.START_FABRIC in rows[0] and rows[2].split()[-3] == "-"  # no fabric gate recorded: shown as such, 0 s
@@ -294,8 +294,8 @@ def test_the_home_page_shows_the_last_start_one_row_per_pod_and_the_previous(tmp
         }
         return ledger.build(pods, [event], [], {})
 
-    ledger.keep(records, start(100))
-    ledger.keep(records, start(300))
+    ledger.keep_start(records, start(100))
+    ledger.keep_start(records, start(300))
     body, _ = page.start_html(view)
     assert body.count("<tr>") == 3  # the header and one row per pod
     assert f"slowest {APP}-1 (305 s), mostly image (305 s: pulled 68.9 MB in 7 s)" in body
