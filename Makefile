@@ -148,8 +148,8 @@ docs-generate: venv system-deps
 	$(PY) -m tools.diagram --write docs/ref/architecture.md
 	$(PY) -m tools.contract_env --write
 
-# The home page screenshot the docs show (docs/img/home-page.png), taken by the browser test on pods started from
-# the render (tests/inpod/home/test_browser.py: root, like every podsim test).
+# The home page screenshot and the fabric curve the docs show (docs/img/home-page.png, fabric-gate.svg), taken by the
+# browser tests on pods started from the render (tests/inpod/home/test_browser.py: root, like every podsim test).
 screenshots: venv system-deps
 	ML_DEV_WRITE_SCREENSHOTS=1 $(PY) -m pytest -q tests/inpod/home/test_browser.py
 

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict
 import inpod
 from components import crds, devloop, fabric, fabric_rbac, lifecycle, pod, prepull
 from components.storage import WorkspaceStorage, WorkspaceStorageArgs
-from core import naming
+from core import naming, servers
 from inpod import contract
 from stacks.config import StackConfig
 from stacks.environment import ClusterFacts
@@ -354,6 +354,8 @@ class GpuCluster(pulumi.ComponentResource):
             **fabric.configmap_files(self._cfg),
             **inpod.group("usage"),
             **inpod.group("home"),
+            # the page's links: read at every render (a ConfigMap update shows without a restart), so not hashed
+            contract.HOME_LINKS_FILE: json.dumps(servers.page_links(self._cfg.access.enabled())) + "\n",
         }
 
     def _startup_and_cluster_config(self, script: str) -> None:

@@ -54,6 +54,9 @@ class DevServer:
         return f"{self.title} {self.credential} (access.auth: token)"
 
 
+HOME_PAGE = "home"
+"""The home page's row: it links to the other routed servers (`page_links`)."""
+
 DEV_SERVERS: tuple[DevServer, ...] = (
     # code-server: src/node/routes/health.ts answers /healthz with {"status": "alive"|"expired", "lastHeartbeat": …}.
     DevServer(
@@ -81,12 +84,19 @@ DEV_SERVERS: tuple[DevServer, ...] = (
     # inpod/home/page.py: the environment's home page (idle state, pods and GPUs, runs, fabric curve). Its own
     # Route + OAuth proxy rather than a path on another server's proxy: it works whichever IDEs are enabled,
     # and code-server/Jupyter own their whole URL space (a path prefix would have to be stripped for them).
-    DevServer("home", "home page", 8090, 18090, on_under_token_auth=False),
+    DevServer(HOME_PAGE, "home page", 8090, 18090, on_under_token_auth=False),
 )
 
 
 def routed_servers() -> tuple[DevServer, ...]:
     return tuple(s for s in DEV_SERVERS if s.routed)
+
+
+def page_links(servers: Iterable[DevServer]) -> list[tuple[str, str]]:
+    """(name, title) of the servers the home page links to: the routed ones of `servers` (the stack's enabled ones)
+    but the page itself, in table order. The page reads them from the startup ConfigMap (inpod/contract.py
+    HOME_LINKS_FILE): this table stays the one place a title is written."""
+    return [(s.name, s.title) for s in servers if s.routed and s.name != HOME_PAGE]
 
 
 def longest_routed_name() -> str:

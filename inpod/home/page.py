@@ -61,13 +61,23 @@ from typing import Any
 from .. import contract, usage
 from ..lib import http, kube, ledger, usersecrets
 from ..lib.http import fetch_json
-from ..lib.pod import ago, app_name, clock, env, env_records_dir, idle_settings, read_json, read_rank_env, state_dir
+from ..lib.pod import (
+    ago,
+    app_name,
+    clock,
+    env,
+    env_records_dir,
+    idle_settings,
+    mount_dir,
+    read_json,
+    read_rank_env,
+    state_dir,
+)
 from .why_view import why_html
 
 HISTORY_SECONDS = 3600
 PORT = 8090
 """The page's port when --listen names none (core/servers.py, the home row)."""
-LINKS = (("vscode", "VS Code"), ("jupyter", "Jupyter"), ("tensorboard", "TensorBoard"))
 FIELD_MANAGER = "ml-dev-env-home"
 """The page's User-Agent towards the API (it only reads)."""
 
@@ -283,15 +293,20 @@ def num(key: str, value: object) -> str:
     return f'<span data-k="{esc(key)}">{esc(value)}</span>'
 
 
-def links_html(settings: dict[str, Any]) -> str:
+def links() -> list[tuple[str, str]]:
+    """(server, title) of the dev servers to link to: the render's list beside the program (contract
+    HOME_LINKS_FILE, the stack's enabled servers with core/servers.py's titles), read at every render; none without
+    it (a page run outside a pod)."""
+    found = read_json(mount_dir("home_page.py") / contract.HOME_LINKS_FILE)
+    if not isinstance(found, list):
+        return []
+    return [(str(p[0]), str(p[1])) for p in found if isinstance(p, list) and len(p) == 2]
+
+
+def links_html() -> str:
     app, ns = app_name(), env("POD_NAMESPACE")
-    enabled = env("ML_DEV_SERVERS").split()  # the pod's enabled dev servers (components/pod.py); unset: all
-    items = []
-    for name, title in LINKS:
-        if enabled and name not in enabled:
-            continue
-        # The Routes are <app>-<server>-<namespace>.<apps domain>: app.js derives each from this page's host.
-        items.append(f'<a class="ide" data-server="{esc(name)}" href="#">{esc(title)}</a>')
+    # The Routes are <app>-<server>-<namespace>.<apps domain>: app.js derives each from this page's host.
+    items = [f'<a class="ide" data-server="{esc(name)}" href="#">{esc(title)}</a>' for name, title in links()]
     return f'<nav id="links" data-app="{esc(app)}" data-namespace="{esc(ns)}">{" ".join(items)}</nav>'
 
 
@@ -602,7 +617,7 @@ def page(col: Collector) -> str:
         f'<html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>'
         '<link rel="icon" href="data:,"><meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<style>{STYLE}</style></head>"
-        f'<body data-refresh="{refresh}"><header><h1>{num("title", title)}</h1>{links_html(settings_or_defaults())}</header>'
+        f'<body data-refresh="{refresh}"><header><h1>{num("title", title)}</h1>{links_html()}</header>'
         f'<main>{fragment(col)}</main><script src="app.js"></script></body></html>\n'
     )
 

@@ -4,10 +4,18 @@ hash so a new page rolls the pods."""
 
 from __future__ import annotations
 
+import html
+import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import pytest
+
 import inpod
+from core.servers import DEV_SERVERS, HOME_PAGE
+from inpod import contract
+from inpod.home import page
 from tools.mock_engine import RunResult
 
 
@@ -34,3 +42,19 @@ def test_home_page_can_be_switched_off(run: Callable[..., RunResult]) -> None:
     assert result.error is None, result.error
     assert not [r for r in result.of_type("kubernetes:route.openshift.io/v1:Route") if r.name.endswith("home")]
     assert result.outputs["home_url"] == ""
+
+
+@pytest.mark.parametrize("off", [None, "jupyter"])
+def test_page_links_the_enabled_servers_by_their_titles(
+    run: Callable[..., RunResult], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, off: str | None
+) -> None:
+    # the page reads its links from the render (the startup ConfigMap's file beside it), the titles core/servers.py's
+    result = run("barcelona", lambda o: o["access"].update({off: False}) if off else None)
+    assert result.error is None, result.error
+    data = result.one("kubernetes:core/v1:ConfigMap", "startup").inputs["data"]
+    (tmp_path / contract.HOME_LINKS_FILE).write_text(data[contract.HOME_LINKS_FILE])
+    monkeypatch.setenv(contract.STARTUP_DIR_ENV, str(tmp_path))
+    shown = re.findall(r'<a class="ide" data-server="([^"]+)" href="#">([^<]+)</a>', page.links_html())
+    enabled = [s for s in DEV_SERVERS if s.name not in (off, HOME_PAGE)]
+    assert shown == [(s.name, html.escape(s.title)) for s in enabled], shown
+    assert "tensorboard" in dict(shown) and (off is None) == ("jupyter" in dict(shown))

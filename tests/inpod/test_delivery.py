@@ -16,11 +16,12 @@ import pytest
 import inpod
 from components import fabric
 from core import naming
+from inpod import contract
 from tests.conftest import STACKS, run_objects, stack_objects
 
 CONFIGMAP = "kubernetes:core/v1:ConfigMap"
 # Rendered from the stack's config (data, not programs): the launcher's facts and the fabric check's settings.
-SETTINGS = {"devloop.env", fabric.CONFIG_KEY}
+SETTINGS = {"devloop.env", fabric.CONFIG_KEY, contract.HOME_LINKS_FILE}
 # k8s.io/apimachinery pkg/util/validation/validation.go IsConfigMapKey (configMapKeyFmt), never "." / ".." or "..*"
 CONFIGMAP_KEY = re.compile(r"[-._a-zA-Z0-9]+")
 
@@ -76,6 +77,7 @@ def test_settings_files_are_data_not_programs(rendered: tuple[str, dict[str, str
     stack, data = rendered
     assert SETTINGS <= set(data), f"{stack}: {sorted(SETTINGS - set(data))} missing"
     json.loads(data[fabric.CONFIG_KEY])
+    json.loads(data[contract.HOME_LINKS_FILE])
     for line in data["devloop.env"].splitlines():
         assert line.startswith("#") or ("=" in line and line.split("=", 1)[0].isidentifier()), f"{stack}: devloop.env line {line!r}"
     texts = {s.key: inpod.text(s.key) for s in inpod.SHIPPED}

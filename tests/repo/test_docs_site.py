@@ -159,3 +159,27 @@ def test_pictures_read_on_the_built_site_at_1280_by_800(site: Path, tmp_path: Pa
         assert not problems, "\n".join(problems[:40])
     finally:
         browser.quit()
+
+
+SCREENSHOTS = (
+    "return Array.from(document.querySelectorAll('article img')).filter(function (i) { return /\\.png$/.test(i.src); })"
+    ".map(function (i) { return [i.getAttribute('src'), i.naturalWidth, i.getBoundingClientRect().width]; });"
+)
+
+
+def test_screenshots_are_shown_at_their_own_size(site: Path, tmp_path: Path) -> None:
+    """The home page's screenshot on the pages that show it, at a 1280 x 800 window: drawn at its own width (its text
+    as the page draws it, >= 12 px), not shrunk to the article's column (issue 48: it was drawn at 54 %)."""
+    browser = open_browser(tmp_path / "profile", tmp_path / "driver.log", resolve="MAP * ~NOTFOUND")
+    try:
+        browser.set_window_size(1280, 800)
+        seen = []
+        for page in ("index.html", "use/home-page.html"):
+            browser.get((site / page).as_uri())
+            assert js(browser, "return window.innerWidth;") == 1280, "the window's width"
+            for src, natural, drawn in js(browser, SCREENSHOTS):
+                seen.append(src)
+                assert natural > 0 and drawn >= natural - 0.5, f"{page}: {src} is drawn {drawn:.0f} px wide of its {natural} px"
+        assert [s.rsplit("/", 1)[1] for s in seen] == ["home-page.png", "home-page.png"], seen
+    finally:
+        browser.quit()

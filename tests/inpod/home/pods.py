@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import shlex
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ HERE = Path(__file__).resolve().parent
 INJECTED = "<script>window.__xss = 1</script>"
 HOME_PORT = next(s.port for s in DEV_SERVERS if s.name == "home")  # where it listens, behind its OAuth proxy
 SLOW_BUSBW = 60.0  # GB/s at the plateau, far below barcelona's pass line (175.1 GB/s): the gate fails
+FAST_BUSBW = 197.0  # an H100 node pair's plateau over RoCE, above the pass line: the gate passes
 STATE = "/tmp/ml-dev-env"
 PROJECT = "/workspace/proj"
 
@@ -42,8 +44,8 @@ def idle_stop_on(objects: dict[str, Any]) -> None:
 class HomePods(PodSim):
     """PodSim of barcelona (idle stop on, the idle agent's round each second): the pods' env is the render's."""
 
-    def __init__(self, count: int = 2) -> None:
-        super().__init__(render_stack("barcelona", idle_stop_on), count=count, node=Node(busbw=SLOW_BUSBW))
+    def __init__(self, count: int = 2, busbw: float = SLOW_BUSBW) -> None:
+        super().__init__(render_stack("barcelona", idle_stop_on), count=count, node=Node(busbw=busbw))
         settings = naming.lifecycle_configmap(self.app)
         idle = json.loads(self.configmaps[settings]["idle.json"])
         # the IDE servers are not in the simulated image (this machine's root): their probes would fail, which counts
@@ -76,11 +78,29 @@ class HomePods(PodSim):
         except OSError:
             return f"(no {name} log)"
 
-    def gate(self) -> dict[str, Any]:
+    def gate(self, passes: bool = False) -> dict[str, Any]:
         """The real fabric gate on pod 0 (`oc exec`), as `fabric_check.py gate` runs there; its latest.json."""
         res = self.exec(0, "python3 /opt/ml-dev-env/fabric_check.py gate", timeout=120)
-        assert res.returncode == 1, res.stdout + res.stderr
+        assert res.returncode == (0 if passes else 1), res.stdout + res.stderr
         return json.loads(self.records(0, "fabric/latest.json").read_text())
+
+    def restart_page(self, between: Callable[[], object] | None = None) -> Any:
+        """The page's server on pod 0 stopped and started again on the loopback (as the OAuth proxy reaches it);
+        `between` runs while it is stopped."""
+        ps = self.exec(0, "ps -o pid=,args= -e").stdout
+        (pid,) = [line.split()[0] for line in ps.splitlines() if "home_page.py serve" in line]
+        assert self.exec(0, f"kill {pid}").returncode == 0
+        addr = self.pods[0].path(f"{STATE}/home.addr")
+        deadline = time.monotonic() + 30
+        while pid in self.exec(0, "ps -o pid= -e").stdout.split():
+            assert time.monotonic() < deadline, f"the page's server {pid} did not stop"
+            time.sleep(0.1)
+        addr.unlink(missing_ok=True)
+        if between is not None:
+            between()
+        proc = self.popen(0, f"exec python3 /opt/ml-dev-env/home_page.py serve --listen 127.0.0.1:{HOME_PORT}")
+        self.wait_for(0, f"{STATE}/home.addr")
+        return proc
 
     def gpu(self, index: int, util: int) -> None:
         """GPU 0 of pod `index` at `util` % (the node's nvidia-smi, tests/podsim/nodetools.py)."""

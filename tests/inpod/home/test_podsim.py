@@ -13,6 +13,7 @@ import pytest
 
 import inpod
 from core import naming
+from core.servers import DEV_SERVERS, HOME_PAGE
 from tests.inpod.home.pods import HOME_PORT, STATE, HomePods
 from tests.podsim.pods import leftovers, missing_requirements
 
@@ -50,8 +51,11 @@ def test_home_page_as_the_render_starts_it(pods: HomePods) -> None:
         f'data-app="{pods.app}" data-namespace="{pods.namespace}"' in page
         and f"<title>{pods.app} in {pods.namespace} · home</title>" in page
     )
-    servers = pods.pods[0].env["ML_DEV_SERVERS"].split()
-    assert [s for s in ("vscode", "jupyter", "tensorboard") if f'data-server="{s}"' in page] == servers[:3]
+    # the links: the servers the pod runs (its env) but the page itself, by core/servers.py's titles
+    servers = [s for s in pods.pods[0].env["ML_DEV_SERVERS"].split() if s != HOME_PAGE]
+    titles = {s.name: s.title for s in DEV_SERVERS}
+    links = re.findall(r'<a class="ide" data-server="([^"]+)" href="#">([^<]+)</a>', page)
+    assert links == [(s, titles[s]) for s in servers], links
     # both agents through rank.env and the stub cluster DNS (no test override of the agents' addresses)
     assert "ML_DEV_HOME_AGENTS" not in pods.pods[0].env
     deadline = time.monotonic() + 30
