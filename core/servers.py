@@ -61,7 +61,7 @@ DEV_SERVERS: tuple[DevServer, ...] = (
     # code-server: src/node/routes/health.ts answers /healthz with {"status": "alive"|"expired", "lastHeartbeat": …}.
     DevServer(
         "vscode",
-        "code-server",
+        "VS Code",
         8080,
         18080,
         credential_env="PASSWORD",
