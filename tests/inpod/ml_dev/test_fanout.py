@@ -176,6 +176,22 @@ def wait_for_relay(c: PodSim, relay: int, to: int, proc: subprocess.Popen[str], 
     raise AssertionError(f"pod {relay} never relayed to pod {to}")
 
 
+def wait_for_agent(c: PodSim, pod: int, proc: subprocess.Popen[str], timeout: float = 120) -> None:
+    """Until pod `pod` runs the launch's rank agent (`ml-dev _rank`, started over its SSH session)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for pid in c.pod_pids(pod):
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"_rank" in argv:
+                return
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        time.sleep(0.05)
+    raise AssertionError(f"pod {pod} never ran its rank agent")
+
+
 def read_until(proc: subprocess.Popen[str], pattern: str, seen: list[str]) -> str:
     """The launcher's output lines (kept in `seen`) until one matches; the stream's end fails."""
     assert proc.stdout is not None
@@ -324,8 +340,9 @@ def test_a_pod_unreachable_for_good_fails_the_launch_naming_it(sim: PodSim, slow
     proc = sim.popen(0, f"exec {LAUNCHER} run --timeout 30 -- python3 prog.py", cwd=WORKSPACE, env=FANOUT)
     seen: list[str] = []
     try:
-        wait_for_relay(sim, 1, 2, proc)  # round 2: pod 4 answered the check, its copy comes in round 3
-        link(sim, 4, "down")
+        wait_for_relay(sim, 1, 2, proc)  # round 2: pod 4's copy comes in round 3
+        wait_for_agent(sim, 4, proc)  # pod 4 answered the check: its rank agent waits at its gate (on a loaded machine
+        link(sim, 4, "down")  # the relay can start before the last pod's session is up)
         slow_link.fast(2)
         res = finish(proc, seen, timeout=240)
     finally:
