@@ -178,7 +178,13 @@ def startup_jupyter_args(tmp_path: Path, settings: dict[str, Any]) -> list[str]:
     proc = start(env)
     try:
         wait_ready(proc, tmp_path / "state")
-        line = next(c for c in wait_for_calls(calls, 3) if c.startswith("jupyter "))
+        # the jupyter call itself, however long a loaded machine takes to reach it (a count of calls within 5 s was not)
+        deadline = time.monotonic() + 60
+        while not (found := [c for c in wait_for_calls(calls, 3) if c.startswith("jupyter ")]) and time.monotonic() < deadline:
+            assert proc.poll() is None, "startup.sh ended before it started jupyter"
+            time.sleep(0.1)
+        assert found, calls.read_text()
+        line = found[0]
     finally:
         stop(proc)
     return line.split()[1:]
