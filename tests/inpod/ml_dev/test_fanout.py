@@ -26,7 +26,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -160,24 +160,10 @@ def slow_link(sim: PodSim) -> Iterator[Any]:
             fast(i)
 
 
-def wait_for_relay(c: PodSim, relay: int, to: int, proc: subprocess.Popen[str], timeout: float = 120) -> None:
-    """Until pod `relay` runs the hop to pod `to` (its `ml-dev _relay` process)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for pid in c.pod_pids(relay):
-            try:
-                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"_relay" in argv and argv[argv.index(b"--to") + 1] == str(to).encode():
-                return
-        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-        time.sleep(0.05)
-    raise AssertionError(f"pod {relay} never relayed to pod {to}")
-
-
-def wait_for_agent(c: PodSim, pod: int, proc: subprocess.Popen[str], timeout: float = 120) -> None:
-    """Until pod `pod` runs the launch's rank agent (`ml-dev _rank`, started over its SSH session)."""
+def wait_for_process(
+    c: PodSim, pod: int, wanted: Callable[[list[bytes]], bool], what: str, proc: subprocess.Popen[str], timeout: float = 120
+) -> None:
+    """Until a process of pod `pod` has an argv `wanted` accepts; the launcher ending first fails."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for pid in c.pod_pids(pod):
@@ -185,11 +171,25 @@ def wait_for_agent(c: PodSim, pod: int, proc: subprocess.Popen[str], timeout: fl
                 argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"_rank" in argv:
+            if wanted(argv):
                 return
         assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
         time.sleep(0.05)
-    raise AssertionError(f"pod {pod} never ran its rank agent")
+    raise AssertionError(f"pod {pod} never ran {what}")
+
+
+def wait_for_relay(c: PodSim, relay: int, to: int, proc: subprocess.Popen[str], timeout: float = 120) -> None:
+    """Until pod `relay` runs the hop to pod `to` (its `ml-dev _relay` process)."""
+
+    def wanted(argv: list[bytes]) -> bool:
+        return b"_relay" in argv and argv[argv.index(b"--to") + 1] == str(to).encode()
+
+    wait_for_process(c, relay, wanted, f"the hop to pod {to}", proc, timeout)
+
+
+def wait_for_agent(c: PodSim, pod: int, proc: subprocess.Popen[str], timeout: float = 120) -> None:
+    """Until pod `pod` runs the launch's rank agent (`ml-dev _rank`, started over its SSH session)."""
+    wait_for_process(c, pod, lambda argv: b"_rank" in argv, "its rank agent", proc, timeout)
 
 
 def read_until(proc: subprocess.Popen[str], pattern: str, seen: list[str]) -> str:
