@@ -29,7 +29,7 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -952,6 +952,30 @@ def leftovers() -> list[str]:
     found = [f"netns {n}" for n in names if n.startswith(PREFIX)]
     found += [f"dir {p}" for p in Path("/var/tmp").glob(f"{PREFIX}*")]
     return found
+
+
+@contextmanager
+def held_pid_namespaces(pids: Iterable[int]) -> Iterator[list[str]]:
+    """The PID namespaces of `pids` (readlinks of /proc/<pid>/ns/pid), each held open until the block ends.
+
+    A namespace's inode number is free for the next namespace once its last reference goes (Linux fs/nsfs.c; seen:
+    a pod of another xdist worker started in the number a stopped pod had just left, and a scan after `stop` found
+    its processes). An open fd keeps the number this namespace's, so `pids_in_namespace_of` inside the block finds
+    only what is left of these pods."""
+    fds: list[int] = []
+    links: list[str] = []
+    try:
+        for pid in pids:
+            try:
+                fd = os.open(f"/proc/{pid}/ns/pid", os.O_RDONLY)
+            except OSError:
+                continue  # already gone: nothing of it to scan for
+            fds.append(fd)
+            links.append(os.readlink(f"/proc/self/fd/{fd}"))
+        yield links
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def pids_in_namespace_of(pid_ns: str) -> list[int]:

@@ -7,7 +7,6 @@ short names did not resolve between pods; root's sshd died without SETUID/SETGID
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import time
@@ -27,6 +26,7 @@ from tests.podsim.pods import (
     SERVICE_ACCOUNT,
     PodSim,
     capability_mask,
+    held_pid_namespaces,
     image_env,
     leftovers,
     missing_requirements,
@@ -89,11 +89,11 @@ def sim(request: pytest.FixtureRequest) -> Iterator[PodSim]:
         s.start()
         yield s
     finally:
-        pid_ns = [os.readlink(f"/proc/{p.pid}/ns/pid") for p in s.pods if p.pid and Path(f"/proc/{p.pid}").exists()]
-        s.stop()
-        mine = [x for x in set(leftovers()) - before if f"{PREFIX}{s.run_id}-" in x]  # other runs on the machine have their own
-        assert not mine, f"left behind: {mine}"
-        assert not [pid for ns in pid_ns for pid in pids_in_namespace_of(ns)], "processes left in a pod's PID namespace"
+        with held_pid_namespaces(p.pid for p in s.pods if p.pid) as pid_ns:
+            s.stop()
+            mine = [x for x in set(leftovers()) - before if f"{PREFIX}{s.run_id}-" in x]  # other runs have their own
+            assert not mine, f"left behind: {mine}"
+            assert not [pid for ns in pid_ns for pid in pids_in_namespace_of(ns)], "processes left in a pod's PID namespace"
 
 
 def rendered_main(s: PodSim) -> dict[str, Any]:
@@ -344,13 +344,13 @@ def test_termination_stops_every_process_of_the_pod() -> None:
     s = PodSim(render("nerc-production"), count=2)
     try:
         s.start()
-        pid_ns = os.readlink(f"/proc/{s.pods[1].pid}/ns/pid")
-        assert len(pids_in_namespace_of(pid_ns)) >= 3  # startup.sh, sshd, the idle agent at least
-        assert s.terminate(1, grace=15) == "exited"
-        deadline = time.monotonic() + 10
-        while pids_in_namespace_of(pid_ns) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not pids_in_namespace_of(pid_ns)
+        with held_pid_namespaces([s.pods[1].pid]) as (pid_ns,):
+            assert len(pids_in_namespace_of(pid_ns)) >= 3  # startup.sh, sshd, the idle agent at least
+            assert s.terminate(1, grace=15) == "exited"
+            deadline = time.monotonic() + 10
+            while pids_in_namespace_of(pid_ns) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not pids_in_namespace_of(pid_ns)
     finally:
         s.stop()
 

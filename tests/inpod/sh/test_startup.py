@@ -11,7 +11,6 @@ stay plain-process unit tests in tests/inpod/test_startup_script.py.
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import signal
 import subprocess
@@ -24,7 +23,15 @@ import pytest
 from core import naming
 from inpod import contract as pod_contract
 from tests.podsim.nodetools import Node
-from tests.podsim.pods import PREFIX, PodSim, leftovers, missing_requirements, pids_in_namespace_of, render_stack
+from tests.podsim.pods import (
+    PREFIX,
+    PodSim,
+    held_pid_namespaces,
+    leftovers,
+    missing_requirements,
+    pids_in_namespace_of,
+    render_stack,
+)
 
 REASON = missing_requirements()
 pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}"), pytest.mark.timeout(300)]
@@ -143,10 +150,6 @@ def log(sim: PodSim, index: int) -> str:
     return sim.pods[index].log.read_text()
 
 
-def pod_ns(sim: PodSim, index: int) -> str:
-    return os.readlink(f"/proc/{sim.pods[index].pid}/ns/pid")
-
-
 @pytest.fixture
 def started() -> Iterator[Callable[..., PodSim]]:
     """started(result, count=, wait=, **PodSim kw): a PodSim with the stub dev servers, stopped after the test; nothing
@@ -180,10 +183,10 @@ def sim(request: pytest.FixtureRequest) -> Iterator[PodSim]:
         wait_until(lambda: len(calls(s, 0)) >= 3, 30, lambda: log(s, 0))  # the three dev servers are up
         yield s
     finally:
-        pid_ns = [os.readlink(f"/proc/{p.pid}/ns/pid") for p in s.pods if p.pid and os.path.exists(f"/proc/{p.pid}")]
-        s.stop()
-        assert not [x for x in set(leftovers()) - before if f"{PREFIX}{s.run_id}-" in x]
-        assert not [pid for ns in pid_ns for pid in pids_in_namespace_of(ns)], "processes left in a pod's PID namespace"
+        with held_pid_namespaces(p.pid for p in s.pods if p.pid) as pid_ns:
+            s.stop()
+            assert not [x for x in set(leftovers()) - before if f"{PREFIX}{s.run_id}-" in x]
+            assert not [pid for ns in pid_ns for pid in pids_in_namespace_of(ns)], "processes left in a pod's PID namespace"
 
 
 # ------------------------------------------------------------------------------ two pods of each committed stack
@@ -387,12 +390,12 @@ def test_token_mode_with_an_empty_password_fails_fast_and_leaves_nothing(started
     result = render_stack("nerc-production", token_auth)
     refs = token_secrets(result)
     s = started(result, wait=False, secrets={refs["PASSWORD"]["name"]: {refs["PASSWORD"]["key"]: ""}})
-    pid_ns = pod_ns(s, 0)
     proc = s.pods[0].proc
     assert proc is not None
-    proc.wait(timeout=60)
-    assert proc.returncode != 0 and "token mode needs PASSWORD" in log(s, 0), log(s, 0)
-    assert not pids_in_namespace_of(pid_ns)
+    with held_pid_namespaces([s.pods[0].pid]) as (pid_ns,):
+        proc.wait(timeout=60)
+        assert proc.returncode != 0 and "token mode needs PASSWORD" in log(s, 0), log(s, 0)
+        assert not pids_in_namespace_of(pid_ns)
 
 
 def test_auto_hca_detection_drops_the_header(started: Callable[..., PodSim]) -> None:
