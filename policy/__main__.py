@@ -65,19 +65,23 @@ def options(opts: Any, name: str, urn: str) -> dict[str, Any]:
     }
 
 
+def described(spec: rules.PolicySpec) -> dict[str, Any]:
+    """What every policy of the pack takes from its catalogue entry: name, description, level, remediation."""
+    return {
+        "name": spec.name,
+        "description": spec.description,
+        "enforcement_level": LEVELS[spec.level],
+        "remediation_steps": spec.remediation,
+    }
+
+
 def resource_policy(spec: rules.PolicySpec) -> ResourceValidationPolicy:
     def validate(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
         item = (args.resource_type, plain(args.props), options(args.opts, args.name, args.urn))
         for violation in rules.evaluate([item], policies=[spec.name]):
             report_violation(f"{violation.resource}: {violation.message}", None)
 
-    return ResourceValidationPolicy(
-        name=spec.name,
-        description=spec.description,
-        validate=validate,
-        enforcement_level=LEVELS[spec.level],
-        remediation_steps=spec.remediation,
-    )
+    return ResourceValidationPolicy(validate=validate, **described(spec))
 
 
 def stack_policy(spec: rules.PolicySpec) -> StackValidationPolicy:
@@ -88,13 +92,7 @@ def stack_policy(spec: rules.PolicySpec) -> StackValidationPolicy:
             urn = resources[violation.index].urn if violation.index is not None else None
             report_violation(f"{violation.resource}: {violation.message}", urn)
 
-    return StackValidationPolicy(
-        name=spec.name,
-        description=spec.description,
-        validate=validate,
-        enforcement_level=LEVELS[spec.level],
-        remediation_steps=spec.remediation,
-    )
+    return StackValidationPolicy(validate=validate, **described(spec))
 
 
 def api_server_policy() -> ResourceValidationPolicy:
@@ -106,13 +104,7 @@ def api_server_policy() -> ResourceValidationPolicy:
         for message in rules.kube_api.check_api_server_accepts(res):
             report_violation(f"{res.label}: {message}", None)
 
-    return ResourceValidationPolicy(
-        name=spec.name,
-        description=spec.description,
-        validate=validate,
-        enforcement_level=LEVELS[spec.level],
-        remediation_steps=spec.remediation,
-    )
+    return ResourceValidationPolicy(validate=validate, **described(spec))
 
 
 def build_policies() -> list[ResourceValidationPolicy | StackValidationPolicy]:
