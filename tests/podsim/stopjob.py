@@ -23,6 +23,16 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tests.podsim.pods import PodSim
+
+PROJECT = "/workspace/job"  # where the trials put the job, on the workspace volume
+JOB_PROCESSES = "job[.]py|train[.]sh|torchrun|ml-dev _rank"  # pgrep -f: what of the job may run on a pod
+
 JOB = r"""
 import json, os, signal, socket, sys, threading, time
 SAVE = float(sys.argv[1])
@@ -258,3 +268,24 @@ RUN_SH = """#!/bin/bash
 cd "$(dirname "$0")"
 python3 stubborn.py "$@"
 """
+
+
+def ckpt_dir(sim: PodSim, index: int) -> Path:
+    """Pod `index`'s checkpoint folder of the job, on this machine."""
+    return sim.volume_dir(index, "/workspace") / PROJECT.removeprefix("/workspace/") / "ckpt"
+
+
+def records(sim: PodSim, pods: int) -> dict[int, dict[str, Any]]:
+    """Each rank's `ckpt/rank<R>.json` that exists (rank R on pod R), by rank."""
+    out = {}
+    for i in range(pods):
+        path = ckpt_dir(sim, i) / f"rank{i}.json"
+        if path.exists():
+            out[i] = json.loads(path.read_text())
+    return out
+
+
+def job_processes(sim: PodSim, index: int) -> list[str]:
+    """What of the job still runs on pod `index` (pgrep -af lines)."""
+    res = sim.exec(index, f"pgrep -af '{JOB_PROCESSES}' || true", timeout=30)
+    return [line for line in res.stdout.splitlines() if "pgrep" not in line]

@@ -40,17 +40,15 @@ import pytest
 from inpod import contract
 from tests.podsim.idlestop import complete, mine, wait_for, with_grace
 from tests.podsim.pods import PodSim, missing_requirements, render_stack
-from tests.podsim.stopjob import JOB, TORCHRUN, TRAIN_SH
+from tests.podsim.stopjob import JOB, JOB_PROCESSES, PROJECT, TORCHRUN, TRAIN_SH, ckpt_dir, job_processes, records
 
 REASON = missing_requirements()
 pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}")]
 
-PROJECT = "/workspace/job"
 GRACE = 5
 SAVE_SECONDS = 1.0
 PODS = 3
 DRAINED = 2
-JOB_PROCESSES = "job[.]py|train[.]sh|torchrun|ml-dev _rank"
 LAUNCHERS = {
     "python": "ml-dev run --per-pod -- python3 job.py",
     "wrapper": "ml-dev run --per-pod -- ./train.sh",
@@ -77,15 +75,6 @@ def sim() -> Any:
 
 def workspace(sim: PodSim, index: int) -> Path:
     return sim.volume_dir(index, "/workspace")
-
-
-def ckpt_dir(sim: PodSim, index: int) -> Path:
-    return workspace(sim, index) / PROJECT.removeprefix("/workspace/") / "ckpt"
-
-
-def job_processes(sim: PodSim, index: int) -> list[str]:
-    res = sim.exec(index, f"pgrep -af '{JOB_PROCESSES}' || true", timeout=30)
-    return [line for line in res.stdout.splitlines() if "pgrep" not in line]
 
 
 def ancestors(pid: int) -> set[int]:
@@ -202,17 +191,6 @@ class Attached:
             self.proc.wait(timeout=30)
 
 
-def records(sim: PodSim) -> dict[int, dict[str, Any]]:
-    import json
-
-    out = {}
-    for i in range(PODS):
-        path = ckpt_dir(sim, i) / f"rank{i}.json"
-        if path.exists():
-            out[i] = json.loads(path.read_text())
-    return out
-
-
 def run_log(sim: PodSim, index: int) -> Path:
     # the workspace volume as this machine holds it: a drained pod's own view (/proc/<pid>/root) is gone
     runs = Path(contract.records_dir(str(workspace(sim, index)), sim.app)) / contract.RUNS_SUBDIR
@@ -266,7 +244,7 @@ def test_every_attachment_keeps_every_checkpoint(sim: PodSim, attachment: str, l
             left = wait_for(f"nothing of the job on pod {i}", quiet, GRACE + 20)
             assert left and job_processes(sim, i) == [], (i, job_processes(sim, i), cell.log())
         # (a) every rank saved, within the grace, at one step
-        got = records(sim)
+        got = records(sim, PODS)
         steps = []
         for r in range(PODS):
             rec = got.get(r)
@@ -358,7 +336,7 @@ def test_a_failed_rank_then_a_drain_reports_both_the_failure_deciding(sim: PodSi
     launcher = launch(sim, f"{LAUNCHERS['python']} {SAVE_SECONDS} 1 40")
     drained: dict[int, str] = {}
     try:
-        wait_for("rank 1 failed", lambda: records(sim).get(1, {}).get("exit") == "failed", 90, lambda: sim.pods[0].log.read_text())
+        wait_for("rank 1 failed", lambda: records(sim, PODS).get(1, {}).get("exit") == "failed", 90, lambda: sim.pods[0].log.read_text())
         time.sleep(0.5)
         drained[DRAINED] = sim.terminate(DRAINED)
         out, _ = launcher.communicate(timeout=GRACE + 40)
@@ -399,7 +377,7 @@ def test_sigterm_to_ml_dev_run_is_named_and_exits_143(sim: PodSim) -> None:
     assert "ml-dev: ml-dev run got SIGTERM; stopping every rank" in out and out.rstrip().endswith(
         "ml-dev: INTERRUPTED: ml-dev run got SIGTERM"
     ), out
-    got = records(sim)
+    got = records(sim, PODS)
     assert {got[r]["exit"] for r in range(PODS)} == {"saved"} and len({got[r]["step"] for r in range(PODS)}) == 1, got
     assert max(got[r]["at"] for r in range(PODS)) - since <= GRACE, got
 
@@ -432,7 +410,7 @@ def test_a_drain_during_the_tree_copy_is_named_a_stop(sim: PodSim) -> None:
     assert out.rstrip().endswith(
         f"ml-dev: STOPPED: pod ml-dev-env-{DRAINED} is stopping (its stop hook ran during the tree copy); no rank started"
     ), out
-    assert records(sim) == {}, records(sim)
+    assert records(sim, PODS) == {}, records(sim, PODS)
 
 
 # ------------------------------------------------------------------------------ ml-dev logs (issue 45, item 2)
@@ -459,8 +437,8 @@ def test_ml_dev_logs_reads_back_what_a_closed_terminal_lost(sim: PodSim) -> None
             return run_log(sim, i).read_text().splitlines()[-1].startswith(contract.RUN_LOG_END)
 
         wait_for(f"rank {i}'s log ended", ended, 30)
-    steps = {rec["step"] for rec in records(sim).values()}
-    assert len(steps) == 1, records(sim)
+    steps = {rec["step"] for rec in records(sim, PODS).values()}
+    assert len(steps) == 1, records(sim, PODS)
     step = steps.pop()
     every = sim.exec(0, "ml-dev logs", cwd=PROJECT, timeout=60)
     assert every.returncode == 0, every.stdout + every.stderr

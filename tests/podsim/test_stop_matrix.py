@@ -44,17 +44,15 @@ from tests.podsim import stopjob
 from tests.podsim.idlestop import complete, mine, wait_for, with_grace
 from tests.podsim.leakscan import SSH_ARGV_PROGRAM, LeakScan, list_secret, new_value
 from tests.podsim.pods import PodSim, missing_requirements, render_stack
-from tests.podsim.stopjob import JOB, TORCHRUN, TRAIN_SH
+from tests.podsim.stopjob import JOB, PROJECT, TORCHRUN, TRAIN_SH, ckpt_dir, job_processes, records
 
 REASON = missing_requirements()
 pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}")]
 
-PROJECT = "/workspace/job"
 GRACE = 5
 SAVE_SECONDS = 1.0
 PODS = 3
 FAIL_RANK, FAIL_STEP = 1, 40
-JOB_PROCESSES = "job[.]py|train[.]sh|torchrun|ml-dev _rank"  # pgrep -f: what of the job may run on a pod
 SECRET, SECRET_KEY = "stop-canary", "STOP_CANARY_TOKEN"  # a Secret of the namespace, listed in env.secrets
 VALUE = new_value()
 
@@ -136,24 +134,6 @@ def render() -> Any:
     return render_stack("barcelona", three_pods)
 
 
-def ckpt_dir(sim: PodSim, index: int) -> Path:
-    return sim.volume_dir(index, "/workspace") / PROJECT.removeprefix("/workspace/") / "ckpt"
-
-
-def records(sim: PodSim) -> dict[int, dict[str, Any]]:
-    out = {}
-    for i in range(PODS):
-        path = ckpt_dir(sim, i) / f"rank{i}.json"
-        if path.exists():
-            out[i] = json.loads(path.read_text())
-    return out
-
-
-def job_processes(sim: PodSim, index: int) -> list[str]:
-    res = sim.exec(index, f"pgrep -af '{JOB_PROCESSES}' || true", timeout=30)
-    return [line for line in res.stdout.splitlines() if "pgrep" not in line]
-
-
 class Cell:
     """One job under `ml-dev run` on 3 fresh pods; `stopped` holds each terminated pod's kubelet outcome."""
 
@@ -216,7 +196,7 @@ class Cell:
 
 def check_saved(cell: Cell, since: float, ranks: list[int]) -> list[int]:
     """(a) and (b) for `ranks`: a complete renamed checkpoint within the grace, at one step; returns the steps."""
-    got = records(cell.sim)
+    got = records(cell.sim, PODS)
     steps = []
     for r in ranks:
         rec = got.get(r)
@@ -244,7 +224,7 @@ def test_every_stop_every_launcher(render: Any, launcher: str, stop: str) -> Non
             sim.interrupt(cell.launcher)
         code = cell.finish()
         if stop == "rank-fails":
-            failed = records(sim)[FAIL_RANK]
+            failed = records(sim, PODS)[FAIL_RANK]
             assert failed["exit"] == "failed", failed
             since = failed["at"]
         ranks = [r for r in range(PODS) if not (stop == "rank-fails" and r == FAIL_RANK)]
@@ -282,7 +262,7 @@ def test_a_hard_eviction_gives_the_evicted_rank_2_s_and_every_other_rank_the_gra
         assert cell.stopped == {2: "killed"}
         check_saved(cell, since, [0, 1])
         evicted = ckpt_dir(cell.sim, 2)
-        assert records(cell.sim)[2]["exit"] == "running"  # killed mid-save
+        assert records(cell.sim, PODS)[2]["exit"] == "running"  # killed mid-save
         assert not list(evicted.glob("step*-rank2.txt")) and list(evicted.glob("step*-rank2.txt.tmp")), list(evicted.iterdir())
         for i in (0, 1):
             assert job_processes(cell.sim, i) == [], i
@@ -301,7 +281,7 @@ def test_a_soft_eviction_gives_the_evicted_rank_the_capped_grace(render: Any) ->
         code = cell.finish()
         assert cell.stopped == {2: "exited"}
         check_saved(cell, since, [0, 1, 2])
-        assert max(r["at"] for r in records(cell.sim).values()) - since <= cap
+        assert max(r["at"] for r in records(cell.sim, PODS).values()) - since <= cap
         assert code == 143 and "ml-dev: STOPPED: pod ml-dev-env-2 is stopping" in cell.out, cell.out
         cell.leak_check()
         # the same scan finds the value where it is planted: a line on pod 0's container output (`oc logs`)
@@ -321,7 +301,7 @@ def test_an_oom_kill_loses_only_that_pods_rank_and_nothing_hangs(render: Any) ->
         since = time.time()
         cell.sim.oom_kill(2)
         code = cell.finish()
-        got = records(cell.sim)
+        got = records(cell.sim, PODS)
         assert got[2]["exit"] == "running" and not list(ckpt_dir(cell.sim, 2).glob("step*")), got[2]
         check_saved(cell, since, [0, 1])
         assert {got[0]["exit"], got[1]["exit"]} == {"saved-after-peer-lost"}, got
