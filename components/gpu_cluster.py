@@ -446,6 +446,8 @@ class GpuCluster(pulumi.ComponentResource):
             subjects=[k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=role_name, namespace=self._ns)],
             opts=pulumi.ResourceOptions(parent=self, depends_on=[role, account]),
         )
+        if self._args.cluster is None and cfg.lifecycle.usage_reads_nodes:
+            self._usage_node_reader(role_name, account)
         reader = f"{role_name}-reader"
         reader_role = k8s.rbac.v1.Role(
             f"{name}-usage-reader", metadata=self._meta(reader), rules=lifecycle.usage_reader_rules(), opts=child
@@ -463,6 +465,39 @@ class GpuCluster(pulumi.ComponentResource):
             metadata=self._meta(role_name, annotations={"pulumi.com/skipAwait": "true"}),
             spec=lifecycle.usage_recorder_spec(cfg),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[binding, self._startup_configmap]),
+        )
+
+    def _usage_node_reader(self, account_name: str, account: k8s.core.v1.ServiceAccount) -> None:
+        """A cluster stack (lifecycle.usageReadsNodes): the recorder may read the nodes and their Leases, so a pod on a
+        NotReady or deleted node is charged until the node's last heartbeat (inpod/usage.py Nodes). Nodes are
+        cluster-scoped (a ClusterRole and a ClusterRoleBinding: cluster-admin once, listed by `make render`); the Leases
+        live in kube-node-lease (a Role and a RoleBinding there). Bound to this recorder's ServiceAccount only: an
+        environment stack cannot create cluster-scoped bindings, and its recorder reads the pods alone (it says so once).
+        """
+        name, ns = self._name, self._ns
+        reader = naming.node_reader(ns, self._app)
+        subjects = [k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=account_name, namespace=ns)]
+        why = {
+            "kubernetes.io/description": "ml-dev-env: the usage recorder reads the nodes and their Leases, so a pod on a lost "
+            "node is charged until its last heartbeat; lifecycle.usageReadsNodes: false leaves it out"
+        }
+        meta = k8s.meta.v1.ObjectMetaArgs(name=reader, labels=self._labels, annotations=why)
+        cluster_role = k8s.rbac.v1.ClusterRole(f"{name}-usage-nodes", metadata=meta, rules=lifecycle.node_reader_rules(), opts=self._child)
+        k8s.rbac.v1.ClusterRoleBinding(
+            f"{name}-usage-nodes",
+            metadata=meta,
+            role_ref=k8s.rbac.v1.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=reader),
+            subjects=subjects,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[cluster_role, account]),
+        )
+        lease_meta = k8s.meta.v1.ObjectMetaArgs(name=reader, namespace=lifecycle.NODE_LEASE_NAMESPACE, labels=self._labels, annotations=why)
+        lease_role = k8s.rbac.v1.Role(f"{name}-usage-leases", metadata=lease_meta, rules=lifecycle.node_lease_rules(), opts=self._child)
+        k8s.rbac.v1.RoleBinding(
+            f"{name}-usage-leases",
+            metadata=lease_meta,
+            role_ref=k8s.rbac.v1.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind="Role", name=reader),
+            subjects=subjects,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[lease_role, account]),
         )
 
     def _pre_pull(self) -> None:

@@ -154,6 +154,21 @@ def usage_rules(app: str) -> list[k8s.rbac.v1.PolicyRuleArgs]:
     ]
 
 
+NODE_LEASE_NAMESPACE = "kube-node-lease"
+"""Where each kubelet keeps its node's Lease (kubernetes pkg/kubelet/kubelet.go NewMainKubelet: lease.NewController with
+v1.NamespaceNodeLease), renewed every 10 s (NodeLeaseDurationSeconds 40 × nodeLeaseRenewIntervalFraction 0.25)."""
+
+
+def node_reader_rules() -> list[k8s.rbac.v1.PolicyRuleArgs]:
+    """The usage recorder's ClusterRole: read the nodes (their Ready condition; inpod/usage.py Nodes)."""
+    return [k8s.rbac.v1.PolicyRuleArgs(api_groups=[""], resources=["nodes"], verbs=["get", "list"])]
+
+
+def node_lease_rules() -> list[k8s.rbac.v1.PolicyRuleArgs]:
+    """The usage recorder's Role in kube-node-lease: read the nodes' Leases (the kubelet's 10 s heartbeat)."""
+    return [k8s.rbac.v1.PolicyRuleArgs(api_groups=["coordination.k8s.io"], resources=["leases"], verbs=["get", "list"])]
+
+
 def usage_reader_rules() -> list[k8s.rbac.v1.PolicyRuleArgs]:
     """`ml-dev status --all` in a pod (the pods' ServiceAccount): list the namespace's environments, records and pods;
     `ml-dev status --start` (the start ledger, inpod/lib/ledger.py): the pods' events and Kueue's Workloads too."""

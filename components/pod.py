@@ -125,6 +125,9 @@ def server_env(config: StackConfig, tokens_secret: str | None) -> list[k8s.core.
         _plain("ML_DEV_MEMLOCK", config.security.memlock.mode if config.network.effective_mode == "rdma" else "none"),
         _plain("ML_DEV_HCA_MODE", config.network.rdma.hca_mode if config.network.effective_mode == "rdma" else "explicit"),
     ]
+    if access.auth == "oauth-proxy" and access.enabled():
+        # the ports startup.sh's forward.py owns on the pod IP, for the proxies on loopback (proxy_containers)
+        env.append(_plain(contract.PROXY_PORTS_ENV, " ".join(str(s.proxy_port) for s in access.enabled())))
     if access.auth == "token" and tokens_secret:
         for server in access.enabled():
             if server.credential_env and server.secret_key:
@@ -254,7 +257,8 @@ def oauth_sar(namespace: str) -> str:
 
 
 def proxy_containers(config: StackConfig, cookie_secret_volume: str) -> list[k8s.core.v1.ContainerArgs]:
-    """One OpenShift OAuth proxy per exposed server; the server itself listens on 127.0.0.1 only."""
+    """One OpenShift OAuth proxy per exposed server, on 127.0.0.1 as the server itself; forward.py (startup.sh, every pod)
+    owns the pod IP's side of each proxy port."""
     if config.access.auth != "oauth-proxy":
         return []
     sa, ns = config.security.service_account, config.cluster.namespace
@@ -266,18 +270,22 @@ def proxy_containers(config: StackConfig, cookie_secret_volume: str) -> list[k8s
                 name=naming.proxy_container(server.name),
                 image=config.access.oauth_proxy_image,
                 image_pull_policy="IfNotPresent",
-                # The pod IP only, never a wildcard (`:<port>` would also answer on the SR-IOV interfaces net1..N,
-                # which NetworkPolicy does not cover). The kubelet expands $(POD_IP) from this container's env. The
-                # brackets hold for both families: openshift/oauth-proxy http.go Server.ServeHTTP hands the address
-                # (after any `scheme://`) to net.Listen("tcp", ...), whose resolveInternetAddr calls SplitHostPort
-                # (golang/go src/net/ipsock.go), which takes `[host]:port` for any host, IPv4 included, then parses
-                # the host as a literal IPv4 or IPv6 address (Go 1.19: `[127.0.0.1]:0` and `[::1]:0` bind, `::1:0`
-                # is "too many colons", an unexpanded `[$(POD_IP)]` fails the lookup). Probes (httpGet without
-                # host), the Service and the Route all dial the pod IP; nothing dials the proxy on loopback.
-                env=[_field_env("POD_IP", "status.podIP")],
+                # Loopback only: the pod's containers share one network namespace, and startup.sh's forward.py owns
+                # `<pod IP>:<port>` (the same port, another address: both binds are specific, neither conflicts), bound to
+                # the interface that holds the pod IP (SO_BINDTODEVICE), and copies each connection here. A Go listener
+                # binds an address, not an interface: on the pod IP it would also answer a peer on an SR-IOV network
+                # (net1..N) that routes the pod IP via its net1 (Linux's weak host model), which NetworkPolicy does not
+                # cover. openshift/oauth-proxy http.go Server.ServeHTTP hands the address (after any `scheme://`) to
+                # net.Listen("tcp", ...); main.go's own default for --http-address is "127.0.0.1:4180". Who dials the pod
+                # IP and reaches the proxy through the forward: the readiness probe (httpGet without host: the kubelet
+                # dials the pod IP), the Service's targetPort (the named port below; the endpoints controller resolves a
+                # named port over every container of the pod, kubernetes pkg/api/v1/pod/util.go FindPort) and so the
+                # Route. The proxy sees the forward's loopback address as the client; the router's X-Forwarded-For and
+                # the Host header pass unchanged (a TCP copy), so the OAuth redirect (oauthproxy.go GetRedirectURI: the
+                # request's Host) is the route's.
                 args=[
                     "--provider=openshift",
-                    f"--http-address=[$(POD_IP)]:{port}",
+                    f"--http-address=127.0.0.1:{port}",
                     "--https-address=",
                     f"--upstream=http://127.0.0.1:{server.port}",
                     f"--openshift-service-account={sa}",
@@ -288,6 +296,9 @@ def proxy_containers(config: StackConfig, cookie_secret_volume: str) -> list[k8s
                     "--pass-basic-auth=false",
                 ],
                 ports=[k8s.core.v1.ContainerPortArgs(name=naming.proxy_port_name(server.name), container_port=port)],
+                # the pod IP's port: the forward and the proxy behind it (oauthproxy.go ServeHTTP answers PingPath,
+                # `<proxy-prefix>/healthz`, before any authentication); a pod whose forward refused to start (no
+                # interface holds the pod IP) is never Ready
                 readiness_probe=k8s.core.v1.ProbeArgs(
                     http_get=k8s.core.v1.HTTPGetActionArgs(path="/oauth/healthz", port=port), period_seconds=10
                 ),

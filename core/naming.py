@@ -90,6 +90,12 @@ def usage_recorder(app: str) -> str:
     return f"{app}-usage"
 
 
+def node_reader(namespace: str, app: str) -> str:
+    """The usage recorder's ClusterRole and ClusterRoleBinding (the nodes) and Role and RoleBinding in kube-node-lease
+    (the nodes' Leases): cluster-scoped or in another namespace, so the name carries the app and the namespace."""
+    return f"{usage_recorder(app)}-nodes-{namespace}"
+
+
 def idle_agent_role(app: str) -> str:
     return f"{app}-idle-agent"
 

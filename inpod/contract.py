@@ -121,6 +121,10 @@ STARTUP_DIR_ENV = "ML_DEV_DIR"
 use it, never a resolved path: the kubelet's `..<timestamp>` directory behind the mount's symlinks differs per pod."""
 STATE_DIR_ENV = "ML_DEV_STATE_DIR"
 CLUSTER_DIR_ENV = "ML_DEV_CLUSTER_DIR"
+PROXY_PORTS_ENV = "ML_DEV_PROXY_PORTS"
+"""Main container env (auth `oauth-proxy`): the OAuth proxies' ports, separated by spaces. Each proxy sidecar listens on
+127.0.0.1:<port>; startup.sh starts forward.py on every pod, which owns `<pod IP>:<port>` bound to the interface that
+holds the pod IP and copies each connection to the proxy (components/pod.py proxy_containers)."""
 IDLE_SETTINGS_ENV = "ML_DEV_IDLE_SETTINGS"
 """Overrides IDLE_SETTINGS (tests, a copy of the settings)."""
 SA_DIR_ENV = "ML_DEV_SA_DIR"

@@ -88,11 +88,18 @@ def week_hours(data: dict[str, str], now: float) -> float:
 
 
 def rfc3339_seconds(text: Any) -> float | None:
-    """'2026-05-28T10:00:00Z' (the API's timestamps) as seconds since the epoch; None when it is none."""
+    """'2026-05-28T10:00:00Z' (the API's timestamps) or '2026-05-28T10:00:00.123456Z' (a MicroTime: a Lease's
+    renewTime) as seconds since the epoch; None when it is none."""
+    whole, _, fraction = str(text).partition(".")
+    if fraction:
+        if not fraction.endswith("Z") or not fraction[:-1].isdigit():
+            return None
+        whole += "Z"
     try:
-        return float(calendar.timegm(time.strptime(str(text), "%Y-%m-%dT%H:%M:%SZ")))
+        seconds = float(calendar.timegm(time.strptime(whole, "%Y-%m-%dT%H:%M:%SZ")))
     except ValueError:
         return None
+    return seconds + (float("0." + fraction[:-1]) if fraction[:-1] else 0.0)
 
 
 def own_pods(pods: list[dict[str, Any]], statefulset: str) -> list[dict[str, Any]]:
@@ -120,14 +127,19 @@ def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
     return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("type") == kind), {})
 
 
-def lost(pod: dict[str, Any], nodes: dict[str, dict[str, Any]] | None, now: float) -> tuple[float, str] | None:
+def lost(
+    pod: dict[str, Any], nodes: dict[str, dict[str, Any]] | None, now: float, beats: dict[str, float] | None = None
+) -> tuple[float, str] | None:
     """(until when it is charged, why) for a pod holding GPUs whose node is lost; None while its node is up.
 
     With the nodes (`nodes`, by name; None: this reader may not list them): a node whose Ready condition is not True
     (False, or Unknown: the node lifecycle controller's word when the kubelet stopped posting, kubernetes
     pkg/controller/nodelifecycle/node_lifecycle_controller.go tryUpdateNodeHealth) ends the charge at the node's last
-    heartbeat (that condition's lastHeartbeatTime); a node that is gone ends it at the pod's Ready condition's last
-    transition (the kubelet's last word; pod GC removes such a pod soon: pkg/controller/podgc gcOrphaned). Without the
+    heartbeat: `beats` (Nodes.read: the later of its Lease's renewTime and that condition's lastHeartbeatTime), else
+    the condition's. A node that is gone ends it at the last heartbeat the recorder saw of it (`beats`, remembered from
+    an earlier record) or, when later or none was seen, the pod's Ready condition's last transition (the node lifecycle
+    controller marks the pods of a node it finds silent not ready: MarkPodsNotReady; pod GC removes such a pod soon:
+    pkg/controller/podgc gcOrphaned). Without the
     nodes: a pod deleted longer ago than its grace plus LOST_MARGIN is lost since its deletion (a kubelet alive would
     have ended it; the taint manager deletes the pods of a NotReady node after their toleration,
     pkg/controller/tainteviction/taint_eviction.go), so the charge may run past the heartbeat by at most that time."""
@@ -135,12 +147,14 @@ def lost(pod: dict[str, Any], nodes: dict[str, dict[str, Any]] | None, now: floa
     meta = pod.get("metadata") or {}
     if nodes is not None and node:
         found = nodes.get(node)
+        seen = (beats or {}).get(node)
         if found is None:
-            ready = _condition(pod, "Ready")
-            return (rfc3339_seconds(ready.get("lastTransitionTime")) or now, f"on {node}, which is gone")
+            ready = rfc3339_seconds(_condition(pod, "Ready").get("lastTransitionTime"))
+            known = [t for t in (seen, ready) if t is not None]
+            return (max(known) if known else now, f"on {node}, which is gone")
         cond = _condition(found, "Ready")
         if cond and cond.get("status") != "True":
-            beat = rfc3339_seconds(cond.get("lastHeartbeatTime"))
+            beat = seen if seen is not None else rfc3339_seconds(cond.get("lastHeartbeatTime"))
             return (beat if beat is not None else now, f"on {node}, NotReady")
         return None
     deleted = rfc3339_seconds(meta.get("deletionTimestamp"))
@@ -171,14 +185,17 @@ def record(
     period: float,
     now: float | None = None,
     selector: str = "",
+    nodes_seen: Nodes | None = None,
 ) -> str:
+    """One record; `nodes_seen` carries what the recorder knows of the nodes from one record to the next (`loop`)."""
     query = "?labelSelector=" + urllib.parse.quote(selector) if selector else ""
     pods = own_pods(api.call("GET", f"/api/v1/namespaces/{namespace}/pods{query}").get("items") or [], statefulset)
     now = time.time() if now is None else now
-    nodes = read_nodes(api)
+    reader = Nodes() if nodes_seen is None else nodes_seen
+    nodes = reader.read(api)
     holding = [pod for pod in pods if holds_gpus(pod)]
     held = [bound_at(pod, now - period) for pod in holding]
-    until = [(lost(pod, nodes, now) or (now, ""))[0] for pod in holding]
+    until = [(lost(pod, nodes, now, reader.beats) or (now, ""))[0] for pod in holding]
     path = f"/api/v1/namespaces/{namespace}/configmaps/{configmap}"
     current = api.call("GET", path).get("data") or {}
     data = add_usage(current, len(held), gpus_per_pod, now, period, bound_at=held, until=until)
@@ -192,14 +209,55 @@ def record(
     )
 
 
-def read_nodes(api: Client) -> dict[str, dict[str, Any]] | None:
-    """The cluster's nodes by name, or None where this reader may not list them (cluster-scoped: `lost` then reads
-    the pods alone)."""
-    try:
-        items = api.call("GET", "/api/v1/nodes").get("items") or []
-    except (OSError, ValueError):
-        return None
-    return {str((n.get("metadata") or {}).get("name")): n for n in items}
+NODE_LEASES = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases"
+"""Each kubelet's Lease, named after its node, renewed every 10 s (kubernetes pkg/kubelet/kubelet.go NewMainKubelet:
+lease.NewController, renew interval NodeLeaseDurationSeconds 40 × nodeLeaseRenewIntervalFraction 0.25). The Node's
+Ready condition is posted only when it changes or every nodeStatusReportFrequency (5 min by default:
+pkg/kubelet/kubelet_node_status.go tryUpdateNodeStatus), so its lastHeartbeatTime alone may be 5 min behind."""
+
+
+class Nodes:
+    """What the recorder knows of the nodes, from one record to the next: `beats`, each node's last heartbeat seen
+    (the later of its Lease's renewTime and its Ready condition's lastHeartbeatTime), kept for a node that is gone
+    later. Reading them needs the cluster stack's rights (components/gpu_cluster.py _usage_node_reader: a ClusterRole
+    for the nodes, a Role in kube-node-lease for the Leases); without them the recorder reads the pods alone, as
+    `lost` says, and prints so once."""
+
+    def __init__(self) -> None:
+        self.beats: dict[str, float] = {}
+        self.said: set[str] = set()
+
+    def _once(self, what: str, exc: BaseException, then: str) -> None:
+        if what not in self.said:
+            self.said.add(what)
+            print(f"note: cannot read {what} ({exc}): {then}", flush=True)
+
+    def read(self, api: Client) -> dict[str, dict[str, Any]] | None:
+        """The cluster's nodes by name, or None where this reader may not list them (cluster-scoped)."""
+        try:
+            items = api.call("GET", "/api/v1/nodes").get("items") or []
+        except (OSError, ValueError) as exc:
+            self._once(
+                "the cluster's nodes",
+                exc,
+                "a pod whose node is lost is charged until its deletion (the pods alone; lifecycle.usageReadsNodes on "
+                "the cluster stack grants the nodes)",
+            )
+            return None
+        nodes = {str((n.get("metadata") or {}).get("name")): n for n in items}
+        renewed: dict[str, float] = {}
+        try:
+            for lease in api.call("GET", NODE_LEASES).get("items") or []:
+                when = rfc3339_seconds((lease.get("spec") or {}).get("renewTime"))
+                if when is not None:
+                    renewed[str((lease.get("metadata") or {}).get("name"))] = when
+        except (OSError, ValueError) as exc:
+            self._once("the nodes' Leases", exc, "a lost node's heartbeat is its Ready condition's (up to 5 min early)")
+        for name, node in nodes.items():
+            known = [t for t in (renewed.get(name), rfc3339_seconds(_condition(node, "Ready").get("lastHeartbeatTime"))) if t]
+            if known:
+                self.beats[name] = max([*known, self.beats.get(name, 0.0)])
+        return nodes
 
 
 def run_loop(
@@ -207,9 +265,10 @@ def run_loop(
 ) -> int:
     """Record every `period` seconds; a failed record is logged and retried next period (never exits on its own)."""
     done = 0
+    seen = Nodes()
     while rounds is None or done < rounds:
         try:
-            print(record(api, namespace, statefulset, configmap, gpus, period, selector=selector), flush=True)
+            print(record(api, namespace, statefulset, configmap, gpus, period, selector=selector, nodes_seen=seen), flush=True)
         except (OSError, ValueError, urllib.error.URLError) as exc:
             print(f"WARNING: no record this period: {exc}", flush=True)
         done += 1

@@ -1125,6 +1125,12 @@ class LifecycleConfig(Model):
     checkpoint_signal: Literal["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"] = Field(
         contract.SIGNAL_DEFAULT, description="The signal the ranks get on a stop (the job's handler saves a checkpoint and exits)."
     )
+    usage_reads_nodes: bool = Field(
+        True,
+        description="Cluster stack: let its usage recorder read the nodes (a ClusterRole and its binding, "
+        "a Role in kube-node-lease: cluster-admin once), so a pod on a NotReady or deleted node is charged until the "
+        "node's last heartbeat. false (a namespace admin's cluster): the recorder reads the pods alone and says so once.",
+    )
     stall_verdict_seconds: int = Field(
         contract.STALL_DEFAULT,
         ge=0,

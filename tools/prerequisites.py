@@ -328,20 +328,19 @@ def prerequisites(config: StackConfig, objects: Sequence[Mapping[str, Any]], pat
                 )
             )
 
-    rendered_roles = {("Role", n) for n in _rendered(objects, "Role", ns)} | {("ClusterRole", n) for n in _rendered(objects, "ClusterRole")}
+    cluster_roles = _rendered(objects, "ClusterRole")
     for obj in objects:
         ref = obj.get("roleRef") or {}
-        if (
-            obj.get("kind") == "RoleBinding"
-            and (ref.get("kind"), ref.get("name")) not in rendered_roles
-            and ref.get("name") not in DEFAULT_CLUSTER_ROLES
-        ):
-            where = f"{ns}/" if ref.get("kind") == "Role" else ""
+        # a RoleBinding's Role is in the binding's own namespace (one in kube-node-lease: the usage recorder's)
+        bns = (obj.get("metadata") or {}).get("namespace") or ns
+        rendered = ref.get("name") in (_rendered(objects, "Role", bns) if ref.get("kind") == "Role" else cluster_roles)
+        if obj.get("kind") == "RoleBinding" and not rendered and ref.get("name") not in DEFAULT_CLUSTER_ROLES:
+            where = f"{bns}/" if ref.get("kind") == "Role" else ""
             needs.append(
                 Need(
                     f"{ref.get('kind')} {where}{ref.get('name')} (created by {creator})",
                     f"{_name(obj)} binds it",
-                    f"oc get {str(ref.get('kind')).lower()} {ref.get('name')}" + (f" -n {ns}" if where else ""),
+                    f"oc get {str(ref.get('kind')).lower()} {ref.get('name')}" + (f" -n {bns}" if where else ""),
                 )
             )
 
@@ -650,10 +649,14 @@ def admin_needs(objects: Sequence[Mapping[str, Any]], namespace: str) -> list[Ne
     for obj in objects:
         kind = obj.get("kind", "")
         other = obj.get("metadata", {}).get("namespace")
+        # what it is for, where the object says so (kubernetes.io/description)
+        why = ((obj.get("metadata") or {}).get("annotations") or {}).get("kubernetes.io/description")
+        why = f" ({why})" if why else ""
         if kind in CLUSTER_SCOPED:
-            out.append(Need(_name(obj), "cluster-scoped: needs cluster-admin"))
+            out.append(Need(_name(obj), f"cluster-scoped: needs cluster-admin{why}"))
         elif other and other != namespace:
-            out.append(Need(f"{_name(obj)} in namespace {other}", f"outside the stack's namespace {namespace}: needs admin in {other}"))
+            outside = f"outside the stack's namespace {namespace}: needs admin in {other}{why}"
+            out.append(Need(f"{_name(obj)} in namespace {other}", outside))
         elif _scc_grants(obj):
             binding = kind == "RoleBinding"
             out.append(

@@ -38,7 +38,8 @@ fi
 cd "$HOME" 2>/dev/null || true
 cmd="${SSH_ORIGINAL_COMMAND:-}"
 case "$cmd" in
-  "") exec -l "${SHELL:-/bin/bash}" ;;
+  # a login shell sources env.sh, and with it user-secrets.sh, again: it is told what this session already said
+  "") if [ -n "${ML_DEV_SECRETS_TOLD:-}" ]; then export ML_DEV_SECRETS_TOLD; fi; exec -l "${SHELL:-/bin/bash}" ;;
   internal-sftp|sftp|*/sftp-server)
     for server in /usr/lib/openssh/sftp-server /usr/libexec/openssh/sftp-server /usr/lib/ssh/sftp-server; do
       if [ -x "$server" ]; then exec "$server"; fi

@@ -353,9 +353,7 @@ fi
 BIND=127.0.0.1 BIND_HOSTPORT=127.0.0.1
 FORWARD=()
 forward() {  # forward <port>: token mode, the pod IP's <port> to loopback's
-  if [ "$AUTH" = "token" ] && [ -n "${POD_IP:-}" ]; then
-    if [[ "$POD_IP" == *:* ]]; then FORWARD+=("[$POD_IP]:$1"); else FORWARD+=("$POD_IP:$1"); fi
-  fi
+  if [ "$AUTH" = "token" ] && [ -n "${POD_IP:-}" ]; then FORWARD+=("$(pod_ip_port "$1")"); fi
 }
 # the idle agent asks Jupyter whether it is in use where Jupyter listens
 export ML_DEV_JUPYTER_URL="${ML_DEV_JUPYTER_URL:-http://$BIND_HOSTPORT:8888}"
@@ -441,6 +439,38 @@ if [ -f "$ML_DEV_IDLE_SETTINGS" ] && [ -f "$SCRIPT_DIR/idle_agent.py" ] && comma
   fi
 fi
 
+# --- the OAuth proxies' pod-IP side (every pod: each has the proxy sidecars, whose readiness probes dial the pod IP) --
+# The proxies listen on 127.0.0.1:<port> (components/pod.py proxy_containers): a Go listener binds an address, not an
+# interface, so on the pod IP it would also answer a peer that routes the pod IP via an SR-IOV interface (net1..N).
+# forward.py owns <pod IP>:<port>, bound to the interface that holds the pod IP, and copies each connection to the
+# proxy. No such interface: it refuses to start, naming the address; the line goes to the pod log too, and the
+# proxies' readiness probes keep the pod unready.
+start_forward() {  # start_forward <name> <host:port>...: forward.py; an ERROR in the pod log when it does not listen
+  local name="$1" out="$STATE_DIR/$CONTRACT_STATE_LOGS_DIR/$1.log" i
+  shift
+  start "$name" python3 "$SCRIPT_DIR/forward.py" "$@"
+  [ -w "$STATE_DIR/$CONTRACT_STATE_LOGS_DIR" ] || return 0  # its output is the pod log already
+  for ((i = 0; i < 100; i++)); do
+    if [ "$(grep -c '^forward: .* -> ' "$out" 2>/dev/null)" -ge "$#" ]; then return 0; fi
+    if ! kill -0 "${PIDS[-1]}" 2>/dev/null; then
+      log "ERROR: $name did not start: $(tail -n 1 "$out" 2>/dev/null) (nothing answers on the pod IP's ports $*)"
+      return 1
+    fi
+    sleep 0.1
+  done
+  warn "$name: not listening after 10 s (see $out)"
+}
+pod_ip_port() { if [[ "$POD_IP" == *:* ]]; then printf '[%s]:%s' "$POD_IP" "$1"; else printf '%s:%s' "$POD_IP" "$1"; fi; }
+if [ "$AUTH" = "oauth-proxy" ] && [ -n "${ML_DEV_PROXY_PORTS:-}" ]; then
+  if [ -z "${POD_IP:-}" ]; then
+    log "ERROR: no POD_IP in the environment: the OAuth proxies' ports ($ML_DEV_PROXY_PORTS) answer nowhere"
+  else
+    proxy_items=()
+    for port in $ML_DEV_PROXY_PORTS; do proxy_items+=("$(pod_ip_port "$port")"); done
+    start_forward proxy-forward "${proxy_items[@]}" || true
+  fi
+fi
+
 # --- fabric check hold (fabricCheck.onDeploy; docs/operate/fabric-check.md) ----------------------------
 # Pod 0 only. `fabric_check.py hold` returns at once unless fabric.json has onDeploy; then it retries
 # preflight + gate until they pass or onDeployTimeoutSeconds, and keeps holding until a passing
@@ -516,7 +546,7 @@ if [ "$ORDINAL" -eq 0 ]; then
     esac
   done
   if [ "${#FORWARD[@]}" -gt 0 ]; then
-    start forward python3 "$(dirname "${BASH_SOURCE[0]}")/forward.py" "${FORWARD[@]}"
+    start_forward forward "${FORWARD[@]}" || true
   fi
 else
   log "worker pod: no dev servers (they run on the pod named ${C_APP_NAME:-${APP_NAME:-<app>}}-0)"

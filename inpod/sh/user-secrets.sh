@@ -10,6 +10,13 @@
 # refusal_line: the shell and every command in it still work.
 # Its sourcer has sourced contract.env (the CONTRACT_* facts of inpod/contract.py) first: ssh-session.sh at its top,
 # env.sh on the line before this file's (startup.sh). POSIX sh has no BASH_SOURCE to find this file's own folder.
+# One refusal per shell: a login shell sources this file up to four times (/etc/profile.d, /etc/bash.bashrc, ~/.profile,
+# ~/.bashrc each source env.sh) and an SSH login once more in ssh-session.sh before its `exec -l`. What was said is
+# kept in ML_DEV_SECRETS_TOLD (names and reasons, never a value): ssh-session.sh exports it to the login shell it
+# execs; here it becomes a plain shell variable (unset, then set: POSIX sh leaves it unexported), so no child of the
+# shell inherits it and a new shell (`bash`, a rank) says it again.
+_mde_told="${ML_DEV_SECRETS_TOLD-}"
+unset ML_DEV_SECRETS_TOLD
 _mde_dir="${ML_DEV_SECRETS_DIR:-$CONTRACT_SECRETS_MOUNT}"
 _mde_max="${ML_DEV_SECRET_VALUE_MAX:-$CONTRACT_SECRET_VALUE_MAX}"
 for _mde_f in "$_mde_dir"/*/*; do
@@ -31,12 +38,19 @@ for _mde_f in "$_mde_dir"/*/*; do
     if [ -n "$_mde_why" ]; then
       _mde_s="${_mde_f%/*}"
       _mde_s="${_mde_s##*/}"
-      # shellcheck disable=SC2016  # the backquotes are text of the message
-      printf 'Secret %s key %s %s: refused, the key is not set (env.secrets values are UTF-8 text without NUL bytes, at most %s bytes each); fix the value in the Secret (`oc edit secret %s`)\n' \
-        "$_mde_s" "$_mde_k" "$_mde_why" "$_mde_max" "$_mde_s" >&2
+      case "$_mde_told" in
+        *"<$_mde_s/$_mde_k $_mde_why>"*) ;;
+        *)
+          _mde_told="$_mde_told<$_mde_s/$_mde_k $_mde_why>"
+          # shellcheck disable=SC2016  # the backquotes are text of the message
+          printf 'Secret %s key %s %s: refused, the key is not set (env.secrets values are UTF-8 text without NUL bytes, at most %s bytes each); fix the value in the Secret (`oc edit secret %s`)\n' \
+            "$_mde_s" "$_mde_k" "$_mde_why" "$_mde_max" "$_mde_s" >&2
+          ;;
+      esac
       continue
     fi
     export "$_mde_k=$(cat "$_mde_f")"
   fi
 done
-unset _mde_dir _mde_max _mde_f _mde_k _mde_size _mde_why _mde_s
+if [ -n "$_mde_told" ]; then ML_DEV_SECRETS_TOLD="$_mde_told"; fi
+unset _mde_dir _mde_max _mde_f _mde_k _mde_size _mde_why _mde_s _mde_told

@@ -340,10 +340,10 @@ def assert_restricted(result: RunResult) -> None:
     for c in pod["containers"]:
         assert c["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}, c["name"]
     assert "hostNetwork" not in pod and "hostIPC" not in pod
-    # No SCC binding (the usage bindings grant only the recorder its record and pod list, the pods list reads).
-    assert [
-        r for r in result.of_type(ROLEBINDING) if r.name.startswith("gpu-") and r.name not in ("gpu-usage-binding", "gpu-usage-reader")
-    ] == []
+    # No SCC binding (the usage bindings grant only the recorder its record, pod list and the nodes' Leases, the pods
+    # list reads).
+    usage_bindings = ("gpu-usage-binding", "gpu-usage-reader", "gpu-usage-leases")
+    assert [r for r in result.of_type(ROLEBINDING) if r.name.startswith("gpu-") and r.name not in usage_bindings] == []
     assert result.of_type(SCC) == []
 
 

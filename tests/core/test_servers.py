@@ -70,7 +70,7 @@ def test_a_new_row_reaches_every_object(with_mlflow: dict[str, Any]) -> None:
     assert route["spec"]["port"] == {"targetPort": "mlflow"}
     assert route["spec"]["host"].startswith("ml-dev-env-mlflow-")
     proxy = next(c for c in on["proxies"] if c["name"] == "mlflow-proxy")
-    assert "--upstream=http://127.0.0.1:5000" in proxy["args"] and "--http-address=[$(POD_IP)]:15000" in proxy["args"]
+    assert "--upstream=http://127.0.0.1:5000" in proxy["args"] and "--http-address=127.0.0.1:15000" in proxy["args"]
     assert proxy["ports"] == [{"containerPort": 15000, "name": "p-mlflow"}]
     assert "serviceaccounts.openshift.io/oauth-redirectreference.mlflow" in on["redirects"]
     assert on["outputs"]["mlflow_url"] == f"https://{route['spec']['host']}"

@@ -218,3 +218,23 @@ def test_no_settings_no_agent(tmp_path: Path, stubs: tuple[Path, Path]) -> None:
     assert smi is not None and any(a.startswith("--query-gpu=") for a in query), query
     gpus = subprocess.run([smi, *query], capture_output=True, text=True, check=True, timeout=30).stdout
     assert len(gpus.splitlines()) == int(CLUSTER["GPUS_PER_NODE"]) and gpus in out, out
+
+
+def test_the_proxies_forward_on_an_address_no_interface_holds_is_an_error_in_the_pod_log(tmp_path: Path, stubs: tuple[Path, Path]) -> None:
+    """A pod whose POD_IP no interface holds (a render cannot express it: the kubelet's POD_IP is the pod network's
+    address): forward.py refuses to listen unbound, and the pod log says so in one ERROR line naming the address and
+    the ports; the script still reaches its ready file (no crash loop; the proxies' readiness probes keep the pod
+    unready). On a pod (podsim) the forward binds the interface that holds the pod IP: tests/podsim/test_reach.py."""
+    bin_dir, _ = stubs
+    env = base_env(tmp_path, bin_dir, "ml-dev-env-1", POD_IP="192.0.2.77", **{pod_contract.PROXY_PORTS_ENV: "18080 18888"})
+    env["PATH"] = f"{bin_dir}:{os.path.dirname(shutil.which('python3') or '/usr/bin/python3')}:/usr/bin:/bin"
+    proc = start(env)
+    try:
+        wait_ready(proc, tmp_path / "state")
+    finally:
+        out = stop(proc)
+    errors = [line for line in out.splitlines() if "ERROR" in line]
+    assert errors == [
+        "[ml-dev-env] ERROR: proxy-forward did not start: forward: 192.0.2.77: no interface of this pod holds this address; "
+        "refusing to listen on it unbound (nothing answers on the pod IP's ports 192.0.2.77:18080 192.0.2.77:18888)"
+    ], out

@@ -541,7 +541,10 @@ class PodSim:
                 for d in ("null", "zero", "full", "random", "urandom", "tty")
             ),
             f"mkdir {root}/dev/pts {root}/dev/shm {root}/dev/mqueue",
-            f"mount -t devpts -o newinstance,ptmxmode=0666,mode=620 devpts {root}/dev/pts",
+            # the OCI runtime's default /dev/pts (runc libcontainer/specconv/example.go Example, which cri-o's defaults
+            # follow): gid=5 makes a new pty group tty, so a non-root sshd's pty_setowner (openssh sshpty.c) has
+            # nothing to chown and `ssh -t` into a pod works as in a real one
+            f"mount -t devpts -o newinstance,ptmxmode=0666,mode=0620,gid=5 devpts {root}/dev/pts",
             f"ln -s pts/ptmx {root}/dev/ptmx && ln -s /proc/self/fd {root}/dev/fd",
             f"ln -s /proc/self/fd/0 {root}/dev/stdin && ln -s /proc/self/fd/1 {root}/dev/stdout && ln -s /proc/self/fd/2 {root}/dev/stderr",
             f"mount -t mqueue mqueue {root}/dev/mqueue",

@@ -7,7 +7,10 @@ routes pod 0's IP via pod 0's net1 address:
   holds it (`ens3`), never to no device: the peer's SYN for the pod IP arriving on net1 finds no listener;
 * the same route reaches a listener bound without a device (a stand-in), so the route works and the binding is
   what refuses ours;
-* a listener asked for an address no interface holds refuses to start, naming the address (never an unbound one).
+* the OAuth proxies (sidecars: stand-ins on 127.0.0.1, their rendered address) are reached on the pod IP through the
+  forward startup.sh starts, bound to `ens3`: the pod network gets through, the VLAN peer's route via net1 does not;
+* a listener asked for an address no interface holds refuses to start, naming the address (never an unbound one), the
+  forward included.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import pytest
 from core import naming
 from tests.podsim import netpol
 from tests.podsim.pods import PodSim, leftovers, missing_requirements, render_stack
-from tests.podsim.test_reach import LISTEN, STANDIN, kill_in_pod, listeners, wait_listening
+from tests.podsim.test_reach import LISTEN, STANDIN, kill_in_pod, listeners, proxy_addresses, wait_listening
 
 REASON = missing_requirements()
 pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}"), pytest.mark.timeout(300)]
@@ -91,3 +94,39 @@ def test_an_address_no_interface_holds_is_refused_naming_it(ens3: tuple[PodSim, 
     assert res.returncode != 0 and "10.9.9.9: no interface of this pod holds this address" in res.stderr, res.stderr
     res = sim.exec(1, "ML_DEV_SSH_LISTEN=10.9.9.9 ML_DEV_STATE_DIR=/tmp/sshd-probe bash /opt/ml-dev-env/sshd.sh", timeout=60)
     assert res.returncode == 1 and "no interface of this pod holds 10.9.9.9" in res.stdout + res.stderr, res.stdout + res.stderr
+
+
+def test_the_proxies_are_reached_through_the_forward_on_ens3_only(ens3: tuple[PodSim, netpol.Enforcement, netpol.Peer]) -> None:
+    sim, net, peer = ens3
+    pod = sim.pods[0]
+    proxies = proxy_addresses(sim)
+    assert proxies and {host for host, _ in proxies.values()} == {"127.0.0.1"}, proxies
+    ports = sorted(port for _, port in proxies.values())
+    standin = sim.popen(0, ["python3", "-c", LISTEN, f"{STANDIN} oauth-proxy", *(f"127.0.0.1:{p}" for p in ports)])
+    try:
+        assert standin.stdout is not None and select.select([standin.stdout], [], [], 30)[0], "the stand-in did not start"
+        assert standin.stdout.readline().strip() == "listening"
+        forwards = [x for x in listeners(sim, 0) if x.name.startswith("forward")]
+        assert sorted(x.port for x in forwards) == ports and {(x.host, x.device) for x in forwards} == {(pod.ip, "ens3")}, forwards
+        targets = [(pod.ip, p) for p in ports]
+        assert all(net.reaches(["ip", "netns", "exec", sim.pods[1].netns], targets).values()), "the pod network reaches them"
+        for port in ports:  # through the forward to the proxy on loopback
+            with sim.connect(0, port) as sock:
+                sock.settimeout(10)
+                assert sock.makefile("rb").readline() == f"{STANDIN} oauth-proxy\n".encode()
+        via = pod.interfaces["net1"].split("/")[0]
+        subprocess.run(peer.argv("ip", "route", "add", f"{pod.ip}/32", "via", via, "dev", "net1"), check=True, timeout=30)
+        try:
+            reached = net.reaches(peer.argv(), [*targets, (pod.ip, PORT_STANDIN)])
+            assert not any(reached[t] for t in targets), reached
+        finally:
+            subprocess.run(peer.argv("ip", "route", "del", f"{pod.ip}/32"), check=True, timeout=30)
+    finally:
+        sim.interrupt(standin, signal.SIGKILL)
+        standin.wait(timeout=30)
+
+
+def test_the_forward_refuses_an_address_no_interface_holds(ens3: tuple[PodSim, netpol.Enforcement, netpol.Peer]) -> None:
+    sim, _, _ = ens3
+    res = sim.exec(1, ["python3", "/opt/ml-dev-env/forward.py", "10.9.9.9:18080"], timeout=60)
+    assert res.returncode == 1 and "10.9.9.9: no interface of this pod holds this address" in res.stderr, res.stdout + res.stderr

@@ -10,9 +10,10 @@ management-port IP, no pod's address, which OVN-Kubernetes admits only through t
 `openshift-host-network` namespace, i.e. for a peer with a nil podSelector (tests/podsim/netpol.py).
 
 Stand-ins (what the simulation does not run): the OAuth proxies are sidecars (not simulated); each is a plain
-listener on the address its rendered `--http-address` expands to with that container's env (the kubelet's
-`$(VAR)` expansion), split as Go's net.SplitHostPort does. torch's TCPStore (29500; torch is not installed here)
-is a listener on every interface, as torch binds it.
+listener on every pod at the address its rendered `--http-address` expands to with that container's env (the kubelet's
+`$(VAR)` expansion), split as Go's net.SplitHostPort does: 127.0.0.1, behind the forward startup.sh starts on the pod
+IP (real, `forward.py`). A stand-in answers each connection with its name, so a test sees what it reached. torch's
+TCPStore (29500; torch is not installed here) is a listener on every interface, as torch binds it.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ KNOWN = (
     ("home page", r"home_page\.py", True),
     ("debugger (debugpy)", r"debugpy|ml-dev _rank|ml_dev.* _rank", True),
     ("OAuth proxy (stand-in)", rf"{STANDIN} oauth-proxy", True),
+    ("forward (the proxies' pod-IP side)", r"forward\.py", True),
     ("torch TCPStore (stand-in)", rf"{STANDIN} tcpstore", False),
 )
 LISTEN = r"""
@@ -68,7 +70,12 @@ for item in sys.argv[2:]:
 print("listening", flush=True)
 while True:
     for s in select.select(socks, [], [])[0]:
-        s.accept()[0].close()
+        c = s.accept()[0]
+        try:
+            c.sendall(sys.argv[1].encode() + b"\n")
+        except OSError:
+            pass
+        c.close()
 """
 DAP_INITIALIZE = r"""
 import json, socket, sys
@@ -200,8 +207,10 @@ def env(request: pytest.FixtureRequest) -> Iterator[Env]:
         net.apply()
         proxies = proxy_addresses(sim)
         items = [f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in proxies.values()]
-        for role, addresses in (("oauth-proxy", items), ("tcpstore", [f"0.0.0.0:{naming.MASTER_PORT}"])):
-            proc = sim.popen(0, ["python3", "-c", LISTEN, f"{STANDIN} {role}", *addresses])
+        # the proxy sidecars run on every pod; TCPStore on pod 0 (MASTER_ADDR)
+        roles = ((0, "oauth-proxy", items), (1, "oauth-proxy", items), (0, "tcpstore", [f"0.0.0.0:{naming.MASTER_PORT}"]))
+        for index, role, addresses in roles:
+            proc = sim.popen(index, ["python3", "-c", LISTEN, f"{STANDIN} {role}", *addresses])
             stand_ins.append(proc)
             assert proc.stdout is not None and select.select([proc.stdout], [], [], 30)[0], f"{role} stand-in did not start"
             assert proc.stdout.readline().strip() == "listening", role
@@ -229,20 +238,26 @@ def test_no_listener_of_ours_binds_a_wildcard_and_each_is_named(env: Env) -> Non
             by[(x.name, x.port)].add(x.host)
         assert by[("sshd", 2222)] == {pod.ip, "127.0.0.1"}
         assert by[("idle agent", 9099)] == {pod.ip, "127.0.0.1"}
+        # every pod: each proxy on loopback, its port on the pod IP the forward's, bound to the pod network's interface
+        ports = [port for _, port in env.proxies.values()]
+        assert ports and all(by[("OAuth proxy (stand-in)", port)] == {"127.0.0.1"} for port in ports), by
+        forwards = [x for x in ours if x.name.startswith("forward")]
+        assert sorted(x.port for x in forwards) == sorted(ports) and {(x.host, x.device) for x in forwards} == {(pod.ip, "eth0")}, forwards
         if pod.index == 0:
             assert by[("home page", 8090)] == {pod.ip, "127.0.0.1"}
-            proxies = {port: {x.host for x in ours if x.port == port} for _, port in env.proxies.values()}
-            assert proxies and all(hosts == {pod.ip} for hosts in proxies.values()), proxies
             tcpstore = [x for x in found if x.name.startswith("torch")]
             assert tcpstore and {x.host for x in tcpstore} <= WILDCARDS, "the stand-in binds as torch does (not ours)"
 
 
-def test_the_proxies_rendered_address_is_the_pod_ip_in_brackets(env: Env) -> None:
+def test_the_proxies_listen_on_loopback_and_the_pod_ip_reaches_them_through_the_forward(env: Env) -> None:
     for name, (host, port) in env.proxies.items():
-        assert host == env.sim.pods[0].ip, (name, host)
-        # the Service, the Route and the httpGet probe dial the pod IP; the kubelet's probe comes from the node
-        with env.sim.connect(0, port):
-            pass
+        assert host == "127.0.0.1", (name, host)
+        # the Service, the Route and the httpGet probe dial the pod IP (the kubelet's probe comes from the node): the
+        # forward copies the connection to the proxy on loopback, which answers
+        for index in range(2):
+            with env.sim.connect(index, port) as sock:
+                sock.settimeout(10)
+                assert sock.makefile("rb").readline() == f"{STANDIN} oauth-proxy\n".encode(), (name, index)
 
 
 def test_nothing_of_ours_answers_on_a_secondary_interface_from_anywhere(env: Env) -> None:
@@ -279,10 +294,12 @@ def routed_via_secondary(env: Env, index: int) -> Iterator[str]:
 
 def test_a_vlan_peer_routing_the_pod_ip_via_net1_reaches_nothing_of_ours(env: Env) -> None:
     """sshd, the idle agent, the home page and the debugger (`--debug-host pod`) bind the pod IP on eth0 only
-    (SO_BINDTODEVICE): a SYN for the pod IP arriving on net1 finds no listener. The OAuth proxies (Go sidecars,
-    stand-ins here) and TCPStore bind without a device: the same route reaches them (what only a MultiNetworkPolicy
+    (SO_BINDTODEVICE): a SYN for the pod IP arriving on net1 finds no listener. So do the OAuth proxies' ports: the
+    proxies (Go sidecars, stand-ins here) listen on loopback and forward.py owns their port on the pod IP, bound to
+    eth0. TCPStore binds every interface without a device: the same route reaches it (what only a MultiNetworkPolicy
     stops), which also shows the route works and the device binding is what refuses the others. Without the
-    binding (checked by hand on the previous programs) the route reaches 2222, 9099, 8090 and 5678."""
+    binding (checked by hand on the previous programs) the route reaches 2222, 9099, 8090 and 5678, and with the
+    proxies on the pod IP (d462751's `--http-address=[$(POD_IP)]:<port>`) their ports."""
     sim, pod = env.sim, env.sim.pods[0]
     rank = f"ml-dev _rank --cwd /tmp --debug-port {naming.DEBUG_PORT} --debug-host pod --no-stdin-watch -- python3 -c 'print(1)'"
     proc = sim.popen(0, rank)
@@ -291,7 +308,8 @@ def test_a_vlan_peer_routing_the_pod_ip_via_net1_reaches_nothing_of_ours(env: En
         ours = [x for x in listeners(sim, 0) if x.ours and x.host == pod.ip and x.proto == "tcp" and STANDIN not in x.cmdline]
         assert {2222, 9099, 8090, naming.DEBUG_PORT} <= {x.port for x in ours}, ours
         assert all(x.device == "eth0" for x in ours), [(x.name, x.port, x.device) for x in ours]
-        unbound = sorted({p for _, p in env.proxies.values()} | {naming.MASTER_PORT})
+        assert {p for _, p in env.proxies.values()} <= {x.port for x in ours}, "the proxies' pod-IP side is the forward's"
+        unbound = [naming.MASTER_PORT]
         targets = [(pod.ip, x.port) for x in ours] + [(pod.ip, p) for p in unbound]
         before = env.net.reaches(env.foreign.argv(), targets)
         assert not any(before.values()), f"the NetworkPolicy stops the foreign pod on eth0: {before}"
@@ -386,7 +404,8 @@ def test_the_router_reaches_only_the_routed_proxy_ports(env: Env) -> None:
     reached = {p for (_, p), ok in env.net.reaches(env.router.argv(), targets).items() if ok}
     assert reached == proxy_ports, f"router reaches {sorted(reached)}; routed proxies {sorted(proxy_ports)}"
     assert not {2222, 9099, naming.MASTER_PORT, 8090} & reached
-    assert not any(env.net.reaches(env.router.argv(), _pod_ip_targets(env, 1)).values())
+    # every pod has the proxy sidecars and their forward; only pod 0's are behind the Service
+    assert {p for (_, p), ok in env.net.reaches(env.router.argv(), _pod_ip_targets(env, 1)).items() if ok} == proxy_ports
 
 
 def with_empty_router_pod_selector(policies: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -415,7 +434,8 @@ def test_a_host_network_router_on_another_node_reaches_the_routed_ports(env: Env
         return {p for (_, p), ok in env.net.reaches(source.argv(), targets).items() if ok}
 
     assert reached(env.node_router) == proxy_ports
-    assert not any(env.net.reaches(env.node_router.argv(), _pod_ip_targets(env, 1)).values())
+    others = {p for (_, p), ok in env.net.reaches(env.node_router.argv(), _pod_ip_targets(env, 1)).items() if ok}
+    assert others == proxy_ports, "pod 1's proxies too (they are on every pod)"
     env.net.apply(with_empty_router_pod_selector(env.net.policies))
     try:
         assert reached(env.node_router) == set(), "with podSelector: {} the host-network router gets nowhere"

@@ -328,6 +328,31 @@ def test_a_value_that_cannot_travel_is_refused_in_one_line_and_ssh_keeps_working
     assert sim.exec(0, f"{ML_DEV} exec -- true", cwd=PROJECT, timeout=120).returncode == 0
 
 
+@pytest.mark.parametrize("tty", [True, False], ids=["interactive login", "login without a terminal"])
+def test_a_login_over_ssh_prints_the_refusal_once(sim: PodSim, value: str, tty: bool) -> None:
+    """`ssh <pod>` with no command: ssh-session.sh reads the mount (user-secrets.sh), then `exec -l bash`, whose start-up
+    files source env.sh (and with it user-secrets.sh) from /etc/profile.d, /etc/bash.bashrc, ~/.profile and
+    ~/.bashrc: the refusal is printed by the first of them only. A shell started inside (`bash -i`, a subshell of the
+    user's) is a new shell and says it again."""
+    from inpod.lib import usersecrets
+
+    line = usersecrets.refusal_line(SECRET, KEY, "holds a NUL byte")
+    tt = "-tt" if tty else "-T"
+    try:
+        sim.swap_configmap(SECRET, {KEY: "ab\0cd"})
+        res = sim.exec(
+            0,
+            f'. {STATE}/rank.env && set -- $ML_DEV_HOSTS && ssh {tt} -o BatchMode=yes "$2"',
+            input="echo BYE-$((40 + 2)) $(env | grep -c ^ML_DEV_SECRETS_TOLD=)\nbash -ic true\nexit\n",
+            timeout=120,
+        )
+        output = res.stdout + res.stderr
+        assert res.returncode == 0 and "BYE-42 0" in output, output  # the marker is no variable of the login's children
+        assert output.count(line) == 2, output  # the login once, `bash -ic` once
+    finally:
+        sim.swap_configmap(SECRET, {KEY: value})
+
+
 def test_a_uid_0_pod_without_fs_group_reads_it_as_owner(value: str) -> None:
     """barcelona (RDMA, the stack's SCC: UID 0, no fsGroup): SetVolumeOwnership does nothing without an fsGroup
     (pkg/volume/volume_linux.go), so the files stay root:root 0440; root reads them as owner, an SSH session gets the

@@ -29,8 +29,7 @@ def oauth_proxy(port_name: str = "p-web", port: int = 18080) -> dict[str, Any]:
     return container(
         "proxy",
         "quay.io/openshift/origin-oauth-proxy:4.20",
-        env=[{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
-        args=["--provider=openshift", f"--http-address=[$(POD_IP)]:{port}", "--https-address=", "--upstream=http://127.0.0.1:8080"],
+        args=["--provider=openshift", f"--http-address=127.0.0.1:{port}", "--https-address=", "--upstream=http://127.0.0.1:8080"],
         ports=[{"name": port_name, "containerPort": port}],
     )
 

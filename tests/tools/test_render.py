@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from core.naming import stack_scc_name
+from core.naming import node_reader, stack_scc_name
 from stacks.config import StackConfig
 from tests.conftest import ROOT, STACKS, run_objects, stack_objects
 from tools import render
@@ -143,7 +143,16 @@ def test_what_the_stack_creates_is_no_prerequisite_but_may_need_admin() -> None:
     memlock, cluster = config.security.memlock, config.cluster
     assert memlock.scc_name is not None
     created = stack_scc_name(memlock.scc_name, cluster.namespace, cluster.app_name)  # a created SCC is named per stack
-    assert admin[f"SecurityContextConstraints/{created}"] == "cluster-scoped: needs cluster-admin"
+    assert admin[f"SecurityContextConstraints/{created}"].startswith("cluster-scoped: needs cluster-admin (ml-dev-env: unlimited memlock")
+    # the usage recorder's read of the nodes and their Leases, each saying what it is for
+    reader = node_reader(cluster.namespace, cluster.app_name)
+    for what, where in (
+        ("ClusterRole", ""),
+        ("ClusterRoleBinding", ""),
+        ("Role", " in namespace kube-node-lease"),
+        ("RoleBinding", " in namespace kube-node-lease"),
+    ):
+        assert "the usage recorder reads the nodes and their Leases" in admin[f"{what}/{reader}{where}"], admin
 
 
 def _existing_scc_and_account(o: dict[str, Any]) -> None:
@@ -164,9 +173,11 @@ def test_objects_the_stack_only_refers_to_are_prerequisites() -> None:
     assert [(n.what, n.why) for n in find(needs, "ServiceAccount ")] == [
         (f"ServiceAccount {ns}/{account}", "the stack only patches it (created elsewhere)")
     ]
-    admin = admin_needs(objects + patches, ns)
+    admin = [n for n in admin_needs(objects + patches, ns) if node_reader(ns, config.cluster.app_name) not in n.what]
     assert [n.what for n in admin] == [f"RoleBinding/{config.cluster.app_name}-scc-{scc}"]
     assert "binds a role granting use of SCC" in admin[0].why and "RBAC escalation check" in admin[0].why
+    # the Role a RoleBinding in kube-node-lease names is the rendered one there, no prerequisite
+    assert not find(needs, "Role kube-node-lease/") and not find(needs, f"Role {ns}/{node_reader(ns, config.cluster.app_name)}")
 
 
 def test_a_referenced_service_account_nobody_creates_is_a_prerequisite() -> None:
@@ -245,9 +256,9 @@ def test_render_prints_a_summary_with_secrets_prerequisites_and_admin_objects(tm
     assert "      pulumi config set --secret ml-dev-env:quayDockerConfigJson …" in out
     assert "pulumi preview stops until 1 missing secret(s) are set" in out
     assert "== cluster prerequisites" in out and "  - NetworkAttachmentDefinitions in namespace nccl-test: " in out
-    assert "== needs more than namespace admin in nccl-test (3 objects)" in out
+    assert "== needs more than namespace admin in nccl-test (7 objects)" in out
     scc = stack_scc_name("nccl-rdma-scc", "nccl-test", "ml-dev-env")
-    assert f"  - SecurityContextConstraints/{scc}: cluster-scoped: needs cluster-admin" in out
+    assert f"  - SecurityContextConstraints/{scc}: cluster-scoped: needs cluster-admin (ml-dev-env: unlimited memlock" in out
 
 
 def test_schema_check_detail_only_on_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

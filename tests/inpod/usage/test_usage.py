@@ -70,13 +70,43 @@ def alice() -> Any:
     return result
 
 
-@pytest.fixture
-def api(alice: Any, tmp_path: Path) -> Iterator[tuple[dict[str, Any], str, Path]]:
-    recorder = alice.one("kubernetes:rbac.authorization.k8s.io/v1:Role", "gpu-usage-role").inputs
-    reader = alice.one("kubernetes:rbac.authorization.k8s.io/v1:Role", "gpu-usage-reader").inputs
-    sts = alice.one("kubernetes:apps/v1:StatefulSet").inputs
+@pytest.fixture(scope="module")
+def barcelona() -> Any:
+    result = run_objects("barcelona", stack_objects("barcelona"))
+    assert result.error is None, result.error
+    return result
+
+
+def recorder_grants(result: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The rules the render grants the recorder's ServiceAccount beyond its Role: on the nodes (ClusterRoles bound to
+    it by a ClusterRoleBinding) and in kube-node-lease (Roles there bound to it by a RoleBinding there)."""
+    sts = result.one("kubernetes:apps/v1:StatefulSet").inputs
+    me = {"kind": "ServiceAccount", "name": naming.usage_recorder(sts["metadata"]["name"]), "namespace": sts["metadata"]["namespace"]}
+    rbac = [r for r in result.resources if r.kind in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")]
+    kinds = {r.inputs["metadata"]["name"] + "/" + r.kind: r.inputs for r in rbac}
+    cluster: list[dict[str, Any]] = []
+    leases: list[dict[str, Any]] = []
+    for binding, role_kind, out in (("ClusterRoleBinding", "ClusterRole", cluster), ("RoleBinding", "Role", leases)):
+        for obj in (r.inputs for r in rbac if r.kind == binding and me in r.inputs.get("subjects", [])):
+            if binding == "RoleBinding" and obj["metadata"].get("namespace") != "kube-node-lease":
+                continue
+            role = kinds.get(obj["roleRef"]["name"] + "/" + role_kind)
+            if role is not None and role["metadata"].get("namespace") == obj["metadata"].get("namespace"):
+                out.extend(role["rules"])
+    return cluster, leases
+
+
+def fake_api(result: Any, tmp_path: Path) -> Iterator[tuple[dict[str, Any], str, Path]]:
+    """The API as the render's RBAC lets the recorder (its token `recorder-token`) and the pods (`sa-token`) use it:
+    `state` holds the pods, the record, the nodes and Leases, what was denied and the patches."""
+    sts = result.one("kubernetes:apps/v1:StatefulSet").inputs
     ns, app = sts["metadata"]["namespace"], sts["metadata"]["name"]
-    state: dict[str, Any] = {"replicas": 1, "data": {}, "denied": [], "patches": [], "pods": [bound_pod(f"{app}-0", namespace=ns)]}
+    roles = {r.inputs["metadata"]["name"]: r.inputs for r in result.resources if r.kind == "Role"}
+    recorder, reader = roles[naming.usage_recorder(app)], roles[f"{naming.usage_recorder(app)}-reader"]
+    cluster_rules, lease_rules = recorder_grants(result)
+    state: dict[str, Any] = {
+        "replicas": 1, "data": {}, "denied": [], "patches": [], "pods": [bound_pod(f"{app}-0", namespace=ns)], "nodes": [], "leases": []
+    }  # fmt: skip
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args: object) -> None:
@@ -92,11 +122,18 @@ def api(alice: Any, tmp_path: Path) -> Iterator[tuple[dict[str, Any], str, Path]
 
         def handle_any(self) -> None:
             # the token says who calls: the recorder's ServiceAccount (its Role) or the pods' (the reader Role)
-            role = {"Bearer recorder-token": recorder, "Bearer sa-token": reader}[self.headers["Authorization"]]
+            who = self.headers["Authorization"]
+            role = {"Bearer recorder-token": recorder, "Bearer sa-token": reader}[who]
             url = urlsplit(self.path)
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"null")
-            if url.path == "/api/v1/nodes" and state.get("nodes") is not None:  # a cluster that grants reading nodes
+            if url.path == "/api/v1/nodes" and who == "Bearer recorder-token" and allowed(cluster_rules, "", "nodes", "list", None):
                 self.answer(200, {"kind": "NodeList", "items": state["nodes"]})
+            elif (
+                url.path == usage.NODE_LEASES
+                and who == "Bearer recorder-token"
+                and allowed(lease_rules, "coordination.k8s.io", "leases", "list", None)
+            ):
+                self.answer(200, {"kind": "LeaseList", "items": state["leases"]})
             elif url.path == f"/api/v1/namespaces/{ns}/pods" and allowed(role["rules"], "", "pods", "list", None):
                 state["pod_selector"] = parse_qs(url.query)["labelSelector"][0]
                 self.answer(200, {"kind": "PodList", "items": state["pods"]})
@@ -140,6 +177,18 @@ def api(alice: Any, tmp_path: Path) -> Iterator[tuple[dict[str, Any], str, Path]
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def api(alice: Any, tmp_path: Path) -> Iterator[tuple[dict[str, Any], str, Path]]:
+    """alice's environment: its recorder has its Role only (an environment stack creates no cluster-scoped binding)."""
+    yield from fake_api(alice, tmp_path)
+
+
+@pytest.fixture
+def cluster_api(barcelona: Any, tmp_path: Path) -> Iterator[tuple[dict[str, Any], str, Path]]:
+    """barcelona's own environment: the cluster stack grants its recorder the nodes and their Leases."""
+    yield from fake_api(barcelona, tmp_path)
 
 
 def stamp(ts: float) -> str:
@@ -484,38 +533,96 @@ def stuck(name: str, deleted: float, grace: int = 30, node_name: str = "moc-r4pc
     return pod
 
 
-def test_a_pod_on_a_lost_node_is_charged_until_the_nodes_last_heartbeat(api: tuple[dict[str, Any], str, Path]) -> None:
-    """A pod stuck Terminating on a NotReady node for a day: GPU-hours stop at the node's last heartbeat (before: 96
-    GPU-hours a day for a 4-GPU pod, shown running); a node that is gone stops them at the pod's last Ready change."""
-    state, url, _ = api
-    client = usage.Api(url, state["recorder_sa"])
+def lease(name: str, renewed: float) -> dict[str, Any]:
+    """A node's Lease as the API lists it: renewTime a MicroTime (microseconds), renewed by the kubelet every 10 s."""
+    micro = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(int(renewed))) + ".250000Z"
+    return {"metadata": {"name": name, "namespace": "kube-node-lease"}, "spec": {"holderIdentity": name, "renewTime": micro}}
+
+
+NODE = "moc-r4pcc02u25-nairr"
+
+
+def test_the_cluster_stack_grants_its_recorder_the_nodes_and_their_leases_only(barcelona: Any, alice: Any) -> None:
+    cluster, leases = recorder_grants(barcelona)
+    assert cluster == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]}]
+    assert leases == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "list"]}]
+    assert recorder_grants(alice) == ([], []), "an environment stack creates no cluster-scoped binding"
+    nerc = run_objects("nerc-production", stack_objects("nerc-production"))
+    assert recorder_grants(nerc) == ([], []), "lifecycle.usageReadsNodes: false (a namespace admin's cluster)"
+
+
+def test_a_pod_on_a_notready_node_is_charged_until_the_nodes_last_heartbeat(cluster_api: tuple[dict[str, Any], str, Path]) -> None:
+    """A pod stuck Terminating on a NotReady node for a day: GPU-hours stop at the node's last heartbeat, its Lease's
+    last renewal (the Ready condition, posted every 5 min while nothing changes, is older), not 96 GPU-hours a day
+    for a 4-GPU pod shown running; a Ready node charges as before."""
+    state, url, _ = cluster_api
+    client, seen = usage.Api(url, state["recorder_sa"]), usage.Nodes()
     app, ns, gpus = state["app"], state["ns"], state["gpus"]
     sel = "app.kubernetes.io/name=ml-dev-env,app.kubernetes.io/instance=" + app
     beat = NOW - 20 * 60
-    state["nodes"] = [node("moc-r4pcc02u25-nairr", "Unknown", beat)]
+    state["nodes"], state["leases"] = [node(NODE, "Unknown", beat - 240)], [lease(NODE, beat)]
     state["pods"] = [stuck(f"{app}-0", deleted=beat + 5 * 60)]
     state["data"] = {usage.LAST: str(int(NOW - 3600))}
-    usage.record(client, ns, app, f"{app}-usage", gpus, 600, now=NOW, selector=sel)
-    assert state["data"][usage.BUCKET + usage.day(NOW)] == str(int(gpus * 40 * 60)), "charged to the heartbeat only"
+    usage.record(client, ns, app, f"{app}-usage", gpus, 600, now=NOW, selector=sel, nodes_seen=seen)
+    assert state["data"][usage.BUCKET + usage.day(NOW)] == str(int(gpus * (40 * 60 + 0.25))), "charged to the Lease's renewal"
     for hour in range(1, 25):  # a day later the pod is still there: nothing more
-        usage.record(client, ns, app, f"{app}-usage", gpus, 600, now=NOW + hour * 3600, selector=sel)
-    assert (
-        int(state["data"][usage.BUCKET + usage.day(NOW)]) + int(state["data"].get(usage.BUCKET + usage.day(NOW + DAY), "0"))
-        == gpus * 40 * 60
-    )
+        usage.record(client, ns, app, f"{app}-usage", gpus, 600, now=NOW + hour * 3600, selector=sel, nodes_seen=seen)
+    charged = sum(int(state["data"].get(usage.BUCKET + usage.day(NOW + d), "0")) for d in (0, DAY))
+    assert charged == int(gpus * (40 * 60 + 0.25))
+    assert state["denied"] == []
+    # without a Lease (another kubelet's, or none listed): the Ready condition's heartbeat
+    state["leases"], state["data"] = [], {usage.LAST: str(int(NOW - 3600))}
+    usage.record(client, ns, app, f"{app}-usage", gpus, 600, now=NOW, selector=sel)
+    assert state["data"][usage.BUCKET + usage.day(NOW)] == str(gpus * 36 * 60)
     # a Ready node charges as before
-    state["nodes"] = [node("moc-r4pcc02u25-nairr", "True", NOW + DAY)]
+    state["nodes"], state["leases"] = [node(NODE, "True", NOW + DAY)], [lease(NODE, NOW + DAY)]
     state["pods"] = [bound_pod(f"{app}-0", namespace=ns)]
     state["data"] = {usage.LAST: str(int(NOW - 600))}
     usage.record(client, ns, app, f"{app}-usage", gpus, 600, now=NOW, selector=sel)
     assert state["data"][usage.BUCKET + usage.day(NOW)] == str(gpus * 600)
-    # the node is gone (deleted): charged until the pod's last Ready change
-    ready_until = NOW - 300
+
+
+def test_a_pod_on_a_node_that_is_gone_is_charged_until_its_last_heartbeat_seen(cluster_api: tuple[dict[str, Any], str, Path]) -> None:
+    """The node object deleted (its Lease goes with it): the charge ends at the last heartbeat the recorder saw of it,
+    or at the pod's last Ready change when that is later (the node lifecycle controller marked it not ready)."""
+    state, url, _ = cluster_api
+    client, seen = usage.Api(url, state["recorder_sa"]), usage.Nodes()
+    app, ns, gpus = state["app"], state["ns"], state["gpus"]
+    sel = "app.kubernetes.io/name=ml-dev-env,app.kubernetes.io/instance=" + app
     pod = bound_pod(f"{app}-0", namespace=ns)
-    pod["status"]["conditions"].append({"type": "Ready", "status": "True", "lastTransitionTime": stamp(ready_until)})
-    state["nodes"], state["pods"], state["data"] = [], [pod], {usage.LAST: str(int(NOW - 600))}
-    usage.record(client, ns, app, f"{app}-usage", gpus, 600, now=NOW, selector=sel)
+    state["pods"], state["data"] = [pod], {usage.LAST: str(int(NOW - 1800))}
+    state["nodes"], state["leases"] = [node(NODE, "True", NOW - 1400)], [lease(NODE, NOW - 1210)]
+    usage.record(client, ns, app, f"{app}-usage", gpus, 600, now=NOW - 1200, selector=sel, nodes_seen=seen)
+    assert state["data"][usage.BUCKET + usage.day(NOW)] == str(gpus * 600)
+    state["nodes"], state["leases"] = [], []  # deleted; its pod still listed (pod GC has not run yet)
+    usage.record(client, ns, app, f"{app}-usage", gpus, 600, now=NOW - 600, selector=sel, nodes_seen=seen)
+    assert state["data"][usage.BUCKET + usage.day(NOW)] == str(gpus * 600), "nothing after the last heartbeat seen"
+    # the pod's Ready condition went False after it (MarkPodsNotReady): charged until then
+    pod["status"]["conditions"].append({"type": "Ready", "status": "False", "lastTransitionTime": stamp(NOW - 300)})
+    state["data"] = {usage.LAST: str(int(NOW - 600))}
+    usage.record(client, ns, app, f"{app}-usage", gpus, 600, now=NOW, selector=sel, nodes_seen=seen)
     assert state["data"][usage.BUCKET + usage.day(NOW)] == str(gpus * 300)
+
+
+def test_without_the_right_to_read_nodes_the_recorder_reads_the_pods_alone_and_says_so_once(
+    api: tuple[dict[str, Any], str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An environment stack's recorder (no ClusterRole: alice): the nodes are there but forbidden to it; a pod
+    deleted an hour ago and not ended is charged until its deletion, and the recorder's log says why once."""
+    state, url, _ = api
+    client = usage.Api(url, state["recorder_sa"])
+    app, ns, gpus = state["app"], state["ns"], state["gpus"]
+    state["nodes"], state["leases"] = [node(NODE, "Unknown", NOW - 7200)], [lease(NODE, NOW - 7200)]
+    state["pods"] = [stuck(f"{app}-0", deleted=NOW - 3600)]
+    state["data"] = {usage.LAST: str(int(NOW - 5400))}
+    sel = "app.kubernetes.io/name=ml-dev-env,app.kubernetes.io/instance=" + app
+    usage.run_loop(client, ns, app, f"{app}-usage", gpus, 0.01, rounds=3, selector=sel)  # the recorder's loop: now is now
+    out = capsys.readouterr().out
+    assert out.count("note: cannot read the cluster's nodes (HTTP Error 403") == 1, out
+    assert "lifecycle.usageReadsNodes" in out and out.count(" pod(s) holding ") == 3, out
+    assert state["denied"].count("/api/v1/nodes") == 3
+    charged = sum(int(v) for k, v in state["data"].items() if k.startswith(usage.BUCKET))
+    assert charged == gpus * 1800, "charged until its deletion, not on"
 
 
 def test_without_the_nodes_a_pod_deleted_past_its_grace_is_lost_since_its_deletion() -> None:
