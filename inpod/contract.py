@@ -159,6 +159,11 @@ CONTAINER_ENV = (
 SERVER_ENV = ("ML_DEV_SERVERS", "ML_DEV_AUTH", "TENSORBOARD_LOGDIR", "ML_DEV_MEMLOCK", "ML_DEV_HCA_MODE")
 """The dev servers and the pod's network mode (components/pod.py server_env), after the NCCL env."""
 
+MODELS_ENV = "ML_DEV_MODELS"
+"""The models mounted from their images (models[].mountInEnv): a JSON list of {"name", "path", "image"} (image by
+`@sha256:` digest), in the container env after the servers' facts and only where a model is mounted (components/pod.py
+model_volumes); `ml-dev status` and the home page list them (inpod/lib/pod.py mounted_models)."""
+
 CHECKPOINT_GRACE_ENV = "ML_DEV_CHECKPOINT_GRACE_SECONDS"
 CHECKPOINT_SIGNAL_ENV = "ML_DEV_CHECKPOINT_SIGNAL"
 STALL_SECONDS_ENV = "ML_DEV_STALL_SECONDS"

@@ -69,6 +69,7 @@ from ..lib.pod import (
     env_records_dir,
     idle_settings,
     mount_dir,
+    mounted_models,
     read_json,
     read_rank_env,
     state_dir,
@@ -511,6 +512,22 @@ def start_html(v: View) -> tuple[str, str]:
     return summary + table + previous, ""
 
 
+def models_html(v: View) -> tuple[str, str]:
+    """The models mounted from their images (models[].mountInEnv: inpod/lib/pod.py mounted_models), with their digests;
+    no card where none is mounted."""
+    models = mounted_models()
+    if not models:
+        return "", ""
+    rows = "".join(
+        f"<tr><td>{esc(m['name'])}</td><td><code>{esc(m['path'])}</code></td><td><code>{esc(m['digest'])}</code></td>"
+        f"<td>{'mounted' if m['present'] else 'NOT MOUNTED'}</td></tr>"
+        for m in models
+    )
+    table = f'<table id="models"><tr><th>model</th><th>path</th><th>digest</th><th>this pod</th></tr>{rows}</table>'
+    cls = "" if all(m["present"] for m in models) else "bad"
+    return f'<section id="card-models" class="card {cls}"><h2>Models</h2>{table}</section>', ""
+
+
 class Section:
     """One card of the page: `place` "main" (left of the first screen), "side" (right of it) or "wide" (below);
     `card` False: the builder's body is the whole card (or nothing)."""
@@ -525,6 +542,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("fabric", "Fabric check", fabric_html, "side"),
     Section("running", "Running", running_html, "wide"),
     Section("start", "Last start", start_html, "wide"),
+    Section("models", "Models", models_html, "wide", card=False),
     Section("secrets", "Secrets", secrets_html, "wide", card=False),
     Section("why", "Stall verdicts", lambda v: (why_html(v.now, num), ""), "wide", card=False),  # inpod/home/why_view.py
 )

@@ -19,7 +19,7 @@ from typing import Any
 
 from .. import contract
 from ..lib import kube, ledger, usersecrets
-from ..lib.pod import app_name, env_records_dir, idle_settings
+from ..lib.pod import app_name, env_records_dir, idle_settings, model_line, mounted_models
 from .common import HERE, PY, STATE_DIR, Cluster, parallel
 from .secrets import pod_presence
 
@@ -178,4 +178,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"  {pod:<24} {note}")
     for line in lines:
         print(line)
-    return 1 if unreachable else 0
+    models = mounted_models()
+    if models:
+        print("models mounted from their images (read-only, every pod):")
+        for model in models:
+            print(f"  {model_line(model)}")
+    return 1 if unreachable or not all(m["present"] for m in models) else 0

@@ -270,7 +270,7 @@ def test_the_whole_container_env(result: RunResult) -> None:
     assert middle[: len(nccl)] == nccl, "the NCCL env is one block after the paths"
     rest = middle[len(nccl) :]
     assert rest[: len(contract.SERVER_ENV)] == list(contract.SERVER_ENV)
-    assert set(rest[len(contract.SERVER_ENV) :]) <= {s.credential_env for s in DEV_SERVERS if s.credential_env}
+    assert set(rest[len(contract.SERVER_ENV) :]) <= {s.credential_env for s in DEV_SERVERS if s.credential_env} | {contract.MODELS_ENV}
     values = {e["name"]: e.get("value") for e in main["env"]}
     assert values[contract.STATE_DIR_ENV] == contract.STATE_DIR and values[contract.CLUSTER_DIR_ENV] == contract.CLUSTER_MOUNT
 
