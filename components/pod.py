@@ -29,7 +29,7 @@ READINESS = (
     f'{{ test ! -f {STATE_DIR}/ssh/wanted || kill -0 "$(cat {STATE_DIR}/ssh/sshd.pid 2>/dev/null)" 2>/dev/null; }}'
 )
 """The main container's readiness: the startup script's ready file, and sshd alive where the image has one
-(startup.sh writes ssh/wanted; sshd writes its PidFile, inpod/sh/sshd.sh)."""
+(startup.sh writes ssh/wanted; sshd writes its PidFile once its sockets listen, inpod/sh/sshd.sh)."""
 
 
 def startup_script() -> str:

@@ -85,7 +85,8 @@ START_MARKS_DIR = "start-marks"
 reached, written once by the program that reached it. The state directory is the container's own, so a restarted
 container starts a new record."""
 START_SSHD = "sshd-ready"
-"""sshd.sh: sshd listens (its PidFile is written)."""
+"""sshd.sh: sshd listens (its PidFile is written: openssh-portable sshd.c main writes it right after server_listen()
+has bound and listened on every address, before server_accept_loop; not under -d, and sshd.sh runs `sshd -D -e`)."""
 START_FABRIC = "fabric-gate"
 """The fabric gate (inpod/fabric/check.py gate) passed."""
 START_RANK = "first-rank"

@@ -7,12 +7,16 @@ A pod's start is a chain of boundaries (contract.START_PHASES), each read where 
   `QuotaReserved` message says what blocks it. No Kueue: the pod's creation (0 s).
 * scheduled — the pod's `PodScheduled` condition (True), and the node.
 * volumes — the pod's `PodReadyToStartContainers` condition: the kubelet mounts the volumes before it creates the
-  sandbox (kubernetes pkg/kubelet/kubelet.go, SyncPod: WaitForAttachAndMount, then the runtime's SyncPod), so it
-  marks volumes attached and mounted, sandbox and network up.
-* image — the kubelet's `Pulled` event of the main container (pkg/kubelet/images/image_manager.go,
-  EnsureImageExists: `Container image "<image>" already present on machine`, or `Successfully pulled image
-  "<image>" in <d> (<d> including waiting). Image size: <n> bytes.`), pulled after the sandbox (kuberuntime
-  startContainer calls EnsureImageExists).
+  sandbox (kubernetes pkg/kubelet/kubelet.go, Kubelet.SyncPod: "Wait for volumes to attach/mount",
+  volumeManager.WaitForAttachAndMount, then "Call the container runtime's SyncPod callback"), so it marks volumes
+  attached and mounted, sandbox and network up.
+* image — the kubelet's `Pulled` events (pkg/kubelet/images/image_manager.go, EnsureImageExists: `Container image
+  "<image>" already present on machine`, or `Successfully pulled image "<image>" in <d> (<d> including waiting). Image
+  size: <n> bytes.`), all after the sandbox: pkg/kubelet/kuberuntime/kuberuntime_manager.go,
+  kubeGenericRuntimeManager.SyncPod creates the sandbox (createPodSandbox), pulls the pod's image volumes
+  (getImageVolumes: EnsureImageExists on the pod, so their events carry no fieldPath — models[].mountInEnv) and then
+  starts the containers (startContainer in kuberuntime_container.go, whose "Step 1: pull the image" is
+  EnsureImageExists, the event on `spec.containers{<name>}`). The phase ends at the last of them.
 * started — the main container's `state.running.startedAt`.
 * sshd, fabric-gate, first-rank — the pod's own programs, each once per container (`$ML_DEV_STATE_DIR/start-marks/
   <phase>`, `mark`): sshd.sh when sshd listens, the fabric gate when it passes, the first rank of `ml-dev run`.
