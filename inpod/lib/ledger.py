@@ -134,11 +134,34 @@ def container_started(pod: dict[str, Any], container: str = MAIN_CONTAINER) -> f
     return None
 
 
+KUEUE_GROUP_NAME = "kueue.x-k8s.io/pod-group-name"
+KUEUE_PREBUILT_WORKLOAD = "kueue.x-k8s.io/prebuilt-workload-name"
+
+
 def workload_of(pod: dict[str, Any], workloads: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The Kueue Workload that owns this pod (a pod group's Workload lists its pods among its ownerReferences)."""
-    uid = (pod.get("metadata") or {}).get("uid")
+    """The Kueue Workload that admits this pod.
+
+    Kueue's StatefulSet integration (kubernetes-sigs/kueue pkg/controller/jobs/statefulset) builds one Workload per
+    StatefulSet (statefulset_reconciler.go constructWorkload: named GetWorkloadName(uid, name), jobframework
+    GetWorkloadNameForOwnerWithGVK `statefulset-<name>-<hash>`, owned by the StatefulSet: SetOwnerReference(sts, wl)),
+    and names it on each of its pods (statefulset_pod_reconciler.go setDefault: SetPodGroupName and
+    SetPrebuiltWorkloadName, the `kueue.x-k8s.io/pod-group-name` and `…/prebuilt-workload-name` label, or annotation
+    under the WorkloadIdentifierAnnotations gate). So: the Workload the pod names; else one owned by the pod (a plain
+    pod group's) or by the pod's controller (the StatefulSet)."""
+    meta = pod.get("metadata") or {}
+    named = {
+        str(found.get(key))
+        for found in (meta.get("labels") or {}, meta.get("annotations") or {})
+        for key in (KUEUE_GROUP_NAME, KUEUE_PREBUILT_WORKLOAD)
+        if found.get(key)
+    }
     for workload in workloads:
-        if any(ref.get("uid") == uid for ref in (workload.get("metadata") or {}).get("ownerReferences") or []):
+        if (workload.get("metadata") or {}).get("name") in named:
+            return workload
+    owners = {meta.get("uid")} | {ref.get("uid") for ref in meta.get("ownerReferences") or [] if ref.get("controller")}
+    owners.discard(None)
+    for workload in workloads:
+        if any(ref.get("uid") in owners for ref in (workload.get("metadata") or {}).get("ownerReferences") or []):
             return workload
     return None
 

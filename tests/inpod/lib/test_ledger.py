@@ -84,6 +84,38 @@ def test_a_pod_waiting_for_kueue_says_what_blocks_it_and_where_to_read_its_posit
     assert no_queue["phases"][0] == {"phase": "admitted", "at": 1e9, "seconds": 0.0, "detail": "no queue"}
 
 
+STS_WORKLOAD = "statefulset-ml-dev-env-6c2f3"  # jobframework GetWorkloadNameForOwnerWithGVK: statefulset-<name>-<hash>
+
+
+def admitted_workload(name: str, owner: dict[str, Any], at: float) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "ownerReferences": [owner]},
+        "spec": {"queueName": "team-gpu"},
+        "status": {"conditions": [{"type": "Admitted", "status": "True", "lastTransitionTime": rfc3339(at)}]},
+    }
+
+
+@pytest.mark.parametrize("where", ["labels", "annotations"])
+def test_a_statefulset_pod_is_admitted_by_the_workload_kueue_names_on_it(where: str) -> None:
+    """Kueue's StatefulSet integration: one Workload owned by the StatefulSet, named on each pod (pod-group-name and
+    prebuilt-workload-name, labels or under WorkloadIdentifierAnnotations annotations), never owned by the pods."""
+    t0 = 1e9
+    names = {ledger.KUEUE_GROUP_NAME: STS_WORKLOAD, ledger.KUEUE_PREBUILT_WORKLOAD: STS_WORKLOAD}
+    sts_ref = {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": APP, "uid": "sts-1", "controller": True}
+    pod = {
+        "metadata": {"name": f"{APP}-0", "namespace": NS, "uid": "p0", "creationTimestamp": rfc3339(t0), where: names},
+        "status": {},
+    }
+    other = admitted_workload("statefulset-other-1a2b3", {"kind": "StatefulSet", "uid": "sts-2", "controller": True}, t0 + 1)
+    mine = admitted_workload(STS_WORKLOAD, {**sts_ref, "blockOwnerDeletion": True}, t0 + 40)
+    assert ledger.workload_of(pod, [other, mine]) is mine
+    [admitted] = [p for p in ledger.pod_ledger(pod, [], {}, ledger.workload_of(pod, [other, mine]))["phases"] if p["phase"] == "admitted"]
+    assert admitted["at"] == t0 + 40 and admitted["seconds"] == 40 and admitted["detail"] == "queue team-gpu"
+    # a pod without Kueue's names (Kueue not yet at it): its controller's Workload
+    bare = {"metadata": {"name": f"{APP}-1", "uid": "p1", "ownerReferences": [sts_ref]}}
+    assert ledger.workload_of(bare, [other, mine]) is mine
+
+
 def test_marks_are_written_once_per_container(tmp_path: Path) -> None:
     assert ledger.mark(contract.START_SSHD, tmp_path, now=100.0) and not ledger.mark(contract.START_SSHD, tmp_path, now=200.0)
     assert ledger.read_marks(tmp_path) == {contract.START_SSHD: 100.0}
