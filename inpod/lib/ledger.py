@@ -94,30 +94,55 @@ def size_text(size: int) -> str:
     return f"{size / 1e9:.1f} GB" if size >= 1e8 else f"{size / 1e6:.1f} MB"
 
 
+def pull_detail(message: str) -> str | None:
+    """What one Pulled event says: "image present", "pulled <size> in <s> s (<s> s with waiting)", or None."""
+    pulled, present = PULLED.match(message), PRESENT.match(message)
+    if present:
+        return "image present"
+    if not pulled:
+        return None
+    took, waiting, size = go_duration(pulled.group("took")), go_duration(pulled.group("waiting")), pulled.group("size")
+    detail = "pulled" + (f" {size_text(int(size))}" if size else "") + (f" in {took:.0f} s" if took is not None else "")
+    if waiting is not None and took is not None and waiting - took >= 1:
+        detail += f" ({waiting:.0f} s with waiting)"
+    return detail
+
+
 def image_boundary(events: list[dict[str, Any]], uid: str, container: str = MAIN_CONTAINER) -> tuple:
-    """(time, detail) of the main container's last Pulled event of this pod (uid), else (None, "")."""
-    found: tuple = (None, "")
+    """(time, detail) of this pod's (uid) images: the main container's last Pulled event and its image volumes' (the
+    kubelet pulls those first, their events on the pod without a fieldPath: models[].mountInEnv), the boundary the last
+    of them; else (None, ""). Without an event on the container, one on the pod is the container's (older records)."""
+    own: tuple = (None, "")
+    volumes: dict[str, tuple] = {}
     for event in events:
         involved = event.get("involvedObject") or event.get("regarding") or {}
         if involved.get("uid") != uid or event.get("reason") != "Pulled":
             continue
-        if involved.get("fieldPath") not in (None, f"spec.containers{{{container}}}"):
+        field = involved.get("fieldPath")
+        if field not in (None, "", f"spec.containers{{{container}}}"):
             continue
         at = event_time(event)
         message = event.get("message") or event.get("note") or ""
-        pulled, present = PULLED.match(message), PRESENT.match(message)
-        if present:
-            detail = "image present"
-        elif pulled:
-            took, waiting, size = go_duration(pulled.group("took")), go_duration(pulled.group("waiting")), pulled.group("size")
-            detail = "pulled" + (f" {size_text(int(size))}" if size else "") + (f" in {took:.0f} s" if took is not None else "")
-            if waiting is not None and took is not None and waiting - took >= 1:
-                detail += f" ({waiting:.0f} s with waiting)"
-        else:
+        detail = pull_detail(message)
+        if detail is None or at is None:
             continue
-        if at is not None and (found[0] is None or at >= found[0]):
-            found = (at, detail)
-    return found
+        if field:
+            if own[0] is None or at >= own[0]:
+                own = (at, detail)
+        else:
+            match = PULLED.match(message) or PRESENT.match(message)
+            image = match.group("image") if match else "?"
+            if image not in volumes or at >= volumes[image][0]:
+                volumes[image] = (at, detail)
+    if own[0] is None and volumes:  # no container-level event: the pod-level one is the container's
+        image, own = max(volumes.items(), key=lambda kv: kv[1][0])
+        del volumes[image]
+    if own[0] is None:
+        return (None, "")
+    if not volumes:
+        return own
+    shown = "; ".join(f"{image.rpartition('/')[2][:40]} {detail}" for image, (_, detail) in sorted(volumes.items()))
+    return (max([own[0], *(at for at, _ in volumes.values())]), f"{own[1]}; image volumes: {shown}")
 
 
 def condition_time(pod: dict[str, Any], kind: str) -> float | None:

@@ -52,6 +52,31 @@ def test_the_kubelets_pulled_texts() -> None:
     assert ledger.image_boundary([other_pod], "u") == (None, "")
 
 
+def test_image_volumes_pulled_before_the_container_are_in_the_image_phase() -> None:
+    """models[].mountInEnv: the kubelet pulls a pod's image volumes after the sandbox and before its containers
+    (kuberuntime_manager.go SyncPod: getImageVolumes, then startContainer), each Pulled event on the pod itself (no
+    fieldPath); the image phase ends at the last pull and names them. The texts are the kubelet's (the fixtures')."""
+    fixtures = json.loads(DATA.read_text())
+    model = "image-registry.openshift-image-registry.svc:5000/team-a/mistral@sha256:" + "cd" * 32
+    # image_manager.go's format, filled in as the fixtures' real texts are: a 4.1 GB model image in 80.5 s
+    volume_text = fixtures["pulled"][0]["message"].replace("nginx:1.27", model).replace("7.264s (7.264s", "1m20.5s (1m21.5s")
+    volume_text = volume_text.replace("68857691", "4100000000")
+    volume = {"reason": "Pulled", "message": volume_text, "involvedObject": {"uid": "u", "kind": "Pod"}, "lastTimestamp": rfc3339(1e9 + 90)}
+    main = {
+        "reason": "Pulled",
+        "message": fixtures["present"][1],
+        "involvedObject": {"uid": "u", "fieldPath": "spec.containers{ml-dev}"},
+        "lastTimestamp": rfc3339(1e9 + 91),
+    }
+    sidecar = {**main, "involvedObject": {"uid": "u", "fieldPath": "spec.containers{oauth-proxy}"}, "lastTimestamp": rfc3339(1e9 + 99)}
+    at, detail = ledger.image_boundary([volume, main, sidecar], "u")
+    assert at == 1e9 + 91
+    assert detail == f"image present; image volumes: mistral@sha256:{'cd' * 12}c pulled 4.1 GB in 80 s (82 s with waiting)"
+    # a model pulled after the container's image was found (a second start): the phase ends at the model's pull
+    late = {**volume, "lastTimestamp": rfc3339(1e9 + 95)}
+    assert ledger.image_boundary([late, main], "u")[0] == 1e9 + 95
+
+
 @pytest.mark.parametrize(
     ("text", "seconds"), [("313ms", 0.313), ("7.264s", 7.264), ("1m2.5s", 62.5), ("2h0m3s", 7203), ("850µs", 0.00085), ("7 s", None)]
 )
