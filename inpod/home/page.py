@@ -485,7 +485,7 @@ def secrets_html(v: View) -> tuple[str, str]:
 
 def start_html(v: View) -> tuple[str, str]:
     """The last start's ledger (inpod/lib/ledger.py, kept by `ml-dev status --start` under the environment's records):
-    the slowest pod and its dominant phase in one line, one row per pod, and the previous start's wall time."""
+    the slowest pod and its dominant phase in one line, one row per pod, and the start against the previous one."""
     starts = ledger.kept(env_records_dir(migrate=False))
     if not starts:
         return '<p id="start-summary" class="neutral">no start recorded yet: <code>ml-dev status --start</code></p>', ""
@@ -504,9 +504,8 @@ def start_html(v: View) -> tuple[str, str]:
         wall = seconds("start-wall", pod.get("wall"))
         rows.append(f"<tr><td>{esc(pod.get('pod'))}</td><td>{esc(pod.get('node'))}</td>{cells}<td>{wall}</td></tr>")
     previous = ""
-    if len(starts) > 1:
-        before = starts[-2]
-        previous = f'<p class="small">previous start {esc(before.get("id"))}: {seconds("start-previous", before.get("wall"))}</p>'
+    if len(starts) > 1:  # each start against the one before it (inpod/lib/ledger.py compare)
+        previous = f'<p id="start-previous" class="small">{num("start-previous", ledger.compare(last, starts[-2]))}</p>'
     summary = f'<p id="start-summary">{esc(ledger.start_summary(last))}</p>'
     table = f'<table id="start"><tr><th>pod</th><th>node</th>{head}<th>wall</th></tr>{"".join(rows)}</table>'
     return summary + table + previous, ""

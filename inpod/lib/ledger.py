@@ -284,6 +284,24 @@ def start_summary(start: dict[str, Any]) -> str:
     )
 
 
+def compare(last: dict[str, Any], before: dict[str, Any]) -> str:
+    """One line: this start against the previous one — both wall times, the difference, and the phases of each start's
+    slowest pod that changed by a second or more, the largest change first (at most three)."""
+
+    def slowest_phases(start: dict[str, Any]) -> dict[str, float]:
+        name = (start.get("slowest") or {}).get("pod")
+        pod = next((p for p in start.get("pods", []) if p.get("pod") == name), None)
+        return {phase: phase_seconds(pod, phase) for phase in contract.START_PHASES} if pod else {}
+
+    now, then = float(last.get("wall", 0)), float(before.get("wall", 0))
+    ours, theirs = slowest_phases(last), slowest_phases(before)
+    changed = [(ours[p] - theirs[p], p) for p in contract.START_PHASES if p in ours and p in theirs and abs(ours[p] - theirs[p]) >= 1]
+    changed.sort(key=lambda c: -abs(c[0]))
+    verdict = "same time" if abs(now - then) < 1 else f"{abs(now - then):.0f} s {'faster' if now < then else 'slower'}"
+    phases = ", ".join(f"{phase} {delta:+.0f} s" for delta, phase in changed[:3])
+    return f"against the previous start {before.get('id')} ({then:.0f} s): {now:.0f} s, {verdict}" + (f" ({phases})" if phases else "")
+
+
 def start_table(start: dict[str, Any]) -> list[str]:
     """One row per pod: node, seconds per phase, wall; the summary line last."""
     head = f"  {'pod':<22} {'node':<20} " + " ".join(f"{p:>11}" for p in contract.START_PHASES) + f" {'wall':>7}"

@@ -130,10 +130,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     for line in ledger.start_table(start):
         print(line)
     if before:
-        last = before[-1]
-        print(
-            f"previous start {last.get('id')}: {float(last.get('wall', 0)):.0f} s (slowest {(last.get('slowest') or {}).get('pod', '?')})"
-        )
+        print(ledger.compare(start, before[-1]))
     return 0
 
 

@@ -356,7 +356,27 @@ def test_the_home_page_shows_the_last_start_one_row_per_pod_and_the_previous(tmp
     body, _ = page.start_html(view)
     assert body.count("<tr>") == 3  # the header and one row per pod
     assert f"slowest {APP}-1 (305 s), mostly image (305 s: pulled 68.9 MB in 7 s)" in body
-    assert "previous start 19700112T134820Z: " in body and "105 s" in body
+    assert "against the previous start 19700112T134820Z (105 s): 305 s, 200 s slower (image +" in body, body
+
+
+def test_each_start_is_compared_with_the_one_before() -> None:
+    """Wall times, the difference, and the slowest pods' phases that changed, largest first (a resume against a cold
+    start: the image phase is what went)."""
+
+    def start(ident: str, seconds: dict[str, float]) -> dict[str, Any]:
+        phases: list[dict[str, Any]] = [
+            {"phase": p, "at": 1.0, "seconds": seconds.get(p, 1.0), "detail": ""} for p in contract.START_PHASES
+        ]
+        wall = sum(seconds.get(p, 1.0) for p in contract.START_PHASES)
+        pod = {"pod": f"{APP}-1", "phases": phases, "wall": wall}
+        return {"id": ident, "wall": wall, "slowest": {"pod": f"{APP}-1"}, "pods": [pod]}
+
+    cold = start("20261206T081502Z", {"admitted": 20, "image": 1800, contract.START_SSHD: 3})
+    warm = start("20261207T090000Z", {"admitted": 45, "image": 1, contract.START_SSHD: 3.4})
+    assert ledger.compare(warm, cold) == (
+        "against the previous start 20261206T081502Z (1828 s): 54 s, 1774 s faster (image -1799 s, admitted +25 s)"
+    )
+    assert ledger.compare(cold, cold) == "against the previous start 20261206T081502Z (1828 s): 1828 s, same time"
 
 
 def test_make_status_start_reads_the_ledger_with_oc_from_a_laptop(capsys: pytest.CaptureFixture[str]) -> None:
