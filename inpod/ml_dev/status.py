@@ -121,8 +121,8 @@ def cmd_start(args: argparse.Namespace) -> int:
         res = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=args.timeout + 10, check=False)
         return ledger.parse_marks(res.stdout) if res.returncode == 0 else {}
 
-    found: list[Any] = list(parallel(marks_of, list(range(len(names)))))  # an Exception where a pod failed
-    marks: dict[str, dict[str, float]] = {names[i]: m for i, m in enumerate(found) if isinstance(m, dict)}
+    found = parallel(marks_of, list(range(len(names))))  # rank -> its marks, or the Exception where a pod failed
+    marks: dict[str, dict[str, float]] = {names[i]: m for i, m in found.items() if isinstance(m, dict)}
     start = ledger.build(pods, events, workloads, marks)
     records = env_records_dir()
     before = [s for s in ledger.kept(records) if s.get("id") != start.get("id")]
