@@ -154,3 +154,39 @@ def test_the_prerequisites_name_the_cluster_fact() -> None:
     assert W4A16 in need.why and "ImageVolume" in need.check
     config, objects = rendered("barcelona", lambda o: None)
     assert not find(prerequisites(config, objects), "image volumes with subPath")
+
+
+GATE_METRICS = """# HELP kubernetes_feature_enabled [BETA] This metric records the data about the stage and enablement of a k8s feature.
+# TYPE kubernetes_feature_enabled gauge
+kubernetes_feature_enabled{name="ImageMaximumGCAge",stage=""} 1
+kubernetes_feature_enabled{name="ImageVolume",stage="BETA"} %s
+kubernetes_feature_enabled{name="InPlacePodVerticalScaling",stage="BETA"} 1
+"""
+
+
+@pytest.mark.parametrize(("gate", "refused"), [("0", True), ("1", False), (None, False)])
+def test_where_the_api_servers_metrics_are_readable_its_image_volume_gate_is_checked(
+    gate: str | None,
+    refused: bool,
+    api: str,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`kubernetes_feature_enabled` (k8s.io/component-base metrics/prometheus/feature RecordFeatureInfo) on the API
+    server's /metrics; unreadable (None: 404 here, a 403 for most users) is no line: the key is the admin's word."""
+    FakeApi.objects = {"/version": {"major": "1", "minor": "33", "gitVersion": "v1.33.5"}}
+    if gate is not None:
+        FakeApi.objects["/metrics"] = GATE_METRICS % gate
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "config", api, {"token": "sha256~token"})))
+    monkeypatch.setattr(preflight, "_offline", lambda render_dir: False)
+    objects = stack_objects("barcelona")
+    mount_first_model(objects)
+    result = run_objects("barcelona", objects)
+    assert ("/metrics", "Bearer sha256~token") in FakeApi.seen
+    if refused:
+        assert result.error is not None and len(result.error.strip().splitlines()) == 1, result.error
+        assert "ImageVolume feature gate off" in result.error and result.error.strip().startswith(
+            "ml-dev-env:cluster.imageVolumes: got true"
+        )
+    else:
+        assert result.error is None, result.error
