@@ -66,6 +66,7 @@ if cfg.cluster.create_namespace:
 app, ns = cfg.cluster.app_name, cfg.cluster.namespace
 # what the cluster holds that the apply could not adopt or the pods need (components/live_checks.py)
 live_checks.check_all(cfg, stack.gpus)
+live_checks.check_image_volumes(cfg, stack.cluster or cfg)
 
 labels = naming.stack_labels(cfg.cluster.name)
 image: pulumi.Input[str] | None
@@ -127,6 +128,8 @@ cluster = GpuCluster(
         cluster=cluster_facts,
         deployed=deployed_facts,
         pinned_image_sets_served=live_checks.pinned_image_set_served(cfg),
+        # models[].mountInEnv is the cluster stack's: an environment mounts its cluster's models (stack.cluster)
+        models=list((stack.cluster or cfg).models),
     ),
     opts=opts,
 )

@@ -20,7 +20,7 @@ from components import crds, devloop, fabric, fabric_rbac, lifecycle, pod, prepu
 from components.storage import WorkspaceStorage, WorkspaceStorageArgs
 from core import naming, servers
 from inpod import contract
-from stacks.config import StackConfig
+from stacks.config import ModelConfig, StackConfig
 from stacks.environment import ClusterFacts
 
 OAUTH_REDIRECT = "serviceaccounts.openshift.io/oauth-redirectreference."
@@ -44,6 +44,8 @@ class GpuClusterArgs(BaseModel):
     shape): the names of the SCC, Role and shared claims the environment's objects refer to."""
     pinned_image_sets_served: bool | None = None
     """image.prePull pinnedImageSet: whether the cluster serves PinnedImageSet (None: not read; False: the DaemonSet)."""
+    models: list[ModelConfig] = []
+    """The cluster stack's models (an environment's: its cluster's): those with mountInEnv are mounted in every pod."""
 
 
 def labels(config: StackConfig) -> dict[str, str]:
@@ -582,6 +584,7 @@ class GpuCluster(pulumi.ComponentResource):
             self.ssh.volume,
             *credential_volumes,
             *pod.user_secret_volumes(cfg)[0],
+            *pod.model_volumes(args.models)[0],
         ]
         pod_annotations = {
             "ml-dev-env/startup-sha256": pod.content_hash(script),
@@ -599,7 +602,8 @@ class GpuCluster(pulumi.ComponentResource):
         if cfg.env.secrets:
             pod_annotations[pod.USER_SECRETS_ANNOTATION] = ",".join(s.secret for s in cfg.env.secrets)
         mounts = [*self.storage.mounts, lifecycle.settings_mount(), self.ssh.mount, *pod.user_secret_volumes(cfg)[1]]
-        containers = [pod.main_container(cfg, args.image, mounts, tokens_secret), *pod.proxy_containers(cfg, "oauth-cookie")]
+        mounts += pod.model_volumes(args.models)[1]
+        containers = [pod.main_container(cfg, args.image, mounts, tokens_secret, args.models), *pod.proxy_containers(cfg, "oauth-cookie")]
         pod_security = k8s.core.v1.PodSecurityContextArgs(seccomp_profile=k8s.core.v1.SeccompProfileArgs(type="RuntimeDefault"))
         return k8s.apps.v1.StatefulSet(
             f"{self._name}-statefulset",

@@ -9,6 +9,7 @@ exports, and these are the components' checks.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pulumi
@@ -126,6 +127,72 @@ def pinned_image_set_served(cfg: StackConfig) -> bool | None:
     if not served:
         pulumi.log.warn(prepull.NOT_SERVED)
     return served
+
+
+IMAGE_VOLUME_SUBPATH = (1, 33)
+"""The first Kubernetes whose image volumes take `subPath`: KEP-4639's beta (kubernetes/enhancements
+keps/sig-node/4639-oci-volume-source; kubernetes/website content/en/docs/tasks/configure-pod-container/image-volumes.md:
+"subPath (or subPathExpr) … from Kubernetes v1.33"); alpha in 1.31 (pkg/features/kube_features.go ImageVolume), off by
+default through 1.33."""
+
+
+def image_volumes_problem(version: dict[str, Any] | None) -> str | None:
+    """One line when the API server's `/version` is older than IMAGE_VOLUME_SUBPATH (None: new enough, or unknown)."""
+    if not isinstance(version, dict):
+        return None
+    digits = [str(version.get(k) or "").rstrip("+") for k in ("major", "minor")]
+    if not all(d.isdigit() for d in digits):
+        return None
+    have = (int(digits[0]), int(digits[1]))
+    if have >= IMAGE_VOLUME_SUBPATH:
+        return None
+    return (
+        f"ml-dev-env:cluster.imageVolumes: got true; the cluster's Kubernetes is {version.get('gitVersion') or '.'.join(digits)}, "
+        f"and image volumes take a subPath (models[].mountInEnv mounts the image's models/ folder) from "
+        f"{'.'.join(map(str, IMAGE_VOLUME_SUBPATH))}: set it false and remove mountInEnv until the cluster is upgraded"
+    )
+
+
+IMAGE_VOLUME_GATE = re.compile(r'^kubernetes_feature_enabled\{[^}]*name="ImageVolume"[^}]*\}\s+(\S+)', re.MULTILINE)
+"""The API server's own record of its ImageVolume gate on `/metrics` (k8s.io/component-base metrics/prometheus/feature
+metrics.go, RecordFeatureInfo: `kubernetes_feature_enabled{name, stage}` 1 or 0)."""
+
+
+def image_volume_gate_problem(metrics: str | None) -> str | None:
+    """One line when the API server's /metrics says its ImageVolume gate is off (None: on, or not said)."""
+    found = IMAGE_VOLUME_GATE.search(metrics or "")
+    if found is None or found.group(1) not in ("0", "0.0"):
+        return None
+    return (
+        "ml-dev-env:cluster.imageVolumes: got true; the cluster's API server has its ImageVolume feature gate off "
+        '(its /metrics: kubernetes_feature_enabled{name="ImageVolume"} 0), and it drops image volumes from a pod without '
+        "a word: set it false and remove models[].mountInEnv, or ask the cluster admin to enable the gate"
+    )
+
+
+def check_image_volumes(cfg: StackConfig, cluster: StackConfig) -> None:
+    """models[].mountInEnv (the cluster stack's models): the API server must be new enough for image volumes with subPath
+    (`/version`, readable by every authenticated user: the system:public-info-viewer ClusterRole) and have the ImageVolume
+    gate on where its `/metrics` is readable (few users may: a 403 there is no warning, the key stands, and `ml-dev
+    status` names a model path a pod lacks)."""
+    if not any(m.mount_in_env for m in cluster.models) or not cluster.cluster.image_volumes:
+        return
+    if not preflight.live_reads_enabled(cfg.cluster.render_yaml_to_directory):
+        return
+    try:
+        client = preflight.KubeClient(cfg.cluster.kube_context)
+        problem = image_volumes_problem(client.get("/version", timeout=layers.READ_TIMEOUT))
+    except preflight.LiveReadError as exc:
+        pulumi.log.warn(f"could not read the API server's /version ({exc}); models[].mountInEnv not checked against it")
+        return
+    if problem is None:
+        try:
+            metrics = client.get_bytes("/metrics", timeout=layers.READ_TIMEOUT, accept="text/plain")
+            problem = image_volume_gate_problem(metrics.decode("utf-8", "replace") if metrics else None)
+        except preflight.LiveReadError:
+            pass  # no right to read /metrics (most users): cluster.imageVolumes is the admin's word
+    if problem:
+        raise pulumi.RunError(problem)
 
 
 def check_all(cfg: StackConfig, gpus: Tally | None) -> None:

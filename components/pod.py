@@ -12,7 +12,8 @@ import inpod
 from components import lifecycle, storage
 from core import naming, nccl
 from inpod import contract
-from stacks.config import StackConfig
+from stacks.config import ModelConfig, StackConfig
+from steps.lib.model import MODEL_ROOT
 
 STARTUP_SCRIPT = inpod.path("startup.sh")
 STARTUP_MOUNT = naming.STARTUP_MOUNT
@@ -28,7 +29,7 @@ READINESS = (
     f'{{ test ! -f {STATE_DIR}/ssh/wanted || kill -0 "$(cat {STATE_DIR}/ssh/sshd.pid 2>/dev/null)" 2>/dev/null; }}'
 )
 """The main container's readiness: the startup script's ready file, and sshd alive where the image has one
-(startup.sh writes ssh/wanted; sshd writes its PidFile, inpod/sh/sshd.sh)."""
+(startup.sh writes ssh/wanted; sshd writes its PidFile once its sockets listen, inpod/sh/sshd.sh)."""
 
 
 def startup_script() -> str:
@@ -173,13 +174,46 @@ def resources(config: StackConfig) -> k8s.core.v1.ResourceRequirementsArgs:
     )
 
 
+MODEL_VOLUME_PREFIX = "model-"
+
+
+def mounted_models(models: list[ModelConfig]) -> list[dict[str, str]]:
+    """The models of the cluster stack that every pod mounts (models[].mountInEnv), as the pods read them (MODELS_ENV)."""
+    return [
+        {"name": m.name, "path": str(m.mount_in_env), "image": str(m.registered_image).removeprefix("oci://")}
+        for m in models
+        if m.mount_in_env is not None and m.registered_image is not None
+    ]
+
+
+def model_volumes(models: list[ModelConfig]) -> tuple[list[k8s.core.v1.VolumeArgs], list[k8s.core.v1.VolumeMountArgs]]:
+    """models[].mountInEnv: each model's registered modelcar image as a Kubernetes image volume (KEP-4639), its
+    `models/` folder mounted read-only at the path (subPath, served from Kubernetes 1.33: kubernetes/website
+    content/en/docs/tasks/configure-pod-container/image-volumes.md, its subPath section, the 1.33 beta of
+    KEP-4639), pinned by digest so every pod mounts the same bytes, `IfNotPresent`: one pull per node, kept in the node's
+    image store. The kubelet mounts an image volume read-only whatever the mount says; `readOnly` says so here too.
+    Where the API server's ImageVolume gate is off it drops the volume and its mounts without a word (kubernetes
+    pkg/api/pod/util.go dropImageVolumes), hence the cluster.imageVolumes key and `ml-dev status`'s check of each path."""
+    volumes, mounts = [], []
+    for i, model in enumerate(mounted_models(models)):
+        name = f"{MODEL_VOLUME_PREFIX}{i}"
+        volumes.append(
+            k8s.core.v1.VolumeArgs(name=name, image=k8s.core.v1.ImageVolumeSourceArgs(reference=model["image"], pull_policy="IfNotPresent"))
+        )
+        mounts.append(k8s.core.v1.VolumeMountArgs(name=name, mount_path=model["path"], sub_path=MODEL_ROOT, read_only=True))
+    return volumes, mounts
+
+
 def main_container(
     config: StackConfig,
     image: pulumi.Input[str],
     mounts: list[k8s.core.v1.VolumeMountArgs],
     tokens_secret: str | None,
+    models: list[ModelConfig] | None = None,
 ) -> k8s.core.v1.ContainerArgs:
     env = pod_env(config) + [_plain(k, v) for k, v in effective_nccl_env(config).items()] + server_env(config, tokens_secret)
+    if mounted_models(models or []):
+        env.append(_plain(contract.MODELS_ENV, json.dumps(mounted_models(models or []), separators=(",", ":"))))
     env += [_plain(k, v) for k, v in lifecycle.stop_env(config).items()]
     ports = [k8s.core.v1.ContainerPortArgs(name="master", container_port=naming.MASTER_PORT)]
     ports.append(k8s.core.v1.ContainerPortArgs(name="debug", container_port=naming.DEBUG_PORT))

@@ -167,13 +167,23 @@ class KubeClient:
     def get(self, path: str, timeout: float = READ_CAP) -> dict[str, Any] | None:
         """GET an API path; None when the object does not exist. Waits at most READ_CAP s; after an unanswered read of
         this run, raises ApiSilent at once (see READ_CAP)."""
+        body = self.get_bytes(path, timeout)
+        if body is None:
+            return None
+        try:
+            return json.loads(body)
+        except ValueError as exc:
+            raise LiveReadError(f"GET {path}: {exc}") from None
+
+    def get_bytes(self, path: str, timeout: float = READ_CAP, accept: str = "application/json") -> bytes | None:
+        """GET an API path as it is sent (`/metrics` is text); None on 404; the same limits as `get`."""
         if UNANSWERED:
             raise ApiSilent(f"GET {path}: not read, the API left {UNANSWERED[0]} unanswered")
-        request = urllib.request.Request(self.server + path, headers=self.headers)
         context = self.ssl if self.server.startswith("https://") else None
         try:
+            request = urllib.request.Request(self.server + path, headers={**self.headers, "Accept": accept})
             with urllib.request.urlopen(request, timeout=min(timeout, READ_CAP), context=context) as response:
-                return json.loads(response.read())
+                return bytes(response.read())
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
                 return None

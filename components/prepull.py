@@ -10,8 +10,10 @@ one decision over the same config, and nothing else of the StatefulSet's.
   dsAwaiter.rolloutComplete: kstatus Current, every pod updated and available) before the StatefulSet changes, so
   the rebuilt image is on every GPU node before the StatefulSet rolls to it. `maxSurge: 100%`, `maxUnavailable: 0`:
   the DaemonSet controller starts the new pod beside the old on every node at once and deletes the old one when the
-  new is available (kubernetes pkg/controller/daemon/update.go, rollingUpdate, the maxSurge branch), so the old image
-  stays in use, hence not garbage-collected, until the new one is on the node.
+  new is available (kubernetes pkg/controller/daemon/update.go, rollingUpdate: past `if maxSurge == 0 {…}`, "When
+  surging", a node whose old pod is available is a surge candidate, up to maxSurge of them get a new pod
+  (newNodesToCreate), and an old pod is deleted once its node's new pod is available: "we're available, delete the old
+  pod"), so the old image stays in use, hence not garbage-collected, until the new one is on the node.
 * **pinnedImageSet** — OpenShift's `PinnedImageSet` (machineconfiguration.openshift.io/v1): the machine-config
   daemon pulls the digest on every node of the pool and CRI-O pins it (never garbage-collected):
   openshift/machine-config-operator pkg/daemon/pinned_image_set.go, PinnedImageSetManager.prefetchImageSets and

@@ -85,7 +85,8 @@ START_MARKS_DIR = "start-marks"
 reached, written once by the program that reached it. The state directory is the container's own, so a restarted
 container starts a new record."""
 START_SSHD = "sshd-ready"
-"""sshd.sh: sshd listens (its PidFile is written)."""
+"""sshd.sh: sshd listens (its PidFile is written: openssh-portable sshd.c main writes it right after server_listen()
+has bound and listened on every address, before server_accept_loop; not under -d, and sshd.sh runs `sshd -D -e`)."""
 START_FABRIC = "fabric-gate"
 """The fabric gate (inpod/fabric/check.py gate) passed."""
 START_RANK = "first-rank"
@@ -162,6 +163,11 @@ CONTAINER_ENV = (
 
 SERVER_ENV = ("ML_DEV_SERVERS", "ML_DEV_AUTH", "TENSORBOARD_LOGDIR", "ML_DEV_MEMLOCK", "ML_DEV_HCA_MODE")
 """The dev servers and the pod's network mode (components/pod.py server_env), after the NCCL env."""
+
+MODELS_ENV = "ML_DEV_MODELS"
+"""The models mounted from their images (models[].mountInEnv): a JSON list of {"name", "path", "image"} (image by
+`@sha256:` digest), in the container env after the servers' facts and only where a model is mounted (components/pod.py
+model_volumes); `ml-dev status` and the home page list them (inpod/lib/pod.py mounted_models)."""
 
 CHECKPOINT_GRACE_ENV = "ML_DEV_CHECKPOINT_GRACE_SECONDS"
 CHECKPOINT_SIGNAL_ENV = "ML_DEV_CHECKPOINT_SIGNAL"

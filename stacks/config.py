@@ -63,6 +63,12 @@ class ClusterConfig(Model):
     render_yaml_to_directory: str | None = Field(
         None, description="GitOps mode: render manifests to this directory instead of applying them."
     )
+    image_volumes: bool = Field(
+        False,
+        description="The cluster serves image volumes with subPath (Kubernetes 1.33 or later with the ImageVolume feature "
+        "gate on the API servers and kubelets, and a runtime that mounts them, e.g. CRI-O 1.33): models[].mountInEnv "
+        'needs it; checked against the API server\'s version at preview (docs: Models, "Models in every rank").',
+    )
 
     @rule
     def _apps_domain_is_a_host(self) -> Iterator[ConfigProblem]:
@@ -624,6 +630,10 @@ class ImageConfig(Model):
 
 # ---------------------------------------------------------------------------------------- models
 
+_PINNED_IMAGE = re.compile(
+    rf"^({IPV6_HOST}|[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?)(/[a-z0-9]+([._-][a-z0-9]+)*)+(:[\w][\w.-]{{0,127}})?@sha256:[a-f0-9]{{64}}$"
+)
+"""A registered modelcar as an image volume names it: by digest (a tag before it is allowed and ignored by the runtime)."""
 _REPO = re.compile(rf"^({IPV6_HOST}|[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?)(/[a-z0-9]+([._-][a-z0-9]+)*)+$")
 _TAG = re.compile(r"^[\w][\w.-]{0,127}$")
 
@@ -839,6 +849,18 @@ class ModelConfig(Model):
     workspace_size: Quantity | None = Field(
         None, description="Workspace PVC size, for a model that downloads (stream: false or uploadToS3); default: computed from sizeGi."
     )
+    mount_in_env: AbsPath | None = Field(
+        None,
+        description="Mount the model's registered modelcar image (registeredImage) read-only at this path in every pod "
+        "of every environment of the cluster: a Kubernetes image volume, subPath `models` (one pull per node, no claim "
+        "bytes). Needs cluster.imageVolumes.",
+    )
+    registered_image: str | None = Field(
+        None,
+        description="The image mountInEnv mounts, pinned by digest: `<registry>/<repo>@sha256:<64 hex>`, as the register "
+        "step records it (its log line `registered: oci://…`, the model registry's artifact URI without `oci://`, or the "
+        "PipelineRun's INTERNAL_IMAGE result).",
+    )
     stream: bool = Field(
         True,
         description="Package straight from the source (S3 or Hugging Face) into the registry: no download task, no PVC "
@@ -864,6 +886,31 @@ class ModelConfig(Model):
             upload = data.get("uploadToS3", data.get("upload_to_s3"))
             return {**data, "stream": upload is None}
         return data
+
+    @rule
+    def _mountable(self) -> Iterator[ConfigProblem]:
+        image = self.registered_image
+        if image is not None:
+            bare = image.removeprefix("oci://")
+            if not _PINNED_IMAGE.match(bare):
+                yield ConfigProblem(
+                    "registeredImage",
+                    image,
+                    "an image pinned by digest, '<registry>/<repo>@sha256:<64 hex>' (a tag can move: every pod must mount "
+                    "the same bytes); the register step logs it as 'registered: oci://…@sha256:…'"
+                    + (f": did you mean {bare!r}?" if bare != image and _PINNED_IMAGE.match(bare) else ""),
+                )
+        if self.mount_in_env is not None and image is None:
+            yield ConfigProblem(
+                "mountInEnv",
+                self.mount_in_env,
+                "needs registeredImage, the model's image by digest ('<registry>/<repo>@sha256:<64 hex>', logged by the "
+                "register step as 'registered: oci://…')",
+            )
+        if self.mount_in_env is not None:
+            for reserved in RESERVED_MOUNTS:
+                if self.mount_in_env == reserved or self.mount_in_env.startswith(reserved + "/"):
+                    yield ConfigProblem("mountInEnv", self.mount_in_env, f"{reserved} is reserved")
 
     @model_validator(mode="after")
     def _destination(self) -> ModelConfig:
@@ -1485,3 +1532,23 @@ class StackConfig(Model):
             problem = preflight(model, self.model_pipeline)
             if problem:
                 yield ConfigProblem(f"models[{i}]", model.name, problem)
+        yield from self._model_mounts()
+
+    def _model_mounts(self) -> Iterator[ConfigProblem]:
+        mounted = [(i, m) for i, m in enumerate(self.models) if m.mount_in_env is not None]
+        if mounted and not self.cluster.image_volumes:
+            for i, model in mounted:
+                yield ConfigProblem(
+                    f"models[{i}].mountInEnv",
+                    model.mount_in_env,
+                    "the cluster does not serve image volumes (cluster.imageVolumes is false): set it true where Kubernetes "
+                    "is 1.33 or later with the ImageVolume feature gate on, else remove mountInEnv and copy the model "
+                    "onto a volume",
+                )
+        taken = {v.mount_path: f"storage volume {v.name}" for v in self.storage.volumes}
+        for i, model in mounted:
+            path = str(model.mount_in_env)
+            clash = next((w for p, w in taken.items() if path == p or path.startswith(p + "/") or p.startswith(path + "/")), None)
+            if clash:
+                yield ConfigProblem(f"models[{i}].mountInEnv", path, f"overlaps the mount of {clash}: give the model a path of its own")
+            taken[path] = f"model {model.name}"

@@ -371,6 +371,7 @@ def prerequisites(config: StackConfig, objects: Sequence[Mapping[str, Any]], pat
         )
     needs += kueue_needs(config, objects)
     needs += pre_pull_needs(config, objects)
+    needs += model_mount_needs(objects)
     needs += image_needs(config)
     if config.models:
         needs.append(
@@ -549,6 +550,31 @@ def pre_pull_needs(config: StackConfig, objects: Sequence[Mapping[str, Any]]) ->
                 ),
             ]
     return needs
+
+
+def model_mount_needs(objects: Sequence[Mapping[str, Any]]) -> list[Need]:
+    """models[].mountInEnv (components/pod.py model_volumes): the StatefulSet's image volumes need the cluster to serve
+    them, with subPath (cluster.imageVolumes)."""
+    images = [
+        str(v["image"].get("reference"))
+        for o in objects
+        if o.get("kind") == "StatefulSet"
+        for v in o["spec"]["template"]["spec"].get("volumes", [])
+        if v.get("image")
+    ]
+    if not images:
+        return []
+    return [
+        Need(
+            "image volumes with subPath: Kubernetes 1.33 or later, the ImageVolume feature gate on the API servers and "
+            "kubelets, a runtime that mounts them (CRI-O 1.33)",
+            f"models[].mountInEnv: {', '.join(images)}; with the gate off the API server drops the volume without a word "
+            "(kubernetes pkg/api/pod/util.go dropImageVolumes) and `ml-dev status` says NOT MOUNTED",
+            # OpenShift lists the enabled gates per version (openshift/api config/v1 types_feature.go, FeatureGateDetails)
+            "oc version -o json | jq -r .serverVersion.gitVersion; "
+            "oc get featuregate cluster -o jsonpath='{.status.featureGates[0].enabled[*].name}' | tr ' ' '\\n' | grep -x ImageVolume",
+        )
+    ]
 
 
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"

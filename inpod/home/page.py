@@ -69,6 +69,7 @@ from ..lib.pod import (
     env_records_dir,
     idle_settings,
     mount_dir,
+    mounted_models,
     read_json,
     read_rank_env,
     state_dir,
@@ -484,7 +485,7 @@ def secrets_html(v: View) -> tuple[str, str]:
 
 def start_html(v: View) -> tuple[str, str]:
     """The last start's ledger (inpod/lib/ledger.py, kept by `ml-dev status --start` under the environment's records):
-    the slowest pod and its dominant phase in one line, one row per pod, and the previous start's wall time."""
+    the slowest pod and its dominant phase in one line, one row per pod, and the start against the previous one."""
     starts = ledger.kept(env_records_dir(migrate=False))
     if not starts:
         return '<p id="start-summary" class="neutral">no start recorded yet: <code>ml-dev status --start</code></p>', ""
@@ -503,12 +504,27 @@ def start_html(v: View) -> tuple[str, str]:
         wall = seconds("start-wall", pod.get("wall"))
         rows.append(f"<tr><td>{esc(pod.get('pod'))}</td><td>{esc(pod.get('node'))}</td>{cells}<td>{wall}</td></tr>")
     previous = ""
-    if len(starts) > 1:
-        before = starts[-2]
-        previous = f'<p class="small">previous start {esc(before.get("id"))}: {seconds("start-previous", before.get("wall"))}</p>'
+    if len(starts) > 1:  # each start against the one before it (inpod/lib/ledger.py compare)
+        previous = f'<p id="start-previous" class="small">{num("start-previous", ledger.compare(last, starts[-2]))}</p>'
     summary = f'<p id="start-summary">{esc(ledger.start_summary(last))}</p>'
     table = f'<table id="start"><tr><th>pod</th><th>node</th>{head}<th>wall</th></tr>{"".join(rows)}</table>'
     return summary + table + previous, ""
+
+
+def models_html(v: View) -> tuple[str, str]:
+    """The models mounted from their images (models[].mountInEnv: inpod/lib/pod.py mounted_models), with their digests;
+    no card where none is mounted."""
+    models = mounted_models()
+    if not models:
+        return "", ""
+    rows = "".join(
+        f"<tr><td>{esc(m['name'])}</td><td><code>{esc(m['path'])}</code></td><td><code>{esc(m['digest'])}</code></td>"
+        f"<td>{'mounted' if m['present'] else 'NOT MOUNTED'}</td></tr>"
+        for m in models
+    )
+    table = f'<table id="models"><tr><th>model</th><th>path</th><th>digest</th><th>this pod</th></tr>{rows}</table>'
+    cls = "" if all(m["present"] for m in models) else "bad"
+    return f'<section id="card-models" class="card {cls}"><h2>Models</h2>{table}</section>', ""
 
 
 class Section:
@@ -525,6 +541,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("fabric", "Fabric check", fabric_html, "side"),
     Section("running", "Running", running_html, "wide"),
     Section("start", "Last start", start_html, "wide"),
+    Section("models", "Models", models_html, "wide", card=False),
     Section("secrets", "Secrets", secrets_html, "wide", card=False),
     Section("why", "Stall verdicts", lambda v: (why_html(v.now, num), ""), "wide", card=False),  # inpod/home/why_view.py
 )

@@ -7,12 +7,16 @@ A pod's start is a chain of boundaries (contract.START_PHASES), each read where 
   `QuotaReserved` message says what blocks it. No Kueue: the pod's creation (0 s).
 * scheduled — the pod's `PodScheduled` condition (True), and the node.
 * volumes — the pod's `PodReadyToStartContainers` condition: the kubelet mounts the volumes before it creates the
-  sandbox (kubernetes pkg/kubelet/kubelet.go, SyncPod: WaitForAttachAndMount, then the runtime's SyncPod), so it
-  marks volumes attached and mounted, sandbox and network up.
-* image — the kubelet's `Pulled` event of the main container (pkg/kubelet/images/image_manager.go,
-  EnsureImageExists: `Container image "<image>" already present on machine`, or `Successfully pulled image
-  "<image>" in <d> (<d> including waiting). Image size: <n> bytes.`), pulled after the sandbox (kuberuntime
-  startContainer calls EnsureImageExists).
+  sandbox (kubernetes pkg/kubelet/kubelet.go, Kubelet.SyncPod: "Wait for volumes to attach/mount",
+  volumeManager.WaitForAttachAndMount, then "Call the container runtime's SyncPod callback"), so it marks volumes
+  attached and mounted, sandbox and network up.
+* image — the kubelet's `Pulled` events (pkg/kubelet/images/image_manager.go, EnsureImageExists: `Container image
+  "<image>" already present on machine`, or `Successfully pulled image "<image>" in <d> (<d> including waiting). Image
+  size: <n> bytes.`), all after the sandbox: pkg/kubelet/kuberuntime/kuberuntime_manager.go,
+  kubeGenericRuntimeManager.SyncPod creates the sandbox (createPodSandbox), pulls the pod's image volumes
+  (getImageVolumes: EnsureImageExists on the pod, so their events carry no fieldPath — models[].mountInEnv) and then
+  starts the containers (startContainer in kuberuntime_container.go, whose "Step 1: pull the image" is
+  EnsureImageExists, the event on `spec.containers{<name>}`). The phase ends at the last of them.
 * started — the main container's `state.running.startedAt`.
 * sshd, fabric-gate, first-rank — the pod's own programs, each once per container (`$ML_DEV_STATE_DIR/start-marks/
   <phase>`, `mark`): sshd.sh when sshd listens, the fabric gate when it passes, the first rank of `ml-dev run`.
@@ -90,30 +94,55 @@ def size_text(size: int) -> str:
     return f"{size / 1e9:.1f} GB" if size >= 1e8 else f"{size / 1e6:.1f} MB"
 
 
+def pull_detail(message: str) -> str | None:
+    """What one Pulled event says: "image present", "pulled <size> in <s> s (<s> s with waiting)", or None."""
+    pulled, present = PULLED.match(message), PRESENT.match(message)
+    if present:
+        return "image present"
+    if not pulled:
+        return None
+    took, waiting, size = go_duration(pulled.group("took")), go_duration(pulled.group("waiting")), pulled.group("size")
+    detail = "pulled" + (f" {size_text(int(size))}" if size else "") + (f" in {took:.0f} s" if took is not None else "")
+    if waiting is not None and took is not None and waiting - took >= 1:
+        detail += f" ({waiting:.0f} s with waiting)"
+    return detail
+
+
 def image_boundary(events: list[dict[str, Any]], uid: str, container: str = MAIN_CONTAINER) -> tuple:
-    """(time, detail) of the main container's last Pulled event of this pod (uid), else (None, "")."""
-    found: tuple = (None, "")
+    """(time, detail) of this pod's (uid) images: the main container's last Pulled event and its image volumes' (the
+    kubelet pulls those first, their events on the pod without a fieldPath: models[].mountInEnv), the boundary the last
+    of them; else (None, ""). Without an event on the container, one on the pod is the container's (older records)."""
+    own: tuple = (None, "")
+    volumes: dict[str, tuple] = {}
     for event in events:
         involved = event.get("involvedObject") or event.get("regarding") or {}
         if involved.get("uid") != uid or event.get("reason") != "Pulled":
             continue
-        if involved.get("fieldPath") not in (None, f"spec.containers{{{container}}}"):
+        field = involved.get("fieldPath")
+        if field not in (None, "", f"spec.containers{{{container}}}"):
             continue
         at = event_time(event)
         message = event.get("message") or event.get("note") or ""
-        pulled, present = PULLED.match(message), PRESENT.match(message)
-        if present:
-            detail = "image present"
-        elif pulled:
-            took, waiting, size = go_duration(pulled.group("took")), go_duration(pulled.group("waiting")), pulled.group("size")
-            detail = "pulled" + (f" {size_text(int(size))}" if size else "") + (f" in {took:.0f} s" if took is not None else "")
-            if waiting is not None and took is not None and waiting - took >= 1:
-                detail += f" ({waiting:.0f} s with waiting)"
-        else:
+        detail = pull_detail(message)
+        if detail is None or at is None:
             continue
-        if at is not None and (found[0] is None or at >= found[0]):
-            found = (at, detail)
-    return found
+        if field:
+            if own[0] is None or at >= own[0]:
+                own = (at, detail)
+        else:
+            match = PULLED.match(message) or PRESENT.match(message)
+            image = match.group("image") if match else "?"
+            if image not in volumes or at >= volumes[image][0]:
+                volumes[image] = (at, detail)
+    if own[0] is None and volumes:  # no container-level event: the pod-level one is the container's
+        image, own = max(volumes.items(), key=lambda kv: kv[1][0])
+        del volumes[image]
+    if own[0] is None:
+        return (None, "")
+    if not volumes:
+        return own
+    shown = "; ".join(f"{image.rpartition('/')[2][:40]} {detail}" for image, (_, detail) in sorted(volumes.items()))
+    return (max([own[0], *(at for at, _ in volumes.values())]), f"{own[1]}; image volumes: {shown}")
 
 
 def condition_time(pod: dict[str, Any], kind: str) -> float | None:
@@ -130,11 +159,34 @@ def container_started(pod: dict[str, Any], container: str = MAIN_CONTAINER) -> f
     return None
 
 
+KUEUE_GROUP_NAME = "kueue.x-k8s.io/pod-group-name"
+KUEUE_PREBUILT_WORKLOAD = "kueue.x-k8s.io/prebuilt-workload-name"
+
+
 def workload_of(pod: dict[str, Any], workloads: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The Kueue Workload that owns this pod (a pod group's Workload lists its pods among its ownerReferences)."""
-    uid = (pod.get("metadata") or {}).get("uid")
+    """The Kueue Workload that admits this pod.
+
+    Kueue's StatefulSet integration (kubernetes-sigs/kueue pkg/controller/jobs/statefulset) builds one Workload per
+    StatefulSet (statefulset_reconciler.go constructWorkload: named GetWorkloadName(uid, name), jobframework
+    GetWorkloadNameForOwnerWithGVK `statefulset-<name>-<hash>`, owned by the StatefulSet: SetOwnerReference(sts, wl)),
+    and names it on each of its pods (statefulset_pod_reconciler.go setDefault: SetPodGroupName and
+    SetPrebuiltWorkloadName, the `kueue.x-k8s.io/pod-group-name` and `…/prebuilt-workload-name` label, or annotation
+    under the WorkloadIdentifierAnnotations gate). So: the Workload the pod names; else one owned by the pod (a plain
+    pod group's) or by the pod's controller (the StatefulSet)."""
+    meta = pod.get("metadata") or {}
+    named = {
+        str(found.get(key))
+        for found in (meta.get("labels") or {}, meta.get("annotations") or {})
+        for key in (KUEUE_GROUP_NAME, KUEUE_PREBUILT_WORKLOAD)
+        if found.get(key)
+    }
     for workload in workloads:
-        if any(ref.get("uid") == uid for ref in (workload.get("metadata") or {}).get("ownerReferences") or []):
+        if (workload.get("metadata") or {}).get("name") in named:
+            return workload
+    owners = {meta.get("uid")} | {ref.get("uid") for ref in meta.get("ownerReferences") or [] if ref.get("controller")}
+    owners.discard(None)
+    for workload in workloads:
+        if any(ref.get("uid") in owners for ref in (workload.get("metadata") or {}).get("ownerReferences") or []):
             return workload
     return None
 
@@ -230,6 +282,24 @@ def start_summary(start: dict[str, Any]) -> str:
         f"start {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(start['begin']))}: {len(start['pods'])} pods in "
         f"{start['wall']:.0f} s{waiting}; slowest {slow['pod']} ({slow['wall']:.0f} s), {what}"
     )
+
+
+def compare(last: dict[str, Any], before: dict[str, Any]) -> str:
+    """One line: this start against the previous one — both wall times, the difference, and the phases of each start's
+    slowest pod that changed by a second or more, the largest change first (at most three)."""
+
+    def slowest_phases(start: dict[str, Any]) -> dict[str, float]:
+        name = (start.get("slowest") or {}).get("pod")
+        pod = next((p for p in start.get("pods", []) if p.get("pod") == name), None)
+        return {phase: phase_seconds(pod, phase) for phase in contract.START_PHASES} if pod else {}
+
+    now, then = float(last.get("wall", 0)), float(before.get("wall", 0))
+    ours, theirs = slowest_phases(last), slowest_phases(before)
+    changed = [(ours[p] - theirs[p], p) for p in contract.START_PHASES if p in ours and p in theirs and abs(ours[p] - theirs[p]) >= 1]
+    changed.sort(key=lambda c: -abs(c[0]))
+    verdict = "same time" if abs(now - then) < 1 else f"{abs(now - then):.0f} s {'faster' if now < then else 'slower'}"
+    phases = ", ".join(f"{phase} {delta:+.0f} s" for delta, phase in changed[:3])
+    return f"against the previous start {before.get('id')} ({then:.0f} s): {now:.0f} s, {verdict}" + (f" ({phases})" if phases else "")
 
 
 def start_table(start: dict[str, Any]) -> list[str]:

@@ -37,6 +37,38 @@ def app_name() -> str:
     return app if ordinal.isdigit() else ""
 
 
+def mounted_models() -> list[dict[str, Any]]:
+    """The models mounted from their images (contract.MODELS_ENV, rendered by components/pod.py model_volumes): name,
+    path, image, its `sha256:` digest, and whether this pod has the path (an API server with its ImageVolume gate off
+    drops the volume without a word: the pod then starts without it)."""
+    try:
+        listed = json.loads(env(contract.MODELS_ENV) or "[]")
+    except ValueError:
+        return []
+    out = []
+    for entry in listed if isinstance(listed, list) else []:
+        if not isinstance(entry, dict):
+            continue
+        image = str(entry.get("image", ""))
+        path = str(entry.get("path", ""))
+        out.append(
+            {
+                "name": str(entry.get("name", "")),
+                "path": path,
+                "image": image,
+                "digest": image.rpartition("@")[2] if "@" in image else "",
+                "present": bool(path) and os.path.isdir(path),
+            }
+        )
+    return out
+
+
+def model_line(model: dict[str, Any]) -> str:
+    """One mounted model as `ml-dev status` and the home page say it."""
+    state = "" if model["present"] else " - NOT MOUNTED in this pod (the cluster dropped the image volume?)"
+    return f"{model['name']} at {model['path']} ({model['digest'] or model['image']}){state}"
+
+
 def env_records_dir(migrate: bool = True) -> Path:
     """This environment's records in the workspace (contract.records_dir): `$ML_DEV_WORKSPACE/.ml-dev-env/env/<app>`.
     Records written before they were kept per environment (`.ml-dev-env/{runs,home,fabric}`) move here once, the first

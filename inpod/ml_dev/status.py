@@ -19,7 +19,7 @@ from typing import Any
 
 from .. import contract
 from ..lib import kube, ledger, usersecrets
-from ..lib.pod import app_name, env_records_dir, idle_settings
+from ..lib.pod import app_name, env_records_dir, idle_settings, model_line, mounted_models
 from .common import HERE, PY, STATE_DIR, Cluster, parallel
 from .secrets import pod_presence
 
@@ -121,8 +121,8 @@ def cmd_start(args: argparse.Namespace) -> int:
         res = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=args.timeout + 10, check=False)
         return ledger.parse_marks(res.stdout) if res.returncode == 0 else {}
 
-    found: list[Any] = list(parallel(marks_of, list(range(len(names)))))  # an Exception where a pod failed
-    marks: dict[str, dict[str, float]] = {names[i]: m for i, m in enumerate(found) if isinstance(m, dict)}
+    found = parallel(marks_of, list(range(len(names))))  # rank -> its marks, or the Exception where a pod failed
+    marks: dict[str, dict[str, float]] = {names[i]: m for i, m in found.items() if isinstance(m, dict)}
     start = ledger.build(pods, events, workloads, marks)
     records = env_records_dir()
     before = [s for s in ledger.kept(records) if s.get("id") != start.get("id")]
@@ -130,10 +130,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     for line in ledger.start_table(start):
         print(line)
     if before:
-        last = before[-1]
-        print(
-            f"previous start {last.get('id')}: {float(last.get('wall', 0)):.0f} s (slowest {(last.get('slowest') or {}).get('pod', '?')})"
-        )
+        print(ledger.compare(start, before[-1]))
     return 0
 
 
@@ -178,4 +175,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"  {pod:<24} {note}")
     for line in lines:
         print(line)
-    return 1 if unreachable else 0
+    models = mounted_models()
+    if models:
+        print("models mounted from their images (read-only, every pod):")
+        for model in models:
+            print(f"  {model_line(model)}")
+    return 1 if unreachable or not all(m["present"] for m in models) else 0

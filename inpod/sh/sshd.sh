@@ -289,8 +289,10 @@ REFRESH="${ML_DEV_SSH_REFRESH_SECONDS:-5}"
     fi
   done
 ) </dev/null &
-# The start ledger's `sshd` phase (inpod/lib/ledger.py): sshd writes its PidFile once it listens; the first sshd of
-# this container records the time, once (noclobber)
+# The start ledger's `sshd` phase (inpod/lib/ledger.py): sshd writes its PidFile once it listens (openssh-portable
+# sshd.c main: server_listen() binds and listens on every ListenAddress, then "Write out the pid file after the sigterm
+# handler is setup and the listen sockets are bound", then server_accept_loop; never under -d, and this is -D -e); the
+# first sshd of this container records the time, once (noclobber)
 (
   mkdir -p "$STATE_DIR/$CONTRACT_START_MARKS_DIR"
   for _ in $(seq 300); do

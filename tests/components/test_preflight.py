@@ -155,7 +155,7 @@ class FakeApi(http.server.BaseHTTPRequestHandler):
             self.end_headers()
             return
         obj = FakeApi.objects.get(self.path)
-        body = json.dumps(obj if obj else {"kind": "Status", "code": 404}).encode()
+        body = obj.encode() if isinstance(obj, str) else json.dumps(obj if obj else {"kind": "Status", "code": 404}).encode()
         self.send_response(200 if obj else 404)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))

@@ -276,8 +276,9 @@ def test_the_whole_container_env(result: RunResult) -> None:
     assert middle[: len(nccl)] == nccl, "the NCCL env is one block after the paths"
     rest = middle[len(nccl) :]
     assert rest[: len(contract.SERVER_ENV)] == list(contract.SERVER_ENV)
-    # then the token-mode credentials, or (auth oauth-proxy) the ports forward.py owns for the proxies
-    assert set(rest[len(contract.SERVER_ENV) :]) <= {s.credential_env for s in DEV_SERVERS if s.credential_env} | {contract.PROXY_PORTS_ENV}
+    # then the token-mode credentials, or (auth oauth-proxy) the ports forward.py owns for the proxies; the mounted models
+    credentials = {s.credential_env for s in DEV_SERVERS if s.credential_env}
+    assert set(rest[len(contract.SERVER_ENV) :]) <= credentials | {contract.PROXY_PORTS_ENV, contract.MODELS_ENV}
     values = {e["name"]: e.get("value") for e in main["env"]}
     assert values[contract.STATE_DIR_ENV] == contract.STATE_DIR and values[contract.CLUSTER_DIR_ENV] == contract.CLUSTER_MOUNT
 

@@ -258,6 +258,9 @@ class Node:
     def setup(self, sim: Any, pod: Any, root: str) -> list[str]:
         """Shell lines run as root in the pod's new mount and network namespaces before pivot_root (PodSim)."""
         d = self.dir(sim, pod.index)
+        # a container restart (PodSim.restart) sets the node up again: the files are made from the node's state
+        # (self.states, kept), and the old container's mounts went with its mount namespace
+        shutil.rmtree(d, ignore_errors=True)
         d.mkdir(parents=True)
         d.chmod(0o777)  # the stubs log their calls as the pod's user
         shared = sim.base / "node" / "fabric"

@@ -185,6 +185,7 @@ class PodSim:
         namespace_secrets: Mapping[str, Mapping[str, str]] | None = None,
         claims: Path | None = None,
         pod_interface: str = "eth0",
+        images: Mapping[str, Path] | None = None,
     ) -> None:
         """`read_only_passwd`: pods whose image leaves /etc/passwd read-only (not the stack's base image: the
         programs fall back to nss_wrapper); `python_packages`: modules of this interpreter the image has
@@ -199,7 +200,10 @@ class PodSim:
         `optional` (kubernetes pkg/volume/secret/secret.go SetUpAt), else the pod does not start; `claims`: the
         namespace's claims (another PodSim's `claims`: two environments of one namespace mount one claim by name;
         that PodSim outlives this one); `pod_interface`: the name of each pod's pod-network interface (the runtime's
-        default is eth0, cri-o/ocicni pkg/ocicni/types.go DefaultInterfaceName; a CNI may name it otherwise)."""
+        default is eth0, cri-o/ocicni pkg/ocicni/types.go DefaultInterfaceName; a CNI may name it otherwise); `images`:
+        {reference: the image's root filesystem on this machine (e.g. `buildah mount` of the pulled image)} for the
+        render's image volumes (`volumes[].image`, models[].mountInEnv), mounted read-only as the kubelet's runtime
+        mounts them (with the mount's `subPath`); an image volume whose reference is not given stops the pod's start."""
         self.result = result
         self.resources = list(result.resources)
         sts = next(r.inputs for r in self.resources if r.kind == "StatefulSet")
@@ -249,6 +253,7 @@ class PodSim:
             )
             for i in range(self.count)
         ]
+        self.images = dict(images or {})
         self.read_only_passwd = tuple(read_only_passwd)
         self.python_packages = self._packages(python_packages)
         self.gpus = int((self.main.get("resources") or {}).get("limits", {}).get("nvidia.com/gpu", 0))
@@ -468,6 +473,11 @@ class PodSim:
                 volume.write_volume(src, data)
                 pod.volumes[name] = volume
                 out[name] = ("atomic", vdir / name)
+            elif "image" in v:
+                reference = v["image"]["reference"]
+                if reference not in self.images:
+                    raise KeyError(f"image volume {name}: {reference} is not given (PodSim images=): the kubelet could not pull it")
+                out[name] = ("image", self.images[reference])
             else:
                 raise KeyError(f"volume {name}: {sorted(v)} is not simulated")
         sa = AtomicVolume(vdir / "kube-api-access", mode=0o644, gid=fs_group)
@@ -585,13 +595,15 @@ class PodSim:
         ]
         for m in self.main.get("volumeMounts") or []:
             kind, src = volumes[m["name"]]
+            if src is not None and m.get("subPath"):  # the kubelet refuses absolute and `..` subPaths before this
+                src = src / m["subPath"]
             target = root + m["mountPath"]
             lines.append(f"mkdir -p {q(target)}")
             if kind == "tmpfs":
                 lines.append(f"mount -t tmpfs -o mode=1777 tmpfs {q(target)}")
             else:
                 lines.append(f"mount --bind {q(str(src))} {q(target)}")
-            if m.get("readOnly"):
+            if m.get("readOnly") or kind == "image":  # an image volume is read-only whatever the mount says
                 lines.append(f"mount -o remount,bind,ro {q(target)}")
         sa = f"{root}{SERVICE_ACCOUNT}"
         lines += [

@@ -40,12 +40,19 @@ def _pinned_image_set_variant(o: dict[str, Any]) -> None:
     o["image"] = {"reference": RUNTIME_DIGEST, "prePull": "pinnedImageSet", "machineConfigPool": "gpu"}
 
 
+def _model_mount_variant(o: dict[str, Any]) -> None:
+    """models[].mountInEnv: an image volume (`volumes[].image`, the vendored 1.33 PodSpec knows it) mounted with subPath."""
+    o["cluster"]["imageVolumes"] = True
+    o["models"][0].update(mountInEnv="/models/mistral", registeredImage=RUNTIME_DIGEST.replace("runtime", "mistral"))
+
+
 VARIANTS: dict[str, tuple[str, Callable[[dict[str, Any]], None] | None]] = {
     **{stack: (stack, None) for stack in STACKS},
     "barcelona-tcp-shared": ("barcelona", tcp_shared_variant),
     "barcelona-token": ("barcelona", _token_variant),
     "barcelona-privileged-nads": ("barcelona", _privileged_variant),
     "barcelona-prepull-daemonset": ("barcelona", _pre_pull_daemonset_variant),
+    "barcelona-model-mount": ("barcelona", _model_mount_variant),
     "nerc-production-pinned-image-set": ("nerc-production", _pinned_image_set_variant),
 }
 SECRET = "s3cret-value-that-must-not-leak"

@@ -52,6 +52,31 @@ def test_the_kubelets_pulled_texts() -> None:
     assert ledger.image_boundary([other_pod], "u") == (None, "")
 
 
+def test_image_volumes_pulled_before_the_container_are_in_the_image_phase() -> None:
+    """models[].mountInEnv: the kubelet pulls a pod's image volumes after the sandbox and before its containers
+    (kuberuntime_manager.go SyncPod: getImageVolumes, then startContainer), each Pulled event on the pod itself (no
+    fieldPath); the image phase ends at the last pull and names them. The texts are the kubelet's (the fixtures')."""
+    fixtures = json.loads(DATA.read_text())
+    model = "image-registry.openshift-image-registry.svc:5000/team-a/mistral@sha256:" + "cd" * 32
+    # image_manager.go's format, filled in as the fixtures' real texts are: a 4.1 GB model image in 80.5 s
+    volume_text = fixtures["pulled"][0]["message"].replace("nginx:1.27", model).replace("7.264s (7.264s", "1m20.5s (1m21.5s")
+    volume_text = volume_text.replace("68857691", "4100000000")
+    volume = {"reason": "Pulled", "message": volume_text, "involvedObject": {"uid": "u", "kind": "Pod"}, "lastTimestamp": rfc3339(1e9 + 90)}
+    main = {
+        "reason": "Pulled",
+        "message": fixtures["present"][1],
+        "involvedObject": {"uid": "u", "fieldPath": "spec.containers{ml-dev}"},
+        "lastTimestamp": rfc3339(1e9 + 91),
+    }
+    sidecar = {**main, "involvedObject": {"uid": "u", "fieldPath": "spec.containers{oauth-proxy}"}, "lastTimestamp": rfc3339(1e9 + 99)}
+    at, detail = ledger.image_boundary([volume, main, sidecar], "u")
+    assert at == 1e9 + 91
+    assert detail == f"image present; image volumes: mistral@sha256:{'cd' * 12}c pulled 4.1 GB in 80 s (82 s with waiting)"
+    # a model pulled after the container's image was found (a second start): the phase ends at the model's pull
+    late = {**volume, "lastTimestamp": rfc3339(1e9 + 95)}
+    assert ledger.image_boundary([late, main], "u")[0] == 1e9 + 95
+
+
 @pytest.mark.parametrize(
     ("text", "seconds"), [("313ms", 0.313), ("7.264s", 7.264), ("1m2.5s", 62.5), ("2h0m3s", 7203), ("850µs", 0.00085), ("7 s", None)]
 )
@@ -82,6 +107,38 @@ def test_a_pod_waiting_for_kueue_says_what_blocks_it_and_where_to_read_its_posit
     assert not row["done"] and row["wall"] == 0
     no_queue = ledger.pod_ledger(pod, [], {}, None)
     assert no_queue["phases"][0] == {"phase": "admitted", "at": 1e9, "seconds": 0.0, "detail": "no queue"}
+
+
+STS_WORKLOAD = "statefulset-ml-dev-env-6c2f3"  # jobframework GetWorkloadNameForOwnerWithGVK: statefulset-<name>-<hash>
+
+
+def admitted_workload(name: str, owner: dict[str, Any], at: float) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "ownerReferences": [owner]},
+        "spec": {"queueName": "team-gpu"},
+        "status": {"conditions": [{"type": "Admitted", "status": "True", "lastTransitionTime": rfc3339(at)}]},
+    }
+
+
+@pytest.mark.parametrize("where", ["labels", "annotations"])
+def test_a_statefulset_pod_is_admitted_by_the_workload_kueue_names_on_it(where: str) -> None:
+    """Kueue's StatefulSet integration: one Workload owned by the StatefulSet, named on each pod (pod-group-name and
+    prebuilt-workload-name, labels or under WorkloadIdentifierAnnotations annotations), never owned by the pods."""
+    t0 = 1e9
+    names = {ledger.KUEUE_GROUP_NAME: STS_WORKLOAD, ledger.KUEUE_PREBUILT_WORKLOAD: STS_WORKLOAD}
+    sts_ref = {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": APP, "uid": "sts-1", "controller": True}
+    pod = {
+        "metadata": {"name": f"{APP}-0", "namespace": NS, "uid": "p0", "creationTimestamp": rfc3339(t0), where: names},
+        "status": {},
+    }
+    other = admitted_workload("statefulset-other-1a2b3", {"kind": "StatefulSet", "uid": "sts-2", "controller": True}, t0 + 1)
+    mine = admitted_workload(STS_WORKLOAD, {**sts_ref, "blockOwnerDeletion": True}, t0 + 40)
+    assert ledger.workload_of(pod, [other, mine]) is mine
+    [admitted] = [p for p in ledger.pod_ledger(pod, [], {}, ledger.workload_of(pod, [other, mine]))["phases"] if p["phase"] == "admitted"]
+    assert admitted["at"] == t0 + 40 and admitted["seconds"] == 40 and admitted["detail"] == "queue team-gpu"
+    # a pod without Kueue's names (Kueue not yet at it): its controller's Workload
+    bare = {"metadata": {"name": f"{APP}-1", "uid": "p1", "ownerReferences": [sts_ref]}}
+    assert ledger.workload_of(bare, [other, mine]) is mine
 
 
 def test_marks_are_written_once_per_container(tmp_path: Path) -> None:
@@ -299,7 +356,27 @@ def test_the_home_page_shows_the_last_start_one_row_per_pod_and_the_previous(tmp
     body, _ = page.start_html(view)
     assert body.count("<tr>") == 3  # the header and one row per pod
     assert f"slowest {APP}-1 (305 s), mostly image (305 s: pulled 68.9 MB in 7 s)" in body
-    assert "previous start 19700112T134820Z: " in body and "105 s" in body
+    assert "against the previous start 19700112T134820Z (105 s): 305 s, 200 s slower (image +" in body, body
+
+
+def test_each_start_is_compared_with_the_one_before() -> None:
+    """Wall times, the difference, and the slowest pods' phases that changed, largest first (a resume against a cold
+    start: the image phase is what went)."""
+
+    def start(ident: str, seconds: dict[str, float]) -> dict[str, Any]:
+        phases: list[dict[str, Any]] = [
+            {"phase": p, "at": 1.0, "seconds": seconds.get(p, 1.0), "detail": ""} for p in contract.START_PHASES
+        ]
+        wall = sum(seconds.get(p, 1.0) for p in contract.START_PHASES)
+        pod = {"pod": f"{APP}-1", "phases": phases, "wall": wall}
+        return {"id": ident, "wall": wall, "slowest": {"pod": f"{APP}-1"}, "pods": [pod]}
+
+    cold = start("20261206T081502Z", {"admitted": 20, "image": 1800, contract.START_SSHD: 3})
+    warm = start("20261207T090000Z", {"admitted": 45, "image": 1, contract.START_SSHD: 3.4})
+    assert ledger.compare(warm, cold) == (
+        "against the previous start 20261206T081502Z (1828 s): 54 s, 1774 s faster (image -1799 s, admitted +25 s)"
+    )
+    assert ledger.compare(cold, cold) == "against the previous start 20261206T081502Z (1828 s): 1828 s, same time"
 
 
 def test_make_status_start_reads_the_ledger_with_oc_from_a_laptop(capsys: pytest.CaptureFixture[str]) -> None:
