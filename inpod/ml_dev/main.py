@@ -10,6 +10,7 @@
     ml-dev status --start                  the start ledger: each pod's phases from creation to its first rank
     ml-dev why                             which rank of the running job is stuck, and where (every rank's stack)
     ml-dev logs [RUN] [--rank N] [-f]      a run's output, kept by every rank's agent on its pod (no nohup needed)
+    ml-dev ranks start|exec|status|stop    warm ranks: one Python per GPU that stays, cells run in every rank's namespace
 
 Delivered by the stack in the <app>-startup ConfigMap (mounted at /opt/ml-dev-env), so it works in any
 image with Python 3.8+, OpenSSH and rsync. Reads the rank contract only: $ML_DEV_STATE_DIR/rank.env
@@ -40,6 +41,8 @@ from .common import DEBUG_PORT, FROM_RANK_FILE, HERE, PER_POD_ENV
 from .fanout import cmd_relay
 from .launch import cmd_exec, cmd_rank, cmd_run
 from .logs import cmd_log_here, cmd_logs
+from .ranks import COMMANDS as RANKS_COMMANDS
+from .ranks import refuse_run
 from .status import cmd_status
 from .sync import cmd_apply, cmd_check, cmd_sync
 from .watchdog import WHY_LAUNCHER
@@ -131,9 +134,16 @@ def main(argv: list[str] | None = None) -> int:
     log_here.add_argument("-f", "--follow", action="store_true")
     sub.add_parser("why", help="which rank is stuck, and where: every rank's stack from every pod, one verdict (ml-dev why -h)")
     given = sys.argv[1:] if argv is None else argv
+    if given[:1] and given[0] in RANKS_COMMANDS:  # warm ranks (ranks.py, warm.py): their own command line
+        from .ranks import main as ranks_main
+
+        return ranks_main(given)
     if given[:1] == ["why"]:  # its own program (why.py): run and the rank agents never load the sampler and the merge
         os.execv(sys.executable, [sys.executable, str(HERE / WHY_LAUNCHER), *given])
+    sub.add_parser("ranks", help="warm ranks: start, exec a cell on every rank, status, stop (ml-dev ranks -h)")
     args = parser.parse_args(argv)
+    if args.cmd == "run":
+        refuse_run()  # the GPUs warm ranks hold
     if getattr(args, "command", None) and args.command[:1] == ["--"]:
         args.command = args.command[1:]
     handlers = {"run": cmd_run, "sync": cmd_sync, "exec": cmd_exec, "status": cmd_status, "_apply": cmd_apply, "_rank": cmd_rank}
