@@ -12,6 +12,7 @@ is refused while warm ranks hold the GPUs; `ml-dev ranks stop` during a cell giv
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import subprocess
@@ -122,6 +123,15 @@ def sim() -> Iterator[PodSim]:
 def cell(sim: PodSim, code: str, *flags: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     sim.write(0, "/tmp/cell.py", code)
     return sim.exec(0, ["ml-dev", "ranks", "exec", "-f", "/tmp/cell.py", *flags], timeout=timeout)
+
+
+def warm_processes(sim: PodSim, index: int) -> list[str]:
+    res = sim.exec(index, f"pgrep -af '{WARM}' || true")
+    return [line for line in res.stdout.splitlines() if "pgrep" not in line]
+
+
+def none_left(sim: PodSim, index: int) -> bool:
+    return not warm_processes(sim, index)
 
 
 def by_rank(text: str) -> dict[int, list[str]]:
@@ -235,11 +245,6 @@ def test_a_stop_during_a_cell_gives_every_rank_the_checkpoint_signal(sim: PodSim
         saved = sim.volume_dir(pod, "/workspace") / "warm" / f"saved-{rank}"
         assert saved.exists() and saved.read_text() == "15", (rank, stop.stderr)
     for index in range(PODS):
-        left = wait_for(
-            f"no warm process on pod {index}",
-            lambda index=index: not [ln for ln in sim.exec(index, f"pgrep -af '{WARM}' || true").stdout.splitlines() if "pgrep" not in ln],
-            30,
-        )
-        assert left
+        wait_for(f"no warm process on pod {index}", functools.partial(none_left, sim, index), 30)
     status = sim.exec(0, "ml-dev ranks status")
     assert "not running" in status.stdout and "last cell" in status.stdout, status.stdout
