@@ -136,6 +136,7 @@ class Node:
         self.running: dict[int, set] = {}  # cell id -> ranks still running it here
         self.state_lock = threading.Lock()
         self.activity: Message = {"pid": os.getpid(), "started": time.time(), "last": time.time(), "running": [], "last_cell": None}
+        self.activity["ranks"] = self.ranks()
 
     def ranks(self) -> list[int]:
         return [self.node_rank * self.nproc + k for k in range(self.nproc)]
