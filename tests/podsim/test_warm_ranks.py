@@ -16,12 +16,15 @@ import functools
 import hashlib
 import re
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from inpod.ml_dev import why
 from tests.podsim.idlestop import mine, wait_for, with_grace
 from tests.podsim.leakscan import list_secret, new_value
 from tests.podsim.pods import PodSim, missing_requirements, render_stack
@@ -35,6 +38,7 @@ WORLD = PODS * NPROC
 GRACE = 5
 SECRET, SECRET_KEY = "warm-canary", "WARM_CANARY_TOKEN"
 VALUE = new_value()
+PY_SPY = Path(sys.executable).parent / "py-spy"
 WARM = "_warm-(node|worker|bridge)|_ranks-hub"  # pgrep -f: what of the warm ranks may run on a pod
 
 GROUP = r'''
@@ -106,7 +110,8 @@ def objects(objects: dict[str, Any]) -> None:
 @pytest.fixture(scope="module")
 def sim() -> Iterator[PodSim]:
     render = render_stack("barcelona", objects)
-    pods = PodSim(render, count=PODS, namespace_secrets={SECRET: {SECRET_KEY: VALUE}})
+    programs = {"/usr/local/bin/py-spy": PY_SPY} if PY_SPY.exists() else {}  # as the base image ships it (test_why.py)
+    pods = PodSim(render, count=PODS, namespace_secrets={SECRET: {SECRET_KEY: VALUE}}, image_programs=programs)
     pods.start()
     try:
         pods.write(0, f"{PROJECT}/group.py", GROUP)
@@ -194,13 +199,7 @@ def test_ctrl_c_in_a_collective_interrupts_every_rank_and_the_group_still_works_
     worked = 0
     for trial in range(10):
         proc = sim.popen(0, "ml-dev ranks exec -f /tmp/stuck.py")
-        seen: list[str] = []
-        # every rank printed `in` (then blocks): read the output line by line until then
-        assert proc.stdout is not None
-        while len([s for s in seen if s.endswith("] in")]) < WORLD:
-            line = proc.stdout.readline()
-            assert line, "".join(seen)
-            seen.append(line.rstrip("\n"))
+        seen = entered(proc)
         time.sleep(0.3)  # into the collective's recv
         sim.interrupt(proc)
         out, _ = proc.communicate(timeout=30)
@@ -211,6 +210,39 @@ def test_ctrl_c_in_a_collective_interrupts_every_rank_and_the_group_still_works_
         if res.returncode == 0 and by_rank(res.stdout) == {r: [str(WORLD)] for r in range(WORLD)}:
             worked += 1
     assert worked == 10
+
+
+def entered(proc: subprocess.Popen[str]) -> list[str]:
+    """`ranks exec`'s output until every rank printed `in` (then it blocks)."""
+    assert proc.stdout is not None
+    seen: list[str] = []
+    while len([s for s in seen if s.endswith("] in")]) < WORLD:
+        line = proc.stdout.readline()
+        assert line, "".join(seen)
+        seen.append(line.rstrip("\n"))
+    return seen
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not PY_SPY.exists(), reason="py-spy of the dev lock is not installed (make venv)")
+def test_ml_dev_why_names_the_rank_a_cell_left_out_of_the_collective(sim: PodSim) -> None:
+    """Rank 1 sleeps in the cell's `stall_here`, every other rank waits in the all-reduce: `ml-dev why` from another
+    pod names rank 1 and its frame in the cell, and the others' collective; then Ctrl-C ends the cell everywhere."""
+    stuck = (
+        "import time\ndef stall_here():\n    time.sleep(300)\nprint('in', flush=True)\nstall_here() if g.rank == 1 else g.all_reduce(1)\n"
+    )
+    sim.write(0, "/tmp/stall.py", stuck)
+    proc = sim.popen(0, "ml-dev ranks exec -f /tmp/stall.py")
+    entered(proc)
+    time.sleep(1)
+    res = sim.exec(2, "ml-dev why", timeout=120)
+    sim.interrupt(proc)
+    out, _ = proc.communicate(timeout=30)
+    assert res.returncode == why.EXIT_STRAGGLER, res.stdout + res.stderr
+    first = res.stdout.splitlines()[0]
+    assert first.startswith(f"ml-dev why: rank 1 ({sim.pods[0].name}"), first
+    assert re.search(r"stall_here \(cell-\d+\.py:3\)", first) and "ranks 0, 2–5 wait in Group.all_reduce (group.py:" in first, first
+    assert proc.returncode == 130, out
 
 
 @pytest.mark.timeout(300)
