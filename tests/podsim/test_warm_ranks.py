@@ -174,6 +174,13 @@ def test_cells_keep_their_namespace_and_the_environment_of_a_rank(sim: PodSim) -
     assert VALUE not in res.stdout + res.stderr
     only = cell(sim, "print('here')", "--ranks", "0,3")
     assert only.returncode == 0 and by_rank(only.stdout) == {0: ["here"], 3: ["here"]}, only.stdout + only.stderr
+    # the home page (pod 0) lists every pod's warm ranks and its last cell's state (cell 3 ran on pods 0 and 1 only)
+    page = sim.exec(0, "python3 /opt/ml-dev-env/home_page.py render", timeout=60)
+    assert page.returncode == 0, page.stderr
+    for index, pod in enumerate(p.name for p in sim.pods):
+        item = re.search(rf'<li class="warm">ranks <span data-k="warm:{pod}:ranks">{index * 2},{index * 2 + 1}</span>.*?</li>', page.stdout)
+        assert item, page.stdout[page.stdout.find("Warm ranks") :][:2000]
+        assert f'last cell <span data-k="warm:{pod}:cell">{2 if index == 2 else 3}</span> ok' in item.group(0), item.group(0)
 
 
 @pytest.mark.timeout(300)
