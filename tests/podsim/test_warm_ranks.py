@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -250,6 +252,63 @@ def test_ml_dev_why_names_the_rank_a_cell_left_out_of_the_collective(sim: PodSim
     assert first.startswith(f"ml-dev why: rank 1 ({sim.pods[0].name}"), first
     assert re.search(r"stall_here \(cell-\d+\.py:3\)", first) and "ranks 0, 2–5 wait in Group.all_reduce (group.py:" in first, first
     assert proc.returncode == 130, out
+
+
+KERNEL = r"""
+import json, sys, time
+from jupyter_client.manager import start_new_kernel
+
+WORLD = int(sys.argv[1])
+km, kc = start_new_kernel(kernel_name="python3")
+
+
+def run(code, interrupt_after=None):
+    msg_id = kc.execute(code)
+    out, error, interrupted = [], None, False
+    while True:
+        msg = kc.get_iopub_msg(timeout=120)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        kind = msg["msg_type"]
+        if kind == "stream":
+            out.append(msg["content"]["text"])
+            if interrupt_after and not interrupted and "".join(out).count(interrupt_after) >= WORLD:
+                time.sleep(0.3)
+                km.interrupt_kernel()  # the notebook's stop button: SIGINT to the kernel (interrupt_mode signal)
+                interrupted = True
+        elif kind == "error":
+            error = {"ename": msg["content"]["ename"], "evalue": msg["content"]["evalue"]}
+        elif kind == "status" and msg["content"]["execution_state"] == "idle":
+            return {"out": "".join(out), "error": error}
+
+
+cells = [
+    run("%%ranks\nprint('nb', mine)"),
+    run("%%ranks\nprint('in', flush=True)\ng.all_reduce(1, tag='nb-%d' % g.rank)", interrupt_after="] in"),
+    run("%%ranks\ng.all_reduce(1)"),
+    run("%%ranks --ranks 1\n1 / 0"),
+]
+print(json.dumps(cells))
+km.shutdown_kernel(now=True)
+"""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(importlib.util.find_spec("ipykernel") is None, reason="ipykernel of the dev lock is not installed (make venv)")
+def test_a_notebook_cell_runs_on_every_rank_and_its_stop_button_interrupts(sim: PodSim) -> None:
+    """A real IPython kernel (ipykernel, started by jupyter_client as jupyter_server starts one) on pod 0, with the
+    startup files the pod's startup script wrote in its IPYTHONDIR: `%%ranks` cells share the ranks' namespaces with
+    `ranks exec`, the stop button (the kernel's SIGINT) interrupts every rank blocked in a collective, the group works
+    in the next cell, and an exception fails the notebook cell naming its rank."""
+    sim.write(0, "/tmp/kernel.py", KERNEL)
+    res = sim.exec(0, [sys.executable, "/tmp/kernel.py", str(WORLD)], cwd="/tmp", timeout=240)
+    assert res.returncode == 0, res.stdout + res.stderr
+    plain, stopped, after, failed = json.loads(res.stdout.splitlines()[-1])
+    assert plain["error"] is None and by_rank(plain["out"]) == {r: [f"nb {r * 10}"] for r in range(WORLD)}, plain
+    assert stopped["error"] == {"ename": "RanksError", "evalue": "interrupted on every rank; the ranks stay warm"}, stopped
+    assert after["error"] is None and by_rank(after["out"]) == {r: [str(WORLD)] for r in range(WORLD)}, after
+    assert failed["error"]["evalue"].startswith("the cell raised on rank 1;"), failed
+    assert "ZeroDivisionError: division by zero" in by_rank(failed["out"])[1], failed
 
 
 @pytest.mark.timeout(300)
