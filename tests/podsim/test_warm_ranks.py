@@ -238,7 +238,9 @@ def test_ml_dev_why_names_the_rank_a_cell_left_out_of_the_collective(sim: PodSim
     """Rank 1 sleeps in the cell's `stall_here`, every other rank waits in the all-reduce: `ml-dev why` from another
     pod names rank 1 and its frame in the cell, and the others' collective; then Ctrl-C ends the cell everywhere."""
     stuck = (
-        "import time\ndef stall_here():\n    time.sleep(300)\nprint('in', flush=True)\nstall_here() if g.rank == 1 else g.all_reduce(1)\n"
+        "import time\ndef stall_here():\n    time.sleep(300)\nprint('in', flush=True)\n"
+        "if g.rank == 1:\n    g.seq += 1  # the collective it skips, counted: the next cells' tags agree\n    stall_here()\n"
+        "else:\n    g.all_reduce(1)\n"
     )
     sim.write(0, "/tmp/stall.py", stuck)
     proc = sim.popen(0, "ml-dev ranks exec -f /tmp/stall.py")
