@@ -42,6 +42,7 @@ from .fanout import cmd_relay
 from .launch import cmd_exec, cmd_rank, cmd_run
 from .logs import cmd_log_here, cmd_logs
 from .ranks import COMMANDS as RANKS_COMMANDS
+from .ranks import main as ranks_main
 from .ranks import refuse_run
 from .status import cmd_status
 from .sync import cmd_apply, cmd_check, cmd_sync
@@ -66,6 +67,12 @@ EXIT_RULE = (
     "nothing itself: the rank agents stop their ranks the same way. Each rank's output is also in its run log on\n"
     "its pod's workspace: `ml-dev logs`, so nohup or a background launch is never needed."
 )
+
+
+def run_unless_warm(args: argparse.Namespace) -> int:
+    """`ml-dev run`, refused on GPUs that warm ranks hold (ranks.refuse_run says how to stop them)."""
+    refuse_run()
+    return cmd_run(args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,19 +141,15 @@ def main(argv: list[str] | None = None) -> int:
     log_here.add_argument("-f", "--follow", action="store_true")
     sub.add_parser("why", help="which rank is stuck, and where: every rank's stack from every pod, one verdict (ml-dev why -h)")
     given = sys.argv[1:] if argv is None else argv
-    if given[:1] and given[0] in RANKS_COMMANDS:  # warm ranks (ranks.py, warm.py): their own command line
-        from .ranks import main as ranks_main
-
+    if given[:1] and given[0] in RANKS_COMMANDS:  # warm ranks (ranks.py, hub.py, warm.py): their own command line
         return ranks_main(given)
     if given[:1] == ["why"]:  # its own program (why.py): run and the rank agents never load the sampler and the merge
         os.execv(sys.executable, [sys.executable, str(HERE / WHY_LAUNCHER), *given])
     sub.add_parser("ranks", help="warm ranks: start, exec a cell on every rank, status, stop (ml-dev ranks -h)")
     args = parser.parse_args(argv)
-    if args.cmd == "run":
-        refuse_run()  # the GPUs warm ranks hold
     if getattr(args, "command", None) and args.command[:1] == ["--"]:
         args.command = args.command[1:]
-    handlers = {"run": cmd_run, "sync": cmd_sync, "exec": cmd_exec, "status": cmd_status, "_apply": cmd_apply, "_rank": cmd_rank}
+    handlers = {"run": run_unless_warm, "sync": cmd_sync, "exec": cmd_exec, "status": cmd_status, "_apply": cmd_apply, "_rank": cmd_rank}
     handlers.update(_check=cmd_check, _relay=cmd_relay, logs=cmd_logs, _log=cmd_log_here)
     return handlers[args.cmd](args)
 

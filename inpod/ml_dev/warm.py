@@ -1,7 +1,7 @@
 """Warm ranks, the pod's side: the node (the rank command the rank agent runs, one per pod), its workers (one per GPU,
 each a long-lived Python with its own namespace) and the bridge (the hub's SSH session to the node).
 
-    rank agent (`ml-dev _rank`, launch.py) -> node (`ml-dev _warm-node`)  -> worker (`ml-dev _warm-worker`) x N
+    rank agent (`ml-dev _rank`, launch.py) -> node (`ml-dev _warm-node`)  -> worker (`python -c WORKER_MAIN`) x N
     hub (ranks.py, on the launching pod)   -> bridge (`ml-dev _warm-bridge`, over the fabric's SSH) -> node
 
 The node is the rank agent's command: its process group is the rank (the checkpoint signal and the grace of every stop
@@ -16,6 +16,9 @@ An interrupt raises KeyboardInterrupt in the worker's main thread: SIGINT sent t
 blocking call there returns EINTR and the handler runs: PEP 475 retries a call only when the handler returns), whose
 handler raises only while the interrupted cell runs. The checkpoint signal (lifecycle.checkpointSignal) raises
 SystemExit, unless a cell installed a handler of its own (a save).
+
+Why one module: the node, its workers and the bridge are the ends of one protocol (its messages, its sockets, its
+signals); kept in one file, both ends of each message are read together.
 
 Shipped next to ml-dev (inpod.SHIPPED); Python 3.8+, standard library only.
 """
@@ -155,7 +158,11 @@ class Node:
                 ROLE_RANK=str(rank),
                 ROLE_WORLD_SIZE=str(world),
             )
-            argv = [sys.executable, str(HERE / "ml-dev"), contract.WARM_WORKER_COMMAND, "--fd", str(theirs.fileno())]
+            # `python -c`: the cells' imports find the tree first (sys.path[0] is the cwd, the tree root), then this
+            # package (PYTHONPATH, which the worker gives back its value: a cell's own children never see it)
+            env[WORKER_PYTHONPATH] = json.dumps(env.get("PYTHONPATH"))
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH", "")) if p)
+            argv = [sys.executable, "-c", WORKER_MAIN, str(theirs.fileno()), contract.WARM_WORKER_COMMAND]  # (its name: ps, idle)
             # the node's process group (no session of its own): the rank agent's checkpoint signal reaches every worker
             self.workers[rank] = subprocess.Popen(argv, env=env, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
             theirs.close()
@@ -165,7 +172,7 @@ class Node:
     def from_worker(self, rank: int) -> None:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, stop_signal()})
         for msg in messages(self.channels[rank]):
-            if msg.get("op") == "ready":
+            if msg.get("op") == "up":
                 self.ready.add(rank)
                 if len(self.ready) == self.nproc:
                     self.all_ready.set()
@@ -397,9 +404,8 @@ class Worker:
         if self.stop_signal != signal.SIGINT:
             signal.signal(self.stop_signal, self.on_stop)
         sys.argv = [f"rank {self.rank}"]
-        sys.path.insert(0, "")  # the cells' imports find the tree (the rank's cwd), as `python -c` does
         threading.Thread(target=self.read, daemon=True).start()
-        self.say({"op": "ready", "rank": self.rank, "pid": os.getpid()})
+        self.say({"op": "up", "rank": self.rank, "pid": os.getpid()})
         while True:
             try:
                 msg = self.cells.get(timeout=1)
@@ -442,7 +448,7 @@ class Worker:
 
 
 def cell_file(cid: int, code: str) -> str:
-    """The cell's source under this pod's state dir (`warm/cells/cell-<id>.py`): tracebacks show its lines, `ml-dev why`
+    """The cell's source under this pod's state dir (`warm-ranks/cells/cell-<id>.py`): tracebacks show its lines, `ml-dev why`
     names its frames (a `<string>` frame reads as the interpreter's own)."""
     path = STATE_DIR / contract.WARM_DIR / "cells" / f"cell-{cid}.py"
     try:
@@ -478,12 +484,22 @@ def cell_traceback(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
+WORKER_PYTHONPATH = "ML_DEV_WARM_PYTHONPATH"
+"""The rank's own PYTHONPATH (JSON: null when unset), which the worker gives back."""
+WORKER_MAIN = "import sys; from inpod.ml_dev.warm import cmd_worker; sys.exit(cmd_worker(int(sys.argv[1])))"
+
+
 def cmd_worker(fd: int) -> int:
+    """(a worker, `python -c WORKER_MAIN <fd>`) the rank's PYTHONPATH as it was, then cells until the node ends."""
+    given = json.loads(os.environ.pop(WORKER_PYTHONPATH, "null"))
+    if given is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = given
     return Worker(fd).run()
 
 
 HANDLERS: dict[str, Callable[[list[str]], int]] = {
     contract.WARM_NODE_COMMAND: lambda a: cmd_node(int(a[a.index("--nproc") + 1]) if "--nproc" in a else 1),
-    contract.WARM_WORKER_COMMAND: lambda a: cmd_worker(int(a[a.index("--fd") + 1])),
     contract.WARM_BRIDGE_COMMAND: lambda a: cmd_bridge(),
 }
