@@ -30,6 +30,7 @@ from inpod.ml_dev import why
 from tests.podsim.idlestop import mine, wait_for, with_grace
 from tests.podsim.leakscan import list_secret, new_value
 from tests.podsim.pods import PodSim, missing_requirements, render_stack
+from tests.podsim.warmgroup import GROUP
 
 REASON = missing_requirements()
 pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}")]
@@ -42,65 +43,6 @@ SECRET, SECRET_KEY = "warm-canary", "WARM_CANARY_TOKEN"
 VALUE = new_value()
 PY_SPY = Path(sys.executable).parent / "py-spy"
 WARM = "_warm-(node|worker|bridge)|_ranks-hub"  # pgrep -f: what of the warm ranks may run on a pod
-
-GROUP = r'''
-"""The stop matrix's stand-in collective (tests/podsim/stopjob.py), tagged: rank 0 serves MASTER_ADDR:MASTER_PORT."""
-import os, socket, threading
-
-class Group:
-    def __init__(self):
-        self.rank, self.world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        self.seq, self.buf = 0, b""
-        if self.rank == 0:
-            listener = socket.socket()
-            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            listener.bind(("", int(os.environ["MASTER_PORT"])))
-            listener.listen(self.world)
-            self.conns, self.sums, self.lock = [], {}, threading.Lock()
-            threading.Thread(target=self.accept, args=(listener,), daemon=True).start()
-        for _ in range(300):
-            try:
-                self.sock = socket.create_connection((os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])), timeout=5)
-                break
-            except OSError:
-                import time; time.sleep(0.1)
-        self.sock.settimeout(None)
-
-    def accept(self, listener):
-        while True:
-            conn = listener.accept()[0]
-            self.conns.append(conn)
-            threading.Thread(target=self.serve, args=(conn,), daemon=True).start()
-
-    def serve(self, conn):
-        buf = b""
-        while True:
-            data = conn.recv(4096)
-            if not data:
-                return
-            buf += data
-            *lines, buf = buf.split(b"\n")
-            for line in lines:
-                tag, value = line.split()
-                with self.lock:
-                    got = self.sums.setdefault(tag, [0, 0])
-                    got[0] += int(value); got[1] += 1
-                    if got[1] == self.world:
-                        for c in self.conns:
-                            c.sendall(tag + b" %d\n" % got[0])
-
-    def all_reduce(self, value, tag=None):
-        self.seq += 1
-        tag = (tag or "c%d" % self.seq).encode()
-        self.sock.sendall(tag + b" %d\n" % value)
-        while True:
-            while b"\n" not in self.buf:
-                self.buf += self.sock.recv(4096)  # an interrupt lands here: what was read stays in self.buf
-            line, self.buf = self.buf.split(b"\n", 1)
-            got_tag, total = line.split()
-            if got_tag == tag:
-                return int(total)
-'''
 
 
 def objects(objects: dict[str, Any]) -> None:
