@@ -18,7 +18,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from .ranks import Message, Printer, parse_ranks, ranks_text, run_cell
+from .ranks import Message, Printer, chosen_ranks, ranks_text, run_cell
 
 
 class RanksError(Exception):
@@ -34,7 +34,7 @@ def ranks_magic(line: str, cell: str) -> None:
     chosen: list[int] | None = None
     if words[:1] == ["--ranks"] and len(words) == 2:
         try:
-            chosen = parse_ranks(words[1])
+            chosen = chosen_ranks(words[1])
         except SystemExit:
             raise RanksError(f"--ranks {words[1]!r}: expected rank numbers separated by commas, e.g. 0,3") from None
     elif words:

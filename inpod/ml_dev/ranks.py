@@ -303,7 +303,7 @@ def exec_text(args: argparse.Namespace) -> str:
     return str(args.code)
 
 
-def parse_ranks(text: str | None) -> list[int] | None:
+def chosen_ranks(text: str | None) -> list[int] | None:
     if text is None:
         return None
     try:
@@ -315,7 +315,7 @@ def parse_ranks(text: str | None) -> list[int] | None:
 
 def cmd_exec(args: argparse.Namespace) -> int:
     code = exec_text(args)
-    ranks = parse_ranks(args.ranks)
+    ranks = chosen_ranks(args.ranks)
     printer = Printer(2)
     failed: list[int] = []
 
