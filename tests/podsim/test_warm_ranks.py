@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from inpod import contract as pod_contract
 from inpod.ml_dev import why
 from tests.podsim.idlestop import mine, wait_for, with_grace
 from tests.podsim.leakscan import list_secret, new_value
@@ -77,6 +78,12 @@ def cell(sim: PodSim, code: str, *flags: str, timeout: float = 60) -> subprocess
 def warm_processes(sim: PodSim, index: int) -> list[str]:
     res = sim.exec(index, f"pgrep -af '{WARM}' || true")
     return [line for line in res.stdout.splitlines() if "pgrep" not in line]
+
+
+def records_dir(sim: PodSim) -> str:
+    """The environment's records folder, as pod 0 names it (contract.records_dir)."""
+    env = sim.pods[0].env
+    return pod_contract.records_dir(env["ML_DEV_WORKSPACE"], env["POD_NAME"].rpartition("-")[0])
 
 
 def none_left(sim: PodSim, index: int) -> bool:
@@ -290,3 +297,28 @@ def test_a_stop_during_a_cell_gives_every_rank_the_checkpoint_signal(sim: PodSim
         wait_for(f"no warm process on pod {index}", functools.partial(none_left, sim, index), 30)
     status = sim.exec(0, "ml-dev ranks status")
     assert "not running" in status.stdout and "last cell" in status.stdout, status.stdout
+
+
+@pytest.mark.timeout(300)
+def test_a_pods_stop_gives_every_warm_rank_the_checkpoint_signal(sim: PodSim) -> None:
+    """Warm ranks without a cell, each with a save handler a cell installed; pod 2 drained (the kubelet's stop:
+    preStop hook, SIGTERM): its ranks save, the hub's run names the stop and every other pod's ranks save too."""
+    res = sim.exec(0, f"ml-dev ranks start --nproc-per-node {NPROC}", cwd=PROJECT, timeout=180)
+    assert res.returncode == 0, res.stdout + res.stderr
+    save = (
+        "import os, signal, sys\n"
+        "def save(signum, frame):\n"
+        "    open('drained-%s' % os.environ['RANK'], 'w').write(str(signum))\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, save)\n"
+    )
+    assert cell(sim, save).returncode == 0
+    assert sim.terminate(2) == "exited"
+    wait_for("the hub's end", lambda: "not running" in sim.exec(0, "ml-dev ranks status").stdout, GRACE + 60)
+    for rank in range(WORLD):
+        saved = sim.volume_dir(rank // NPROC, "/workspace") / "warm" / f"drained-{rank}"
+        assert saved.exists() and saved.read_text() == "15", rank
+    log = sim.pods[0].path(f"{records_dir(sim)}/{pod_contract.WARM_DIR}/{pod_contract.WARM_HUB_LOG}").read_text()
+    assert f"ml-dev: STOPPED: pod {sim.pods[2].name} is stopping (SIGTERM from its stop hook)" in log, log
+    for index in (0, 1):
+        wait_for(f"no warm process on pod {index}", functools.partial(none_left, sim, index), 30)
