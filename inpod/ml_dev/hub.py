@@ -60,7 +60,7 @@ class Bridge:
                 continue
             if isinstance(msg, dict):
                 self.route(msg)
-        self.route({"op": "bridge-lost", "pod": self.pod})
+        self.route({"op": "bridge-lost", "pod": self.pod, "pid": self.proc.pid})
 
     def send(self, msg: Message) -> bool:
         with self.lock:
@@ -129,6 +129,8 @@ class Hub:
     def route(self, msg: Message) -> None:
         cell = self.cell
         op = msg.get("op")
+        if op == "bridge-lost" and msg.get("pid") not in (None, self.bridges[int(msg["pod"])].proc.pid):
+            return  # a bridge replaced already (reconnected)
         if op in ("bridge-lost", "gone"):
             lost = [r for r, p in self.rank_pod.items() if p == msg.get("pod")] if op == "bridge-lost" else [int(msg.get("rank", -1))]
             if cell is not None:
@@ -151,6 +153,15 @@ class Hub:
                 self.interrupt(cell)  # an exception on one rank: every other rank's cell is interrupted
             if set(cell.done) >= set(cell.targets):
                 cell.finished.set()
+
+    def reconnect(self, pod: int) -> None:
+        """A new bridge to a pod whose bridge ended (its SSH session broke) while its node still serves."""
+        bridge = Bridge(self.cluster, pod, self.route)
+        if bridge.read_hello():
+            self.bridges[pod] = bridge
+        else:
+            bridge.close()
+            bridge.proc.wait()
 
     def interrupt(self, cell: Cell) -> None:
         cell.interrupted = True
@@ -204,6 +215,8 @@ class Hub:
         self.save(last_cell={"id": cell.cid, "state": "running", "ranks": targets, "started": cell.started})
         send(conn, threading.Lock(), {"op": "started", "id": cell.cid, "ranks": targets})
         for pod in sorted({self.rank_pod[r] for r in targets}):
+            if self.bridges[pod].proc.poll() is not None:
+                self.reconnect(pod)
             if not self.bridges[pod].send({"op": "cell", "id": cell.cid, "code": req.get("code", ""), "ranks": targets}):
                 self.route({"op": "bridge-lost", "pod": pod})
 

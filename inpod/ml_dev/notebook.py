@@ -5,8 +5,11 @@ where `ml-dev ranks start` ran.
     %%ranks --ranks 0,3     on those ranks
 
 Each rank's output is shown labelled `[rank] `, in order per rank; an exception on a rank is shown with its rank and
-traceback (the others' cell interrupted) and fails the notebook cell; the stop button (the kernel's SIGINT, a
-KeyboardInterrupt here) interrupts the cell on every rank, and the ranks stay warm. The same client as `ml-dev ranks
+traceback (the others' cell interrupted) and fails the notebook cell; the stop button interrupts the cell on every
+rank, and the ranks stay warm: Jupyter interrupts a kernel whose spec's interrupt_mode is "signal" (ipykernel's) with
+SIGINT (jupyter_client manager.py KernelManager._async_interrupt_kernel), and ipykernel sets SIGINT to
+default_int_handler while a cell runs (ipykernel kernelbase.py Kernel.pre_handler_hook), so it is a KeyboardInterrupt
+in ranks.run_cell's wait, which sends the interrupt to the hub and waits for the ranks to end their cell. The same client as `ml-dev ranks
 exec` (ranks.run_cell, ranks.Printer). The pod's startup script registers the magic in every IPython kernel
 (`$IPYTHONDIR/profile_default/startup/00-ml-dev-env-rank.py`); this module is imported at the magic's first use.
 

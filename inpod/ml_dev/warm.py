@@ -377,8 +377,11 @@ class Worker:
         send(self.sock, self.lock, msg)
 
     def read(self) -> None:
-        # signals for the process go to the main thread, where the handlers run (a thread of its own would leave the
-        # main thread blocked in its call: the C handler only flags them)
+        # signals for the process go to the main thread, where the handlers run: Python runs a handler in the main
+        # thread whichever thread got the signal (docs.python.org library/signal.html "Signals and threads"), but a
+        # main thread blocked in a call wakes (EINTR) only when it got the signal itself; the kernel offers a
+        # process-directed signal to the thread group leader first, then to any thread not blocking it (linux
+        # kernel/signal.c complete_signal). The node's interrupt is pthread_kill to the main thread in any case.
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, self.stop_signal})
         for msg in messages(self.sock):
             if msg.get("op") == "cell":

@@ -170,6 +170,19 @@ def test_ctrl_c_in_a_collective_interrupts_every_rank_and_the_group_still_works_
     assert worked == 10
 
 
+@pytest.mark.timeout(300)
+def test_a_broken_bridge_is_replaced_at_the_next_cell(sim: PodSim) -> None:
+    """The hub's SSH sessions to pods 1 and 2 end (their clients killed, as a broken connection ends them): the
+    next cell reaches every rank through new ones, the ranks' namespaces intact."""
+    found = sim.exec(0, "pgrep -f '^ssh .*_warm-bridge'").stdout.split()
+    assert len(found) == PODS - 1, found  # pod 0's own bridge is a local process
+    sim.exec(0, f"kill {' '.join(found)}")
+    res = cell(sim, "print(mine)")
+    assert res.returncode == 0 and by_rank(res.stdout) == {r: [str(r * 10)] for r in range(WORLD)}, res.stdout + res.stderr
+    again = sim.exec(0, "pgrep -f '^ssh .*_warm-bridge'").stdout.split()
+    assert len(again) == PODS - 1 and not set(again) & set(found), (found, again)
+
+
 def entered(proc: subprocess.Popen[str]) -> list[str]:
     """`ranks exec`'s output until every rank printed `in` (then it blocks)."""
     assert proc.stdout is not None
