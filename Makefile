@@ -13,7 +13,7 @@ STACK ?= barcelona
 APT_PACKAGES := python3-venv python3 make git mount iproute2 openmpi-bin docker-registry skopeo buildah apache2-utils openssh-server openssh-client rsync pdsh libnss-wrapper shellcheck chromium chromium-sandbox chromium-driver iptables iputils-ping graphviz
 # Hash-locked sets compiled from the *.in files by `make lock` (tools/lock.sh, uv); .venv gets the dev lock.
 
-.PHONY: lock lock-check verify-base-lock typecheck help venv system-deps render render-all runs status racks test test-fast lint docs docs-generate screenshots diagram policy-preview bench-tests bench-package bench-launch registry3 bench-why bench-why-idle clean
+.PHONY: lock lock-check verify-base-lock typecheck help venv system-deps render render-all runs status racks test test-fast lint docs docs-generate screenshots diagram policy-preview bench-tests bench-package bench-launch registry3 bench-why bench-why-idle bench-ranks clean
 
 help:
 	@echo "make render STACK=<name>   render one stack offline into rendered/<name>/ (+ schema check)"
@@ -34,6 +34,7 @@ help:
 	@echo "make bench-package         modelcar packaging benchmark (SIZE=2GiB)"
 	@echo "make bench-launch          ml-dev run on simulated pods: time to all ranks running (PODS=2,4,8,16 SIZE=20MB, root)"
 	@echo "make bench-why             ml-dev why on 4 simulated pods: right rank and pod, time to verdict (TRIALS=10, root)"
+	@echo "make bench-ranks           ml-dev ranks on simulated pods: a cell's round trip, an edited step warm vs relaunched (PODS=4 TRIALS=10, root)"
 	@echo "make bench-why-idle        ml-dev run's launch, main vs this tree interleaved on 4 simulated pods (PAIRS=7, root)"
 	@echo "make registry3 DIST3_SRC=<dir>  build distribution 3's registry (.tools/registry3) for the restart tests (Go >= 1.25)"
 
@@ -201,6 +202,9 @@ bench-why: venv system-deps
 
 bench-why-idle: venv system-deps
 	$(PY) -m bench.bench_why_idle --pairs $(or $(PAIRS),7)
+
+bench-ranks: venv system-deps
+	$(PY) -m bench.bench_ranks --pods $(or $(PODS),4) --trials $(or $(TRIALS),10)
 
 # distribution 3's registry for tests/steps/test_package_restart.py (its distribution-3 cells skip, saying so, without
 # it). No package registry this project installs from ships the binary or its source (Debian has 2.8 only, the Go

@@ -69,6 +69,23 @@ the older as `<name>.before-<time>`)."""
 RUNS_SUBDIR = "runs"
 """`<records_dir>/runs/<run>/` on the launching pod: what `ml-dev why` and the run's watchdog kept (`why/<UTC
 time>.json`, each with the per-rank stacks and dumps it used, and `why/latest.json`)."""
+WARM_DIR = "warm-ranks"
+"""Warm ranks (`ml-dev ranks`): `<records_dir>/warm-ranks/` on the launching pod (WARM_STATE_FILE, WARM_HUB_LOG) and
+`$ML_DEV_STATE_DIR/warm-ranks/` on every pod running them (WARM_ACTIVITY_FILE, `cells/cell-<id>.py`)."""
+WARM_STATE_FILE = "state.json"
+"""The hub's record: state (starting, warm, stopped, failed), hub pid and pod, pods, ranks per pod, the last cell."""
+WARM_HUB_LOG = "hub.log"
+"""The hub's output: the `ml-dev run` of the warm ranks' node program, as its launcher prints it."""
+WARM_ACTIVITY_FILE = "activity.json"
+"""A pod's warm ranks, rewritten by its node at every cell's start and end: `running` (cell ids), `last` (the time of
+the last cell event, the start if none), `last_cell` ({id, state, ranks, started, ended}); the idle agent's signal."""
+WARM_NODE_COMMAND = "_warm-node"
+"""The warm ranks' rank command on every pod (`ml-dev _warm-node`): a rank heartbeat naming it is a warm rank's."""
+WARM_WORKER_COMMAND = "_warm-worker"
+"""The last word of a warm rank's worker's argv (`python3 -c ... <fd> _warm-worker`): the idle agent knows its GPU."""
+WARM_BRIDGE_COMMAND = "_warm-bridge"
+WARM_SOCKET_PREFIX = "ml-dev-env/warm/"
+"""The abstract Unix sockets of warm ranks (`\\0ml-dev-env/warm/{node,hub}:<uid>:...`): in the pod's network namespace only."""
 
 
 def records_dir(workspace: str, app: str) -> str:

@@ -410,6 +410,29 @@ def pods_html(v: View) -> tuple[str, str]:
     return f'<table id="pods">{head}{"".join(rows)}</table><p id="gpu-hours">{footer}</p>', ""
 
 
+def warm_items(v: View) -> list[str]:
+    """Each pod's warm ranks (its idle agent's warm signal: the node's activity record) and its last cell's state."""
+    items = []
+    for pod in getattr(v.col, "pods", []):
+        detail = (signal_of(v.col.reports.get(pod) or {}, "warm") or {}).get("detail", {})
+        ranks_here = detail.get("ranks") or []
+        if not ranks_here:
+            continue
+        last = detail.get("lastCell") or {}
+        text = f"ranks {num(f'warm:{pod}:ranks', ','.join(map(str, ranks_here)))} on {num(f'warm:{pod}:pod', pod)}: "
+        if not last:
+            text += "no cell yet"
+        elif last.get("state") == "running":
+            since = float(last.get("started") or v.now)
+            text += f"cell {num(f'warm:{pod}:cell', last.get('id'))} running for {num(f'warm:{pod}:age', ago(v.now - since))}"
+        else:
+            since = float(last.get("ended") or last.get("started") or v.now)
+            cell = num(f"warm:{pod}:cell", last.get("id"))
+            text += f"last cell {cell} {esc(last.get('state'))}, {num(f'warm:{pod}:age', ago(v.now - since))} ago"
+        items.append(f'<li class="warm">{text}</li>')
+    return items
+
+
 def running_html(v: View) -> tuple[str, str]:
     """The `ml-dev run`s of every pod (their launchers' heartbeats) and the people's SSH connections into every pod."""
     col, now = v.col, v.now
@@ -437,6 +460,9 @@ def running_html(v: View) -> tuple[str, str]:
         several = f", {num(f'conn-sessions:{pod}', c['sessions'])} sessions" if c["sessions"] > 1 else ""
         ssh.append(f'<li class="ssh">{num(f"conn:{pod}", who)} into {num("conn-pod", pod)}{several}</li>')
     body = "<h3>ml-dev runs</h3>" + (f"<ul>{''.join(runs)}</ul>" if runs else "<p>none</p>")
+    warm = warm_items(v)
+    if warm:
+        body += f"<h3>Warm ranks (ml-dev ranks)</h3><ul>{''.join(warm)}</ul>"
     body += "<h3>SSH connections (people's; ml-dev's own belong to its runs)</h3>" + (f"<ul>{''.join(ssh)}</ul>" if ssh else "<p>none</p>")
     return body, ""
 

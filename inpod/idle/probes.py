@@ -1,4 +1,4 @@
-"""The idle agent's local signals (gpu, terminals, ssh, launcher, vscode, jupyter), its settings and environment.
+"""The idle agent's local signals (gpu, terminals, ssh, launcher, warm, vscode, jupyter), its settings and environment.
 
 Shipped next to idle_agent.py (inpod.SHIPPED); Python 3.8+, standard library only.
 """
@@ -204,20 +204,29 @@ def gpu_holders() -> dict[int, str]:
     return holders
 
 
-def held_by_idle_kernels(idle_kernels: set[str]) -> list[str] | None:
+IDLE_WARM = "warm ranks"
+"""What held_by_idle_kernels names for warm ranks' workers (`ml-dev _warm-worker`) when no cell runs on them."""
+
+
+def held_by_idle_kernels(idle_kernels: set[str], warm_idle: bool = False) -> list[str] | None:
     """The kernel ids holding the GPUs when every process of this pod that holds one is a kernel Jupyter reports
-    idle; None when any other process (or none this pod can see) holds one."""
+    idle (or, `warm_idle`, a warm rank without a cell: IDLE_WARM); None when any other process (or none this pod can
+    see) holds one."""
     holders = gpu_holders()
-    ids = [m.group(1) if m else None for m in (KERNEL_FILE.search(cmd) for cmd in holders.values())]
-    if not ids or any(i not in idle_kernels for i in ids):
+    ids = [
+        IDLE_WARM if warm_idle and contract.WARM_WORKER_COMMAND in cmd else m.group(1) if m else None
+        for cmd, m in ((cmd, KERNEL_FILE.search(cmd)) for cmd in holders.values())
+    ]
+    if not ids or any(i not in idle_kernels and i != IDLE_WARM for i in ids):
         return None
     return sorted({i for i in ids if i})
 
 
-def probe_gpu(settings: dict[str, Any], idle_kernels: set[str] | None = None) -> dict[str, Any]:
+def probe_gpu(settings: dict[str, Any], idle_kernels: set[str] | None = None, warm_idle: bool = False) -> dict[str, Any]:
     """The gpu signal. `idle_kernels` (pod 0 with Jupyter: the kernels /api/kernels reports idle): a GPU held only
     by those kernels does not veto by its processes or memory (a notebook with a model loaded at 0 % for days is
-    judged by Jupyter's activity, warned and stopped at idleTimeout); utilisation still counts."""
+    judged by Jupyter's activity, warned and stopped at idleTimeout); utilisation still counts. `warm_idle`: the same
+    for warm ranks without a cell (the warm signal judges them)."""
     try:
         deadline = time.monotonic() + GPU_PROBE_SECONDS
         gpus = parse_gpu_csv(nvidia_smi(f"--query-gpu={GPU_QUERY}", deadline))
@@ -225,7 +234,7 @@ def probe_gpu(settings: dict[str, Any], idle_kernels: set[str] | None = None) ->
     except (OSError, ValueError, KeyError, subprocess.SubprocessError) as exc:
         return signal("gpu", False, error=str(exc))
     why = busy_gpus(gpus, apps, settings)
-    kernels = held_by_idle_kernels(idle_kernels) if why and idle_kernels is not None else None
+    kernels = held_by_idle_kernels(idle_kernels or set(), warm_idle) if why and (idle_kernels is not None or warm_idle) else None
     if kernels is not None:
         held = ("compute process ", " MiB in use (floor ")
         why = {k: rest for k, v in why.items() if (rest := [w for w in v if not any(h in w for h in held)])}
@@ -283,22 +292,41 @@ def session_facts(record: Path) -> dict[str, Any]:
     }
 
 
+def warm_session(pid: int) -> bool:
+    """A session of warm ranks (`ml-dev ranks`: a rank agent of the node program, a hub's bridge): what it runs names
+    the program (contract.WARM_NODE_COMMAND / WARM_BRIDGE_COMMAND). Its activity is the warm signal's (cells), so
+    the session itself counts for nothing: warm ranks without a cell are idle."""
+    with contextlib.suppress(OSError):
+        argv = Path(env("ML_DEV_PROC_DIR", "/proc"), str(pid), "cmdline").read_bytes()
+        return any(name.encode() in argv for name in (contract.WARM_NODE_COMMAND, contract.WARM_BRIDGE_COMMAND))
+    return False
+
+
 def probe_ssh() -> dict[str, Any]:
     # activity/ssh/<pid> (the activity-records contract) and ssh-sessions/<pid> (the SSH fabric's ForceCommand)
-    live, facts = [], []
+    live, facts, warm = [], [], set()
     for records in (state_dir() / contract.ACTIVITY_DIR / "ssh", state_dir() / contract.SSH_SESSIONS_DIR):
         with contextlib.suppress(OSError):
             for p in sorted(records.iterdir()):
                 if session_alive(p):
+                    if warm_session(int(p.name)):
+                        warm.add(int(p.name))
+                        continue
                     live.append(int(p.name))
                     facts.append(session_facts(p))
     sessions = []
     if env("ML_DEV_SSH_PROCESS_SCAN", "1") == "1":
+        parents: dict[int, list[int]] = {}
         for proc in Path(env("ML_DEV_PROC_DIR", "/proc")).glob("[0-9]*"):
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                parents.setdefault(ppid, []).append(int(proc.name))
             with contextlib.suppress(OSError):
                 title = (proc / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
                 if title.startswith("sshd: ") and "@" in title:  # sshd's per-session process title
                     sessions.append(int(proc.name))
+        # a connection that carries only warm ranks' sessions (the hub's, multiplexed) is theirs
+        sessions = [p for p in sessions if not (parents.get(p) and set(parents[p]) <= warm)]
     return signal("ssh", True, active=bool(live or sessions), records=sorted(live), sessionProcesses=sorted(sessions), sessions=facts)
 
 
@@ -319,6 +347,8 @@ def probe_launcher(now: float) -> dict[str, Any]:
             info = json.loads(beat.read_text().strip().splitlines()[0])
             pid = int(info["pid"])
         alive = pid is None or pid_alive(pid)
+        if isinstance(info, dict) and contract.WARM_NODE_COMMAND in (info.get("command") or []):
+            continue  # warm ranks (their hub's run, their rank agents): the warm signal counts their cells
         ages.append(now - mtime)
         if alive and now - mtime <= LAUNCHER_FRESH_SECONDS:
             active = True
@@ -326,6 +356,25 @@ def probe_launcher(now: float) -> dict[str, Any]:
             if beat.name.startswith("run-") and isinstance(info, dict):  # an `ml-dev run` launched here: the home page lists it
                 launches.append({k: info.get(k) for k in ("pid", "command", "cwd", "pods", "started")})
     return signal("launcher", True, active=active, age=min(ages) if ages else None, runs=runs, launches=launches)
+
+
+def probe_warm(now: float) -> dict[str, Any]:
+    """Warm ranks on this pod (`ml-dev ranks`): active while a cell runs; else the last cell's end (their start when
+    none ran) is the last activity, so warm ranks without a cell for idleTimeout are idle. Their node rewrites
+    `warm/activity.json` at every cell's start and end (contract.WARM_ACTIVITY_FILE)."""
+    path = state_dir() / contract.WARM_DIR / contract.WARM_ACTIVITY_FILE
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        return signal("warm", True, ranks=[])
+    except (OSError, ValueError) as exc:
+        return signal("warm", False, error=f"{path}: {exc}")
+    if not isinstance(record, dict) or not pid_alive(int(record.get("pid") or 0)):
+        return signal("warm", True, ranks=[])  # a node that was killed left its record
+    running = list(record.get("running") or [])
+    last = float(record.get("last") or now)
+    detail = {"ranks": record.get("ranks") or [], "running": running, "lastCell": record.get("last_cell")}
+    return signal("warm", True, active=bool(running), age=max(0.0, now - last), **detail)
 
 
 def probe_vscode(now: float) -> dict[str, Any]:
@@ -402,11 +451,14 @@ def local_activity(settings: dict[str, Any]) -> dict[str, Any]:
     servers = settings.get("servers", []) if is_rank0() else []
     jupyter = guarded("jupyter", lambda: probe_jupyter(now)) if "jupyter" in servers else None
     idle_kernels = set(jupyter["detail"].get("idleKernels") or []) if jupyter is not None and jupyter["ok"] else None
+    warm = guarded("warm", lambda: probe_warm(now))
+    warm_idle = bool(warm["ok"] and warm["detail"].get("ranks") and not warm["active"])
     signals = [
-        guarded("gpu", lambda: probe_gpu(settings, idle_kernels)),
+        guarded("gpu", lambda: probe_gpu(settings, idle_kernels, warm_idle)),
         guarded("terminals", lambda: probe_terminals(now)),
         guarded("ssh", probe_ssh),
         guarded("launcher", lambda: probe_launcher(now)),
+        warm,
     ]
     if "vscode" in servers:
         signals.append(guarded("vscode", lambda: probe_vscode(now)))

@@ -10,6 +10,7 @@
     ml-dev status --start                  the start ledger: each pod's phases from creation to its first rank
     ml-dev why                             which rank of the running job is stuck, and where (every rank's stack)
     ml-dev logs [RUN] [--rank N] [-f]      a run's output, kept by every rank's agent on its pod (no nohup needed)
+    ml-dev ranks start|exec|status|stop    warm ranks: one Python per GPU that stays, cells run in every rank's namespace
 
 Delivered by the stack in the <app>-startup ConfigMap (mounted at /opt/ml-dev-env), so it works in any
 image with Python 3.8+, OpenSSH and rsync. Reads the rank contract only: $ML_DEV_STATE_DIR/rank.env
@@ -40,6 +41,9 @@ from .common import DEBUG_PORT, FROM_RANK_FILE, HERE, PER_POD_ENV
 from .fanout import cmd_relay
 from .launch import cmd_exec, cmd_rank, cmd_run
 from .logs import cmd_log_here, cmd_logs
+from .ranks import COMMANDS as RANKS_COMMANDS
+from .ranks import main as ranks_main
+from .ranks import refuse_run
 from .status import cmd_status
 from .sync import cmd_apply, cmd_check, cmd_sync
 from .watchdog import WHY_LAUNCHER
@@ -63,6 +67,12 @@ EXIT_RULE = (
     "nothing itself: the rank agents stop their ranks the same way. Each rank's output is also in its run log on\n"
     "its pod's workspace: `ml-dev logs`, so nohup or a background launch is never needed."
 )
+
+
+def run_unless_warm(args: argparse.Namespace) -> int:
+    """`ml-dev run`, refused on GPUs that warm ranks hold (ranks.refuse_run says how to stop them)."""
+    refuse_run()
+    return cmd_run(args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,12 +141,15 @@ def main(argv: list[str] | None = None) -> int:
     log_here.add_argument("-f", "--follow", action="store_true")
     sub.add_parser("why", help="which rank is stuck, and where: every rank's stack from every pod, one verdict (ml-dev why -h)")
     given = sys.argv[1:] if argv is None else argv
+    if given[:1] and given[0] in RANKS_COMMANDS:  # warm ranks (ranks.py, hub.py, warm.py): their own command line
+        return ranks_main(given)
     if given[:1] == ["why"]:  # its own program (why.py): run and the rank agents never load the sampler and the merge
         os.execv(sys.executable, [sys.executable, str(HERE / WHY_LAUNCHER), *given])
+    sub.add_parser("ranks", help="warm ranks: start, exec a cell on every rank, status, stop (ml-dev ranks -h)")
     args = parser.parse_args(argv)
     if getattr(args, "command", None) and args.command[:1] == ["--"]:
         args.command = args.command[1:]
-    handlers = {"run": cmd_run, "sync": cmd_sync, "exec": cmd_exec, "status": cmd_status, "_apply": cmd_apply, "_rank": cmd_rank}
+    handlers = {"run": run_unless_warm, "sync": cmd_sync, "exec": cmd_exec, "status": cmd_status, "_apply": cmd_apply, "_rank": cmd_rank}
     handlers.update(_check=cmd_check, _relay=cmd_relay, logs=cmd_logs, _log=cmd_log_here)
     return handlers[args.cmd](args)
 

@@ -335,6 +335,32 @@ def _ml_dev_env_load_secrets():
 
 _ml_dev_env_load_secrets()
 del _ml_dev_env_load_secrets
+
+
+# `%%ranks`: a cell on every warm rank (`ml-dev ranks start`; inpod/ml_dev/notebook.py, imported at its first use)
+def _ml_dev_env_ranks_magic():
+    import os
+    import sys
+
+    try:
+        ipython = get_ipython()  # noqa: F821 (IPython's, in a startup file)
+    except NameError:
+        return
+
+    def ranks(line, cell):
+        mount = os.environ.get("ML_DEV_DIR", "/opt/ml-dev-env")
+        sys.path.insert(0, mount)
+        try:
+            from inpod.ml_dev import notebook
+        finally:
+            sys.path.remove(mount)
+        return notebook.ranks_magic(line, cell)
+
+    ipython.register_magic_function(ranks, "cell", "ranks")
+
+
+_ml_dev_env_ranks_magic()
+del _ml_dev_env_ranks_magic
 PY
 )"
 IPY_CODE="${IPY_CODE//@CONTRACT_STATE_DIR@/$CONTRACT_STATE_DIR}"  # the contract's facts into the kernel's Python

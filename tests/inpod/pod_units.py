@@ -241,7 +241,7 @@ class IdleAgent(unittest.TestCase):
         proc = subprocess.run([sys.executable, str(MOUNT / "idle_agent.py"), "probe"], capture_output=True, env=env, timeout=60)
         self.assertEqual(proc.returncode, 0, proc.stderr)
         report = json.loads(proc.stdout.decode().split("\n", 1)[1])  # after the log line about the settings
-        self.assertEqual([s["name"] for s in report["signals"]], ["gpu", "terminals", "ssh", "launcher"])
+        self.assertEqual([s["name"] for s in report["signals"]], ["gpu", "terminals", "ssh", "launcher", "warm"])
         self.assertFalse(report["signals"][0]["ok"])
 
 
@@ -484,6 +484,82 @@ class GatePatch(unittest.TestCase):
         self.assertEqual(proc.returncode, 2)
         self.assertIn(b"unexpected word from the launcher at the gate", proc.stderr)
         self.assertEqual(len(answers), 1)
+
+
+class WarmWorkerTest(unittest.TestCase):
+    """A warm rank's worker (inpod/ml_dev/warm.py), started as its node starts it, driven over its socketpair."""
+
+    def setUp(self) -> None:
+        import signal
+        import socket
+
+        self.signal = signal
+        warm = load("inpod.ml_dev.warm")
+        self.tmp = Path(tempfile.mkdtemp())
+        package = str(Path(str(warm.__file__)).parents[2])  # the `inpod` this run loads (the mount's)
+        self.ours, theirs = socket.socketpair()
+        env = dict(os.environ, RANK="3", ML_DEV_STATE_DIR=str(self.tmp / "state"), PYTHONPATH=package)
+        env[warm.WORKER_PYTHONPATH] = json.dumps("/the/ranks/own")
+        argv = [sys.executable, "-c", warm.WORKER_MAIN, str(theirs.fileno()), "_warm-worker"]
+        self.proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), env=env, cwd=str(self.tmp), stdout=subprocess.DEVNULL)
+        theirs.close()
+        self.lines = self.ours.makefile("rb")
+        self.seen: list[dict[str, Any]] = []
+        self.assertEqual(self.next_op("up")["rank"], 3)
+
+    def tearDown(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=30)
+        self.lines.close()
+        self.ours.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def next_op(self, op: str) -> dict[str, Any]:
+        while True:
+            msg = json.loads(self.lines.readline())
+            if msg.get("op") == op:
+                return dict(msg)
+            self.seen.append(msg)
+
+    def cell(self, cid: int, code: str, interrupt_after: float | None = None) -> tuple[dict[str, Any], str]:
+        self.seen = []
+        self.ours.sendall((json.dumps({"op": "cell", "id": cid, "code": code}) + "\n").encode())
+        if interrupt_after is not None:
+            time.sleep(interrupt_after)
+            self.ours.sendall((json.dumps({"op": "interrupt", "id": cid}) + "\n").encode())
+        done = self.next_op("done")
+        return done, "".join(m["text"] for m in self.seen if m.get("op") == "out" and m.get("id") == cid)
+
+    def test_cells_keep_the_namespace_interrupts_land_in_a_blocking_call_and_errors_name_the_line(self) -> None:
+        done, out = self.cell(1, "import os\nx = 41\nprint(os.environ.get('PYTHONPATH'))\nx + 1")
+        self.assertTrue(done["ok"], done)
+        self.assertEqual(out, "/the/ranks/own\n42\n")  # the rank's own PYTHONPATH; the last expression shown
+        done, out = self.cell(2, "import socket\na, b = socket.socketpair()\nprint('in')\na.recv(1)", interrupt_after=0.5)
+        self.assertEqual((done["ok"], done["interrupted"], out), (False, True, "in\n"), done)
+        self.interrupt_outside_a_cell_is_ignored()
+        done, _ = self.cell(3, "y = x\n1 / 0")
+        self.assertFalse(done["ok"] or done["interrupted"], done)
+        self.assertIn("ZeroDivisionError: division by zero", done["error"])
+        self.assertIn('cell-3.py", line 2', done["error"])
+        self.assertIn("1 / 0", done["error"])  # the cell's own line
+        self.assertNotIn("warm.py", done["error"])  # none of the worker's frames
+        done, out = self.cell(4, "import sys\nsys.exit(5)")
+        self.assertIn("the rank stays warm", done["error"])
+        done, out = self.cell(5, "print(x + 1, y)")
+        self.assertEqual((done["ok"], out), (True, "42 41\n"))
+        self.ours.shutdown(2)  # the node gone: the worker ends
+        self.assertEqual(self.proc.wait(timeout=30), 0)
+
+    def interrupt_outside_a_cell_is_ignored(self) -> None:
+        self.ours.sendall((json.dumps({"op": "interrupt", "id": 2}) + "\n").encode())
+        self.proc.send_signal(self.signal.SIGINT)  # a stray SIGINT between cells
+        time.sleep(0.3)
+        self.assertIsNone(self.proc.poll())
+
+    def test_the_checkpoint_signal_ends_an_idle_worker(self) -> None:
+        self.proc.send_signal(self.signal.SIGTERM)
+        self.assertEqual(self.proc.wait(timeout=30), 128 + self.signal.SIGTERM)
 
 
 @contextlib.contextmanager

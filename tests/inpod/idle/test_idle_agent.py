@@ -441,3 +441,63 @@ def test_a_settings_change_starts_a_round_at_once_not_an_interval_later(tmp_path
     finally:
         changer.cancel()
     assert agent.load_settings()["unreachableSeconds"] == 4
+
+
+# ------------------------------------------------------------------ warm ranks (`ml-dev ranks`, issue 51)
+
+WARM_NODE = ["python3", "/opt/ml-dev-env/ml-dev", contract.WARM_NODE_COMMAND, "--nproc", "2"]
+
+
+def titled(title: str) -> subprocess.Popen[bytes]:
+    """A live process whose argv is `title` (what /proc/<pid>/cmdline shows)."""
+    proc = subprocess.Popen(["bash", "-c", f'exec -a "{title}" sleep 60'])
+    deadline = time.monotonic() + 10
+    while title.encode() not in Path(f"/proc/{proc.pid}/cmdline").read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return proc
+
+
+def test_warm_ranks_count_by_their_cells_only(
+    pod0: AgentInputs, api: FakeApiServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A cell running is activity; warm ranks without a cell for idleTimeout are idle, whatever their rank agents'
+    heartbeats, their hub's run heartbeat and their hub's SSH session (a bridge) say: real processes behind every
+    record, in the formats the programs write (warm.py write_activity, launch.py Heartbeat, ssh-session.sh)."""
+    pod = pod0
+    settings = write_settings(tmp_path / "idle.json", servers=[])
+    (pod.state / "heartbeat").mkdir(exist_ok=True)
+    (pod.state / contract.SSH_SESSIONS_DIR).mkdir(exist_ok=True)
+    node = titled(" ".join(WARM_NODE))
+    rank_agent = titled("python3 /opt/ml-dev-env/ml-dev _rank --env-stdin --cwd /workspace -- " + " ".join(WARM_NODE))
+    bridge = titled(f"python3 /opt/ml-dev-env/ml-dev {contract.WARM_BRIDGE_COMMAND}")
+    try:
+        now = time.time()
+        for name, pid in (("rank", rank_agent.pid), ("run", node.pid)):  # the agent's and the hub's heartbeats, fresh
+            beat = pod.state / "heartbeat" / f"{name}-{pid}.json"
+            beat.write_text(json.dumps({"command": WARM_NODE, "cwd": "/workspace", "pid": pid, "started": now, "alive_at": now}))
+        start = Path(f"/proc/{bridge.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        (pod.state / contract.SSH_SESSIONS_DIR / str(bridge.pid)).write_text(f"{start}\ndev\n10.128.2.7 51234 22\n4242\n")
+        record = pod.state / contract.WARM_DIR / contract.WARM_ACTIVITY_FILE
+        record.parent.mkdir(parents=True, exist_ok=True)
+
+        def warm(running: list[int], last: float) -> None:
+            cell = {"id": 7, "state": "running" if running else "ok", "ranks": [0, 1], "started": last}
+            record.write_text(json.dumps({"pid": node.pid, "ranks": [0, 1], "running": running, "last": last, "last_cell": cell}))
+
+        warm([], now - 7200)  # warm, no cell for 2 h: idle (the heartbeats and the bridge's session count for nothing)
+        outcome, decider = decide(pod, settings, api, monkeypatch, ML_DEV_SSH_PROCESS_SCAN="0")
+        assert outcome == "stop", decider.reason
+        api.scales.clear()
+        warm([7], now - 7200)  # a cell runs (started 2 h ago): active
+        outcome, decider = decide(pod, settings, api, monkeypatch, ML_DEV_SSH_PROCESS_SCAN="0")
+        assert (outcome, decider.reason) == ("active", f"{APP}-0/warm: active")
+        warm([], time.time() - 1)  # the last cell ended a second ago (idleTimeout: 6 s)
+        outcome, decider = decide(pod, settings, api, monkeypatch, ML_DEV_SSH_PROCESS_SCAN="0")
+        assert (outcome, decider.reason) == ("active", f"{APP}-0/warm: last activity")
+        assert agent.probe_ssh()["detail"]["records"] == []  # the bridge's session is the warm ranks'
+    finally:
+        for proc in (node, rank_agent, bridge):
+            proc.kill()
+            proc.wait()
+    warm_signal = agent.probe_warm(time.time())
+    assert warm_signal["detail"]["ranks"] == [] and not warm_signal["active"]  # a node gone: its record is ignored

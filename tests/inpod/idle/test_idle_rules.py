@@ -238,3 +238,47 @@ def test_the_real_jupyterlab_culls_a_forgotten_notebook_with_those_flags(tmp_pat
         assert f"Culling 'idle' kernel 'python3' ({kernel}) with 1 connections due to" in log, log[-2000:]
     finally:
         lab.close()
+
+
+def holding(pod: AgentInputs, *tail: str) -> subprocess.Popen[bytes]:
+    """A process of the pod holding the GPU device open; `tail`: the last words of its argv."""
+    code = f"import time; f = open({str(device(pod))!r}); time.sleep(120)"
+    proc = subprocess.Popen([sys.executable, "-c", code, *tail], stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while proc.pid not in agent_module("idle_probes").gpu_holders() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return proc
+
+
+def test_a_gpu_held_only_by_warm_ranks_without_a_cell_does_not_veto(pod: AgentInputs) -> None:
+    """Warm ranks (`ml-dev ranks`) with a model loaded and no cell: judged by their cells (the warm signal), not by
+    the GPU memory they hold; a cell running makes both count, and any other holder keeps the GPU busy."""
+    settings = {**agent.DEFAULTS, "servers": []}
+    # a worker as its node starts it (warm.py: `python3 -c ... <fd> _warm-worker`), holding the GPU
+    worker = holding(pod, "5", pod_contract.WARM_WORKER_COMMAND)
+    record = pod.state / pod_contract.WARM_DIR / pod_contract.WARM_ACTIVITY_FILE
+    record.parent.mkdir(parents=True)
+
+    def warm(running: list[int]) -> None:  # the node's record (its pid: the worker's here, a live process)
+        record.write_text(json.dumps({"pid": worker.pid, "ranks": [0], "running": running, "last": time.time() - 7200}))
+
+    try:
+        warm([])
+        got = signals(settings)
+        assert got["gpu"]["ok"] and not got["gpu"]["active"], got["gpu"]
+        assert got["gpu"]["detail"]["heldByIdleKernels"] == ["warm ranks"]
+        assert not got["warm"]["active"] and got["warm"]["age"] >= 7000, got["warm"]
+        warm([3])  # a cell runs: the GPU counts again, and the cell is activity by itself
+        got = signals(settings)
+        assert got["gpu"]["active"] and got["warm"]["active"], got
+        warm([])
+        other = holding(pod)  # another process of the pod holding the GPU: busy
+        try:
+            got = signals(settings)
+            assert got["gpu"]["active"] and got["gpu"]["detail"]["heldByIdleKernels"] == [], got["gpu"]
+        finally:
+            other.kill()
+            other.wait(30)
+    finally:
+        worker.kill()
+        worker.wait(30)

@@ -246,7 +246,7 @@ def test_the_idle_agent_runs_on_a_worker_and_shells_get_the_warning(sim: PodSim)
     assert res.returncode == 0, res.stderr
     report = json.loads(res.stdout)
     assert report["pod"] == sim.pods[1].name
-    assert [s["name"] for s in report["signals"]] == ["gpu", "terminals", "ssh", "launcher"]
+    assert [s["name"] for s in report["signals"]] == ["gpu", "terminals", "ssh", "launcher", "warm"]
     bashrc = sim.pods[1].path(f"{WORKSPACE}/.home/{sim.pods[1].name}/.bashrc").read_text()
     assert bashrc.count("idle-warning.sh") == 2 and "ml-dev-env/idle-warning.sh" in bashrc  # one line, path twice
 
