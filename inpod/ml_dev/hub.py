@@ -80,6 +80,13 @@ class Bridge:
             pass
 
 
+def ends_the_rank(msg: Message) -> bool:
+    """A cell that ended in SystemExit: its rank is leaving on purpose (a stop's save handler calls sys.exit), never an
+    exception to interrupt the others with: their own save handlers may be running, and a KeyboardInterrupt raised
+    inside one leaves its checkpoint half written."""
+    return str(msg.get("error") or "").startswith("SystemExit")
+
+
 class Cell:
     def __init__(self, cid: int, targets: list[int], conn: socket.socket) -> None:
         self.cid, self.targets, self.conn = cid, targets, conn
@@ -149,7 +156,7 @@ class Hub:
     def finish(self, cell: Cell, msg: Message) -> None:
         with cell.lock:
             cell.done[int(msg["rank"])] = msg
-            if not msg.get("ok") and not msg.get("interrupted") and not cell.interrupted:
+            if not msg.get("ok") and not msg.get("interrupted") and not cell.interrupted and not ends_the_rank(msg):
                 self.interrupt(cell)  # an exception on one rank: every other rank's cell is interrupted
             if set(cell.done) >= set(cell.targets):
                 cell.finished.set()

@@ -236,7 +236,7 @@ class Node:
                     write_activity(self.activity)
                 for r in targets:
                     send(self.channels[r], self.locks[r], msg)
-            elif op == "interrupt":
+            elif op == "interrupt" and not self.stopping:  # a stop's save handlers run: an interrupt would cut them
                 for r in self.ranks():
                     send(self.channels[r], self.locks[r], msg)
 

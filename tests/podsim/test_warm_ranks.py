@@ -286,9 +286,12 @@ def test_ml_dev_run_is_refused_while_warm_ranks_hold_the_gpus(sim: PodSim) -> No
 @pytest.mark.timeout(300)
 def test_a_stop_during_a_cell_gives_every_rank_the_checkpoint_signal(sim: PodSim) -> None:
     save = (
-        "import signal, sys\n"
+        "import signal, sys, time\n"
         "def save(signum, frame):\n"
-        "    open('saved-%s' % os.environ['RANK'], 'w').write(str(signum))\n"
+        "    f = open('saved-%s' % os.environ['RANK'], 'w')\n"
+        "    time.sleep(0.5)\n"  # a save takes time: another rank's exit must not cut it (no interrupt during a stop)
+        "    f.write(str(signum))\n"
+        "    f.close()\n"
         "    sys.exit(0)\n"
         "signal.signal(signal.SIGTERM, save)\n"
         "print('in', flush=True)\n"
@@ -301,11 +304,11 @@ def test_a_stop_during_a_cell_gives_every_rank_the_checkpoint_signal(sim: PodSim
     assert all(line.rstrip().endswith("] in") for line in seen), seen
     stop = sim.exec(0, "ml-dev ranks stop", timeout=GRACE + 60)
     assert stop.returncode == 0 and "warm ranks stopped" in stop.stdout, stop.stdout + stop.stderr
-    proc.communicate(timeout=30)
+    out, _ = proc.communicate(timeout=30)
     for rank in range(WORLD):
         pod = rank // NPROC
         saved = sim.volume_dir(pod, "/workspace") / "warm" / f"saved-{rank}"
-        assert saved.exists() and saved.read_text() == "15", (rank, stop.stderr)
+        assert saved.exists() and saved.read_text() == "15", (rank, stop.stderr, out)
     for index in range(PODS):
         wait_for(f"no warm process on pod {index}", functools.partial(none_left, sim, index), 30)
     status = sim.exec(0, "ml-dev ranks status")
