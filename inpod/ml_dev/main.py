@@ -5,6 +5,7 @@
                                            (--debug-host pod: on the pod IP, for a debugger in another pod)
     ml-dev sync                            sync the working tree to every pod (no-op on shared storage)
     ml-dev exec -- nvidia-smi              run on every pod, output prefixed by rank
+    ml-dev pip install x==1.2              install once: pip on every pod (once into a shared venv); logged
     ml-dev status                          pods, reachability, ranks, GPUs, RDMA devices, SSH sessions, idle agent's view
     ml-dev status --all                    every environment of the namespace: owner, size, state, GPU-hours 7 days
     ml-dev status --start                  the start ledger: each pod's phases from creation to its first rank
@@ -38,6 +39,7 @@ import sys
 
 from .common import DEBUG_PORT, FROM_RANK_FILE, HERE, PER_POD_ENV
 from .fanout import cmd_relay
+from .install import cmd_pip
 from .launch import cmd_exec, cmd_rank, cmd_run
 from .logs import cmd_log_here, cmd_logs
 from .status import cmd_status
@@ -84,6 +86,12 @@ def main(argv: list[str] | None = None) -> int:
         help="with --debug: listen on 127.0.0.1 (default; oc port-forward) or on the pod IP (attach from another pod of the stack)",
     )
     run.add_argument(
+        "--allow-drift",
+        action="store_true",
+        help="start the ranks even when their environments differ (interpreter, packages, CUDA/NCCL libraries, "
+        "PYTHONPATH, sys.path); the run's record says so",
+    )
+    run.add_argument(
         "--per-pod",
         action="store_true",
         help="one process per pod: also set RANK=NODE_RANK, LOCAL_RANK=0, WORLD_SIZE=NNODES (else nothing new is set)",
@@ -101,6 +109,12 @@ def main(argv: list[str] | None = None) -> int:
         if p.prog.split()[-1] in ("run", "exec"):
             p.add_argument("--env", action="append", default=[], metavar="K=V", help="set K=V on every rank (repeatable)")
             p.add_argument("command", nargs=argparse.REMAINDER)
+    pip = sub.add_parser(
+        "pip",
+        help="run one pip command for the whole environment: on every pod (or once, into a folder on shared storage); logged",
+    )
+    pip.add_argument("--timeout", type=float, default=60, help="seconds to wait for every pod to be reachable (60)")
+    pip.add_argument("words", nargs=argparse.REMAINDER, metavar="PIP-ARGS")
     apply = sub.add_parser("_apply")
     apply.add_argument("--root", required=True)
     sub.add_parser("_check").add_argument("--root", required=True)
@@ -137,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "command", None) and args.command[:1] == ["--"]:
         args.command = args.command[1:]
     handlers = {"run": cmd_run, "sync": cmd_sync, "exec": cmd_exec, "status": cmd_status, "_apply": cmd_apply, "_rank": cmd_rank}
-    handlers.update(_check=cmd_check, _relay=cmd_relay, logs=cmd_logs, _log=cmd_log_here)
+    handlers.update(pip=cmd_pip, _check=cmd_check, _relay=cmd_relay, logs=cmd_logs, _log=cmd_log_here)
     return handlers[args.cmd](args)
 
 
