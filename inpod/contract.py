@@ -89,6 +89,9 @@ ENV_GATE_DIR = "environment"
 pip` command, in order: what a pod added by a resize is given before its first rank starts)."""
 ENV_GATE_LAST = "last.json"
 ENV_PIP_LOG = "pip.jsonl"
+ENV_PIP_APPLIED = ".cache/ml-dev-env/pip-applied"
+"""`$HOME/.cache/ml-dev-env/pip-applied` on every pod: how many commands of the pip log (ENV_PIP_LOG) that pod ran
+(its HOME is its own in every storage mode; a pod added by a resize has none: the gate runs the log there first)."""
 RUN_DRIFT_FILE = "drift.json"
 """`<records_dir>/runs/<run>/drift.json`: a run launched with `--allow-drift` over ranks that differ, and how."""
 

@@ -442,20 +442,9 @@ def gate_verdict(cluster: Cluster, prints: Mapping[int, object], allow_drift: bo
     )
 
 
-def summary(record: Mapping[str, object] | None) -> str:
-    """The last gate's verdict in words (`ml-dev status`, the home page)."""
-    if not record:
-        return "not checked yet (the first `ml-dev run` checks it)"
-    when = f"{record.get('at')}, {record.get('ranks')} ranks"
-    if record.get("one_environment"):
-        return f"one environment ({when})"
-    allowed = ", launched with --allow-drift" if record.get("allowed") else ", launch refused"
-    return f"ranks differ: {', '.join(map(str, record.get('differs') or []))} ({when}{allowed})"  # type: ignore[call-overload]
-
-
-def last_record() -> dict[str, object] | None:
+def pip_applied(home: str) -> int:
+    """How many commands of the pip log (install.py) this pod ran, by its HOME's record."""
     try:
-        got = json.loads((records() / contract.ENV_GATE_LAST).read_text())
+        return int((Path(home) / contract.ENV_PIP_APPLIED).read_text().strip() or 0)
     except (OSError, ValueError):
-        return None
-    return got if isinstance(got, dict) else None
+        return 0

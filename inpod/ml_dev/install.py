@@ -9,7 +9,7 @@ site-packages in the pod's own layer, the user site under HOME, which is each po
 every pod at once, through the fabric (the rank agents of `ml-dev exec`, so a venv's PATH and PIP_* travel). A wheel
 or requirements file named by path is copied first to the pods that do not see it. Every pip command that worked is
 appended to `<records_dir>/environment/pip.jsonl` (contract.ENV_PIP_LOG); each pod keeps how many of those it ran in
-its HOME (PIP_APPLIED), so a pod added by a resize (a new HOME) is given the whole log at the gate (`replay`).
+its HOME (contract.ENV_PIP_APPLIED), so a pod added by a resize (a new HOME) is given the whole log at the gate (`replay`).
 """
 
 from __future__ import annotations
@@ -23,21 +23,21 @@ import time
 from pathlib import Path
 
 from .. import contract
-from .common import Cluster, die, parallel
+from . import envgate
+from .common import Cluster, die, parallel, wait_reachable
 from .envgate import records
+from .sync import tree_root
 
-PIP_APPLIED = ".cache/ml-dev-env/pip-applied"
-"""`$HOME/.cache/ml-dev-env/pip-applied`: how many commands of the pip log this pod ran (its HOME is its own)."""
 SHARED_OPTIONS = ("--target", "-t", "--prefix", "--root")
 
 
-def log_path() -> Path:
+def pip_log_path() -> Path:
     return records() / contract.ENV_PIP_LOG
 
 
-def read_log() -> list[list[str]]:
+def read_pip_log() -> list[list[str]]:
     try:
-        lines = log_path().read_text().splitlines()
+        lines = pip_log_path().read_text().splitlines()
     except OSError:
         return []
     out = []
@@ -47,13 +47,6 @@ def read_log() -> list[list[str]]:
         except (ValueError, KeyError, TypeError):
             continue
     return out
-
-
-def applied(home: str) -> int:
-    try:
-        return int((Path(home) / PIP_APPLIED).read_text().strip() or 0)
-    except (OSError, ValueError):
-        return 0
 
 
 def with_paths(words: list[str]) -> tuple[list[str], list[str]]:
@@ -95,14 +88,15 @@ def send_files(cluster: Cluster, ranks: list[int], files: list[str]) -> None:
         die("\n  ".join(f"{cluster.label(r)}: {e}" for r, e in sorted(bad.items())))
 
 
-def run_pip(cluster: Cluster, ranks: list[int], words: list[str], count: int, timeout: float) -> dict[int, int]:
+def run_pip(cluster: Cluster, ranks: list[int], words: list[str], count: int) -> dict[int, int]:
     """`python3 -m pip <words>` on each of `ranks` at once, output prefixed by rank; then each marks `count` applied."""
-    script = f'python3 -m pip "$@" && mkdir -p "$HOME/{os.path.dirname(PIP_APPLIED)}" && echo {count} > "$HOME/{PIP_APPLIED}"'
+    mark = f'"$HOME/{contract.ENV_PIP_APPLIED}"'
+    script = f'python3 -m pip "$@" && mkdir -p "$(dirname {mark})" && echo {count} > {mark}'
 
     def one(rank: int) -> int:
         argv = ["bash", "-c", script, "_", *words]
         argv = argv if rank == cluster.me else cluster.ssh(rank, argv)
-        res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout + 600, check=False)
+        res = subprocess.run(argv, capture_output=True, text=True, check=False)  # bounded by pip's own timeouts
         for line in (res.stdout + res.stderr).splitlines():
             print(f"[{rank}] {line}", flush=True)
         return res.returncode
@@ -116,13 +110,14 @@ def cmd_pip(args: argparse.Namespace) -> int:
     if not words:
         die("nothing to do: ml-dev pip install <package> ... (any pip command)")
     words, files = with_paths(words)
+    wait_reachable(cluster, args.timeout)
     shared = shared_target(cluster, words)
     ranks = [cluster.me] if shared else list(range(len(cluster.hosts)))
     if not shared:
         send_files(cluster, ranks, files)
-    log = read_log()
+    log = read_pip_log()
     changes = words[0] in ("install", "uninstall")
-    results = run_pip(cluster, ranks, words, len(log) + 1 if changes else len(log), args.timeout)
+    results = run_pip(cluster, ranks, words, len(log) + 1 if changes else len(log))
     bad = {r: c for r, c in results.items() if c}
     where = f"once, into {shared} on shared storage" if shared else f"on {len(ranks)} pods"
     if bad:
@@ -131,25 +126,116 @@ def cmd_pip(args: argparse.Namespace) -> int:
         return max(bad.values())
     if changes:
         try:
-            log_path().parent.mkdir(parents=True, exist_ok=True)
-            with log_path().open("a") as f:
+            pip_log_path().parent.mkdir(parents=True, exist_ok=True)
+            with pip_log_path().open("a") as f:
                 at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
                 f.write(json.dumps({"at": at, "args": words, "shared": bool(shared)}) + "\n")
         except OSError as exc:
-            print(f"ml-dev: warning: cannot append to the pip log {log_path()}: {exc}", file=sys.stderr)
+            print(f"ml-dev: warning: cannot append to the pip log {pip_log_path()}: {exc}", file=sys.stderr)
     print(f"ml-dev: pip {words[0]} ran {where}; every `ml-dev run` checks that the ranks' environments match", flush=True)
     return 0
 
 
-def replay(cluster: Cluster, answers: dict[int, int], timeout: float) -> list[int]:
+def replay(cluster: Cluster, answers: dict[int, int]) -> list[int]:
     """(the launcher, at the gate) the pip log's commands each pod has not run (a pod added by a resize: none), on
     that pod, in order; returns the ranks that ran any."""
-    log = read_log()
+    log = read_pip_log()
     behind = sorted(r for r, n in answers.items() if n < len(log) and r != cluster.me)
     for rank in behind:
         print(f"ml-dev: {cluster.label(rank)} has not run {len(log) - answers[rank]} command(s) of the pip log: running them there first")
         for n in range(answers[rank], len(log)):
             send_files(cluster, [rank], [w for w in log[n] if w.startswith("/") and os.path.isfile(w)])
-            if run_pip(cluster, [rank], log[n], n + 1, timeout)[rank]:
-                die(f"{cluster.label(rank)}: `pip {' '.join(log[n])}` of the pip log ({log_path()}) failed there")
+            if run_pip(cluster, [rank], log[n], n + 1)[rank]:
+                die(f"{cluster.label(rank)}: `pip {' '.join(log[n])}` of the pip log ({pip_log_path()}) failed there")
     return behind
+
+
+BASE_OWNED = ("torch", "torchvision", "torchaudio", "triton", "pytorch-triton", "flash-attn", "flash-attn-3", "apex")
+BASE_OWNED_PREFIXES = ("transformer-engine", "nvidia-")
+"""What the runtime stage may never pin (images/runtime.Containerfile holds the base's CUDA-bound packages; the nvidia-*
+CUDA wheels come with torch)."""
+RUNTIME_REQUIREMENTS = "images/runtime-requirements.txt"
+"""The file the runtime image build reads (REQUIREMENTS_FILE=runtime-requirements.txt, images/README.md)."""
+
+
+def container_start() -> float:
+    """When this container's PID 1 started (seconds since the epoch): /proc/1/stat's starttime (clock ticks since boot,
+    proc(5)) plus the boot time (/proc/stat btime)."""
+    try:
+        ticks = int(Path("/proc/1/stat").read_text().rsplit(")", 1)[1].split()[19])
+        btime = next(int(ln.split()[1]) for ln in Path("/proc/stat").read_text().splitlines() if ln.startswith("btime "))
+        return btime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return 0.0
+
+
+def on_top() -> dict[str, tuple[str, str]]:
+    """name -> (version, where) of every distribution installed on top of the image: in a sys.path folder under HOME,
+    the workspace or an activated virtualenv (volumes: they outlive the container), or written into the image's own
+    folders since this container started (its writable layer)."""
+    fp, _ = envgate.take(dict(os.environ))
+    started = container_start()
+    roots = [os.environ.get(k, "") for k in ("HOME", contract.WORKSPACE_ENV, "VIRTUAL_ENV")]
+    roots = [r.rstrip("/") + "/" for r in roots if r and r.strip("/")]
+    found: dict[str, tuple[str, str]] = {}
+    for entry, exists, _ in fp["sys_path"]:  # type: ignore[attr-defined]
+        entry = os.path.expanduser(str(entry))
+        if not exists or not os.path.isdir(entry):
+            continue
+        volume = any((entry + "/").startswith(r) for r in roots)
+        for item in sorted(os.listdir(entry)):
+            if not item.endswith(".dist-info"):
+                continue
+            folder = os.path.join(entry, item)
+            name = envgate.norm_name(item[: -len(".dist-info")].partition("-")[0])
+            if name in found or not (volume or os.stat(folder).st_mtime > started):
+                continue
+            found[name] = (item[: -len(".dist-info")].partition("-")[2] or envgate.read_version(folder), local_source(folder))
+    return found
+
+
+def local_source(folder: str) -> str:
+    """The local file or folder a distribution was installed from (PEP 610 direct_url.json), "" from an index."""
+    try:
+        url = str(json.loads((Path(folder) / "direct_url.json").read_text()).get("url") or "")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    return url if url.startswith("file:") else ""
+
+
+def freeze_into(text: str, pins: dict[str, str], stamp: str) -> str:
+    """`text` (a requirements file) with each pin of `pins` replacing that name's line, new ones appended."""
+    out, seen = [], set()
+    for line in text.splitlines():
+        name = (
+            envgate.norm_name(line.split("==", 1)[0].split(">", 1)[0].split("<", 1)[0].strip())
+            if line.strip() and not line.startswith(("#", "-"))
+            else ""
+        )
+        if name in pins:
+            out.append(pins[name])
+            seen.add(name)
+        else:
+            out.append(line)
+    new = [pins[n] for n in sorted(pins) if n not in seen]
+    if new:
+        out += [f"# added by `ml-dev freeze` {stamp}", *new]
+    return "\n".join(out) + "\n"
+
+
+def cmd_freeze(args: argparse.Namespace) -> int:
+    target = Path(args.output) if args.output else tree_root(Path.cwd()) / RUNTIME_REQUIREMENTS
+    if not target.is_file():
+        die(f"{target}: no such file; run ml-dev freeze in the repository the image build reads, or pass --output FILE")
+    found = on_top()
+    owned = sorted(n for n in found if n in BASE_OWNED or n.startswith(BASE_OWNED_PREFIXES))
+    local = sorted(n for n in found if found[n][1] and n not in owned)
+    pins = {n: f"{n}=={v}" for n, (v, _) in found.items() if n not in owned}
+    stamp = time.strftime("%Y-%m-%d", time.gmtime()) + " on " + (os.environ.get("POD_NAME") or os.uname()[1])
+    target.write_text(freeze_into(target.read_text(), pins, stamp))
+    for n in owned:
+        print(f"ml-dev freeze: {n} {found[n][0]} left out: the base image owns it (images/presets.yaml, base.Containerfile)")
+    for n in local:
+        print(f"ml-dev freeze: {n} {found[n][0]} came from {found[n][1]}: the image build's package index must offer it")
+    print(f"ml-dev freeze: {len(pins)} pin(s) in {target} ({', '.join(sorted(pins.values())) or 'nothing on top of the image'})")
+    return 0

@@ -742,7 +742,8 @@ RUN_EXIT_STATUSES = (
     (
         "1",
         "`ml-dev` itself refused before any rank started: not an ml-dev-env pod (no `rank.env`), nothing to run, a pod "
-        "unreachable, a sync problem",
+        "unreachable, a sync problem, ranks whose environments differ (the drift gate: one line per difference; "
+        "`--allow-drift` launches anyway)",
         "tests/podsim/test_rank_start.py::test_no_sshd_listening_is_connection_refused",
     ),
     ("2", "a usage mistake (argparse)", "tests/inpod/ml_dev/test_run_status.py::test_a_usage_mistake_exits_2"),
@@ -978,7 +979,7 @@ def open_gate(
         if lines:
             die("no rank started:\n  " + "\n  ".join(lines))
     if drift is not None:
-        for rank in install.replay(cluster, pip_applied, timeout):  # a pod added by a resize: the pip log first
+        for rank in install.replay(cluster, pip_applied):  # a pod added by a resize: the pip log first
             _, error = tell(rank, "env", b"")
             if error:
                 die(f"{cluster.label(rank)}: {error}")

@@ -19,8 +19,7 @@ from typing import Any
 
 from .. import contract
 from ..lib import kube, ledger, usersecrets
-from ..lib.pod import app_name, env_records_dir, idle_settings
-from . import envgate
+from ..lib.pod import app_name, env_records_dir, environment_record, environment_summary, idle_settings
 from .common import HERE, PY, STATE_DIR, Cluster, parallel
 from .secrets import pod_presence
 
@@ -179,8 +178,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"  {pod:<24} {note}")
     for line in lines:
         print(line)
-    gate = envgate.last_record()  # the last launch's drift gate, on the launching pod (records_dir)
-    print(f"environment: {envgate.summary(gate)}")
+    gate = environment_record()  # the last launch's drift gate, on the launching pod (records_dir)
+    print(f"environment: {environment_summary(gate)}")
     for line in list((gate or {}).get("lines") or [])[:8]:  # type: ignore[call-overload]
         print(f"  {line}")
     return 1 if unreachable else 0

@@ -24,7 +24,7 @@ from typing import Callable
 
 from .. import contract
 from ..lib import usersecrets
-from . import envgate, fanout, install
+from . import envgate, fanout
 from .common import HERE, IGNORE_FILE, PY, STATE_DIR, SYNC_MANIFEST, Cluster, die, parallel, wait_reachable
 
 # ------------------------------------------------------------------------------------------ tree
@@ -330,7 +330,7 @@ def serve_gate(spec: dict[str, object], env: dict[str, str] | None = None) -> bo
         said: dict[str, object] = {"tree": held, "secrets": found}
         if environment is not None:
             said["env"] = environment
-            said["pip_applied"] = install.applied(rank_env.get("HOME", ""))
+            said["pip_applied"] = envgate.pip_applied(rank_env.get("HOME", ""))
         if unusable:
             said["refused_secrets"] = unusable
         if refused:

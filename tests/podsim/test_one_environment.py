@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from inpod import contract
-from tests.podsim.pods import PREFIX, PodSim, leftovers, missing_requirements, render_stack
+from tests.podsim.pods import PREFIX, REPO, PodSim, leftovers, missing_requirements, render_stack
 
 REASON = missing_requirements()
 pytestmark = [pytest.mark.root, pytest.mark.skipif(REASON is not None, reason=f"simulated pods: {REASON}"), pytest.mark.timeout(600)]
@@ -274,3 +274,62 @@ def test_allow_drift_launches_and_the_run_record_says_so(sim: PodSim) -> None:
     record = json.loads(sim.records(0, f"{contract.RUNS_SUBDIR}/{last['run']}/{contract.RUN_DRIFT_FILE}").read_text())
     assert record["lines"] == last["lines"]
     assert "environment: ranks differ: rank 1 (ml-dev-env-1)" in status.stdout, status.stdout
+
+
+def test_a_pod_with_a_new_home_gets_the_pip_log_before_its_first_rank(sim: PodSim) -> None:
+    """A pod added by a resize comes with a new HOME (its own claim): no user site, no record of the pip log. The gate
+    runs the log there first (install.replay), then checks it like every other rank."""
+    res = sim.exec(2, "rm -rf ~/.local ~/.cache/ml-dev-env && python3 -c 'import demo_a'", timeout=30)
+    assert res.returncode != 0, "demo_a is gone from pod 2"
+    res = launch(sim)
+    assert "rank 2 (ml-dev-env-2) has not run 1 command(s) of the pip log: running them there first" in res.stdout, res.stdout
+    assert_launched(res)
+
+
+def test_freeze_pins_what_was_installed_on_top_of_the_image(sim: PodSim) -> None:
+    image_file = (REPO / "images" / "runtime-requirements.txt").read_text()
+    put(sim, 0, "/workspace/proj/images/runtime-requirements.txt", image_file.encode())
+    res = sim.exec(0, "ml-dev freeze", cwd="/workspace/proj", timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    frozen = sim.pods[0].path("/workspace/proj/images/runtime-requirements.txt").read_text()
+    assert frozen.startswith(image_file) and frozen[len(image_file) :].splitlines()[1:] == ["demo-a==1.0"], frozen
+    assert "demo-a 1.0 came from file:///tmp/wheels/demo_a-1.0-py3-none-any.whl" in res.stdout, res.stdout
+    again = sim.exec(0, "ml-dev freeze", cwd="/workspace/proj", timeout=60)
+    assert again.returncode == 0 and sim.pods[0].path("/workspace/proj/images/runtime-requirements.txt").read_text() == frozen
+
+
+@pytest.mark.parametrize("mode", ["shared", "per-pod"])
+def test_install_once_on_every_storage_mode(mode: str) -> None:
+    """4 pods; shared: the workspace (and every HOME in it, each pod's own folder) is one claim; per-pod: one claim
+    each. Installed into each pod's user site, and (shared) once into a --target folder on the shared workspace."""
+
+    def storage(objects: dict[str, Any]) -> None:
+        objects["nodes"] = {**objects["nodes"], "count": 4, "gpusPerPod": 1}
+        objects["storage"] = {"mode": mode, "volumes": [{"name": "workspace", "mountPath": "/workspace", "size": "1Gi"}]}
+
+    s = PodSim(render_stack("nerc-production", storage))
+    try:
+        s.start()
+        put(s, 0, "/etc/ml-dev-env/constraints.txt", b"")
+        filename, data = wheel("demo_a", "1.0")
+        put(s, 0, f"/tmp/{filename}", data)  # on pod 0 only: ml-dev pip copies it to the others
+        for i in range(1, 4):
+            put(s, i, "/etc/ml-dev-env/constraints.txt", b"")
+        started = time.monotonic()
+        res = s.exec(0, f"ml-dev pip install {PIP} /tmp/{filename}", cwd="/tmp", timeout=180)
+        print(f"{mode}: ml-dev pip install at 4 pods took {time.monotonic() - started:.1f} s")
+        assert res.returncode == 0 and "ran on 4 pods" in res.stdout, res.stdout + res.stderr
+        res = s.exec(0, f"ml-dev run --no-sync --timeout 30 -- {IMPORTS}", cwd="/tmp", timeout=120)
+        assert res.returncode == 0 and res.stdout.count("DEMO 1.0") == 4, res.stdout + res.stderr
+        if mode == "shared":
+            other, data = wheel("demo_b", "1.0")
+            put(s, 0, f"/workspace/wheels/{other}", data)
+            res = s.exec(0, f"ml-dev pip install {PIP} --target /workspace/pylib /workspace/wheels/{other}", cwd="/tmp", timeout=180)
+            assert res.returncode == 0 and "ran once, into /workspace/pylib on shared storage" in res.stdout, res.stdout + res.stderr
+            env = {"PYTHONPATH": "/workspace/pylib"}
+            res = s.exec(
+                0, "ml-dev run --no-sync --timeout 30 -- python3 -c 'import demo_b; print(\"B\")'", cwd="/tmp", env=env, timeout=120
+            )
+            assert res.returncode == 0 and [ln[-2:] for ln in res.stdout.splitlines()].count(" B") == 4, res.stdout + res.stderr
+    finally:
+        s.stop()
