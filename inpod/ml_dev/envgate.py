@@ -50,8 +50,10 @@ CACHE_ENV = (
 """The variables that steer which interpreter, packages and libraries a rank meets."""
 LOADER_CACHE = "/etc/ld.so.cache"
 DEFAULT_LIB_DIRS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib")
-"""The loader's trusted directories after its cache (glibc elf/dl-load.c _dl_map_object: DT_RPATH, LD_LIBRARY_PATH,
-DT_RUNPATH, then /etc/ld.so.cache (elf/dl-cache.c _dl_load_cache_lookup), then the system directories)."""
+"""The loader's trusted directories after its cache (glibc elf/dl-load.c _dl_map_object, _dl_map_new_object in newer
+releases: DT_RPATH, LD_LIBRARY_PATH (__rtld_env_path_list), DT_RUNPATH, then /etc/ld.so.cache (elf/dl-cache.c
+_dl_load_cache_lookup), then the system directories). A program's own RPATH/RUNPATH is not known here: a library
+pip placed beside a package (`nvidia/*/lib`, PyTorch's RUNPATH) is fingerprinted as a wheel's (`libraries`)."""
 PROBE = (
     "import json, sys; print(json.dumps({'version': '%d.%d.%d' % sys.version_info[:3], 'executable': sys.executable, "
     "'prefix': sys.base_prefix, 'path': [p for p in sys.path if p]}))"
@@ -111,7 +113,8 @@ def read_version(folder: str) -> str:
 
 def distributions(entries: list[str]) -> dict[str, str]:
     """name -> version of every distribution on `entries` (sys.path), the first of a name winning as
-    importlib.metadata.distribution finds it (importlib/metadata/__init__.py, Distribution.discover in path order)."""
+    importlib.metadata.version finds it (CPython Lib/importlib/metadata/__init__.py: Distribution.from_name takes the
+    first that MetadataPathFinder.find_distributions yields, searching sys.path in order with FastPath)."""
     found: dict[str, str] = {}
     for entry in entries:
         try:
@@ -152,12 +155,24 @@ def site_like(entry: str, prefix: str) -> bool:
     return base in ("site-packages", "dist-packages") or (bool(prefix) and entry.startswith(prefix.rstrip("/") + "/lib"))
 
 
+SAMPLE_BYTES = 4 << 20
+"""A library larger than 2 x this is hashed over its size, first and last SAMPLE_BYTES (NVIDIA's libraries run to
+hundreds of MiB: cuDNN's, cuBLAS's); a smaller one whole. Two builds of a library differ in their ELF headers and
+section table (at the ends), so a sample tells them apart at a bounded cost."""
+
+
 def sha256(path: str) -> str:
+    """The content hash of a library (whole, or sampled: SAMPLE_BYTES)."""
     h = hashlib.sha256()
     try:
         with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
+            size = os.fstat(f.fileno()).st_size
+            if size <= 2 * SAMPLE_BYTES:
+                h.update(f.read())
+            else:
+                h.update(b"%d\0" % size + f.read(SAMPLE_BYTES))
+                f.seek(size - SAMPLE_BYTES)
+                h.update(f.read(SAMPLE_BYTES))
     except OSError:
         return ""
     return h.hexdigest()
@@ -382,7 +397,9 @@ def write_json(path: Path, data: object) -> None:
 
 
 def drift_lines(cluster: Cluster, prints: Mapping[int, object]) -> list[str]:
-    """One line per difference, each naming the rank, its pod, the thing and its value on each side."""
+    """One line per difference, each naming the rank, its pod, the thing and its value on each side. A rank that
+    answered no fingerprint (its pod still holds an ml-dev from before the gate: a ConfigMap update reaches the pods
+    one by one) is not compared, and said so (never a refusal)."""
     me = cluster.me if cluster.me in prints else min(prints)
     mine = prints[me] if isinstance(prints[me], dict) else {}
     here = f"{cluster.label(me)}, this pod"
@@ -391,10 +408,13 @@ def drift_lines(cluster: Cluster, prints: Mapping[int, object]) -> list[str]:
         theirs = prints[rank]
         if rank == me:
             continue
-        if not isinstance(theirs, dict):
-            lines.append(f"{cluster.label(rank)}: no fingerprint (its agent is older than this launcher's)")
+        if not isinstance(theirs, dict) or not isinstance(mine, dict) or not mine:
+            print(
+                f"ml-dev: {cluster.label(rank)}: no environment fingerprint to compare (an ml-dev from before the drift gate)",
+                file=sys.stderr,
+            )
             continue
-        for what, there, mine_value in differences(mine, theirs):  # type: ignore[arg-type]
+        for what, there, mine_value in differences(mine, theirs):
             lines.append(f"{cluster.label(rank)}: {what} {there or '(none)'}; {here}: {mine_value or '(none)'}")
     return lines
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import io
 import json
 import os
 import shlex
@@ -545,6 +546,21 @@ class EnvgateUnits(unittest.TestCase):
         diffs = dict((what, (theirs, mine)) for what, theirs, mine in self.envgate.differences(first, self.fingerprint()))
         self.assertTrue(diffs["library libnccl"][0].startswith(str(self.tmp / "lib" / "libnccl.so.2") + " sha256 "), diffs)
         self.assertEqual(diffs[f"sys.path entry {self.site}"][0], "shadow importable from it")
+
+    def test_a_rank_without_a_fingerprint_is_not_compared_and_one_that_differs_is_named(self) -> None:
+        class Pods:
+            me = 0
+
+            @staticmethod
+            def label(rank: int) -> str:
+                return f"rank {rank} (p-{rank})"
+
+        mine = self.fingerprint()
+        theirs = dict(mine, distributions=dict(mine["distributions"], **{"demo-pkg": "9"}))
+        with mock.patch("sys.stderr", new=io.StringIO()) as err:
+            lines = self.envgate.drift_lines(Pods(), {0: mine, 1: None, 2: theirs, 3: dict(mine)})
+        self.assertEqual(lines, ["rank 2 (p-2): package demo-pkg 9; rank 0 (p-0), this pod: 1.0"])
+        self.assertIn("rank 1 (p-1): no environment fingerprint to compare", err.getvalue())
 
     def test_the_verdict_in_words(self) -> None:
         pod = load("inpod.lib.pod")
