@@ -83,8 +83,8 @@ CUDA and NCCL libraries the loader would map (path, sha256), PYTHONPATH, and sys
 top-level names of an entry outside site-packages and the standard library)."""
 FINGERPRINT_LIBRARIES = ("libnccl", "libcudart", "libcublas", "libcudnn")
 """The libraries whose path and content every rank must share (the loader's search: envgate.libraries)."""
-ENV_GATE_DIR = "environment"
-"""`<records_dir>/environment/`: the drift gate's records on the launching pod: `last.json` (the last launch's gate:
+ENV_GATE_DIR = "env-gate"
+"""`<records_dir>/env-gate/`: the drift gate's records on the launching pod: `last.json` (the last launch's gate:
 "one environment" or the ranks that differ; `ml-dev status` and the home page show it) and `pip.jsonl` (every `ml-dev
 pip` command, in order: what a pod added by a resize is given before its first rank starts)."""
 ENV_GATE_LAST = "last.json"

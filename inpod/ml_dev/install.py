@@ -8,7 +8,7 @@ Where pip installs decides where it runs: into a folder on shared storage (an ac
 site-packages in the pod's own layer, the user site under HOME, which is each pod's own in every storage mode) on
 every pod at once, through the fabric (the rank agents of `ml-dev exec`, so a venv's PATH and PIP_* travel). A wheel
 or requirements file named by path is copied first to the pods that do not see it. Every pip command that worked is
-appended to `<records_dir>/environment/pip.jsonl` (contract.ENV_PIP_LOG); each pod keeps how many of those it ran in
+appended to `<records_dir>/env-gate/pip.jsonl` (contract.ENV_PIP_LOG); each pod keeps how many of those it ran in
 its HOME (contract.ENV_PIP_APPLIED), so a pod added by a resize (a new HOME) is given the whole log at the gate (`replay`).
 """
 
