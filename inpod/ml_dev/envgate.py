@@ -284,7 +284,9 @@ def take(env: Mapping[str, str]) -> tuple[Fingerprint, list[str]]:
 
 def signature(env: Mapping[str, str], watched: list[str], libs: Mapping[str, object]) -> list[object]:
     python = which("python3", env.get("PATH", os.defpath))
-    lib_files = [os.path.expanduser(str(v[0])) if isinstance(v, list) and v else "" for v in libs.values()]
+    home = env.get("HOME", "")
+    lib_files = [str(v[0]) if isinstance(v, list) and v else "" for v in libs.values()]
+    lib_files = [home + p[1:] if p.startswith("~/") and home else p for p in lib_files]  # home_form's `~` back
     return [
         [env.get(k, "") for k in CACHE_ENV],
         python,

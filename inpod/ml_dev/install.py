@@ -35,7 +35,8 @@ def pip_log_path() -> Path:
     return records() / contract.ENV_PIP_LOG
 
 
-def read_pip_log() -> list[list[str]]:
+def read_pip_log() -> list[tuple[list[str], bool]]:
+    """The pip log's commands in order: (pip's words, whether it ran once into a folder on shared storage)."""
     try:
         lines = pip_log_path().read_text().splitlines()
     except OSError:
@@ -43,7 +44,8 @@ def read_pip_log() -> list[list[str]]:
     out = []
     for line in lines:
         try:
-            out.append([str(w) for w in json.loads(line)["args"]])
+            entry = json.loads(line)
+            out.append(([str(w) for w in entry["args"]], bool(entry.get("shared"))))
         except (ValueError, KeyError, TypeError):
             continue
     return out
@@ -88,10 +90,12 @@ def send_files(cluster: Cluster, ranks: list[int], files: list[str]) -> None:
         die("\n  ".join(f"{cluster.label(r)}: {e}" for r, e in sorted(bad.items())))
 
 
-def run_pip(cluster: Cluster, ranks: list[int], words: list[str], count: int) -> dict[int, int]:
-    """`python3 -m pip <words>` on each of `ranks` at once, output prefixed by rank; then each marks `count` applied."""
+def run_pip(cluster: Cluster, ranks: list[int], words: list[str], count: int, mark_only: bool = False) -> dict[int, int]:
+    """`python3 -m pip <words>` on each of `ranks` at once, output prefixed by rank; then each marks `count` applied
+    (`mark_only`: no pip, the mark alone: a command that ran once into a folder every pod sees)."""
     mark = f'"$HOME/{contract.ENV_PIP_APPLIED}"'
-    script = f'python3 -m pip "$@" && mkdir -p "$(dirname {mark})" && echo {count} > {mark}'
+    pip = "true" if mark_only else 'python3 -m pip "$@"'
+    script = f'{pip} && mkdir -p "$(dirname {mark})" && echo {count} > {mark}'
 
     def one(rank: int) -> int:
         argv = ["bash", "-c", script, "_", *words]
@@ -124,6 +128,8 @@ def cmd_pip(args: argparse.Namespace) -> int:
         for r, c in sorted(bad.items()):
             print(f"ml-dev: {cluster.label(r)}: pip exited {c}", file=sys.stderr)
         return max(bad.values())
+    if changes and shared:  # every other pod sees that folder: it holds the command as run
+        run_pip(cluster, [r for r in range(len(cluster.hosts)) if r != cluster.me], [], len(log) + 1, mark_only=True)
     if changes:
         try:
             pip_log_path().parent.mkdir(parents=True, exist_ok=True)
@@ -144,9 +150,11 @@ def replay(cluster: Cluster, answers: dict[int, int]) -> list[int]:
     for rank in behind:
         print(f"ml-dev: {cluster.label(rank)} has not run {len(log) - answers[rank]} command(s) of the pip log: running them there first")
         for n in range(answers[rank], len(log)):
-            send_files(cluster, [rank], [w for w in log[n] if w.startswith("/") and os.path.isfile(w)])
-            if run_pip(cluster, [rank], log[n], n + 1)[rank]:
-                die(f"{cluster.label(rank)}: `pip {' '.join(log[n])}` of the pip log ({pip_log_path()}) failed there")
+            words, shared = log[n]
+            if not shared:
+                send_files(cluster, [rank], [w for w in words if w.startswith("/") and os.path.isfile(w)])
+            if run_pip(cluster, [rank], words, n + 1, mark_only=shared)[rank]:
+                die(f"{cluster.label(rank)}: `pip {' '.join(words)}` of the pip log ({pip_log_path()}) failed there")
     return behind
 
 
