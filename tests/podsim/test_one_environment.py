@@ -139,6 +139,9 @@ def test_identical_ranks_are_never_refused(sim: PodSim) -> None:
         else:
             res = launch(sim)
         assert_launched(res)
+    # the startup ConfigMap is read-only: each pod's agents keep their bytecode in its state dir (inpod/__init__.py)
+    cached = [p.name for p in sim.pods[1].path("/tmp/ml-dev-env/pycache").rglob("envgate.*.pyc")]
+    assert cached, "no bytecode of envgate.py in pod 1's state dir"
 
 
 def drift_version(sim: PodSim) -> Callable[[], None]:
