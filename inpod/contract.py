@@ -79,8 +79,8 @@ def records_dir(workspace: str, app: str) -> str:
 FINGERPRINT_FIELDS = ("python", "distributions", "libraries", "pythonpath", "sys_path")
 """A rank's environment fingerprint (inpod/ml_dev/envgate.py), answered by its rank agent at the gate beside the tree
 hash: the `python3` its PATH finds (path, where it leads, version), every installed distribution (name: version), the
-CUDA and NCCL libraries the loader would map (path, sha256), PYTHONPATH, and sys.path's shape (entry, exists, the
-top-level names of an entry outside site-packages and the standard library)."""
+CUDA and NCCL libraries the loader would map (path, sha256), PYTHONPATH, and sys.path's shape (entry, whether it
+offers anything to import, the top-level names of an entry outside site-packages and the standard library)."""
 FINGERPRINT_LIBRARIES = ("libnccl", "libcudart", "libcublas", "libcudnn")
 """The libraries whose path and content every rank must share (the loader's search: envgate.libraries)."""
 ENV_GATE_DIR = "env-gate"

@@ -149,6 +149,17 @@ def top_names(entry: str) -> list[str]:
     return sorted(out)
 
 
+def holds_something(entry: str) -> bool:
+    """A site-packages folder or the standard library that is there and not empty (caches and dot files aside): an
+    empty user site (pip made it, then uninstalled) is the same as none."""
+    if os.path.isfile(entry):
+        return True
+    try:
+        return any(item != "__pycache__" and not item.startswith(".") for item in os.listdir(entry))
+    except OSError:
+        return False
+
+
 def site_like(entry: str, prefix: str) -> bool:
     """A site-packages folder or the standard library: its content is the distributions' or the interpreter's."""
     base = os.path.basename(entry.rstrip("/"))
@@ -265,9 +276,9 @@ def take(env: Mapping[str, str]) -> tuple[Fingerprint, list[str]]:
     prefix = str(got.get("prefix") or "")
     shape = []
     for entry in entries:
-        exists = os.path.exists(entry)
-        names = top_names(entry) if exists and os.path.isdir(entry) and not site_like(entry, prefix) else []
-        shape.append([home_form(entry, home), exists, names])
+        site = site_like(entry, prefix)
+        names = top_names(entry) if os.path.isdir(entry) and not site else []
+        shape.append([home_form(entry, home), holds_something(entry) if site else bool(names) or os.path.isfile(entry), names])
     libs = libraries(env.get("LD_LIBRARY_PATH", ""), entries, home)
     version = str(got.get("version") or "")
     fp: Fingerprint = {
@@ -352,23 +363,30 @@ def differences(mine: Mapping[str, object], theirs: Mapping[str, object]) -> lis
             )
     if mine.get("pythonpath") != theirs.get("pythonpath"):
         out.append(("PYTHONPATH", ":".join(map(str, theirs.get("pythonpath") or [])), ":".join(map(str, mine.get("pythonpath") or []))))  # type: ignore[call-overload]
-    sa = {str(e[0]): e for e in mine.get("sys_path") or []}  # type: ignore[attr-defined]
-    sb = {str(e[0]): e for e in theirs.get("sys_path") or []}  # type: ignore[attr-defined]
-    if [e[0] for e in mine.get("sys_path") or []] != [e[0] for e in theirs.get("sys_path") or []]:  # type: ignore[attr-defined]
-        out.append(("sys.path", " ".join(sb), " ".join(sa)))
-    for entry in sa:
-        a, b = sa[entry], sb.get(entry)
-        if b is None:
-            continue
-        if bool(a[1]) != bool(b[1]):
-            out.append((f"sys.path entry {entry}", "present" if b[1] else "absent", "present" if a[1] else "absent"))
-        elif list(a[2]) != list(b[2]):
-            extra, lack = sorted(set(b[2]) - set(a[2])), sorted(set(a[2]) - set(b[2]))
+    out += path_differences(mine.get("sys_path"), theirs.get("sys_path"))
+    return out
 
-            def words(names: list[str], end: str) -> str:
-                return f"{', '.join(names)} {end}" if names else ""
 
-            out.append((f"sys.path entry {entry}", words(extra, "importable from it") or "-", words(lack, "importable from it") or "-"))
+def offered(names: list[str]) -> str:
+    return f"{', '.join(names)} importable from it" if names else "present"
+
+
+def path_differences(mine: object, theirs: object) -> list[Difference]:
+    """sys.path's entries that offer something (an entry that is absent and one that holds nothing importable are the
+    same): one only on one side, the names an entry offers, and the order of the entries both have."""
+    sa = {str(e[0]): list(e[2]) for e in (mine if isinstance(mine, list) else []) if e[1]}
+    sb = {str(e[0]): list(e[2]) for e in (theirs if isinstance(theirs, list) else []) if e[1]}
+    out: list[Difference] = []
+    both_a, both_b = [e for e in sa if e in sb], [e for e in sb if e in sa]
+    if both_a != both_b:
+        out.append(("sys.path order", " ".join(both_b), " ".join(both_a)))
+    for entry in [*sa, *(e for e in sb if e not in sa)]:
+        a, b = sa.get(entry), sb.get(entry)
+        if a is None or b is None:
+            out.append((f"sys.path entry {entry}", "" if b is None else offered(b), "" if a is None else offered(a)))
+        elif a != b:
+            extra, lack = sorted(set(b) - set(a)), sorted(set(a) - set(b))
+            out.append((f"sys.path entry {entry}", offered(extra) if extra else "", offered(lack) if lack else ""))
     return out
 
 

@@ -562,6 +562,18 @@ class EnvgateUnits(unittest.TestCase):
         self.assertEqual(lines, ["rank 2 (p-2): package demo-pkg 9; rank 0 (p-0), this pod: 1.0"])
         self.assertIn("rank 1 (p-1): no environment fingerprint to compare", err.getvalue())
 
+    def test_an_empty_folder_on_the_path_is_the_same_as_none(self) -> None:
+        first = self.fingerprint()
+        empty = self.tmp / "empty"
+        (empty / "__pycache__").mkdir(parents=True)
+        (empty / "README").write_text("nothing to import\n")
+        self.env["PYTHONPATH"] = f"{self.site}:{empty}"
+        diffs = self.envgate.differences(dict(first, pythonpath=[str(self.site), str(empty)]), self.fingerprint())
+        self.assertEqual(diffs, [])
+        (empty / "mod.py").write_text("")
+        diffs = self.envgate.differences(dict(first, pythonpath=[str(self.site), str(empty)]), self.fingerprint())
+        self.assertEqual(diffs, [(f"sys.path entry {empty}", "mod importable from it", "")])
+
     def test_the_verdict_in_words(self) -> None:
         pod = load("inpod.lib.pod")
         self.assertIn("not checked yet", pod.environment_summary(None))

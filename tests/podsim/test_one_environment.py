@@ -132,6 +132,9 @@ def touch_and_compile(sim: PodSim, index: int) -> None:
 
 def test_identical_ranks_are_never_refused(sim: PodSim) -> None:
     sim.exec(0, "mkdir -p /workspace/proj && cd /workspace/proj && git init -q && echo x > a.txt", timeout=30)
+    # a PYTHONPATH folder that holds nothing importable on pod 1 and is absent elsewhere: no difference
+    put(sim, 1, "/tmp/only-here/README", b"nothing to import\n")
+    assert_launched(launch(sim, env={"PYTHONPATH": "/tmp/only-here"}))
     for n in range(10):
         touch_and_compile(sim, n % PODS)
         if n % 2:
@@ -195,7 +198,7 @@ def other_minor(sim: PodSim) -> Callable[[], None]:
 
 def missing_entry(sim: PodSim) -> Callable[[], None]:
     for i in (0, 1):
-        put(sim, i, "/tmp/common/README", b"a PYTHONPATH folder pod 2 lacks\n")
+        put(sim, i, "/tmp/common/common_mod.py", b"# a PYTHONPATH folder's module pod 2 lacks\n")
 
     def undo() -> None:
         for i in (0, 1):
@@ -234,7 +237,13 @@ DRIFTS: list[tuple[str, Callable[[PodSim], Callable[[], None]], dict[str, str], 
     ),
     ("another python3 first on PATH", other_python, {}, 2, "python3 3."),
     ("another interpreter minor", other_minor, {}, 1, "python3 3.12.1"),
-    ("a PYTHONPATH folder one pod lacks", missing_entry, {"PYTHONPATH": "/tmp/common"}, 2, "sys.path entry /tmp/common absent"),
+    (
+        "a PYTHONPATH folder one pod lacks",
+        missing_entry,
+        {"PYTHONPATH": "/tmp/common"},
+        2,
+        "/tmp/common (none); rank 0 (ml-dev-env-0), this pod: common_mod importable",
+    ),
 ]
 
 
