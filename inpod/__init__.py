@@ -17,6 +17,7 @@ programs run on the images' Pythons with the standard library only.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,19 @@ from pathlib import Path
 from . import contract
 
 HERE = Path(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _bytecode_in_state_dir() -> None:
+    """In a pod the package is the startup ConfigMap's read-only volume: no `__pycache__` can be written beside it, so
+    every process (each rank agent of every launch) compiled every module again, about 0.1 s of CPU. There, bytecode
+    goes to the pod's state dir instead (sys.pycache_prefix, Python 3.8+: CPython Lib/importlib/_bootstrap_external.py
+    cache_from_source), under the source's own path, so a ConfigMap update (a new `..<timestamp>` directory) compiles
+    afresh and nothing stale is read. Where the package is writable (a checkout, the tests) nothing changes."""
+    if sys.pycache_prefix is None and not sys.dont_write_bytecode and not os.access(HERE, os.W_OK):
+        sys.pycache_prefix = os.path.join(os.environ.get(contract.STATE_DIR_ENV) or contract.STATE_DIR, "pycache")
+
+
+_bytecode_in_state_dir()
 
 MIN_PYTHON = (3, 8)
 """The oldest `python3` the in-pod programs run on; the one place that says so. The presets' images carry 3.10

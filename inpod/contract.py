@@ -93,6 +93,26 @@ def records_dir(workspace: str, app: str) -> str:
     return f"{workspace}/{WORKSPACE_RECORDS_DIR}/{ENV_RECORDS_DIR}/{app}"
 
 
+FINGERPRINT_FIELDS = ("python", "distributions", "libraries", "pythonpath", "sys_path")
+"""A rank's environment fingerprint (inpod/ml_dev/envgate.py), answered by its rank agent at the gate beside the tree
+hash: the `python3` its PATH finds (path, where it leads, version), every installed distribution (name: version), the
+CUDA and NCCL libraries the loader would map (path, sha256), PYTHONPATH, and sys.path's shape (entry, whether it
+offers anything to import, the top-level names of an entry outside site-packages and the standard library)."""
+FINGERPRINT_LIBRARIES = ("libnccl", "libcudart", "libcublas", "libcudnn")
+"""The libraries whose path and content every rank must share (the loader's search: envgate.libraries)."""
+ENV_GATE_DIR = "env-gate"
+"""`<records_dir>/env-gate/`: the drift gate's records on the launching pod: `last.json` (the last launch's gate:
+"one environment" or the ranks that differ; `ml-dev status` and the home page show it) and `pip.jsonl` (every `ml-dev
+pip` command, in order: what a pod added by a resize is given before its first rank starts)."""
+ENV_GATE_LAST = "last.json"
+ENV_PIP_LOG = "pip.jsonl"
+ENV_PIP_APPLIED = ".cache/ml-dev-env/pip-applied"
+"""`$HOME/.cache/ml-dev-env/pip-applied` on every pod: how many commands of the pip log (ENV_PIP_LOG) that pod ran
+(its HOME is its own in every storage mode; a pod added by a resize has none: the gate runs the log there first)."""
+RUN_DRIFT_FILE = "drift.json"
+"""`<records_dir>/runs/<run>/drift.json`: a run launched with `--allow-drift` over ranks that differ, and how."""
+
+
 START_LEDGER_DIR = "starts"
 """`<records_dir>/starts/<start>.json`: the start ledger of one start or resume of the environment, every pod's phases
 (inpod/lib/ledger.py), the last START_LEDGER_KEEP kept."""

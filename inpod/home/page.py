@@ -67,6 +67,8 @@ from ..lib.pod import (
     clock,
     env,
     env_records_dir,
+    environment_record,
+    environment_summary,
     idle_settings,
     mount_dir,
     mounted_models,
@@ -553,6 +555,21 @@ def models_html(v: View) -> tuple[str, str]:
     return f'<section id="card-models" class="card {cls}"><h2>Models</h2>{table}</section>', ""
 
 
+def environment_html(v: View) -> tuple[str, str]:
+    """The last drift gate of `ml-dev run` (inpod/ml_dev/envgate.py, under the environment's records): "one
+    environment", or the ranks that differ with one line per difference and the command that aligns them."""
+    record = environment_record()
+    text = environment_summary(record)
+    if not record:
+        return f'<p id="environment-status" class="neutral">{esc(text)}</p>', ""
+    if record.get("one_environment"):
+        return f'<p id="environment-status" class="ok">{num("environment", text)}</p>', ""
+    lines = record.get("lines")
+    items = "".join(f"<li>{num('environment-line', line)}</li>" for line in (lines if isinstance(lines, list) else [])[:12])
+    fix = f'<p class="small">align: <code>{num("environment-align", record["align"])}</code></p>' if record.get("align") else ""
+    return f'<p id="environment-status" class="bad">{num("environment", text)}</p><ul class="diagnosis">{items}</ul>{fix}', "bad"
+
+
 class Section:
     """One card of the page: `place` "main" (left of the first screen), "side" (right of it) or "wide" (below);
     `card` False: the builder's body is the whole card (or nothing)."""
@@ -565,6 +582,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("idle", "Idle stop", idle_html, "main"),
     Section("pods", "Pods", pods_html, "main"),
     Section("fabric", "Fabric check", fabric_html, "side"),
+    Section("environment", "Environment", environment_html, "side"),
     Section("running", "Running", running_html, "wide"),
     Section("start", "Last start", start_html, "wide"),
     Section("models", "Models", models_html, "wide", card=False),

@@ -81,6 +81,25 @@ def env_records_dir(migrate: bool = True) -> Path:
     return mine
 
 
+def environment_record() -> dict[str, object] | None:
+    """The last drift gate's verdict (`ml-dev run`, inpod/ml_dev/envgate.py), kept under the environment's records on
+    the launching pod (contract.ENV_GATE_DIR)."""
+    found = read_json(env_records_dir(migrate=False) / contract.ENV_GATE_DIR / contract.ENV_GATE_LAST)
+    return found if isinstance(found, dict) else None
+
+
+def environment_summary(record: dict[str, object] | None) -> str:
+    """That verdict in words (`ml-dev status`, the home page): "one environment", or the ranks that differ."""
+    if not record:
+        return "not checked yet (every `ml-dev run` checks it)"
+    when = f"{record.get('at')}, {record.get('ranks')} ranks"
+    if record.get("one_environment"):
+        return f"one environment ({when})"
+    allowed = ", launched with --allow-drift" if record.get("allowed") else ", launch refused"
+    differs = record.get("differs")
+    return f"ranks differ: {', '.join(map(str, differs if isinstance(differs, list) else []))} ({when}{allowed})"
+
+
 def move_legacy(top: Path, mine: Path) -> list[str]:
     """Move `top/<name>` (contract.LEGACY_RECORDS) into `mine/<name>`, each by one rename (atomic: of two programs or
     two environments that try at once, one moves it and the other finds nothing). Where `mine/<name>` exists already,

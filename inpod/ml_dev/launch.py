@@ -23,7 +23,7 @@ from typing import IO, Callable, Container, TextIO
 from .. import contract
 from ..lib import ledger, usersecrets
 from ..lib.pod import read_rank_env
-from . import secrets
+from . import envgate, install, secrets
 from .common import (
     DEBUG_PORT,
     FROM_RANK_FILE,
@@ -169,7 +169,7 @@ def cmd_rank(args: argparse.Namespace) -> int:
         if sent.get("per_pod"):
             env.update(RANK=env.get("NODE_RANK", "0"), LOCAL_RANK="0", WORLD_SIZE=env.get("NNODES", "1"))
     gate = sent.get("gate") if args.env_stdin else None
-    if isinstance(gate, dict) and not serve_gate(gate):
+    if isinstance(gate, dict) and not serve_gate(gate, env):
         return 0  # the launch stopped before any rank started (a pod that never got the tree, a missing Secret key)
     run = sent.get("run", "") if args.env_stdin else ""
     if run:  # `ml-dev run`: the run id, the progress file (watched here), Flight Recorder's pipe (ml-dev why)
@@ -587,12 +587,16 @@ def run_everywhere(
     run_id: str = "",
     tree: Tree | None = None,
     timeout: float = 60,
+    gate: bool = False,
+    allow_drift: bool = False,
 ) -> int:
     """Start a rank agent on every pod and stream them. With `tree` every agent first waits at its gate (serve_gate):
     it answers the hash of the tree it holds, the pods whose answer differs get a copy (sync.copy; a direct hop's
     `_apply` goes to the waiting agent), the listed Secret keys are checked (the
     same answers), and only then does every agent start its rank: one SSH
-    session per pod when nothing changed, and no rank starts before every pod's tree is verified.
+    session per pod when nothing changed, and no rank starts before every pod's tree is verified. With `gate` (`ml-dev
+    run`, with or without a tree to check) every agent answers its environment's fingerprint at the gate too, and no
+    rank starts while ranks differ (envgate.gate_verdict; `allow_drift`: they start, the run's record says so).
 
     Why one function: the launcher's one event loop over every agent's stream (markers, exits, stops).
     """
@@ -641,7 +645,9 @@ def run_everywhere(
         )
         hello = dict(hello_of)
         if tree is not None:  # the launching pod's own agent only waits: its tree is the truth
-            hello["gate"] = {"root": "" if rank == cluster.me else str(tree.root), "hash": tree.hash, "secrets": listed}
+            hello["gate"] = {"root": "" if rank == cluster.me else str(tree.root), "hash": tree.hash, "secrets": listed, "env": gate}
+        elif gate:  # the tree is on shared storage, or not synced: the environment's fingerprint only
+            hello["gate"] = {"root": "", "hash": "", "secrets": [], "env": True}
         try:
             assert proc.stdin is not None
             proc.stdin.write((json.dumps(hello) + "\n").encode())
@@ -652,10 +658,11 @@ def run_everywhere(
 
     for rank in range(len(cluster.hosts)):
         procs[rank] = spawn(rank)
-    if tree is not None:
+    if tree is not None or gate:
         heard: list[str] = []  # the gate agents' stderr, as open_gate read it
+        drift = functools.partial(envgate.gate_verdict, cluster, allow_drift=allow_drift, run_id=run_id) if gate else None
         try:
-            open_gate(cluster, procs, spawn, tree, timeout, heard)
+            open_gate(cluster, procs, spawn, tree, timeout, heard, drift)
         except BaseException:  # a refusal (die), Ctrl-C: EOF at every gate, no rank starts
             stop_all(procs, grace=0)
             stop = gate_stop(procs, heard)
@@ -735,7 +742,8 @@ RUN_EXIT_STATUSES = (
     (
         "1",
         "`ml-dev` itself refused before any rank started: not an ml-dev-env pod (no `rank.env`), nothing to run, a pod "
-        "unreachable, a sync problem",
+        "unreachable, a sync problem, ranks whose environments differ (the drift gate: one line per difference; "
+        "`--allow-drift` launches anyway)",
         "tests/podsim/test_rank_start.py::test_no_sshd_listening_is_connection_refused",
     ),
     ("2", "a usage mistake (argparse)", "tests/inpod/ml_dev/test_run_status.py::test_a_usage_mistake_exits_2"),
@@ -857,14 +865,17 @@ def open_gate(
     cluster: Cluster,
     procs: dict[int, subprocess.Popen],
     spawn: Callable[[int], subprocess.Popen],
-    tree: Tree,
+    tree: Tree | None,
     timeout: float,
     heard: list[str] | None = None,
+    drift: Callable[[dict[int, object]], None] | None = None,
 ) -> None:
     """Every agent answers at its gate (an SSH failure, exit 255 (ssh(1)), is tried again each second until
     `timeout`: the same wait and words as wait_reachable); the pods whose tree differs get a copy; every listed
-    Secret key must be on every pod (their answers say; secrets.require's words); then `go` to all. Dies naming the
-    pods that never answered or never got the tree, or the missing keys.
+    Secret key must be on every pod (their answers say; secrets.require's words); `drift` judges the environments'
+    fingerprints (envgate.gate_verdict); then `go` to all. Dies naming the pods that never answered or never got the
+    tree, the missing keys, or the ranks whose environments differ. Without `tree` (shared storage, --no-sync) only
+    the fingerprints are asked.
 
     Why one function: one exchange with every agent at its gate, in protocol order (answers, copies, Secret
     keys, go).
@@ -874,6 +885,8 @@ def open_gate(
     said = heard if heard is not None else []
     answers: dict[int, str] = {}
     found: dict[int, usersecrets.Presence | None] = {}
+    prints: dict[int, object] = {}
+    pip_applied: dict[int, int] = {}
     unusable: dict[int, list[str]] = {}
     width = len(str(len(cluster.hosts) - 1))
 
@@ -884,6 +897,8 @@ def open_gate(
             got = gate_answer(proc, f"[{rank:>{width}}] ")
             if got is not None:
                 answers[rank] = str(got.get("tree") or "")
+                prints[rank] = got.get("env")
+                pip_applied[rank] = int(got.get("pip_applied") or 0)
                 found[rank] = got.get("secrets") if isinstance(got.get("secrets"), dict) else None
                 unusable[rank] = [str(line) for line in got.get("refused_secrets") or []]
                 return ""
@@ -926,6 +941,8 @@ def open_gate(
             code = proc.wait()
             said.append(proc.stderr.read().decode(errors="replace") if proc.stderr else "")
             return "", cluster.explain(rank, said[-1], code)
+        if "env" in got:
+            prints[rank] = got["env"]
         if got.get("refused"):
             return str(got.get("tree") or ""), f"refused: {got['refused']}"
         return str(got.get("tree") or ""), ""
@@ -938,7 +955,8 @@ def open_gate(
         """A small change written by the agent waiting at that pod's gate (sync.apply_patch), the hash it answers."""
         return tell(rank, "patch", payload)
 
-    copy(cluster, tree, {r: h for r, h in answers.items() if r != cluster.me}, started, verify=verify, patch=patch)
+    if tree is not None:
+        copy(cluster, tree, {r: h for r, h in answers.items() if r != cluster.me}, started, verify=verify, patch=patch)
     # an agent whose SSH session ended while it waited (its pod's sshd died during the copy: that relay's failure
     # cost a retry) is started again and answers again, now with the verified tree
     gone = [r for r, p in sorted(procs.items()) if r != cluster.me and p.poll() is not None]
@@ -948,14 +966,24 @@ def open_gate(
         for r in gone:
             procs[r] = spawn(r)
         ask(gone)
-        differs = [r for r in gone if answers[r] != tree.hash]
+        differs = [r for r in gone if tree is not None and answers[r] != tree.hash]
         if differs:
-            die("\n  ".join(f"{cluster.label(r)}: tree {answers[r][:12]} differs from {tree.hash[:12]} here" for r in differs))
-    if listed_secrets():
+            die(
+                "\n  ".join(
+                    f"{cluster.label(r)}: tree {answers[r][:12]} differs from {tree.hash[:12] if tree else ''} here" for r in differs
+                )
+            )
+    if tree is not None and listed_secrets():
         lines = usersecrets.missing_lines({cluster.pods[r]: found.get(r) for r in sorted(procs)})
         lines += sorted({line for r in sorted(procs) for line in unusable.get(r, [])})  # one line per Secret key
         if lines:
             die("no rank started:\n  " + "\n  ".join(lines))
+    if drift is not None:
+        for rank in install.replay(cluster, pip_applied):  # a pod added by a resize: the pip log first
+            _, error = tell(rank, "env", b"")
+            if error:
+                die(f"{cluster.label(rank)}: {error}")
+        drift(prints)
     for proc in procs.values():
         try:
             assert proc.stdin is not None
@@ -1148,6 +1176,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             run_id,
             tree=tree,
             timeout=args.timeout,
+            gate=True,
+            allow_drift=args.allow_drift,
         )
 
 

@@ -5,6 +5,8 @@
                                            (--debug-host pod: on the pod IP, for a debugger in another pod)
     ml-dev sync                            sync the working tree to every pod (no-op on shared storage)
     ml-dev exec -- nvidia-smi              run on every pod, output prefixed by rank
+    ml-dev pip install x==1.2              install once: pip on every pod (once into a shared venv); logged
+    ml-dev freeze                          pin what was installed on top of the image in images/runtime-requirements.txt
     ml-dev status                          pods, reachability, ranks, GPUs, RDMA devices, SSH sessions, idle agent's view
     ml-dev status --all                    every environment of the namespace: owner, size, state, GPU-hours 7 days
     ml-dev status --start                  the start ledger: each pod's phases from creation to its first rank
@@ -39,6 +41,7 @@ import sys
 
 from .common import DEBUG_PORT, FROM_RANK_FILE, HERE, PER_POD_ENV
 from .fanout import cmd_relay
+from .install import cmd_freeze, cmd_pip
 from .launch import cmd_exec, cmd_rank, cmd_run
 from .logs import cmd_log_here, cmd_logs
 from .ranks import COMMANDS as RANKS_COMMANDS
@@ -65,7 +68,9 @@ EXIT_RULE = (
     "scale to 0) reached a rank, 141 when its output's reader went away: each time every rank got the checkpoint\n"
     "signal and the grace. Several events: the first decides, each is named. A SIGKILLed `ml-dev run` (137) stops\n"
     "nothing itself: the rank agents stop their ranks the same way. Each rank's output is also in its run log on\n"
-    "its pod's workspace: `ml-dev logs`, so nohup or a background launch is never needed."
+    "its pod's workspace: `ml-dev logs`, so nohup or a background launch is never needed.\n"
+    "1 when no rank started: a pod unreachable, a sync problem, or ranks whose environments differ (the drift gate:\n"
+    "interpreter, packages, CUDA/NCCL libraries, PYTHONPATH, sys.path; --allow-drift starts them anyway)."
 )
 
 
@@ -73,6 +78,25 @@ def run_unless_warm(args: argparse.Namespace) -> int:
     """`ml-dev run`, refused on GPUs that warm ranks hold (ranks.refuse_run says how to stop them)."""
     refuse_run()
     return cmd_run(args)
+
+
+def environment_commands(sub: argparse._SubParsersAction, run: argparse.ArgumentParser) -> None:
+    """`ml-dev run --allow-drift` (inpod/ml_dev/envgate.py), `ml-dev pip` and `ml-dev freeze` (inpod/ml_dev/install.py):
+    one environment on every rank."""
+    run.add_argument(
+        "--allow-drift",
+        action="store_true",
+        help="start the ranks even when their environments differ (interpreter, packages, CUDA/NCCL libraries, "
+        "PYTHONPATH, sys.path); the run's record says so",
+    )
+    pip = sub.add_parser(
+        "pip",
+        help="run one pip command for the whole environment: on every pod (or once, into a folder on shared storage); logged",
+    )
+    pip.add_argument("--timeout", type=float, default=60, help="seconds to wait for every pod to be reachable (60)")
+    pip.add_argument("words", nargs=argparse.REMAINDER, metavar="PIP-ARGS")
+    freeze = sub.add_parser("freeze", help="write what was installed on top of the image into the runtime image's requirements")
+    freeze.add_argument("--output", metavar="FILE", help="the requirements file (default: <repository>/images/runtime-requirements.txt)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         if p.prog.split()[-1] in ("run", "exec"):
             p.add_argument("--env", action="append", default=[], metavar="K=V", help="set K=V on every rank (repeatable)")
             p.add_argument("command", nargs=argparse.REMAINDER)
+    environment_commands(sub, run)
     apply = sub.add_parser("_apply")
     apply.add_argument("--root", required=True)
     sub.add_parser("_check").add_argument("--root", required=True)
@@ -150,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "command", None) and args.command[:1] == ["--"]:
         args.command = args.command[1:]
     handlers = {"run": run_unless_warm, "sync": cmd_sync, "exec": cmd_exec, "status": cmd_status, "_apply": cmd_apply, "_rank": cmd_rank}
-    handlers.update(_check=cmd_check, _relay=cmd_relay, logs=cmd_logs, _log=cmd_log_here)
+    handlers.update(pip=cmd_pip, freeze=cmd_freeze, _check=cmd_check, _relay=cmd_relay, logs=cmd_logs, _log=cmd_log_here)
     return handlers[args.cmd](args)
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from .. import contract
 from ..lib import kube, ledger, usersecrets
-from ..lib.pod import app_name, env_records_dir, idle_settings, model_line, mounted_models
+from ..lib.pod import app_name, env_records_dir, environment_record, environment_summary, idle_settings, model_line, mounted_models
 from .common import HERE, PY, STATE_DIR, Cluster, parallel
 from .secrets import pod_presence
 
@@ -180,4 +180,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print("models mounted from their images (read-only, every pod):")
         for model in models:
             print(f"  {model_line(model)}")
+    gate = environment_record()  # the last launch's drift gate, on the launching pod (records_dir)
+    print(f"environment: {environment_summary(gate)}")
+    for line in list((gate or {}).get("lines") or [])[:8]:  # type: ignore[call-overload]
+        print(f"  {line}")
     return 1 if unreachable or not all(m["present"] for m in models) else 0

@@ -24,7 +24,7 @@ from typing import Callable
 
 from .. import contract
 from ..lib import usersecrets
-from . import fanout
+from . import envgate, fanout
 from .common import HERE, IGNORE_FILE, PY, STATE_DIR, SYNC_MANIFEST, Cluster, die, parallel, wait_reachable
 
 # ------------------------------------------------------------------------------------------ tree
@@ -305,7 +305,7 @@ def read_exact(fd: int, size: int) -> bytes | None:
     return bytes(data)
 
 
-def serve_gate(spec: dict[str, object]) -> bool:
+def serve_gate(spec: dict[str, object], env: dict[str, str] | None = None) -> bool:
     """(the rank agent of `ml-dev run`, before its rank starts) answer the hash of the tree at the gate's root (and
     which of the listed Secret keys its pod holds: the launch's Secret check rides on the same answer), then
     follow the launcher's words on stdin: `apply <n>` + the launching pod's file list (n bytes: deletions, manifest,
@@ -313,7 +313,8 @@ def serve_gate(spec: dict[str, object]) -> bool:
     changed files written here, then what `apply` does; answered again, `refused` saying why when nothing was
     written), `go` (start the rank); EOF: the launch stopped, nothing starts. On `go` the tree's hash is checked
     once more against the launching pod's (a relay's copy landed since the first answer): a rank never starts on a
-    tree that differs."""
+    tree that differs. With `env` in the spec the answer holds this rank's environment fingerprint too (envgate.py:
+    the rank's own variables `env`, cached until the environment's folders change)."""
     root = Path(str(spec.get("root") or "")) if spec.get("root") else None
     expect = str(spec.get("hash") or "")
     held = recorded_hash(root) if root else ""
@@ -322,8 +323,14 @@ def serve_gate(spec: dict[str, object]) -> bool:
     found = usersecrets.presence(listed) if listed else {}
     unusable = usersecrets.refused() if listed else []  # values that cannot travel (usersecrets.value_refusal)
 
+    rank_env = env if env is not None else dict(os.environ)
+    environment = envgate.fingerprint(rank_env) if spec.get("env") else None
+
     def answer(refused: str = "") -> None:
         said: dict[str, object] = {"tree": held, "secrets": found}
+        if environment is not None:
+            said["env"] = environment
+            said["pip_applied"] = envgate.pip_applied(rank_env.get("HOME", ""))
         if unusable:
             said["refused_secrets"] = unusable
         if refused:
@@ -331,7 +338,7 @@ def serve_gate(spec: dict[str, object]) -> bool:
         os.write(1, (GATE_MARK + json.dumps(said) + "\n").encode())
 
     def words() -> bool:
-        nonlocal held
+        nonlocal held, environment
         while True:
             line = raw_line(0)
             if line is None:
@@ -343,6 +350,10 @@ def serve_gate(spec: dict[str, object]) -> bool:
                     if held != expect:
                         die(f"tree {root} here is {held[:12]}, not the launching pod's {expect[:12]}: the rank does not start", code=3)
                 return True
+            if word == "env" and environment is not None:  # after the pip log's replay here: the fingerprint again
+                environment = envgate.fingerprint(rank_env)
+                answer()
+                continue
             if word in ("apply", "patch") and root and arg.isdigit():
                 data = read_exact(0, int(arg))
                 if data is None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import io
 import json
 import os
 import shlex
@@ -560,6 +561,109 @@ class WarmWorkerTest(unittest.TestCase):
     def test_the_checkpoint_signal_ends_an_idle_worker(self) -> None:
         self.proc.send_signal(self.signal.SIGTERM)
         self.assertEqual(self.proc.wait(timeout=30), 128 + self.signal.SIGTERM)
+
+
+class EnvgateUnits(unittest.TestCase):
+    """inpod/ml_dev/envgate.py on this interpreter: a fingerprint of a folder on PYTHONPATH with dist-info folders, the
+    same after bytecode caches, another order and new timestamps; cached until a folder it watches changes; and the
+    differences the launcher names. The fingerprint's `python3` is the one PATH finds (this machine's)."""
+
+    def setUp(self) -> None:
+        self.envgate = load("inpod.ml_dev.envgate")
+        self.tmp = Path(tempfile.mkdtemp(prefix="pod-units-"))
+        self.addCleanup(subprocess.run, ["rm", "-rf", str(self.tmp)], check=False)
+        self.site = self.tmp / "site"
+        for name, version in (("Demo_Pkg", "1.0"), ("other.pkg", "2.1")):
+            info = self.site / f"{name}-{version}.dist-info"
+            info.mkdir(parents=True)
+            (info / "METADATA").write_text(f"Name: {name}\nVersion: {version}\n")
+        (self.site / "demo_pkg").mkdir()
+        (self.site / "demo_pkg" / "__init__.py").write_text("")
+        self.env = dict(os.environ, PYTHONPATH=str(self.site), HOME=str(self.tmp / "home"), LD_LIBRARY_PATH=str(self.tmp / "lib"))
+
+    def fingerprint(self) -> dict[str, Any]:
+        return dict(self.envgate.fingerprint(self.env, self.tmp / "state"))
+
+    def age(self) -> None:
+        """Every folder the fingerprint watches older than its 2 s guard (the cache is kept only then)."""
+        old = time.time() - 10
+        for path in [self.site, *self.site.rglob("*")]:
+            os.utime(path, (old, old))
+
+    def test_the_fingerprint_reads_dist_info_names_and_sys_path(self) -> None:
+        fp = self.fingerprint()
+        self.assertEqual({k: fp["distributions"].get(k) for k in ("demo-pkg", "other-pkg")}, {"demo-pkg": "1.0", "other-pkg": "2.1"})
+        self.assertEqual(fp["pythonpath"], [str(self.site)])
+        self.assertIn([str(self.site), True, ["demo_pkg"]], fp["sys_path"])
+        self.assertEqual(fp["python"]["version"].count("."), 2)
+
+    def test_bytecode_order_and_timestamps_are_no_difference_and_a_change_is_seen(self) -> None:
+        self.age()
+        first = self.fingerprint()
+        (self.site / "demo_pkg" / "__pycache__").mkdir()
+        (self.site / "__pycache__").mkdir()
+        (self.site / "__pycache__" / "x.cpython-38.pyc").write_bytes(b"")
+        os.utime(self.site, None)
+        self.assertEqual(self.envgate.differences(first, self.fingerprint()), [])
+        self.age()
+        cached = self.fingerprint()
+        self.assertTrue((self.tmp / "state" / self.envgate.CACHE_FILE).is_file(), "kept once nothing changed for 2 s")
+        self.assertEqual(self.fingerprint(), cached)
+        (self.site / "Demo_Pkg-1.0.dist-info").rename(self.site / "Demo_Pkg-1.1.dist-info")
+        diffs = self.envgate.differences(first, self.fingerprint())
+        self.assertEqual(diffs, [("package demo-pkg", "1.1", "1.0")])
+        self.assertEqual(self.envgate.align_command(diffs), "ml-dev pip install demo-pkg==1.0")
+
+    def test_a_library_earlier_on_the_path_and_a_shadowing_entry_are_differences(self) -> None:
+        first = self.fingerprint()
+        (self.tmp / "lib").mkdir()
+        (self.tmp / "lib" / "libnccl.so.2").write_bytes(b"stand-in")
+        (self.site / "shadow.py").write_text("")
+        diffs = dict((what, (theirs, mine)) for what, theirs, mine in self.envgate.differences(first, self.fingerprint()))
+        self.assertTrue(diffs["library libnccl"][0].startswith(str(self.tmp / "lib" / "libnccl.so.2") + " sha256 "), diffs)
+        self.assertEqual(diffs[f"sys.path entry {self.site}"][0], "shadow importable from it")
+
+    def test_a_rank_without_a_fingerprint_is_not_compared_and_one_that_differs_is_named(self) -> None:
+        class Pods:
+            me = 0
+
+            @staticmethod
+            def label(rank: int) -> str:
+                return f"rank {rank} (p-{rank})"
+
+        mine = self.fingerprint()
+        theirs = dict(mine, distributions=dict(mine["distributions"], **{"demo-pkg": "9"}))
+        with mock.patch("sys.stderr", new=io.StringIO()) as err:
+            lines = self.envgate.drift_lines(Pods(), {0: mine, 1: None, 2: theirs, 3: dict(mine)})
+        self.assertEqual(lines, ["rank 2 (p-2): package demo-pkg 9; rank 0 (p-0), this pod: 1.0"])
+        self.assertIn("rank 1 (p-1): no environment fingerprint to compare", err.getvalue())
+
+    def test_an_empty_folder_on_the_path_is_the_same_as_none(self) -> None:
+        first = self.fingerprint()
+        empty = self.tmp / "empty"
+        (empty / "__pycache__").mkdir(parents=True)
+        (empty / "README").write_text("nothing to import\n")
+        self.env["PYTHONPATH"] = f"{self.site}:{empty}"
+        diffs = self.envgate.differences(dict(first, pythonpath=[str(self.site), str(empty)]), self.fingerprint())
+        self.assertEqual(diffs, [])
+        (empty / "mod.py").write_text("")
+        diffs = self.envgate.differences(dict(first, pythonpath=[str(self.site), str(empty)]), self.fingerprint())
+        self.assertEqual(diffs, [(f"sys.path entry {empty}", "mod importable from it", "")])
+
+    def test_the_verdict_in_words(self) -> None:
+        pod = load("inpod.lib.pod")
+        self.assertIn("not checked yet", pod.environment_summary(None))
+        record = {"at": "T", "ranks": 4, "one_environment": False, "differs": ["rank 3 (p-3)"], "allowed": True}
+        self.assertEqual(pod.environment_summary(record), "ranks differ: rank 3 (p-3) (T, 4 ranks, launched with --allow-drift)")
+        page = load("inpod.home.page")
+        record.update(lines=["rank 3 (p-3): package x 2; rank 0 (p-0), this pod: <1>"], align="ml-dev pip install x==1")
+        with mock.patch.object(page, "environment_record", return_value=record):
+            body, cls = page.environment_html(None)
+        self.assertEqual(cls, "bad")
+        self.assertIn("rank 3 (p-3): package x 2; rank 0 (p-0), this pod: &lt;1&gt;", body)
+        self.assertIn("ml-dev pip install x==1", body)
+        with mock.patch.object(page, "environment_record", return_value=dict(record, one_environment=True)):
+            self.assertIn("one environment (T, 4 ranks)", page.environment_html(None)[0])
 
 
 @contextlib.contextmanager

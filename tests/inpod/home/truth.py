@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from core import naming
+from inpod import contract
 from inpod.lib.pod import ago, clock
 from tests.inpod.home.numbers import USAGE, check, idle_truth, shown, status_hours
 from tests.inpod.home.pods import STATE, HomePods
@@ -79,6 +80,10 @@ class PageTruth:
             out[f"conn:{pod.name}"] = [f"{user} from {address}" for user, address in ssh[i]]
             # GPU 0 is the only one ever above 0 %: the busiest
             out.update({f"busiest:{pod.name}": "GPU 0", f"gpus:{pod.name}": str(pods.gpus), f"since:{pod.name}": self.since(pod.name)})
+        gate = pods.records(0, f"{contract.ENV_GATE_DIR}/{contract.ENV_GATE_LAST}")
+        if gate.exists():  # the runs' drift gate: the same pods, one environment
+            record = json.loads(gate.read_text())
+            out["environment"] = f"one environment ({record['at']}, {len(pods.pods)} ranks)"
         for n, beat in enumerate(sorted(pods.pods[0].path(f"{STATE}/heartbeat").glob("run-*.json"))):
             info = json.loads(beat.read_text())
             out.update(
