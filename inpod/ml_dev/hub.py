@@ -279,6 +279,7 @@ def cmd_hub(args: argparse.Namespace) -> int:
     run = argparse.Namespace(
         command=node,
         no_sync=args.no_sync,
+        allow_drift=args.allow_drift,
         debug=None,
         no_wait=False,
         debug_host="localhost",

@@ -139,7 +139,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     log = warm_dir() / contract.WARM_HUB_LOG
     log.parent.mkdir(parents=True, exist_ok=True)
     argv = [PY, str(HERE / "ml-dev"), HUB_COMMAND, "--nproc-per-node", str(nproc), "--timeout", str(args.timeout)]
-    argv += ["--no-sync"] * args.no_sync + [f"--env={e}" for e in args.env]
+    argv += ["--no-sync"] * args.no_sync + ["--allow-drift"] * args.allow_drift + [f"--env={e}" for e in args.env]
     with open(log, "wb") as out:
         hub = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     offset = 0
@@ -348,6 +348,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
 def start_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nproc-per-node", type=int, default=0, help="ranks per pod (default: the pod's GPUs, GPUS_PER_NODE)")
     p.add_argument("--no-sync", action="store_true", help="do not sync the working tree first")
+    p.add_argument("--allow-drift", action="store_true", help="start the ranks even when their environments differ (as ml-dev run)")
     p.add_argument("--env", action="append", default=[], metavar="K=V", help="set K=V on every rank (repeatable)")
     p.add_argument("--timeout", type=float, default=60, help="seconds to wait for every pod to be reachable (60)")
 
