@@ -83,7 +83,7 @@ if environment is not None:
     cluster_facts = layers.cluster_facts(stack.cluster)
     reference = environment.stack_reference or f"{pulumi.get_organization()}/{pulumi.get_project()}/{environment.cluster}"
     cluster_stack = pulumi.StackReference(f"cluster-{environment.cluster}", stack_name=reference)
-    expected = cluster_facts
+    expected, cluster_cfg = cluster_facts, stack.cluster
 
     def checked(deployed: Any) -> Any:
         facts, problem = layers.checked_facts(deployed, expected, reference)
@@ -91,7 +91,14 @@ if environment is not None:
             raise pulumi.RunError(problem or "")
         return facts
 
-    deployed_facts = cluster_stack.get_output(FACTS_OUTPUT).apply(checked)
+    def read_nodes_or_say(facts: Any) -> Any:
+        # added after the cluster's last `up`: its recorder reads the pods alone until the cluster's next one
+        line = layers.node_reader_line(facts, cfg, cluster_cfg, reference)
+        if line:
+            pulumi.log.warn(line)
+        return facts
+
+    deployed_facts = cluster_stack.get_output(FACTS_OUTPUT).apply(checked).apply(read_nodes_or_say)
     image = deployed_facts.apply(lambda facts: facts.runtime_image)
     layers.image_puller_binding("env", cfg, cluster_facts, labels, opts)
     pulumi.export("environment", {"cluster": environment.cluster, "name": environment.name, "namespace": ns})
@@ -117,8 +124,11 @@ elif cfg.image.build is not None:
     pulumi.export("build_logs_command", images.logs_command)
 else:
     image = cfg.image.reference
+# A cluster stack binds its node reader to its environment stacks' usage recorders too: the stacks of this cluster in the
+# checkout, as the GPU tally reads them (stacks/gpus.py tally); its facts say which, so a later environment can tell.
+node_readers = stack.gpus.node_readers() if environment is None and stack.gpus is not None else ()
 if environment is None:
-    pulumi.export(FACTS_OUTPUT, layers.cluster_facts(cfg).model_dump(by_alias=True))
+    pulumi.export(FACTS_OUTPUT, layers.cluster_facts(cfg, node_readers).model_dump(by_alias=True, mode="json"))
 cluster = GpuCluster(
     "gpu",
     GpuClusterArgs(
@@ -130,6 +140,7 @@ cluster = GpuCluster(
         pinned_image_sets_served=live_checks.pinned_image_set_served(cfg),
         # models[].mountInEnv is the cluster stack's: an environment mounts its cluster's models (stack.cluster)
         models=list((stack.cluster or cfg).models),
+        node_readers=node_readers,
     ),
     opts=opts,
 )

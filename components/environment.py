@@ -32,9 +32,10 @@ def stack_label(stack: str) -> dict[str, str]:
     return {STACK_LABEL: stack}
 
 
-def cluster_facts(cfg: StackConfig) -> ClusterFacts:
+def cluster_facts(cfg: StackConfig, node_readers: tuple[str, ...] = ()) -> ClusterFacts:
     """The facts a cluster stack (its config) gives its environments; `environment_facts` output, and what the
-    environment expects from its cluster's file (a difference means the cluster stack is not deployed as written)."""
+    environment expects from its cluster's file (a difference means the cluster stack is not deployed as written).
+    `node_readers`: the usage recorders its node reader is bound to (stacks/gpus.py Tally.node_readers)."""
     ns, app = cfg.cluster.namespace, cfg.cluster.app_name
     build = cfg.image.build
     image = naming.internal_image(ns, build.image_stream, runtime_tag(build)) if build is not None else str(cfg.image.reference)
@@ -55,6 +56,7 @@ def cluster_facts(cfg: StackConfig) -> ClusterFacts:
         scc=scc,
         scc_role=role,
         shared_claims=claims,
+        usage_node_readers=node_readers,
     )
 
 
@@ -93,6 +95,22 @@ def checked_facts(deployed: Any, expected: ClusterFacts, stack_ref: str) -> tupl
             "git pull, or ask the cluster owner"
         )
     return facts, None
+
+
+def node_reader_line(deployed: ClusterFacts, cfg: StackConfig, cluster: StackConfig, stack_ref: str) -> str | None:
+    """One line when the deployed cluster stack did not let this environment's usage recorder read the nodes although
+    both want it (an environment added after the cluster's last `up`, or a cluster deployed by an older program):
+    until the cluster's next `up` the recorder reads the pods alone (inpod/usage.py Nodes says so once in its log)."""
+    if not (cfg.lifecycle.usage_reads_nodes and cluster.lifecycle.usage_reads_nodes):
+        return None
+    me = f"{cfg.cluster.namespace}/{naming.usage_recorder(cfg.cluster.app_name)}"
+    if me in deployed.usage_node_readers:
+        return None
+    return (
+        f"lifecycle.usageReadsNodes: the cluster stack {stack_ref} was last deployed without this environment's usage "
+        f"recorder ({me}) among its node readers: run `pulumi up` of {stack_ref} again (no change to it, cluster-admin) so a "
+        "pod on a lost node is charged until the node's last heartbeat; until then it is charged until its deletion"
+    )
 
 
 # ------------------------------------------------------------------------------------------ ownership

@@ -46,6 +46,9 @@ class GpuClusterArgs(BaseModel):
     """image.prePull pinnedImageSet: whether the cluster serves PinnedImageSet (None: not read; False: the DaemonSet)."""
     models: list[ModelConfig] = []
     """The cluster stack's models (an environment's: its cluster's): those with mountInEnv are mounted in every pod."""
+    node_readers: tuple[str, ...] = ()
+    """A cluster stack: `<namespace>/<ServiceAccount>` of its environment stacks' usage recorders that its node reader
+    is bound to as well (stacks/gpus.py Tally.node_readers); its own recorder always is."""
 
 
 def labels(config: StackConfig) -> dict[str, str]:
@@ -470,18 +473,28 @@ class GpuCluster(pulumi.ComponentResource):
         )
 
     def _usage_node_reader(self, account_name: str, account: k8s.core.v1.ServiceAccount) -> None:
-        """A cluster stack (lifecycle.usageReadsNodes): the recorder may read the nodes and their Leases, so a pod on a
+        """A cluster stack (lifecycle.usageReadsNodes): the recorders may read the nodes and their Leases, so a pod on a
         NotReady or deleted node is charged until the node's last heartbeat (inpod/usage.py Nodes). Nodes are
         cluster-scoped (a ClusterRole and a ClusterRoleBinding: cluster-admin once, listed by `make render`); the Leases
-        live in kube-node-lease (a Role and a RoleBinding there). Bound to this recorder's ServiceAccount only: an
-        environment stack cannot create cluster-scoped bindings, and its recorder reads the pods alone (it says so once).
+        live in kube-node-lease (a Role and a RoleBinding there). Bound to this recorder's ServiceAccount and to the
+        recorder of each environment stack of this cluster in the checkout (`node_readers`, the stacks the GPU tally
+        reads): an environment stack cannot create cluster-scoped bindings. A binding's subjects may name a
+        ServiceAccount of another namespace, or one not created yet (kubernetes pkg/apis/rbac/validation/validation.go
+        ValidateRoleBindingSubject checks its shape only;
+        pkg/registry/rbac/validation/rule.go appliesToUser matches by name and namespace only). An environment added
+        after this stack's last `up` is bound by its next one; until then its preview says so (components/environment.py
+        node_reader_line) and its recorder reads the pods alone (it says so once).
         """
         name, ns = self._name, self._ns
         reader = naming.node_reader(ns, self._app)
-        subjects = [k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=account_name, namespace=ns)]
+        accounts = dict.fromkeys([f"{ns}/{account_name}", *self._args.node_readers])
+        subjects = [
+            k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=who.split("/", 1)[1], namespace=who.split("/", 1)[0]) for who in accounts
+        ]
         why = {
-            "kubernetes.io/description": "ml-dev-env: the usage recorder reads the nodes and their Leases, so a pod on a lost "
-            "node is charged until its last heartbeat; lifecycle.usageReadsNodes: false leaves it out"
+            "kubernetes.io/description": "ml-dev-env: the usage recorders (the cluster stack's and its environment stacks') "
+            "read the nodes and their Leases, so a pod on a lost node is charged until its last heartbeat; "
+            "lifecycle.usageReadsNodes: false leaves it out"
         }
         meta = k8s.meta.v1.ObjectMetaArgs(name=reader, labels=self._labels, annotations=why)
         cluster_role = k8s.rbac.v1.ClusterRole(f"{name}-usage-nodes", metadata=meta, rules=lifecycle.node_reader_rules(), opts=self._child)

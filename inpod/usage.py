@@ -220,7 +220,8 @@ class Nodes:
     """What the recorder knows of the nodes, from one record to the next: `beats`, each node's last heartbeat seen
     (the later of its Lease's renewTime and its Ready condition's lastHeartbeatTime), kept for a node that is gone
     later. Reading them needs the cluster stack's rights (components/gpu_cluster.py _usage_node_reader: a ClusterRole
-    for the nodes, a Role in kube-node-lease for the Leases); without them the recorder reads the pods alone, as
+    for the nodes, a Role in kube-node-lease for the Leases, bound to its recorder and its environment stacks' at its
+    `up`); without them (an environment added since, or usageReadsNodes false) the recorder reads the pods alone, as
     `lost` says, and prints so once."""
 
     def __init__(self) -> None:
@@ -240,8 +241,8 @@ class Nodes:
             self._once(
                 "the cluster's nodes",
                 exc,
-                "a pod whose node is lost is charged until its deletion (the pods alone; lifecycle.usageReadsNodes on "
-                "the cluster stack grants the nodes)",
+                "a pod whose node is lost is charged until its deletion (the pods alone; the cluster stack's `pulumi up` "
+                "with lifecycle.usageReadsNodes grants the nodes to its recorder and its environment stacks')",
             )
             return None
         nodes = {str((n.get("metadata") or {}).get("name")): n for n in items}

@@ -1174,9 +1174,11 @@ class LifecycleConfig(Model):
     )
     usage_reads_nodes: bool = Field(
         True,
-        description="Cluster stack: let its usage recorder read the nodes (a ClusterRole and its binding, "
-        "a Role in kube-node-lease: cluster-admin once), so a pod on a NotReady or deleted node is charged until the "
-        "node's last heartbeat. false (a namespace admin's cluster): the recorder reads the pods alone and says so once.",
+        description="Cluster stack: let its usage recorder and those of its environment stacks in the checkout read the "
+        "nodes (a ClusterRole and its binding, a Role in kube-node-lease: cluster-admin once; an environment added later "
+        "is bound by the cluster's next `up`, its preview says so meanwhile), so a pod on a NotReady or deleted node is "
+        "charged until the node's last heartbeat. false (a namespace admin's cluster): no cluster-scoped objects, the "
+        "recorders read the pods alone and say so once. An environment stack's false leaves its own recorder out.",
     )
     stall_verdict_seconds: int = Field(
         contract.STALL_DEFAULT,

@@ -49,6 +49,12 @@ class ClusterFacts(Model):
     scc: str | None = Field(None, description="The SCC the RDMA pods use (None: no memlock SCC).")
     scc_role: str | None = Field(None, description="The Role in the cluster namespace granting `use` of a created SCC.")
     shared_claims: dict[str, str] = Field(description="Shared volume name → claim in the cluster namespace.")
+    usage_node_readers: tuple[str, ...] = Field(
+        (),
+        description="`<namespace>/<ServiceAccount>` of every usage recorder the cluster stack's last `up` let read the "
+        "nodes and their Leases (itself and its environment stacks then in the checkout; none with usageReadsNodes false). "
+        "Absent (a cluster deployed by an older program): none.",
+    )
 
 
 ENVIRONMENT_KEY = "ml-dev-env:environment.cluster"

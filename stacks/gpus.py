@@ -7,7 +7,8 @@ suspended ones (`lifecycle.suspended`, 0 replicas) asking nothing. Beyond the su
 one pod per node within a stack (required anti-affinity), on its own `gpuNodes` (an environment's are a subset of
 the cluster's) or any of the cluster's, each pod on a node with `gpusPerPod` GPUs left (the scheduler's
 NodeResourcesFit, kubernetes pkg/scheduler/framework/plugins/noderesources/fit.go `fitsRequest`). The live half
-(allocatable and what running pods hold) is components/preflight.py `gpu_fit_line`.
+(allocatable and what running pods hold) is components/preflight.py `gpu_fit_line`. The same stacks are the ones whose
+usage recorders the cluster stack lets read the nodes (`Tally.node_readers`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from core import naming
 from stacks.config import StackConfig
 
 PREFIX = "ml-dev-env:"
@@ -34,6 +36,8 @@ class Ask:
     suspended: bool = False
     namespace: str = ""
     app: str = ""
+    reads_nodes: bool = False
+    """Its usage recorder reads the nodes (its `lifecycle.usageReadsNodes`)."""
 
     @property
     def gpus(self) -> int:
@@ -87,6 +91,14 @@ class Tally:
             return False
 
         return place(0) if len(pods) <= 64 else self.asked <= self.capacity
+
+    def node_readers(self) -> tuple[str, ...]:
+        """`<namespace>/<ServiceAccount>` of the usage recorder of every stack here that reads the nodes: the cluster
+        stack binds its node reader to each (components/gpu_cluster.py _usage_node_reader); none when the cluster
+        stack's own `lifecycle.usageReadsNodes` is false (no cluster-scoped objects at all)."""
+        if not any(a.stack == self.cluster and a.reads_nodes for a in self.asks):
+            return ()
+        return tuple(dict.fromkeys(f"{a.namespace}/{naming.usage_recorder(a.app)}" for a in self.asks if a.reads_nodes))
 
     @property
     def line(self) -> str:
@@ -191,6 +203,7 @@ def tally(config_dir: Path, stack: str, own: StackConfig | None = None) -> Tally
                 settings.lifecycle.suspended,
                 settings.cluster.namespace,
                 settings.cluster.app_name,
+                settings.lifecycle.usage_reads_nodes,
             )
         )
     own_nodes = cluster_settings.nodes

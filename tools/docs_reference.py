@@ -59,7 +59,8 @@ OUTPUT_HELP = {
     "model_runs": "Per model: its run and the commands to follow or retry it (`make runs`).",
     "model_images": "Per model: the modelcar image in the internal registry.",
     "environment_facts": "What the cluster stack gives its environment stacks (versioned): namespace, app name, runtime "
-    'image, SCC and its Role, shared claims (read through a StackReference; see Use, "Team environments").',
+    "image, SCC and its Role, shared claims, the usage recorders bound to its node reader (read through a StackReference; "
+    'see Use, "Team environments").',
     "environment": 'An environment stack\'s cluster, environment name and namespace (see Use, "Team environments").',
 }
 

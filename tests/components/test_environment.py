@@ -655,3 +655,107 @@ def test_an_environment_on_its_clusters_scc_adds_what_that_scc_allows() -> None:
     memlock = raw["security"]["memlock"]
     assert problems == [] and memlock["createScc"] is False and memlock["capabilities"] == ["IPC_LOCK", "SYS_RESOURCE", "SYS_CHROOT"]
     assert not [w for w in warnings_for(StackConfig.model_validate(raw)) if "SYS_CHROOT" in w]
+
+
+# ------------------------------------------------------------------------------------------ usage recorders' node reads
+
+
+def recorder_of(result: RunResult) -> dict[str, str]:
+    """The usage recorder's ServiceAccount of a render, as a binding subject."""
+    (sts,) = [o for o in objects(result) if o["kind"] == "StatefulSet"]
+    meta = sts["metadata"]
+    return {"kind": "ServiceAccount", "name": naming.usage_recorder(meta["name"]), "namespace": meta["namespace"]}
+
+
+def node_reader_bindings(result: RunResult) -> list[dict[str, Any]]:
+    """Every binding a render makes of a node reader (cluster-scoped, or in kube-node-lease)."""
+    return [
+        o
+        for o in objects(result)
+        if o["kind"] == "ClusterRoleBinding" or (o["kind"] == "RoleBinding" and o["metadata"].get("namespace") == "kube-node-lease")
+    ]
+
+
+def env_warnings(result: RunResult) -> list[str]:
+    return [w for w in result.warnings if w.startswith("lifecycle.usageReadsNodes:")]
+
+
+def test_the_cluster_stack_binds_every_environments_recorder_to_its_node_reader(renders: dict[str, RunResult]) -> None:
+    """The committed environments (alice in the cluster's namespace, bob in his own): one ClusterRoleBinding and one
+    RoleBinding in kube-node-lease, both naming the cluster's recorder and each environment's, and the facts say so."""
+    cluster = renders["barcelona"]
+    expected = [recorder_of(cluster), *(recorder_of(renders[s]) for s in ENVIRONMENTS)]
+    assert {s["namespace"] for s in expected} == {"nccl-test", "bob-dev"}  # the premise: another namespace too
+    bindings = node_reader_bindings(cluster)
+    assert sorted(b["kind"] for b in bindings) == ["ClusterRoleBinding", "RoleBinding"]
+    for binding in bindings:
+        assert binding["subjects"] == expected, binding["kind"]
+    assert cluster.outputs[FACTS_OUTPUT]["usageNodeReaders"] == [f"{s['namespace']}/{s['name']}" for s in expected]
+    for stack in ENVIRONMENTS:
+        assert node_reader_bindings(renders[stack]) == [], "an environment stack creates no such binding itself"
+        assert env_warnings(renders[stack]) == [], "granted by the cluster's up: nothing to say"
+
+
+def test_an_environment_added_to_the_checkout_is_bound_by_the_clusters_next_up(tmp_path: Path) -> None:
+    main = checkout_with(tmp_path, lambda text: text)
+    (tmp_path / "Pulumi.barcelona-carol.yaml").write_text(
+        "config:\n  ml-dev-env:environment:\n    cluster: barcelona\n    name: carol\n    namespace: carol-dev\n"
+        "  ml-dev-env:nodes:\n    count: 1\n    gpusPerPod: 1\n    gpuNodes: [moc-r4pcc02u17-nairr]\n"
+    )
+    result = run_program(
+        "barcelona", stack_config(tmp_path / "Pulumi.barcelona.yaml"), dict(PLACEHOLDER_SECRETS), main=main, stack_outputs={}
+    )
+    assert result.error is None, result.error
+    carol = {"kind": "ServiceAccount", "name": "ml-dev-env-carol-usage", "namespace": "carol-dev"}
+    for binding in node_reader_bindings(result):
+        assert carol in binding["subjects"] and len(binding["subjects"]) == 4, binding
+    assert "carol-dev/ml-dev-env-carol-usage" in result.outputs[FACTS_OUTPUT]["usageNodeReaders"]
+
+
+@pytest.mark.parametrize("stack", ENVIRONMENTS)
+@pytest.mark.parametrize("deployed_by", ["before it was added", "an older program"])
+def test_an_environment_the_clusters_last_up_did_not_bind_says_so_in_one_line(
+    renders: dict[str, RunResult], deployed: dict[str, Any], stack: str, deployed_by: str
+) -> None:
+    """Added after the cluster's last `up` (its facts name the other recorders), or a cluster deployed before the facts
+    said: the environment's preview and render say once to re-run the cluster's `up`, and the environment still deploys
+    (its recorder reads the pods alone meanwhile, tests/inpod/usage/test_usage.py)."""
+    me = recorder_of(renders[stack])
+    readers = [r for r in deployed[FACTS_OUTPUT]["usageNodeReaders"] if r != f"{me['namespace']}/{me['name']}"]
+    result = run_env(stack, facts_of(deployed, usageNodeReaders=readers if deployed_by.startswith("before") else DROP))
+    assert result.error is None, result.error
+    (line,) = env_warnings(result)
+    assert f"({me['namespace']}/{me['name']})" in line and f"run `pulumi up` of {CLUSTER_REF} again" in line, line
+    assert "\n" not in line
+
+
+def test_usage_reads_nodes_false_makes_no_cluster_scoped_object_and_no_line(tmp_path: Path) -> None:
+    """On the cluster stack: no ClusterRole, no binding, nothing in kube-node-lease, for nobody; its environments say
+    nothing (there is no `up` that would grant them)."""
+    main = checkout_with(tmp_path, lambda text: text + "  ml-dev-env:lifecycle:\n    usageReadsNodes: false\n")
+    cluster = run_program(
+        "barcelona", stack_config(tmp_path / "Pulumi.barcelona.yaml"), dict(PLACEHOLDER_SECRETS), main=main, stack_outputs={}
+    )
+    assert cluster.error is None, cluster.error
+    scoped = [o for o in objects(cluster) if o["kind"].startswith("Cluster") or o["metadata"].get("namespace") == "kube-node-lease"]
+    assert [key(o) for o in scoped if "usage" in o["metadata"]["name"]] == []
+    assert cluster.outputs[FACTS_OUTPUT]["usageNodeReaders"] == [], "the facts say: nobody's recorder reads the nodes"
+    for stack in ENVIRONMENTS:
+        result = run_env(stack, cluster.outputs, env_config(stack), main)
+        assert result.error is None and env_warnings(result) == [], result.warnings
+
+
+def test_an_environment_that_turns_node_reads_off_is_left_out_and_says_nothing(tmp_path: Path) -> None:
+    main = checkout_with(tmp_path, lambda text: text)
+    bob = tmp_path / "Pulumi.barcelona-bob.yaml"
+    bob.write_text(
+        bob.read_text().replace("  ml-dev-env:access:", "  ml-dev-env:lifecycle:\n    usageReadsNodes: false\n  ml-dev-env:access:")
+    )
+    cluster = run_program(
+        "barcelona", stack_config(tmp_path / "Pulumi.barcelona.yaml"), dict(PLACEHOLDER_SECRETS), main=main, stack_outputs={}
+    )
+    assert cluster.error is None, cluster.error
+    readers = cluster.outputs[FACTS_OUTPUT]["usageNodeReaders"]
+    assert "nccl-test/ml-dev-env-alice-usage" in readers and not any(r.startswith("bob-dev/") for r in readers), readers
+    result = run_env("barcelona-bob", cluster.outputs, stack_config(bob), main)
+    assert result.error is None and env_warnings(result) == [], result.warnings

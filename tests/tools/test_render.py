@@ -152,7 +152,7 @@ def test_what_the_stack_creates_is_no_prerequisite_but_may_need_admin() -> None:
         ("Role", " in namespace kube-node-lease"),
         ("RoleBinding", " in namespace kube-node-lease"),
     ):
-        assert "the usage recorder reads the nodes and their Leases" in admin[f"{what}/{reader}{where}"], admin
+        assert "read the nodes and their Leases" in admin[f"{what}/{reader}{where}"], admin
 
 
 def _existing_scc_and_account(o: dict[str, Any]) -> None:

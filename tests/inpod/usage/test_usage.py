@@ -77,10 +77,11 @@ def barcelona() -> Any:
     return result
 
 
-def recorder_grants(result: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The rules the render grants the recorder's ServiceAccount beyond its Role: on the nodes (ClusterRoles bound to
-    it by a ClusterRoleBinding) and in kube-node-lease (Roles there bound to it by a RoleBinding there)."""
-    sts = result.one("kubernetes:apps/v1:StatefulSet").inputs
+def recorder_grants(result: Any, of: Any = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The rules the render grants the recorder's ServiceAccount (that of the render `of`, else its own) beyond its
+    Role: on the nodes (ClusterRoles bound to it by a ClusterRoleBinding) and in kube-node-lease (Roles there bound to
+    it by a RoleBinding there)."""
+    sts = (of or result).one("kubernetes:apps/v1:StatefulSet").inputs
     me = {"kind": "ServiceAccount", "name": naming.usage_recorder(sts["metadata"]["name"]), "namespace": sts["metadata"]["namespace"]}
     rbac = [r for r in result.resources if r.kind in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")]
     kinds = {r.inputs["metadata"]["name"] + "/" + r.kind: r.inputs for r in rbac}
@@ -96,14 +97,15 @@ def recorder_grants(result: Any) -> tuple[list[dict[str, Any]], list[dict[str, A
     return cluster, leases
 
 
-def fake_api(result: Any, tmp_path: Path) -> Iterator[tuple[dict[str, Any], str, Path]]:
-    """The API as the render's RBAC lets the recorder (its token `recorder-token`) and the pods (`sa-token`) use it:
+def fake_api(result: Any, tmp_path: Path, granted_by: Any = None) -> Iterator[tuple[dict[str, Any], str, Path]]:
+    """The API as the render's RBAC lets the recorder (its token `recorder-token`) and the pods (`sa-token`) use it,
+    the nodes and Leases as `granted_by`'s render (its cluster stack's; else its own) binds them to the recorder:
     `state` holds the pods, the record, the nodes and Leases, what was denied and the patches."""
     sts = result.one("kubernetes:apps/v1:StatefulSet").inputs
     ns, app = sts["metadata"]["namespace"], sts["metadata"]["name"]
     roles = {r.inputs["metadata"]["name"]: r.inputs for r in result.resources if r.kind == "Role"}
     recorder, reader = roles[naming.usage_recorder(app)], roles[f"{naming.usage_recorder(app)}-reader"]
-    cluster_rules, lease_rules = recorder_grants(result)
+    cluster_rules, lease_rules = recorder_grants(granted_by or result, of=result)
     state: dict[str, Any] = {
         "replicas": 1, "data": {}, "denied": [], "patches": [], "pods": [bound_pod(f"{app}-0", namespace=ns)], "nodes": [], "leases": []
     }  # fmt: skip
@@ -181,8 +183,15 @@ def fake_api(result: Any, tmp_path: Path) -> Iterator[tuple[dict[str, Any], str,
 
 @pytest.fixture
 def api(alice: Any, tmp_path: Path) -> Iterator[tuple[dict[str, Any], str, Path]]:
-    """alice's environment: its recorder has its Role only (an environment stack creates no cluster-scoped binding)."""
+    """alice's environment before its cluster stack's next `up`: its recorder has its Role only (an environment stack
+    creates no cluster-scoped binding; the cluster's binds it)."""
     yield from fake_api(alice, tmp_path)
+
+
+@pytest.fixture
+def bound_api(alice: Any, barcelona: Any, tmp_path: Path) -> Iterator[tuple[dict[str, Any], str, Path]]:
+    """alice's environment after its cluster stack's `up`: barcelona's node reader is bound to alice's recorder too."""
+    yield from fake_api(alice, tmp_path, granted_by=barcelona)
 
 
 @pytest.fixture
@@ -542,11 +551,12 @@ def lease(name: str, renewed: float) -> dict[str, Any]:
 NODE = "moc-r4pcc02u25-nairr"
 
 
-def test_the_cluster_stack_grants_its_recorder_the_nodes_and_their_leases_only(barcelona: Any, alice: Any) -> None:
+def test_the_cluster_stack_grants_its_and_its_environments_recorders_the_nodes_and_their_leases_only(barcelona: Any, alice: Any) -> None:
     cluster, leases = recorder_grants(barcelona)
     assert cluster == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]}]
     assert leases == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "list"]}]
     assert recorder_grants(alice) == ([], []), "an environment stack creates no cluster-scoped binding"
+    assert recorder_grants(barcelona, of=alice) == (cluster, leases), "its cluster stack binds the environment's recorder"
     nerc = run_objects("nerc-production", stack_objects("nerc-production"))
     assert recorder_grants(nerc) == ([], []), "lifecycle.usageReadsNodes: false (a namespace admin's cluster)"
 
@@ -582,6 +592,27 @@ def test_a_pod_on_a_notready_node_is_charged_until_the_nodes_last_heartbeat(clus
     assert state["data"][usage.BUCKET + usage.day(NOW)] == str(gpus * 600)
 
 
+def test_an_environments_recorder_bound_by_its_cluster_stack_charges_until_the_nodes_last_heartbeat(
+    bound_api: tuple[dict[str, Any], str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """alice's recorder, with the rights barcelona's render binds to it: a pod stuck on a NotReady node for a day is
+    charged until the node's Lease renewal, not until its deletion, and the recorder has nothing to say."""
+    state, url, _ = bound_api
+    client = usage.Api(url, state["recorder_sa"])
+    app, ns, gpus = state["app"], state["ns"], state["gpus"]
+    beat = NOW - 20 * 60
+    state["nodes"], state["leases"] = [node(NODE, "Unknown", beat - 240)], [lease(NODE, beat)]
+    state["pods"] = [stuck(f"{app}-0", deleted=beat + 5 * 60)]
+    state["data"] = {usage.LAST: str(int(NOW - 3600))}
+    sel = "app.kubernetes.io/name=ml-dev-env,app.kubernetes.io/instance=" + app
+    seen = usage.Nodes()
+    for hour in range(25):
+        usage.record(client, ns, app, f"{app}-usage", gpus, 600, now=NOW + hour * 3600, selector=sel, nodes_seen=seen)
+    charged = sum(int(state["data"].get(usage.BUCKET + usage.day(NOW + d), "0")) for d in (0, DAY))
+    assert charged == int(gpus * (40 * 60 + 0.25)), "charged to the Lease's renewal"
+    assert state["denied"] == [] and "note: cannot read" not in capsys.readouterr().out
+
+
 def test_a_pod_on_a_node_that_is_gone_is_charged_until_its_last_heartbeat_seen(cluster_api: tuple[dict[str, Any], str, Path]) -> None:
     """The node object deleted (its Lease goes with it): the charge ends at the last heartbeat the recorder saw of it,
     or at the pod's last Ready change when that is later (the node lifecycle controller marked it not ready)."""
@@ -607,7 +638,8 @@ def test_a_pod_on_a_node_that_is_gone_is_charged_until_its_last_heartbeat_seen(c
 def test_without_the_right_to_read_nodes_the_recorder_reads_the_pods_alone_and_says_so_once(
     api: tuple[dict[str, Any], str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """An environment stack's recorder (no ClusterRole: alice): the nodes are there but forbidden to it; a pod
+    """An environment stack's recorder before its cluster stack's next `up` (alice's own render: no ClusterRole bound
+    to it), or on a cluster with usageReadsNodes false: the nodes are there but forbidden to it; a pod
     deleted an hour ago and not ended is charged until its deletion, and the recorder's log says why once."""
     state, url, _ = api
     client = usage.Api(url, state["recorder_sa"])
