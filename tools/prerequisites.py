@@ -693,4 +693,6 @@ def admin_needs(objects: Sequence[Mapping[str, Any]], namespace: str) -> list[Ne
                     "(RBAC escalation check): cluster-admin, or an admin grants it first",
                 )
             )
-    return out
+    # by what, not by registration order: the mock engine registers resources as their inputs resolve, so the
+    # render's object order differs run to run (seen: the generated prerequisites page reordered on a rerun)
+    return sorted(out, key=lambda need: need.what)
