@@ -200,13 +200,15 @@ def test_admin_marking_is_generic() -> None:
         },
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "reader"}},
     ]
-    assert admin_needs(objects, "team") == [
+    expected = [
+        Need("ClusterRole/reader", "cluster-scoped: needs cluster-admin"),
         Need(
             "RoleBinding/registry-user-x in namespace rhoai-model-registries",
             "outside the stack's namespace team: needs admin in rhoai-model-registries",
         ),
-        Need("ClusterRole/reader", "cluster-scoped: needs cluster-admin"),
     ]
+    assert admin_needs(objects, "team") == expected
+    assert admin_needs(objects[::-1], "team") == expected  # the same list whatever order the render registered them in
 
 
 def test_networks_annotation_forms() -> None:
