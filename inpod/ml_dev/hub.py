@@ -23,8 +23,8 @@ from typing import Any, Callable
 
 from .. import contract
 from .common import HERE, PY, Cluster
-from .ranks import hub_address, write_state
-from .warm import Message, listen, messages, peer_uid, send
+from .launch import cmd_run
+from .warm import Message, hub_address, listen_unix, messages, peer_uid, send, write_state
 
 
 class Bridge:
@@ -251,7 +251,6 @@ class Hub:
 
 def cmd_hub(args: argparse.Namespace) -> int:
     """(detached, on the launching pod) `ml-dev run` of the node program on every pod, and the cells' server."""
-    from .launch import cmd_run
 
     cluster = Cluster()
     state: Message = {
@@ -267,7 +266,7 @@ def cmd_hub(args: argparse.Namespace) -> int:
     hub = Hub(cluster, args.nproc_per_node, state)
     hub.save()
     try:
-        listener = listen(hub_address())
+        listener = listen_unix(hub_address())
     except OSError as exc:
         hub.save(state="failed", why=f"the hub's socket: {exc}")
         return 1

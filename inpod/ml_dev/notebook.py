@@ -21,7 +21,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from .ranks import Message, Printer, chosen_ranks, ranks_text, run_cell
+from .ranks import Message, Printer, chosen_ranks, comma_ranks, run_cell
 
 
 class RanksError(Exception):
@@ -63,7 +63,7 @@ def ranks_magic(line: str, cell: str) -> None:
     if state in ("refused", "lost"):
         raise RanksError(str(end.get("why")))
     if state == "error":
-        raise RanksError(f"the cell raised on rank {ranks_text(sorted(failed))}; every other rank's cell was interrupted")
+        raise RanksError(f"the cell raised on rank {comma_ranks(sorted(failed))}; every other rank's cell was interrupted")
     if state == "interrupted":
         raise RanksError("interrupted on every rank; the ranks stay warm")
 

@@ -15,7 +15,6 @@ Shipped next to ml-dev (inpod.SHIPPED); Python 3.8+, standard library only.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import signal
@@ -28,41 +27,12 @@ from pathlib import Path
 from typing import IO, Callable
 
 from .. import contract
-from ..lib.pod import env_records_dir, pid_alive
+from ..lib.pod import pid_alive
 from .common import HERE, PY, STATE_DIR, Cluster, die, stop_grace
-from .warm import HANDLERS, Message, send
+from .hub import cmd_hub
+from .warm import HANDLERS, Message, hub_address, read_state, send, warm_dir
 
 HUB_COMMAND = "_ranks-hub"
-
-
-def warm_dir() -> Path:
-    """The warm ranks' records: `<records_dir>/warm-ranks/` (state.json, hub.log) on the launching pod's workspace."""
-    return env_records_dir() / contract.WARM_DIR
-
-
-def hub_address() -> bytes:
-    """The hub's socket: abstract, named by UID and the environment's records folder (one hub per environment)."""
-    tag = hashlib.sha256(str(env_records_dir(migrate=False)).encode()).hexdigest()[:12]
-    return f"\0{contract.WARM_SOCKET_PREFIX}hub:{os.getuid()}:{tag}".encode()
-
-
-def read_state() -> Message:
-    try:
-        got = json.loads((warm_dir() / contract.WARM_STATE_FILE).read_text())
-        return got if isinstance(got, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def write_state(state: Message) -> None:
-    path = warm_dir() / contract.WARM_STATE_FILE
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(state, indent=1))
-        tmp.replace(path)
-    except OSError:
-        pass
 
 
 def hub_alive(state: Message) -> bool:
@@ -121,7 +91,7 @@ def follow(log: Path, offset: int, out: IO[str]) -> int:
     return offset + len(data)
 
 
-def cmd_start(args: argparse.Namespace) -> int:
+def cmd_ranks_start(args: argparse.Namespace) -> int:
     Cluster()  # an ml-dev-env pod, its rank.env
     state = read_state()
     if hub_alive(state):
@@ -164,7 +134,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         return 130
 
 
-def cmd_stop(args: argparse.Namespace) -> int:
+def cmd_ranks_stop(args: argparse.Namespace) -> int:
     state = read_state()
     if not hub_alive(state):
         if warm_here():
@@ -187,7 +157,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_status(args: argparse.Namespace) -> int:
+def cmd_ranks_status(args: argparse.Namespace) -> int:
     state = read_state()
     if not state:
         print("ml-dev: no warm ranks were started from this pod")
@@ -197,11 +167,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"  {state.get('world', '?')} ranks on {state.get('pods')} pods, {state.get('nproc_per_node')} per pod, in {state.get('cwd')}")
     last = state.get("last_cell")
     if last:
-        print(f"  last cell {last.get('id')}: {last.get('state')} on ranks {ranks_text(last.get('ranks', []))}")
+        print(f"  last cell {last.get('id')}: {last.get('state')} on ranks {comma_ranks(last.get('ranks', []))}")
     return 0 if alive else 3
 
 
-def ranks_text(ranks: list[int]) -> str:
+def comma_ranks(ranks: list[int]) -> str:
     return ",".join(map(str, ranks))
 
 
@@ -313,7 +283,7 @@ def chosen_ranks(text: str | None) -> list[int] | None:
     return None
 
 
-def cmd_exec(args: argparse.Namespace) -> int:
+def cmd_ranks_exec(args: argparse.Namespace) -> int:
     code = exec_text(args)
     ranks = chosen_ranks(args.ranks)
     printer = Printer(2)
@@ -337,7 +307,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
     if state == "refused" or state == "lost":
         die(str(end.get("why")))
     if state == "error":
-        print(f"ml-dev: the cell raised on rank {ranks_text(sorted(failed))}; every other rank's cell was interrupted", file=sys.stderr)
+        print(f"ml-dev: the cell raised on rank {comma_ranks(sorted(failed))}; every other rank's cell was interrupted", file=sys.stderr)
         return 1
     if state == "interrupted":
         print("ml-dev: interrupted on every rank; the ranks stay warm", file=sys.stderr)
@@ -361,8 +331,6 @@ def main(argv: list[str]) -> int:
     if argv[0] in HANDLERS:
         return HANDLERS[argv[0]](argv[1:])
     if argv[0] == HUB_COMMAND:
-        from .hub import cmd_hub  # (it imports this module)
-
         hub = argparse.ArgumentParser(prog=f"ml-dev {HUB_COMMAND}")
         start_options(hub)
         return cmd_hub(hub.parse_args(argv[1:]))
@@ -377,4 +345,4 @@ def main(argv: list[str]) -> int:
     sub.add_parser("stop", help="stop the warm ranks: the checkpoint signal and the grace")
     sub.add_parser("status", help="the warm ranks and the last cell")
     args = parser.parse_args(argv[1:])
-    return {"start": cmd_start, "exec": cmd_exec, "stop": cmd_stop, "status": cmd_status}[args.cmd](args)
+    return {"start": cmd_ranks_start, "exec": cmd_ranks_exec, "stop": cmd_ranks_stop, "status": cmd_ranks_status}[args.cmd](args)

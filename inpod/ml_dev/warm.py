@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import hashlib
 import json
 import linecache
 import os
@@ -39,9 +40,11 @@ import sys
 import threading
 import time
 import traceback
+from pathlib import Path
 from typing import Any, Callable, Dict
 
 from .. import contract
+from ..lib.pod import env_records_dir
 from .common import HERE, STATE_DIR, stop_signal
 
 Message = Dict[str, Any]
@@ -61,7 +64,37 @@ def peer_uid(conn: socket.socket) -> int:
     return int(struct.unpack("3i", raw)[1])
 
 
-def listen(address: bytes) -> socket.socket:
+def warm_dir() -> Path:
+    """The warm ranks' records: `<records_dir>/warm-ranks/` (state.json, hub.log) on the launching pod's workspace."""
+    return env_records_dir() / contract.WARM_DIR
+
+
+def hub_address() -> bytes:
+    """The hub's socket: abstract, named by UID and the environment's records folder (one hub per environment)."""
+    tag = hashlib.sha256(str(env_records_dir(migrate=False)).encode()).hexdigest()[:12]
+    return f"\0{contract.WARM_SOCKET_PREFIX}hub:{os.getuid()}:{tag}".encode()
+
+
+def read_state() -> Message:
+    try:
+        got = json.loads((warm_dir() / contract.WARM_STATE_FILE).read_text())
+        return got if isinstance(got, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def write_state(state: Message) -> None:
+    path = warm_dir() / contract.WARM_STATE_FILE
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(state, indent=1))
+        tmp.replace(path)
+    except OSError:
+        pass
+
+
+def listen_unix(address: bytes) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.bind(address)
     sock.listen(8)
@@ -274,7 +307,7 @@ def cmd_node(nproc: int) -> int:
     signal.signal(first, on_stop)
     if first != signal.SIGINT:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupt is a worker's, never the node's
-    listener = listen(node_address())
+    listener = listen_unix(node_address())
     node.start()
     write_activity(node.activity)
     threading.Thread(target=node.serve, args=(listener,), daemon=True).start()
