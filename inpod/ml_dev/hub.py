@@ -202,20 +202,25 @@ class Hub:
             send(conn, threading.Lock(), {"op": "refused", "why": f"cell {running} still runs on the warm ranks: interrupt it first"})
             conn.close()
             return
+        ended: tuple[Cell, Message] | None = None
         try:
-            self.run_cell(conn, req, reader)
+            ended = self.run_cell(conn, req, reader)
         finally:
-            self.busy.release()
-            conn.close()
+            self.busy.release()  # before the client reads `end`: its next cell (a notebook's, at once) is not refused
+        if ended is not None:
+            cell, end = ended
+            with cell.out_lock:
+                send(conn, threading.Lock(), end)
+        conn.close()
 
-    def run_cell(self, conn: socket.socket, req: Message, reader: Any) -> None:
+    def run_cell(self, conn: socket.socket, req: Message, reader: Any) -> tuple[Cell, Message] | None:
         world = sorted(self.rank_pod)
         targets = world if req.get("ranks") is None else sorted({int(r) for r in req["ranks"]})
         bad = [r for r in targets if r not in self.rank_pod]
         if bad or not targets:
             why = f"--ranks {','.join(map(str, bad))}: the warm ranks are {world[0]}-{world[-1]}" if bad else "--ranks: no rank"
             send(conn, threading.Lock(), {"op": "refused", "why": why})
-            return
+            return None
         cell = Cell(self.next_id, targets, conn)
         self.next_id += 1
         self.cell = cell
@@ -245,8 +250,7 @@ class Hub:
         state = "interrupted" if state == "ok" and any(m.get("interrupted") for m in outcomes) else state
         seconds = round(time.time() - cell.started, 3)
         self.save(last_cell={"id": cell.cid, "state": state, "ranks": targets, "started": cell.started, "seconds": seconds})
-        with cell.out_lock:
-            send(conn, threading.Lock(), {"op": "end", "id": cell.cid, "state": state, "seconds": seconds})
+        return cell, {"op": "end", "id": cell.cid, "state": state, "seconds": seconds}
 
 
 def cmd_hub(args: argparse.Namespace) -> int:
