@@ -1,5 +1,5 @@
-"""The `%%ranks` cell magic: a notebook cell run on every warm rank (`ml-dev ranks`), from a Jupyter kernel on the pod
-where `ml-dev ranks start` ran.
+"""The `%%ranks` cell magic: a notebook cell run on every warm rank (`ml-dev ranks`), from a Jupyter kernel on any pod
+of the environment (on another pod than `ml-dev ranks start`'s, through the fabric's SSH: ranks.HubLink).
 
     %%ranks                 the cell on every rank
     %%ranks --ranks 0,3     on those ranks
@@ -58,7 +58,7 @@ def ranks_magic(line: str, cell: str) -> None:
     try:
         end = run_cell(cell, chosen, on)
     except SystemExit:  # run_cell's words (no warm ranks here) are on stderr already
-        raise RanksError("no warm ranks to run the cell on (ml-dev ranks start in a terminal of this pod)") from None
+        raise RanksError("no warm ranks to run the cell on (ml-dev ranks start in a terminal)") from None
     state = end.get("state")
     if state in ("refused", "lost"):
         raise RanksError(str(end.get("why")))

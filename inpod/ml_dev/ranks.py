@@ -9,6 +9,13 @@ The hub (hub.py, `ml-dev _ranks-hub`, detached on the launching pod, its log and
 is an `ml-dev run` of the node program (warm.py) on every pod and the cells' server; this module holds the commands, the
 state record and the client that `ranks exec` and the notebook's `%%ranks` (notebook.py) share.
 
+From another pod of the environment the client reaches the hub's socket through the fabric's SSH, as the hub reaches
+every node (`ml-dev _ranks-relay` on the hub's pod splices the session to the hub's socket; nothing new listens on the
+network). The SSH client runs in a session of its own, so a terminal's Ctrl-C (or the kernel's SIGINT, sent to the
+kernel's process group: jupyter_client provisioning/local_provisioner.py LocalProvisioner.send_signal) reaches only
+the client, which sends the interrupt over it; a client gone closes its end, the SSH session ends, the relay shuts the
+hub's socket and the hub interrupts the cell as for a local client.
+
 Shipped next to ml-dev (inpod.SHIPPED); Python 3.8+, standard library only.
 """
 
@@ -30,9 +37,10 @@ from .. import contract
 from ..lib.pod import pid_alive
 from .common import HERE, PY, STATE_DIR, Cluster, die, stop_grace
 from .hub import cmd_hub
-from .warm import HANDLERS, Message, hub_address, read_state, send, warm_dir
+from .warm import HANDLERS, Message, hub_address, read_state, send, splice, warm_dir
 
 HUB_COMMAND = "_ranks-hub"
+RELAY_COMMAND = "_ranks-relay"
 
 
 def hub_alive(state: Message) -> bool:
@@ -230,17 +238,76 @@ class Lines:
         return self.ready.pop(0)
 
 
-def run_cell(code: str, ranks: list[int] | None, on: Callable[[Message], None]) -> Message:
-    """Send a cell to the hub and hand each message to `on`; SIGINT (KeyboardInterrupt here) interrupts it on every rank
-    and waits for the ranks to say so. Returns the `end` message ({"state": "ok" | "error" | "interrupted"} ...)."""
+class HubLink:
+    """The client's socket to the hub: its own pod's, else a socketpair spliced to the hub's pod over the fabric's SSH
+    (`ml-dev _ranks-relay` there). `lost` words the end of either."""
+
+    def __init__(self) -> None:
+        self.ssh: subprocess.Popen | None = None
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.lost = "the hub ended (ml-dev ranks status)"
+        try:
+            self.sock.connect(hub_address())
+            return
+        except OSError:
+            self.sock.close()
+        here = warm_here()  # this pod's warm ranks name the pod that started them
+        if not here:
+            die("no warm ranks run in this environment: ml-dev ranks start")
+        self.relay(str(here[0].get("launcher") or ""))
+
+    def relay(self, pod: str) -> None:
+        saved = dict(os.environ)
+        try:
+            cluster = Cluster()  # sets the SSH session's variables: for the ssh child only, not this process (a kernel)
+            env = dict(os.environ)
+        finally:
+            for key in set(os.environ) - set(saved):
+                del os.environ[key]
+            os.environ.update(saved)
+        if pod not in cluster.pods or cluster.pods.index(pod) == cluster.me:
+            die(f"the warm ranks' hub (started from {pod or '?'}) is not running (ml-dev ranks status there)")
+        self.sock, theirs = socket.socketpair()
+        remote = cluster.ssh(cluster.pods.index(pod), [PY, str(HERE / "ml-dev"), RELAY_COMMAND])
+        # a session of its own: a Ctrl-C of the terminal (the kernel's SIGINT to its group) must not end the session
+        self.ssh = subprocess.Popen(remote, stdin=theirs.fileno(), stdout=theirs.fileno(), env=env, start_new_session=True)
+        theirs.close()
+        self.lost = f"the connection to the warm ranks' hub on {pod} ended (ml-dev ranks status there)"
+
+    def close(self) -> None:
+        self.sock.close()  # the SSH session's stdin ends: the relay shuts the hub's socket
+        if self.ssh is not None:
+            try:
+                self.ssh.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.ssh.kill()
+                self.ssh.wait()
+
+
+def cmd_relay() -> int:
+    """(on the hub's pod, a client's SSH session from another pod) stdin -> the hub's socket -> stdout."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(hub_address())
     except OSError:
-        here = warm_here()
-        if here:
-            die(f"the warm ranks were started from {here[0].get('launcher')}: ml-dev ranks exec there")
-        die("no warm ranks run from this pod: ml-dev ranks start")
+        why = f"the warm ranks' hub on {socket.gethostname()} is not running (ml-dev ranks status there)"
+        os.write(1, (json.dumps({"op": "refused", "why": why}) + "\n").encode())
+        return 1
+    return splice(sock)
+
+
+def run_cell(code: str, ranks: list[int] | None, on: Callable[[Message], None]) -> Message:
+    """Send a cell to the hub and hand each message to `on`; SIGINT (KeyboardInterrupt here) interrupts it on every rank
+    and waits for the ranks to say so. Returns the `end` message ({"state": "ok" | "error" | "interrupted"} ...)."""
+    link = HubLink()
+    try:
+        return cell_exchange(link, code, ranks, on)
+    finally:
+        link.close()
+
+
+def cell_exchange(link: HubLink, code: str, ranks: list[int] | None, on: Callable[[Message], None]) -> Message:
+    sock = link.sock
     lock = threading.Lock()
     send(sock, lock, {"op": "cell", "code": code, "ranks": ranks})
     reader = Lines(sock)
@@ -251,12 +318,11 @@ def run_cell(code: str, ranks: list[int] | None, on: Callable[[Message], None]) 
         except KeyboardInterrupt:
             interrupts += 1
             send(sock, lock, {"op": "interrupt"})
-            if interrupts > 2:
-                sock.close()  # the hub interrupts the cell of a client that went away
+            if interrupts > 2:  # closed by run_cell: the hub interrupts the cell of a client that went away
                 return {"op": "end", "state": "interrupted", "detached": True}
             continue
         if msg is None:
-            return {"op": "end", "state": "lost", "why": "the hub ended (ml-dev ranks status)"}
+            return {"op": "end", "state": "lost", "why": link.lost}
         if msg.get("op") == "refused":
             return {"op": "end", "state": "refused", "why": msg.get("why")}
         on(msg)
@@ -323,13 +389,15 @@ def start_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=60, help="seconds to wait for every pod to be reachable (60)")
 
 
-COMMANDS = (*HANDLERS, HUB_COMMAND, "ranks")
+COMMANDS = (*HANDLERS, HUB_COMMAND, RELAY_COMMAND, "ranks")
 """What main.py hands this module: `ranks` and the internal programs of warm ranks."""
 
 
 def main(argv: list[str]) -> int:
     if argv[0] in HANDLERS:
         return HANDLERS[argv[0]](argv[1:])
+    if argv[0] == RELAY_COMMAND:
+        return cmd_relay()
     if argv[0] == HUB_COMMAND:
         hub = argparse.ArgumentParser(prog=f"ml-dev {HUB_COMMAND}")
         start_options(hub)

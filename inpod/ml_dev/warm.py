@@ -337,6 +337,12 @@ def cmd_bridge() -> int:
                 print(f"ml-dev: no warm ranks on {socket.gethostname()} ({exc.strerror})", file=sys.stderr, flush=True)
                 return 1
             time.sleep(0.2)
+    return splice(sock)
+
+
+def splice(sock: socket.socket) -> int:
+    """stdin -> `sock`, `sock` -> stdout, until either side ends (stdin's EOF shuts the socket: its peer sees the
+    client gone). The bridge's and the hub's relay's (ranks.py cmd_relay) one loop."""
 
     def up() -> None:
         while True:

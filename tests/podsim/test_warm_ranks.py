@@ -4,7 +4,8 @@ The ranks form a process group with the stop matrix's stand-in collective (tests
 all-reduce on MASTER_ADDR:MASTER_PORT; torch is not installed here), each call tagged so an interrupted call leaves
 nothing for the next (GROUP). Cells run from pod 0's terminal (`ml-dev ranks exec`); the checks, in order:
 variables persist and every rank has `ml-dev run`'s environment (rank values, the listed Secret); output labelled per
-rank in order; `--ranks` subsets; an exception names its rank with its traceback and interrupts the others; Ctrl-C while
+rank in order; `--ranks` subsets; a cell, an interrupt and a client gone from pod 2's terminal (through the fabric's
+SSH to the hub on pod 0); an exception names its rank with its traceback and interrupts the others; Ctrl-C while
 every rank is blocked in a collective interrupts every rank and the group works in the next cell, 10/10; `ml-dev run`
 is refused while warm ranks hold the GPUs; `ml-dev ranks stop` during a cell gives every rank the checkpoint signal
 (a cell's handler saves) and leaves no warm process on any pod.
@@ -17,6 +18,7 @@ import hashlib
 import importlib.util
 import json
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -43,7 +45,7 @@ GRACE = 5
 SECRET, SECRET_KEY = "warm-canary", "WARM_CANARY_TOKEN"
 VALUE = new_value()
 PY_SPY = Path(sys.executable).parent / "py-spy"
-WARM = "_warm-(node|worker|bridge)|_ranks-hub"  # pgrep -f: what of the warm ranks may run on a pod
+WARM = "_warm-(node|worker|bridge)|_ranks-(hub|relay)"  # pgrep -f: what of the warm ranks may run on a pod
 
 
 def objects(objects: dict[str, Any]) -> None:
@@ -70,9 +72,9 @@ def sim() -> Iterator[PodSim]:
     assert not mine(pods), mine(pods)
 
 
-def cell(sim: PodSim, code: str, *flags: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    sim.write(0, "/tmp/cell.py", code)
-    return sim.exec(0, ["ml-dev", "ranks", "exec", "-f", "/tmp/cell.py", *flags], timeout=timeout)
+def cell(sim: PodSim, code: str, *flags: str, timeout: float = 60, pod: int = 0) -> subprocess.CompletedProcess[str]:
+    sim.write(pod, "/tmp/cell.py", code)
+    return sim.exec(pod, ["ml-dev", "ranks", "exec", "-f", "/tmp/cell.py", *flags], timeout=timeout)
 
 
 def warm_processes(sim: PodSim, index: int) -> list[str]:
@@ -183,6 +185,39 @@ def test_a_broken_bridge_is_replaced_at_the_next_cell(sim: PodSim) -> None:
     assert len(again) == PODS - 1 and not set(again) & set(found), (found, again)
 
 
+def relays(sim: PodSim) -> list[str]:
+    """The hub's pod's relay sessions (`ml-dev _ranks-relay`, a client on another pod)."""
+    return [w for w in warm_processes(sim, 0) if "_ranks-relay" in w]
+
+
+@pytest.mark.timeout(300)
+def test_a_cell_its_interrupt_and_a_client_gone_from_another_pod(sim: PodSim) -> None:
+    """`ranks exec` in pod 2's terminal (the hub on pod 0): the cell runs on every rank in the same namespaces; its
+    Ctrl-C interrupts every rank blocked in a collective (the SSH session to the hub survives it) and the group works
+    in the next cell; a client killed mid-cell is a client gone: the hub interrupts the cell, the next one runs."""
+    res = cell(sim, "print(mine)", pod=2)
+    assert res.returncode == 0 and by_rank(res.stdout) == {r: [str(r * 10)] for r in range(WORLD)}, res.stdout + res.stderr
+    sim.write(2, "/tmp/stuck.py", "print('in', flush=True)\ng.all_reduce(1, tag='far-%d' % g.seq if g.rank == 1 else None)\n")
+    proc = sim.popen(2, "ml-dev ranks exec -f /tmp/stuck.py")
+    seen = entered(proc)
+    time.sleep(0.3)
+    sim.interrupt(proc)
+    out, _ = proc.communicate(timeout=30)
+    text = "\n".join(seen) + out
+    assert proc.returncode == 130 and "ml-dev: interrupted on every rank; the ranks stay warm" in text, text
+    res = cell(sim, "g.all_reduce(1)", pod=2)
+    assert res.returncode == 0 and by_rank(res.stdout) == {r: [str(WORLD)] for r in range(WORLD)}, res.stdout + res.stderr
+    proc = sim.popen(2, "ml-dev ranks exec -f /tmp/stuck.py")
+    entered(proc)
+    assert relays(sim), warm_processes(sim, 0)
+    sim.interrupt(proc, signal.SIGKILL)  # the terminal's client gone: only its SSH session (a session of its own) is left
+    proc.communicate(timeout=30)
+    wait_for("the relay's end on pod 0", lambda: not relays(sim), 30)
+    wait_for("the cell interrupted", lambda: ": interrupted on ranks" in sim.exec(0, "ml-dev ranks status").stdout, 30)
+    res = cell(sim, "g.all_reduce(1)", pod=2)
+    assert res.returncode == 0 and by_rank(res.stdout) == {r: [str(WORLD)] for r in range(WORLD)}, res.stdout + res.stderr
+
+
 def entered(proc: subprocess.Popen[str]) -> list[str]:
     """`ranks exec`'s output until every rank printed `in` (then it blocks)."""
     assert proc.stdout is not None
@@ -248,7 +283,7 @@ def run(code, interrupt_after=None):
 
 cells = [
     run("%%ranks\nprint('nb', mine)"),
-    run("%%ranks\nprint('in', flush=True)\ng.all_reduce(1, tag='nb-%d' % g.rank)", interrupt_after="] in"),
+    run("%%ranks\nprint('in', flush=True)\ng.all_reduce(1, tag='nb-%d-%d' % (g.rank, g.seq))", interrupt_after="] in"),
     run("%%ranks\ng.all_reduce(1)"),
     run("%%ranks --ranks 1\n1 / 0"),
 ]
@@ -259,13 +294,15 @@ km.shutdown_kernel(now=True)
 
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(importlib.util.find_spec("ipykernel") is None, reason="ipykernel of the dev lock is not installed (make venv)")
-def test_a_notebook_cell_runs_on_every_rank_and_its_stop_button_interrupts(sim: PodSim) -> None:
-    """A real IPython kernel (ipykernel, started by jupyter_client as jupyter_server starts one) on pod 0, with the
-    startup files the pod's startup script wrote in its IPYTHONDIR: `%%ranks` cells share the ranks' namespaces with
-    `ranks exec`, the stop button (the kernel's SIGINT) interrupts every rank blocked in a collective, the group works
-    in the next cell, and an exception fails the notebook cell naming its rank."""
-    sim.write(0, "/tmp/kernel.py", KERNEL)
-    res = sim.exec(0, [sys.executable, "/tmp/kernel.py", str(WORLD)], cwd="/tmp", timeout=240)
+@pytest.mark.parametrize("pod", [0, 2], ids=["hub-pod", "other-pod"])
+def test_a_notebook_cell_runs_on_every_rank_and_its_stop_button_interrupts(sim: PodSim, pod: int) -> None:
+    """A real IPython kernel (ipykernel, started by jupyter_client as jupyter_server starts one) on pod 0 (the hub's)
+    or pod 2 (through the fabric's SSH), with the startup files the pod's startup script wrote in its IPYTHONDIR:
+    `%%ranks` cells share the ranks' namespaces with `ranks exec`, the stop button (the kernel's SIGINT, to its process
+    group) interrupts every rank blocked in a collective, the group works in the next cell, and an exception fails the
+    notebook cell naming its rank."""
+    sim.write(pod, "/tmp/kernel.py", KERNEL)
+    res = sim.exec(pod, [sys.executable, "/tmp/kernel.py", str(WORLD)], cwd="/tmp", timeout=240)
     assert res.returncode == 0, res.stdout + res.stderr
     plain, stopped, after, failed = json.loads(res.stdout.splitlines()[-1])
     assert plain["error"] is None and by_rank(plain["out"]) == {r: [f"nb {r * 10}"] for r in range(WORLD)}, plain
