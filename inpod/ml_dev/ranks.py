@@ -284,7 +284,7 @@ class HubLink:
                 self.ssh.wait()
 
 
-def cmd_relay() -> int:
+def cmd_hub_relay() -> int:
     """(on the hub's pod, a client's SSH session from another pod) stdin -> the hub's socket -> stdout."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -397,7 +397,7 @@ def main(argv: list[str]) -> int:
     if argv[0] in HANDLERS:
         return HANDLERS[argv[0]](argv[1:])
     if argv[0] == RELAY_COMMAND:
-        return cmd_relay()
+        return cmd_hub_relay()
     if argv[0] == HUB_COMMAND:
         hub = argparse.ArgumentParser(prog=f"ml-dev {HUB_COMMAND}")
         start_options(hub)

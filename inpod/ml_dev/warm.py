@@ -342,7 +342,7 @@ def cmd_bridge() -> int:
 
 def splice(sock: socket.socket) -> int:
     """stdin -> `sock`, `sock` -> stdout, until either side ends (stdin's EOF shuts the socket: its peer sees the
-    client gone). The bridge's and the hub's relay's (ranks.py cmd_relay) one loop."""
+    client gone). The bridge's and the hub's relay's (ranks.py cmd_hub_relay) one loop."""
 
     def up() -> None:
         while True:
