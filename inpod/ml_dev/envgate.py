@@ -334,6 +334,46 @@ def fingerprint(env: Mapping[str, str], cache_dir: Path | None = None) -> Finger
     return fp
 
 
+def digest(fp: Mapping[str, object]) -> str:
+    """sha256 of the fingerprint's canonical JSON (keys sorted): equal digests, equal fingerprints. A different digest
+    says nothing more: the fingerprints themselves are compared (`differences`)."""
+    return hashlib.sha256(json.dumps(fp, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+class Guess:
+    """(the launcher) the fingerprint its own rank most likely has (this pod's cache as its rank agent left it,
+    unchecked) and its digest, sent in every gate question (`env_digest`). A rank agent whose fingerprint has that
+    digest answers the digest alone (`answer`), so an answer carries a full fingerprint only when it differs from the
+    guess; a stale guess costs bytes, never a wrong verdict: the launching pod's own agent answers too, and its
+    answer (the digest, or its whole fingerprint) is what every rank is compared with."""
+
+    def __init__(self, cache_dir: Path | None = None) -> None:
+        try:
+            held = json.loads(((cache_dir or STATE_DIR) / CACHE_FILE).read_text())["fingerprint"]
+        except (OSError, ValueError, KeyError, TypeError):
+            held = None
+        self.fingerprint: Fingerprint = held if isinstance(held, dict) else {}
+        self.digest = digest(self.fingerprint) if self.fingerprint else ""
+
+    def heard(self, got: Mapping[str, object]) -> object:
+        """The fingerprint an answer stands for: its own, this guess when it answered this guess's digest; None when it
+        has none (an agent asked for none, or an ml-dev from before the gate: named, not compared)."""
+        if "env" in got:
+            return got["env"]
+        if self.digest and got.get("env_digest") == self.digest:
+            return self.fingerprint
+        return None
+
+
+def answer(fp: Fingerprint, expected: object) -> dict[str, object]:
+    """(a rank agent) what its gate answer carries for its fingerprint: the launcher's digest (`expected`, the gate
+    question's `env_digest`) alone when it is this fingerprint's, the whole fingerprint otherwise (no digest asked:
+    a launcher from before it)."""
+    if isinstance(expected, str) and expected and digest(fp) == expected:
+        return {"env_digest": expected}
+    return {"env": fp}
+
+
 Difference = Tuple[str, str, str]
 """(what, its value on the rank, its value on the launching pod's rank); "" where one has none."""
 
@@ -426,7 +466,7 @@ def drift_lines(cluster: Cluster, prints: Mapping[int, object]) -> list[str]:
     lines = []
     for rank in sorted(prints):
         theirs = prints[rank]
-        if rank == me:
+        if rank == me or theirs is mine:  # the same digest (Guess.heard): the same fingerprint
             continue
         if not isinstance(theirs, dict) or not isinstance(mine, dict) or not mine:
             print(

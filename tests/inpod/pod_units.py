@@ -638,6 +638,47 @@ class EnvgateUnits(unittest.TestCase):
         self.assertEqual(lines, ["rank 2 (p-2): package demo-pkg 9; rank 0 (p-0), this pod: 1.0"])
         self.assertIn("rank 1 (p-1): no environment fingerprint to compare", err.getvalue())
 
+    def gate_answer(self, spec: dict[str, object]) -> dict[str, Any]:
+        """serve_gate's first answer, in a process of its own with this test's environment (a rank agent's)."""
+        sync = load("inpod.ml_dev.sync")
+        code = "import json, sys\nfrom inpod.ml_dev import sync\nsync.serve_gate(json.loads(sys.argv[1]))"
+        package = str(Path(str(sync.__file__)).parents[2])  # the `inpod` this run loads (the mount's)
+        env = dict(self.env, ML_DEV_STATE_DIR=str(self.tmp / "state"), PYTHONPATH=f"{self.site}:{package}")
+        proc = subprocess.run([sys.executable, "-c", code, json.dumps(spec)], input=b"", capture_output=True, env=env, timeout=60)
+        mark = sync.GATE_MARK.encode()
+        lines = [ln[len(mark) :] for ln in proc.stdout.splitlines() if ln.startswith(mark)]
+        self.assertEqual(len(lines), 1, proc.stdout + proc.stderr)
+        self.answer_bytes = len(lines[0])
+        return dict(json.loads(lines[0]))
+
+    def test_an_equal_rank_answers_the_launchers_digest_alone_and_a_different_one_its_fingerprint(self) -> None:
+        class Pods:
+            me = 0
+
+            @staticmethod
+            def label(rank: int) -> str:
+                return f"rank {rank} (p-{rank})"
+
+        spec: dict[str, object] = {"root": "", "hash": "", "secrets": [], "env": True}
+        self.age()
+        full = self.gate_answer(spec)  # no digest asked (a launcher from before it): the whole fingerprint
+        mine, full_bytes = full["env"], self.answer_bytes
+        guess = self.envgate.Guess(self.tmp / "state")  # the cache the agent left: the launcher's guess
+        self.assertEqual((guess.fingerprint, guess.digest), (mine, self.envgate.digest(mine)))
+        same = self.gate_answer(dict(spec, env_digest=guess.digest))
+        self.assertEqual(same, {"tree": "", "secrets": {}, "env_digest": guess.digest, "pip_applied": 0})
+        self.assertLess(self.answer_bytes, full_bytes)
+        self.assertIs(guess.heard(same), guess.fingerprint)
+        (self.site / "Demo_Pkg-1.0.dist-info").rename(self.site / "Demo_Pkg-1.1.dist-info")
+        other = self.gate_answer(dict(spec, env_digest=guess.digest))
+        self.assertNotIn("env_digest", other)
+        self.assertEqual(other["env"]["distributions"]["demo-pkg"], "1.1")
+        prints = {0: guess.heard(same), 1: guess.heard(other), 2: guess.heard(same), 3: guess.heard({"tree": ""})}
+        with mock.patch("sys.stderr", new=io.StringIO()) as err:
+            lines = self.envgate.drift_lines(Pods(), prints)
+        self.assertEqual(lines, ["rank 1 (p-1): package demo-pkg 1.1; rank 0 (p-0), this pod: 1.0"])
+        self.assertIn("rank 3 (p-3): no environment fingerprint to compare", err.getvalue())
+
     def test_an_empty_folder_on_the_path_is_the_same_as_none(self) -> None:
         first = self.fingerprint()
         empty = self.tmp / "empty"
