@@ -315,7 +315,7 @@ def serve_gate(spec: dict[str, object], env: dict[str, str] | None = None) -> bo
     once more against the launching pod's (a relay's copy landed since the first answer): a rank never starts on a
     tree that differs. With `env` in the spec the answer holds this rank's environment fingerprint too (envgate.py:
     the rank's own variables `env`, cached until the environment's folders change), or only its digest when that is
-    the spec's `env_digest` (the launcher's guess: envgate.Guess)."""
+    the spec's `env_digest` (the launcher's guess: envdrift.Guess)."""
     root = Path(str(spec.get("root") or "")) if spec.get("root") else None
     expect = str(spec.get("hash") or "")
     held = recorded_hash(root) if root else ""
