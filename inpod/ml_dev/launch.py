@@ -18,12 +18,12 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO, Callable, Container, TextIO
+from typing import IO, TYPE_CHECKING, Callable, Container, TextIO
 
 from .. import contract
 from ..lib import ledger, usersecrets
 from ..lib.pod import read_rank_env
-from . import envgate, install, secrets
+from . import install, secrets
 from .common import (
     DEBUG_PORT,
     FROM_RANK_FILE,
@@ -47,6 +47,9 @@ from .common import (
 from .logs import log_path
 from .sync import GATE_MARK, POD_STOP_MARK, Tree, copy, serve_gate, sync, tree_root
 from .watchdog import PROGRESS_MARK, ProgressRelay, Watchdog, new_run_id, rank_env, stall_seconds, verdict_now
+
+if TYPE_CHECKING:
+    from .envdrift import Guess
 
 
 class Heartbeat:
@@ -596,7 +599,7 @@ def run_everywhere(
     same answers), and only then does every agent start its rank: one SSH
     session per pod when nothing changed, and no rank starts before every pod's tree is verified. With `gate` (`ml-dev
     run`, with or without a tree to check) every agent answers its environment's fingerprint at the gate too, and no
-    rank starts while ranks differ (envgate.gate_verdict; `allow_drift`: they start, the run's record says so).
+    rank starts while ranks differ (envdrift.gate_verdict; `allow_drift`: they start, the run's record says so).
 
     Why one function: the launcher's one event loop over every agent's stream (markers, exits, stops).
     """
@@ -605,6 +608,9 @@ def run_everywhere(
     launcher = cluster.pods[cluster.me] if 0 <= cluster.me < len(cluster.pods) else ""
     hello_of = {"env": carried or {}, "per_pod": per_pod_ranks, "run": run_id, "launcher": launcher}
     listed = listed_secrets() if tree is not None else []
+    from . import envdrift  # the launcher's side alone: a rank agent imports this module, never that one
+
+    guess = envdrift.Guess() if gate else None  # its digest in every gate question: an equal rank answers only that
     stopped: list[str] = []  # why a pod stopped its rank (the agent's POD_STOP_MARK line), the first one
     left_running: set[int] = set()  # ranks whose agent ended leaving processes it may not signal (LEFT_RUNNING_MARK)
     pod_stop = threading.Event()
@@ -644,10 +650,12 @@ def run_everywhere(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True
         )
         hello = dict(hello_of)
+        asked: dict[str, object] = {"env_digest": guess.digest} if guess is not None and guess.digest else {}
         if tree is not None:  # the launching pod's own agent only waits: its tree is the truth
-            hello["gate"] = {"root": "" if rank == cluster.me else str(tree.root), "hash": tree.hash, "secrets": listed, "env": gate}
+            root = "" if rank == cluster.me else str(tree.root)
+            hello["gate"] = {"root": root, "hash": tree.hash, "secrets": listed, "env": gate, **asked}
         elif gate:  # the tree is on shared storage, or not synced: the environment's fingerprint only
-            hello["gate"] = {"root": "", "hash": "", "secrets": [], "env": True}
+            hello["gate"] = {"root": "", "hash": "", "secrets": [], "env": True, **asked}
         try:
             assert proc.stdin is not None
             proc.stdin.write((json.dumps(hello) + "\n").encode())
@@ -660,9 +668,9 @@ def run_everywhere(
         procs[rank] = spawn(rank)
     if tree is not None or gate:
         heard: list[str] = []  # the gate agents' stderr, as open_gate read it
-        drift = functools.partial(envgate.gate_verdict, cluster, allow_drift=allow_drift, run_id=run_id) if gate else None
+        drift = functools.partial(envdrift.gate_verdict, cluster, allow_drift=allow_drift, run_id=run_id) if gate else None
         try:
-            open_gate(cluster, procs, spawn, tree, timeout, heard, drift)
+            open_gate(cluster, procs, spawn, tree, timeout, heard, drift, guess)
         except BaseException:  # a refusal (die), Ctrl-C: EOF at every gate, no rank starts
             stop_all(procs, grace=0)
             stop = gate_stop(procs, heard)
@@ -869,13 +877,14 @@ def open_gate(
     timeout: float,
     heard: list[str] | None = None,
     drift: Callable[[dict[int, object]], None] | None = None,
+    guess: Guess | None = None,
 ) -> None:
     """Every agent answers at its gate (an SSH failure, exit 255 (ssh(1)), is tried again each second until
     `timeout`: the same wait and words as wait_reachable); the pods whose tree differs get a copy; every listed
     Secret key must be on every pod (their answers say; secrets.require's words); `drift` judges the environments'
-    fingerprints (envgate.gate_verdict); then `go` to all. Dies naming the pods that never answered or never got the
-    tree, the missing keys, or the ranks whose environments differ. Without `tree` (shared storage, --no-sync) only
-    the fingerprints are asked.
+    fingerprints (envdrift.gate_verdict; an answer of `guess`'s digest stands for its fingerprint); then `go` to all.
+    Dies naming the pods that never answered or never got the tree, the missing keys, or the ranks whose environments
+    differ. Without `tree` (shared storage, --no-sync) only the fingerprints are asked.
 
     Why one function: one exchange with every agent at its gate, in protocol order (answers, copies, Secret
     keys, go).
@@ -897,7 +906,7 @@ def open_gate(
             got = gate_answer(proc, f"[{rank:>{width}}] ")
             if got is not None:
                 answers[rank] = str(got.get("tree") or "")
-                prints[rank] = got.get("env")
+                prints[rank] = guess.heard(got) if guess is not None else got.get("env")
                 pip_applied[rank] = int(got.get("pip_applied") or 0)
                 found[rank] = got.get("secrets") if isinstance(got.get("secrets"), dict) else None
                 unusable[rank] = [str(line) for line in got.get("refused_secrets") or []]
@@ -941,8 +950,8 @@ def open_gate(
             code = proc.wait()
             said.append(proc.stderr.read().decode(errors="replace") if proc.stderr else "")
             return "", cluster.explain(rank, said[-1], code)
-        if "env" in got:
-            prints[rank] = got["env"]
+        if "env" in got or "env_digest" in got:
+            prints[rank] = guess.heard(got) if guess is not None else got.get("env")
         if got.get("refused"):
             return str(got.get("tree") or ""), f"refused: {got['refused']}"
         return str(got.get("tree") or ""), ""

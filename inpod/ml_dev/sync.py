@@ -314,7 +314,8 @@ def serve_gate(spec: dict[str, object], env: dict[str, str] | None = None) -> bo
     written), `go` (start the rank); EOF: the launch stopped, nothing starts. On `go` the tree's hash is checked
     once more against the launching pod's (a relay's copy landed since the first answer): a rank never starts on a
     tree that differs. With `env` in the spec the answer holds this rank's environment fingerprint too (envgate.py:
-    the rank's own variables `env`, cached until the environment's folders change)."""
+    the rank's own variables `env`, cached until the environment's folders change), or only its digest when that is
+    the spec's `env_digest` (the launcher's guess: envdrift.Guess)."""
     root = Path(str(spec.get("root") or "")) if spec.get("root") else None
     expect = str(spec.get("hash") or "")
     held = recorded_hash(root) if root else ""
@@ -329,7 +330,7 @@ def serve_gate(spec: dict[str, object], env: dict[str, str] | None = None) -> bo
     def answer(refused: str = "") -> None:
         said: dict[str, object] = {"tree": held, "secrets": found}
         if environment is not None:
-            said["env"] = environment
+            said.update(envgate.answer(environment, spec.get("env_digest")))
             said["pip_applied"] = envgate.pip_applied(rank_env.get("HOME", ""))
         if unusable:
             said["refused_secrets"] = unusable

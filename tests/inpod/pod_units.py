@@ -564,12 +564,13 @@ class WarmWorkerTest(unittest.TestCase):
 
 
 class EnvgateUnits(unittest.TestCase):
-    """inpod/ml_dev/envgate.py on this interpreter: a fingerprint of a folder on PYTHONPATH with dist-info folders, the
-    same after bytecode caches, another order and new timestamps; cached until a folder it watches changes; and the
-    differences the launcher names. The fingerprint's `python3` is the one PATH finds (this machine's)."""
+    """inpod/ml_dev/envgate.py and envdrift.py on this interpreter: a fingerprint of a folder on PYTHONPATH with
+    dist-info folders, the same after bytecode caches, another order and new timestamps; cached until a folder it
+    watches changes; and the differences the launcher names. The fingerprint's `python3` is the one PATH finds (this machine's)."""
 
     def setUp(self) -> None:
         self.envgate = load("inpod.ml_dev.envgate")
+        self.drift = load("inpod.ml_dev.envdrift")
         self.tmp = Path(tempfile.mkdtemp(prefix="pod-units-"))
         self.addCleanup(subprocess.run, ["rm", "-rf", str(self.tmp)], check=False)
         self.site = self.tmp / "site"
@@ -604,22 +605,22 @@ class EnvgateUnits(unittest.TestCase):
         (self.site / "__pycache__").mkdir()
         (self.site / "__pycache__" / "x.cpython-38.pyc").write_bytes(b"")
         os.utime(self.site, None)
-        self.assertEqual(self.envgate.differences(first, self.fingerprint()), [])
+        self.assertEqual(self.drift.differences(first, self.fingerprint()), [])
         self.age()
         cached = self.fingerprint()
         self.assertTrue((self.tmp / "state" / self.envgate.CACHE_FILE).is_file(), "kept once nothing changed for 2 s")
         self.assertEqual(self.fingerprint(), cached)
         (self.site / "Demo_Pkg-1.0.dist-info").rename(self.site / "Demo_Pkg-1.1.dist-info")
-        diffs = self.envgate.differences(first, self.fingerprint())
+        diffs = self.drift.differences(first, self.fingerprint())
         self.assertEqual(diffs, [("package demo-pkg", "1.1", "1.0")])
-        self.assertEqual(self.envgate.align_command(diffs), "ml-dev pip install demo-pkg==1.0")
+        self.assertEqual(self.drift.align_command(diffs), "ml-dev pip install demo-pkg==1.0")
 
     def test_a_library_earlier_on_the_path_and_a_shadowing_entry_are_differences(self) -> None:
         first = self.fingerprint()
         (self.tmp / "lib").mkdir()
         (self.tmp / "lib" / "libnccl.so.2").write_bytes(b"stand-in")
         (self.site / "shadow.py").write_text("")
-        diffs = dict((what, (theirs, mine)) for what, theirs, mine in self.envgate.differences(first, self.fingerprint()))
+        diffs = dict((what, (theirs, mine)) for what, theirs, mine in self.drift.differences(first, self.fingerprint()))
         self.assertTrue(diffs["library libnccl"][0].startswith(str(self.tmp / "lib" / "libnccl.so.2") + " sha256 "), diffs)
         self.assertEqual(diffs[f"sys.path entry {self.site}"][0], "shadow importable from it")
 
@@ -634,9 +635,50 @@ class EnvgateUnits(unittest.TestCase):
         mine = self.fingerprint()
         theirs = dict(mine, distributions=dict(mine["distributions"], **{"demo-pkg": "9"}))
         with mock.patch("sys.stderr", new=io.StringIO()) as err:
-            lines = self.envgate.drift_lines(Pods(), {0: mine, 1: None, 2: theirs, 3: dict(mine)})
+            lines = self.drift.drift_lines(Pods(), {0: mine, 1: None, 2: theirs, 3: dict(mine)})
         self.assertEqual(lines, ["rank 2 (p-2): package demo-pkg 9; rank 0 (p-0), this pod: 1.0"])
         self.assertIn("rank 1 (p-1): no environment fingerprint to compare", err.getvalue())
+
+    def gate_answer(self, spec: dict[str, object]) -> dict[str, Any]:
+        """serve_gate's first answer, in a process of its own with this test's environment (a rank agent's)."""
+        sync = load("inpod.ml_dev.sync")
+        code = "import json, sys\nfrom inpod.ml_dev import sync\nsync.serve_gate(json.loads(sys.argv[1]))"
+        package = str(Path(str(sync.__file__)).parents[2])  # the `inpod` this run loads (the mount's)
+        env = dict(self.env, ML_DEV_STATE_DIR=str(self.tmp / "state"), PYTHONPATH=f"{self.site}:{package}")
+        proc = subprocess.run([sys.executable, "-c", code, json.dumps(spec)], input=b"", capture_output=True, env=env, timeout=60)
+        mark = sync.GATE_MARK.encode()
+        lines = [ln[len(mark) :] for ln in proc.stdout.splitlines() if ln.startswith(mark)]
+        self.assertEqual(len(lines), 1, proc.stdout + proc.stderr)
+        self.answer_bytes = len(lines[0])
+        return dict(json.loads(lines[0]))
+
+    def test_an_equal_rank_answers_the_launchers_digest_alone_and_a_different_one_its_fingerprint(self) -> None:
+        class Pods:
+            me = 0
+
+            @staticmethod
+            def label(rank: int) -> str:
+                return f"rank {rank} (p-{rank})"
+
+        spec: dict[str, object] = {"root": "", "hash": "", "secrets": [], "env": True}
+        self.age()
+        full = self.gate_answer(spec)  # no digest asked (a launcher from before it): the whole fingerprint
+        mine, full_bytes = full["env"], self.answer_bytes
+        guess = self.drift.Guess(self.tmp / "state")  # the cache the agent left: the launcher's guess
+        self.assertEqual((guess.fingerprint, guess.digest), (mine, self.envgate.digest(mine)))
+        same = self.gate_answer(dict(spec, env_digest=guess.digest))
+        self.assertEqual(same, {"tree": "", "secrets": {}, "env_digest": guess.digest, "pip_applied": 0})
+        self.assertLess(self.answer_bytes, full_bytes)
+        self.assertIs(guess.heard(same), guess.fingerprint)
+        (self.site / "Demo_Pkg-1.0.dist-info").rename(self.site / "Demo_Pkg-1.1.dist-info")
+        other = self.gate_answer(dict(spec, env_digest=guess.digest))
+        self.assertNotIn("env_digest", other)
+        self.assertEqual(other["env"]["distributions"]["demo-pkg"], "1.1")
+        prints = {0: guess.heard(same), 1: guess.heard(other), 2: guess.heard(same), 3: guess.heard({"tree": ""})}
+        with mock.patch("sys.stderr", new=io.StringIO()) as err:
+            lines = self.drift.drift_lines(Pods(), prints)
+        self.assertEqual(lines, ["rank 1 (p-1): package demo-pkg 1.1; rank 0 (p-0), this pod: 1.0"])
+        self.assertIn("rank 3 (p-3): no environment fingerprint to compare", err.getvalue())
 
     def test_an_empty_folder_on_the_path_is_the_same_as_none(self) -> None:
         first = self.fingerprint()
@@ -644,10 +686,10 @@ class EnvgateUnits(unittest.TestCase):
         (empty / "__pycache__").mkdir(parents=True)
         (empty / "README").write_text("nothing to import\n")
         self.env["PYTHONPATH"] = f"{self.site}:{empty}"
-        diffs = self.envgate.differences(dict(first, pythonpath=[str(self.site), str(empty)]), self.fingerprint())
+        diffs = self.drift.differences(dict(first, pythonpath=[str(self.site), str(empty)]), self.fingerprint())
         self.assertEqual(diffs, [])
         (empty / "mod.py").write_text("")
-        diffs = self.envgate.differences(dict(first, pythonpath=[str(self.site), str(empty)]), self.fingerprint())
+        diffs = self.drift.differences(dict(first, pythonpath=[str(self.site), str(empty)]), self.fingerprint())
         self.assertEqual(diffs, [(f"sys.path entry {empty}", "mod importable from it", "")])
 
     def test_the_verdict_in_words(self) -> None:
