@@ -18,12 +18,12 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Callable, Container, TextIO
+from typing import IO, Callable, Container, TextIO
 
 from .. import contract
 from ..lib import ledger, usersecrets
 from ..lib.pod import read_rank_env
-from . import install, secrets
+from . import envdrift, install, secrets
 from .common import (
     DEBUG_PORT,
     FROM_RANK_FILE,
@@ -47,9 +47,6 @@ from .common import (
 from .logs import log_path
 from .sync import GATE_MARK, POD_STOP_MARK, Tree, copy, serve_gate, sync, tree_root
 from .watchdog import PROGRESS_MARK, ProgressRelay, Watchdog, new_run_id, rank_env, stall_seconds, verdict_now
-
-if TYPE_CHECKING:
-    from .envdrift import Guess
 
 
 class Heartbeat:
@@ -608,8 +605,6 @@ def run_everywhere(
     launcher = cluster.pods[cluster.me] if 0 <= cluster.me < len(cluster.pods) else ""
     hello_of = {"env": carried or {}, "per_pod": per_pod_ranks, "run": run_id, "launcher": launcher}
     listed = listed_secrets() if tree is not None else []
-    from . import envdrift  # the launcher's side alone: a rank agent imports this module, never that one
-
     guess = envdrift.Guess() if gate else None  # its digest in every gate question: an equal rank answers only that
     stopped: list[str] = []  # why a pod stopped its rank (the agent's POD_STOP_MARK line), the first one
     left_running: set[int] = set()  # ranks whose agent ended leaving processes it may not signal (LEFT_RUNNING_MARK)
@@ -877,7 +872,7 @@ def open_gate(
     timeout: float,
     heard: list[str] | None = None,
     drift: Callable[[dict[int, object]], None] | None = None,
-    guess: Guess | None = None,
+    guess: envdrift.Guess | None = None,
 ) -> None:
     """Every agent answers at its gate (an SSH failure, exit 255 (ssh(1)), is tried again each second until
     `timeout`: the same wait and words as wait_reachable); the pods whose tree differs get a copy; every listed
