@@ -21,7 +21,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from .ranks import Message, Printer, chosen_ranks, comma_ranks, run_cell
+from .ranks import Printer, chosen_ranks, comma_ranks, run_cell
 
 
 class RanksError(Exception):
@@ -43,27 +43,15 @@ def ranks_magic(line: str, cell: str) -> None:
     elif words:
         raise RanksError(f"%%ranks {line}: the only option is --ranks 0,3")
     printer = Printer(2)
-    failed: list[int] = []
-
-    def on(msg: Message) -> None:
-        op = msg.get("op")
-        if op == "out":
-            printer.out(int(msg["rank"]), str(msg.get("stream")), str(msg.get("text", "")))
-        elif op == "done":
-            printer.flush(int(msg["rank"]))
-            if not msg.get("ok") and not msg.get("interrupted"):
-                failed.append(int(msg["rank"]))
-                printer.emit(int(msg["rank"]), "stderr", str(msg.get("error") or "failed").rstrip("\n").split("\n"))
-
     try:
-        end = run_cell(cell, chosen, on)
+        end = run_cell(cell, chosen, printer.show)
     except SystemExit:  # run_cell's words (no warm ranks here) are on stderr already
         raise RanksError("no warm ranks to run the cell on (ml-dev ranks start in a terminal)") from None
     state = end.get("state")
     if state in ("refused", "lost"):
         raise RanksError(str(end.get("why")))
     if state == "error":
-        raise RanksError(f"the cell raised on rank {comma_ranks(sorted(failed))}; every other rank's cell was interrupted")
+        raise RanksError(f"the cell raised on rank {comma_ranks(sorted(printer.failed))}; every other rank's cell was interrupted")
     if state == "interrupted":
         raise RanksError("interrupted on every rank; the ranks stay warm")
 

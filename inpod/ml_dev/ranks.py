@@ -189,6 +189,19 @@ class Printer:
     def __init__(self, width: int) -> None:
         self.width = width
         self.partial: dict[tuple, str] = {}
+        self.failed: list[int] = []  # the ranks whose cell raised (not interrupted)
+
+    def show(self, msg: Message) -> None:
+        """A hub message of the running cell: a rank's output, or its end (its error shown, the rank noted)."""
+        op = msg.get("op")
+        if op == "out":
+            self.out(int(msg["rank"]), str(msg.get("stream")), str(msg.get("text", "")))
+        elif op == "done":
+            rank = int(msg["rank"])
+            self.flush(rank)
+            if not msg.get("ok") and not msg.get("interrupted"):
+                self.failed.append(rank)
+                self.emit(rank, "stderr", str(msg.get("error") or "failed").rstrip("\n").split("\n"))
 
     def out(self, rank: int, stream: str, text: str) -> None:
         key = (rank, stream)
@@ -353,27 +366,18 @@ def cmd_ranks_exec(args: argparse.Namespace) -> int:
     code = exec_text(args)
     ranks = chosen_ranks(args.ranks)
     printer = Printer(2)
-    failed: list[int] = []
-
-    def on(msg: Message) -> None:
-        op = msg.get("op")
-        if op == "out":
-            printer.out(int(msg["rank"]), str(msg.get("stream")), str(msg.get("text", "")))
-        elif op == "done":
-            rank = int(msg["rank"])
-            printer.flush(rank)
-            if not msg.get("ok") and not msg.get("interrupted"):
-                failed.append(rank)
-                printer.emit(rank, "stderr", str(msg.get("error") or "failed").rstrip("\n").split("\n"))
 
     # SIGINT as KeyboardInterrupt in run_cell's wait (the default handler), whatever the shell set
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    end = run_cell(code, ranks, on)
+    end = run_cell(code, ranks, printer.show)
     state = end.get("state")
     if state == "refused" or state == "lost":
         die(str(end.get("why")))
     if state == "error":
-        print(f"ml-dev: the cell raised on rank {comma_ranks(sorted(failed))}; every other rank's cell was interrupted", file=sys.stderr)
+        print(
+            f"ml-dev: the cell raised on rank {comma_ranks(sorted(printer.failed))}; every other rank's cell was interrupted",
+            file=sys.stderr,
+        )
         return 1
     if state == "interrupted":
         print("ml-dev: interrupted on every rank; the ranks stay warm", file=sys.stderr)
